@@ -1,0 +1,3 @@
+//! Executors: the `Backend` trait, the flattened batch, and the backends behind it.
+pub mod backend;
+pub mod batch;

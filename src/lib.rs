@@ -1,0 +1,6 @@
+//! brook: an LLM inference-serving engine. Actix actors (session, scheduler, KV-block manager,
+//! executor) exchange typed messages; tokens stream out over WebSockets.
+pub mod error;
+pub mod executor;
+pub mod request;
+pub mod sampling;

@@ -1,0 +1,3 @@
+//! Per-request sampling: validated parameters and the sampler.
+pub mod params;
+pub mod sampler;
