@@ -1,6 +1,23 @@
 //! brook: an LLM inference-serving engine. Actix actors (session, scheduler, KV-block manager,
 //! executor) exchange typed messages; tokens stream out over WebSockets.
+pub mod bench;
+pub mod chat;
+pub mod cli;
+pub mod config;
+pub mod engine;
 pub mod error;
 pub mod executor;
+pub mod kv;
+pub mod logging;
+pub mod metrics;
+pub mod model;
+pub mod output;
+pub mod protocol;
 pub mod request;
 pub mod sampling;
+pub mod scheduler;
+pub mod serve;
+pub mod server;
+pub mod session;
+pub mod stop;
+pub mod tokenizer;

@@ -1,0 +1,163 @@
+//! Engine configuration: a TOML file (configs/brook.toml documents every key), then CLI overrides.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub model: ModelSection,
+    pub cache: CacheConfig,
+    pub scheduler: SchedulerSection,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Largest WebSocket frame accepted; a larger one closes the socket with code 1009.
+    pub max_frame_bytes: usize,
+    /// Requests one socket may have in flight; more get `overloaded`.
+    pub max_requests_per_connection: usize,
+    /// Capacity of each request's event channel to its session (events, not tokens: deltas
+    /// are merged while the channel is full, so this bounds memory without blocking the engine).
+    pub stream_buffer: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// Hugging Face model folder; empty = the bundled demo model.
+    pub path: Option<PathBuf>,
+    /// auto | cpu | cuda
+    pub device: String,
+    /// CPU executor threads; 0 = all cores.
+    pub cpu_threads: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    pub block_size: usize,
+    /// KV cache size on the CPU executor, in MiB.
+    pub kv_cache_mib: usize,
+    /// Fraction of GPU memory the CUDA executor may use (weights + KV).
+    pub gpu_memory_utilization: f64,
+    pub enable_prefix_caching: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    /// 0 = the model's max_position_embeddings.
+    pub max_model_len: usize,
+    /// Waiting-queue bound; beyond it a request gets `overloaded`.
+    pub max_waiting_requests: usize,
+    /// Largest prefill chunk one request gets per step (0 = no cap beyond the budget).
+    pub long_prefill_token_threshold: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            max_frame_bytes: 1 << 20,
+            max_requests_per_connection: 64,
+            stream_buffer: 16,
+        }
+    }
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection { path: None, device: "auto".into(), cpu_threads: 0 }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { block_size: 16, kv_cache_mib: 256, gpu_memory_utilization: 0.90, enable_prefix_caching: true }
+    }
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_model_len: 0,
+            max_waiting_requests: 1024,
+            long_prefill_token_threshold: 512,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            model: ModelSection::default(),
+            cache: CacheConfig::default(),
+            scheduler: SchedulerSection::default(),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
+        Self::from_toml(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+    }
+
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        let cfg: Config = toml::from_str(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let c = &self.cache;
+        anyhow::ensure!(c.block_size.is_power_of_two() && c.block_size <= 256, "cache.block_size must be a power of two <= 256, got {}", c.block_size);
+        anyhow::ensure!(c.kv_cache_mib > 0, "cache.kv_cache_mib must be > 0");
+        anyhow::ensure!(c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0, "cache.gpu_memory_utilization must be in (0, 1], got {}", c.gpu_memory_utilization);
+        let s = &self.scheduler;
+        anyhow::ensure!(s.max_num_seqs > 0, "scheduler.max_num_seqs must be > 0");
+        anyhow::ensure!(s.max_num_batched_tokens >= s.max_num_seqs, "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})", s.max_num_batched_tokens, s.max_num_seqs);
+        anyhow::ensure!(s.max_waiting_requests > 0, "scheduler.max_waiting_requests must be > 0");
+        anyhow::ensure!(["auto", "cpu", "cuda"].contains(&self.model.device.as_str()), "model.device must be auto, cpu or cuda, got {:?}", self.model.device);
+        anyhow::ensure!(self.server.stream_buffer >= 2, "server.stream_buffer must be >= 2");
+        anyhow::ensure!(self.server.max_frame_bytes >= 1024, "server.max_frame_bytes must be >= 1024");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_default_config_parses_and_equals_defaults() {
+        let text = include_str!("../configs/brook.toml");
+        let cfg = Config::from_toml(text).unwrap();
+        assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = Config::from_toml("[cache]\nblok_size = 8\n").unwrap_err().to_string();
+        assert!(err.contains("blok_size"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_is_rejected() {
+        let err = Config::from_toml("[cache]\nblock_size = 12\n").unwrap_err().to_string();
+        assert!(err.contains("block_size"), "{err}");
+    }
+}

@@ -1,0 +1,238 @@
+//! Wiring: loads the model into a backend, starts the KV-block-manager, executor and scheduler
+//! actors, and gives sessions and the bench one handle to submit requests through.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Actor, Addr, SyncArbiter};
+use tokio::sync::mpsc;
+
+use crate::chat::ChatTemplate;
+use crate::config::Config;
+use crate::error::EngineError;
+use crate::executor::actor::ExecutorActor;
+use crate::executor::backend::{Backend, BackendInfo};
+use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
+use crate::kv::actor::{KvActor, KvHandle};
+use crate::kv::manager::KvCacheManager;
+use crate::metrics::Metrics;
+use crate::model::config::ModelConfig;
+use crate::protocol::{GenerateFrame, PromptInput};
+use crate::request::{RequestId, StreamEvent};
+use crate::sampling::params::SamplingParams;
+use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerLimits, Submit};
+use crate::scheduler::core::{Scheduler, SchedulerConfig};
+use crate::tokenizer::Tokenizer;
+
+/// Limits sessions check before a request reaches the scheduler.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    pub max_frame_bytes: usize,
+    pub max_requests_per_connection: usize,
+    pub stream_buffer: usize,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub model_dir: PathBuf,
+    pub model_name: String,
+    pub num_parameters: usize,
+    pub backend: BackendInfo,
+    pub max_model_len: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+}
+
+impl EngineInfo {
+    pub fn summary(&self) -> String {
+        let b = &self.backend;
+        format!(
+            "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}",
+            self.model_name,
+            self.num_parameters as f64 / 1e6,
+            self.model_dir.display(),
+            b.device,
+            b.num_kv_blocks,
+            b.block_size,
+            b.num_kv_blocks * b.block_size,
+            (b.num_kv_blocks * b.bytes_per_block) as f64 / (1 << 20) as f64,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.max_model_len,
+        )
+    }
+}
+
+/// A request that passed validation and tokenization, ready for the scheduler.
+#[derive(Debug)]
+pub struct PreparedRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+/// Everything a session or the bench needs to talk to the engine. Cheap to share by Arc.
+pub struct EngineHandle {
+    pub scheduler: Addr<SchedulerActor>,
+    pub kv: Addr<KvActor>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat: Option<ChatTemplate>,
+    pub metrics: Arc<Metrics>,
+    pub info: EngineInfo,
+    pub limits: SessionLimits,
+    next_id: AtomicU64,
+}
+
+impl EngineHandle {
+    /// Validates params, renders chat messages and tokenizes. Runs on the caller's thread.
+    pub fn prepare(&self, frame: GenerateFrame) -> Result<PreparedRequest, EngineError> {
+        let params = SamplingParams::from_raw(frame.params, self.tokenizer.vocab_size())?;
+        let prompt_token_ids = match frame.input {
+            PromptInput::Text(text) => {
+                if text.is_empty() {
+                    return Err(EngineError::invalid("field `prompt` is empty"));
+                }
+                self.tokenizer.encode(&text, true).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+            }
+            PromptInput::Messages(messages) => {
+                let chat = self.chat.as_ref().ok_or_else(|| {
+                    EngineError::invalid("this model has no chat_template; send `prompt` instead of `messages`")
+                })?;
+                let text = chat.render(&messages, true).map_err(|e| EngineError::invalid(e.to_string()))?;
+                // Templates usually write the bos token themselves; never add a second one.
+                let has_bos = self.tokenizer.bos_token().is_some_and(|b| text.starts_with(b));
+                self.tokenizer.encode(&text, !has_bos).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+            }
+        };
+        if prompt_token_ids.is_empty() {
+            return Err(EngineError::invalid("the prompt encodes to no tokens"));
+        }
+        Ok(PreparedRequest { prompt_token_ids, params })
+    }
+
+    /// Hands the request to the scheduler; every event for it arrives on the returned channel,
+    /// admission errors included.
+    pub fn submit(&self, req: PreparedRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
+        self.scheduler.do_send(Submit {
+            id,
+            prompt_token_ids: req.prompt_token_ids,
+            params: req.params,
+            tx,
+            arrival: Instant::now(),
+        });
+        (id, rx)
+    }
+
+    pub fn cancel(&self, id: RequestId) {
+        self.scheduler.do_send(Cancel { id });
+    }
+
+    /// Drops requests whose client went away: no events are sent for them.
+    pub fn abort(&self, ids: Vec<RequestId>) {
+        self.scheduler.do_send(Abort { ids });
+    }
+}
+
+/// The model folder `brook serve` uses when none is given: the bundled demo model.
+pub fn default_model_dir() -> Option<PathBuf> {
+    let rel = Path::new("models/demo-chat");
+    [PathBuf::from(rel), Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)]
+        .into_iter()
+        .find(|p| p.join("config.json").is_file())
+}
+
+/// Loads the model and starts the actors. Must run inside an actix `System`.
+pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Arc<EngineHandle>> {
+    let model_cfg = ModelConfig::from_dir(model_dir)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir(model_dir)?);
+    let chat = match tokenizer.chat_template() {
+        Some(src) => Some(ChatTemplate::new(src, tokenizer.bos_token().map(str::to_owned), tokenizer.eos_token().map(str::to_owned))?),
+        None => None,
+    };
+    let backend = load_backend(cfg, model_dir, progress)?;
+    let backend_info = backend.info();
+    let max_model_len = match cfg.scheduler.max_model_len {
+        0 => model_cfg.max_position_embeddings,
+        n => n.min(model_cfg.max_position_embeddings),
+    };
+    let metrics = Arc::new(Metrics::new());
+    metrics.kv_blocks_total.set(backend_info.num_kv_blocks as i64);
+
+    let kv: KvHandle = Arc::new(parking_lot::Mutex::new(KvCacheManager::new(
+        backend_info.num_kv_blocks,
+        backend_info.block_size,
+        cfg.cache.enable_prefix_caching,
+    )));
+    let kv_addr = KvActor::new(kv.clone()).start();
+    let backend_cell = parking_lot::Mutex::new(Some(backend));
+    let executor = SyncArbiter::start(1, move || {
+        ExecutorActor::new(backend_cell.lock().take().expect("one executor thread takes the backend once"))
+    });
+    let core = Scheduler::new(SchedulerConfig {
+        max_num_seqs: cfg.scheduler.max_num_seqs,
+        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+        max_model_len,
+        long_prefill_token_threshold: cfg.scheduler.long_prefill_token_threshold,
+    });
+    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
+    for id in &model_cfg.eos_token_ids {
+        if !eos.contains(id) {
+            eos.push(*id);
+        }
+    }
+    let scheduler = SchedulerActor::new(
+        core,
+        kv,
+        executor,
+        tokenizer.clone(),
+        metrics.clone(),
+        SchedulerLimits { max_model_len, max_waiting_requests: cfg.scheduler.max_waiting_requests, eos_token_ids: eos.into() },
+    )
+    .start();
+    let info = EngineInfo {
+        model_dir: model_dir.to_path_buf(),
+        model_name: model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        num_parameters: model_cfg.num_parameters(),
+        backend: backend_info,
+        max_model_len,
+        max_num_seqs: cfg.scheduler.max_num_seqs,
+        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+    };
+    Ok(Arc::new(EngineHandle {
+        scheduler,
+        kv: kv_addr,
+        tokenizer,
+        chat,
+        metrics,
+        info,
+        limits: SessionLimits {
+            max_frame_bytes: cfg.server.max_frame_bytes,
+            max_requests_per_connection: cfg.server.max_requests_per_connection,
+            stream_buffer: cfg.server.stream_buffer,
+            max_model_len,
+        },
+        next_id: AtomicU64::new(1),
+    }))
+}
+
+fn load_backend(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Box<dyn Backend>> {
+    match cfg.model.device.as_str() {
+        "cuda" => anyhow::bail!(
+            "--device cuda: this build has no CUDA executor yet; use --device cpu or auto"
+        ),
+        // auto: the CUDA executor is not in this build, so auto means CPU.
+        _ => {
+            let opts = CpuBackendOptions {
+                block_size: cfg.cache.block_size,
+                kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
+                num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
+                progress,
+            };
+            Ok(Box::new(CpuBackend::load(model_dir, opts)?))
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! WebSocket JSON frames (docs/PROTOCOL.md). Parsing turns any bad frame into an `EngineError`
+//! that names the problem, with the request id when one could be read.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::chat::ChatMessage;
+use crate::error::EngineError;
+use crate::request::{FinishReason, StreamEvent, Timing, Usage};
+use crate::sampling::params::RawSamplingParams;
+
+pub const MAX_ID_LEN: usize = 256;
+
+#[derive(Debug, Clone)]
+pub enum ClientFrame {
+    Generate(GenerateFrame),
+    Cancel { id: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateFrame {
+    pub id: String,
+    pub input: PromptInput,
+    pub params: RawSamplingParams,
+}
+
+#[derive(Debug, Clone)]
+pub enum PromptInput {
+    Text(String),
+    Messages(Vec<ChatMessage>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGenerate {
+    #[serde(rename = "type")]
+    _type: String,
+    id: Value,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    params: Option<RawSamplingParams>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCancel {
+    #[serde(rename = "type")]
+    _type: String,
+    id: Value,
+}
+
+/// A parse failure: the error plus the request id when the frame carried a readable one.
+#[derive(Debug)]
+pub struct FrameError {
+    pub id: Option<String>,
+    pub error: EngineError,
+}
+
+fn invalid(id: Option<String>, msg: impl Into<String>) -> FrameError {
+    FrameError { id, error: EngineError::invalid(msg) }
+}
+
+fn read_id(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) if !s.is_empty() && s.len() <= MAX_ID_LEN => Ok(s.clone()),
+        Value::String(_) => Err(format!("field `id` must be a string of 1 to {MAX_ID_LEN} characters")),
+        _ => Err("field `id` must be a string".into()),
+    }
+}
+
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| FrameError { id: None, error: EngineError::InvalidJson(e.to_string()) })?;
+    let obj = value.as_object().ok_or_else(|| invalid(None, "frame must be a JSON object"))?;
+    // An id we can read lets the error frame name the request it belongs to.
+    let id = obj.get("id").and_then(|v| read_id(v).ok());
+    let kind = match obj.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(_) => return Err(invalid(id, "field `type` must be a string")),
+        None => return Err(invalid(id, "missing field `type`")),
+    };
+    match kind.as_str() {
+        "generate" => {
+            let raw: RawGenerate = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("generate: {e}")))?;
+            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            let input = match (raw.prompt, raw.messages) {
+                (Some(p), None) => PromptInput::Text(p),
+                (None, Some(m)) => PromptInput::Messages(m),
+                (Some(_), Some(_)) => return Err(invalid(Some(id), "give either `prompt` or `messages`, not both")),
+                (None, None) => return Err(invalid(Some(id), "missing field `prompt` or `messages`")),
+            };
+            Ok(ClientFrame::Generate(GenerateFrame { id, input, params: raw.params.unwrap_or_default() }))
+        }
+        "cancel" => {
+            let raw: RawCancel = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("cancel: {e}")))?;
+            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            Ok(ClientFrame::Cancel { id })
+        }
+        other => Err(invalid(id, format!("unknown frame type {other:?}; expected \"generate\" or \"cancel\""))),
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ServerFrame<'a> {
+    Started {
+        id: &'a str,
+        prompt_tokens: usize,
+    },
+    Delta {
+        id: &'a str,
+        text: &'a str,
+        tokens: usize,
+    },
+    Done {
+        id: &'a str,
+        finish_reason: FinishReason,
+        usage: Usage,
+        timing: Timing,
+    },
+    Error {
+        id: Option<&'a str>,
+        code: &'static str,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+}
+
+impl<'a> ServerFrame<'a> {
+    pub fn error(id: Option<&'a str>, err: &EngineError) -> Self {
+        ServerFrame::Error { id, code: err.code(), message: err.to_string(), retry_after_ms: err.retry_after_ms() }
+    }
+
+    pub fn from_event(id: &'a str, ev: &'a StreamEvent) -> Self {
+        match ev {
+            StreamEvent::Started { prompt_tokens } => ServerFrame::Started { id, prompt_tokens: *prompt_tokens },
+            StreamEvent::Delta { text, tokens } => ServerFrame::Delta { id, text, tokens: *tokens },
+            StreamEvent::Done { finish_reason, usage, timing } => {
+                ServerFrame::Done { id, finish_reason: *finish_reason, usage: *usage, timing: *timing }
+            }
+            StreamEvent::Error(e) => ServerFrame::error(Some(id), e),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("server frames always serialize")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> FrameError {
+        parse_client_frame(text).unwrap_err()
+    }
+
+    #[test]
+    fn parses_generate_with_prompt_and_params() {
+        let f = parse_client_frame(r#"{"type":"generate","id":"r1","prompt":"hi","params":{"max_tokens":5,"seed":7}}"#).unwrap();
+        match f {
+            ClientFrame::Generate(g) => {
+                assert_eq!(g.id, "r1");
+                assert!(matches!(g.input, PromptInput::Text(ref p) if p == "hi"));
+                assert_eq!(g.params.max_tokens, Some(5));
+                assert_eq!(g.params.seed, Some(7));
+            }
+            _ => panic!("expected generate"),
+        }
+    }
+
+    #[test]
+    fn parses_generate_with_messages_and_cancel() {
+        let f = parse_client_frame(r#"{"type":"generate","id":"a","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Generate(GenerateFrame { input: PromptInput::Messages(ref m), .. }) if m.len() == 1));
+        let c = parse_client_frame(r#"{"type":"cancel","id":"a"}"#).unwrap();
+        assert!(matches!(c, ClientFrame::Cancel { ref id } if id == "a"));
+    }
+
+    #[test]
+    fn bad_json_has_no_id() {
+        let e = err("{nope");
+        assert_eq!(e.error.code(), "invalid_json");
+        assert!(e.id.is_none());
+    }
+
+    #[test]
+    fn unknown_field_is_named_and_keeps_the_id() {
+        let e = err(r#"{"type":"generate","id":"r9","prompt":"x","temperatur":1}"#);
+        assert_eq!(e.error.code(), "invalid_request");
+        assert_eq!(e.id.as_deref(), Some("r9"));
+        assert!(e.error.to_string().contains("temperatur"), "{}", e.error);
+        let e = err(r#"{"type":"generate","id":"r9","prompt":"x","params":{"top_q":1}}"#);
+        assert!(e.error.to_string().contains("top_q"), "{}", e.error);
+    }
+
+    #[test]
+    fn structural_errors() {
+        assert!(err(r#"[1,2]"#).error.to_string().contains("object"));
+        assert!(err(r#"{"id":"x"}"#).error.to_string().contains("type"));
+        assert!(err(r#"{"type":"dance","id":"x"}"#).error.to_string().contains("dance"));
+        assert!(err(r#"{"type":"generate","id":"x"}"#).error.to_string().contains("prompt"));
+        assert!(err(r#"{"type":"generate","id":"x","prompt":"a","messages":[]}"#).error.to_string().contains("not both"));
+        assert!(err(r#"{"type":"generate","id":5,"prompt":"a"}"#).error.to_string().contains("id"));
+        assert!(err(r#"{"type":"generate","id":"","prompt":"a"}"#).error.to_string().contains("id"));
+        assert!(err(r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#).error.to_string().contains("max_tokens"));
+    }
+
+    #[test]
+    fn server_frames_serialize_as_documented() {
+        let ev = StreamEvent::Delta { text: "hé".into(), tokens: 2 };
+        assert_eq!(ServerFrame::from_event("r1", &ev).to_json(), r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#);
+        let e = EngineError::Overloaded { reason: "queue full".into(), retry_after_ms: 250 };
+        let j: Value = serde_json::from_str(&ServerFrame::error(None, &e).to_json()).unwrap();
+        assert_eq!(j["id"], Value::Null);
+        assert_eq!(j["code"], "overloaded");
+        assert_eq!(j["retry_after_ms"], 250);
+        let done = StreamEvent::Done {
+            finish_reason: FinishReason::Length,
+            usage: Usage { prompt_tokens: 3, completion_tokens: 4 },
+            timing: Timing { queue_ms: 1.0, ttft_ms: 2.0, total_ms: 3.0 },
+        };
+        let j: Value = serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
+        assert_eq!(j["finish_reason"], "length");
+        assert_eq!(j["usage"]["completion_tokens"], 4);
+        assert_eq!(j["timing"]["ttft_ms"], 2.0);
+    }
+}

@@ -1,0 +1,379 @@
+//! The scheduler actor: a thin loop around the pure `Scheduler` core.
+//!
+//! One engine step = `schedule()` → `ExecuteStep` to the executor thread → `update_from_output()`
+//! → per-request detokenization and stop strings → at most one delta per request. A new step
+//! starts as soon as the previous one returns while there is work; with no work the actor sleeps
+//! until a `Submit` arrives (no polling). Each request's events go out over its own bounded
+//! channel; while it is full, text merges into the next delta, and a closed channel cancels.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+use crate::error::EngineError;
+use crate::executor::actor::{ExecuteStep, ExecutorActor};
+use crate::executor::batch::StepOutput;
+use crate::kv::actor::KvHandle;
+use crate::metrics::Metrics;
+use crate::output::RequestOutput;
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::sampling::params::SamplingParams;
+use crate::scheduler::core::{NewRequest, Scheduler, SchedulerOutput};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerLimits {
+    pub max_model_len: usize,
+    pub max_waiting_requests: usize,
+    pub eos_token_ids: Arc<[u32]>,
+}
+
+/// A new request. Its events (admission errors too) go to `tx`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Submit {
+    pub id: RequestId,
+    pub prompt_token_ids: Vec<u32>,
+    pub params: SamplingParams,
+    pub tx: mpsc::Sender<StreamEvent>,
+    pub arrival: Instant,
+}
+
+/// The client cancelled: the request ends with `done` / `cancelled`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Cancel {
+    pub id: RequestId,
+}
+
+/// The client went away: drop the requests silently and free their blocks.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Abort {
+    pub ids: Vec<RequestId>,
+}
+
+/// Per-request state the actor keeps beside the core: the stream and its timing.
+struct Tracked {
+    tx: mpsc::Sender<StreamEvent>,
+    output: RequestOutput,
+    pending_text: String,
+    pending_tokens: usize,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    arrival: Instant,
+    scheduled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+pub struct SchedulerActor {
+    core: Scheduler,
+    kv: KvHandle,
+    executor: Addr<ExecutorActor>,
+    tokenizer: Arc<Tokenizer>,
+    metrics: Arc<Metrics>,
+    limits: SchedulerLimits,
+    requests: HashMap<RequestId, Tracked>,
+    in_flight: bool,
+}
+
+impl SchedulerActor {
+    pub fn new(
+        core: Scheduler,
+        kv: KvHandle,
+        executor: Addr<ExecutorActor>,
+        tokenizer: Arc<Tokenizer>,
+        metrics: Arc<Metrics>,
+        limits: SchedulerLimits,
+    ) -> Self {
+        SchedulerActor { core, kv, executor, tokenizer, metrics, limits, requests: HashMap::new(), in_flight: false }
+    }
+
+    fn reject(&self, tx: &mpsc::Sender<StreamEvent>, err: EngineError) {
+        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+        // A fresh channel has room for at least two events.
+        let _ = tx.try_send(StreamEvent::Error(err));
+    }
+
+    fn admission_error(&self, prompt_tokens: usize) -> Option<EngineError> {
+        let kv_tokens = {
+            let kv = self.kv.lock();
+            let u = kv.usage();
+            u.total_blocks * kv.block_size()
+        };
+        // At least one output token must fit in both the context window and the KV cache.
+        let limit = self.limits.max_model_len.min(kv_tokens).saturating_sub(1);
+        if prompt_tokens > limit {
+            return Some(EngineError::PromptTooLong { prompt_tokens, limit });
+        }
+        if self.core.num_waiting() >= self.limits.max_waiting_requests {
+            return Some(EngineError::Overloaded {
+                reason: format!("{} requests are waiting", self.core.num_waiting()),
+                retry_after_ms: 500,
+            });
+        }
+        None
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.requests_running.set(self.core.num_running() as i64);
+        m.requests_waiting.set(self.core.num_waiting() as i64);
+        let u = self.kv.lock().usage();
+        m.kv_blocks_used.set(u.used_blocks as i64);
+        m.kv_blocks_total.set(u.total_blocks as i64);
+        m.kv_usage_ratio.set(if u.total_blocks == 0 { 0.0 } else { u.used_blocks as f64 / u.total_blocks as f64 });
+    }
+
+    /// Starts a step unless one is in flight or there is nothing to do.
+    fn maybe_step(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight {
+            return;
+        }
+        if !self.core.has_unfinished() {
+            self.update_gauges();
+            return;
+        }
+        let plan = {
+            let mut kv = self.kv.lock();
+            self.core.schedule(&mut kv)
+        };
+        self.metrics.preemptions.inc_by(plan.preempted.len() as u64);
+        self.update_gauges();
+        if plan.batch.seqs.is_empty() {
+            // Admission guarantees every request fits an empty pool, so an empty plan with work
+            // left means the core is stuck: say so rather than spin.
+            tracing::error!(running = self.core.num_running(), waiting = self.core.num_waiting(), "scheduler produced an empty step");
+            return;
+        }
+        let now = Instant::now();
+        for seq in &plan.batch.seqs {
+            if let Some(t) = self.requests.get_mut(&seq.request_id) {
+                t.scheduled_at.get_or_insert(now);
+            }
+        }
+        self.in_flight = true;
+        let plan = Arc::new(plan);
+        let fut = self.executor.send(ExecuteStep(plan.clone()));
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            act.in_flight = false;
+            let res = res.map_err(|e| format!("executor unavailable: {e}")).and_then(|r| r);
+            act.on_step_done(&plan, res);
+            act.maybe_step(ctx);
+        }));
+    }
+
+    fn on_step_done(&mut self, plan: &SchedulerOutput, res: Result<StepOutput, String>) {
+        let step = match res {
+            Ok(step) => step,
+            Err(e) => {
+                tracing::error!("engine step failed: {e}");
+                let mut kv = self.kv.lock();
+                for seq in &plan.batch.seqs {
+                    self.core.abort_request(seq.request_id, &mut kv);
+                    if let Some(t) = self.requests.remove(&seq.request_id) {
+                        let err = EngineError::Internal(format!("engine step failed: {e}"));
+                        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+                        send_terminal(t.tx, vec![StreamEvent::Error(err)]);
+                    }
+                }
+                return;
+            }
+        };
+        self.metrics.step_time.observe(step.elapsed.as_secs_f64());
+        self.metrics.step_tokens.observe(plan.batch.num_tokens() as f64);
+        let updates = {
+            let mut kv = self.kv.lock();
+            self.core.update_from_output(plan, &step, &mut kv)
+        };
+        let now = Instant::now();
+        for u in updates {
+            let Some(t) = self.requests.get_mut(&u.id) else { continue };
+            let n = u.new_token_ids.len();
+            if n > 0 {
+                match t.last_token_at {
+                    None => self.metrics.ttft.observe((now - t.arrival).as_secs_f64()),
+                    Some(last) => {
+                        let per_token = (now - last).as_secs_f64() / n as f64;
+                        for _ in 0..n {
+                            self.metrics.itl.observe(per_token);
+                        }
+                    }
+                }
+                t.first_token_at.get_or_insert(now);
+                t.last_token_at = Some(now);
+                t.completion_tokens += n;
+                self.metrics.generation_tokens.inc_by(n as u64);
+            }
+            let out = t.output.push_tokens(&self.tokenizer, &u.new_token_ids);
+            t.pending_text.push_str(&out.text);
+            t.pending_tokens += n;
+            let finished = match (u.finished, out.stopped_by_string) {
+                (Some(reason), _) => Some(reason),
+                (None, true) => {
+                    self.core.finish_request(u.id, FinishReason::Stop, &mut self.kv.lock());
+                    Some(FinishReason::Stop)
+                }
+                (None, false) => None,
+            };
+            match finished {
+                Some(reason) => {
+                    let mut t = self.requests.remove(&u.id).expect("tracked above");
+                    if !out.stopped_by_string {
+                        let rest = t.output.finish(&self.tokenizer);
+                        t.pending_text.push_str(&rest);
+                    }
+                    self.finish(t, reason, now);
+                }
+                None => {
+                    if !flush(t) {
+                        // Closed channel: the client is gone.
+                        self.requests.remove(&u.id);
+                        self.core.abort_request(u.id, &mut self.kv.lock());
+                    }
+                }
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn finish(&self, mut t: Tracked, reason: FinishReason, now: Instant) {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let timing = Timing {
+            queue_ms: t.scheduled_at.map(|s| ms(s - t.arrival)).unwrap_or_else(|| ms(now - t.arrival)),
+            ttft_ms: t.first_token_at.map(|s| ms(s - t.arrival)).unwrap_or(0.0),
+            total_ms: ms(now - t.arrival),
+        };
+        self.metrics.requests_finished.with_label_values(&[reason.as_str()]).inc();
+        self.metrics.e2e_latency.observe(timing.total_ms / 1e3);
+        if let Some(s) = t.scheduled_at {
+            self.metrics.queue_time.observe((s - t.arrival).as_secs_f64());
+        }
+        let mut events = Vec::with_capacity(2);
+        if !t.pending_text.is_empty() {
+            events.push(StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: t.pending_tokens });
+        }
+        events.push(StreamEvent::Done {
+            finish_reason: reason,
+            usage: Usage { prompt_tokens: t.prompt_tokens, completion_tokens: t.completion_tokens },
+            timing,
+        });
+        send_terminal(t.tx, events);
+    }
+}
+
+/// Sends the pending delta if the channel has room. Returns false when the channel is closed.
+fn flush(t: &mut Tracked) -> bool {
+    if t.pending_text.is_empty() {
+        return true;
+    }
+    let ev = StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: std::mem::take(&mut t.pending_tokens) };
+    match t.tx.try_send(ev) {
+        Ok(()) => true,
+        Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
+            // Slow reader: keep the text and merge it into the next delta.
+            t.pending_text = text;
+            t.pending_tokens = tokens;
+            true
+        }
+        Err(TrySendError::Full(_)) => unreachable!("only deltas are flushed"),
+        Err(TrySendError::Closed(_)) => false,
+    }
+}
+
+/// Delivers a request's last events. They must not be lost, so when the channel is full they
+/// wait for room on a task of their own instead of blocking the scheduler.
+fn send_terminal(tx: mpsc::Sender<StreamEvent>, events: Vec<StreamEvent>) {
+    let mut events = events.into_iter();
+    for ev in events.by_ref() {
+        match tx.try_send(ev) {
+            Ok(()) => continue,
+            Err(TrySendError::Closed(_)) => return,
+            Err(TrySendError::Full(ev)) => {
+                let rest: Vec<StreamEvent> = std::iter::once(ev).chain(events).collect();
+                actix::spawn(async move {
+                    for ev in rest {
+                        if tx.send(ev).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                return;
+            }
+        }
+    }
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Submit> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
+        let prompt_tokens = msg.prompt_token_ids.len();
+        if let Some(err) = self.admission_error(prompt_tokens) {
+            return self.reject(&msg.tx, err);
+        }
+        let params = Arc::new(msg.params);
+        let seed = params.seed.unwrap_or_else(rand::random);
+        let output = RequestOutput::new(&self.tokenizer, &msg.prompt_token_ids, &params.stop);
+        self.core.add_request(NewRequest {
+            id: msg.id,
+            prompt_token_ids: msg.prompt_token_ids,
+            params,
+            seed,
+            eos_token_ids: self.limits.eos_token_ids.clone(),
+        });
+        self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
+        let _ = msg.tx.try_send(StreamEvent::Started { prompt_tokens });
+        self.requests.insert(
+            msg.id,
+            Tracked {
+                tx: msg.tx,
+                output,
+                pending_text: String::new(),
+                pending_tokens: 0,
+                prompt_tokens,
+                completion_tokens: 0,
+                arrival: msg.arrival,
+                scheduled_at: None,
+                first_token_at: None,
+                last_token_at: None,
+            },
+        );
+        self.maybe_step(ctx);
+    }
+}
+
+impl Handler<Cancel> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Cancel, _ctx: &mut Context<Self>) {
+        if let Some(t) = self.requests.remove(&msg.id) {
+            self.core.abort_request(msg.id, &mut self.kv.lock());
+            self.finish(t, FinishReason::Cancelled, Instant::now());
+            self.update_gauges();
+        }
+    }
+}
+
+impl Handler<Abort> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Abort, _ctx: &mut Context<Self>) {
+        let mut kv = self.kv.lock();
+        for id in msg.ids {
+            if self.requests.remove(&id).is_some() {
+                self.core.abort_request(id, &mut kv);
+            }
+        }
+        drop(kv);
+        self.update_gauges();
+    }
+}

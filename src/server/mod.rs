@@ -1,0 +1,29 @@
+//! The HTTP side: `/` (chat page), `/health`, `/metrics`, and the `/v1/ws` upgrade.
+pub mod http;
+
+use std::sync::Arc;
+
+use actix_web::{web, App, HttpServer};
+
+use crate::engine::EngineHandle;
+
+/// Builds the app's routes; shared by `brook serve` and the end-to-end tests.
+pub fn configure(engine: Arc<EngineHandle>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(web::Data::from(engine))
+            .route("/", web::get().to(http::index))
+            .route("/health", web::get().to(http::health))
+            .route("/metrics", web::get().to(http::metrics))
+            .route("/v1/ws", web::get().to(crate::session::ws_route))
+            .default_service(web::to(http::not_found));
+    }
+}
+
+/// Binds and returns the running server; the caller awaits it.
+pub fn bind(engine: Arc<EngineHandle>, host: &str, port: u16) -> std::io::Result<(actix_web::dev::Server, u16)> {
+    let server = HttpServer::new(move || App::new().configure(configure(engine.clone())))
+        .workers(2)
+        .bind((host, port))?;
+    let port = server.addrs().first().map(|a| a.port()).unwrap_or(port);
+    Ok((server.run(), port))
+}

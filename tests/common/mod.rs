@@ -1,0 +1,181 @@
+//! Helpers for end-to-end tests: a real server on an ephemeral port with a generated
+//! random-weight model, and a small WebSocket client.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use awc::ws;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+
+use brook::config::Config;
+use brook::engine::EngineHandle;
+use brook::model::testing::{write_test_model, TestModelSpec};
+
+pub struct TestServer {
+    pub port: u16,
+    pub engine: Arc<EngineHandle>,
+    _dir: tempfile::TempDir,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub async fn stop(self) {
+        self.handle.stop(false).await;
+    }
+}
+
+/// Writes a model for `spec` into a temp dir.
+pub fn model_dir(spec: &TestModelSpec) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), spec).unwrap();
+    let p = dir.path().to_path_buf();
+    (dir, p)
+}
+
+pub fn test_config() -> Config {
+    let mut cfg = Config::default();
+    cfg.model.device = "cpu".into();
+    cfg.model.cpu_threads = 2;
+    cfg.cache.kv_cache_mib = 8;
+    cfg.scheduler.max_num_batched_tokens = 256;
+    cfg
+}
+
+/// Starts engine + HTTP server inside the current actix System.
+pub async fn start_server(cfg: Config) -> TestServer {
+    start_server_with(cfg, &TestModelSpec::default()).await
+}
+
+pub async fn start_server_with(cfg: Config, spec: &TestModelSpec) -> TestServer {
+    let (dir, path) = model_dir(spec);
+    let engine = brook::engine::start(&cfg, &path, false).unwrap();
+    let (server, port) = brook::server::bind(engine.clone(), "127.0.0.1", 0).unwrap();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    TestServer { port, engine, _dir: dir, handle }
+}
+
+pub fn start_engine(cfg: &Config, path: &Path) -> Arc<EngineHandle> {
+    brook::engine::start(cfg, path, false).unwrap()
+}
+
+pub struct Client {
+    conn: actix_codec::Framed<awc::BoxedSocket, ws::Codec>,
+    /// Close code of the server's close frame, once one arrived.
+    pub last_close: Option<u16>,
+}
+
+impl Client {
+    pub async fn connect(server: &TestServer) -> Client {
+        let (_resp, conn) = awc::Client::new()
+            .ws(format!("ws://127.0.0.1:{}/v1/ws", server.port))
+            .max_frame_size(8 << 20)
+            .connect()
+            .await
+            .unwrap();
+        Client { conn, last_close: None }
+    }
+
+    pub async fn send_text(&mut self, text: impl Into<String>) {
+        self.conn.send(ws::Message::Text(text.into().into())).await.unwrap();
+    }
+
+    pub async fn send(&mut self, v: Value) {
+        self.send_text(v.to_string()).await;
+    }
+
+    pub async fn send_binary(&mut self, b: Vec<u8>) {
+        self.conn.send(ws::Message::Binary(Bytes::from(b))).await.unwrap();
+    }
+
+    /// Next JSON frame (skipping pings), or None when the socket closed. Panics on timeout.
+    pub async fn recv(&mut self) -> Option<Value> {
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next()).await.expect("no frame within 60 s");
+            match frame {
+                Some(Ok(ws::Frame::Text(t))) => return Some(serde_json::from_slice(&t).unwrap()),
+                Some(Ok(ws::Frame::Ping(p))) => {
+                    self.conn.send(ws::Message::Pong(p)).await.unwrap();
+                }
+                Some(Ok(ws::Frame::Close(reason))) => {
+                    self.last_close = reason.map(|r| u16::from(r.code));
+                    return None;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("websocket error: {e}"),
+                None => return None,
+            }
+        }
+    }
+
+    /// Reads frames until every id in `ids` has its terminal frame; returns all frames by id.
+    pub async fn collect(&mut self, ids: &[&str]) -> HashMap<String, Vec<Value>> {
+        let mut out: HashMap<String, Vec<Value>> = HashMap::new();
+        let mut open: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        while !open.is_empty() {
+            let f = self.recv().await.expect("socket closed early");
+            let id = f["id"].as_str().unwrap_or("").to_string();
+            let terminal = matches!(f["type"].as_str(), Some("done") | Some("error"));
+            out.entry(id.clone()).or_default().push(f);
+            if terminal {
+                open.retain(|x| *x != id);
+            }
+        }
+        out
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.conn.send(ws::Message::Close(None)).await;
+    }
+}
+
+/// Concatenated delta text of one request's frames.
+pub fn text_of(frames: &[Value]) -> String {
+    frames.iter().filter(|f| f["type"] == "delta").map(|f| f["text"].as_str().unwrap()).collect()
+}
+
+pub fn terminal(frames: &[Value]) -> &Value {
+    let terms: Vec<&Value> = frames.iter().filter(|f| f["type"] == "done" || f["type"] == "error").collect();
+    assert_eq!(terms.len(), 1, "exactly one terminal frame: {frames:?}");
+    terms[0]
+}
+
+pub async fn http_get(url: &str) -> String {
+    let mut resp = awc::Client::new().get(url).send().await.unwrap();
+    let body = resp.body().limit(1 << 22).await.unwrap();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// Value of an un-labelled metric in Prometheus text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until /metrics shows no running or waiting requests and no KV blocks in use.
+pub async fn wait_idle(server: &TestServer) -> String {
+    for _ in 0..200 {
+        let m = http_get(&server.url("/metrics")).await;
+        if metric(&m, "brook:num_requests_running") == 0.0
+            && metric(&m, "brook:num_requests_waiting") == 0.0
+            && metric(&m, "brook:kv_cache_blocks_used") == 0.0
+        {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("engine did not become idle: {}", http_get(&server.url("/metrics")).await);
+}

@@ -1,0 +1,244 @@
+//! End to end: a real server on an ephemeral port, real WebSocket clients.
+mod common;
+
+use common::*;
+use serde_json::json;
+
+fn gen(id: &str, prompt: &str, max_tokens: usize) -> serde_json::Value {
+    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+}
+
+#[actix_rt::test]
+async fn multiplexed_requests_stream_and_finish() {
+    let server = start_server(test_config()).await;
+    let mut c = Client::connect(&server).await;
+    c.send(gen("a", "Hello there, how are you?", 12)).await;
+    c.send(json!({"type":"generate","id":"b","messages":[{"role":"user","content":"Where is my order?"}],"params":{"max_tokens":7,"ignore_eos":true,"seed":3}})).await;
+    c.send(gen("c", "Short", 1)).await;
+    let frames = c.collect(&["a", "b", "c"]).await;
+    for (id, want) in [("a", 12), ("b", 7), ("c", 1)] {
+        let fs = &frames[id];
+        assert_eq!(fs[0]["type"], "started", "{id}: {fs:?}");
+        assert!(fs[0]["prompt_tokens"].as_u64().unwrap() > 0);
+        let done = terminal(fs);
+        assert_eq!(done["type"], "done", "{id}: {done}");
+        assert_eq!(done["finish_reason"], "length");
+        assert_eq!(done["usage"]["completion_tokens"], want);
+        assert!(done["timing"]["total_ms"].as_f64().unwrap() >= done["timing"]["ttft_ms"].as_f64().unwrap());
+        let delta_tokens: u64 = fs.iter().filter(|f| f["type"] == "delta").map(|f| f["tokens"].as_u64().unwrap()).sum();
+        assert!(delta_tokens <= want, "{id}: deltas carry at most the generated tokens");
+    }
+    c.close().await;
+    let m = wait_idle(&server).await;
+    assert!(metric(&m, "brook:generation_tokens_total") >= 20.0);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn cancel_ends_with_cancelled_and_frees_blocks() {
+    let server = start_server(test_config()).await;
+    let mut c = Client::connect(&server).await;
+    c.send(gen("long", "Tell me a very long story", 400)).await;
+    // Wait for the first delta, then cancel.
+    loop {
+        let f = c.recv().await.unwrap();
+        if f["type"] == "delta" {
+            break;
+        }
+        assert_ne!(f["type"], "done", "finished before cancel: {f}");
+    }
+    c.send(json!({"type":"cancel","id":"long"})).await;
+    let frames = c.collect(&["long"]).await;
+    let done = terminal(&frames["long"]);
+    assert_eq!(done["type"], "done");
+    assert_eq!(done["finish_reason"], "cancelled");
+    assert!(done["usage"]["completion_tokens"].as_u64().unwrap() < 400);
+    // The socket still works after a cancel.
+    c.send(gen("after", "again", 3)).await;
+    let frames = c.collect(&["after"]).await;
+    assert_eq!(terminal(&frames["after"])["finish_reason"], "length");
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+/// Sends one bad frame, expects an error with `code` (and `id`), then checks the socket still
+/// serves a normal request.
+async fn expect_error(c: &mut Client, frame: String, code: &str, id: Option<&str>) {
+    c.send_text(frame.clone()).await;
+    let f = c.recv().await.expect("socket must stay open after bad input");
+    assert_eq!(f["type"], "error", "{frame} -> {f}");
+    assert_eq!(f["code"], code, "{frame} -> {f}");
+    assert_eq!(f["id"].as_str(), id, "{frame} -> {f}");
+    assert!(!f["message"].as_str().unwrap().is_empty());
+}
+
+#[actix_rt::test]
+async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
+    let mut cfg = test_config();
+    cfg.server.max_requests_per_connection = 3;
+    let server = start_server(cfg).await;
+    let mut c = Client::connect(&server).await;
+
+    expect_error(&mut c, "{not json".into(), "invalid_json", None).await;
+    expect_error(&mut c, "[1,2,3]".into(), "invalid_request", None).await;
+    expect_error(&mut c, json!({"type":"fly","id":"x"}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","tempreature":1}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","params":{"top_p":1.5}}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","params":{"max_tokens":0}}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"generate","id":"x","messages":[{"role":"wizard","content":"a"}]}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":""}).to_string(), "invalid_request", Some("x")).await;
+    expect_error(&mut c, json!({"type":"cancel","id":"nope"}).to_string(), "unknown_id", Some("nope")).await;
+    let long_prompt = "lorem ipsum dolor sit amet ".repeat(400);
+    expect_error(&mut c, json!({"type":"generate","id":"big","prompt":long_prompt}).to_string(), "prompt_too_long", Some("big")).await;
+
+    c.send_binary(vec![1, 2, 3]).await;
+    let f = c.recv().await.unwrap();
+    assert_eq!((f["type"].as_str(), f["code"].as_str()), (Some("error"), Some("invalid_json")));
+
+    // duplicate_id: the first request is still in flight when the second arrives.
+    c.send(gen("dup", "first", 300)).await;
+    c.send(gen("dup", "second", 3)).await;
+    // overloaded: the connection allows 3 in flight.
+    c.send(gen("o2", "two", 300)).await;
+    c.send(gen("o3", "three", 300)).await;
+    c.send(gen("o4", "four", 3)).await;
+    let mut dup_error = false;
+    let mut overloaded = false;
+    while !(dup_error && overloaded) {
+        let f = c.recv().await.unwrap();
+        if f["type"] == "error" {
+            match (f["id"].as_str(), f["code"].as_str()) {
+                (Some("dup"), Some("duplicate_id")) => dup_error = true,
+                (Some("o4"), Some("overloaded")) => {
+                    assert!(f["retry_after_ms"].as_u64().is_some());
+                    overloaded = true
+                }
+                other => panic!("unexpected error {other:?}: {f}"),
+            }
+        }
+    }
+    for id in ["dup", "o2", "o3"] {
+        c.send(json!({"type":"cancel","id":id})).await;
+    }
+    let frames = c.collect(&["dup", "o2", "o3"]).await;
+    for id in ["dup", "o2", "o3"] {
+        assert_eq!(terminal(&frames[id])["type"], "done", "{id}");
+    }
+
+    // After all that, a normal request still works on the same socket.
+    c.send(gen("ok", "still alive?", 4)).await;
+    let frames = c.collect(&["ok"]).await;
+    assert_eq!(terminal(&frames["ok"])["usage"]["completion_tokens"], 4);
+    c.close().await;
+    let m = wait_idle(&server).await;
+    assert!(m.contains(r#"brook:request_errors_total{code="invalid_json"} 2"#), "{m}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn oversized_frame_closes_with_1009_and_others_carry_on() {
+    let mut cfg = test_config();
+    cfg.server.max_frame_bytes = 64 * 1024;
+    let server = start_server(cfg).await;
+    let mut other = Client::connect(&server).await;
+    other.send(gen("keep", "unaffected", 20)).await;
+
+    let mut c = Client::connect(&server).await;
+    let huge = json!({"type":"generate","id":"h","prompt":"x".repeat(100 * 1024)}).to_string();
+    c.send_text(huge).await;
+    assert!(c.recv().await.is_none(), "socket must close");
+    assert_eq!(c.last_close, Some(1009));
+
+    let frames = other.collect(&["keep"]).await;
+    assert_eq!(terminal(&frames["keep"])["usage"]["completion_tokens"], 20);
+    other.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn disconnect_mid_stream_aborts_and_frees_everything() {
+    let server = start_server(test_config()).await;
+    let mut c = Client::connect(&server).await;
+    c.send(gen("a", "streaming away", 400)).await;
+    c.send(gen("b", "and another one", 400)).await;
+    loop {
+        let f = c.recv().await.unwrap();
+        if f["type"] == "delta" {
+            break;
+        }
+    }
+    drop(c); // no close frame: the TCP connection just goes away
+    let m = wait_idle(&server).await;
+    assert_eq!(metric(&m, "brook:num_requests_running"), 0.0);
+    assert_eq!(metric(&m, "brook:kv_cache_blocks_used"), 0.0);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn seeded_sampling_is_independent_of_the_batch() {
+    let server = start_server(test_config()).await;
+    let sampled = |id: &str| json!({"type":"generate","id":id,"prompt":"Once upon a time","params":{"max_tokens":16,"temperature":0.9,"top_p":0.95,"seed":1234,"ignore_eos":true}});
+    let mut c = Client::connect(&server).await;
+    c.send(sampled("alone")).await;
+    let alone = text_of(&c.collect(&["alone"]).await["alone"]);
+    // Same request again, now sharing every step with other requests.
+    for i in 0..4 {
+        c.send(gen(&format!("noise{i}"), &"busy ".repeat(i * 7 + 1), 24)).await;
+    }
+    c.send(sampled("crowd")).await;
+    let frames = c.collect(&["noise0", "noise1", "noise2", "noise3", "crowd"]).await;
+    assert_eq!(alone, text_of(&frames["crowd"]));
+    c.close().await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn stop_string_ends_output_and_is_never_sent() {
+    let server = start_server(test_config()).await;
+    let mut c = Client::connect(&server).await;
+    c.send(gen("full", "The quick brown fox", 40)).await;
+    let full = text_of(&c.collect(&["full"]).await["full"]);
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 12, "need some text to cut: {full:?}");
+    // A stop string from the middle of the greedy output.
+    let stop: String = chars[6..9].iter().collect();
+    let cut = full.find(&stop).unwrap();
+    c.send(json!({"type":"generate","id":"s","prompt":"The quick brown fox","params":{"max_tokens":40,"temperature":0.0,"stop":[stop],"ignore_eos":true}})).await;
+    let frames = c.collect(&["s"]).await;
+    let done = terminal(&frames["s"]);
+    assert_eq!(done["finish_reason"], "stop");
+    assert_eq!(text_of(&frames["s"]), full[..cut]);
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn http_routes() {
+    let server = start_server(test_config()).await;
+    let page = http_get(&server.url("/")).await;
+    assert!(page.contains("/v1/ws") && page.contains("Stop"));
+    let health: serde_json::Value = serde_json::from_str(&http_get(&server.url("/health")).await).unwrap();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["device"], "cpu");
+    let m = http_get(&server.url("/metrics")).await;
+    for name in [
+        "brook:num_requests_running",
+        "brook:num_requests_waiting",
+        "brook:kv_cache_blocks_used",
+        "brook:kv_cache_blocks_total",
+        "brook:kv_cache_usage_perc",
+        "brook:prompt_tokens_total",
+        "brook:generation_tokens_total",
+        "brook:num_preemptions_total",
+    ] {
+        metric(&m, name);
+    }
+    assert!(metric(&m, "brook:kv_cache_blocks_total") > 0.0);
+    let mut resp = awc::Client::new().get(server.url("/nope")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    let _ = resp.body().await;
+    server.stop().await;
+}
