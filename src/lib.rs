@@ -2,5 +2,7 @@
 //! executor) exchange typed messages; tokens stream out over WebSockets.
 pub mod error;
 pub mod executor;
+pub mod kv;
 pub mod request;
 pub mod sampling;
+pub mod scheduler;
