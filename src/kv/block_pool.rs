@@ -59,7 +59,10 @@ pub struct BlockPool {
 impl BlockPool {
     /// All blocks start free, in id order.
     pub fn new(num_blocks: usize) -> Self {
-        assert!(num_blocks < NIL as usize, "{num_blocks} KV blocks do not fit u32 ids");
+        assert!(
+            num_blocks < NIL as usize,
+            "{num_blocks} KV blocks do not fit u32 ids"
+        );
         let n = num_blocks as u32;
         let blocks = (0..n)
             .map(|i| Block {
@@ -214,13 +217,20 @@ impl BlockPool {
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let list = self.free_list();
         if list.len() != self.num_free {
-            return Err(format!("free list has {} blocks, num_free {}", list.len(), self.num_free));
+            return Err(format!(
+                "free list has {} blocks, num_free {}",
+                list.len(),
+                self.num_free
+            ));
         }
         let mut prev = NIL;
         for &id in &list {
             let b = &self.blocks[id as usize];
             if b.ref_cnt != 0 || b.prev != prev {
-                return Err(format!("free block {id}: ref {} prev {} (want {prev})", b.ref_cnt, b.prev));
+                return Err(format!(
+                    "free block {id}: ref {} prev {} (want {prev})",
+                    b.ref_cnt, b.prev
+                ));
             }
             prev = id;
         }
@@ -229,7 +239,10 @@ impl BlockPool {
         }
         let unreferenced = self.blocks.iter().filter(|b| b.ref_cnt == 0).count();
         if unreferenced != self.num_free {
-            return Err(format!("{unreferenced} unreferenced blocks, {} free", self.num_free));
+            return Err(format!(
+                "{unreferenced} unreferenced blocks, {} free",
+                self.num_free
+            ));
         }
         for (hash, &id) in &self.cached {
             if self.blocks[id as usize].hash != Some(*hash) {
@@ -238,7 +251,10 @@ impl BlockPool {
         }
         let hashed = self.blocks.iter().filter(|b| b.hash.is_some()).count();
         if hashed != self.cached.len() {
-            return Err(format!("{hashed} hashed blocks, {} in the map", self.cached.len()));
+            return Err(format!(
+                "{hashed} hashed blocks, {} in the map",
+                self.cached.len()
+            ));
         }
         Ok(())
     }

@@ -84,6 +84,11 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
         assert!(block_size > 0, "block_size must be positive");
+        // Slots (block * block_size + offset) travel as u32 in the batch.
+        assert!(
+            num_blocks.saturating_mul(block_size) <= u32::MAX as usize,
+            "{num_blocks} blocks of {block_size} tokens overflow u32 slot ids"
+        );
         KvCacheManager {
             pool: BlockPool::new(num_blocks),
             block_size,
@@ -122,7 +127,10 @@ impl KvCacheManager {
         let entry = self.reqs.entry(req).or_default();
         if !entry.blocks.is_empty() {
             // Already holds blocks: its computed prefix is the caller's to know.
-            debug_assert!(false, "{req}: prefix lookup for a request that holds blocks");
+            debug_assert!(
+                false,
+                "{req}: prefix lookup for a request that holds blocks"
+            );
             return 0;
         }
         let max_hit_blocks = (tokens.len() - 1) / bs;
@@ -257,7 +265,10 @@ impl KvCacheManager {
         }
         for (b, &r) in refs.iter().enumerate() {
             if self.pool.ref_count(b as BlockId) != r {
-                return Err(format!("block {b}: ref count {} but {r} tables", self.pool.ref_count(b as BlockId)));
+                return Err(format!(
+                    "block {b}: ref count {} but {r} tables",
+                    self.pool.ref_count(b as BlockId)
+                ));
             }
         }
         Ok(())
@@ -388,7 +399,10 @@ mod tests {
         assert_eq!(kv.usage().cached_blocks, 3);
         // Freed tail first: the partial last block, then the cached ones from the back.
         let free = kv.pool().free_list();
-        assert_eq!(free[free.len() - 4..], [table[3], table[2], table[1], table[0]]);
+        assert_eq!(
+            free[free.len() - 4..],
+            [table[3], table[2], table[1], table[0]]
+        );
 
         assert_eq!(admit(&mut kv, 2, &prompt), Some(3 * BS));
         assert_eq!(kv.block_table(RequestId(2))[..3], table[..3]);
@@ -415,11 +429,18 @@ mod tests {
         longer.extend(tokens(52, 3 * BS));
         let hit = kv.get_computed_blocks(RequestId(2), &longer);
         assert_eq!(hit, 2 * BS);
-        assert_eq!(kv.allocate_slots(RequestId(2), hit, longer.len() - hit), None);
+        assert_eq!(
+            kv.allocate_slots(RequestId(2), hit, longer.len() - hit),
+            None
+        );
         assert!(kv.block_table(RequestId(2)).is_empty());
         assert_eq!(kv.num_free_blocks(), 2);
         kv.check_invariants().unwrap();
-        assert_eq!(kv.prefix_cache_stats().requests, 1, "failed admission is not counted");
+        assert_eq!(
+            kv.prefix_cache_stats().requests,
+            1,
+            "failed admission is not counted"
+        );
     }
 
     #[test]

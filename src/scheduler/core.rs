@@ -33,7 +33,8 @@ pub struct Scheduler {
     num_preemptions: u64,
 }
 
-/// A step under construction: the budget left and the decisions so far.
+/// A step under construction: the budget left and the decisions so far. Scheduling policies
+/// (request classes, batch merging) extend this plan and the passes that fill it.
 #[derive(Debug)]
 struct StepPlan {
     budget: usize,
@@ -194,7 +195,10 @@ impl Scheduler {
             }
             self.waiting.pop_front();
             self.running.push(id);
-            let req = self.requests.get_mut(&id).expect("front of waiting is known");
+            let req = self
+                .requests
+                .get_mut(&id)
+                .expect("front of waiting is known");
             req.num_computed = num_computed;
             req.status = Status::Running;
             if !req.ever_scheduled {
@@ -221,7 +225,10 @@ impl Scheduler {
     /// output so far.
     fn preempt(&mut self, id: RequestId, kv: &mut KvCacheManager) {
         kv.free(id);
-        let req = self.requests.get_mut(&id).expect("running requests are known");
+        let req = self
+            .requests
+            .get_mut(&id)
+            .expect("running requests are known");
         req.num_computed = 0;
         req.status = Status::Waiting;
         self.waiting.push_front(id);
@@ -231,7 +238,9 @@ impl Scheduler {
     /// A sequence may not outgrow the model's context, nor the whole KV pool (it could never
     /// be scheduled again).
     fn max_len(&self, kv: &KvCacheManager) -> usize {
-        self.cfg.max_model_len.min(kv.num_blocks() * kv.block_size())
+        self.cfg
+            .max_model_len
+            .min(kv.num_blocks() * kv.block_size())
     }
 
     fn build_output(&self, plan: StepPlan, kv: &KvCacheManager) -> SchedulerOutput {
@@ -251,7 +260,9 @@ impl Scheduler {
             batch.token_ids.extend_from_slice(&req.tokens[start..end]);
             for pos in start..end {
                 batch.positions.push(pos as u32);
-                batch.slot_mapping.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+                batch
+                    .slot_mapping
+                    .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
             }
             let samples = end == req.num_tokens();
             if num_new == 1 && samples && req.num_output_tokens() > 0 {
@@ -291,13 +302,17 @@ impl Scheduler {
     ) -> Vec<RequestUpdate> {
         let max_len = self.max_len(kv);
         let mut updates = Vec::with_capacity(out.batch.num_sampled() + out.finished_early.len());
-        updates.extend(out.finished_early.iter().map(|&(id, reason)| RequestUpdate {
-            id,
-            new_token_ids: Vec::new(),
-            finished: Some(reason),
-            num_computed_tokens: 0,
-            num_output_tokens: 0,
-        }));
+        updates.extend(
+            out.finished_early
+                .iter()
+                .map(|&(id, reason)| RequestUpdate {
+                    id,
+                    new_token_ids: Vec::new(),
+                    finished: Some(reason),
+                    num_computed_tokens: 0,
+                    num_output_tokens: 0,
+                }),
+        );
         let mut sampled = step.sampled.iter();
         let mut any_finished = false;
         for seq in &out.batch.seqs {
