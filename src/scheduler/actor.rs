@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::output::RequestOutput;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
 use crate::sampling::params::SamplingParams;
-use crate::scheduler::core::{NewRequest, Scheduler, SchedulerOutput};
+use crate::scheduler::{NewRequest, Scheduler, SchedulerOutput};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
