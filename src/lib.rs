@@ -2,5 +2,6 @@
 //! executor) exchange typed messages; tokens stream out over WebSockets.
 pub mod error;
 pub mod executor;
+pub mod model;
 pub mod request;
 pub mod sampling;

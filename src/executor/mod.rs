@@ -1,3 +1,4 @@
 //! Executors: the `Backend` trait, the flattened batch, and the backends behind it.
 pub mod backend;
 pub mod batch;
+pub mod cpu;
