@@ -141,3 +141,41 @@ fn repeat_kv(x: &Tensor, group: usize) -> candle_core::Result<Tensor> {
         .contiguous()?
         .reshape((kvh * group, n, d))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::loader::load_weights;
+    use crate::model::testing::{write_test_model, TestModelSpec};
+
+    #[test]
+    fn logits_of_a_prefix_do_not_depend_on_later_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+        let config = ModelConfig::from_dir(dir.path()).unwrap();
+        let w = load_weights(dir.path(), &config, false).unwrap();
+        let tokens: Vec<u32> = (0..24)
+            .map(|i| (i * 53 + 7) % config.vocab_size as u32)
+            .collect();
+        let full: Vec<Vec<f32>> = reference_logits(&config, &w, &tokens)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let prefix: Vec<Vec<f32>> = reference_logits(&config, &w, &tokens[..10])
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (a, b) in full.iter().zip(&prefix) {
+            assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5));
+        }
+        // ... while a changed earlier token changes every later position.
+        let mut changed = tokens.clone();
+        changed[3] = (changed[3] + 1) % config.vocab_size as u32;
+        let other: Vec<Vec<f32>> = reference_logits(&config, &w, &changed)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        assert_eq!(full[2], other[2]);
+        assert!(full[3..].iter().zip(&other[3..]).all(|(a, b)| a != b));
+    }
+}
