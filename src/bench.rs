@@ -83,7 +83,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let (_, mut rx) = engine.submit(PreparedRequest { prompt_token_ids, params });
             tasks.push(actix::spawn(async move {
                 let sent = Instant::now();
-                let mut last = None;
+                let mut last: Option<Instant> = None;
                 let mut trace = RequestTrace { ttft: Duration::ZERO, itl: Vec::new(), tokens: 0 };
                 while let Some(ev) = rx.recv().await {
                     match ev {

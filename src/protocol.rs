@@ -1,10 +1,11 @@
 //! WebSocket JSON frames (docs/PROTOCOL.md). Parsing turns any bad frame into an `EngineError`
 //! that names the problem, with the request id when one could be read.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::chat::ChatMessage;
+use crate::chat::{parse_messages, ChatMessage};
 use crate::error::EngineError;
 use crate::request::{FinishReason, StreamEvent, Timing, Usage};
 use crate::sampling::params::RawSamplingParams;
@@ -30,24 +31,39 @@ pub enum PromptInput {
     Messages(Vec<ChatMessage>),
 }
 
+// Every field is optional here so that `from_object` can check fields one at a time; presence
+// is checked after.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGenerate {
     #[serde(rename = "type")]
-    _type: String,
-    id: Value,
+    _type: Option<String>,
+    id: Option<Value>,
     prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    #[serde(default)]
-    params: Option<RawSamplingParams>,
+    messages: Option<Value>,
+    params: Option<Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCancel {
     #[serde(rename = "type")]
-    _type: String,
-    id: Value,
+    _type: Option<String>,
+    id: Option<Value>,
+}
+
+/// Deserializes an object; on failure, finds the first field that fails on its own so the
+/// message names it (serde's own message often does not).
+fn from_object<T: DeserializeOwned>(obj: &Map<String, Value>, prefix: &str) -> Result<T, String> {
+    serde_json::from_value(Value::Object(obj.clone())).map_err(|whole| {
+        for (k, v) in obj {
+            let one = Map::from_iter([(k.clone(), v.clone())]);
+            if let Err(e) = serde_json::from_value::<T>(Value::Object(one)) {
+                return format!("field `{prefix}{k}`: {e}");
+            }
+        }
+        whole.to_string()
+    })
 }
 
 /// A parse failure: the error plus the request id when the frame carried a readable one.
@@ -82,19 +98,23 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
     };
     match kind.as_str() {
         "generate" => {
-            let raw: RawGenerate = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("generate: {e}")))?;
-            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            let raw: RawGenerate = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
+            let id = read_id(raw.id.as_ref().unwrap_or(&Value::Null)).map_err(|m| invalid(None, m))?;
+            let params = match &raw.params {
+                Some(p) => from_object(p, "params.").map_err(|m| invalid(Some(id.clone()), m))?,
+                None => RawSamplingParams::default(),
+            };
             let input = match (raw.prompt, raw.messages) {
                 (Some(p), None) => PromptInput::Text(p),
-                (None, Some(m)) => PromptInput::Messages(m),
+                (None, Some(m)) => PromptInput::Messages(parse_messages(&m).map_err(|e| invalid(Some(id.clone()), e.to_string()))?),
                 (Some(_), Some(_)) => return Err(invalid(Some(id), "give either `prompt` or `messages`, not both")),
                 (None, None) => return Err(invalid(Some(id), "missing field `prompt` or `messages`")),
             };
-            Ok(ClientFrame::Generate(GenerateFrame { id, input, params: raw.params.unwrap_or_default() }))
+            Ok(ClientFrame::Generate(GenerateFrame { id, input, params }))
         }
         "cancel" => {
-            let raw: RawCancel = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("cancel: {e}")))?;
-            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            let raw: RawCancel = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
+            let id = read_id(raw.id.as_ref().unwrap_or(&Value::Null)).map_err(|m| invalid(None, m))?;
             Ok(ClientFrame::Cancel { id })
         }
         other => Err(invalid(id, format!("unknown frame type {other:?}; expected \"generate\" or \"cancel\""))),
@@ -206,6 +226,9 @@ mod tests {
         assert!(err(r#"{"type":"generate","id":5,"prompt":"a"}"#).error.to_string().contains("id"));
         assert!(err(r#"{"type":"generate","id":"","prompt":"a"}"#).error.to_string().contains("id"));
         assert!(err(r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#).error.to_string().contains("max_tokens"));
+        assert!(err(r#"{"type":"generate","id":"x","prompt":7}"#).error.to_string().contains("`prompt`"));
+        assert!(err(r#"{"type":"generate","id":"x","prompt":"a","params":[1]}"#).error.to_string().contains("params"));
+        assert!(err(r#"{"type":"cancel"}"#).error.to_string().contains("id"));
     }
 
     #[test]
