@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::Config;
 
 #[derive(Debug, Parser)]
-#[command(name = "brook", version, about = "LLM inference serving: tokens over WebSockets")]
+#[command(
+    name = "brook",
+    version,
+    about = "LLM inference serving: tokens over WebSockets"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -82,7 +86,10 @@ impl EngineArgs {
         };
         set(&mut cfg.cache.block_size, self.block_size);
         set(&mut cfg.scheduler.max_num_seqs, self.max_num_seqs);
-        set(&mut cfg.scheduler.max_num_batched_tokens, self.max_num_batched_tokens);
+        set(
+            &mut cfg.scheduler.max_num_batched_tokens,
+            self.max_num_batched_tokens,
+        );
         set(&mut cfg.scheduler.max_model_len, self.max_model_len);
         set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
         set(&mut cfg.model.cpu_threads, self.cpu_threads);

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub server: ServerConfig,
@@ -76,13 +76,22 @@ impl Default for ServerConfig {
 
 impl Default for ModelSection {
     fn default() -> Self {
-        ModelSection { path: None, device: "auto".into(), cpu_threads: 0 }
+        ModelSection {
+            path: None,
+            device: "auto".into(),
+            cpu_threads: 0,
+        }
     }
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { block_size: 16, kv_cache_mib: 256, gpu_memory_utilization: 0.90, enable_prefix_caching: true }
+        CacheConfig {
+            block_size: 16,
+            kv_cache_mib: 256,
+            gpu_memory_utilization: 0.90,
+            enable_prefix_caching: true,
+        }
     }
 }
 
@@ -94,17 +103,6 @@ impl Default for SchedulerSection {
             max_model_len: 0,
             max_waiting_requests: 1024,
             long_prefill_token_threshold: 512,
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            server: ServerConfig::default(),
-            model: ModelSection::default(),
-            cache: CacheConfig::default(),
-            scheduler: SchedulerSection::default(),
         }
     }
 }
@@ -124,16 +122,42 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         let c = &self.cache;
-        anyhow::ensure!(c.block_size.is_power_of_two() && c.block_size <= 256, "cache.block_size must be a power of two <= 256, got {}", c.block_size);
+        anyhow::ensure!(
+            c.block_size.is_power_of_two() && c.block_size <= 256,
+            "cache.block_size must be a power of two <= 256, got {}",
+            c.block_size
+        );
         anyhow::ensure!(c.kv_cache_mib > 0, "cache.kv_cache_mib must be > 0");
-        anyhow::ensure!(c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0, "cache.gpu_memory_utilization must be in (0, 1], got {}", c.gpu_memory_utilization);
+        anyhow::ensure!(
+            c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0,
+            "cache.gpu_memory_utilization must be in (0, 1], got {}",
+            c.gpu_memory_utilization
+        );
         let s = &self.scheduler;
         anyhow::ensure!(s.max_num_seqs > 0, "scheduler.max_num_seqs must be > 0");
-        anyhow::ensure!(s.max_num_batched_tokens >= s.max_num_seqs, "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})", s.max_num_batched_tokens, s.max_num_seqs);
-        anyhow::ensure!(s.max_waiting_requests > 0, "scheduler.max_waiting_requests must be > 0");
-        anyhow::ensure!(["auto", "cpu", "cuda"].contains(&self.model.device.as_str()), "model.device must be auto, cpu or cuda, got {:?}", self.model.device);
-        anyhow::ensure!(self.server.stream_buffer >= 2, "server.stream_buffer must be >= 2");
-        anyhow::ensure!(self.server.max_frame_bytes >= 1024, "server.max_frame_bytes must be >= 1024");
+        anyhow::ensure!(
+            s.max_num_batched_tokens >= s.max_num_seqs,
+            "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
+            s.max_num_batched_tokens,
+            s.max_num_seqs
+        );
+        anyhow::ensure!(
+            s.max_waiting_requests > 0,
+            "scheduler.max_waiting_requests must be > 0"
+        );
+        anyhow::ensure!(
+            ["auto", "cpu", "cuda"].contains(&self.model.device.as_str()),
+            "model.device must be auto, cpu or cuda, got {:?}",
+            self.model.device
+        );
+        anyhow::ensure!(
+            self.server.stream_buffer >= 2,
+            "server.stream_buffer must be >= 2"
+        );
+        anyhow::ensure!(
+            self.server.max_frame_bytes >= 1024,
+            "server.max_frame_bytes must be >= 1024"
+        );
         Ok(())
     }
 }
@@ -151,13 +175,17 @@ mod tests {
 
     #[test]
     fn unknown_key_is_an_error_naming_it() {
-        let err = Config::from_toml("[cache]\nblok_size = 8\n").unwrap_err().to_string();
+        let err = Config::from_toml("[cache]\nblok_size = 8\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("blok_size"), "{err}");
     }
 
     #[test]
     fn bad_value_is_rejected() {
-        let err = Config::from_toml("[cache]\nblock_size = 12\n").unwrap_err().to_string();
+        let err = Config::from_toml("[cache]\nblock_size = 12\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("block_size"), "{err}");
     }
 }

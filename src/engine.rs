@@ -94,22 +94,36 @@ impl EngineHandle {
                 if text.is_empty() {
                     return Err(EngineError::invalid("field `prompt` is empty"));
                 }
-                self.tokenizer.encode(&text, true).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+                self.tokenizer
+                    .encode(&text, true)
+                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             }
             PromptInput::Messages(messages) => {
                 let chat = self.chat.as_ref().ok_or_else(|| {
-                    EngineError::invalid("this model has no chat_template; send `prompt` instead of `messages`")
+                    EngineError::invalid(
+                        "this model has no chat_template; send `prompt` instead of `messages`",
+                    )
                 })?;
-                let text = chat.render(&messages, true).map_err(|e| EngineError::invalid(e.to_string()))?;
+                let text = chat
+                    .render(&messages, true)
+                    .map_err(|e| EngineError::invalid(e.to_string()))?;
                 // Templates usually write the bos token themselves; never add a second one.
-                let has_bos = self.tokenizer.bos_token().is_some_and(|b| text.starts_with(b));
-                self.tokenizer.encode(&text, !has_bos).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+                let has_bos = self
+                    .tokenizer
+                    .bos_token()
+                    .is_some_and(|b| text.starts_with(b));
+                self.tokenizer
+                    .encode(&text, !has_bos)
+                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             }
         };
         if prompt_token_ids.is_empty() {
             return Err(EngineError::invalid("the prompt encodes to no tokens"));
         }
-        Ok(PreparedRequest { prompt_token_ids, params })
+        Ok(PreparedRequest {
+            prompt_token_ids,
+            params,
+        })
     }
 
     /// Hands the request to the scheduler; every event for it arrives on the returned channel,
@@ -140,9 +154,12 @@ impl EngineHandle {
 /// The model folder `brook serve` uses when none is given: the bundled demo model.
 pub fn default_model_dir() -> Option<PathBuf> {
     let rel = Path::new("models/demo-chat");
-    [PathBuf::from(rel), Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)]
-        .into_iter()
-        .find(|p| p.join("config.json").is_file())
+    [
+        PathBuf::from(rel),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel),
+    ]
+    .into_iter()
+    .find(|p| p.join("config.json").is_file())
 }
 
 /// Loads the model and starts the actors. Must run inside an actix `System`.
@@ -150,7 +167,11 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     let model_cfg = ModelConfig::from_dir(model_dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(model_dir)?);
     let chat = match tokenizer.chat_template() {
-        Some(src) => Some(ChatTemplate::new(src, tokenizer.bos_token().map(str::to_owned), tokenizer.eos_token().map(str::to_owned))?),
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            tokenizer.bos_token().map(str::to_owned),
+            tokenizer.eos_token().map(str::to_owned),
+        )?),
         None => None,
     };
     let backend = load_backend(cfg, model_dir, progress)?;
@@ -160,7 +181,9 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         n => n.min(model_cfg.max_position_embeddings),
     };
     let metrics = Arc::new(Metrics::new());
-    metrics.kv_blocks_total.set(backend_info.num_kv_blocks as i64);
+    metrics
+        .kv_blocks_total
+        .set(backend_info.num_kv_blocks as i64);
 
     let kv: KvHandle = Arc::new(parking_lot::Mutex::new(KvCacheManager::new(
         backend_info.num_kv_blocks,
@@ -170,7 +193,12 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some(backend));
     let executor = SyncArbiter::start(1, move || {
-        ExecutorActor::new(backend_cell.lock().take().expect("one executor thread takes the backend once"))
+        ExecutorActor::new(
+            backend_cell
+                .lock()
+                .take()
+                .expect("one executor thread takes the backend once"),
+        )
     });
     let core = Scheduler::new(SchedulerConfig {
         max_num_seqs: cfg.scheduler.max_num_seqs,
@@ -190,12 +218,19 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         executor,
         tokenizer.clone(),
         metrics.clone(),
-        SchedulerLimits { max_model_len, max_waiting_requests: cfg.scheduler.max_waiting_requests, eos_token_ids: eos.into() },
+        SchedulerLimits {
+            max_model_len,
+            max_waiting_requests: cfg.scheduler.max_waiting_requests,
+            eos_token_ids: eos.into(),
+        },
     )
     .start();
     let info = EngineInfo {
         model_dir: model_dir.to_path_buf(),
-        model_name: model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_name: model_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         num_parameters: model_cfg.num_parameters(),
         backend: backend_info,
         max_model_len,
@@ -219,7 +254,11 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     }))
 }
 
-fn load_backend(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Box<dyn Backend>> {
+fn load_backend(
+    cfg: &Config,
+    model_dir: &Path,
+    progress: bool,
+) -> anyhow::Result<Box<dyn Backend>> {
     match cfg.model.device.as_str() {
         "cuda" => anyhow::bail!(
             "--device cuda: this build has no CUDA executor yet; use --device cpu or auto"

@@ -90,11 +90,23 @@ impl SchedulerActor {
         metrics: Arc<Metrics>,
         limits: SchedulerLimits,
     ) -> Self {
-        SchedulerActor { core, kv, executor, tokenizer, metrics, limits, requests: HashMap::new(), in_flight: false }
+        SchedulerActor {
+            core,
+            kv,
+            executor,
+            tokenizer,
+            metrics,
+            limits,
+            requests: HashMap::new(),
+            in_flight: false,
+        }
     }
 
     fn reject(&self, tx: &mpsc::Sender<StreamEvent>, err: EngineError) {
-        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+        self.metrics
+            .request_errors
+            .with_label_values(&[err.code()])
+            .inc();
         // A fresh channel has room for at least two events.
         let _ = tx.try_send(StreamEvent::Error(err));
     }
@@ -107,7 +119,10 @@ impl SchedulerActor {
         // At least one output token must fit in both the context window and the KV cache.
         let limit = self.limits.max_model_len.min(kv_tokens).saturating_sub(1);
         if prompt_tokens > limit {
-            return Some(EngineError::PromptTooLong { prompt_tokens, limit });
+            return Some(EngineError::PromptTooLong {
+                prompt_tokens,
+                limit,
+            });
         }
         if self.core.num_waiting() >= self.limits.max_waiting_requests {
             return Some(EngineError::Overloaded {
@@ -130,8 +145,13 @@ impl SchedulerActor {
         m.kv_blocks_total.set(u.total_blocks as i64);
         m.kv_usage_ratio.set(u.usage_ratio());
         // The manager counts cumulatively; the counters follow it.
-        m.prefix_cache_queries.inc_by(prefix.queried_tokens.saturating_sub(m.prefix_cache_queries.get()));
-        m.prefix_cache_hits.inc_by(prefix.hit_tokens.saturating_sub(m.prefix_cache_hits.get()));
+        m.prefix_cache_queries.inc_by(
+            prefix
+                .queried_tokens
+                .saturating_sub(m.prefix_cache_queries.get()),
+        );
+        m.prefix_cache_hits
+            .inc_by(prefix.hit_tokens.saturating_sub(m.prefix_cache_hits.get()));
     }
 
     /// Starts a step unless one is in flight or there is nothing to do.
@@ -164,7 +184,11 @@ impl SchedulerActor {
             if progressed {
                 self.maybe_step(ctx);
             } else {
-                tracing::error!(running = self.core.num_running(), waiting = self.core.num_waiting(), "scheduler produced an empty step");
+                tracing::error!(
+                    running = self.core.num_running(),
+                    waiting = self.core.num_waiting(),
+                    "scheduler produced an empty step"
+                );
             }
             return;
         }
@@ -174,7 +198,9 @@ impl SchedulerActor {
         let fut = self.executor.send(ExecuteStep(plan.clone()));
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
-            let res = res.map_err(|e| format!("executor unavailable: {e}")).and_then(|r| r);
+            let res = res
+                .map_err(|e| format!("executor unavailable: {e}"))
+                .and_then(|r| r);
             act.on_step_done(&plan, res);
             act.maybe_step(ctx);
         }));
@@ -190,7 +216,10 @@ impl SchedulerActor {
                     self.core.abort_request(seq.request_id, &mut kv);
                     if let Some(t) = self.requests.remove(&seq.request_id) {
                         let err = EngineError::Internal(format!("engine step failed: {e}"));
-                        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+                        self.metrics
+                            .request_errors
+                            .with_label_values(&[err.code()])
+                            .inc();
                         send_terminal(t.tx, vec![StreamEvent::Error(err)]);
                     }
                 }
@@ -199,7 +228,9 @@ impl SchedulerActor {
         };
         if !plan.batch.seqs.is_empty() {
             self.metrics.step_time.observe(step.elapsed.as_secs_f64());
-            self.metrics.step_tokens.observe(plan.batch.num_tokens() as f64);
+            self.metrics
+                .step_tokens
+                .observe(plan.batch.num_tokens() as f64);
         }
         let updates = {
             let mut kv = self.kv.lock();
@@ -207,7 +238,9 @@ impl SchedulerActor {
         };
         let now = Instant::now();
         for u in updates {
-            let Some(t) = self.requests.get_mut(&u.id) else { continue };
+            let Some(t) = self.requests.get_mut(&u.id) else {
+                continue;
+            };
             let n = u.new_token_ids.len();
             if n > 0 {
                 match t.last_token_at {
@@ -230,7 +263,8 @@ impl SchedulerActor {
             let finished = match (u.finished, out.stopped_by_string) {
                 (Some(reason), _) => Some(reason),
                 (None, true) => {
-                    self.core.finish_request(u.id, FinishReason::Stop, &mut self.kv.lock());
+                    self.core
+                        .finish_request(u.id, FinishReason::Stop, &mut self.kv.lock());
                     Some(FinishReason::Stop)
                 }
                 (None, false) => None,
@@ -259,22 +293,36 @@ impl SchedulerActor {
     fn finish(&self, mut t: Tracked, reason: FinishReason, now: Instant) {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let timing = Timing {
-            queue_ms: t.scheduled_at.map(|s| ms(s - t.arrival)).unwrap_or_else(|| ms(now - t.arrival)),
+            queue_ms: t
+                .scheduled_at
+                .map(|s| ms(s - t.arrival))
+                .unwrap_or_else(|| ms(now - t.arrival)),
             ttft_ms: t.first_token_at.map(|s| ms(s - t.arrival)).unwrap_or(0.0),
             total_ms: ms(now - t.arrival),
         };
-        self.metrics.requests_finished.with_label_values(&[reason.as_str()]).inc();
+        self.metrics
+            .requests_finished
+            .with_label_values(&[reason.as_str()])
+            .inc();
         self.metrics.e2e_latency.observe(timing.total_ms / 1e3);
         if let Some(s) = t.scheduled_at {
-            self.metrics.queue_time.observe((s - t.arrival).as_secs_f64());
+            self.metrics
+                .queue_time
+                .observe((s - t.arrival).as_secs_f64());
         }
         let mut events = Vec::with_capacity(2);
         if !t.pending_text.is_empty() {
-            events.push(StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: t.pending_tokens });
+            events.push(StreamEvent::Delta {
+                text: std::mem::take(&mut t.pending_text),
+                tokens: t.pending_tokens,
+            });
         }
         events.push(StreamEvent::Done {
             finish_reason: reason,
-            usage: Usage { prompt_tokens: t.prompt_tokens, completion_tokens: t.completion_tokens },
+            usage: Usage {
+                prompt_tokens: t.prompt_tokens,
+                completion_tokens: t.completion_tokens,
+            },
             timing,
         });
         send_terminal(t.tx, events);
@@ -286,7 +334,10 @@ fn flush(t: &mut Tracked) -> bool {
     if t.pending_text.is_empty() {
         return true;
     }
-    let ev = StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: std::mem::take(&mut t.pending_tokens) };
+    let ev = StreamEvent::Delta {
+        text: std::mem::take(&mut t.pending_text),
+        tokens: std::mem::take(&mut t.pending_tokens),
+    };
     match t.tx.try_send(ev) {
         Ok(()) => true,
         Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
