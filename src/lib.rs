@@ -6,3 +6,4 @@ pub mod kv;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod simulate;
