@@ -154,7 +154,7 @@ impl CostModel {
             samples: 0,
             min_samples: 32,
             forgetting: 0.998,
-            ridge: 1e-3,
+            ridge: 1e-6,
         }
     }
 

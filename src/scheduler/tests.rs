@@ -188,6 +188,9 @@ struct Engine {
     outputs: HashMap<RequestId, Vec<u32>>,
     finished: HashMap<RequestId, FinishReason>,
     steps: usize,
+    /// Simulated seconds: `schedule` runs at `t`, the step's results come back at `t + step_s`.
+    t: f64,
+    step_s: f64,
 }
 
 impl Engine {
@@ -201,12 +204,14 @@ impl Engine {
             outputs: HashMap::new(),
             finished: HashMap::new(),
             steps: 0,
+            t: 0.0,
+            step_s: 0.01,
         }
     }
 
-    /// Simulated clock: 10 ms per step.
+    /// Simulated clock: each step takes `step_s`.
     fn now(&self) -> f64 {
-        self.steps as f64 * 0.01
+        self.t
     }
 
     fn add(&mut self, req: NewRequest) {
@@ -282,8 +287,8 @@ impl Engine {
                 );
             }
         }
-        let now = self.now() + 0.01;
-        let updates = self.sched.update_from_output(out, step, &mut self.kv, now);
+        self.t += self.step_s;
+        let updates = self.sched.update_from_output(out, step, &mut self.kv, self.t);
         for u in &updates {
             assert!(
                 !self.finished.contains_key(&u.id),
