@@ -16,7 +16,11 @@ pub enum RequestClass {
 }
 
 impl RequestClass {
-    pub const ALL: [RequestClass; 3] = [RequestClass::Short, RequestClass::Medium, RequestClass::Long];
+    pub const ALL: [RequestClass; 3] = [
+        RequestClass::Short,
+        RequestClass::Medium,
+        RequestClass::Long,
+    ];
 
     pub fn classify(prompt_tokens: usize, cfg: &ClassConfig) -> RequestClass {
         if prompt_tokens < cfg.short_below {

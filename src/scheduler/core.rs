@@ -27,7 +27,9 @@ use crate::request::{FinishReason, RequestId};
 use crate::scheduler::admission::{Admission, OverloadReason};
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::output::{RequestUpdate, SchedulerOutput};
-use crate::scheduler::policy::{should_merge, Candidate, Lane, MergeContext, MergeReason, StepDraft};
+use crate::scheduler::policy::{
+    should_merge, Candidate, Lane, MergeContext, MergeReason, StepDraft,
+};
 use crate::scheduler::request::{NewRequest, Request, Status};
 use crate::scheduler::slo::{EmergencyTransition, SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
@@ -166,7 +168,9 @@ impl Scheduler {
             .map(|id| self.requests[id].num_tokens())
             .sum();
         let a = &self.cfg.admission;
-        let ms = self.prefill_ms(queued, self.cfg.max_num_batched_tokens).ceil() as u64;
+        let ms = self
+            .prefill_ms(queued, self.cfg.max_num_batched_tokens)
+            .ceil() as u64;
         ms.clamp(a.min_retry_after_ms, a.max_retry_after_ms)
     }
 
@@ -400,7 +404,8 @@ impl Scheduler {
             .iter()
             .map(|id| self.requests[id].num_tokens())
             .sum();
-        let limit = self.cfg.emergency.pause_length_factor * total as f64 / self.running.len() as f64;
+        let limit =
+            self.cfg.emergency.pause_length_factor * total as f64 / self.running.len() as f64;
         let victims: Vec<RequestId> = self
             .running
             .iter()
@@ -413,7 +418,10 @@ impl Scheduler {
         for id in victims {
             self.running.retain(|&r| r != id);
             self.preempt(id, kv);
-            let req = self.requests.get_mut(&id).expect("running requests are known");
+            let req = self
+                .requests
+                .get_mut(&id)
+                .expect("running requests are known");
             req.paused = true;
             req.was_paused = true;
             plan.preempted.push(id);
@@ -666,8 +674,12 @@ impl Scheduler {
 
     /// Output tokens a request is still expected to generate.
     fn expected_remaining_output(&self, req: &Request) -> usize {
-        let left = req.params.max_tokens.saturating_sub(req.num_output_tokens());
-        let expected = (self.expected_output().ceil() as usize).saturating_sub(req.num_output_tokens());
+        let left = req
+            .params
+            .max_tokens
+            .saturating_sub(req.num_output_tokens());
+        let expected =
+            (self.expected_output().ceil() as usize).saturating_sub(req.num_output_tokens());
         left.min(expected)
     }
 

@@ -250,8 +250,9 @@ fn gauss_solve(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
         b.swap(col, piv);
         for row in col + 1..N {
             let f = a[row][col] / a[col][col];
-            for k in col..N {
-                a[row][k] -= f * a[col][k];
+            let pivot_row = a[col];
+            for (x, p) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                *x -= f * p;
             }
             b[row] -= f * b[col];
         }

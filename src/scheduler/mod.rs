@@ -317,7 +317,9 @@ impl SchedulerConfig {
         }
         let a = &self.admission;
         if a.max_waiting_requests == 0 || a.max_waiting_prompt_tokens == 0 {
-            return Err("admission: max_waiting_requests and max_waiting_prompt_tokens must be > 0".into());
+            return Err(
+                "admission: max_waiting_requests and max_waiting_prompt_tokens must be > 0".into(),
+            );
         }
         if a.min_retry_after_ms > a.max_retry_after_ms {
             return Err("admission.min_retry_after_ms must be <= max_retry_after_ms".into());

@@ -238,7 +238,10 @@ pub fn should_merge(
         } else {
             MergeReason::Fits
         };
-        return MergeDecision { reason, tokens: wanted };
+        return MergeDecision {
+            reason,
+            tokens: wanted,
+        };
     }
     // The largest chunk within the bound: predict() grows with the chunk, so bisect.
     let floor = b.min_tokens.max(cfg.min_chunk_tokens.min(wanted)).max(1);

@@ -140,9 +140,18 @@ impl SloMonitor {
         None
     }
 
-    fn window_percentile(&mut self, class: RequestClass, metric: SloMetric, now: f64) -> Option<f64> {
+    fn window_percentile(
+        &mut self,
+        class: RequestClass,
+        metric: SloMetric,
+        now: f64,
+    ) -> Option<f64> {
         let w = &mut self.windows[class.index()][metric as usize];
-        while w.samples.front().is_some_and(|&(t, _)| now - t > self.cfg.window_s) {
+        while w
+            .samples
+            .front()
+            .is_some_and(|&(t, _)| now - t > self.cfg.window_s)
+        {
             w.samples.pop_front();
         }
         if w.samples.len() < self.cfg.min_samples.max(1) {

@@ -288,7 +288,9 @@ impl Engine {
             }
         }
         self.t += self.step_s;
-        let updates = self.sched.update_from_output(out, step, &mut self.kv, self.t);
+        let updates = self
+            .sched
+            .update_from_output(out, step, &mut self.kv, self.t);
         for u in &updates {
             assert!(
                 !self.finished.contains_key(&u.id),

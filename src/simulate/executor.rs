@@ -51,7 +51,8 @@ impl CostModelExecutor {
                 let token = if sample.output_index + 1 >= output_len(id.0) {
                     EOS
                 } else {
-                    FILLER_BASE + ((id.0 as u32).wrapping_mul(7919) ^ sample.output_index as u32) % 30_000
+                    FILLER_BASE
+                        + ((id.0 as u32).wrapping_mul(7919) ^ sample.output_index as u32) % 30_000
                 };
                 Some(SampledToken {
                     request_id: id,

@@ -27,7 +27,12 @@ pub struct SimulateArgs {
     #[arg(long, short)]
     pub workload: PathBuf,
     /// Policies to run, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "fcfs,adaptive")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "fcfs,adaptive"
+    )]
     pub policy: Vec<Policy>,
     /// Mean arrival rate, requests/s (default: the workload's `rate`).
     #[arg(long, conflicts_with_all = ["sweep", "find_rate"])]
@@ -64,7 +69,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         (Some(spec), _) => sweep_rates(spec, &w)?,
         (None, Some(target)) => {
             let rate = find_rate(&w, target)?;
-            eprintln!("fcfs attains its SLOs for <= {:.1}% of requests from {rate:.3} req/s", target * 100.0);
+            eprintln!(
+                "fcfs attains its SLOs for <= {:.1}% of requests from {rate:.3} req/s",
+                target * 100.0
+            );
             vec![rate]
         }
         (None, None) => vec![args.rate.unwrap_or(w.rate)],
@@ -78,7 +86,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
-        println!("workload {} ({} s of arrivals, seed {})", w.name, w.duration_s, w.seed);
+        println!(
+            "workload {} ({} s of arrivals, seed {})",
+            w.name, w.duration_s, w.seed
+        );
         print!("{}", report::table(&reports));
     }
     Ok(())
@@ -93,7 +104,10 @@ pub fn simulate(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<RunRe
 
 fn sweep_rates(spec: &str, w: &Workload) -> anyhow::Result<Vec<f64>> {
     if spec.is_empty() {
-        anyhow::ensure!(!w.sweep.is_empty(), "--sweep without a range needs `sweep = [...]` in the workload");
+        anyhow::ensure!(
+            !w.sweep.is_empty(),
+            "--sweep without a range needs `sweep = [...]` in the workload"
+        );
         return Ok(w.sweep.clone());
     }
     let parts: Vec<f64> = spec
@@ -104,14 +118,20 @@ fn sweep_rates(spec: &str, w: &Workload) -> anyhow::Result<Vec<f64>> {
     let [start, end, step] = parts[..] else {
         anyhow::bail!("--sweep expects START:END:STEP, got {spec:?}");
     };
-    anyhow::ensure!(start > 0.0 && end >= start && step > 0.0, "--sweep needs 0 < START <= END and STEP > 0");
+    anyhow::ensure!(
+        start > 0.0 && end >= start && step > 0.0,
+        "--sweep needs 0 < START <= END and STEP > 0"
+    );
     let n = ((end - start) / step + 1e-9).floor() as usize;
     Ok((0..=n).map(|i| start + i as f64 * step).collect())
 }
 
 /// The lowest rate (to 1%) at which fcfs's attainment is at most `target`.
 pub fn find_rate(w: &Workload, target: f64) -> anyhow::Result<f64> {
-    anyhow::ensure!((0.0..1.0).contains(&target), "--find-rate must be in [0, 1)");
+    anyhow::ensure!(
+        (0.0..1.0).contains(&target),
+        "--find-rate must be in [0, 1)"
+    );
     let attainment = |rate: f64| -> anyhow::Result<f64> {
         Ok(simulate(w, Policy::Fcfs, rate)?.overall.attainment)
     };

@@ -82,7 +82,10 @@ fn attains(r: &RequestRecord, slo: &SloConfig) -> bool {
         && r.mean_itl_s().is_none_or(|t| t * 1e3 <= s.itl_ms)
 }
 
-fn class_report<'a>(records: impl Iterator<Item = &'a RequestRecord>, slo: &SloConfig) -> ClassReport {
+fn class_report<'a>(
+    records: impl Iterator<Item = &'a RequestRecord>,
+    slo: &SloConfig,
+) -> ClassReport {
     let (mut n, mut attained, mut rejected, mut unfinished) = (0, 0, 0, 0);
     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
     for r in records {
@@ -96,7 +99,11 @@ fn class_report<'a>(records: impl Iterator<Item = &'a RequestRecord>, slo: &SloC
     ClassReport {
         requests: n,
         attained,
-        attainment: if n == 0 { 1.0 } else { attained as f64 / n as f64 },
+        attainment: if n == 0 {
+            1.0
+        } else {
+            attained as f64 / n as f64
+        },
         rejected,
         unfinished,
         ttft_ms: Percentiles::of(ttft),
@@ -158,7 +165,8 @@ fn ms(p: Option<Percentiles>, f: impl Fn(Percentiles) -> f64) -> String {
 
 /// One line per run, widths fixed for a terminal.
 pub fn table(reports: &[RunReport]) -> String {
-    let mut s = format!(
+    let mut s =
+        format!(
         "{:>6} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} | {:>8} {:>9} {:>6} {:>7} {:>5}\n",
         "rate", "policy", "SLO", "short", "medium", "long", "short TTFT p50/95/99", "ITL p50/95/99",
         "goodput", "out tok/s", "reject", "preempt", "emerg"

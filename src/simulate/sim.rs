@@ -142,20 +142,14 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
     })
 }
 
-fn new_request(
-    id: u64,
-    r: &SimRequest,
-    rng: &mut ChaCha8Rng,
-    eos: Arc<[u32]>,
-) -> NewRequest {
+fn new_request(id: u64, r: &SimRequest, rng: &mut ChaCha8Rng, eos: Arc<[u32]>) -> NewRequest {
     NewRequest {
         id: RequestId(id),
         // Random ids: prompts share no prefix, so the prefix cache only helps resumes.
-        prompt_token_ids: (0..r.prompt_tokens).map(|_| rng.random_range(100..32_000)).collect(),
-        params: Arc::new(SamplingParams {
-            max_tokens: r.max_tokens,
-            ..SamplingParams::greedy(r.max_tokens)
-        }),
+        prompt_token_ids: (0..r.prompt_tokens)
+            .map(|_| rng.random_range(100..32_000))
+            .collect(),
+        params: Arc::new(SamplingParams::greedy(r.max_tokens)),
         seed: id,
         eos_token_ids: eos,
     }

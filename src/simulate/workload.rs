@@ -182,14 +182,23 @@ impl Workload {
         anyhow::ensure!(self.duration_s > 0.0, "duration_s must be > 0");
         anyhow::ensure!(self.rate > 0.0, "rate must be > 0");
         if matches!(self.arrival, ArrivalProcess::Poisson) {
-            anyhow::ensure!(!self.mix.is_empty(), "a poisson workload needs [[mix]] components");
+            anyhow::ensure!(
+                !self.mix.is_empty(),
+                "a poisson workload needs [[mix]] components"
+            );
             anyhow::ensure!(
                 self.mix.iter().all(|m| m.weight >= 0.0) && self.mix.iter().any(|m| m.weight > 0.0),
                 "mix weights must be >= 0 and not all 0"
             );
         }
-        anyhow::ensure!(self.engine.block_size > 0 && self.engine.num_kv_blocks > 0, "engine: empty KV pool");
-        anyhow::ensure!((0.0..0.5).contains(&self.engine.noise), "engine.noise must be in [0, 0.5)");
+        anyhow::ensure!(
+            self.engine.block_size > 0 && self.engine.num_kv_blocks > 0,
+            "engine: empty KV pool"
+        );
+        anyhow::ensure!(
+            (0.0..0.5).contains(&self.engine.noise),
+            "engine.noise must be in [0, 0.5)"
+        );
         self.engine.cost.validate().map_err(anyhow::Error::msg)?;
         self.scheduler.validate().map_err(anyhow::Error::msg)?;
         Ok(())
@@ -248,7 +257,12 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimRequest>> {
             continue;
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        let bad = || anyhow::anyhow!("trace line {}: expected arrival_s,prompt_tokens,output_tokens[,max_tokens]", i + 1);
+        let bad = || {
+            anyhow::anyhow!(
+                "trace line {}: expected arrival_s,prompt_tokens,output_tokens[,max_tokens]",
+                i + 1
+            )
+        };
         anyhow::ensure!(f.len() == 3 || f.len() == 4, bad());
         let arrival_s: f64 = f[0].parse().map_err(|_| bad())?;
         let prompt_tokens: usize = f[1].parse().map_err(|_| bad())?;
@@ -257,7 +271,10 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimRequest>> {
             Some(v) => v.parse().map_err(|_| bad())?,
             None => output_tokens,
         };
-        anyhow::ensure!(arrival_s >= 0.0 && prompt_tokens > 0 && output_tokens > 0, bad());
+        anyhow::ensure!(
+            arrival_s >= 0.0 && prompt_tokens > 0 && output_tokens > 0,
+            bad()
+        );
         out.push(SimRequest {
             arrival_s,
             prompt_tokens,

@@ -132,7 +132,10 @@ fn adaptive_trims_prefill_to_the_decodes_itl() {
     e.add(request(5).prompt_len(40));
     let (out, _) = e.step();
     // 5 + 4 decodes + n ≤ 45 → n = 36.
-    assert_eq!(scheduled(&out), vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 36)]);
+    assert_eq!(
+        scheduled(&out),
+        vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 36)]
+    );
     assert_eq!(e.sched.stats().merge_count(MergeReason::Trimmed), 1);
     e.run_to_completion();
     e.assert_matches_reference();
@@ -174,7 +177,10 @@ fn merge(a: &StepDraft, b: &Candidate, ctx: &MergeContext) -> (MergeReason, usiz
 
 #[test]
 fn merge_fits_when_memory_and_latency_allow() {
-    assert_eq!(merge(&draft(), &candidate(), &context()), (MergeReason::Fits, 20));
+    assert_eq!(
+        merge(&draft(), &candidate(), &context()),
+        (MergeReason::Fits, 20)
+    );
 }
 
 #[test]
@@ -230,12 +236,18 @@ fn merge_refuses_what_memory_cannot_hold_unless_nothing_runs() {
         kv_headroom_blocks: 4.0,
         ..context()
     };
-    assert_eq!(merge(&draft(), &candidate(), &ctx), (MergeReason::KvMemory, 0));
+    assert_eq!(
+        merge(&draft(), &candidate(), &ctx),
+        (MergeReason::KvMemory, 0)
+    );
     let idle = MergeContext {
         running_is_empty: true,
         ..ctx
     };
-    assert_eq!(merge(&StepDraft::new(), &candidate(), &idle).0, MergeReason::Fits);
+    assert_eq!(
+        merge(&StepDraft::new(), &candidate(), &idle).0,
+        MergeReason::Fits
+    );
 }
 
 #[test]
@@ -244,7 +256,10 @@ fn merge_respects_token_budget_and_seq_limit() {
         token_budget_left: 0,
         ..context()
     };
-    assert_eq!(merge(&draft(), &candidate(), &spent), (MergeReason::TokenBudget, 0));
+    assert_eq!(
+        merge(&draft(), &candidate(), &spent),
+        (MergeReason::TokenBudget, 0)
+    );
     // A short prompt is never split across steps.
     let short = Candidate {
         lane: Lane::FastLane,
@@ -255,12 +270,18 @@ fn merge_respects_token_budget_and_seq_limit() {
         token_budget_left: 10,
         ..context()
     };
-    assert_eq!(merge(&draft(), &short, &tight), (MergeReason::TokenBudget, 0));
+    assert_eq!(
+        merge(&draft(), &short, &tight),
+        (MergeReason::TokenBudget, 0)
+    );
     let full = MergeContext {
         seq_available: false,
         ..context()
     };
-    assert_eq!(merge(&draft(), &candidate(), &full), (MergeReason::SeqLimit, 0));
+    assert_eq!(
+        merge(&draft(), &candidate(), &full),
+        (MergeReason::SeqLimit, 0)
+    );
 }
 
 #[test]
@@ -303,21 +324,44 @@ fn monitor_enters_emergency_when_a_p95_exceeds_its_slo() {
     let mut m = SloMonitor::new(monitor_cfg(), slo);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     for i in 0..4 {
-        m.record(RequestClass::Short, SloMetric::Ttft, i as f64 * 0.1, rng.random_range(400.0..900.0));
+        m.record(
+            RequestClass::Short,
+            SloMetric::Ttft,
+            i as f64 * 0.1,
+            rng.random_range(400.0..900.0),
+        );
     }
     assert_eq!(m.evaluate(0.5), None, "4 samples are too few to judge");
     // 96 fast and 4 slow: the P95 (95th of 100) is a fast one.
     for i in 0..96 {
-        m.record(RequestClass::Short, SloMetric::Ttft, 0.5 + i as f64 * 1e-3, rng.random_range(50.0..250.0));
+        m.record(
+            RequestClass::Short,
+            SloMetric::Ttft,
+            0.5 + i as f64 * 1e-3,
+            rng.random_range(50.0..250.0),
+        );
     }
     m.record(RequestClass::Medium, SloMetric::Itl, 0.7, 20.0);
     assert_eq!(m.evaluate(0.8), None);
     for i in 0..6 {
-        m.record(RequestClass::Short, SloMetric::Ttft, 0.9 + i as f64 * 0.01, rng.random_range(400.0..900.0));
+        m.record(
+            RequestClass::Short,
+            SloMetric::Ttft,
+            0.9 + i as f64 * 0.01,
+            rng.random_range(400.0..900.0),
+        );
     }
     match m.evaluate(1.0) {
-        Some(EmergencyTransition::Entered { class, metric, p95_ms, slo_ms }) => {
-            assert_eq!((class, metric, slo_ms), (RequestClass::Short, SloMetric::Ttft, 300.0));
+        Some(EmergencyTransition::Entered {
+            class,
+            metric,
+            p95_ms,
+            slo_ms,
+        }) => {
+            assert_eq!(
+                (class, metric, slo_ms),
+                (RequestClass::Short, SloMetric::Ttft, 300.0)
+            );
             assert!(p95_ms > 400.0);
         }
         other => panic!("expected entry, got {other:?}"),
@@ -331,11 +375,19 @@ fn monitor_leaves_emergency_only_after_a_calm_hold() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     let mut record = |m: &mut SloMonitor, t: f64, lo: f64, hi: f64| {
         for i in 0..20 {
-            m.record(RequestClass::Long, SloMetric::Itl, t + i as f64 * 1e-3, rng.random_range(lo..hi));
+            m.record(
+                RequestClass::Long,
+                SloMetric::Itl,
+                t + i as f64 * 1e-3,
+                rng.random_range(lo..hi),
+            );
         }
     };
     record(&mut m, 0.0, 60.0, 90.0); // ITL SLO is 50 ms
-    assert!(matches!(m.evaluate(0.1), Some(EmergencyTransition::Entered { .. })));
+    assert!(matches!(
+        m.evaluate(0.1),
+        Some(EmergencyTransition::Entered { .. })
+    ));
     // The slow samples leave the 10 s window at t = 10.02; calm from then on.
     record(&mut m, 9.0, 10.0, 40.0);
     assert_eq!(m.evaluate(9.5), None);
@@ -493,7 +545,9 @@ fn retry_after_grows_with_the_queue() {
     let retry = |prompt: usize| {
         let mut s = Scheduler::new(cfg.clone());
         for id in 1..=3 {
-            assert!(s.add_request(request(id).prompt_len(prompt), 0.0).is_accepted());
+            assert!(s
+                .add_request(request(id).prompt_len(prompt), 0.0)
+                .is_accepted());
         }
         match s.add_request(request(4), 0.0) {
             Admission::Overloaded { retry_after_ms, .. } => retry_after_ms,
@@ -536,7 +590,9 @@ fn early_reject_refuses_an_unreachable_ttft() {
         ..cfg
     });
     for id in 1..=3 {
-        assert!(f.add_request(request(id).prompt_len(700), 0.0).is_accepted());
+        assert!(f
+            .add_request(request(id).prompt_len(700), 0.0)
+            .is_accepted());
     }
 }
 
@@ -575,7 +631,10 @@ fn cost_model_fit_recovers_the_step_time_from_a_wrong_prior() {
     for _ in 0..50 {
         let f = random_features(&mut rng);
         let (want, got) = (truth.predict_ms(&f), model.predict_ms(&f));
-        assert!((got - want).abs() <= 0.03 * want, "predicted {got} ms, true {want} ms");
+        assert!(
+            (got - want).abs() <= 0.03 * want,
+            "predicted {got} ms, true {want} ms"
+        );
     }
 }
 
@@ -597,7 +656,13 @@ fn cost_model_keeps_the_prior_of_an_unexcited_feature_and_stays_non_negative() {
     let c = model.coefficients();
     assert!(c.validate().is_ok(), "{c:?}");
     let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
-    assert!(same(c.per_prefill_token_ms, prior.per_prefill_token_ms), "{c:?}");
-    assert!(same(c.per_prefill_attn_pair_ms, prior.per_prefill_attn_pair_ms), "{c:?}");
+    assert!(
+        same(c.per_prefill_token_ms, prior.per_prefill_token_ms),
+        "{c:?}"
+    );
+    assert!(
+        same(c.per_prefill_attn_pair_ms, prior.per_prefill_attn_pair_ms),
+        "{c:?}"
+    );
     assert_eq!(c.per_decode_seq_ms, 0.0);
 }
