@@ -42,6 +42,9 @@ pub struct ClassReport {
     pub attainment: f64,
     pub rejected: usize,
     pub unfinished: usize,
+    /// Finished requests over their TTFT SLO, and over their ITL SLO (a request may be both).
+    pub missed_ttft: usize,
+    pub missed_itl: usize,
     /// TTFT of the requests that got a first token, ms.
     pub ttft_ms: Option<Percentiles>,
     /// Every inter-token gap, ms.
@@ -73,13 +76,18 @@ pub struct RunReport {
     pub fitted_cost: CostCoefficients,
 }
 
-fn attains(r: &RequestRecord, slo: &SloConfig) -> bool {
-    let Some(class) = r.class else { return false };
+/// (TTFT within SLO, ITL within SLO) of a finished request; None for a rejected or
+/// unfinished one.
+fn slo_checks(r: &RequestRecord, slo: &SloConfig) -> Option<(bool, bool)> {
+    let class = r.class?;
+    if r.rejected || r.finished_s.is_none() {
+        return None;
+    }
     let s = slo.of(class);
-    !r.rejected
-        && r.finished_s.is_some()
-        && r.ttft_s().is_some_and(|t| t * 1e3 <= s.ttft_ms)
-        && r.mean_itl_s().is_none_or(|t| t * 1e3 <= s.itl_ms)
+    Some((
+        r.ttft_s().is_some_and(|t| t * 1e3 <= s.ttft_ms),
+        r.mean_itl_s().is_none_or(|t| t * 1e3 <= s.itl_ms),
+    ))
 }
 
 fn class_report<'a>(
@@ -87,10 +95,15 @@ fn class_report<'a>(
     slo: &SloConfig,
 ) -> ClassReport {
     let (mut n, mut attained, mut rejected, mut unfinished) = (0, 0, 0, 0);
+    let (mut missed_ttft, mut missed_itl) = (0, 0);
     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
     for r in records {
         n += 1;
-        attained += usize::from(attains(r, slo));
+        if let Some((ttft_ok, itl_ok)) = slo_checks(r, slo) {
+            attained += usize::from(ttft_ok && itl_ok);
+            missed_ttft += usize::from(!ttft_ok);
+            missed_itl += usize::from(!itl_ok);
+        }
         rejected += usize::from(r.rejected);
         unfinished += usize::from(!r.rejected && r.finished_s.is_none());
         ttft.extend(r.ttft_s().map(|t| t * 1e3));
@@ -106,6 +119,8 @@ fn class_report<'a>(
         },
         rejected,
         unfinished,
+        missed_ttft,
+        missed_itl,
         ttft_ms: Percentiles::of(ttft),
         itl_ms: Percentiles::of(itl),
     }

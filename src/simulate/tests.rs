@@ -138,6 +138,7 @@ fn attainment_needs_both_slos_and_counts_rejections_as_missed() {
     let r = report("t", 5.0, &slo, &run);
     assert_eq!((r.overall.requests, r.overall.attained), (7, 3));
     assert_eq!((r.overall.rejected, r.overall.unfinished), (1, 1));
+    assert_eq!((r.overall.missed_ttft, r.overall.missed_itl), (1, 1));
     assert_eq!(r.classes["short"].attained, 3);
     assert_eq!(r.classes["short"].requests, 6);
     assert_eq!(r.classes["long"].attainment, 0.0);
