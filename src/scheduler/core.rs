@@ -380,7 +380,7 @@ impl Scheduler {
                     slo_ms,
                     "emergency mode entered"
                 );
-                self.pause_long_sequences(plan, kv);
+                self.pause_long_sequences(plan, kv, class);
             }
             Some(EmergencyTransition::Left) => {
                 self.stats.emergency_exits += 1;
@@ -394,8 +394,15 @@ impl Scheduler {
     }
 
     /// Pauses (preempts, their full blocks staying in the prefix cache) the running sequences
-    /// longer than `pause_length_factor` × the running batch's mean length, once each.
-    fn pause_long_sequences(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
+    /// longer than `pause_length_factor` × the running batch's mean length, once each. A pause
+    /// frees memory and step time for the others, so it spares the class whose SLO broke: pausing
+    /// it would only deepen its own breach.
+    fn pause_long_sequences(
+        &mut self,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        breached: RequestClass,
+    ) {
         if self.running.is_empty() {
             return;
         }
@@ -412,7 +419,7 @@ impl Scheduler {
             .copied()
             .filter(|id| {
                 let r = &self.requests[id];
-                r.num_tokens() as f64 > limit && !r.was_paused
+                r.num_tokens() as f64 > limit && !r.was_paused && r.class != breached
             })
             .collect();
         for id in victims {

@@ -666,3 +666,37 @@ fn cost_model_keeps_the_prior_of_an_unexcited_feature_and_stays_non_negative() {
     );
     assert_eq!(c.per_decode_seq_ms, 0.0);
 }
+
+#[test]
+fn emergency_spares_the_class_whose_slo_broke() {
+    // Medium ITL SLO of 1 ms: the long (medium-class) request breaches it itself.
+    let cfg = SchedulerConfig {
+        slo: SloConfig {
+            medium: ClassSlo {
+                ttft_ms: 1000.0,
+                itl_ms: 1.0,
+            },
+            ..SloConfig::default()
+        },
+        emergency: EmergencyConfig {
+            enabled: true,
+            min_samples: 3,
+            eval_interval_s: 0.0,
+            ..EmergencyConfig::default()
+        },
+        ..adaptive()
+    };
+    let mut e = Engine::new(cfg, 64);
+    e.add(request(1).prompt_len(30).max_tokens(20).ignore_eos());
+    for id in 2..=5 {
+        e.add(request(id).prompt_len(3).max_tokens(20).ignore_eos());
+    }
+    for _ in 0..6 {
+        e.step();
+    }
+    let s = e.sched.stats();
+    assert_eq!(s.emergency_breaches[RequestClass::Medium.index()], [0, 1]);
+    assert_eq!(s.emergency_pauses, 0);
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
