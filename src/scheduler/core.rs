@@ -462,10 +462,12 @@ impl Scheduler {
             }
         }
         if admit {
-            let emergency = self.monitor.in_emergency();
+            // Paused requests wait while emergency mode lasts and others run; with nothing
+            // running a pause frees nothing, and the engine must not idle with work queued.
+            let hold_paused = self.monitor.in_emergency() && !self.running.is_empty();
             for &id in &self.waiting {
                 let r = &self.requests[&id];
-                if r.paused && emergency {
+                if r.paused && hold_paused {
                     continue;
                 }
                 let lane = if r.num_output_tokens() > 0 {

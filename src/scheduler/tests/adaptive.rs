@@ -700,3 +700,37 @@ fn emergency_spares_the_class_whose_slo_broke() {
     e.run_to_completion();
     e.assert_matches_reference();
 }
+
+#[test]
+fn a_paused_request_resumes_when_nothing_else_runs() {
+    let cfg = SchedulerConfig {
+        slo: SloConfig {
+            short: ClassSlo {
+                ttft_ms: 15.0,
+                itl_ms: 200.0,
+            },
+            ..SloConfig::default()
+        },
+        emergency: EmergencyConfig {
+            enabled: true,
+            min_samples: 3,
+            exit_hold_s: 1e6, // emergency mode never ends in this test
+            eval_interval_s: 0.0,
+            ..EmergencyConfig::default()
+        },
+        ..adaptive()
+    };
+    let mut e = Engine::new(cfg, 64);
+    e.step_s = 0.05;
+    e.add(request(1).prompt_len(30).max_tokens(20).ignore_eos());
+    for id in 2..=5 {
+        e.add(request(id).prompt_len(3).max_tokens(3).ignore_eos());
+    }
+    e.step();
+    let (out, _) = e.step();
+    assert_eq!(out.preempted, vec![RequestId(1)]);
+    // The short requests finish; then request 1 runs again although emergency mode lasts.
+    e.run_to_completion();
+    assert!(e.sched.in_emergency());
+    e.assert_matches_reference();
+}
