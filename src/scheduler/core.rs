@@ -1,11 +1,11 @@
 //! The scheduling loop: one token budget per step, running requests first, then admissions.
 //!
-//! `fcfs` policy: each step walks the running requests in order; each gets the tokens it has not computed yet
-//! (1 for a decode, a chunk for a prompt still prefilling), capped by the remaining budget and by
-//! `long_prefill_token_threshold`. In FCFS order this serves decodes first: a prompt chunk only
-//! leaves budget to the requests behind it when it is its last chunk or capped. When blocks run
-//! out, the lowest-priority running request (the last) is preempted by recompute and the
-//! allocation retried. The rest of the budget goes to waiting requests, FCFS, as prefix-cache
+//! `fcfs` policy: each step walks the running requests in order; each gets the tokens it has not
+//! computed yet (1 for a decode, a chunk for a prompt still prefilling), capped by the remaining
+//! budget and by `long_prefill_token_threshold`. In FCFS order this serves decodes first: a
+//! prompt chunk only leaves budget to the requests behind it when it is its last chunk or capped.
+//! When blocks run out, the lowest-priority running request (the last) is preempted by recompute
+//! and the allocation retried. The rest of the budget goes to waiting requests, FCFS, as prefix-cache
 //! hits plus a chunk of prompt, while `max_num_seqs` allows; those never preempt.
 //!
 //! `adaptive` policy: decodes first, then prefill candidates lane by lane, each fused into the
@@ -104,7 +104,12 @@ impl Scheduler {
         if let Some(reason) = self.overload(req.prompt_token_ids.len(), class) {
             self.stats.overloaded[reason.index()] += 1;
             let retry_after_ms = self.retry_after_ms();
-            tracing::debug!(id = %req.id, reason = reason.as_str(), retry_after_ms, "request refused");
+            tracing::debug!(
+                id = %req.id,
+                reason = reason.as_str(),
+                retry_after_ms,
+                "request refused"
+            );
             return Admission::Overloaded {
                 reason,
                 retry_after_ms,

@@ -31,7 +31,7 @@ pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
 pub use self::output::{RequestUpdate, SchedulerOutput};
 pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
-pub use self::slo::{EmergencyTransition, SloMonitor};
+pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
 pub use self::stats::SchedulerStats;
 
 /// Which scheduling policy the core runs.

@@ -190,14 +190,22 @@ pub fn table(reports: &[RunReport]) -> String {
         let short = &r.classes["short"];
         let t = short.ttft_ms;
         s += &format!(
-            "{:>6.2} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} | {:>8.2} {:>9.0} {:>6} {:>7} {:>5}\n",
+            concat!(
+                "{:>6.2} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} ",
+                "| {:>8.2} {:>9.0} {:>6} {:>7} {:>5}\n"
+            ),
             r.rate,
             r.policy,
             pct(r.overall.attainment),
             pct(short.attainment),
             pct(r.classes["medium"].attainment),
             pct(r.classes["long"].attainment),
-            format!("{}/{}/{}", ms(t, |p| p.p50), ms(t, |p| p.p95), ms(t, |p| p.p99)),
+            format!(
+                "{}/{}/{}",
+                ms(t, |p| p.p50),
+                ms(t, |p| p.p95),
+                ms(t, |p| p.p99)
+            ),
             format!(
                 "{}/{}/{}",
                 ms(r.overall.itl_ms, |p| p.p50),
