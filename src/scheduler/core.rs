@@ -5,8 +5,8 @@
 //! budget and by `long_prefill_token_threshold`. In FCFS order this serves decodes first: a
 //! prompt chunk only leaves budget to the requests behind it when it is its last chunk or capped.
 //! When blocks run out, the lowest-priority running request (the last) is preempted by recompute
-//! and the allocation retried. The rest of the budget goes to waiting requests, FCFS, as prefix-cache
-//! hits plus a chunk of prompt, while `max_num_seqs` allows; those never preempt.
+//! and the allocation retried. The rest of the budget goes to waiting requests, FCFS, as
+//! prefix-cache hits plus a chunk of prompt, while `max_num_seqs` allows; those never preempt.
 //!
 //! `adaptive` policy: decodes first, then prefill candidates lane by lane, each fused into the
 //! step only when `policy::should_merge` allows (see `scheduler::policy`); the SLO monitor may
