@@ -4,13 +4,17 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::scheduler::SchedulerConfig;
+
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub server: ServerConfig,
     pub model: ModelSection,
     pub cache: CacheConfig,
-    pub scheduler: SchedulerSection,
+    /// The scheduler's own config: budget, policy (fcfs | adaptive), classes, SLOs, merge,
+    /// emergency and admission knobs (src/scheduler/mod.rs).
+    pub scheduler: SchedulerConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -49,19 +53,6 @@ pub struct CacheConfig {
     pub enable_prefix_caching: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SchedulerSection {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    /// 0 = the model's max_position_embeddings.
-    pub max_model_len: usize,
-    /// Waiting-queue bound; beyond it a request gets `overloaded`.
-    pub max_waiting_requests: usize,
-    /// Largest prefill chunk one request gets per step (0 = no cap beyond the budget).
-    pub long_prefill_token_threshold: usize,
-}
-
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -95,18 +86,6 @@ impl Default for CacheConfig {
     }
 }
 
-impl Default for SchedulerSection {
-    fn default() -> Self {
-        SchedulerSection {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            max_model_len: 0,
-            max_waiting_requests: 1024,
-            long_prefill_token_threshold: 512,
-        }
-    }
-}
-
 impl Config {
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
@@ -133,17 +112,17 @@ impl Config {
             "cache.gpu_memory_utilization must be in (0, 1], got {}",
             c.gpu_memory_utilization
         );
-        let s = &self.scheduler;
-        anyhow::ensure!(s.max_num_seqs > 0, "scheduler.max_num_seqs must be > 0");
+        // max_model_len 0 means "the model's", resolved at start; check the rest as given.
+        let mut sched = self.scheduler.clone();
+        sched.max_model_len = sched.max_model_len.max(1);
+        sched
+            .validate()
+            .map_err(|e| anyhow::anyhow!("scheduler.{e}"))?;
         anyhow::ensure!(
-            s.max_num_batched_tokens >= s.max_num_seqs,
+            sched.max_num_batched_tokens >= sched.max_num_seqs,
             "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
-            s.max_num_batched_tokens,
-            s.max_num_seqs
-        );
-        anyhow::ensure!(
-            s.max_waiting_requests > 0,
-            "scheduler.max_waiting_requests must be > 0"
+            sched.max_num_batched_tokens,
+            sched.max_num_seqs
         );
         anyhow::ensure!(
             ["auto", "cpu", "cuda"].contains(&self.model.device.as_str()),

@@ -201,10 +201,8 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         )
     });
     let core = Scheduler::new(SchedulerConfig {
-        max_num_seqs: cfg.scheduler.max_num_seqs,
-        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
         max_model_len,
-        long_prefill_token_threshold: cfg.scheduler.long_prefill_token_threshold,
+        ..cfg.scheduler.clone()
     });
     let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
     for id in &model_cfg.eos_token_ids {
@@ -220,7 +218,6 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         metrics.clone(),
         SchedulerLimits {
             max_model_len,
-            max_waiting_requests: cfg.scheduler.max_waiting_requests,
             eos_token_ids: eos.into(),
         },
     )

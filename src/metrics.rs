@@ -27,6 +27,14 @@ pub struct Metrics {
     pub step_time: Histogram,
     pub step_tokens: Histogram,
     pub ws_connections: IntGauge,
+    pub merge_decisions: IntCounterVec,
+    pub overloaded: IntCounterVec,
+    pub accepted: IntCounterVec,
+    pub emergency_mode: IntGauge,
+    pub emergency_entries: IntCounter,
+    pub emergency_exits: IntCounter,
+    pub emergency_pauses: IntCounter,
+    pub speculative_depth: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -144,6 +152,41 @@ impl Metrics {
                 TOKEN_BUCKETS,
             ),
             ws_connections: gauge("brook:websocket_connections", "Open WebSocket connections."),
+            merge_decisions: counter_vec(
+                "brook:scheduler_merge_decisions_total",
+                "Batch-merge decisions of the adaptive policy, by reason.",
+                "reason",
+            ),
+            overloaded: counter_vec(
+                "brook:scheduler_overloaded_total",
+                "Requests refused at admission, by reason.",
+                "reason",
+            ),
+            accepted: counter_vec(
+                "brook:scheduler_accepted_total",
+                "Requests admitted, by class (short, medium, long).",
+                "class",
+            ),
+            emergency_mode: gauge(
+                "brook:scheduler_emergency_mode",
+                "1 while P95 latency exceeds an SLO (emergency mode).",
+            ),
+            emergency_entries: counter(
+                "brook:scheduler_emergency_entries_total",
+                "Times emergency mode was entered.",
+            ),
+            emergency_exits: counter(
+                "brook:scheduler_emergency_exits_total",
+                "Times emergency mode was left.",
+            ),
+            emergency_pauses: counter(
+                "brook:scheduler_emergency_pauses_total",
+                "Long sequences paused on entering emergency mode.",
+            ),
+            speculative_depth: gauge(
+                "brook:scheduler_speculative_depth",
+                "Speculative-decoding depth the scheduler allows now.",
+            ),
             registry,
         }
     }

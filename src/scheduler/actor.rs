@@ -21,13 +21,14 @@ use crate::metrics::Metrics;
 use crate::output::RequestOutput;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
 use crate::sampling::params::SamplingParams;
-use crate::scheduler::{NewRequest, Scheduler, SchedulerOutput};
+use crate::scheduler::{
+    Admission, MergeReason, NewRequest, OverloadReason, RequestClass, Scheduler, SchedulerOutput,
+};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerLimits {
     pub max_model_len: usize,
-    pub max_waiting_requests: usize,
     pub eos_token_ids: Arc<[u32]>,
 }
 
@@ -79,6 +80,8 @@ pub struct SchedulerActor {
     limits: SchedulerLimits,
     requests: HashMap<RequestId, Tracked>,
     in_flight: bool,
+    /// The core runs on seconds since this instant.
+    epoch: Instant,
 }
 
 impl SchedulerActor {
@@ -99,6 +102,7 @@ impl SchedulerActor {
             limits,
             requests: HashMap::new(),
             in_flight: false,
+            epoch: Instant::now(),
         }
     }
 
@@ -124,16 +128,47 @@ impl SchedulerActor {
                 limit,
             });
         }
-        if self.core.num_waiting() >= self.limits.max_waiting_requests {
-            return Some(EngineError::Overloaded {
-                reason: format!("{} requests are waiting", self.core.num_waiting()),
-                retry_after_ms: 500,
-            });
-        }
         None
     }
 
+    /// Seconds since the actor started: the core's clock.
+    fn secs(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.epoch).as_secs_f64()
+    }
+
+    /// Copies the core's cumulative decision counters into the metrics.
+    fn sync_scheduler_metrics(&self) {
+        let m = &self.metrics;
+        let st = self.core.stats();
+        for r in MergeReason::ALL {
+            sync(
+                &m.merge_decisions.with_label_values(&[r.as_str()]),
+                st.merge_count(r),
+            );
+        }
+        for r in OverloadReason::ALL {
+            sync(
+                &m.overloaded.with_label_values(&[r.as_str()]),
+                st.overloaded_count(r),
+            );
+        }
+        for c in RequestClass::ALL {
+            sync(
+                &m.accepted.with_label_values(&[c.as_str()]),
+                st.accepted[c.index()],
+            );
+        }
+        sync(&m.preemptions, st.preemptions);
+        sync(&m.emergency_pauses, st.emergency_pauses);
+        sync(&m.emergency_entries, st.emergency_entries);
+        sync(&m.emergency_exits, st.emergency_exits);
+        m.emergency_mode.set(self.core.in_emergency() as i64);
+        m.speculative_depth
+            .set(self.core.speculative_depth() as i64);
+    }
+
     fn update_gauges(&self) {
+        self.sync_scheduler_metrics();
         let m = &self.metrics;
         m.requests_running.set(self.core.num_running() as i64);
         m.requests_waiting.set(self.core.num_waiting() as i64);
@@ -165,9 +200,8 @@ impl SchedulerActor {
         }
         let plan = {
             let mut kv = self.kv.lock();
-            self.core.schedule(&mut kv)
+            self.core.schedule(&mut kv, self.secs(Instant::now()))
         };
-        self.metrics.preemptions.inc_by(plan.preempted.len() as u64);
         let now = Instant::now();
         for id in &plan.admitted {
             if let Some(t) = self.requests.get_mut(id) {
@@ -226,17 +260,21 @@ impl SchedulerActor {
                 return;
             }
         };
+        let non_core_suspended = self.core.non_core_metrics_suspended();
         if !plan.batch.seqs.is_empty() {
             self.metrics.step_time.observe(step.elapsed.as_secs_f64());
-            self.metrics
-                .step_tokens
-                .observe(plan.batch.num_tokens() as f64);
+            if !non_core_suspended {
+                self.metrics
+                    .step_tokens
+                    .observe(plan.batch.num_tokens() as f64);
+            }
         }
+        let now = Instant::now();
         let updates = {
             let mut kv = self.kv.lock();
-            self.core.update_from_output(plan, &step, &mut kv)
+            self.core
+                .update_from_output(plan, &step, &mut kv, self.secs(now))
         };
-        let now = Instant::now();
         for u in updates {
             let Some(t) = self.requests.get_mut(&u.id) else {
                 continue;
@@ -245,12 +283,14 @@ impl SchedulerActor {
             if n > 0 {
                 match t.last_token_at {
                     None => self.metrics.ttft.observe((now - t.arrival).as_secs_f64()),
-                    Some(last) => {
+                    // Per-token ITL is a non-core metric: emergency mode suspends it.
+                    Some(last) if !non_core_suspended => {
                         let per_token = (now - last).as_secs_f64() / n as f64;
                         for _ in 0..n {
                             self.metrics.itl.observe(per_token);
                         }
                     }
+                    Some(_) => {}
                 }
                 t.first_token_at.get_or_insert(now);
                 t.last_token_at = Some(now);
@@ -329,6 +369,11 @@ impl SchedulerActor {
     }
 }
 
+/// Raises a counter to a cumulative total kept elsewhere.
+fn sync(counter: &prometheus::IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
 /// Sends the pending delta if the channel has room. Returns false when the channel is closed.
 fn flush(t: &mut Tracked) -> bool {
     if t.pending_text.is_empty() {
@@ -389,13 +434,28 @@ impl Handler<Submit> for SchedulerActor {
         let params = Arc::new(msg.params);
         let seed = params.seed.unwrap_or_else(rand::random);
         let output = RequestOutput::new(&self.tokenizer, &msg.prompt_token_ids, &params.stop);
-        self.core.add_request(NewRequest {
-            id: msg.id,
-            prompt_token_ids: msg.prompt_token_ids,
-            params,
-            seed,
-            eos_token_ids: self.limits.eos_token_ids.clone(),
-        });
+        let admission = self.core.add_request(
+            NewRequest {
+                id: msg.id,
+                prompt_token_ids: msg.prompt_token_ids,
+                params,
+                seed,
+                eos_token_ids: self.limits.eos_token_ids.clone(),
+            },
+            self.secs(msg.arrival),
+        );
+        match admission {
+            Admission::Accepted => {}
+            Admission::Overloaded { .. } => {
+                self.sync_scheduler_metrics();
+                let err = admission.to_error().expect("overloaded maps to an error");
+                return self.reject(&msg.tx, err);
+            }
+            Admission::Duplicate => {
+                let err = EngineError::Internal(format!("request id {} reused", msg.id));
+                return self.reject(&msg.tx, err);
+            }
+        }
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         let _ = msg.tx.try_send(StreamEvent::Started { prompt_tokens });
         self.requests.insert(
