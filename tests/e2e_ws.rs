@@ -324,14 +324,14 @@ async fn adaptive_policy_serves_mixed_lengths() {
     let mut cfg = test_config();
     cfg.scheduler.policy = brook::scheduler::Policy::Adaptive;
     cfg.scheduler.classes.short_below = 16;
-    cfg.scheduler.classes.long_above = 200;
+    cfg.scheduler.classes.long_above = 100;
     let server = start_server(cfg).await;
     let mut c = Client::connect(&server).await;
     let ids = ["s1", "s2", "m1", "l1"];
     c.send(gen("s1", "hi", 8)).await;
     c.send(gen("s2", "hello you", 8)).await;
     c.send(gen("m1", &"a medium sized prompt ".repeat(4), 8)).await;
-    c.send(gen("l1", &"a long document line ".repeat(18), 8)).await;
+    c.send(gen("l1", &"a long document line ".repeat(30), 8)).await;
     let frames = c.collect(&ids).await;
     for id in ids {
         let done = terminal(&frames[id]);
