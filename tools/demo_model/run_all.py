@@ -1,6 +1,6 @@
 """Whole demo-model pipeline: corpus -> tokenizer -> target -> draft -> export -> report/goldens.
 
-    python3 run_all.py --out DIR            # full run (H200: ~6 minutes)
+    python3 run_all.py --out DIR            # full run (one H200: about 4 minutes)
     python3 run_all.py --out DIR --tiny     # CPU smoke test of every stage
 
 DIR receives models/demo-chat/, models/demo-chat-draft/, tests/fixtures/demo_golden.json,
