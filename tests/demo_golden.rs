@@ -106,3 +106,34 @@ fn demo_chat_draft_matches_transformers_golden_outputs() {
     let f = fixture();
     check_model(&root().join("models/demo-chat-draft"), f["draft"]["cases"].as_array().unwrap());
 }
+
+/// Streamed through the whole engine (actors, incremental detokenizer), every golden case's
+/// text equals the tokenizer's decode of the golden ids.
+#[actix_rt::test]
+async fn streamed_text_equals_the_decoded_golden_output() {
+    let dir = root().join("models/demo-chat");
+    let mut cfg = brook::config::Config::default();
+    cfg.model.device = "cpu".into();
+    cfg.cache.kv_cache_mib = 32;
+    let engine = brook::engine::start(&cfg, &dir, false).unwrap();
+    let f = fixture();
+    let mut pending = Vec::new();
+    for case in f["cases"].as_array().unwrap() {
+        let want_ids = ids(&case["output_token_ids"]);
+        let params = SamplingParams::greedy(want_ids.len());
+        let req = brook::engine::PreparedRequest { prompt_token_ids: ids(&case["prompt_token_ids"]), params };
+        let (_, rx) = engine.submit(req);
+        pending.push((case["name"].as_str().unwrap().to_string(), engine.tokenizer.decode(&want_ids, true), rx));
+    }
+    for (name, want, mut rx) in pending {
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                brook::request::StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                brook::request::StreamEvent::Error(e) => panic!("{name}: {e}"),
+                _ => {}
+            }
+        }
+        assert_eq!(text, want, "{name}");
+    }
+}
