@@ -5,6 +5,7 @@
 // missing `done` or socket error fails the run (thresholds below).
 import ws from "k6/ws";
 import { check } from "k6";
+import { QUESTIONS } from "./common.js";
 import { Trend, Counter, Rate } from "k6/metrics";
 
 const URL = __ENV.BROOK_URL || "ws://127.0.0.1:8080/v1/ws";
@@ -28,16 +29,6 @@ const done = new Rate("brook_request_done");
 const errors = new Counter("brook_error_frames");
 const tokens = new Counter("brook_tokens");
 
-const QUESTIONS = [
-  "Where is my order #48213? It was supposed to arrive yesterday.",
-  "How do I return a pair of shoes that don't fit?",
-  "Can I get a refund for a damaged blender?",
-  "Do you have the blue rain jacket in size M?",
-  "My payment failed but I was charged. What should I do?",
-  "How long does standard shipping take to Lyon?",
-  "I can't log in to my account.",
-  "Hi! Thanks for the quick help last time.",
-];
 
 export default function () {
   const res = ws.connect(URL, {}, function (socket) {

@@ -8,6 +8,7 @@
 // writes it to a file.
 import ws from "k6/ws";
 import { check } from "k6";
+import { QUESTIONS } from "./common.js";
 import { Trend, Rate, Counter } from "k6/metrics";
 
 const URL = __ENV.BROOK_URL || "ws://127.0.0.1:8080/v1/ws";
@@ -50,16 +51,6 @@ const met = new Rate("brook_slo_met");
 const done = new Rate("brook_request_done");
 const tokens = new Counter("brook_tokens");
 
-const QUESTIONS = [
-  "Where is my order #48213? It was supposed to arrive yesterday.",
-  "How do I return a pair of shoes that don't fit?",
-  "Can I get a refund for a damaged blender?",
-  "Do you have the blue rain jacket in size M?",
-  "My payment failed but I was charged. What should I do?",
-  "How long does standard shipping take?",
-  "I can't log in to my account.",
-  "Can I change the delivery address of my order?",
-];
 const DOC_WORDS = ("Order 58231 was placed on March 3 and shipped from the Lyon warehouse. The customer " +
   "reported that the parcel arrived with a damaged corner and the blender inside did not start. " +
   "Our policy allows a refund or a replacement within thirty days of delivery when the item is " +

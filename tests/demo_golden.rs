@@ -26,14 +26,23 @@ fn fixture() -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Runs every case at once through the scheduler core and the CPU backend; returns each case's
 /// generated ids.
 fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
     let config = ModelConfig::from_dir(dir).unwrap();
-    let opts = CpuBackendOptions { block_size: 16, kv_cache_bytes: 64 << 20, num_threads: None, progress: false };
+    let opts = CpuBackendOptions {
+        block_size: 16,
+        kv_cache_bytes: 64 << 20,
+        num_threads: None,
+        progress: false,
+    };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let info = backend.info();
     let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
@@ -69,7 +78,9 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
 
 fn check_model(dir: &Path, cases: &[Value]) {
     let tok = Tokenizer::from_dir(dir).unwrap();
-    let chat = ChatTemplate::from_tokenizer(&tok).unwrap().expect("demo model has a chat template");
+    let chat = ChatTemplate::from_tokenizer(&tok)
+        .unwrap()
+        .expect("demo model has a chat template");
     let mut prompts = Vec::new();
     let mut want = Vec::new();
     for case in cases {
@@ -78,33 +89,49 @@ fn check_model(dir: &Path, cases: &[Value]) {
         let add_special = case["add_special_tokens"].as_bool().unwrap_or(true);
         let encoded = match case["kind"].as_str().unwrap() {
             "chat" => {
-                let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+                let msgs: Vec<ChatMessage> =
+                    serde_json::from_value(case["messages"].clone()).unwrap();
                 let text = chat.render(&msgs, true).unwrap();
                 tok.encode(&text, add_special).unwrap()
             }
-            _ => tok.encode(case["prompt"].as_str().unwrap(), add_special).unwrap(),
+            _ => tok
+                .encode(case["prompt"].as_str().unwrap(), add_special)
+                .unwrap(),
         };
-        assert_eq!(encoded, prompt_ids, "{name}: brook's encoding differs from the Python tokenizer's");
+        assert_eq!(
+            encoded, prompt_ids,
+            "{name}: brook's encoding differs from the Python tokenizer's"
+        );
         prompts.push(prompt_ids);
         want.push(ids(&case["output_token_ids"]));
     }
     let max_new: Vec<usize> = want.iter().map(|w| w.len()).collect();
     let got = greedy_batch(dir, &prompts, &max_new);
     for ((case, g), w) in cases.iter().zip(&got).zip(&want) {
-        assert_eq!(g, w, "{}: brook greedy output differs from transformers", case["name"]);
+        assert_eq!(
+            g, w,
+            "{}: brook greedy output differs from transformers",
+            case["name"]
+        );
     }
 }
 
 #[test]
 fn demo_chat_matches_transformers_golden_outputs() {
     let f = fixture();
-    check_model(&root().join("models/demo-chat"), f["cases"].as_array().unwrap());
+    check_model(
+        &root().join("models/demo-chat"),
+        f["cases"].as_array().unwrap(),
+    );
 }
 
 #[test]
 fn demo_chat_draft_matches_transformers_golden_outputs() {
     let f = fixture();
-    check_model(&root().join("models/demo-chat-draft"), f["draft"]["cases"].as_array().unwrap());
+    check_model(
+        &root().join("models/demo-chat-draft"),
+        f["draft"]["cases"].as_array().unwrap(),
+    );
 }
 
 /// Streamed through the whole engine (actors, incremental detokenizer), every golden case's
@@ -121,9 +148,16 @@ async fn streamed_text_equals_the_decoded_golden_output() {
     for case in f["cases"].as_array().unwrap() {
         let want_ids = ids(&case["output_token_ids"]);
         let params = SamplingParams::greedy(want_ids.len());
-        let req = brook::engine::PreparedRequest { prompt_token_ids: ids(&case["prompt_token_ids"]), params };
+        let req = brook::engine::PreparedRequest {
+            prompt_token_ids: ids(&case["prompt_token_ids"]),
+            params,
+        };
         let (_, rx) = engine.submit(req);
-        pending.push((case["name"].as_str().unwrap().to_string(), engine.tokenizer.decode(&want_ids, true), rx));
+        pending.push((
+            case["name"].as_str().unwrap().to_string(),
+            engine.tokenizer.decode(&want_ids, true),
+            rx,
+        ));
     }
     for (name, want, mut rx) in pending {
         let mut text = String::new();

@@ -330,8 +330,10 @@ async fn adaptive_policy_serves_mixed_lengths() {
     let ids = ["s1", "s2", "m1", "l1"];
     c.send(gen("s1", "hi", 8)).await;
     c.send(gen("s2", "hello you", 8)).await;
-    c.send(gen("m1", &"a medium sized prompt ".repeat(4), 8)).await;
-    c.send(gen("l1", &"a long document line ".repeat(30), 8)).await;
+    c.send(gen("m1", &"a medium sized prompt ".repeat(4), 8))
+        .await;
+    c.send(gen("l1", &"a long document line ".repeat(30), 8))
+        .await;
     let frames = c.collect(&ids).await;
     for id in ids {
         let done = terminal(&frames[id]);
@@ -340,7 +342,13 @@ async fn adaptive_policy_serves_mixed_lengths() {
     }
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#), "{m}");
-    assert!(m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#), "{m}");
+    assert!(
+        m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#),
+        "{m}"
+    );
     server.stop().await;
 }
