@@ -2,3 +2,4 @@
 pub mod backend;
 pub mod batch;
 pub mod actor;
+pub mod cuda;

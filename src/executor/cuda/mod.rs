@@ -1,0 +1,15 @@
+//! The CUDA executor: brook's own kernels (`kernels/*.cu`, compiled with NVRTC at start) and
+//! cuBLAS GEMMs behind the same `Backend` trait as the CPU executor.
+//!
+//! - `device`: context, stream, cuBLAS handle, kernel loading, raw buffers, the GPU probe
+//! - `compile`: NVRTC with an on-disk PTX cache keyed by source hash and architecture
+//! - `kernels`: parameter structs mirrored from the .cu files, and their launches
+//! - `gemm`: bf16 linear layers with fp32 accumulation
+//! - `rope`: RoPE inverse frequencies (llama3 scaling included)
+pub mod compile;
+pub mod device;
+pub mod gemm;
+pub mod kernels;
+pub mod rope;
+
+pub use device::{probe, Gpu};
