@@ -23,7 +23,7 @@ use crate::protocol::{GenerateFrame, PromptInput};
 use crate::request::{RequestId, StreamEvent};
 use crate::sampling::params::SamplingParams;
 use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerLimits, Submit};
-use crate::scheduler::core::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 
 /// Limits sessions check before a request reaches the scheduler.

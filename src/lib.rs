@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
+pub mod detok;
 pub mod engine;
 pub mod error;
 pub mod executor;
@@ -21,3 +22,5 @@ pub mod server;
 pub mod session;
 pub mod stop;
 pub mod tokenizer;
+#[cfg(test)]
+pub(crate) mod tokenizer_fixture;

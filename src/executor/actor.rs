@@ -7,7 +7,7 @@ use actix::{Actor, Handler, Message, SyncContext};
 
 use crate::executor::backend::Backend;
 use crate::executor::batch::StepOutput;
-use crate::scheduler::core::SchedulerOutput;
+use crate::scheduler::SchedulerOutput;
 
 pub struct ExecutorActor {
     backend: Box<dyn Backend>,

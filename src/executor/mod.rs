@@ -1,5 +1,6 @@
-//! Executors: the `Backend` trait, the flattened batch, and the backends behind it.
+//! Executors: the `Backend` trait, the flattened batch, the executor actor and the backends.
+pub mod actor;
 pub mod backend;
 pub mod batch;
-pub mod actor;
+pub mod cpu;
 pub mod cuda;

@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::output::RequestOutput;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
 use crate::sampling::params::SamplingParams;
-use crate::scheduler::core::{NewRequest, Scheduler, SchedulerOutput};
+use crate::scheduler::{NewRequest, Scheduler, SchedulerOutput};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
@@ -102,8 +102,7 @@ impl SchedulerActor {
     fn admission_error(&self, prompt_tokens: usize) -> Option<EngineError> {
         let kv_tokens = {
             let kv = self.kv.lock();
-            let u = kv.usage();
-            u.total_blocks * kv.block_size()
+            kv.num_blocks() * kv.block_size()
         };
         // At least one output token must fit in both the context window and the KV cache.
         let limit = self.limits.max_model_len.min(kv_tokens).saturating_sub(1);
@@ -123,10 +122,16 @@ impl SchedulerActor {
         let m = &self.metrics;
         m.requests_running.set(self.core.num_running() as i64);
         m.requests_waiting.set(self.core.num_waiting() as i64);
-        let u = self.kv.lock().usage();
+        let (u, prefix) = {
+            let kv = self.kv.lock();
+            (kv.usage(), kv.prefix_cache_stats())
+        };
         m.kv_blocks_used.set(u.used_blocks as i64);
         m.kv_blocks_total.set(u.total_blocks as i64);
-        m.kv_usage_ratio.set(if u.total_blocks == 0 { 0.0 } else { u.used_blocks as f64 / u.total_blocks as f64 });
+        m.kv_usage_ratio.set(u.usage_ratio());
+        // The manager counts cumulatively; the counters follow it.
+        m.prefix_cache_queries.inc_by(prefix.queried_tokens.saturating_sub(m.prefix_cache_queries.get()));
+        m.prefix_cache_hits.inc_by(prefix.hit_tokens.saturating_sub(m.prefix_cache_hits.get()));
     }
 
     /// Starts a step unless one is in flight or there is nothing to do.
@@ -143,19 +148,27 @@ impl SchedulerActor {
             self.core.schedule(&mut kv)
         };
         self.metrics.preemptions.inc_by(plan.preempted.len() as u64);
-        self.update_gauges();
-        if plan.batch.seqs.is_empty() {
-            // Admission guarantees every request fits an empty pool, so an empty plan with work
-            // left means the core is stuck: say so rather than spin.
-            tracing::error!(running = self.core.num_running(), waiting = self.core.num_waiting(), "scheduler produced an empty step");
-            return;
-        }
         let now = Instant::now();
-        for seq in &plan.batch.seqs {
-            if let Some(t) = self.requests.get_mut(&seq.request_id) {
+        for id in &plan.admitted {
+            if let Some(t) = self.requests.get_mut(id) {
                 t.scheduled_at.get_or_insert(now);
             }
         }
+        if plan.batch.seqs.is_empty() {
+            // Nothing to run. Requests the core finished without running (finished_early)
+            // still come back through update_from_output; then try again, since that freed
+            // room. With no such progress, admission guarantees this cannot happen, so say so
+            // rather than spin.
+            let progressed = !plan.finished_early.is_empty();
+            self.on_step_done(&plan, Ok(StepOutput::default()));
+            if progressed {
+                self.maybe_step(ctx);
+            } else {
+                tracing::error!(running = self.core.num_running(), waiting = self.core.num_waiting(), "scheduler produced an empty step");
+            }
+            return;
+        }
+        self.update_gauges();
         self.in_flight = true;
         let plan = Arc::new(plan);
         let fut = self.executor.send(ExecuteStep(plan.clone()));
@@ -184,8 +197,10 @@ impl SchedulerActor {
                 return;
             }
         };
-        self.metrics.step_time.observe(step.elapsed.as_secs_f64());
-        self.metrics.step_tokens.observe(plan.batch.num_tokens() as f64);
+        if !plan.batch.seqs.is_empty() {
+            self.metrics.step_time.observe(step.elapsed.as_secs_f64());
+            self.metrics.step_tokens.observe(plan.batch.num_tokens() as f64);
+        }
         let updates = {
             let mut kv = self.kv.lock();
             self.core.update_from_output(plan, &step, &mut kv)

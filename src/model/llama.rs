@@ -1,0 +1,360 @@
+//! The Llama/Mistral forward over one flattened, paged batch (see `executor::batch`): the path
+//! the CPU executor runs every engine step.
+//!
+//! Projections and the MLP are candle f32 GEMMs over all of the batch's tokens at once
+//! (`[num_tokens, hidden] × Wᵀ`), whatever mix of prefill chunks and decodes they come from.
+//! Attention is plain Rust, parallel over (token, head) with rayon: each query token attends to
+//! positions `0..=its position` of its own sequence, reading K/V through the sequence's block
+//! table. That covers the prefix cached by earlier steps and this step's own chunk alike, because
+//! the chunk's K/V is written into the pool (at `slot_mapping`) before attention reads it.
+//!
+//! q/k/v and gate/up are fused into one weight each at load (as vLLM does), so a layer runs four
+//! GEMMs: qkv, o, gate_up, down.
+
+use candle_core::{Device, Module, Tensor};
+use candle_nn::Linear;
+use rayon::prelude::*;
+
+use crate::executor::batch::BatchInput;
+use crate::model::config::ModelConfig;
+use crate::model::loader::ModelWeights;
+
+/// The paged KV cache: for each layer, K and V as flat f32 arrays laid out
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`, i.e. `[slot, kv_head, head_dim]` with
+/// `slot = block_id * block_size + offset`. One token's K (or V) for all heads is one contiguous
+/// run of `num_kv_heads * head_dim` floats, so a write is one copy and a head's key is contiguous.
+///
+/// Every slot starts as NaN: attention that reads a slot no step has written produces NaN logits
+/// instead of plausible garbage, so a block-table or slot-mapping bug cannot go unnoticed. Filling
+/// also commits the pool's memory at start-up rather than at some later step.
+pub struct KvPool {
+    num_blocks: usize,
+    block_size: usize,
+    /// `num_kv_heads * head_dim`: floats per slot.
+    kv_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvPool {
+    pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
+        let kv_dim = config.kv_dim();
+        let per_layer = num_blocks * block_size * kv_dim;
+        let layers = config.num_hidden_layers;
+        KvPool {
+            num_blocks,
+            block_size,
+            kv_dim,
+            k: (0..layers).map(|_| vec![f32::NAN; per_layer]).collect(),
+            v: (0..layers).map(|_| vec![f32::NAN; per_layer]).collect(),
+        }
+    }
+
+    /// Bytes of one block across all layers, K and V, in f32.
+    pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        block_size * config.kv_bytes_per_token(std::mem::size_of::<f32>())
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+}
+
+struct LayerParams {
+    input_layernorm: Tensor,
+    /// q, k and v projections stacked: `[q_dim + 2 * kv_dim, hidden]`.
+    qkv_proj: Linear,
+    o_proj: Linear,
+    post_attention_layernorm: Tensor,
+    /// gate and up projections stacked: `[2 * intermediate, hidden]`.
+    gate_up_proj: Linear,
+    down_proj: Linear,
+}
+
+pub struct LlamaModel {
+    config: ModelConfig,
+    embed_tokens: Tensor,
+    layers: Vec<LayerParams>,
+    norm: Tensor,
+    lm_head: Linear,
+    /// `cos(pos · inv_freq[i])` and `sin(…)`, `[max_position_embeddings, head_dim / 2]`.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+fn stack(parts: &[&Linear]) -> candle_core::Result<Linear> {
+    let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
+    let bias = match parts
+        .iter()
+        .map(|l| l.bias())
+        .collect::<Option<Vec<&Tensor>>>()
+    {
+        Some(biases) => Some(Tensor::cat(&biases, 0)?),
+        None => None,
+    };
+    Ok(Linear::new(Tensor::cat(&weights, 0)?, bias))
+}
+
+impl LlamaModel {
+    /// Takes the weights over, fusing q/k/v and gate/up layer by layer (so peak memory grows by
+    /// one layer, not by the model).
+    pub fn new(config: ModelConfig, weights: ModelWeights) -> anyhow::Result<Self> {
+        let ModelWeights {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            ..
+        } = weights;
+        let mut fused = Vec::with_capacity(layers.len());
+        for l in layers {
+            fused.push(LayerParams {
+                input_layernorm: l.input_layernorm,
+                qkv_proj: stack(&[&l.q_proj, &l.k_proj, &l.v_proj])?,
+                o_proj: l.o_proj,
+                post_attention_layernorm: l.post_attention_layernorm,
+                gate_up_proj: stack(&[&l.gate_proj, &l.up_proj])?,
+                down_proj: l.down_proj,
+            });
+        }
+        let half = config.head_dim / 2;
+        let inv_freqs = config.rope.inv_freqs(config.head_dim);
+        let mut rope_cos = Vec::with_capacity(config.max_position_embeddings * half);
+        let mut rope_sin = Vec::with_capacity(config.max_position_embeddings * half);
+        for pos in 0..config.max_position_embeddings {
+            for &f in &inv_freqs {
+                // Angles in f64: at long positions f32 products lose the low bits of the phase.
+                let angle = pos as f64 * f;
+                rope_cos.push(angle.cos() as f32);
+                rope_sin.push(angle.sin() as f32);
+            }
+        }
+        Ok(LlamaModel {
+            config,
+            embed_tokens,
+            layers: fused,
+            norm,
+            lm_head,
+            rope_cos,
+            rope_sin,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Runs the batch through the model, writing its K/V into `kv`, and returns the logits at the
+    /// last position of each sequence whose `sample` is Some, `[num_sampled, vocab]` in seq order.
+    /// The batch must be valid (`BatchInput::validate`) for `kv`'s block size and count.
+    pub fn forward(&self, batch: &BatchInput, kv: &mut KvPool) -> anyhow::Result<Tensor> {
+        let c = &self.config;
+        let n = batch.num_tokens();
+        if let Some(&p) = batch
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= c.max_position_embeddings)
+        {
+            anyhow::bail!(
+                "position {p} exceeds max_position_embeddings {}",
+                c.max_position_embeddings
+            );
+        }
+        if let Some(&t) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= c.vocab_size)
+        {
+            anyhow::bail!("token id {t} is outside the vocabulary of {}", c.vocab_size);
+        }
+        let sampled_rows: Vec<u32> = last_rows(batch)
+            .filter_map(|(row, s)| s.then_some(row as u32))
+            .collect();
+        anyhow::ensure!(
+            kv.kv_dim == c.kv_dim() && kv.k.len() == self.layers.len(),
+            "KV pool shape does not match the model"
+        );
+        let no_logits = || Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &Device::Cpu);
+        if n == 0 {
+            return Ok(no_logits()?);
+        }
+        let plan = AttentionPlan::new(batch);
+        let ids = Tensor::from_slice(&batch.token_ids, n, &Device::Cpu)?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let eps = c.rms_norm_eps as f32;
+        let q_dim = c.q_dim();
+        for (layer_idx, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.input_layernorm, eps)?;
+            let mut qkv = layer
+                .qkv_proj
+                .forward(&h)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            self.rope_and_store(&mut qkv, batch, kv, layer_idx);
+            let mut attn = vec![0f32; n * q_dim];
+            paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
+            let attn = Tensor::from_vec(attn, (n, q_dim), &Device::Cpu)?;
+            x = (x + layer.o_proj.forward(&attn)?)?;
+
+            let h = candle_nn::ops::rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+            let gate_up = layer.gate_up_proj.forward(&h)?;
+            let act = swiglu(gate_up, c.intermediate_size)?;
+            x = (x + layer.down_proj.forward(&act)?)?;
+        }
+        // Prefill chunks that end before their prompt does only fill the cache.
+        if sampled_rows.is_empty() {
+            return Ok(no_logits()?);
+        }
+        let rows = Tensor::from_vec(sampled_rows, ((),), &Device::Cpu)?;
+        let last = x.index_select(&rows, 0)?;
+        let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
+        Ok(self.lm_head.forward(&last)?)
+    }
+
+    /// Rotates each token's q and k heads (in the fused `[num_tokens, q | k | v]` rows) by its
+    /// position, then copies k and v into the pool at the token's slot.
+    fn rope_and_store(&self, qkv: &mut [f32], batch: &BatchInput, kv: &mut KvPool, layer: usize) {
+        let c = &self.config;
+        let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
+        let row_len = q_dim + 2 * kv_dim;
+        let half = hd / 2;
+        qkv.par_chunks_mut(row_len)
+            .zip(batch.positions.par_iter())
+            .for_each(|(row, &pos)| {
+                let cos = &self.rope_cos[pos as usize * half..][..half];
+                let sin = &self.rope_sin[pos as usize * half..][..half];
+                // q heads then k heads: both rotated the same way (transformers' rotate_half layout:
+                // pair i is (x[i], x[i + head_dim/2])).
+                for head in row[..q_dim + kv_dim].chunks_exact_mut(hd) {
+                    let (x1, x2) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (a, b) = (x1[i], x2[i]);
+                        x1[i] = a * cos[i] - b * sin[i];
+                        x2[i] = b * cos[i] + a * sin[i];
+                    }
+                }
+            });
+        let (k_cache, v_cache) = (&mut kv.k[layer], &mut kv.v[layer]);
+        for (row, &slot) in qkv.chunks_exact(row_len).zip(&batch.slot_mapping) {
+            let dst = slot as usize * kv_dim..(slot as usize + 1) * kv_dim;
+            k_cache[dst.clone()].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+            v_cache[dst].copy_from_slice(&row[q_dim + kv_dim..]);
+        }
+    }
+}
+
+/// `silu(gate) * up` from the fused `[num_tokens, gate | up]` projection.
+fn swiglu(gate_up: Tensor, intermediate: usize) -> candle_core::Result<Tensor> {
+    let gate = gate_up.narrow(1, 0, intermediate)?;
+    let up = gate_up.narrow(1, intermediate, intermediate)?;
+    gate.silu()? * up
+}
+
+/// For each sequence: the row of its last token in the flattened batch, and whether it samples.
+fn last_rows(batch: &BatchInput) -> impl Iterator<Item = (usize, bool)> + '_ {
+    batch.seqs.iter().scan(0usize, |end, s| {
+        *end += s.query_len;
+        Some((*end - 1, s.sample.is_some()))
+    })
+}
+
+/// Per-token attention inputs resolved once per step and shared by all layers.
+struct AttentionPlan<'a> {
+    /// For each token: its position (it attends to positions `0..=pos`) and its sequence's block
+    /// table.
+    tokens: Vec<(usize, &'a [u32])>,
+}
+
+impl<'a> AttentionPlan<'a> {
+    fn new(batch: &'a BatchInput) -> Self {
+        let mut tokens = Vec::with_capacity(batch.num_tokens());
+        let mut row = 0;
+        for s in &batch.seqs {
+            for _ in 0..s.query_len {
+                tokens.push((batch.positions[row] as usize, s.block_table.as_slice()));
+                row += 1;
+            }
+        }
+        AttentionPlan { tokens }
+    }
+}
+
+/// Causal attention of every (token, query head) of the batch over its sequence's paged K/V.
+/// Two passes over the keys (scores with their max, then exp-weighted values), in f32. Query
+/// head `h` reads kv head `h / (num_heads / num_kv_heads)` (GQA; MQA and MHA are the extremes).
+fn paged_attention(
+    qkv: &[f32],
+    out: &mut [f32],
+    kv: &KvPool,
+    layer: usize,
+    c: &ModelConfig,
+    plan: &AttentionPlan,
+) {
+    let (hd, heads) = (c.head_dim, c.num_attention_heads);
+    let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+    let row_len = q_dim + 2 * kv_dim;
+    let group = heads / c.num_key_value_heads;
+    let bs = kv.block_size;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (k_cache, v_cache) = (&kv.k[layer][..], &kv.v[layer][..]);
+    out.par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(Vec::<f32>::new, |scores, (i, o)| {
+            let (t, h) = (i / heads, i % heads);
+            let (pos, block_table) = plan.tokens[t];
+            let q = &qkv[t * row_len + h * hd..][..hd];
+            let head_off = (h / group) * hd;
+            let ctx = pos + 1;
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for (b, &block) in block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
+                let first_slot = block as usize * bs;
+                for off in 0..bs.min(ctx - b * bs) {
+                    let k = &k_cache[(first_slot + off) * kv_dim + head_off..][..hd];
+                    let s = dot(q, k) * scale;
+                    max = max.max(s);
+                    scores.push(s);
+                }
+            }
+            let mut sum = 0.0;
+            o.fill(0.0);
+            for (b, &block) in block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
+                let first_slot = block as usize * bs;
+                let n = bs.min(ctx - b * bs);
+                for (off, s) in scores[b * bs..b * bs + n].iter().enumerate() {
+                    let p = (s - max).exp();
+                    sum += p;
+                    let v = &v_cache[(first_slot + off) * kv_dim + head_off..][..hd];
+                    for (o, &v) in o.iter_mut().zip(v) {
+                        *o += p * v;
+                    }
+                }
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|x| *x *= inv);
+        });
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators: one AVX register's worth, and no serial add chain, so the
+    // loop vectorises.
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

@@ -1,0 +1,56 @@
+//! Model loading and the CPU forward: Hugging Face config and safetensors checkpoints of the
+//! Llama family (Llama, Mistral), the paged batched forward the CPU executor runs, the plain
+//! forward the tests compare it with, and a writer of small random-weight test checkpoints.
+
+pub mod config;
+pub mod llama;
+pub mod loader;
+pub mod reference;
+pub mod testing;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// What can go wrong reading a model folder. Each variant names the file, field or tensor at fault
+/// so a start-up failure says exactly what to fix.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("missing file {}", path.display())]
+    MissingFile { path: PathBuf },
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM)")]
+    UnknownArchitecture(String),
+    #[error("unsupported value for {field}: {value}")]
+    Unsupported { field: String, value: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+    #[error("tensor {name} not found in {}", path.display())]
+    MissingTensor { name: String, path: PathBuf },
+    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("tensor {name}: {source}")]
+    Tensor {
+        name: String,
+        source: candle_core::Error,
+    },
+}
+
+impl ModelError {
+    pub(crate) fn unsupported(field: impl Into<String>, value: impl std::fmt::Display) -> Self {
+        ModelError::Unsupported {
+            field: field.into(),
+            value: value.to_string(),
+        }
+    }
+}

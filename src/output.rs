@@ -1,0 +1,178 @@
+//! Per-request text output: generated ids → incremental detokenizer → stop strings → delta text.
+//! The scheduler actor calls [`RequestOutput::push_tokens`] once per engine step per request.
+
+use crate::detok::IncrementalDetokenizer;
+use crate::stop::StopChecker;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OutputUpdate {
+    /// Text for this step's delta; may be empty while text is held back.
+    pub text: String,
+    /// A stop string completed: finish the request with reason `stop`.
+    pub stopped_by_string: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RequestOutput {
+    detok: IncrementalDetokenizer,
+    /// None without stop strings, so text passes straight through without a copy.
+    stop: Option<StopChecker>,
+}
+
+impl RequestOutput {
+    pub fn new(tok: &Tokenizer, prompt_ids: &[u32], stop: &[String]) -> Self {
+        let stop = StopChecker::new(stop);
+        RequestOutput {
+            detok: IncrementalDetokenizer::new(tok, prompt_ids),
+            stop: (!stop.is_empty()).then_some(stop),
+        }
+    }
+
+    /// Whether a stop string has matched; later calls return no text.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.as_ref().is_some_and(StopChecker::is_stopped)
+    }
+
+    pub fn push_tokens(&mut self, tok: &Tokenizer, ids: &[u32]) -> OutputUpdate {
+        if self.is_stopped() {
+            return OutputUpdate {
+                text: String::new(),
+                stopped_by_string: true,
+            };
+        }
+        let text = self.detok.push(tok, ids);
+        match &mut self.stop {
+            None => OutputUpdate {
+                text,
+                stopped_by_string: false,
+            },
+            Some(_) if text.is_empty() => OutputUpdate::default(),
+            Some(stop) => {
+                let out = stop.push(&text);
+                OutputUpdate {
+                    text: out.emit,
+                    stopped_by_string: out.stopped,
+                }
+            }
+        }
+    }
+
+    /// Text still held back when the request finishes for a reason other than a stop string
+    /// (eos, stop token, length). Held text can still complete a stop string here, in which case
+    /// only the text before it is returned.
+    pub fn finish(&mut self, tok: &Tokenizer) -> String {
+        if self.is_stopped() {
+            return String::new();
+        }
+        let tail = self.detok.flush(tok);
+        match &mut self.stop {
+            None => tail,
+            Some(stop) => {
+                let mut out = stop.push(&tail);
+                if !out.stopped {
+                    out.emit.push_str(&stop.flush());
+                }
+                out.emit
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::tokenizer_fixture::{random_text, TokFixture};
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Streams the ids of `text` in random steps; returns the deltas and whether a stop string hit.
+    fn run(
+        tok: &Tokenizer,
+        prompt: &[u32],
+        text: &str,
+        stop: &[String],
+        rng: &mut impl Rng,
+    ) -> (Vec<String>, bool) {
+        let ids = tok.encode(text, false).unwrap();
+        let mut out = RequestOutput::new(tok, prompt, stop);
+        let mut deltas = Vec::new();
+        let mut rest = &ids[..];
+        while !rest.is_empty() {
+            let n = rng.random_range(1..=3).min(rest.len());
+            let u = out.push_tokens(tok, &rest[..n]);
+            rest = &rest[n..];
+            deltas.push(u.text);
+            if u.stopped_by_string {
+                assert!(out.is_stopped());
+                // The scheduler finishes the request here; later calls give nothing.
+                assert_eq!(out.push_tokens(tok, &ids[..1]).text, "");
+                assert_eq!(out.finish(tok), "");
+                return (deltas, true);
+            }
+        }
+        deltas.push(out.finish(tok));
+        (deltas, false)
+    }
+
+    #[test]
+    fn without_stop_strings_text_is_the_decode() {
+        let tok = TokFixture::default().build();
+        let mut rng = ChaCha8Rng::seed_from_u64(31);
+        for _ in 0..100 {
+            let text = random_text(&mut rng, 30);
+            let (deltas, stopped) = run(&tok, &[0], &text, &[], &mut rng);
+            assert!(!stopped);
+            assert!(deltas.iter().all(|d| !d.contains('\u{FFFD}')));
+            assert_eq!(deltas.concat(), text);
+        }
+    }
+
+    #[test]
+    fn stop_string_cuts_the_stream_and_is_not_emitted() {
+        let tok = TokFixture::default().build();
+        let mut rng = ChaCha8Rng::seed_from_u64(32);
+        let prompt = tok.encode("Hello", true).unwrap();
+        for _ in 0..50 {
+            let before = random_text(&mut rng, 20).replace("🚀!", "");
+            let text = format!("{before}🚀! after the stop");
+            let stop = stops(&["🚀!", "never"]);
+            let (deltas, stopped) = run(&tok, &prompt, &text, &stop, &mut rng);
+            assert!(stopped);
+            assert_eq!(deltas.concat(), before);
+        }
+    }
+
+    #[test]
+    fn held_prefix_is_released_at_finish() {
+        let tok = TokFixture::default().build();
+        let mut rng = ChaCha8Rng::seed_from_u64(33);
+        let (deltas, stopped) = run(&tok, &[], "the end: STO", &stops(&["STOP"]), &mut rng);
+        assert!(!stopped);
+        assert!(!deltas[..deltas.len() - 1].concat().contains("STO"));
+        assert!(deltas.last().unwrap().ends_with("STO"));
+        assert_eq!(deltas.concat(), "the end: STO");
+    }
+
+    #[test]
+    fn special_tokens_never_reach_the_text() {
+        let tok = TokFixture::default().build();
+        let mut out = RequestOutput::new(&tok, &[0], &stops(&["zz"]));
+        let mut text = String::new();
+        for id in tok
+            .encode("Hi there", false)
+            .unwrap()
+            .into_iter()
+            .chain([2, 1])
+        {
+            text += &out.push_tokens(&tok, &[id]).text;
+        }
+        text += &out.finish(&tok);
+        assert_eq!(text, "Hi there");
+    }
+}

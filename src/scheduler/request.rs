@@ -1,0 +1,83 @@
+//! A request as the scheduler sees it: its tokens so far and how many have K/V in the cache.
+
+use std::sync::Arc;
+
+use crate::request::{FinishReason, RequestId};
+use crate::sampling::params::SamplingParams;
+
+/// A tokenized, validated request handed to the scheduler.
+#[derive(Debug, Clone)]
+pub struct NewRequest {
+    pub id: RequestId,
+    pub prompt_token_ids: Vec<u32>,
+    pub params: Arc<SamplingParams>,
+    /// `params.seed`, or one drawn at admission when the client gave none.
+    pub seed: u64,
+    /// The model's eos ids (one or several); ignored when `params.ignore_eos`.
+    pub eos_token_ids: Arc<[u32]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Leading tokens whose K/V is in the cache (as of the last completed step).
+    pub num_computed: usize,
+    pub params: Arc<SamplingParams>,
+    pub seed: u64,
+    pub eos_token_ids: Arc<[u32]>,
+    pub status: Status,
+    /// Whether it has been in a batch before (a resumed preempted request has).
+    pub ever_scheduled: bool,
+}
+
+impl Request {
+    pub fn new(req: NewRequest) -> Self {
+        Request {
+            num_prompt_tokens: req.prompt_token_ids.len(),
+            tokens: req.prompt_token_ids,
+            num_computed: 0,
+            params: req.params,
+            seed: req.seed,
+            eos_token_ids: req.eos_token_ids,
+            status: Status::Waiting,
+            ever_scheduled: false,
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Known tokens whose K/V is not computed yet: the rest of the prompt (or, after a
+    /// preemption, of prompt and output), or the one token sampled last step.
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// After a token was appended: why the request ends here, if it does. Length first, as vLLM
+    /// does, so a max_tokens-th token that is also eos reports `length`.
+    pub fn check_stop(&self, max_len: usize) -> Option<FinishReason> {
+        let last = *self.tokens.last()?;
+        if self.tokens.len() >= max_len || self.num_output_tokens() >= self.params.max_tokens {
+            Some(FinishReason::Length)
+        } else if (!self.params.ignore_eos && self.eos_token_ids.contains(&last))
+            || self.params.stop_token_ids.contains(&last)
+        {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,783 @@
+//! Scheduler tests against a fake executor.
+//!
+//! The fake model keeps a "KV cache" of token ids per slot. A sequence's next token is a hash
+//! of the context it reads back through its block table, so wrong slots, stale blocks or a bad
+//! prefix-cache hit change the output. Every run is compared with a plain, unbatched reference
+//! decode of the same requests.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
+use crate::kv::KvCacheManager;
+use crate::request::{FinishReason, RequestId};
+use crate::sampling::params::SamplingParams;
+
+const BLOCK_SIZE: usize = 4;
+const EOS: u32 = 2;
+/// Ids the fake model never produces on its own (EOS among them); scripts use them.
+const RESERVED: u32 = 16;
+const VOCAB: u32 = 32_000;
+
+fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        max_model_len: 512,
+        long_prefill_token_threshold: 0,
+    }
+}
+
+fn random_tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(RESERVED..VOCAB)).collect()
+}
+
+/// A 13-token random prompt, 6 output tokens, eos on.
+fn request(id: u64) -> NewRequest {
+    NewRequest {
+        id: RequestId(id),
+        prompt_token_ids: random_tokens(1000 + id, 13),
+        params: Arc::new(SamplingParams {
+            max_tokens: 6,
+            ..SamplingParams::default()
+        }),
+        seed: 0x5eed ^ id,
+        eos_token_ids: Arc::from(vec![EOS, EOS + 1]),
+    }
+}
+
+/// One-knob overrides on top of `request()`.
+trait Knobs: Sized {
+    fn prompt_len(self, n: usize) -> Self;
+    fn prompt(self, tokens: Vec<u32>) -> Self;
+    fn max_tokens(self, n: usize) -> Self;
+    fn ignore_eos(self) -> Self;
+    fn stop_token_ids(self, ids: Vec<u32>) -> Self;
+}
+
+impl Knobs for NewRequest {
+    fn prompt_len(mut self, n: usize) -> Self {
+        self.prompt_token_ids = random_tokens(1000 + self.id.0, n);
+        self
+    }
+    fn prompt(mut self, tokens: Vec<u32>) -> Self {
+        self.prompt_token_ids = tokens;
+        self
+    }
+    fn max_tokens(mut self, n: usize) -> Self {
+        Arc::make_mut(&mut self.params).max_tokens = n;
+        self
+    }
+    fn ignore_eos(mut self) -> Self {
+        Arc::make_mut(&mut self.params).ignore_eos = true;
+        self
+    }
+    fn stop_token_ids(mut self, ids: Vec<u32>) -> Self {
+        Arc::make_mut(&mut self.params).stop_token_ids = ids;
+        self
+    }
+}
+
+/// The fake model's next token after `context`: never a reserved id.
+fn next_token(context: &[u32]) -> u32 {
+    let mut h = DefaultHasher::new();
+    context.hash(&mut h);
+    RESERVED + (h.finish() % (VOCAB - RESERVED) as u64) as u32
+}
+
+/// Scripted tokens: (request, output index) → token, overriding the model.
+type Script = HashMap<(RequestId, usize), u32>;
+
+struct FakeModel {
+    num_blocks: usize,
+    /// Token id whose K/V each slot holds.
+    slots: Vec<Option<u32>>,
+    script: Script,
+}
+
+impl FakeModel {
+    fn new(num_blocks: usize) -> Self {
+        FakeModel {
+            num_blocks,
+            slots: vec![None; num_blocks * BLOCK_SIZE],
+            script: Script::new(),
+        }
+    }
+
+    /// Runs sequences one at a time, last first, each writing its K/V and then reading its
+    /// context: a same-step read of another sequence's blocks would see stale K/V.
+    fn execute(&mut self, batch: &BatchInput) -> StepOutput {
+        batch.validate(BLOCK_SIZE, self.num_blocks).unwrap();
+        let mut starts = Vec::with_capacity(batch.seqs.len());
+        let mut start = 0;
+        for s in &batch.seqs {
+            starts.push(start);
+            start += s.query_len;
+        }
+        let mut sampled = Vec::new();
+        for (s, &start) in batch.seqs.iter().zip(&starts).rev() {
+            for i in start..start + s.query_len {
+                self.slots[batch.slot_mapping[i] as usize] = Some(batch.token_ids[i]);
+            }
+            let Some(sample) = &s.sample else { continue };
+            let context: Vec<u32> = (0..s.context_len)
+                .map(|p| {
+                    let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                    self.slots[slot].expect("attention read an unwritten slot")
+                })
+                .collect();
+            let token = self
+                .script
+                .get(&(s.request_id, sample.output_index))
+                .copied()
+                .unwrap_or_else(|| next_token(&context));
+            sampled.push(SampledToken {
+                request_id: s.request_id,
+                token,
+                logprob: -0.5,
+            });
+        }
+        sampled.reverse();
+        StepOutput {
+            sampled,
+            elapsed: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// The plain decode: one request alone, no paging, no batching.
+fn reference(req: &NewRequest, script: &Script, max_len: usize) -> (Vec<u32>, FinishReason) {
+    if req.prompt_token_ids.len() > max_len {
+        return (Vec::new(), FinishReason::Length);
+    }
+    let mut tokens = req.prompt_token_ids.clone();
+    let mut out = Vec::new();
+    loop {
+        let t = script
+            .get(&(req.id, out.len()))
+            .copied()
+            .unwrap_or_else(|| next_token(&tokens));
+        tokens.push(t);
+        out.push(t);
+        if tokens.len() >= max_len || out.len() >= req.params.max_tokens {
+            return (out, FinishReason::Length);
+        }
+        let eos = !req.params.ignore_eos && req.eos_token_ids.contains(&t);
+        if eos || req.params.stop_token_ids.contains(&t) {
+            return (out, FinishReason::Stop);
+        }
+    }
+}
+
+/// Scheduler + KV manager + fake model, checking invariants around every step.
+struct Engine {
+    cfg: SchedulerConfig,
+    sched: Scheduler,
+    kv: KvCacheManager,
+    model: FakeModel,
+    requests: HashMap<RequestId, NewRequest>,
+    outputs: HashMap<RequestId, Vec<u32>>,
+    finished: HashMap<RequestId, FinishReason>,
+    steps: usize,
+}
+
+impl Engine {
+    fn new(cfg: SchedulerConfig, num_blocks: usize) -> Self {
+        Engine {
+            sched: Scheduler::new(cfg.clone()),
+            cfg,
+            kv: KvCacheManager::new(num_blocks, BLOCK_SIZE, true),
+            model: FakeModel::new(num_blocks),
+            requests: HashMap::new(),
+            outputs: HashMap::new(),
+            finished: HashMap::new(),
+            steps: 0,
+        }
+    }
+
+    fn add(&mut self, req: NewRequest) {
+        self.requests.insert(req.id, req.clone());
+        assert!(self.sched.add_request(req));
+    }
+
+    fn known_tokens(&self, id: RequestId) -> Vec<u32> {
+        let mut t = self.requests[&id].prompt_token_ids.clone();
+        t.extend(self.outputs.get(&id).into_iter().flatten());
+        t
+    }
+
+    fn schedule(&mut self) -> SchedulerOutput {
+        let out = self.sched.schedule(&mut self.kv);
+        let b = &out.batch;
+        b.validate(BLOCK_SIZE, self.kv.num_blocks()).unwrap();
+        assert!(b.num_tokens() <= self.cfg.max_num_batched_tokens);
+        assert!(b.seqs.len() <= self.cfg.max_num_seqs);
+        assert_eq!(b.num_tokens(), out.num_prefill_tokens + out.num_decode_seqs);
+        for s in &b.seqs {
+            let known = self.known_tokens(s.request_id);
+            let start = s.context_len - s.query_len;
+            assert!(s.context_len <= known.len());
+            assert_eq!(s.sample.is_some(), s.context_len == known.len());
+            if let Some(sample) = &s.sample {
+                assert_eq!(
+                    sample.output_index,
+                    known.len() - self.requests[&s.request_id].prompt_token_ids.len()
+                );
+                assert_eq!(sample.seed, self.requests[&s.request_id].seed);
+            }
+            let first = b
+                .seqs
+                .iter()
+                .take_while(|o| o.request_id != s.request_id)
+                .map(|o| o.query_len)
+                .sum::<usize>();
+            assert_eq!(
+                b.token_ids[first..first + s.query_len],
+                known[start..s.context_len]
+            );
+        }
+        // Only blocks a sequence owns alone are written.
+        for &slot in &b.slot_mapping {
+            assert_eq!(self.kv.pool().ref_count(slot / BLOCK_SIZE as u32), 1);
+        }
+        out
+    }
+
+    fn execute_and_update(&mut self, out: &SchedulerOutput) -> Vec<RequestUpdate> {
+        let step = self.model.execute(&out.batch);
+        self.update(out, &step)
+    }
+
+    fn update(&mut self, out: &SchedulerOutput, step: &StepOutput) -> Vec<RequestUpdate> {
+        // What the cache holds is exactly the sequence, for every position computed.
+        for s in &out.batch.seqs {
+            if !self.requests.contains_key(&s.request_id)
+                || self.finished.contains_key(&s.request_id)
+            {
+                continue;
+            }
+            let known = self.known_tokens(s.request_id);
+            for (p, want) in known.iter().enumerate().take(s.context_len) {
+                let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                assert_eq!(
+                    self.model.slots[slot],
+                    Some(*want),
+                    "{}: K/V at {p}",
+                    s.request_id
+                );
+            }
+        }
+        let updates = self.sched.update_from_output(out, step, &mut self.kv);
+        for u in &updates {
+            assert!(
+                !self.finished.contains_key(&u.id),
+                "{}: update after finishing",
+                u.id
+            );
+            self.outputs
+                .entry(u.id)
+                .or_default()
+                .extend(&u.new_token_ids);
+            assert_eq!(u.num_output_tokens, self.outputs[&u.id].len());
+            if let Some(reason) = u.finished {
+                self.finished.insert(u.id, reason);
+                assert!(self.kv.block_table(u.id).is_empty());
+            }
+        }
+        self.check();
+        self.steps += 1;
+        updates
+    }
+
+    fn step(&mut self) -> (SchedulerOutput, Vec<RequestUpdate>) {
+        let out = self.schedule();
+        let updates = self.execute_and_update(&out);
+        (out, updates)
+    }
+
+    fn abort(&mut self, id: RequestId) {
+        assert!(self.sched.abort_request(id, &mut self.kv));
+        assert!(self.kv.block_table(id).is_empty());
+        self.finished.insert(id, FinishReason::Cancelled);
+        self.check();
+    }
+
+    fn check(&self) {
+        self.sched.check_invariants(&self.kv).unwrap();
+        self.kv.check_invariants().unwrap();
+    }
+
+    fn run_to_completion(&mut self) {
+        let limit = self.steps + 10_000;
+        while self.sched.has_unfinished() {
+            assert!(self.steps < limit, "no progress");
+            self.step();
+        }
+        assert_eq!(self.kv.usage().used_blocks, 0, "blocks leaked");
+        assert_eq!(self.sched.num_running() + self.sched.num_waiting(), 0);
+    }
+
+    /// Every request that was not cancelled produced exactly the reference output.
+    fn assert_matches_reference(&self) {
+        let max_len = self
+            .cfg
+            .max_model_len
+            .min(self.kv.num_blocks() * BLOCK_SIZE);
+        for (id, req) in &self.requests {
+            let got = self.finished.get(id).copied();
+            if got == Some(FinishReason::Cancelled) {
+                continue;
+            }
+            let (want, reason) = reference(req, &self.model.script, max_len);
+            assert_eq!(
+                self.outputs.get(id).cloned().unwrap_or_default(),
+                want,
+                "{id} output"
+            );
+            assert_eq!(got, Some(reason), "{id} finish reason");
+        }
+    }
+}
+
+fn scheduled(out: &SchedulerOutput) -> Vec<(u64, usize)> {
+    out.num_scheduled_tokens()
+        .map(|(id, n)| (id.0, n))
+        .collect()
+}
+
+#[test]
+fn decodes_first_then_prefill_chunks_from_the_remaining_budget() {
+    let mut e = Engine::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 32,
+            ..config()
+        },
+        64,
+    );
+    for id in 1..=3 {
+        e.add(request(id).prompt_len(5 + id as usize));
+    }
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 6), (2, 7), (3, 8)]);
+    assert_eq!(out.admitted.len(), 3);
+    e.add(request(4).prompt_len(100));
+    let (out, updates) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 1), (2, 1), (3, 1), (4, 29)]);
+    assert_eq!((out.num_decode_seqs, out.num_prefill_tokens), (3, 29));
+    assert!(out.batch.seqs[3].sample.is_none());
+    assert_eq!(
+        updates.iter().map(|u| u.id.0).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+}
+
+#[test]
+fn chunked_prefill_spans_steps() {
+    let mut e = Engine::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 32,
+            ..config()
+        },
+        64,
+    );
+    e.add(request(1).prompt_len(100));
+    for (i, chunk) in [32, 32, 32, 4].into_iter().enumerate() {
+        let (out, updates) = e.step();
+        assert_eq!(scheduled(&out), vec![(1, chunk)]);
+        let seq = &out.batch.seqs[0];
+        assert_eq!(seq.context_len, 32 * i + chunk);
+        assert_eq!(out.batch.positions[0] as usize, 32 * i);
+        let last = i == 3;
+        assert_eq!(seq.sample.is_some(), last);
+        assert_eq!(updates.len(), usize::from(last));
+    }
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 1)]);
+    assert_eq!(out.batch.positions, vec![100]);
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
+
+#[test]
+fn long_prefill_threshold_caps_each_chunk() {
+    let cfg = SchedulerConfig {
+        long_prefill_token_threshold: 10,
+        ..config()
+    };
+    let mut e = Engine::new(cfg, 64);
+    e.add(request(1).prompt_len(35));
+    e.add(request(2).prompt_len(7));
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 10), (2, 7)]);
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 10), (2, 1)]);
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
+
+#[test]
+fn max_num_seqs_bounds_the_running_set() {
+    let mut e = Engine::new(
+        SchedulerConfig {
+            max_num_seqs: 2,
+            ..config()
+        },
+        64,
+    );
+    for id in 1..=5 {
+        e.add(request(id).max_tokens(2 + id as usize));
+    }
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out).len(), 2);
+    assert_eq!((e.sched.num_running(), e.sched.num_waiting()), (2, 3));
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
+
+#[test]
+fn preemption_recomputes_and_gives_the_same_tokens() {
+    // 2 requests of 8 prompt + 24 output tokens need 16 blocks together; there are 12.
+    let cfg = config();
+    let mut e = Engine::new(cfg, 12);
+    e.add(request(1).prompt_len(8).max_tokens(24).ignore_eos());
+    e.add(request(2).prompt_len(8).max_tokens(24).ignore_eos());
+    let mut preempted: Vec<RequestId> = Vec::new();
+    let mut resumed_prefill = None;
+    while e.sched.has_unfinished() {
+        let (out, _) = e.step();
+        if !out.preempted.is_empty() {
+            // The lowest priority (latest admitted) goes, and waits at the front.
+            assert_eq!(out.preempted, vec![RequestId(2)]);
+            assert!(scheduled(&out).iter().all(|&(id, _)| id == 1));
+            assert!(out.admitted.is_empty());
+            preempted.extend(&out.preempted);
+        } else if !preempted.is_empty() && resumed_prefill.is_none() {
+            resumed_prefill = scheduled(&out)
+                .iter()
+                .find(|&&(id, _)| id == 2)
+                .map(|&(_, n)| n);
+        }
+    }
+    assert_eq!(preempted.len(), 1);
+    assert_eq!(e.sched.num_preemptions(), 1);
+    // The resume recomputes prompt and output so far (less any prefix-cache hit): more than 1.
+    assert!(resumed_prefill.unwrap() > 1);
+    assert_eq!(e.kv.usage().used_blocks, 0);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn a_request_that_cannot_grow_preempts_itself_when_last() {
+    let mut e = Engine::new(config(), 6);
+    // Request 2's prompt fills its blocks exactly, so its first decode needs a new one.
+    e.add(request(1).prompt_len(10).max_tokens(10).ignore_eos());
+    e.add(request(2).prompt_len(11).max_tokens(5).ignore_eos());
+    let mut saw_self_preemption = false;
+    while e.sched.has_unfinished() {
+        let running_before = e.sched.num_running();
+        let (out, _) = e.step();
+        if out.preempted.contains(&RequestId(2)) && running_before == 2 {
+            saw_self_preemption |= scheduled(&out) == vec![(1, 1)];
+        }
+    }
+    assert!(saw_self_preemption);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn abort_frees_blocks_in_every_state() {
+    let mut e = Engine::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 40,
+            ..config()
+        },
+        64,
+    );
+    e.add(request(1).prompt_len(20).max_tokens(50).ignore_eos()); // decoding
+    e.add(request(2).prompt_len(60)); // mid-prefill
+    e.add(request(3)); // mid-step
+    e.add(request(4).max_tokens(3)); // survives
+    e.add(request(5).prompt_len(30)); // still waiting
+    e.step();
+    e.step();
+    assert!(!e.kv.block_table(RequestId(2)).is_empty());
+    assert!(e.kv.block_table(RequestId(5)).is_empty());
+
+    let used = e.kv.usage().used_blocks;
+    let held = e.kv.block_table(RequestId(2)).len();
+    e.abort(RequestId(2));
+    assert_eq!(e.kv.usage().used_blocks, used - held);
+    e.abort(RequestId(5));
+    assert!(
+        !e.sched.abort_request(RequestId(5), &mut e.kv),
+        "second abort is a no-op"
+    );
+
+    // Abort between schedule and update: the step's results for it are dropped.
+    let out = e.schedule();
+    assert!(scheduled(&out).iter().any(|&(id, _)| id == 3));
+    let step = e.model.execute(&out.batch);
+    e.abort(RequestId(3));
+    e.abort(RequestId(1));
+    let updates = e.update(&out, &step);
+    assert!(updates.iter().all(|u| u.id == RequestId(4)));
+
+    e.run_to_completion();
+    assert_eq!(e.finished[&RequestId(4)], FinishReason::Length);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn finished_sequences_leave_the_batch() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1).max_tokens(2).ignore_eos());
+    e.add(request(2).max_tokens(6).ignore_eos());
+    let mut finished_at = None;
+    while e.sched.has_unfinished() {
+        let (out, updates) = e.step();
+        if finished_at.is_some() {
+            assert_eq!(scheduled(&out), vec![(2, 1)]);
+            assert_eq!(e.sched.num_running(), usize::from(e.sched.has_unfinished()));
+        }
+        if updates
+            .iter()
+            .any(|u| u.id == RequestId(1) && u.finished.is_some())
+        {
+            finished_at = Some(e.steps);
+        }
+    }
+    assert_eq!(finished_at, Some(2));
+    e.assert_matches_reference();
+}
+
+#[test]
+fn eos_stops_unless_ignore_eos() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1).max_tokens(8));
+    e.add(request(2).max_tokens(8).ignore_eos());
+    e.add(request(3).max_tokens(8));
+    for id in 1..=2 {
+        e.model.script.insert((RequestId(id), 2), EOS);
+    }
+    // The second eos id counts too.
+    e.model.script.insert((RequestId(3), 4), EOS + 1);
+    e.run_to_completion();
+    assert_eq!(e.outputs[&RequestId(1)].len(), 3);
+    assert_eq!(e.outputs[&RequestId(1)][2], EOS);
+    assert_eq!(e.finished[&RequestId(1)], FinishReason::Stop);
+    assert_eq!(e.outputs[&RequestId(2)].len(), 8);
+    assert_eq!(e.finished[&RequestId(2)], FinishReason::Length);
+    assert_eq!(e.outputs[&RequestId(3)].len(), 5);
+    assert_eq!(e.finished[&RequestId(3)], FinishReason::Stop);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn stop_token_ids_stop_even_with_ignore_eos() {
+    let mut e = Engine::new(config(), 64);
+    e.add(
+        request(1)
+            .max_tokens(8)
+            .ignore_eos()
+            .stop_token_ids(vec![7, 11]),
+    );
+    e.model.script.insert((RequestId(1), 3), 11);
+    e.run_to_completion();
+    assert_eq!(e.outputs[&RequestId(1)].len(), 4);
+    assert_eq!(e.finished[&RequestId(1)], FinishReason::Stop);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn max_tokens_wins_over_eos_on_the_last_token() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1).max_tokens(3));
+    e.model.script.insert((RequestId(1), 2), EOS);
+    e.run_to_completion();
+    assert_eq!(e.outputs[&RequestId(1)].len(), 3);
+    assert_eq!(e.finished[&RequestId(1)], FinishReason::Length);
+}
+
+#[test]
+fn max_model_len_ends_the_sequence_and_rejects_longer_prompts() {
+    let mut e = Engine::new(
+        SchedulerConfig {
+            max_model_len: 20,
+            ..config()
+        },
+        64,
+    );
+    e.add(request(1).prompt_len(15).max_tokens(100).ignore_eos());
+    e.add(request(2).prompt_len(21));
+    e.add(request(3).prompt_len(20).max_tokens(100));
+    let (out, updates) = e.step();
+    assert_eq!(
+        out.finished_early,
+        vec![(RequestId(2), FinishReason::Length)]
+    );
+    assert!(updates
+        .iter()
+        .any(|u| u.id == RequestId(2) && u.new_token_ids.is_empty()));
+    e.run_to_completion();
+    assert_eq!(e.outputs[&RequestId(1)].len(), 5);
+    assert_eq!(e.finished[&RequestId(1)], FinishReason::Length);
+    assert_eq!(e.outputs[&RequestId(3)].len(), 1);
+    assert_eq!(e.finished[&RequestId(2)], FinishReason::Length);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn finish_request_from_a_stop_string_frees_and_leaves_the_batch() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1).max_tokens(30));
+    e.add(request(2).max_tokens(30));
+    e.step();
+    e.step();
+    assert!(e
+        .sched
+        .finish_request(RequestId(1), FinishReason::Stop, &mut e.kv));
+    e.finished.insert(RequestId(1), FinishReason::Stop);
+    assert!(e.kv.block_table(RequestId(1)).is_empty());
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(2, 1)]);
+    e.run_to_completion();
+}
+
+#[test]
+fn shared_prompt_prefix_is_computed_once() {
+    let mut e = Engine::new(config(), 64);
+    let shared = random_tokens(77, 24);
+    let with_suffix = |n: u64| {
+        let mut p = shared.clone();
+        p.extend(random_tokens(78 + n, 5));
+        p
+    };
+    e.add(request(1).prompt(with_suffix(1)));
+    e.step();
+    e.add(request(2).prompt(with_suffix(2)));
+    let (out, _) = e.step();
+    // 24 shared tokens are 6 cached blocks; request 2 computes only its 5-token suffix.
+    assert_eq!(scheduled(&out), vec![(1, 1), (2, 5)]);
+    let (t1, t2) = (
+        e.kv.block_table(RequestId(1)),
+        e.kv.block_table(RequestId(2)),
+    );
+    assert_eq!(t1[..6], t2[..6]);
+    e.run_to_completion();
+    assert_eq!(e.kv.prefix_cache_stats().hit_tokens, 24);
+    e.assert_matches_reference();
+}
+
+#[test]
+fn a_missing_sampled_token_is_recomputed() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1));
+    let out = e.schedule();
+    let mut step = e.model.execute(&out.batch);
+    step.sampled.clear();
+    assert!(e.update(&out, &step).is_empty());
+    let (out, updates) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 1)]);
+    assert_eq!(out.batch.positions, vec![12]);
+    assert_eq!(updates[0].new_token_ids.len(), 1);
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
+
+/// Many requests, random lengths, shared prefixes, arrivals over time, random aborts (some
+/// while a step is in flight), and a KV pool far smaller than the load.
+/// Returns (preemptions, prefix-cache hit tokens).
+fn randomized_run(seed: u64) -> (u64, u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let cfg = SchedulerConfig {
+        max_num_seqs: rng.random_range(2..12),
+        max_num_batched_tokens: rng.random_range(8..96),
+        max_model_len: rng.random_range(40..160),
+        long_prefill_token_threshold: [0, 5, 16][rng.random_range(0..3)],
+    };
+    let num_blocks = rng.random_range(12..40);
+    let mut e = Engine::new(cfg, num_blocks);
+    let prefixes: Vec<Vec<u32>> = (0..3).map(|i| random_tokens(seed * 10 + i, 20)).collect();
+    let num_requests = 60;
+    let mut next_id = 1;
+    let mut in_flight_aborts = 0;
+    while next_id <= num_requests || e.sched.has_unfinished() {
+        assert!(e.steps < 20_000, "no progress");
+        for _ in 0..rng.random_range(0..3) {
+            if next_id > num_requests {
+                break;
+            }
+            let mut prompt = Vec::new();
+            if rng.random_bool(0.5) {
+                let p = &prefixes[rng.random_range(0..prefixes.len())];
+                prompt.extend(&p[..rng.random_range(1..=p.len())]);
+            }
+            prompt.extend(random_tokens(
+                seed * 1000 + next_id,
+                rng.random_range(1..60),
+            ));
+            let mut req = request(next_id)
+                .prompt(prompt)
+                .max_tokens(rng.random_range(1..40));
+            if rng.random_bool(0.3) {
+                req = req.ignore_eos();
+            }
+            if rng.random_bool(0.2) {
+                e.model
+                    .script
+                    .insert((req.id, rng.random_range(0..20)), EOS);
+            }
+            e.add(req);
+            next_id += 1;
+        }
+        let out = e.schedule();
+        let step = e.model.execute(&out.batch);
+        if rng.random_bool(0.03) && !out.is_empty() {
+            let id = out.batch.seqs[rng.random_range(0..out.batch.seqs.len())].request_id;
+            e.abort(id);
+            in_flight_aborts += 1;
+        }
+        e.update(&out, &step);
+        if rng.random_bool(0.01) {
+            let mut live: Vec<RequestId> = e
+                .requests
+                .keys()
+                .filter(|id| !e.finished.contains_key(id))
+                .copied()
+                .collect();
+            live.sort();
+            if !live.is_empty() {
+                e.abort(live[rng.random_range(0..live.len())]);
+            }
+        }
+    }
+    assert_eq!(e.kv.usage().used_blocks, 0, "blocks leaked");
+    assert_eq!(e.finished.len(), num_requests as usize);
+    assert!(in_flight_aborts > 0);
+    e.assert_matches_reference();
+    (
+        e.sched.num_preemptions(),
+        e.kv.prefix_cache_stats().hit_tokens,
+    )
+}
+
+#[test]
+fn randomized_load_with_aborts_keeps_invariants() {
+    let (mut preemptions, mut hits) = (0, 0);
+    for seed in 1..=24 {
+        let (p, h) = randomized_run(seed);
+        preemptions += p;
+        hits += h;
+    }
+    // The load is meant to exercise both; a change that stops it would weaken the test.
+    assert!(
+        preemptions > 0 && hits > 0,
+        "preemptions {preemptions}, hit tokens {hits}"
+    );
+}
