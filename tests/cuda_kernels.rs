@@ -4,7 +4,8 @@
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, *};
-use brook::executor::cuda::{gemm, rope};
+use brook::executor::cuda::gemm;
+use brook::model::config::{RopeConfig, RopeScaling};
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::{argmax, Sampler};
 use half::bf16;
@@ -375,8 +376,11 @@ fn rope_kv_rotates_and_writes_the_cache() {
         slots.shuffle(&mut r);
         slots.truncate(t);
         slots[3] = u32::MAX; // padding token: no cache write
-        let scaling = llama3.then_some(rope::Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 256.0 });
-        let inv = rope::inv_freq(head_dim, 500000.0, scaling);
+        let scaling = match llama3 {
+            true => RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 256 },
+            false => RopeScaling::None,
+        };
+        let inv: Vec<f32> = RopeConfig { theta: 500000.0, scaling }.inv_freqs(head_dim).into_iter().map(|f| f as f32).collect();
         let n_cache = num_blocks * kv_heads * bs * head_dim;
         let (qb, pb, sb, ib) = (dev(&g, &qkv), dev(&g, &positions), dev(&g, &slots), dev(&g, &inv));
         let (qo, kc, vc) = (poisoned::<bf16>(&g, t * heads * head_dim), poisoned::<bf16>(&g, n_cache), poisoned::<bf16>(&g, n_cache));

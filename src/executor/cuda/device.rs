@@ -120,6 +120,17 @@ impl Gpu {
         Ok(())
     }
 
+    /// Starts a copy of device memory into `dst`; it is complete after the next `sync`.
+    ///
+    /// # Safety
+    /// `src` holds at least `dst`'s bytes, and `dst` is neither read nor moved before `sync`.
+    pub unsafe fn download_async<T: Copy>(&self, dst: &mut [T], src: u64) -> anyhow::Result<()> {
+        if !dst.is_empty() {
+            result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())?;
+        }
+        Ok(())
+    }
+
     pub fn memset(&self, dst: u64, byte: u8, bytes: usize) -> anyhow::Result<()> {
         // SAFETY: the caller's buffer at `dst` holds `bytes` bytes.
         unsafe { result::memset_d8_async(dst, byte, bytes, self.stream.cu_stream()) }?;
