@@ -64,7 +64,11 @@ fn seq_input(i: usize, s: &Seq, query_len: usize, sample: bool) -> SeqInput {
         query_len,
         context_len,
         block_table: s.blocks[..context_len.div_ceil(BLOCK)].to_vec(),
-        sample: sample.then(|| SampleInput { params: Arc::new(SamplingParams::greedy(1)), seed: i as u64, output_index: s.tokens.len() - s.prompt_len }),
+        sample: sample.then(|| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: i as u64,
+            output_index: s.tokens.len() - s.prompt_len,
+        }),
     }
 }
 
@@ -75,7 +79,8 @@ fn batch_of(seqs: &[Seq], parts: &[(usize, usize, bool)]) -> BatchInput {
         for p in s.computed..s.computed + n {
             b.token_ids.push(s.tokens[p]);
             b.positions.push(p as u32);
-            b.slot_mapping.push(s.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+            b.slot_mapping
+                .push(s.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
         }
         b.seqs.push(seq_input(i, s, n, sample));
     }
@@ -99,8 +104,17 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// Gap between the best and second-best logit, relative to the logits' spread.
 fn top2_gap(l: &[f32]) -> f32 {
     let (i, m) = argmax(l);
-    let second = l.iter().enumerate().filter(|(j, _)| *j != i as usize).map(|(_, v)| *v).fold(f32::NEG_INFINITY, f32::max);
-    let spread = l.iter().map(|v| (v - m).abs()).fold(0f32, f32::max).max(1e-6);
+    let second = l
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i as usize)
+        .map(|(_, v)| *v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let spread = l
+        .iter()
+        .map(|v| (v - m).abs())
+        .fold(0f32, f32::max)
+        .max(1e-6);
     (m - second) / spread
 }
 
@@ -112,7 +126,10 @@ fn compare(t: &mut Tally, cpu: &[Vec<f32>], gpu: &[Vec<f32>], what: &str) {
     assert_eq!(cpu.len(), gpu.len(), "{what}: sampled rows");
     for (c, g) in cpu.iter().zip(gpu) {
         let e = rel_err(g, c);
-        assert!(e.is_finite() && e < 2e-2, "{what}: logits relative error {e:.3e}");
+        assert!(
+            e.is_finite() && e < 2e-2,
+            "{what}: logits relative error {e:.3e}"
+        );
         t.worst_rel_err = t.worst_rel_err.max(e);
         t.compared += 1;
         if argmax(c).0 != argmax(g).0 {
@@ -132,36 +149,51 @@ fn compare(t: &mut Tally, cpu: &[Vec<f32>], gpu: &[Vec<f32>], what: &str) {
 fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Tally, Tally) {
     let cfg = ModelConfig::from_dir(dir).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
-    let cpu_opts = CpuBackendOptions { block_size: BLOCK, kv_cache_bytes: 512 << 20, num_threads: None, progress: false };
+    let cpu_opts = CpuBackendOptions {
+        block_size: BLOCK,
+        kv_cache_bytes: 512 << 20,
+        num_threads: None,
+        progress: false,
+    };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
     let mut gpu = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(false)).unwrap();
     let mut graphed = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true)).unwrap();
 
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let per_seq = prompts.iter().map(|p| (p.len() + gen + 1).div_ceil(BLOCK)).max().unwrap();
+    let per_seq = prompts
+        .iter()
+        .map(|p| (p.len() + gen + 1).div_ceil(BLOCK))
+        .max()
+        .unwrap();
     let mut pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).collect();
     pool.shuffle(&mut rng);
     let mut seqs: Vec<Seq> = prompts
         .into_iter()
         .enumerate()
-        .map(|(i, p)| Seq { prompt_len: p.len(), tokens: p, computed: 0, blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec() })
+        .map(|(i, p)| Seq {
+            prompt_len: p.len(),
+            tokens: p,
+            computed: 0,
+            blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec(),
+        })
         .collect();
     let mut t = Tally::default();
-    let mut step = |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>, t: &mut Tally, what: &str| {
-        let b = batch_of(seqs, &parts);
-        let c = cpu.forward_logits(&b).unwrap();
-        let g = gpu.forward_logits(&b).unwrap();
-        compare(t, &c, &g, what);
-        let mut k = 0;
-        for &(i, n, sample) in &parts {
-            seqs[i].computed += n;
-            if sample {
-                seqs[i].tokens.push(argmax(&c[k]).0);
-                k += 1;
+    let mut step =
+        |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>, t: &mut Tally, what: &str| {
+            let b = batch_of(seqs, &parts);
+            let c = cpu.forward_logits(&b).unwrap();
+            let g = gpu.forward_logits(&b).unwrap();
+            compare(t, &c, &g, what);
+            let mut k = 0;
+            for &(i, n, sample) in &parts {
+                seqs[i].computed += n;
+                if sample {
+                    seqs[i].tokens.push(argmax(&c[k]).0);
+                    k += 1;
+                }
             }
-        }
-    };
+        };
     // Prefill in chunks; a sequence samples when its prompt is done.
     while seqs.iter().any(|s| s.computed < s.prompt_len) {
         let parts: Vec<(usize, usize, bool)> = seqs
@@ -183,10 +215,23 @@ fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Ta
 
     // The same decode steps through execute() on CUDA graphs, on a fresh cache: prefill first.
     let mut tg = Tally::default();
-    let mut replay: Vec<Seq> = seqs.iter().map(|s| Seq { tokens: s.tokens.clone(), prompt_len: s.prompt_len, computed: 0, blocks: s.blocks.clone() }).collect();
-    let parts: Vec<(usize, usize, bool)> = (0..replay.len()).map(|i| (i, decode_start[i], false)).collect();
+    let mut replay: Vec<Seq> = seqs
+        .iter()
+        .map(|s| Seq {
+            tokens: s.tokens.clone(),
+            prompt_len: s.prompt_len,
+            computed: 0,
+            blocks: s.blocks.clone(),
+        })
+        .collect();
+    let parts: Vec<(usize, usize, bool)> = (0..replay.len())
+        .map(|i| (i, decode_start[i], false))
+        .collect();
     graphed.execute(&batch_of(&replay, &parts)).unwrap();
-    replay.iter_mut().zip(&decode_start).for_each(|(s, &d)| s.computed = d);
+    replay
+        .iter_mut()
+        .zip(&decode_start)
+        .for_each(|(s, &d)| s.computed = d);
     for _ in 0..gen {
         let parts: Vec<(usize, usize, bool)> = (0..replay.len()).map(|i| (i, 1, true)).collect();
         let mut b = batch_of(&replay, &parts);
@@ -203,7 +248,11 @@ fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Ta
             if s.token != want {
                 tg.mismatches += 1;
             }
-            assert!(s.logprob <= 0.0 && s.logprob.is_finite(), "logprob {}", s.logprob);
+            assert!(
+                s.logprob <= 0.0 && s.logprob.is_finite(),
+                "logprob {}",
+                s.logprob
+            );
         }
         replay.iter_mut().for_each(|s| s.computed += 1);
     }
@@ -212,7 +261,13 @@ fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Ta
 
 fn random_prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut r = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| (0..r.random_range(3..150)).map(|_| r.random_range(0..vocab as u32)).collect()).collect()
+    (0..n)
+        .map(|_| {
+            (0..r.random_range(3..150))
+                .map(|_| r.random_range(0..vocab as u32))
+                .collect()
+        })
+        .collect()
 }
 
 fn check_model(spec: TestModelSpec, chunk: usize) {
@@ -224,19 +279,46 @@ fn check_model(spec: TestModelSpec, chunk: usize) {
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size;
     let (t, tg) = run_both(dir.path(), random_prompts(12, vocab, 3), chunk, 16);
     eprintln!("{spec:?}\n  eager: {t:?}\n  graphs: {tg:?}");
-    assert_eq!(t.mismatches, 0, "greedy tokens differ away from near-ties: {t:?}");
-    assert!(t.near_tie_mismatches * 20 <= t.compared, "too many near-tie flips: {t:?}");
-    assert!(tg.mismatches * 20 <= tg.compared, "graph decode differs from the CPU: {tg:?}");
+    assert_eq!(
+        t.mismatches, 0,
+        "greedy tokens differ away from near-ties: {t:?}"
+    );
+    assert!(
+        t.near_tie_mismatches * 20 <= t.compared,
+        "too many near-tie flips: {t:?}"
+    );
+    assert!(
+        tg.mismatches * 20 <= tg.compared,
+        "graph decode differs from the CPU: {tg:?}"
+    );
 }
 
 #[test]
 fn cuda_matches_cpu_gqa_hd64() {
-    check_model(TestModelSpec::default().hidden_size(256).heads(8, 2).head_dim(64).intermediate_size(512).layers(3), 40);
+    check_model(
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(8, 2)
+            .head_dim(64)
+            .intermediate_size(512)
+            .layers(3),
+        40,
+    );
 }
 
 #[test]
 fn cuda_matches_cpu_mha_hd128_llama3_rope_tied() {
-    check_model(TestModelSpec::default().hidden_size(256).heads(4, 4).head_dim(128).intermediate_size(384).llama3_rope(true).tied(true).seed(5), 64);
+    check_model(
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(4, 4)
+            .head_dim(128)
+            .intermediate_size(384)
+            .llama3_rope(true)
+            .tied(true)
+            .seed(5),
+        64,
+    );
 }
 
 /// `BROOK_E2E_MODEL` (the demo model on the device): 32 prompts, 32 greedy tokens each.
@@ -251,11 +333,36 @@ fn cuda_matches_cpu_on_a_real_model() {
     }
     let dir = Path::new(&dir);
     let tok = brook::tokenizer::Tokenizer::from_dir(dir).unwrap();
-    let subjects = ["my order", "the weather", "a refund", "shipping times", "the warranty", "my password", "an invoice", "the store hours"];
-    let asks = ["Where is", "Tell me about", "How do I get", "What is the status of"];
-    let prompts: Vec<Vec<u32>> = (0..32).map(|i| tok.encode(&format!("{} {}?", asks[i % 4], subjects[i / 4]), true).unwrap()).collect();
+    let subjects = [
+        "my order",
+        "the weather",
+        "a refund",
+        "shipping times",
+        "the warranty",
+        "my password",
+        "an invoice",
+        "the store hours",
+    ];
+    let asks = [
+        "Where is",
+        "Tell me about",
+        "How do I get",
+        "What is the status of",
+    ];
+    let prompts: Vec<Vec<u32>> = (0..32)
+        .map(|i| {
+            tok.encode(&format!("{} {}?", asks[i % 4], subjects[i / 4]), true)
+                .unwrap()
+        })
+        .collect();
     let (t, tg) = run_both(dir, prompts, 512, 32);
     eprintln!("{}: eager: {t:?}\n  graphs: {tg:?}", dir.display());
-    assert_eq!(t.mismatches, 0, "greedy tokens differ away from near-ties: {t:?}");
-    assert!(tg.mismatches * 20 <= tg.compared, "graph decode differs from the CPU: {tg:?}");
+    assert_eq!(
+        t.mismatches, 0,
+        "greedy tokens differ away from near-ties: {t:?}"
+    );
+    assert!(
+        tg.mismatches * 20 <= tg.compared,
+        "graph decode differs from the CPU: {tg:?}"
+    );
 }

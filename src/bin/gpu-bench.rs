@@ -77,11 +77,29 @@ fn main() -> anyhow::Result<()> {
     brook::logging::init();
     match Cli::parse().cmd {
         Cmd::Attention => attention(),
-        Cmd::Decode { model, input_len, output_len } => decode(&model, input_len, output_len),
+        Cmd::Decode {
+            model,
+            input_len,
+            output_len,
+        } => decode(&model, input_len, output_len),
         Cmd::Ttft { model, input_len } => ttft(&model, input_len),
-        Cmd::Offline { model, num_prompts, input_len, output_len, max_num_seqs, max_num_batched_tokens, no_cuda_graphs } => {
-            offline(&model, num_prompts, input_len, output_len, max_num_seqs, max_num_batched_tokens, !no_cuda_graphs)
-        }
+        Cmd::Offline {
+            model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            no_cuda_graphs,
+        } => offline(
+            &model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            !no_cuda_graphs,
+        ),
     }
 }
 
@@ -95,11 +113,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times `f` with CUDA events: `warmup` untimed runs, then the median of `reps` (ms).
-fn time_ms(gpu: &Gpu, warmup: usize, reps: usize, mut f: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn time_ms(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     for i in 0..warmup {
         f(i)?;
     }
-    let (start, end) = (gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
+    let (start, end) = (
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
     let mut times = Vec::with_capacity(reps);
     for i in 0..reps {
         start.record(&gpu.stream)?;
@@ -118,7 +144,13 @@ fn upload<T: Copy>(gpu: &Gpu, data: &[T]) -> anyhow::Result<DevBuf> {
 }
 
 fn fill_random_bf16(gpu: &Gpu, buf: &DevBuf, seed: u64) -> anyhow::Result<()> {
-    let p = kernels::FillParams { out: buf.ptr(), n: (buf.bytes() / 2) as u64, seed, scale: 1.0, offset: 0.0 };
+    let p = kernels::FillParams {
+        out: buf.ptr(),
+        n: (buf.bytes() / 2) as u64,
+        seed,
+        scale: 1.0,
+        offset: 0.0,
+    };
     // SAFETY: buf holds bytes/2 bf16.
     unsafe { kernels::fill_uniform(gpu, &p) }
 }
@@ -146,11 +178,20 @@ fn attention() -> anyhow::Result<()> {
             let out = gpu.alloc(batch * h * hd * 2)?;
             let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
             perm.shuffle(&mut rng);
-            let tables: Vec<DevBuf> = perm.chunks(batch * blocks_per_seq).map(|c| upload(&gpu, c)).collect::<anyhow::Result<_>>()?;
+            let tables: Vec<DevBuf> = perm
+                .chunks(batch * blocks_per_seq)
+                .map(|c| upload(&gpu, c))
+                .collect::<anyhow::Result<_>>()?;
             let rows_idx: Vec<i32> = (0..batch as i32).collect();
-            let (item_row, ctx_lens) = (upload(&gpu, &rows_idx)?, upload(&gpu, &vec![ctx as i32; batch])?);
+            let (item_row, ctx_lens) = (
+                upload(&gpu, &rows_idx)?,
+                upload(&gpu, &vec![ctx as i32; batch])?,
+            );
             let splits = kernels::decode_splits(gpu.num_sms, batch, kvh, ctx);
-            let (part_acc, part_ml) = (gpu.alloc(batch * h * splits * hd * 4)?, gpu.alloc(batch * h * splits * 2 * 4)?);
+            let (part_acc, part_ml) = (
+                gpu.alloc(batch * h * splits * hd * 4)?,
+                gpu.alloc(batch * h * splits * 2 * 4)?,
+            );
             let params = |set: usize| PagedDecodeParams {
                 q: q.ptr(),
                 k_cache: k.ptr(),
@@ -171,14 +212,18 @@ fn attention() -> anyhow::Result<()> {
                 scale: 1.0 / (hd as f32).sqrt(),
             };
             // SAFETY: every buffer above matches the shapes in the params.
-            let ms = time_ms(&gpu, 3, 20, |i| unsafe { kernels::paged_decode(&gpu, &params(i % sets), hd) })?;
+            let ms = time_ms(&gpu, 3, 20, |i| unsafe {
+                kernels::paged_decode(&gpu, &params(i % sets), hd)
+            })?;
             let bytes = kv_bytes + 2 * batch * h * hd * 2;
             let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
             eprintln!("paged decode ctx {ctx:>5} batch {batch:>2}: {ms:.3} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits", gbps / 43.0);
             rows.push(json!({"ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits}));
         }
     }
-    emit(json!({"figure": "paged_decode_attention", "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}));
+    emit(
+        json!({"figure": "paged_decode_attention", "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
+    );
 
     let mut prefill_rows = Vec::new();
     for &len in &[128usize, 512, 2048, 8192] {
@@ -204,7 +249,13 @@ fn attention() -> anyhow::Result<()> {
             }
         }
         let q_start: Vec<i32> = (0..seqs).map(|s| (s * len) as i32).collect();
-        let b = [upload(&gpu, &tile_seq)?, upload(&gpu, &tile_q0)?, upload(&gpu, &q_start)?, upload(&gpu, &vec![len as i32; seqs])?, upload(&gpu, &bt)?];
+        let b = [
+            upload(&gpu, &tile_seq)?,
+            upload(&gpu, &tile_q0)?,
+            upload(&gpu, &q_start)?,
+            upload(&gpu, &vec![len as i32; seqs])?,
+            upload(&gpu, &bt)?,
+        ];
         let p = PrefillAttnParams {
             q: q.ptr(),
             k_cache: k.ptr(),
@@ -224,7 +275,9 @@ fn attention() -> anyhow::Result<()> {
             scale: 1.0 / (hd as f32).sqrt(),
         };
         // SAFETY: buffers match the params' shapes.
-        let ms = time_ms(&gpu, 2, 10, |_| unsafe { kernels::prefill_attn(&gpu, &p, hd) })?;
+        let ms = time_ms(&gpu, 2, 10, |_| unsafe {
+            kernels::prefill_attn(&gpu, &p, hd)
+        })?;
         // Causal: QK^T and PV over len (len + 1) / 2 key-query pairs per head.
         let flops = 4.0 * (seqs * h * hd) as f64 * (len * (len + 1) / 2) as f64;
         let tflops = flops / (ms * 1e-3) / 1e12;
@@ -235,19 +288,42 @@ fn attention() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn backend(model: &str, max_num_seqs: usize, max_num_batched_tokens: usize, cuda_graphs: bool) -> anyhow::Result<CudaBackend> {
+fn backend(
+    model: &str,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    cuda_graphs: bool,
+) -> anyhow::Result<CudaBackend> {
     let cfg = synthetic_config(model)?;
     let started = Instant::now();
     let b = CudaBackend::synthetic(
         cfg,
         0,
-        CudaBackendOptions { max_num_seqs, max_num_batched_tokens, cuda_graphs, progress: false, ..Default::default() },
+        CudaBackendOptions {
+            max_num_seqs,
+            max_num_batched_tokens,
+            cuda_graphs,
+            progress: false,
+            ..Default::default()
+        },
     )?;
-    eprintln!("{model}: synthetic weights and KV pool ready in {:.1} s; {:?}", started.elapsed().as_secs_f64(), b.info());
+    eprintln!(
+        "{model}: synthetic weights and KV pool ready in {:.1} s; {:?}",
+        started.elapsed().as_secs_f64(),
+        b.info()
+    );
     Ok(b)
 }
 
-fn seq(id: u64, tokens: &[u32], start: usize, n: usize, blocks: &[u32], bs: usize, sample_index: Option<usize>) -> (Vec<u32>, Vec<u32>, Vec<u32>, SeqInput) {
+fn seq(
+    id: u64,
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    blocks: &[u32],
+    bs: usize,
+    sample_index: Option<usize>,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>, SeqInput) {
     let (mut t, mut p, mut s) = (Vec::new(), Vec::new(), Vec::new());
     for pos in start..start + n {
         t.push(tokens[pos]);
@@ -260,14 +336,31 @@ fn seq(id: u64, tokens: &[u32], start: usize, n: usize, blocks: &[u32], bs: usiz
         query_len: n,
         context_len: ctx,
         block_table: blocks[..ctx.div_ceil(bs)].to_vec(),
-        sample: sample_index.map(|i| SampleInput { params: Arc::new(SamplingParams::greedy(1)), seed: id, output_index: i }),
+        sample: sample_index.map(|i| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: id,
+            output_index: i,
+        }),
     };
     (t, p, s, input)
 }
 
-fn one_seq_batch(tokens: &[u32], start: usize, n: usize, blocks: &[u32], bs: usize, sample_index: Option<usize>) -> BatchInput {
-    let (token_ids, positions, slot_mapping, s) = seq(1, tokens, start, n, blocks, bs, sample_index);
-    BatchInput { token_ids, positions, slot_mapping, seqs: vec![s] }
+fn one_seq_batch(
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    blocks: &[u32],
+    bs: usize,
+    sample_index: Option<usize>,
+) -> BatchInput {
+    let (token_ids, positions, slot_mapping, s) =
+        seq(1, tokens, start, n, blocks, bs, sample_index);
+    BatchInput {
+        token_ids,
+        positions,
+        slot_mapping,
+        seqs: vec![s],
+    }
 }
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, with and without graphs.
@@ -292,8 +385,12 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
         let warm = steps[8..].to_vec();
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
-        eprintln!("{model} decode batch 1, graphs {graphs}: median {med:.3} ms/token, mean {mean:.3}");
-        emit(json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}));
+        eprintln!(
+            "{model} decode batch 1, graphs {graphs}: median {med:.3} ms/token, mean {mean:.3}"
+        );
+        emit(
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
+        );
     }
     Ok(())
 }
@@ -320,36 +417,79 @@ fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
 }
 
 /// All requests submitted at once, ignore_eos, greedy; brook's scheduler decides every step.
-fn offline(model: &str, n: usize, input_len: usize, output_len: usize, max_num_seqs: usize, max_num_batched_tokens: usize, graphs: bool) -> anyhow::Result<()> {
+fn offline(
+    model: &str,
+    n: usize,
+    input_len: usize,
+    output_len: usize,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    graphs: bool,
+) -> anyhow::Result<()> {
     let mut b = backend(model, max_num_seqs, max_num_batched_tokens, graphs)?;
     let info = b.info();
     let vocab = b.config().vocab_size as u32;
     let max_model_len = b.config().max_position_embeddings;
     let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
-    let mut sched = Scheduler::new(SchedulerConfig { max_num_seqs, max_num_batched_tokens, max_model_len, long_prefill_token_threshold: 0 });
+    let mut sched = Scheduler::new(SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        long_prefill_token_threshold: 0,
+    });
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let params = Arc::new(SamplingParams { ignore_eos: true, ..SamplingParams::greedy(output_len) });
+    let params = Arc::new(SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(output_len)
+    });
     let eos: Arc<[u32]> = Arc::from(vec![2u32]);
     // A warm-up request first: graph capture and cuBLAS heuristics stay out of the timing.
-    let warm = NewRequest { id: RequestId(u64::MAX), prompt_token_ids: (0..input_len).map(|_| rng.random_range(0..vocab)).collect(), params: Arc::new(SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }), seed: 0, eos_token_ids: eos.clone() };
+    let warm = NewRequest {
+        id: RequestId(u64::MAX),
+        prompt_token_ids: (0..input_len).map(|_| rng.random_range(0..vocab)).collect(),
+        params: Arc::new(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(8)
+        }),
+        seed: 0,
+        eos_token_ids: eos.clone(),
+    };
     sched.add_request(warm);
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv);
-        let step = if out.batch.seqs.is_empty() { Default::default() } else { b.execute(&out.batch)? };
+        let step = if out.batch.seqs.is_empty() {
+            Default::default()
+        } else {
+            b.execute(&out.batch)?
+        };
         sched.update_from_output(&out, &step, &mut kv);
     }
     let started = Instant::now();
     for i in 0..n as u64 {
         let prompt: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
-        sched.add_request(NewRequest { id: RequestId(i), prompt_token_ids: prompt, params: params.clone(), seed: i, eos_token_ids: eos.clone() });
+        sched.add_request(NewRequest {
+            id: RequestId(i),
+            prompt_token_ids: prompt,
+            params: params.clone(),
+            seed: i,
+            eos_token_ids: eos.clone(),
+        });
     }
     let (mut steps, mut generated, mut first_token) = (0usize, 0usize, vec![None; n]);
     let mut step_ms = Vec::new();
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv);
         let t0 = Instant::now();
-        let step = if out.batch.seqs.is_empty() { Default::default() } else { b.execute(&out.batch)? };
-        step_ms.push((out.batch.num_tokens(), out.batch.seqs.len(), t0.elapsed().as_secs_f64() * 1e3));
+        let step = if out.batch.seqs.is_empty() {
+            Default::default()
+        } else {
+            b.execute(&out.batch)?
+        };
+        step_ms.push((
+            out.batch.num_tokens(),
+            out.batch.seqs.len(),
+            t0.elapsed().as_secs_f64() * 1e3,
+        ));
         for s in &step.sampled {
             generated += 1;
             first_token[s.request_id.0 as usize].get_or_insert(started.elapsed());
@@ -358,12 +498,31 @@ fn offline(model: &str, n: usize, input_len: usize, output_len: usize, max_num_s
         steps += 1;
     }
     let wall = started.elapsed().as_secs_f64();
-    anyhow::ensure!(generated == n * output_len, "generated {generated} tokens, expected {}", n * output_len);
-    let mut ttft: Vec<f64> = first_token.iter().map(|t| t.context("a request never produced a token").map(|d| d.as_secs_f64() * 1e3)).collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(
+        generated == n * output_len,
+        "generated {generated} tokens, expected {}",
+        n * output_len
+    );
+    let mut ttft: Vec<f64> = first_token
+        .iter()
+        .map(|t| {
+            t.context("a request never produced a token")
+                .map(|d| d.as_secs_f64() * 1e3)
+        })
+        .collect::<anyhow::Result<_>>()?;
     ttft.sort_by(f64::total_cmp);
     let exec_ms: f64 = step_ms.iter().map(|s| s.2).sum();
-    let decode_steps: Vec<f64> = step_ms.iter().filter(|s| s.0 == s.1 && s.1 > 0).map(|s| s.2).collect();
-    let largest_decode = step_ms.iter().filter(|s| s.0 == s.1).map(|s| s.1).max().unwrap_or(0);
+    let decode_steps: Vec<f64> = step_ms
+        .iter()
+        .filter(|s| s.0 == s.1 && s.1 > 0)
+        .map(|s| s.2)
+        .collect();
+    let largest_decode = step_ms
+        .iter()
+        .filter(|s| s.0 == s.1)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
     let out_tok_s = generated as f64 / wall;
     eprintln!(
         "{model} offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",

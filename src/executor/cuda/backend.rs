@@ -68,7 +68,9 @@ impl Default for CudaBackendOptions {
 }
 
 /// Batch sizes decode graphs are captured for; a step is padded up to the next one.
-const GRAPH_BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512];
+const GRAPH_BUCKETS: &[usize] = &[
+    1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
+];
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
 const RESERVE_BYTES: usize = 1 << 30;
@@ -194,7 +196,11 @@ impl CudaBackend {
     }
 
     /// From weights already in memory (tests).
-    pub fn from_weights(cfg: ModelConfig, weights: &ModelWeights, opts: CudaBackendOptions) -> anyhow::Result<Self> {
+    pub fn from_weights(
+        cfg: ModelConfig,
+        weights: &ModelWeights,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
         let gpu = Gpu::open(opts.device_ordinal)?;
         check_supported(&cfg)?;
         let w = GpuWeights::upload(&gpu, &cfg, weights, opts.progress)?;
@@ -202,23 +208,44 @@ impl CudaBackend {
     }
 
     /// Random weights of `cfg`'s shapes, generated on the GPU (synthetic benchmarks).
-    pub fn synthetic(cfg: ModelConfig, seed: u64, opts: CudaBackendOptions) -> anyhow::Result<Self> {
+    pub fn synthetic(
+        cfg: ModelConfig,
+        seed: u64,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
         let gpu = Gpu::open(opts.device_ordinal)?;
         check_supported(&cfg)?;
         let w = GpuWeights::random(&gpu, &cfg, seed)?;
         Self::new(gpu, cfg, w, opts)
     }
 
-    fn new(gpu: Gpu, cfg: ModelConfig, weights: GpuWeights, opts: CudaBackendOptions) -> anyhow::Result<Self> {
-        anyhow::ensure!(opts.block_size > 0 && opts.max_num_seqs > 0 && opts.max_num_batched_tokens >= opts.max_num_seqs, "invalid CUDA backend options {opts:?}");
-        let max_model_len = if opts.max_model_len == 0 { cfg.max_position_embeddings } else { opts.max_model_len };
+    fn new(
+        gpu: Gpu,
+        cfg: ModelConfig,
+        weights: GpuWeights,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            opts.block_size > 0
+                && opts.max_num_seqs > 0
+                && opts.max_num_batched_tokens >= opts.max_num_seqs,
+            "invalid CUDA backend options {opts:?}"
+        );
+        let max_model_len = if opts.max_model_len == 0 {
+            cfg.max_position_embeddings
+        } else {
+            opts.max_model_len
+        };
         let max_blocks = max_model_len.div_ceil(opts.block_size);
         let max_seqs = opts.max_num_seqs;
         let max_tokens = opts.max_num_batched_tokens;
         let (d, hd, h) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
         let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
-        let meta_words = Layout::new(max_tokens, max_seqs, max_seqs, max_tiles, max_seqs, max_blocks).total;
+        let meta_words = Layout::new(
+            max_tokens, max_seqs, max_seqs, max_tiles, max_seqs, max_blocks,
+        )
+        .total;
         let (bf, f4) = (2usize, 4usize);
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
@@ -238,7 +265,12 @@ impl CudaBackend {
             out_tokens: gpu.alloc(max_seqs * 4)?,
             out_logprobs: gpu.alloc(max_seqs * 4)?,
         };
-        let inv: Vec<f32> = cfg.rope.inv_freqs(hd).into_iter().map(|f| f as f32).collect();
+        let inv: Vec<f32> = cfg
+            .rope
+            .inv_freqs(hd)
+            .into_iter()
+            .map(|f| f as f32)
+            .collect();
         let inv_freq = gpu.alloc(inv.len() * 4)?;
         gpu.upload(inv_freq.ptr(), &inv)?;
         gpu.sync()?;
@@ -324,26 +356,52 @@ impl CudaBackend {
     /// sequences (context 1, no KV write, greedy) to that many, at the full block-table width, so
     /// its layout matches the bucket's graph.
     fn plan(&self, batch: &BatchInput, pad_to: Option<usize>) -> anyhow::Result<Step> {
-        batch.validate(self.opts.block_size, self.num_blocks).map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
+        batch
+            .validate(self.opts.block_size, self.num_blocks)
+            .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
         let real_s = batch.seqs.len();
         let s = pad_to.unwrap_or(real_s);
         let t = batch.num_tokens() + (s - real_s);
-        anyhow::ensure!(t <= self.max_tokens, "step has {t} tokens; the CUDA backend was sized for {}", self.max_tokens);
-        anyhow::ensure!(s <= self.max_seqs, "step has {s} sequences; the CUDA backend was sized for {}", self.max_seqs);
+        anyhow::ensure!(
+            t <= self.max_tokens,
+            "step has {t} tokens; the CUDA backend was sized for {}",
+            self.max_tokens
+        );
+        anyhow::ensure!(
+            s <= self.max_seqs,
+            "step has {s} sequences; the CUDA backend was sized for {}",
+            self.max_seqs
+        );
         let max_blocks = match pad_to {
             Some(_) => self.max_blocks,
-            None => batch.seqs.iter().map(|q| q.block_table.len()).max().unwrap_or(1).max(1),
+            None => batch
+                .seqs
+                .iter()
+                .map(|q| q.block_table.len())
+                .max()
+                .unwrap_or(1)
+                .max(1),
         };
-        anyhow::ensure!(max_blocks <= self.max_blocks, "a block table has {max_blocks} blocks; max_model_len allows {}", self.max_blocks);
+        anyhow::ensure!(
+            max_blocks <= self.max_blocks,
+            "a block table has {max_blocks} blocks; max_model_len allows {}",
+            self.max_blocks
+        );
         let nd = batch.seqs.iter().filter(|q| q.query_len == 1).count() + (s - real_s);
-        let nt: usize = batch.seqs.iter().filter(|q| q.query_len > 1).map(|q| q.query_len.div_ceil(PREFILL_TILE)).sum();
+        let nt: usize = batch
+            .seqs
+            .iter()
+            .filter(|q| q.query_len > 1)
+            .map(|q| q.query_len.div_ceil(PREFILL_TILE))
+            .sum();
         let ns = batch.num_sampled() + (s - real_s);
         let layout = Layout::new(t, s, nd, nt, ns, max_blocks);
         let mut meta = vec![0u32; layout.total];
         let mut args = Vec::with_capacity(ns);
         let (mut dec, mut tile, mut samp) = (0, 0, 0);
         meta[layout.tokens..layout.tokens + batch.num_tokens()].copy_from_slice(&batch.token_ids);
-        meta[layout.positions..layout.positions + batch.num_tokens()].copy_from_slice(&batch.positions);
+        meta[layout.positions..layout.positions + batch.num_tokens()]
+            .copy_from_slice(&batch.positions);
         meta[layout.slots..layout.slots + batch.num_tokens()].copy_from_slice(&batch.slot_mapping);
         let mut start = 0usize;
         let mut max_context = 1;
@@ -394,9 +452,28 @@ impl CudaBackend {
             samp += 1;
             args.push(SampleArgs::default());
         }
-        let splits_context = if pad_to.is_some() { self.max_blocks * self.opts.block_size } else { max_context };
-        let splits = decode_splits(self.gpu.num_sms, nd, self.cfg.num_key_value_heads, splits_context);
-        Ok(Step { t, nd, nt, ns, max_blocks, splits, layout, meta, args })
+        let splits_context = if pad_to.is_some() {
+            self.max_blocks * self.opts.block_size
+        } else {
+            max_context
+        };
+        let splits = decode_splits(
+            self.gpu.num_sms,
+            nd,
+            self.cfg.num_key_value_heads,
+            splits_context,
+        );
+        Ok(Step {
+            t,
+            nd,
+            nt,
+            ns,
+            max_blocks,
+            splits,
+            layout,
+            meta,
+            args,
+        })
     }
 
     fn upload_step(&self, step: &Step) -> anyhow::Result<()> {
@@ -416,11 +493,24 @@ impl CudaBackend {
         let lay = &step.layout;
         let m = |off: usize| a.meta.at::<u32>(off);
         let (t, d, hd) = (step.t, c.hidden_size, c.head_dim);
-        let (h, kvh, inter) = (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (h, kvh, inter) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.intermediate_size,
+        );
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (hd as f32).sqrt();
-        kernels::embedding(g, &EmbeddingParams { table: self.weights.embed.ptr(), tokens: m(lay.tokens), out: a.residual.ptr(), num_tokens: t as i32, d: d as i32 })?;
+        kernels::embedding(
+            g,
+            &EmbeddingParams {
+                table: self.weights.embed.ptr(),
+                tokens: m(lay.tokens),
+                out: a.residual.ptr(),
+                num_tokens: t as i32,
+                d: d as i32,
+            },
+        )?;
         for (l, w) in self.weights.layers.iter().enumerate() {
             let norm = AddRmsNormParams {
                 residual: a.residual.ptr(),
@@ -433,7 +523,16 @@ impl CudaBackend {
                 eps,
             };
             kernels::add_rmsnorm(g, &norm)?;
-            linear(g, a.xn.ptr(), w.qkv.ptr(), a.qkv.ptr(), t, qkv_dim, d, false)?;
+            linear(
+                g,
+                a.xn.ptr(),
+                w.qkv.ptr(),
+                a.qkv.ptr(),
+                t,
+                qkv_dim,
+                d,
+                false,
+            )?;
             kernels::rope_kv(
                 g,
                 &RopeKvParams {
@@ -494,11 +593,53 @@ impl CudaBackend {
                 };
                 kernels::prefill_attn(g, &p, hd)?;
             }
-            linear(g, a.attn.ptr(), w.o.ptr(), a.delta.ptr(), t, d, c.q_dim(), false)?;
-            kernels::add_rmsnorm(g, &AddRmsNormParams { delta: a.delta.ptr(), weight: w.post_norm.ptr(), ..norm })?;
-            linear(g, a.xn.ptr(), w.gate_up.ptr(), a.gate_up.ptr(), t, 2 * inter, d, false)?;
-            kernels::silu_mul(g, &SiluMulParams { gate_up: a.gate_up.ptr(), out: a.act.ptr(), num_tokens: t as i32, inter: inter as i32 })?;
-            linear(g, a.act.ptr(), w.down.ptr(), a.delta.ptr(), t, d, inter, false)?;
+            linear(
+                g,
+                a.attn.ptr(),
+                w.o.ptr(),
+                a.delta.ptr(),
+                t,
+                d,
+                c.q_dim(),
+                false,
+            )?;
+            kernels::add_rmsnorm(
+                g,
+                &AddRmsNormParams {
+                    delta: a.delta.ptr(),
+                    weight: w.post_norm.ptr(),
+                    ..norm
+                },
+            )?;
+            linear(
+                g,
+                a.xn.ptr(),
+                w.gate_up.ptr(),
+                a.gate_up.ptr(),
+                t,
+                2 * inter,
+                d,
+                false,
+            )?;
+            kernels::silu_mul(
+                g,
+                &SiluMulParams {
+                    gate_up: a.gate_up.ptr(),
+                    out: a.act.ptr(),
+                    num_tokens: t as i32,
+                    inter: inter as i32,
+                },
+            )?;
+            linear(
+                g,
+                a.act.ptr(),
+                w.down.ptr(),
+                a.delta.ptr(),
+                t,
+                d,
+                inter,
+                false,
+            )?;
         }
         if step.ns == 0 {
             return Ok(());
@@ -514,7 +655,16 @@ impl CudaBackend {
             eps,
         };
         kernels::add_rmsnorm(g, &final_norm)?;
-        linear(g, a.head_in.ptr(), self.weights.lm_head_ptr(), a.logits.ptr(), step.ns, c.vocab_size, d, true)?;
+        linear(
+            g,
+            a.head_in.ptr(),
+            self.weights.lm_head_ptr(),
+            a.logits.ptr(),
+            step.ns,
+            c.vocab_size,
+            d,
+            true,
+        )?;
         kernels::sample(
             g,
             &SampleParams {
@@ -529,11 +679,17 @@ impl CudaBackend {
     }
 
     fn graph_bucket(&self, batch: &BatchInput) -> Option<usize> {
-        let pure_decode = batch.seqs.iter().all(|q| q.query_len == 1 && q.sample.is_some());
+        let pure_decode = batch
+            .seqs
+            .iter()
+            .all(|q| q.query_len == 1 && q.sample.is_some());
         if !self.opts.cuda_graphs || !pure_decode || batch.seqs.is_empty() {
             return None;
         }
-        GRAPH_BUCKETS.iter().copied().find(|&b| b >= batch.seqs.len() && b <= self.max_seqs)
+        GRAPH_BUCKETS
+            .iter()
+            .copied()
+            .find(|&b| b >= batch.seqs.len() && b <= self.max_seqs)
     }
 
     /// Captures the forward of `step` (its layout is the bucket's) into a graph.
@@ -544,7 +700,9 @@ impl CudaBackend {
         let enqueued = unsafe { self.enqueue(step) };
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         enqueued.context("capturing a decode step")?;
-        let graph = graph.context("instantiating a decode graph")?.context("capture produced no graph")?;
+        let graph = graph
+            .context("instantiating a decode graph")?
+            .context("capture produced no graph")?;
         Ok(DecodeGraph(graph))
     }
 }
@@ -553,7 +711,10 @@ impl Backend for CudaBackend {
     fn info(&self) -> BackendInfo {
         let (major, minor) = self.gpu.compute_capability;
         BackendInfo {
-            device: format!("cuda:{} ({}, sm_{major}{minor})", self.opts.device_ordinal, self.gpu.name),
+            device: format!(
+                "cuda:{} ({}, sm_{major}{minor})",
+                self.opts.device_ordinal, self.gpu.name
+            ),
             num_kv_blocks: self.num_blocks,
             block_size: self.opts.block_size,
             bytes_per_block: kv_bytes_per_block(&self.cfg, self.opts.block_size),
@@ -572,7 +733,10 @@ impl Backend for CudaBackend {
                     let graph = self.capture(&step)?;
                     self.graphs.insert(b, graph);
                 }
-                self.graphs[&b].0.launch().context("launching a decode graph")?;
+                self.graphs[&b]
+                    .0
+                    .launch()
+                    .context("launching a decode graph")?;
             }
             // SAFETY: plan() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
@@ -583,8 +747,10 @@ impl Backend for CudaBackend {
         // The first ns rows are the real sequences' (padding rows come after them).
         // SAFETY: both buffers hold max_seqs >= ns entries; sync() completes the copies.
         unsafe {
-            self.gpu.download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
-            self.gpu.download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
+            self.gpu
+                .download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
+            self.gpu
+                .download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
         }
         self.gpu.sync()?;
         let sampled = batch
@@ -592,9 +758,16 @@ impl Backend for CudaBackend {
             .iter()
             .filter(|q| q.sample.is_some())
             .zip(self.tokens_host.iter().zip(&self.logprobs_host))
-            .map(|(q, (&token, &logprob))| SampledToken { request_id: q.request_id, token: token as u32, logprob })
+            .map(|(q, (&token, &logprob))| SampledToken {
+                request_id: q.request_id,
+                token: token as u32,
+                logprob,
+            })
             .collect();
-        Ok(StepOutput { sampled, elapsed: started.elapsed() })
+        Ok(StepOutput {
+            sampled,
+            elapsed: started.elapsed(),
+        })
     }
 }
 
@@ -611,8 +784,15 @@ pub fn check_supported(cfg: &ModelConfig) -> anyhow::Result<()> {
         "the CUDA attention kernels support head_dim 64 or 128 and 1, 2, 4 or 8 query heads per kv head; this model has head_dim {} and {group}",
         cfg.head_dim
     );
-    anyhow::ensure!(!cfg.attention_bias && !cfg.mlp_bias, "the CUDA executor does not support attention or MLP biases yet");
-    anyhow::ensure!(cfg.hidden_size <= 8192 && cfg.head_dim % 8 == 0, "hidden_size {} is over the RMSNorm kernel's 8192", cfg.hidden_size);
+    anyhow::ensure!(
+        !cfg.attention_bias && !cfg.mlp_bias,
+        "the CUDA executor does not support attention or MLP biases yet"
+    );
+    anyhow::ensure!(
+        cfg.hidden_size <= 8192 && cfg.head_dim % 8 == 0,
+        "hidden_size {} is over the RMSNorm kernel's 8192",
+        cfg.hidden_size
+    );
     if let Some(w) = cfg.sliding_window {
         tracing::warn!("sliding_window {w} is ignored by the CUDA executor: attention covers the whole context");
     }

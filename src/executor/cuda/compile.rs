@@ -17,8 +17,14 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rmsnorm", include_str!("../../../kernels/rmsnorm.cu")),
     ("rope_kv", include_str!("../../../kernels/rope_kv.cu")),
     ("silu_mul", include_str!("../../../kernels/silu_mul.cu")),
-    ("paged_decode", include_str!("../../../kernels/paged_decode.cu")),
-    ("prefill_attn", include_str!("../../../kernels/prefill_attn.cu")),
+    (
+        "paged_decode",
+        include_str!("../../../kernels/paged_decode.cu"),
+    ),
+    (
+        "prefill_attn",
+        include_str!("../../../kernels/prefill_attn.cu"),
+    ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
 ];
@@ -61,10 +67,17 @@ pub fn ptx_for(name: &str, src: &str, arch: &str) -> anyhow::Result<(Ptx, bool)>
         return Ok((Ptx::from_src(text), true));
     }
     let full = format!("{COMMON}\n#line 1 \"{name}.cu\"\n{src}");
-    let compile_opts = CompileOptions { options: opts, name: Some(format!("{name}.cu")), ..Default::default() };
+    let compile_opts = CompileOptions {
+        options: opts,
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, compile_opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            anyhow::anyhow!("NVRTC failed on kernels/{name}.cu:\n{}", log.to_string_lossy())
+            anyhow::anyhow!(
+                "NVRTC failed on kernels/{name}.cu:\n{}",
+                log.to_string_lossy()
+            )
         }
         other => anyhow::anyhow!("NVRTC failed on kernels/{name}.cu: {other:?}"),
     })?;
@@ -109,7 +122,10 @@ mod tests {
             for (name, src) in SOURCES {
                 let (ptx, cached) = ptx_for(name, src, arch).unwrap_or_else(|e| panic!("{e:#}"));
                 assert!(!cached);
-                assert!(ptx.to_src().contains(".entry"), "{name}: no kernel entry in the PTX");
+                assert!(
+                    ptx.to_src().contains(".entry"),
+                    "{name}: no kernel entry in the PTX"
+                );
                 let (_, cached) = ptx_for(name, src, arch).unwrap();
                 assert!(cached, "{name}: second compile should hit the cache");
             }
@@ -120,7 +136,10 @@ mod tests {
     fn every_kernel_source_is_embedded() {
         assert!(COMMON.contains("bf2f"));
         for (name, src) in SOURCES {
-            assert!(src.contains("extern \"C\" __global__"), "{name} has no kernel");
+            assert!(
+                src.contains("extern \"C\" __global__"),
+                "{name} has no kernel"
+            );
         }
     }
 }

@@ -77,8 +77,9 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         let name = ctx.name()?;
         let compute_capability = ctx.compute_capability()?;
-        let num_sms =
-            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let num_sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
         let blas = CudaBlas::new(stream.clone()).context("creating the cuBLAS handle")?;
         let functions = load_kernels(&ctx, compute_capability)?;
         let ws = alloc_on(&stream, CUBLAS_WORKSPACE_BYTES)?;
@@ -88,11 +89,22 @@ impl Gpu {
                 .result()
                 .context("cublasSetWorkspace")?;
         }
-        Ok(Gpu { ctx, stream, blas, name, compute_capability, num_sms, functions, _blas_workspace: ws })
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            name,
+            compute_capability,
+            num_sms,
+            functions,
+            _blas_workspace: ws,
+        })
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {
-        self.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
+        self.functions
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
     }
 
     /// Uninitialised device memory.
@@ -161,20 +173,38 @@ impl Gpu {
     ) -> anyhow::Result<()> {
         let f = self.function(name);
         let mut args = [params as *const P as *mut c_void];
-        result::launch_kernel(f.cu_function(), grid, block, 0, self.stream.cu_stream(), &mut args)
-            .with_context(|| format!("launching {name}"))
+        result::launch_kernel(
+            f.cu_function(),
+            grid,
+            block,
+            0,
+            self.stream.cu_stream(),
+            &mut args,
+        )
+        .with_context(|| format!("launching {name}"))
     }
 }
 
 fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
     // SAFETY: the contents are unset; every user writes before it reads.
-    let slice = unsafe { stream.alloc::<u8>(bytes.max(1)) }
-        .with_context(|| format!("allocating {:.1} MiB on the GPU", bytes as f64 / (1 << 20) as f64))?;
+    let slice = unsafe { stream.alloc::<u8>(bytes.max(1)) }.with_context(|| {
+        format!(
+            "allocating {:.1} MiB on the GPU",
+            bytes as f64 / (1 << 20) as f64
+        )
+    })?;
     let ptr = slice.device_ptr(stream).0;
-    Ok(DevBuf { _slice: slice, ptr, bytes })
+    Ok(DevBuf {
+        _slice: slice,
+        ptr,
+        bytes,
+    })
 }
 
-fn load_kernels(ctx: &Arc<CudaContext>, (major, minor): (i32, i32)) -> anyhow::Result<HashMap<String, CudaFunction>> {
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    (major, minor): (i32, i32),
+) -> anyhow::Result<HashMap<String, CudaFunction>> {
     anyhow::ensure!(major >= 8, "brook's CUDA kernels need compute capability 8.0 or newer (bf16 tensor cores); this GPU has {major}.{minor}");
     let arch = compile::arch_for(major, minor);
     let mut functions = HashMap::new();
@@ -183,9 +213,13 @@ fn load_kernels(ctx: &Arc<CudaContext>, (major, minor): (i32, i32)) -> anyhow::R
     for (name, src) in compile::SOURCES {
         let (ptx, cached) = compile::ptx_for(name, src, &arch)?;
         compiled += usize::from(!cached);
-        let module = ctx.load_module(ptx).with_context(|| format!("loading kernels/{name}.cu"))?;
+        let module = ctx
+            .load_module(ptx)
+            .with_context(|| format!("loading kernels/{name}.cu"))?;
         for f in kernel_names(src) {
-            let func = module.load_function(&f).with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
+            let func = module
+                .load_function(&f)
+                .with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
             functions.insert(f, func);
         }
     }
@@ -207,7 +241,11 @@ fn kernel_names(src: &str) -> Vec<String> {
             continue; // macro bodies
         }
         if let Some(rest) = line.strip_prefix("PAGED_DECODE(") {
-            let args: Vec<&str> = rest.trim_end_matches(')').split(',').map(str::trim).collect();
+            let args: Vec<&str> = rest
+                .trim_end_matches(')')
+                .split(',')
+                .map(str::trim)
+                .collect();
             names.push(format!("paged_decode_hd{}_g{}", args[0], args[1]));
         } else if let Some(rest) = line.strip_prefix("extern \"C\" __global__ void ") {
             // Skip `__launch_bounds__(...)`; the name is the identifier before the next '('.
@@ -215,7 +253,12 @@ fn kernel_names(src: &str) -> Vec<String> {
                 Some(r) => r.split_once(')').map(|(_, r)| r).unwrap_or(""),
                 None => rest,
             };
-            if let Some(name) = rest.split('(').next().map(str::trim).filter(|n| !n.is_empty()) {
+            if let Some(name) = rest
+                .split('(')
+                .next()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+            {
                 names.push(name.to_string());
             }
         }
@@ -229,8 +272,22 @@ mod tests {
 
     #[test]
     fn kernel_names_are_found_in_every_source() {
-        let all: Vec<String> = compile::SOURCES.iter().flat_map(|(_, s)| kernel_names(s)).collect();
-        for want in ["embedding", "add_rmsnorm", "rope_kv", "silu_mul", "paged_decode_hd128_g8", "paged_decode_hd64_g1", "paged_decode_reduce", "prefill_attn_hd128", "sample", "fill_uniform"] {
+        let all: Vec<String> = compile::SOURCES
+            .iter()
+            .flat_map(|(_, s)| kernel_names(s))
+            .collect();
+        for want in [
+            "embedding",
+            "add_rmsnorm",
+            "rope_kv",
+            "silu_mul",
+            "paged_decode_hd128_g8",
+            "paged_decode_hd64_g1",
+            "paged_decode_reduce",
+            "prefill_attn_hd128",
+            "sample",
+            "fill_uniform",
+        ] {
             assert!(all.iter().any(|n| n == want), "{want} missing from {all:?}");
         }
     }

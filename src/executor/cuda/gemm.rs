@@ -3,7 +3,9 @@
 use std::ffi::c_void;
 
 use anyhow::Context;
-use cudarc::cublas::sys::{self, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::sys::{
+    self, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+};
 
 use super::device::Gpu;
 
@@ -12,13 +14,27 @@ use super::device::Gpu;
 ///
 /// # Safety
 /// The pointers address buffers of those shapes on `gpu`.
-pub unsafe fn linear(gpu: &Gpu, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, y_f32: bool) -> anyhow::Result<()> {
+#[allow(clippy::too_many_arguments)] // the BLAS call's own shape: pointers, m, n, k, out type
+pub unsafe fn linear(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    y_f32: bool,
+) -> anyhow::Result<()> {
     if m == 0 {
         return Ok(());
     }
     // Column-major view: yᵀ[n, m] = w[k, n]ᵀ · xᵀ[k, m].
     let (alpha, beta) = (1.0f32, 0.0f32);
-    let y_type = if y_f32 { cudaDataType::CUDA_R_32F } else { cudaDataType::CUDA_R_16BF };
+    let y_type = if y_f32 {
+        cudaDataType::CUDA_R_32F
+    } else {
+        cudaDataType::CUDA_R_16BF
+    };
     sys::cublasGemmEx(
         *gpu.blas.handle(),
         cublasOperation_t::CUBLAS_OP_T,

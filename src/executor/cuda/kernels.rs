@@ -141,58 +141,125 @@ pub fn attention_supported(head_dim: usize, group: usize) -> bool {
     matches!(head_dim, 64 | 128) && matches!(group, 1 | 2 | 4 | 8)
 }
 
-// SAFETY (all launches below): the caller guarantees that every pointer in the parameter struct
-// addresses a live buffer of the shape the kernel's comments give.
-
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn embedding(gpu: &Gpu, p: &EmbeddingParams) -> anyhow::Result<()> {
     gpu.launch("embedding", (p.num_tokens as u32, 1, 1), (256, 1, 1), p)
 }
 
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()> {
-    anyhow::ensure!(p.d <= 256 * 32, "add_rmsnorm handles hidden sizes up to 8192, got {}", p.d);
+    anyhow::ensure!(
+        p.d <= 256 * 32,
+        "add_rmsnorm handles hidden sizes up to 8192, got {}",
+        p.d
+    );
     gpu.launch("add_rmsnorm", (p.num_rows as u32, 1, 1), (256, 1, 1), p)
 }
 
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
     gpu.launch("rope_kv", (p.num_tokens as u32, 1, 1), (128, 1, 1), p)
 }
 
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
-    gpu.launch("silu_mul", ((p.inter as u32).div_ceil(256), p.num_tokens as u32, 1), (256, 1, 1), p)
+    gpu.launch(
+        "silu_mul",
+        ((p.inter as u32).div_ceil(256), p.num_tokens as u32, 1),
+        (256, 1, 1),
+        p,
+    )
 }
 
 /// Decode attention; with `num_splits > 1` also the merge of the splits.
-pub unsafe fn paged_decode(gpu: &Gpu, p: &PagedDecodeParams, head_dim: usize) -> anyhow::Result<()> {
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn paged_decode(
+    gpu: &Gpu,
+    p: &PagedDecodeParams,
+    head_dim: usize,
+) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
-    anyhow::ensure!(attention_supported(head_dim, group), "no decode attention kernel for head_dim {head_dim}, group {group}");
+    anyhow::ensure!(
+        attention_supported(head_dim, group),
+        "no decode attention kernel for head_dim {head_dim}, group {group}"
+    );
     let name = format!("paged_decode_hd{head_dim}_g{group}");
-    gpu.launch(&name, (p.num_splits as u32, p.num_kv_heads as u32, p.num_items as u32), (DECODE_THREADS, 1, 1), p)?;
+    gpu.launch(
+        &name,
+        (
+            p.num_splits as u32,
+            p.num_kv_heads as u32,
+            p.num_items as u32,
+        ),
+        (DECODE_THREADS, 1, 1),
+        p,
+    )?;
     if p.num_splits > 1 {
-        gpu.launch("paged_decode_reduce", (p.num_heads as u32, p.num_items as u32, 1), (head_dim as u32, 1, 1), p)?;
+        gpu.launch(
+            "paged_decode_reduce",
+            (p.num_heads as u32, p.num_items as u32, 1),
+            (head_dim as u32, 1, 1),
+            p,
+        )?;
     }
     Ok(())
 }
 
 /// Splits per (item, kv head) so that the grid covers the GPU about twice, with at least
 /// `min_tokens` keys per split (shorter splits cost more in merging than they gain).
-pub fn decode_splits(num_sms: u32, num_items: usize, num_kv_heads: usize, max_context: usize) -> usize {
+pub fn decode_splits(
+    num_sms: u32,
+    num_items: usize,
+    num_kv_heads: usize,
+    max_context: usize,
+) -> usize {
     const MIN_TOKENS: usize = 256;
     const MAX_SPLITS: usize = 32;
     let ctas = (num_items * num_kv_heads).max(1);
     let want = (2 * num_sms as usize).div_ceil(ctas);
-    want.min(max_context.div_ceil(MIN_TOKENS)).clamp(1, MAX_SPLITS)
+    want.min(max_context.div_ceil(MIN_TOKENS))
+        .clamp(1, MAX_SPLITS)
 }
 
-pub unsafe fn prefill_attn(gpu: &Gpu, p: &PrefillAttnParams, head_dim: usize) -> anyhow::Result<()> {
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn prefill_attn(
+    gpu: &Gpu,
+    p: &PrefillAttnParams,
+    head_dim: usize,
+) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
-    anyhow::ensure!(attention_supported(head_dim, group), "no prefill attention kernel for head_dim {head_dim}, group {group}");
-    gpu.launch(&format!("prefill_attn_hd{head_dim}"), (p.num_tiles as u32, p.num_heads as u32, 1), (128, 1, 1), p)
+    anyhow::ensure!(
+        attention_supported(head_dim, group),
+        "no prefill attention kernel for head_dim {head_dim}, group {group}"
+    );
+    gpu.launch(
+        &format!("prefill_attn_hd{head_dim}"),
+        (p.num_tiles as u32, p.num_heads as u32, 1),
+        (128, 1, 1),
+        p,
+    )
 }
 
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
-    gpu.launch("sample", (p.num_rows as u32, 1, 1), (SAMPLE_THREADS, 1, 1), p)
+    gpu.launch(
+        "sample",
+        (p.num_rows as u32, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+        p,
+    )
 }
 
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn fill_uniform(gpu: &Gpu, p: &FillParams) -> anyhow::Result<()> {
     let blocks = (p.n.div_ceil(256)).min(gpu.num_sms as u64 * 16) as u32;
     gpu.launch("fill_uniform", (blocks.max(1), 1, 1), (256, 1, 1), p)

@@ -12,7 +12,10 @@ pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
         "llama-2-7b" => (4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
         "tinyllama-1.1b" => (2048, 5632, 22, 32, 4, 32000, 2048, 10000.0),
         "llama-3-8b" => (4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
-        other => anyhow::bail!("unknown synthetic model {other:?}; known: {}", SYNTHETIC_MODELS.join(", ")),
+        other => anyhow::bail!(
+            "unknown synthetic model {other:?}; known: {}",
+            SYNTHETIC_MODELS.join(", ")
+        ),
     };
     let json = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
@@ -41,9 +44,16 @@ mod tests {
     fn known_shapes_parse_with_their_parameter_counts() {
         let c = synthetic_config("llama-2-7b").unwrap();
         assert_eq!(c.head_dim, 128);
-        assert!((c.num_parameters() as f64 / 1e9 - 6.74).abs() < 0.01, "{}", c.num_parameters());
+        assert!(
+            (c.num_parameters() as f64 / 1e9 - 6.74).abs() < 0.01,
+            "{}",
+            c.num_parameters()
+        );
         let t = synthetic_config("tinyllama-1.1b").unwrap();
-        assert_eq!((t.head_dim, t.num_attention_heads / t.num_key_value_heads), (64, 8));
+        assert_eq!(
+            (t.head_dim, t.num_attention_heads / t.num_key_value_heads),
+            (64, 8)
+        );
         assert!((t.num_parameters() as f64 / 1e9 - 1.10).abs() < 0.01);
         let l3 = synthetic_config("llama-3-8b").unwrap();
         assert!((l3.num_parameters() as f64 / 1e9 - 8.03).abs() < 0.01);

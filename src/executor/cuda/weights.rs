@@ -43,14 +43,33 @@ impl GpuWeights {
     }
 
     pub fn bytes(&self) -> usize {
-        let layer = |l: &LayerWeights| l.input_norm.bytes() + l.qkv.bytes() + l.o.bytes() + l.post_norm.bytes() + l.gate_up.bytes() + l.down.bytes();
-        self.embed.bytes() + self.norm.bytes() + self.lm_head.as_ref().map_or(0, DevBuf::bytes) + self.layers.iter().map(layer).sum::<usize>()
+        let layer = |l: &LayerWeights| {
+            l.input_norm.bytes()
+                + l.qkv.bytes()
+                + l.o.bytes()
+                + l.post_norm.bytes()
+                + l.gate_up.bytes()
+                + l.down.bytes()
+        };
+        self.embed.bytes()
+            + self.norm.bytes()
+            + self.lm_head.as_ref().map_or(0, DevBuf::bytes)
+            + self.layers.iter().map(layer).sum::<usize>()
     }
 
     /// Uploads f32 checkpoint weights as bf16, with a progress bar over bytes when `progress`.
-    pub fn upload(gpu: &Gpu, cfg: &ModelConfig, w: &ModelWeights, progress: bool) -> anyhow::Result<GpuWeights> {
+    pub fn upload(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        progress: bool,
+    ) -> anyhow::Result<GpuWeights> {
         let total = param_bytes(cfg, !w.lm_head_tied);
-        let bar = progress_bar(progress, total as u64, "uploading weights to the GPU (bf16)");
+        let bar = progress_bar(
+            progress,
+            total as u64,
+            "uploading weights to the GPU (bf16)",
+        );
         let up = |parts: &[&Tensor]| -> anyhow::Result<DevBuf> {
             let n: usize = parts.iter().map(|t| t.elem_count()).sum();
             let buf = gpu.alloc(n * 2)?;
@@ -83,7 +102,11 @@ impl GpuWeights {
             embed: up(&[&w.embed_tokens])?,
             layers,
             norm: up(&[&w.norm])?,
-            lm_head: if w.lm_head_tied { None } else { Some(up(&[w.lm_head.weight()])?) },
+            lm_head: if w.lm_head_tied {
+                None
+            } else {
+                Some(up(&[w.lm_head.weight()])?)
+            },
         };
         gpu.sync()?;
         bar.finish_and_clear();
@@ -97,7 +120,13 @@ impl GpuWeights {
         let mut fill = |n: usize, scale: f32, offset: f32| -> anyhow::Result<DevBuf> {
             let buf = gpu.alloc(n * 2)?;
             next_seed = next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let p = FillParams { out: buf.ptr(), n: n as u64, seed: next_seed, scale, offset };
+            let p = FillParams {
+                out: buf.ptr(),
+                n: n as u64,
+                seed: next_seed,
+                scale,
+                offset,
+            };
             // SAFETY: `buf` holds n bf16.
             unsafe { kernels::fill_uniform(gpu, &p)? };
             Ok(buf)
@@ -121,7 +150,11 @@ impl GpuWeights {
             embed: fill(cfg.vocab_size * h, 1.0, 0.0)?,
             layers,
             norm: fill(h, 0.0, 1.0)?,
-            lm_head: if cfg.tie_word_embeddings { None } else { Some(fill(cfg.vocab_size * h, a, 0.0)?) },
+            lm_head: if cfg.tie_word_embeddings {
+                None
+            } else {
+                Some(fill(cfg.vocab_size * h, a, 0.0)?)
+            },
         };
         gpu.sync()?;
         Ok(out)
@@ -141,8 +174,10 @@ fn progress_bar(show: bool, total: u64, what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template(&format!("{what} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}"))
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar
 }
