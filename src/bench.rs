@@ -66,7 +66,10 @@ struct RequestTrace {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0, "--num-prompts, --input-len and --output-len must be > 0");
+    anyhow::ensure!(
+        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0,
+        "--num-prompts, --input-len and --output-len must be > 0"
+    );
     let cfg = args.engine.resolve()?;
     let (model_dir, _tmp) = crate::serve::resolve_model(&cfg)?;
     let system = actix::System::new();
@@ -78,13 +81,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let start = Instant::now();
         let mut tasks = Vec::with_capacity(args.num_prompts);
         for _ in 0..args.num_prompts {
-            let prompt_token_ids: Vec<u32> = (0..args.input_len).map(|_| rng.random_range(0..vocab)).collect();
-            let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.output_len) };
-            let (_, mut rx) = engine.submit(PreparedRequest { prompt_token_ids, params });
+            let prompt_token_ids: Vec<u32> = (0..args.input_len)
+                .map(|_| rng.random_range(0..vocab))
+                .collect();
+            let params = SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(args.output_len)
+            };
+            let (_, mut rx) = engine.submit(PreparedRequest {
+                prompt_token_ids,
+                params,
+            });
             tasks.push(actix::spawn(async move {
                 let sent = Instant::now();
-                let mut last = None;
-                let mut trace = RequestTrace { ttft: Duration::ZERO, itl: Vec::new(), tokens: 0 };
+                let mut last: Option<Instant> = None;
+                let mut trace = RequestTrace {
+                    ttft: Duration::ZERO,
+                    itl: Vec::new(),
+                    tokens: 0,
+                };
                 while let Some(ev) = rx.recv().await {
                     match ev {
                         StreamEvent::Delta { tokens, .. } => {
@@ -92,14 +107,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                             match last {
                                 None => trace.ttft = now - sent,
                                 Some(prev) => {
-                                    let gap = (now - prev).as_secs_f64() * 1e3 / tokens.max(1) as f64;
+                                    let gap =
+                                        (now - prev).as_secs_f64() * 1e3 / tokens.max(1) as f64;
                                     trace.itl.extend(std::iter::repeat_n(gap, tokens));
                                 }
                             }
                             last = Some(now);
                         }
                         StreamEvent::Done { usage, .. } => trace.tokens = usage.completion_tokens,
-                        StreamEvent::Error(e) => return Err(anyhow::anyhow!("request failed: {e}")),
+                        StreamEvent::Error(e) => {
+                            return Err(anyhow::anyhow!("request failed: {e}"))
+                        }
                         StreamEvent::Started { .. } => {}
                     }
                 }
@@ -139,8 +157,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     println!("  wall            {:>10.2} s", report.wall_s);
     println!("  output tok/s    {:>10.1}", report.output_tok_s);
     println!("  total tok/s     {:>10.1}", report.total_tok_s);
-    println!("  TTFT ms  P50 {:>9.1}   P99 {:>9.1}", report.ttft_ms_p50, report.ttft_ms_p99);
-    println!("  ITL  ms  P50 {:>9.2}   P99 {:>9.2}", report.itl_ms_p50, report.itl_ms_p99);
+    println!(
+        "  TTFT ms  P50 {:>9.1}   P99 {:>9.1}",
+        report.ttft_ms_p50, report.ttft_ms_p99
+    );
+    println!(
+        "  ITL  ms  P50 {:>9.2}   P99 {:>9.2}",
+        report.itl_ms_p50, report.itl_ms_p99
+    );
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     }

@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::Config;
 
 #[derive(Debug, Parser)]
-#[command(name = "brook", version, about = "LLM inference serving: tokens over WebSockets")]
+#[command(
+    name = "brook",
+    version,
+    about = "LLM inference serving: tokens over WebSockets"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -19,6 +23,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run an offline workload through the engine and print throughput and latency figures.
     Bench(crate::bench::BenchArgs),
+    /// Discrete-event simulation of the real scheduler under a workload (no model): SLO
+    /// attainment, latency percentiles and throughput per policy.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 /// Engine options shared by `serve` and `bench`; each overrides the config file.
@@ -50,6 +57,10 @@ pub struct EngineArgs {
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
+    /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
+    /// emergency mode).
+    #[arg(long, value_enum)]
+    pub policy: Option<crate::scheduler::Policy>,
 }
 
 #[derive(Debug, Args)]
@@ -82,10 +93,16 @@ impl EngineArgs {
         };
         set(&mut cfg.cache.block_size, self.block_size);
         set(&mut cfg.scheduler.max_num_seqs, self.max_num_seqs);
-        set(&mut cfg.scheduler.max_num_batched_tokens, self.max_num_batched_tokens);
+        set(
+            &mut cfg.scheduler.max_num_batched_tokens,
+            self.max_num_batched_tokens,
+        );
         set(&mut cfg.scheduler.max_model_len, self.max_model_len);
         set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
         set(&mut cfg.model.cpu_threads, self.cpu_threads);
+        if let Some(p) = self.policy {
+            cfg.scheduler.policy = p;
+        }
         if let Some(u) = self.gpu_memory_utilization {
             cfg.cache.gpu_memory_utilization = u;
         }

@@ -4,13 +4,17 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+use crate::scheduler::SchedulerConfig;
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub server: ServerConfig,
     pub model: ModelSection,
     pub cache: CacheConfig,
-    pub scheduler: SchedulerSection,
+    /// The scheduler's own config: budget, policy (fcfs | adaptive), classes, SLOs, merge,
+    /// emergency and admission knobs (src/scheduler/mod.rs).
+    pub scheduler: SchedulerConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -49,19 +53,6 @@ pub struct CacheConfig {
     pub enable_prefix_caching: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SchedulerSection {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    /// 0 = the model's max_position_embeddings.
-    pub max_model_len: usize,
-    /// Waiting-queue bound; beyond it a request gets `overloaded`.
-    pub max_waiting_requests: usize,
-    /// Largest prefill chunk one request gets per step (0 = no cap beyond the budget).
-    pub long_prefill_token_threshold: usize,
-}
-
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -76,35 +67,21 @@ impl Default for ServerConfig {
 
 impl Default for ModelSection {
     fn default() -> Self {
-        ModelSection { path: None, device: "auto".into(), cpu_threads: 0 }
+        ModelSection {
+            path: None,
+            device: "auto".into(),
+            cpu_threads: 0,
+        }
     }
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { block_size: 16, kv_cache_mib: 256, gpu_memory_utilization: 0.90, enable_prefix_caching: true }
-    }
-}
-
-impl Default for SchedulerSection {
-    fn default() -> Self {
-        SchedulerSection {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            max_model_len: 0,
-            max_waiting_requests: 1024,
-            long_prefill_token_threshold: 512,
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            server: ServerConfig::default(),
-            model: ModelSection::default(),
-            cache: CacheConfig::default(),
-            scheduler: SchedulerSection::default(),
+        CacheConfig {
+            block_size: 16,
+            kv_cache_mib: 256,
+            gpu_memory_utilization: 0.90,
+            enable_prefix_caching: true,
         }
     }
 }
@@ -124,16 +101,42 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         let c = &self.cache;
-        anyhow::ensure!(c.block_size.is_power_of_two() && c.block_size <= 256, "cache.block_size must be a power of two <= 256, got {}", c.block_size);
+        anyhow::ensure!(
+            c.block_size.is_power_of_two() && c.block_size <= 256,
+            "cache.block_size must be a power of two <= 256, got {}",
+            c.block_size
+        );
         anyhow::ensure!(c.kv_cache_mib > 0, "cache.kv_cache_mib must be > 0");
-        anyhow::ensure!(c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0, "cache.gpu_memory_utilization must be in (0, 1], got {}", c.gpu_memory_utilization);
-        let s = &self.scheduler;
-        anyhow::ensure!(s.max_num_seqs > 0, "scheduler.max_num_seqs must be > 0");
-        anyhow::ensure!(s.max_num_batched_tokens >= s.max_num_seqs, "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})", s.max_num_batched_tokens, s.max_num_seqs);
-        anyhow::ensure!(s.max_waiting_requests > 0, "scheduler.max_waiting_requests must be > 0");
-        anyhow::ensure!(["auto", "cpu", "cuda"].contains(&self.model.device.as_str()), "model.device must be auto, cpu or cuda, got {:?}", self.model.device);
-        anyhow::ensure!(self.server.stream_buffer >= 2, "server.stream_buffer must be >= 2");
-        anyhow::ensure!(self.server.max_frame_bytes >= 1024, "server.max_frame_bytes must be >= 1024");
+        anyhow::ensure!(
+            c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0,
+            "cache.gpu_memory_utilization must be in (0, 1], got {}",
+            c.gpu_memory_utilization
+        );
+        // max_model_len 0 means "the model's", resolved at start; check the rest as given.
+        let mut sched = self.scheduler.clone();
+        sched.max_model_len = sched.max_model_len.max(1);
+        sched
+            .validate()
+            .map_err(|e| anyhow::anyhow!("scheduler.{e}"))?;
+        anyhow::ensure!(
+            sched.max_num_batched_tokens >= sched.max_num_seqs,
+            "scheduler.max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
+            sched.max_num_batched_tokens,
+            sched.max_num_seqs
+        );
+        anyhow::ensure!(
+            ["auto", "cpu", "cuda"].contains(&self.model.device.as_str()),
+            "model.device must be auto, cpu or cuda, got {:?}",
+            self.model.device
+        );
+        anyhow::ensure!(
+            self.server.stream_buffer >= 2,
+            "server.stream_buffer must be >= 2"
+        );
+        anyhow::ensure!(
+            self.server.max_frame_bytes >= 1024,
+            "server.max_frame_bytes must be >= 1024"
+        );
         Ok(())
     }
 }
@@ -151,13 +154,17 @@ mod tests {
 
     #[test]
     fn unknown_key_is_an_error_naming_it() {
-        let err = Config::from_toml("[cache]\nblok_size = 8\n").unwrap_err().to_string();
+        let err = Config::from_toml("[cache]\nblok_size = 8\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("blok_size"), "{err}");
     }
 
     #[test]
     fn bad_value_is_rejected() {
-        let err = Config::from_toml("[cache]\nblock_size = 12\n").unwrap_err().to_string();
+        let err = Config::from_toml("[cache]\nblock_size = 12\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("block_size"), "{err}");
     }
 }

@@ -95,22 +95,36 @@ impl EngineHandle {
                 if text.is_empty() {
                     return Err(EngineError::invalid("field `prompt` is empty"));
                 }
-                self.tokenizer.encode(&text, true).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+                self.tokenizer
+                    .encode(&text, true)
+                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             }
             PromptInput::Messages(messages) => {
                 let chat = self.chat.as_ref().ok_or_else(|| {
-                    EngineError::invalid("this model has no chat_template; send `prompt` instead of `messages`")
+                    EngineError::invalid(
+                        "this model has no chat_template; send `prompt` instead of `messages`",
+                    )
                 })?;
-                let text = chat.render(&messages, true).map_err(|e| EngineError::invalid(e.to_string()))?;
+                let text = chat
+                    .render(&messages, true)
+                    .map_err(|e| EngineError::invalid(e.to_string()))?;
                 // Templates usually write the bos token themselves; never add a second one.
-                let has_bos = self.tokenizer.bos_token().is_some_and(|b| text.starts_with(b));
-                self.tokenizer.encode(&text, !has_bos).map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+                let has_bos = self
+                    .tokenizer
+                    .bos_token()
+                    .is_some_and(|b| text.starts_with(b));
+                self.tokenizer
+                    .encode(&text, !has_bos)
+                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             }
         };
         if prompt_token_ids.is_empty() {
             return Err(EngineError::invalid("the prompt encodes to no tokens"));
         }
-        Ok(PreparedRequest { prompt_token_ids, params })
+        Ok(PreparedRequest {
+            prompt_token_ids,
+            params,
+        })
     }
 
     /// Hands the request to the scheduler; every event for it arrives on the returned channel,
@@ -141,9 +155,12 @@ impl EngineHandle {
 /// The model folder `brook serve` uses when none is given: the bundled demo model.
 pub fn default_model_dir() -> Option<PathBuf> {
     let rel = Path::new("models/demo-chat");
-    [PathBuf::from(rel), Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)]
-        .into_iter()
-        .find(|p| p.join("config.json").is_file())
+    [
+        PathBuf::from(rel),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel),
+    ]
+    .into_iter()
+    .find(|p| p.join("config.json").is_file())
 }
 
 /// Loads the model and starts the actors. Must run inside an actix `System`.
@@ -151,7 +168,11 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     let model_cfg = ModelConfig::from_dir(model_dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(model_dir)?);
     let chat = match tokenizer.chat_template() {
-        Some(src) => Some(ChatTemplate::new(src, tokenizer.bos_token().map(str::to_owned), tokenizer.eos_token().map(str::to_owned))?),
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            tokenizer.bos_token().map(str::to_owned),
+            tokenizer.eos_token().map(str::to_owned),
+        )?),
         None => None,
     };
     let backend = load_backend(cfg, model_dir, progress)?;
@@ -161,7 +182,9 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         n => n.min(model_cfg.max_position_embeddings),
     };
     let metrics = Arc::new(Metrics::new());
-    metrics.kv_blocks_total.set(backend_info.num_kv_blocks as i64);
+    metrics
+        .kv_blocks_total
+        .set(backend_info.num_kv_blocks as i64);
 
     let kv: KvHandle = Arc::new(parking_lot::Mutex::new(KvCacheManager::new(
         backend_info.num_kv_blocks,
@@ -171,13 +194,16 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some(backend));
     let executor = SyncArbiter::start(1, move || {
-        ExecutorActor::new(backend_cell.lock().take().expect("one executor thread takes the backend once"))
+        ExecutorActor::new(
+            backend_cell
+                .lock()
+                .take()
+                .expect("one executor thread takes the backend once"),
+        )
     });
     let core = Scheduler::new(SchedulerConfig {
-        max_num_seqs: cfg.scheduler.max_num_seqs,
-        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
         max_model_len,
-        long_prefill_token_threshold: cfg.scheduler.long_prefill_token_threshold,
+        ..cfg.scheduler.clone()
     });
     let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
     for id in &model_cfg.eos_token_ids {
@@ -191,12 +217,18 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         executor,
         tokenizer.clone(),
         metrics.clone(),
-        SchedulerLimits { max_model_len, max_waiting_requests: cfg.scheduler.max_waiting_requests, eos_token_ids: eos.into() },
+        SchedulerLimits {
+            max_model_len,
+            eos_token_ids: eos.into(),
+        },
     )
     .start();
     let info = EngineInfo {
         model_dir: model_dir.to_path_buf(),
-        model_name: model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_name: model_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         num_parameters: model_cfg.num_parameters(),
         backend: backend_info,
         max_model_len,
@@ -222,10 +254,15 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
 
 /// `--device auto` (the default) takes the GPU when the CUDA driver loads and reports one, else
 /// the CPU; `--device cuda` fails with the reason when it cannot.
-fn load_backend(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Box<dyn Backend>> {
+fn load_backend(
+    cfg: &Config,
+    model_dir: &Path,
+    progress: bool,
+) -> anyhow::Result<Box<dyn Backend>> {
     let use_cuda = match cfg.model.device.as_str() {
         "cuda" => {
-            cuda::probe().map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
+            cuda::probe()
+                .map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
             true
         }
         "auto" => match cuda::probe() {

@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod session;
+pub mod simulate;
 pub mod stop;
 pub mod tokenizer;
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! WebSocket JSON frames (docs/PROTOCOL.md). Parsing turns any bad frame into an `EngineError`
 //! that names the problem, with the request id when one could be read.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::chat::ChatMessage;
+use crate::chat::{parse_messages, ChatMessage};
 use crate::error::EngineError;
 use crate::request::{FinishReason, StreamEvent, Timing, Usage};
 use crate::sampling::params::RawSamplingParams;
@@ -30,24 +31,39 @@ pub enum PromptInput {
     Messages(Vec<ChatMessage>),
 }
 
+// Every field is optional here so that `from_object` can check fields one at a time; presence
+// is checked after.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGenerate {
     #[serde(rename = "type")]
-    _type: String,
-    id: Value,
+    _type: Option<String>,
+    id: Option<Value>,
     prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    #[serde(default)]
-    params: Option<RawSamplingParams>,
+    messages: Option<Value>,
+    params: Option<Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCancel {
     #[serde(rename = "type")]
-    _type: String,
-    id: Value,
+    _type: Option<String>,
+    id: Option<Value>,
+}
+
+/// Deserializes an object; on failure, finds the first field that fails on its own so the
+/// message names it (serde's own message often does not).
+fn from_object<T: DeserializeOwned>(obj: &Map<String, Value>, prefix: &str) -> Result<T, String> {
+    serde_json::from_value(Value::Object(obj.clone())).map_err(|whole| {
+        for (k, v) in obj {
+            let one = Map::from_iter([(k.clone(), v.clone())]);
+            if let Err(e) = serde_json::from_value::<T>(Value::Object(one)) {
+                return format!("field `{prefix}{k}`: {e}");
+            }
+        }
+        whole.to_string()
+    })
 }
 
 /// A parse failure: the error plus the request id when the frame carried a readable one.
@@ -58,21 +74,30 @@ pub struct FrameError {
 }
 
 fn invalid(id: Option<String>, msg: impl Into<String>) -> FrameError {
-    FrameError { id, error: EngineError::invalid(msg) }
+    FrameError {
+        id,
+        error: EngineError::invalid(msg),
+    }
 }
 
 fn read_id(v: &Value) -> Result<String, String> {
     match v {
         Value::String(s) if !s.is_empty() && s.len() <= MAX_ID_LEN => Ok(s.clone()),
-        Value::String(_) => Err(format!("field `id` must be a string of 1 to {MAX_ID_LEN} characters")),
+        Value::String(_) => Err(format!(
+            "field `id` must be a string of 1 to {MAX_ID_LEN} characters"
+        )),
         _ => Err("field `id` must be a string".into()),
     }
 }
 
 pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| FrameError { id: None, error: EngineError::InvalidJson(e.to_string()) })?;
-    let obj = value.as_object().ok_or_else(|| invalid(None, "frame must be a JSON object"))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| FrameError {
+        id: None,
+        error: EngineError::InvalidJson(e.to_string()),
+    })?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| invalid(None, "frame must be a JSON object"))?;
     // An id we can read lets the error frame name the request it belongs to.
     let id = obj.get("id").and_then(|v| read_id(v).ok());
     let kind = match obj.get("type") {
@@ -82,22 +107,40 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
     };
     match kind.as_str() {
         "generate" => {
-            let raw: RawGenerate = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("generate: {e}")))?;
-            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            let raw: RawGenerate = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
+            let id =
+                read_id(raw.id.as_ref().unwrap_or(&Value::Null)).map_err(|m| invalid(None, m))?;
+            let params = match &raw.params {
+                Some(p) => from_object(p, "params.").map_err(|m| invalid(Some(id.clone()), m))?,
+                None => RawSamplingParams::default(),
+            };
             let input = match (raw.prompt, raw.messages) {
                 (Some(p), None) => PromptInput::Text(p),
-                (None, Some(m)) => PromptInput::Messages(m),
-                (Some(_), Some(_)) => return Err(invalid(Some(id), "give either `prompt` or `messages`, not both")),
-                (None, None) => return Err(invalid(Some(id), "missing field `prompt` or `messages`")),
+                (None, Some(m)) => PromptInput::Messages(
+                    parse_messages(&m).map_err(|e| invalid(Some(id.clone()), e.to_string()))?,
+                ),
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        Some(id),
+                        "give either `prompt` or `messages`, not both",
+                    ))
+                }
+                (None, None) => {
+                    return Err(invalid(Some(id), "missing field `prompt` or `messages`"))
+                }
             };
-            Ok(ClientFrame::Generate(GenerateFrame { id, input, params: raw.params.unwrap_or_default() }))
+            Ok(ClientFrame::Generate(GenerateFrame { id, input, params }))
         }
         "cancel" => {
-            let raw: RawCancel = serde_json::from_value(value).map_err(|e| invalid(id.clone(), format!("cancel: {e}")))?;
-            let id = read_id(&raw.id).map_err(|m| invalid(None, m))?;
+            let raw: RawCancel = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
+            let id =
+                read_id(raw.id.as_ref().unwrap_or(&Value::Null)).map_err(|m| invalid(None, m))?;
             Ok(ClientFrame::Cancel { id })
         }
-        other => Err(invalid(id, format!("unknown frame type {other:?}; expected \"generate\" or \"cancel\""))),
+        other => Err(invalid(
+            id,
+            format!("unknown frame type {other:?}; expected \"generate\" or \"cancel\""),
+        )),
     }
 }
 
@@ -130,16 +173,35 @@ pub enum ServerFrame<'a> {
 
 impl<'a> ServerFrame<'a> {
     pub fn error(id: Option<&'a str>, err: &EngineError) -> Self {
-        ServerFrame::Error { id, code: err.code(), message: err.to_string(), retry_after_ms: err.retry_after_ms() }
+        ServerFrame::Error {
+            id,
+            code: err.code(),
+            message: err.to_string(),
+            retry_after_ms: err.retry_after_ms(),
+        }
     }
 
     pub fn from_event(id: &'a str, ev: &'a StreamEvent) -> Self {
         match ev {
-            StreamEvent::Started { prompt_tokens } => ServerFrame::Started { id, prompt_tokens: *prompt_tokens },
-            StreamEvent::Delta { text, tokens } => ServerFrame::Delta { id, text, tokens: *tokens },
-            StreamEvent::Done { finish_reason, usage, timing } => {
-                ServerFrame::Done { id, finish_reason: *finish_reason, usage: *usage, timing: *timing }
-            }
+            StreamEvent::Started { prompt_tokens } => ServerFrame::Started {
+                id,
+                prompt_tokens: *prompt_tokens,
+            },
+            StreamEvent::Delta { text, tokens } => ServerFrame::Delta {
+                id,
+                text,
+                tokens: *tokens,
+            },
+            StreamEvent::Done {
+                finish_reason,
+                usage,
+                timing,
+            } => ServerFrame::Done {
+                id,
+                finish_reason: *finish_reason,
+                usage: *usage,
+                timing: *timing,
+            },
             StreamEvent::Error(e) => ServerFrame::error(Some(id), e),
         }
     }
@@ -159,7 +221,10 @@ mod tests {
 
     #[test]
     fn parses_generate_with_prompt_and_params() {
-        let f = parse_client_frame(r#"{"type":"generate","id":"r1","prompt":"hi","params":{"max_tokens":5,"seed":7}}"#).unwrap();
+        let f = parse_client_frame(
+            r#"{"type":"generate","id":"r1","prompt":"hi","params":{"max_tokens":5,"seed":7}}"#,
+        )
+        .unwrap();
         match f {
             ClientFrame::Generate(g) => {
                 assert_eq!(g.id, "r1");
@@ -173,8 +238,13 @@ mod tests {
 
     #[test]
     fn parses_generate_with_messages_and_cancel() {
-        let f = parse_client_frame(r#"{"type":"generate","id":"a","messages":[{"role":"user","content":"x"}]}"#).unwrap();
-        assert!(matches!(f, ClientFrame::Generate(GenerateFrame { input: PromptInput::Messages(ref m), .. }) if m.len() == 1));
+        let f = parse_client_frame(
+            r#"{"type":"generate","id":"a","messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(f, ClientFrame::Generate(GenerateFrame { input: PromptInput::Messages(ref m), .. }) if m.len() == 1)
+        );
         let c = parse_client_frame(r#"{"type":"cancel","id":"a"}"#).unwrap();
         assert!(matches!(c, ClientFrame::Cancel { ref id } if id == "a"));
     }
@@ -200,29 +270,79 @@ mod tests {
     fn structural_errors() {
         assert!(err(r#"[1,2]"#).error.to_string().contains("object"));
         assert!(err(r#"{"id":"x"}"#).error.to_string().contains("type"));
-        assert!(err(r#"{"type":"dance","id":"x"}"#).error.to_string().contains("dance"));
-        assert!(err(r#"{"type":"generate","id":"x"}"#).error.to_string().contains("prompt"));
-        assert!(err(r#"{"type":"generate","id":"x","prompt":"a","messages":[]}"#).error.to_string().contains("not both"));
-        assert!(err(r#"{"type":"generate","id":5,"prompt":"a"}"#).error.to_string().contains("id"));
-        assert!(err(r#"{"type":"generate","id":"","prompt":"a"}"#).error.to_string().contains("id"));
-        assert!(err(r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#).error.to_string().contains("max_tokens"));
+        assert!(err(r#"{"type":"dance","id":"x"}"#)
+            .error
+            .to_string()
+            .contains("dance"));
+        assert!(err(r#"{"type":"generate","id":"x"}"#)
+            .error
+            .to_string()
+            .contains("prompt"));
+        assert!(
+            err(r#"{"type":"generate","id":"x","prompt":"a","messages":[]}"#)
+                .error
+                .to_string()
+                .contains("not both")
+        );
+        assert!(err(r#"{"type":"generate","id":5,"prompt":"a"}"#)
+            .error
+            .to_string()
+            .contains("id"));
+        assert!(err(r#"{"type":"generate","id":"","prompt":"a"}"#)
+            .error
+            .to_string()
+            .contains("id"));
+        assert!(
+            err(r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#)
+                .error
+                .to_string()
+                .contains("max_tokens")
+        );
+        assert!(err(r#"{"type":"generate","id":"x","prompt":7}"#)
+            .error
+            .to_string()
+            .contains("`prompt`"));
+        assert!(
+            err(r#"{"type":"generate","id":"x","prompt":"a","params":[1]}"#)
+                .error
+                .to_string()
+                .contains("params")
+        );
+        assert!(err(r#"{"type":"cancel"}"#).error.to_string().contains("id"));
     }
 
     #[test]
     fn server_frames_serialize_as_documented() {
-        let ev = StreamEvent::Delta { text: "hé".into(), tokens: 2 };
-        assert_eq!(ServerFrame::from_event("r1", &ev).to_json(), r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#);
-        let e = EngineError::Overloaded { reason: "queue full".into(), retry_after_ms: 250 };
+        let ev = StreamEvent::Delta {
+            text: "hé".into(),
+            tokens: 2,
+        };
+        assert_eq!(
+            ServerFrame::from_event("r1", &ev).to_json(),
+            r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#
+        );
+        let e = EngineError::Overloaded {
+            reason: "queue full".into(),
+            retry_after_ms: 250,
+        };
         let j: Value = serde_json::from_str(&ServerFrame::error(None, &e).to_json()).unwrap();
         assert_eq!(j["id"], Value::Null);
         assert_eq!(j["code"], "overloaded");
         assert_eq!(j["retry_after_ms"], 250);
         let done = StreamEvent::Done {
             finish_reason: FinishReason::Length,
-            usage: Usage { prompt_tokens: 3, completion_tokens: 4 },
-            timing: Timing { queue_ms: 1.0, ttft_ms: 2.0, total_ms: 3.0 },
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+            },
+            timing: Timing {
+                queue_ms: 1.0,
+                ttft_ms: 2.0,
+                total_ms: 3.0,
+            },
         };
-        let j: Value = serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
+        let j: Value =
+            serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
         assert_eq!(j["finish_reason"], "length");
         assert_eq!(j["usage"]["completion_tokens"], 4);
         assert_eq!(j["timing"]["ttft_ms"], 2.0);

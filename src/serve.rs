@@ -31,9 +31,13 @@ pub mod tempfile_dir {
 
     impl TempModel {
         pub fn generate() -> anyhow::Result<Self> {
-            let dir = std::env::temp_dir().join(format!("brook-random-model-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("brook-random-model-{}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
-            crate::model::testing::write_test_model(&dir, &crate::model::testing::TestModelSpec::default())?;
+            crate::model::testing::write_test_model(
+                &dir,
+                &crate::model::testing::TestModelSpec::default(),
+            )?;
             Ok(TempModel(dir))
         }
 

@@ -24,9 +24,19 @@ async fn multiplexed_requests_stream_and_finish() {
         assert_eq!(done["type"], "done", "{id}: {done}");
         assert_eq!(done["finish_reason"], "length");
         assert_eq!(done["usage"]["completion_tokens"], want);
-        assert!(done["timing"]["total_ms"].as_f64().unwrap() >= done["timing"]["ttft_ms"].as_f64().unwrap());
-        let delta_tokens: u64 = fs.iter().filter(|f| f["type"] == "delta").map(|f| f["tokens"].as_u64().unwrap()).sum();
-        assert!(delta_tokens <= want, "{id}: deltas carry at most the generated tokens");
+        assert!(
+            done["timing"]["total_ms"].as_f64().unwrap()
+                >= done["timing"]["ttft_ms"].as_f64().unwrap()
+        );
+        let delta_tokens: u64 = fs
+            .iter()
+            .filter(|f| f["type"] == "delta")
+            .map(|f| f["tokens"].as_u64().unwrap())
+            .sum();
+        assert!(
+            delta_tokens <= want,
+            "{id}: deltas carry at most the generated tokens"
+        );
     }
     c.close().await;
     let m = wait_idle(&server).await;
@@ -66,7 +76,10 @@ async fn cancel_ends_with_cancelled_and_frees_blocks() {
 /// serves a normal request.
 async fn expect_error(c: &mut Client, frame: String, code: &str, id: Option<&str>) {
     c.send_text(frame.clone()).await;
-    let f = c.recv().await.expect("socket must stay open after bad input");
+    let f = c
+        .recv()
+        .await
+        .expect("socket must stay open after bad input");
     assert_eq!(f["type"], "error", "{frame} -> {f}");
     assert_eq!(f["code"], code, "{frame} -> {f}");
     assert_eq!(f["id"].as_str(), id, "{frame} -> {f}");
@@ -82,19 +95,71 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
 
     expect_error(&mut c, "{not json".into(), "invalid_json", None).await;
     expect_error(&mut c, "[1,2,3]".into(), "invalid_request", None).await;
-    expect_error(&mut c, json!({"type":"fly","id":"x"}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","tempreature":1}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","params":{"top_p":1.5}}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":"a","params":{"max_tokens":0}}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"generate","id":"x","messages":[{"role":"wizard","content":"a"}]}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"generate","id":"x","prompt":""}).to_string(), "invalid_request", Some("x")).await;
-    expect_error(&mut c, json!({"type":"cancel","id":"nope"}).to_string(), "unknown_id", Some("nope")).await;
+    expect_error(
+        &mut c,
+        json!({"type":"fly","id":"x"}).to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"x","prompt":"a","tempreature":1}).to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"x","prompt":"a","params":{"top_p":1.5}}).to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"x","prompt":"a","params":{"max_tokens":0}}).to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"x","messages":[{"role":"wizard","content":"a"}]})
+            .to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"x","prompt":""}).to_string(),
+        "invalid_request",
+        Some("x"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        json!({"type":"cancel","id":"nope"}).to_string(),
+        "unknown_id",
+        Some("nope"),
+    )
+    .await;
     let long_prompt = "lorem ipsum dolor sit amet ".repeat(400);
-    expect_error(&mut c, json!({"type":"generate","id":"big","prompt":long_prompt}).to_string(), "prompt_too_long", Some("big")).await;
+    expect_error(
+        &mut c,
+        json!({"type":"generate","id":"big","prompt":long_prompt}).to_string(),
+        "prompt_too_long",
+        Some("big"),
+    )
+    .await;
 
     c.send_binary(vec![1, 2, 3]).await;
     let f = c.recv().await.unwrap();
-    assert_eq!((f["type"].as_str(), f["code"].as_str()), (Some("error"), Some("invalid_json")));
+    assert_eq!(
+        (f["type"].as_str(), f["code"].as_str()),
+        (Some("error"), Some("invalid_json"))
+    );
 
     // duplicate_id: the first request is still in flight when the second arrives.
     c.send(gen("dup", "first", 300)).await;
@@ -132,7 +197,10 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     assert_eq!(terminal(&frames["ok"])["usage"]["completion_tokens"], 4);
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(m.contains(r#"brook:request_errors_total{code="invalid_json"} 2"#), "{m}");
+    assert!(
+        m.contains(r#"brook:request_errors_total{code="invalid_json"} 2"#),
+        "{m}"
+    );
     server.stop().await;
 }
 
@@ -185,10 +253,13 @@ async fn seeded_sampling_is_independent_of_the_batch() {
     let alone = text_of(&c.collect(&["alone"]).await["alone"]);
     // Same request again, now sharing every step with other requests.
     for i in 0..4 {
-        c.send(gen(&format!("noise{i}"), &"busy ".repeat(i * 7 + 1), 24)).await;
+        c.send(gen(&format!("noise{i}"), &"busy ".repeat(i * 7 + 1), 24))
+            .await;
     }
     c.send(sampled("crowd")).await;
-    let frames = c.collect(&["noise0", "noise1", "noise2", "noise3", "crowd"]).await;
+    let frames = c
+        .collect(&["noise0", "noise1", "noise2", "noise3", "crowd"])
+        .await;
     assert_eq!(alone, text_of(&frames["crowd"]));
     c.close().await;
     server.stop().await;
@@ -220,7 +291,8 @@ async fn http_routes() {
     let server = start_server(test_config()).await;
     let page = http_get(&server.url("/")).await;
     assert!(page.contains("/v1/ws") && page.contains("Stop"));
-    let health: serde_json::Value = serde_json::from_str(&http_get(&server.url("/health")).await).unwrap();
+    let health: serde_json::Value =
+        serde_json::from_str(&http_get(&server.url("/health")).await).unwrap();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["device"], "cpu");
     let m = http_get(&server.url("/metrics")).await;
@@ -237,8 +309,38 @@ async fn http_routes() {
         metric(&m, name);
     }
     assert!(metric(&m, "brook:kv_cache_blocks_total") > 0.0);
-    let mut resp = awc::Client::new().get(server.url("/nope")).send().await.unwrap();
+    let mut resp = awc::Client::new()
+        .get(server.url("/nope"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
     let _ = resp.body().await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn adaptive_policy_serves_mixed_lengths() {
+    let mut cfg = test_config();
+    cfg.scheduler.policy = brook::scheduler::Policy::Adaptive;
+    cfg.scheduler.classes.short_below = 16;
+    cfg.scheduler.classes.long_above = 100;
+    let server = start_server(cfg).await;
+    let mut c = Client::connect(&server).await;
+    let ids = ["s1", "s2", "m1", "l1"];
+    c.send(gen("s1", "hi", 8)).await;
+    c.send(gen("s2", "hello you", 8)).await;
+    c.send(gen("m1", &"a medium sized prompt ".repeat(4), 8)).await;
+    c.send(gen("l1", &"a long document line ".repeat(30), 8)).await;
+    let frames = c.collect(&ids).await;
+    for id in ids {
+        let done = terminal(&frames[id]);
+        assert_eq!(done["type"], "done", "{id}: {done}");
+        assert_eq!(done["usage"]["completion_tokens"], 8, "{id}");
+    }
+    c.close().await;
+    let m = wait_idle(&server).await;
+    assert!(m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#), "{m}");
+    assert!(m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#), "{m}");
     server.stop().await;
 }

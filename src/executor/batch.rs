@@ -54,7 +54,11 @@ impl BatchInput {
     }
 
     pub fn num_prefill_tokens(&self) -> usize {
-        self.seqs.iter().filter(|s| s.query_len > 1).map(|s| s.query_len).sum()
+        self.seqs
+            .iter()
+            .filter(|s| s.query_len > 1)
+            .map(|s| s.query_len)
+            .sum()
     }
 
     pub fn num_decode_seqs(&self) -> usize {
@@ -83,10 +87,16 @@ impl BatchInput {
         let mut start = 0;
         for s in &self.seqs {
             if s.query_len == 0 || s.query_len > s.context_len {
-                return Err(format!("{}: query_len {} vs context_len {}", s.request_id, s.query_len, s.context_len));
+                return Err(format!(
+                    "{}: query_len {} vs context_len {}",
+                    s.request_id, s.query_len, s.context_len
+                ));
             }
             if s.block_table.len() * block_size < s.context_len {
-                return Err(format!("{}: block table too short for {} tokens", s.request_id, s.context_len));
+                return Err(format!(
+                    "{}: block table too short for {} tokens",
+                    s.request_id, s.context_len
+                ));
             }
             if let Some(b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
                 return Err(format!("{}: block {b} out of range", s.request_id));
@@ -95,11 +105,19 @@ impl BatchInput {
             for i in 0..s.query_len {
                 let pos = first_pos + i;
                 if self.positions[start + i] as usize != pos {
-                    return Err(format!("{}: position mismatch at token {}", s.request_id, start + i));
+                    return Err(format!(
+                        "{}: position mismatch at token {}",
+                        s.request_id,
+                        start + i
+                    ));
                 }
                 let slot = s.block_table[pos / block_size] as usize * block_size + pos % block_size;
                 if self.slot_mapping[start + i] as usize != slot {
-                    return Err(format!("{}: slot mismatch at token {}", s.request_id, start + i));
+                    return Err(format!(
+                        "{}: slot mismatch at token {}",
+                        s.request_id,
+                        start + i
+                    ));
                 }
             }
             start += s.query_len;

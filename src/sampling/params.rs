@@ -74,41 +74,69 @@ impl SamplingParams {
         let d = SamplingParams::default();
         let max_tokens = match raw.max_tokens {
             None => d.max_tokens,
-            Some(n) if n >= 1 && n <= 1 << 20 => n as usize,
-            Some(n) => return Err(EngineError::invalid(format!("params.max_tokens must be between 1 and 1048576, got {n}"))),
+            Some(n) if (1..=1 << 20).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(EngineError::invalid(format!(
+                    "params.max_tokens must be between 1 and 1048576, got {n}"
+                )))
+            }
         };
         let temperature = match raw.temperature {
             None => d.temperature,
             Some(t) if t.is_finite() && (0.0..=100.0).contains(&t) => t as f32,
-            Some(t) => return Err(EngineError::invalid(format!("params.temperature must be in [0, 100], got {t}"))),
+            Some(t) => {
+                return Err(EngineError::invalid(format!(
+                    "params.temperature must be in [0, 100], got {t}"
+                )))
+            }
         };
         let top_p = match raw.top_p {
             None => d.top_p,
             Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => p as f32,
-            Some(p) => return Err(EngineError::invalid(format!("params.top_p must be in (0, 1], got {p}"))),
+            Some(p) => {
+                return Err(EngineError::invalid(format!(
+                    "params.top_p must be in (0, 1], got {p}"
+                )))
+            }
         };
         let top_k = match raw.top_k {
             None => d.top_k,
             Some(k) if k >= 0 => k as usize,
-            Some(k) => return Err(EngineError::invalid(format!("params.top_k must be >= 0 (0 disables it), got {k}"))),
+            Some(k) => {
+                return Err(EngineError::invalid(format!(
+                    "params.top_k must be >= 0 (0 disables it), got {k}"
+                )))
+            }
         };
         let min_p = match raw.min_p {
             None => d.min_p,
             Some(p) if p.is_finite() && (0.0..=1.0).contains(&p) => p as f32,
-            Some(p) => return Err(EngineError::invalid(format!("params.min_p must be in [0, 1], got {p}"))),
+            Some(p) => {
+                return Err(EngineError::invalid(format!(
+                    "params.min_p must be in [0, 1], got {p}"
+                )))
+            }
         };
         let stop = raw.stop.unwrap_or_default();
         if stop.len() > MAX_STOP_STRINGS {
-            return Err(EngineError::invalid(format!("params.stop has {} strings; at most {MAX_STOP_STRINGS} are allowed", stop.len())));
+            return Err(EngineError::invalid(format!(
+                "params.stop has {} strings; at most {MAX_STOP_STRINGS} are allowed",
+                stop.len()
+            )));
         }
         for s in &stop {
             if s.is_empty() || s.len() > MAX_STOP_STRING_LEN {
-                return Err(EngineError::invalid(format!("params.stop strings must be 1 to {MAX_STOP_STRING_LEN} bytes long, got {:?}", s)));
+                return Err(EngineError::invalid(format!(
+                    "params.stop strings must be 1 to {MAX_STOP_STRING_LEN} bytes long, got {:?}",
+                    s
+                )));
             }
         }
         let stop_token_ids = raw.stop_token_ids.unwrap_or_default();
         if let Some(bad) = stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(EngineError::invalid(format!("params.stop_token_ids contains {bad}, outside the vocabulary of {vocab_size}")));
+            return Err(EngineError::invalid(format!(
+                "params.stop_token_ids contains {bad}, outside the vocabulary of {vocab_size}"
+            )));
         }
         Ok(SamplingParams {
             max_tokens,

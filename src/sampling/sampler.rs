@@ -28,11 +28,20 @@ impl Sampler {
     }
 
     /// Samples one token. `logits` has the vocabulary's length.
-    pub fn sample(&mut self, logits: &[f32], params: &SamplingParams, seed: u64, output_index: usize) -> Sampled {
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        seed: u64,
+        output_index: usize,
+    ) -> Sampled {
         let (argmax, max_logit) = argmax(logits);
         let log_z = log_sum_exp(logits, max_logit);
         if params.is_greedy() {
-            return Sampled { token: argmax, logprob: max_logit - log_z };
+            return Sampled {
+                token: argmax,
+                logprob: max_logit - log_z,
+            };
         }
         let probs = self.filtered_probs(logits, params, max_logit);
         let u: f32 = draw_uniform(seed, output_index);
@@ -46,16 +55,29 @@ impl Sampler {
             }
             target -= p;
         }
-        Sampled { token, logprob: logits[token as usize] - log_z }
+        Sampled {
+            token,
+            logprob: logits[token as usize] - log_z,
+        }
     }
 
     /// Candidates after temperature, top-k, top-p and min-p, as (token, unnormalised prob),
     /// sorted by probability, highest first.
-    pub fn filtered_probs(&mut self, logits: &[f32], params: &SamplingParams, max_logit: f32) -> &[(u32, f32)] {
+    pub fn filtered_probs(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        max_logit: f32,
+    ) -> &[(u32, f32)] {
         let inv_t = 1.0 / params.temperature.max(1e-5);
         let cands = &mut self.candidates;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l - max_logit) * inv_t).exp())));
+        cands.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, ((l - max_logit) * inv_t).exp())),
+        );
         let by_prob_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if params.top_k > 0 && params.top_k < cands.len() {
             cands.select_nth_unstable_by(params.top_k - 1, by_prob_desc);
@@ -111,7 +133,10 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let mut p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         f(&mut p);
         p
     }
@@ -164,7 +189,11 @@ mod tests {
         let l: Vec<f32> = (0..64).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let p = params(|_| {});
         let mut s = Sampler::new();
-        let run = |s: &mut Sampler, seed| (0..32).map(|i| s.sample(&l, &p, seed, i).token).collect::<Vec<_>>();
+        let run = |s: &mut Sampler, seed| {
+            (0..32)
+                .map(|i| s.sample(&l, &p, seed, i).token)
+                .collect::<Vec<_>>()
+        };
         let a = run(&mut s, 7);
         let b = run(&mut s, 7);
         let c = run(&mut s, 8);
@@ -178,7 +207,9 @@ mod tests {
         let p = params(|_| {});
         let mut s = Sampler::new();
         let n = 20_000;
-        let hits = (0..n).filter(|&i| s.sample(&l, &p, 99, i).token == 3).count();
+        let hits = (0..n)
+            .filter(|&i| s.sample(&l, &p, 99, i).token == 3)
+            .count();
         let frac = hits as f64 / n as f64;
         assert!((frac - 0.636).abs() < 0.02, "frac {frac}");
     }

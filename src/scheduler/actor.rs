@@ -21,13 +21,14 @@ use crate::metrics::Metrics;
 use crate::output::RequestOutput;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
 use crate::sampling::params::SamplingParams;
-use crate::scheduler::{NewRequest, Scheduler, SchedulerOutput};
+use crate::scheduler::{
+    Admission, MergeReason, NewRequest, OverloadReason, RequestClass, Scheduler, SchedulerOutput,
+};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerLimits {
     pub max_model_len: usize,
-    pub max_waiting_requests: usize,
     pub eos_token_ids: Arc<[u32]>,
 }
 
@@ -79,6 +80,8 @@ pub struct SchedulerActor {
     limits: SchedulerLimits,
     requests: HashMap<RequestId, Tracked>,
     in_flight: bool,
+    /// The core runs on seconds since this instant.
+    epoch: Instant,
 }
 
 impl SchedulerActor {
@@ -90,11 +93,24 @@ impl SchedulerActor {
         metrics: Arc<Metrics>,
         limits: SchedulerLimits,
     ) -> Self {
-        SchedulerActor { core, kv, executor, tokenizer, metrics, limits, requests: HashMap::new(), in_flight: false }
+        SchedulerActor {
+            core,
+            kv,
+            executor,
+            tokenizer,
+            metrics,
+            limits,
+            requests: HashMap::new(),
+            in_flight: false,
+            epoch: Instant::now(),
+        }
     }
 
     fn reject(&self, tx: &mpsc::Sender<StreamEvent>, err: EngineError) {
-        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+        self.metrics
+            .request_errors
+            .with_label_values(&[err.code()])
+            .inc();
         // A fresh channel has room for at least two events.
         let _ = tx.try_send(StreamEvent::Error(err));
     }
@@ -107,18 +123,52 @@ impl SchedulerActor {
         // At least one output token must fit in both the context window and the KV cache.
         let limit = self.limits.max_model_len.min(kv_tokens).saturating_sub(1);
         if prompt_tokens > limit {
-            return Some(EngineError::PromptTooLong { prompt_tokens, limit });
-        }
-        if self.core.num_waiting() >= self.limits.max_waiting_requests {
-            return Some(EngineError::Overloaded {
-                reason: format!("{} requests are waiting", self.core.num_waiting()),
-                retry_after_ms: 500,
+            return Some(EngineError::PromptTooLong {
+                prompt_tokens,
+                limit,
             });
         }
         None
     }
 
+    /// Seconds since the actor started: the core's clock.
+    fn secs(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.epoch).as_secs_f64()
+    }
+
+    /// Copies the core's cumulative decision counters into the metrics.
+    fn sync_scheduler_metrics(&self) {
+        let m = &self.metrics;
+        let st = self.core.stats();
+        for r in MergeReason::ALL {
+            sync(
+                &m.merge_decisions.with_label_values(&[r.as_str()]),
+                st.merge_count(r),
+            );
+        }
+        for r in OverloadReason::ALL {
+            sync(
+                &m.overloaded.with_label_values(&[r.as_str()]),
+                st.overloaded_count(r),
+            );
+        }
+        for c in RequestClass::ALL {
+            sync(
+                &m.accepted.with_label_values(&[c.as_str()]),
+                st.accepted[c.index()],
+            );
+        }
+        sync(&m.preemptions, st.preemptions);
+        sync(&m.emergency_pauses, st.emergency_pauses);
+        sync(&m.emergency_entries, st.emergency_entries);
+        sync(&m.emergency_exits, st.emergency_exits);
+        m.emergency_mode.set(self.core.in_emergency() as i64);
+        m.speculative_depth
+            .set(self.core.speculative_depth() as i64);
+    }
+
     fn update_gauges(&self) {
+        self.sync_scheduler_metrics();
         let m = &self.metrics;
         m.requests_running.set(self.core.num_running() as i64);
         m.requests_waiting.set(self.core.num_waiting() as i64);
@@ -130,8 +180,13 @@ impl SchedulerActor {
         m.kv_blocks_total.set(u.total_blocks as i64);
         m.kv_usage_ratio.set(u.usage_ratio());
         // The manager counts cumulatively; the counters follow it.
-        m.prefix_cache_queries.inc_by(prefix.queried_tokens.saturating_sub(m.prefix_cache_queries.get()));
-        m.prefix_cache_hits.inc_by(prefix.hit_tokens.saturating_sub(m.prefix_cache_hits.get()));
+        m.prefix_cache_queries.inc_by(
+            prefix
+                .queried_tokens
+                .saturating_sub(m.prefix_cache_queries.get()),
+        );
+        m.prefix_cache_hits
+            .inc_by(prefix.hit_tokens.saturating_sub(m.prefix_cache_hits.get()));
     }
 
     /// Starts a step unless one is in flight or there is nothing to do.
@@ -145,9 +200,8 @@ impl SchedulerActor {
         }
         let plan = {
             let mut kv = self.kv.lock();
-            self.core.schedule(&mut kv)
+            self.core.schedule(&mut kv, self.secs(Instant::now()))
         };
-        self.metrics.preemptions.inc_by(plan.preempted.len() as u64);
         let now = Instant::now();
         for id in &plan.admitted {
             if let Some(t) = self.requests.get_mut(id) {
@@ -164,7 +218,11 @@ impl SchedulerActor {
             if progressed {
                 self.maybe_step(ctx);
             } else {
-                tracing::error!(running = self.core.num_running(), waiting = self.core.num_waiting(), "scheduler produced an empty step");
+                tracing::error!(
+                    running = self.core.num_running(),
+                    waiting = self.core.num_waiting(),
+                    "scheduler produced an empty step"
+                );
             }
             return;
         }
@@ -174,7 +232,9 @@ impl SchedulerActor {
         let fut = self.executor.send(ExecuteStep(plan.clone()));
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
-            let res = res.map_err(|e| format!("executor unavailable: {e}")).and_then(|r| r);
+            let res = res
+                .map_err(|e| format!("executor unavailable: {e}"))
+                .and_then(|r| r);
             act.on_step_done(&plan, res);
             act.maybe_step(ctx);
         }));
@@ -190,34 +250,47 @@ impl SchedulerActor {
                     self.core.abort_request(seq.request_id, &mut kv);
                     if let Some(t) = self.requests.remove(&seq.request_id) {
                         let err = EngineError::Internal(format!("engine step failed: {e}"));
-                        self.metrics.request_errors.with_label_values(&[err.code()]).inc();
+                        self.metrics
+                            .request_errors
+                            .with_label_values(&[err.code()])
+                            .inc();
                         send_terminal(t.tx, vec![StreamEvent::Error(err)]);
                     }
                 }
                 return;
             }
         };
+        let non_core_suspended = self.core.non_core_metrics_suspended();
         if !plan.batch.seqs.is_empty() {
             self.metrics.step_time.observe(step.elapsed.as_secs_f64());
-            self.metrics.step_tokens.observe(plan.batch.num_tokens() as f64);
+            if !non_core_suspended {
+                self.metrics
+                    .step_tokens
+                    .observe(plan.batch.num_tokens() as f64);
+            }
         }
+        let now = Instant::now();
         let updates = {
             let mut kv = self.kv.lock();
-            self.core.update_from_output(plan, &step, &mut kv)
+            self.core
+                .update_from_output(plan, &step, &mut kv, self.secs(now))
         };
-        let now = Instant::now();
         for u in updates {
-            let Some(t) = self.requests.get_mut(&u.id) else { continue };
+            let Some(t) = self.requests.get_mut(&u.id) else {
+                continue;
+            };
             let n = u.new_token_ids.len();
             if n > 0 {
                 match t.last_token_at {
                     None => self.metrics.ttft.observe((now - t.arrival).as_secs_f64()),
-                    Some(last) => {
+                    // Per-token ITL is a non-core metric: emergency mode suspends it.
+                    Some(last) if !non_core_suspended => {
                         let per_token = (now - last).as_secs_f64() / n as f64;
                         for _ in 0..n {
                             self.metrics.itl.observe(per_token);
                         }
                     }
+                    Some(_) => {}
                 }
                 t.first_token_at.get_or_insert(now);
                 t.last_token_at = Some(now);
@@ -230,7 +303,8 @@ impl SchedulerActor {
             let finished = match (u.finished, out.stopped_by_string) {
                 (Some(reason), _) => Some(reason),
                 (None, true) => {
-                    self.core.finish_request(u.id, FinishReason::Stop, &mut self.kv.lock());
+                    self.core
+                        .finish_request(u.id, FinishReason::Stop, &mut self.kv.lock());
                     Some(FinishReason::Stop)
                 }
                 (None, false) => None,
@@ -259,26 +333,45 @@ impl SchedulerActor {
     fn finish(&self, mut t: Tracked, reason: FinishReason, now: Instant) {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let timing = Timing {
-            queue_ms: t.scheduled_at.map(|s| ms(s - t.arrival)).unwrap_or_else(|| ms(now - t.arrival)),
+            queue_ms: t
+                .scheduled_at
+                .map(|s| ms(s - t.arrival))
+                .unwrap_or_else(|| ms(now - t.arrival)),
             ttft_ms: t.first_token_at.map(|s| ms(s - t.arrival)).unwrap_or(0.0),
             total_ms: ms(now - t.arrival),
         };
-        self.metrics.requests_finished.with_label_values(&[reason.as_str()]).inc();
+        self.metrics
+            .requests_finished
+            .with_label_values(&[reason.as_str()])
+            .inc();
         self.metrics.e2e_latency.observe(timing.total_ms / 1e3);
         if let Some(s) = t.scheduled_at {
-            self.metrics.queue_time.observe((s - t.arrival).as_secs_f64());
+            self.metrics
+                .queue_time
+                .observe((s - t.arrival).as_secs_f64());
         }
         let mut events = Vec::with_capacity(2);
         if !t.pending_text.is_empty() {
-            events.push(StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: t.pending_tokens });
+            events.push(StreamEvent::Delta {
+                text: std::mem::take(&mut t.pending_text),
+                tokens: t.pending_tokens,
+            });
         }
         events.push(StreamEvent::Done {
             finish_reason: reason,
-            usage: Usage { prompt_tokens: t.prompt_tokens, completion_tokens: t.completion_tokens },
+            usage: Usage {
+                prompt_tokens: t.prompt_tokens,
+                completion_tokens: t.completion_tokens,
+            },
             timing,
         });
         send_terminal(t.tx, events);
     }
+}
+
+/// Raises a counter to a cumulative total kept elsewhere.
+fn sync(counter: &prometheus::IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 /// Sends the pending delta if the channel has room. Returns false when the channel is closed.
@@ -286,7 +379,10 @@ fn flush(t: &mut Tracked) -> bool {
     if t.pending_text.is_empty() {
         return true;
     }
-    let ev = StreamEvent::Delta { text: std::mem::take(&mut t.pending_text), tokens: std::mem::take(&mut t.pending_tokens) };
+    let ev = StreamEvent::Delta {
+        text: std::mem::take(&mut t.pending_text),
+        tokens: std::mem::take(&mut t.pending_tokens),
+    };
     match t.tx.try_send(ev) {
         Ok(()) => true,
         Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
@@ -338,13 +434,28 @@ impl Handler<Submit> for SchedulerActor {
         let params = Arc::new(msg.params);
         let seed = params.seed.unwrap_or_else(rand::random);
         let output = RequestOutput::new(&self.tokenizer, &msg.prompt_token_ids, &params.stop);
-        self.core.add_request(NewRequest {
-            id: msg.id,
-            prompt_token_ids: msg.prompt_token_ids,
-            params,
-            seed,
-            eos_token_ids: self.limits.eos_token_ids.clone(),
-        });
+        let admission = self.core.add_request(
+            NewRequest {
+                id: msg.id,
+                prompt_token_ids: msg.prompt_token_ids,
+                params,
+                seed,
+                eos_token_ids: self.limits.eos_token_ids.clone(),
+            },
+            self.secs(msg.arrival),
+        );
+        match admission {
+            Admission::Accepted => {}
+            Admission::Overloaded { .. } => {
+                self.sync_scheduler_metrics();
+                let err = admission.to_error().expect("overloaded maps to an error");
+                return self.reject(&msg.tx, err);
+            }
+            Admission::Duplicate => {
+                let err = EngineError::Internal(format!("request id {} reused", msg.id));
+                return self.reject(&msg.tx, err);
+            }
+        }
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         let _ = msg.tx.try_send(StreamEvent::Started { prompt_tokens });
         self.requests.insert(

@@ -1,26 +1,44 @@
 //! The scheduling loop: one token budget per step, running requests first, then admissions.
 //!
-//! Each step walks the running requests in order; each gets the tokens it has not computed yet
-//! (1 for a decode, a chunk for a prompt still prefilling), capped by the remaining budget and by
-//! `long_prefill_token_threshold`. In FCFS order this serves decodes first: a prompt chunk only
-//! leaves budget to the requests behind it when it is its last chunk or capped. When blocks run
-//! out, the lowest-priority running request (the last) is preempted by recompute and the
-//! allocation retried. The rest of the budget goes to waiting requests, FCFS, as prefix-cache
-//! hits plus a chunk of prompt, while `max_num_seqs` allows; those never preempt.
+//! `fcfs` policy: each step walks the running requests in order; each gets the tokens it has not
+//! computed yet (1 for a decode, a chunk for a prompt still prefilling), capped by the remaining
+//! budget and by `long_prefill_token_threshold`. In FCFS order this serves decodes first: a
+//! prompt chunk only leaves budget to the requests behind it when it is its last chunk or capped.
+//! When blocks run out, the lowest-priority running request (the last) is preempted by recompute
+//! and the allocation retried. The rest of the budget goes to waiting requests, FCFS, as
+//! prefix-cache hits plus a chunk of prompt, while `max_num_seqs` allows; those never preempt.
+//!
+//! `adaptive` policy: decodes first, then prefill candidates lane by lane, each fused into the
+//! step only when `policy::should_merge` allows (see `scheduler::policy`); the SLO monitor may
+//! switch emergency mode on, which pauses the longest sequences (see `scheduler::slo`).
+//!
+//! Time: every call that needs it takes `now`, seconds on the caller's clock (any fixed epoch).
 //!
 //! Contract with the caller: one step at a time. Every `SchedulerOutput` goes to
 //! `update_from_output` (with a default `StepOutput` when the batch was empty) before the next
 //! `schedule`. Aborts and finishes may come at any time; a step's results for a request that is
 //! gone are dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::executor::batch::{BatchInput, SampleInput, SeqInput, StepOutput};
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
+use crate::scheduler::admission::{Admission, OverloadReason};
+use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::output::{RequestUpdate, SchedulerOutput};
+use crate::scheduler::policy::{
+    should_merge, Candidate, Lane, MergeContext, MergeReason, StepDraft,
+};
 use crate::scheduler::request::{NewRequest, Request, Status};
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::slo::{EmergencyTransition, SloMetric, SloMonitor};
+use crate::scheduler::stats::SchedulerStats;
+use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
+
+/// Finished requests before the observed mean output length replaces the configured guess.
+const MIN_OUTPUT_SAMPLES: u64 = 32;
+/// Weight of one finished request in the running mean output length.
+const OUTPUT_EMA_ALPHA: f64 = 0.02;
 
 #[derive(Debug)]
 pub struct Scheduler {
@@ -28,9 +46,14 @@ pub struct Scheduler {
     requests: HashMap<RequestId, Request>,
     /// FCFS; preempted requests re-enter at the front.
     waiting: VecDeque<RequestId>,
-    /// In priority order: the last one is preempted first.
+    /// In admission order. `fcfs`: the last one is preempted first.
     running: Vec<RequestId>,
-    num_preemptions: u64,
+    stats: SchedulerStats,
+    cost: CostModel,
+    monitor: SloMonitor,
+    /// Mean output length of finished requests (EMA), and how many fed it.
+    mean_output: f64,
+    num_output_samples: u64,
 }
 
 /// A step under construction: the budget left and the decisions so far. Scheduling policies
@@ -51,11 +74,15 @@ impl Scheduler {
             panic!("invalid scheduler config: {e}");
         }
         Scheduler {
+            cost: CostModel::new(cfg.cost_fallback),
+            monitor: SloMonitor::new(cfg.emergency, cfg.slo),
+            mean_output: cfg.merge.expected_output_tokens as f64,
+            num_output_samples: 0,
             cfg,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            num_preemptions: 0,
+            stats: SchedulerStats::default(),
         }
     }
 
@@ -63,15 +90,93 @@ impl Scheduler {
         &self.cfg
     }
 
-    /// Queues a request at the back of the waiting queue. Returns false (and ignores it) when a
-    /// request with this id is already known.
-    pub fn add_request(&mut self, req: NewRequest) -> bool {
+    pub fn classify(&self, prompt_tokens: usize) -> RequestClass {
+        RequestClass::classify(prompt_tokens, &self.cfg.classes)
+    }
+
+    /// Admission control, then the back of the waiting queue. `now` is the request's arrival
+    /// time (seconds, the caller's clock): TTFT is measured from it.
+    pub fn add_request(&mut self, req: NewRequest, now: f64) -> Admission {
         if self.requests.contains_key(&req.id) {
-            return false;
+            return Admission::Duplicate;
         }
+        let class = self.classify(req.prompt_token_ids.len());
+        if let Some(reason) = self.overload(req.prompt_token_ids.len(), class) {
+            self.stats.overloaded[reason.index()] += 1;
+            let retry_after_ms = self.retry_after_ms();
+            tracing::debug!(
+                id = %req.id,
+                reason = reason.as_str(),
+                retry_after_ms,
+                "request refused"
+            );
+            return Admission::Overloaded {
+                reason,
+                retry_after_ms,
+            };
+        }
+        self.stats.accepted[class.index()] += 1;
         self.waiting.push_back(req.id);
-        self.requests.insert(req.id, Request::new(req));
-        true
+        self.requests.insert(req.id, Request::new(req, class, now));
+        Admission::Accepted
+    }
+
+    fn overload(&self, prompt_tokens: usize, class: RequestClass) -> Option<OverloadReason> {
+        let a = &self.cfg.admission;
+        if self.waiting.len() >= a.max_waiting_requests {
+            return Some(OverloadReason::QueueRequests);
+        }
+        let queued: usize = self
+            .waiting
+            .iter()
+            .map(|id| self.requests[id].num_tokens())
+            .sum();
+        if queued + prompt_tokens > a.max_waiting_prompt_tokens {
+            return Some(OverloadReason::QueueTokens);
+        }
+        if self.cfg.policy == Policy::Adaptive && a.early_reject {
+            // Lower bound: the prompts ahead of it in the lanes served before its own, then its
+            // own prefill, each step as large as the lane allows and nothing else running.
+            let ahead: usize = self
+                .waiting
+                .iter()
+                .map(|id| &self.requests[id])
+                .filter(|r| r.class <= class)
+                .map(|r| r.num_tokens())
+                .sum();
+            let own_budget = match class {
+                RequestClass::Long => self.cfg.classes.long_prefill_budget,
+                _ => self.cfg.max_num_batched_tokens,
+            };
+            let c = self.cost.coefficients();
+            let bound_ms = self.prefill_ms(ahead, self.cfg.max_num_batched_tokens)
+                + self.prefill_ms(prompt_tokens, own_budget)
+                + c.per_prefill_attn_pair_ms * (prompt_tokens * prompt_tokens) as f64 / 2.0;
+            if bound_ms > self.cfg.slo.of(class).ttft_ms {
+                return Some(OverloadReason::TtftUnreachable);
+            }
+        }
+        None
+    }
+
+    /// Linear part of prefilling `tokens` in steps of at most `per_step` tokens.
+    fn prefill_ms(&self, tokens: usize, per_step: usize) -> f64 {
+        let c = self.cost.coefficients();
+        tokens.div_ceil(per_step.max(1)) as f64 * c.base_ms + tokens as f64 * c.per_prefill_token_ms
+    }
+
+    /// Time to prefill what waits now: when a retry could find room.
+    fn retry_after_ms(&self) -> u64 {
+        let queued: usize = self
+            .waiting
+            .iter()
+            .map(|id| self.requests[id].num_tokens())
+            .sum();
+        let a = &self.cfg.admission;
+        let ms = self
+            .prefill_ms(queued, self.cfg.max_num_batched_tokens)
+            .ceil() as u64;
+        ms.clamp(a.min_retry_after_ms, a.max_retry_after_ms)
     }
 
     /// The client cancelled or went away: the request leaves its queue and its blocks return to
@@ -111,13 +216,56 @@ impl Scheduler {
         !self.requests.is_empty()
     }
 
-    /// Preemptions since start (a metric counter).
+    /// Preemptions since start, emergency pauses included (a metric counter).
     pub fn num_preemptions(&self) -> u64 {
-        self.num_preemptions
+        self.stats.preemptions
     }
 
-    /// Plans the next step. See the module docs for the policy.
-    pub fn schedule(&mut self, kv: &mut KvCacheManager) -> SchedulerOutput {
+    /// Decision counters since start (see [`SchedulerStats`]).
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.stats
+    }
+
+    /// The step-time model (fitted coefficients, sample count).
+    pub fn cost_model(&self) -> &CostModel {
+        &self.cost
+    }
+
+    /// The SLO monitor (last evaluated percentiles).
+    pub fn slo_monitor(&self) -> &SloMonitor {
+        &self.monitor
+    }
+
+    pub fn in_emergency(&self) -> bool {
+        self.monitor.in_emergency()
+    }
+
+    /// Speculative-decoding depth to use now: the configured one, at most 1 in emergency mode.
+    pub fn speculative_depth(&self) -> usize {
+        if self.in_emergency() {
+            self.cfg.speculative_depth.min(1)
+        } else {
+            self.cfg.speculative_depth
+        }
+    }
+
+    /// Whether the actor should skip non-core metrics (emergency mode).
+    pub fn non_core_metrics_suspended(&self) -> bool {
+        self.in_emergency()
+    }
+
+    /// Output length a request is expected to reach: the observed mean once enough requests
+    /// finished, the configured guess before.
+    fn expected_output(&self) -> f64 {
+        if self.num_output_samples >= MIN_OUTPUT_SAMPLES {
+            self.mean_output
+        } else {
+            self.cfg.merge.expected_output_tokens as f64
+        }
+    }
+
+    /// Plans the next step at time `now`. See the module docs for the policies.
+    pub fn schedule(&mut self, kv: &mut KvCacheManager, now: f64) -> SchedulerOutput {
         let mut plan = StepPlan {
             budget: self.cfg.max_num_batched_tokens,
             scheduled: Vec::with_capacity(self.running.len() + 1),
@@ -125,10 +273,20 @@ impl Scheduler {
             admitted: Vec::new(),
             finished_early: Vec::new(),
         };
-        self.schedule_running(&mut plan, kv);
-        // As in vLLM: memory was short enough to preempt, so admit nothing new this step.
-        if plan.preempted.is_empty() {
-            self.schedule_waiting(&mut plan, kv);
+        match self.cfg.policy {
+            Policy::Fcfs => {
+                self.schedule_running(&mut plan, kv);
+                // As in vLLM: memory was short enough to preempt, so admit nothing new this step.
+                if plan.preempted.is_empty() {
+                    self.schedule_waiting(&mut plan, kv);
+                }
+            }
+            Policy::Adaptive => {
+                if self.cfg.emergency.enabled {
+                    self.update_emergency(&mut plan, kv, now);
+                }
+                self.schedule_adaptive(&mut plan, kv, now);
+            }
         }
         let out = self.build_output(plan, kv);
         tracing::debug!(
@@ -210,6 +368,344 @@ impl Scheduler {
         }
     }
 
+    /// Evaluates the SLO monitor; on entering emergency mode, pauses the long sequences.
+    fn update_emergency(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager, now: f64) {
+        match self.monitor.evaluate(now) {
+            Some(EmergencyTransition::Entered {
+                class,
+                metric,
+                p95_ms,
+                slo_ms,
+            }) => {
+                self.stats.count_breach(class, metric);
+                tracing::debug!(
+                    class = class.as_str(),
+                    metric = metric.as_str(),
+                    p95_ms,
+                    slo_ms,
+                    "emergency mode entered"
+                );
+                self.pause_long_sequences(plan, kv, class);
+            }
+            Some(EmergencyTransition::Left) => {
+                self.stats.emergency_exits += 1;
+                for req in self.requests.values_mut() {
+                    req.paused = false;
+                }
+                tracing::debug!("emergency mode left");
+            }
+            None => {}
+        }
+    }
+
+    /// Pauses (preempts, their full blocks staying in the prefix cache) the running sequences
+    /// longer than `pause_length_factor` × the running batch's mean length, once each. A pause
+    /// frees memory and step time for the others, so it spares the class whose SLO broke: pausing
+    /// it would only deepen its own breach.
+    fn pause_long_sequences(
+        &mut self,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        breached: RequestClass,
+    ) {
+        if self.running.is_empty() {
+            return;
+        }
+        let total: usize = self
+            .running
+            .iter()
+            .map(|id| self.requests[id].num_tokens())
+            .sum();
+        let limit =
+            self.cfg.emergency.pause_length_factor * total as f64 / self.running.len() as f64;
+        let victims: Vec<RequestId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| {
+                let r = &self.requests[id];
+                r.num_tokens() as f64 > limit && !r.was_paused && r.class != breached
+            })
+            .collect();
+        for id in victims {
+            self.running.retain(|&r| r != id);
+            self.preempt(id, kv);
+            let req = self
+                .requests
+                .get_mut(&id)
+                .expect("running requests are known");
+            req.paused = true;
+            req.was_paused = true;
+            plan.preempted.push(id);
+            self.stats.emergency_pauses += 1;
+            tracing::debug!(%id, tokens = req.num_tokens(), "paused by emergency mode");
+        }
+    }
+
+    /// The adaptive step: every decode, then prefill candidates lane by lane through
+    /// `should_merge`.
+    fn schedule_adaptive(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager, now: f64) {
+        let mut draft = StepDraft::new();
+        let mut in_step: HashSet<RequestId> = HashSet::with_capacity(self.running.len() + 8);
+        let paused_before = plan.preempted.len();
+        self.schedule_decodes(plan, kv, &mut draft, &mut in_step);
+        // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
+        let admit = plan.preempted.len() == paused_before;
+
+        // Candidates by lane; within a lane, running (older) before waiting, each in order.
+        let mut lanes: [Vec<(RequestId, bool)>; 4] = Default::default();
+        let lane_slot = |lane: Lane| match lane {
+            Lane::FastLane => 0,
+            Lane::Resumed => 1,
+            Lane::Normal => 2,
+            Lane::LongStream | Lane::Decode => 3,
+        };
+        for &id in &self.running {
+            let r = &self.requests[&id];
+            if r.num_uncomputed() > 1 {
+                lanes[lane_slot(Lane::of_prefill(r.class))].push((id, true));
+            }
+        }
+        if admit {
+            // Paused requests wait while emergency mode lasts and others run; with nothing
+            // running a pause frees nothing, and the engine must not idle with work queued.
+            let hold_paused = self.monitor.in_emergency() && !self.running.is_empty();
+            for &id in &self.waiting {
+                let r = &self.requests[&id];
+                if r.paused && hold_paused {
+                    continue;
+                }
+                let lane = if r.num_output_tokens() > 0 {
+                    Lane::Resumed
+                } else {
+                    Lane::of_prefill(r.class)
+                };
+                lanes[lane_slot(lane)].push((id, false));
+            }
+        }
+
+        let bs = kv.block_size();
+        let watermark = (self.cfg.merge.kv_watermark * kv.num_blocks() as f64).ceil();
+        let reserved: usize = self
+            .running
+            .iter()
+            .map(|id| self.expected_growth_blocks(*id, kv))
+            .sum();
+        let mut headroom = (kv.num_free_blocks() as f64 - watermark - reserved as f64).max(0.0)
+            * self.cfg.merge.kv_threshold;
+        let decode_only = draft;
+        let mut short_slack_ms = f64::INFINITY;
+        let mut long_left = self.cfg.classes.long_prefill_budget;
+        let max_len = self.max_len(kv);
+        let mut admitted_now: HashSet<RequestId> = HashSet::new();
+
+        for (slot, lane_ids) in lanes.iter().enumerate() {
+            for &(id, is_running) in lane_ids {
+                if plan.budget == 0 {
+                    self.stats.count_merge(MergeReason::TokenBudget);
+                    break;
+                }
+                let req = &self.requests[&id];
+                let lane = if slot == 1 {
+                    Lane::Resumed
+                } else {
+                    Lane::of_prefill(req.class)
+                };
+                if !is_running
+                    && (req.tokens.is_empty()
+                        || req.num_tokens() > max_len
+                        || req.num_output_tokens() >= req.params.max_tokens)
+                {
+                    // The session rejects such prompts before; this keeps a slip from wedging.
+                    admitted_now.insert(id);
+                    self.requests.remove(&id);
+                    kv.free(id);
+                    plan.finished_early.push((id, FinishReason::Length));
+                    continue;
+                }
+                if lane == Lane::LongStream && long_left == 0 {
+                    self.stats.count_merge(MergeReason::LongBudget);
+                    break;
+                }
+                let num_computed = if is_running {
+                    req.num_computed
+                } else {
+                    kv.get_computed_blocks(id, &req.tokens)
+                };
+                let uncomputed = req.num_tokens() - num_computed;
+                let mut wanted = uncomputed;
+                match lane {
+                    Lane::FastLane | Lane::Decode => {}
+                    Lane::Resumed | Lane::Normal => {
+                        if self.cfg.long_prefill_token_threshold > 0 {
+                            wanted = wanted.min(self.cfg.long_prefill_token_threshold);
+                        }
+                    }
+                    Lane::LongStream => wanted = wanted.min(long_left),
+                }
+                let min_tokens = if lane == Lane::FastLane {
+                    wanted
+                } else {
+                    wanted.min(self.cfg.merge.min_chunk_tokens.max(1))
+                };
+                let kv_blocks_needed = if is_running {
+                    0
+                } else {
+                    let growth = self.expected_remaining_output(req);
+                    (req.num_tokens() + growth).div_ceil(bs) - num_computed / bs
+                };
+                let cand = Candidate {
+                    lane,
+                    num_computed,
+                    wanted,
+                    min_tokens,
+                    kv_blocks_needed,
+                };
+                let ctx = MergeContext {
+                    token_budget_left: plan.budget,
+                    seq_available: is_running || self.running.len() < self.cfg.max_num_seqs,
+                    kv_headroom_blocks: headroom,
+                    running_is_empty: self.running.is_empty(),
+                    short_ttft_slack_ms: if lane == Lane::FastLane {
+                        f64::INFINITY
+                    } else {
+                        short_slack_ms
+                    },
+                };
+                let mut decision = should_merge(&self.cost, &self.cfg.merge, &draft, &cand, &ctx);
+                if decision.reason.merged()
+                    && kv
+                        .allocate_slots(id, num_computed, decision.tokens)
+                        .is_none()
+                {
+                    decision.reason = MergeReason::KvAllocation;
+                }
+                self.stats.count_merge(decision.reason);
+                tracing::debug!(
+                    %id,
+                    lane = lane.as_str(),
+                    reason = decision.reason.as_str(),
+                    wanted,
+                    tokens = decision.tokens,
+                    "merge decision"
+                );
+                if !decision.reason.merged() {
+                    if lane == Lane::FastLane && !is_running {
+                        // It waits for the next step: what this step may still add is bounded
+                        // by its TTFT deadline, less its own prefill step after this one.
+                        let mut alone = decode_only.features;
+                        alone.add_seq(uncomputed, req.num_tokens());
+                        let deadline_ms = (req.arrival - now) * 1e3 + self.cfg.slo.short.ttft_ms;
+                        short_slack_ms =
+                            short_slack_ms.min(deadline_ms - self.cost.predict_ms(&alone));
+                    }
+                    continue;
+                }
+                let tokens = decision.tokens;
+                draft.add_prefill(num_computed, tokens);
+                plan.scheduled.push((id, tokens));
+                plan.budget -= tokens;
+                in_step.insert(id);
+                if lane == Lane::LongStream {
+                    long_left = long_left.saturating_sub(tokens);
+                }
+                if !is_running {
+                    headroom = (headroom - kv_blocks_needed as f64).max(0.0);
+                    admitted_now.insert(id);
+                    self.running.push(id);
+                    let req = self.requests.get_mut(&id).expect("candidate is known");
+                    req.num_computed = num_computed;
+                    req.status = Status::Running;
+                    if !req.ever_scheduled {
+                        req.ever_scheduled = true;
+                        plan.admitted.push(id);
+                    }
+                }
+            }
+        }
+        if !admitted_now.is_empty() {
+            self.waiting.retain(|id| !admitted_now.contains(id));
+        }
+    }
+
+    /// Allocates every decode's slot, preempting the lowest-priority running request not yet in
+    /// the step when blocks run out.
+    fn schedule_decodes(
+        &mut self,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        draft: &mut StepDraft,
+        in_step: &mut HashSet<RequestId>,
+    ) {
+        let decodes: Vec<RequestId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.requests[id].num_uncomputed() == 1)
+            .collect();
+        for id in decodes {
+            if plan.budget == 0 {
+                self.stats.count_merge(MergeReason::TokenBudget);
+                break;
+            }
+            if self.requests[&id].status != Status::Running {
+                continue; // preempted as a victim of an earlier decode
+            }
+            let num_computed = self.requests[&id].num_computed;
+            let mut fits = true;
+            while kv.allocate_slots(id, num_computed, 1).is_none() {
+                let victim = self.pick_victim(in_step).unwrap_or(id);
+                self.running.retain(|&r| r != victim);
+                self.preempt(victim, kv);
+                plan.preempted.push(victim);
+                if victim == id {
+                    fits = false;
+                    break;
+                }
+            }
+            if !fits {
+                continue;
+            }
+            let req = &self.requests[&id];
+            let target = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
+            draft.add_decode(num_computed + 1, target);
+            plan.scheduled.push((id, 1));
+            plan.budget -= 1;
+            in_step.insert(id);
+        }
+    }
+
+    /// The running request to preempt first: the longest class, then the latest admitted,
+    /// among those not in the step yet.
+    fn pick_victim(&self, in_step: &HashSet<RequestId>) -> Option<RequestId> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| !in_step.contains(id))
+            .max_by_key(|&(i, id)| (self.requests[id].class, i))
+            .map(|(_, id)| *id)
+    }
+
+    /// Output tokens a request is still expected to generate.
+    fn expected_remaining_output(&self, req: &Request) -> usize {
+        let left = req
+            .params
+            .max_tokens
+            .saturating_sub(req.num_output_tokens());
+        let expected =
+            (self.expected_output().ceil() as usize).saturating_sub(req.num_output_tokens());
+        left.min(expected)
+    }
+
+    /// Blocks a running request will still take: the rest of its prompt and its expected output.
+    fn expected_growth_blocks(&self, id: RequestId, kv: &KvCacheManager) -> usize {
+        let req = &self.requests[&id];
+        let total = req.num_tokens() + self.expected_remaining_output(req);
+        total
+            .div_ceil(kv.block_size())
+            .saturating_sub(kv.block_table(id).len())
+    }
+
     /// Tokens to compute for a request this step: all it has not computed, within the budget and
     /// the per-request prefill cap.
     fn chunk_size(&self, num_uncomputed: usize, budget: usize) -> usize {
@@ -232,7 +728,7 @@ impl Scheduler {
         req.num_computed = 0;
         req.status = Status::Waiting;
         self.waiting.push_front(id);
-        self.num_preemptions += 1;
+        self.stats.preemptions += 1;
     }
 
     /// A sequence may not outgrow the model's context, nor the whole KV pool (it could never
@@ -294,13 +790,21 @@ impl Scheduler {
 
     /// Folds a completed step into the requests: K/V computed, tokens appended, stop checks,
     /// finished requests freed. Returns an update for each request that got a token or finished.
+    /// `now` is when the step's tokens came back (TTFT/ITL for the SLO monitor); `step.elapsed`
+    /// feeds the step-time model.
     pub fn update_from_output(
         &mut self,
         out: &SchedulerOutput,
         step: &StepOutput,
         kv: &mut KvCacheManager,
+        now: f64,
     ) -> Vec<RequestUpdate> {
         let max_len = self.max_len(kv);
+        if !out.batch.seqs.is_empty() {
+            let f = StepFeatures::from_batch(&out.batch);
+            self.cost.observe(&f, step.elapsed.as_secs_f64() * 1e3);
+        }
+        let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
         let mut updates = Vec::with_capacity(out.batch.num_sampled() + out.finished_early.len());
         updates.extend(
             out.finished_early
@@ -343,6 +847,15 @@ impl Scheduler {
                     req.tokens.push(t);
                     new_token_ids.push(t);
                     finished = req.check_stop(max_len);
+                    if monitor_on {
+                        let (metric, since) = match req.last_token_at {
+                            None => (SloMetric::Ttft, req.arrival),
+                            Some(last) => (SloMetric::Itl, last),
+                        };
+                        self.monitor
+                            .record(req.class, metric, now, (now - since) * 1e3);
+                    }
+                    req.last_token_at = Some(now);
                 }
                 (true, None) => {
                     // A backend bug; recomputing the last position next step resamples it.
@@ -362,6 +875,9 @@ impl Scheduler {
                 num_output_tokens: req.num_output_tokens(),
             });
             if finished.is_some() {
+                let n = req.num_output_tokens() as f64;
+                self.mean_output += OUTPUT_EMA_ALPHA * (n - self.mean_output);
+                self.num_output_samples += 1;
                 self.requests.remove(&id);
                 kv.free(id);
                 any_finished = true;

@@ -3,21 +3,62 @@
 //! A pure core in the style of vLLM v1: [`Scheduler::schedule`] turns the queues into one
 //! flattened [`crate::executor::batch::BatchInput`] under a token budget, and
 //! [`Scheduler::update_from_output`] folds the sampled tokens back into the requests and reports
-//! [`RequestUpdate`]s. No clocks, I/O or threads: the scheduler actor wraps it, and the KV-block
-//! manager is lent to each call.
+//! [`RequestUpdate`]s. No clocks, I/O or threads: time comes in as explicit `now` arguments
+//! (seconds since any fixed epoch), so the actor runs the core on real time and `brook simulate`
+//! on simulated time. The KV-block manager is lent to each call.
+//!
+//! Two policies share the core ([`Policy`]): `fcfs` (a token budget, running requests first, then
+//! admissions in arrival order) and `adaptive` (request classes, the batch-merge policy, the SLO
+//! monitor with emergency mode; see [`policy`] and [`slo`]). Admission control applies to both.
 pub mod actor;
-pub mod core;
+mod admission;
+mod class;
+mod core;
+pub mod cost_model;
 mod output;
+pub mod policy;
 mod request;
+pub mod slo;
+mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::Scheduler;
-pub use self::output::{RequestUpdate, SchedulerOutput};
-pub use self::request::NewRequest;
+use serde::Deserialize;
 
-/// Limits of one engine step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+pub use self::admission::{Admission, OverloadReason};
+pub use self::class::RequestClass;
+pub use self::core::Scheduler;
+pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
+pub use self::output::{RequestUpdate, SchedulerOutput};
+pub use self::policy::{Lane, MergeReason};
+pub use self::request::NewRequest;
+pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
+pub use self::stats::SchedulerStats;
+
+/// Which scheduling policy the core runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Token budget; running requests first, then admissions in arrival order.
+    #[default]
+    Fcfs,
+    /// Request classes, SLO-aware batch merging, emergency mode.
+    Adaptive,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Fcfs => "fcfs",
+            Policy::Adaptive => "adaptive",
+        }
+    }
+}
+
+/// Limits of one engine step, and the policy knobs. Every field has a default, so a TOML
+/// `[scheduler]` table only names what it changes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
     /// Requests in the running set at most (the batch's sequence count).
     pub max_num_seqs: usize,
@@ -26,8 +67,19 @@ pub struct SchedulerConfig {
     /// Context length of the model; a sequence finishes with `Length` when it reaches it.
     pub max_model_len: usize,
     /// Caps one request's prefill chunk per step so that a long prompt leaves budget to others;
-    /// 0 turns the cap off.
+    /// 0 turns the cap off. In `adaptive`, it caps the normal lane's chunks.
     pub long_prefill_token_threshold: usize,
+    pub policy: Policy,
+    pub classes: ClassConfig,
+    pub slo: SloConfig,
+    pub merge: MergeConfig,
+    pub emergency: EmergencyConfig,
+    pub admission: AdmissionConfig,
+    /// Step-time model used until the online fit has enough samples (and as its prior).
+    pub cost_fallback: CostCoefficients,
+    /// Speculative-decoding depth outside emergency mode (0 = off); emergency mode caps it at 1.
+    /// Read through [`Scheduler::speculative_depth`].
+    pub speculative_depth: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -35,8 +87,185 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
-            max_model_len: 4096,
-            long_prefill_token_threshold: 0,
+            // 0 = the model's max_position_embeddings (resolved by the engine at start).
+            max_model_len: 0,
+            long_prefill_token_threshold: 512,
+            policy: Policy::Fcfs,
+            classes: ClassConfig::default(),
+            slo: SloConfig::default(),
+            merge: MergeConfig::default(),
+            emergency: EmergencyConfig::default(),
+            admission: AdmissionConfig::default(),
+            cost_fallback: CostCoefficients::default(),
+            speculative_depth: 0,
+        }
+    }
+}
+
+/// Prompt-length thresholds of the request classes (seed: < 128 short, > 8k long).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Prompts shorter than this are `short`: the fast lane.
+    pub short_below: usize,
+    /// Prompts longer than this are `long`: streaming prefill.
+    pub long_above: usize,
+    /// Most tokens of long-prompt prefill in one step (all long requests together), so a document
+    /// streams in beside the short requests instead of blocking them.
+    pub long_prefill_budget: usize,
+}
+
+impl Default for ClassConfig {
+    fn default() -> Self {
+        ClassConfig {
+            short_below: 128,
+            long_above: 8192,
+            long_prefill_budget: 512,
+        }
+    }
+}
+
+/// Latency objectives of one class, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSlo {
+    /// Time to first token, from arrival.
+    pub ttft_ms: f64,
+    /// Inter-token latency: the gap between two output tokens of a request.
+    pub itl_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SloConfig {
+    pub short: ClassSlo,
+    pub medium: ClassSlo,
+    pub long: ClassSlo,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        SloConfig {
+            short: ClassSlo {
+                ttft_ms: 300.0,
+                itl_ms: 50.0,
+            },
+            medium: ClassSlo {
+                ttft_ms: 800.0,
+                itl_ms: 50.0,
+            },
+            long: ClassSlo {
+                ttft_ms: 4000.0,
+                itl_ms: 50.0,
+            },
+        }
+    }
+}
+
+impl SloConfig {
+    pub fn of(&self, class: RequestClass) -> ClassSlo {
+        match class {
+            RequestClass::Short => self.short,
+            RequestClass::Medium => self.medium,
+            RequestClass::Long => self.long,
+        }
+    }
+}
+
+/// Knobs of `should_merge` (adaptive policy).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MergeConfig {
+    /// Fraction of the KV pool kept free (never planned for).
+    pub kv_watermark: f64,
+    /// A new request is admitted only if its blocks (prompt now, expected output later) fit in
+    /// this fraction of the free blocks left after the watermark and the running requests' own
+    /// expected growth.
+    pub kv_threshold: f64,
+    /// Expected output length before enough requests have finished to estimate it.
+    pub expected_output_tokens: usize,
+    /// A step is planned to take at most this fraction of the tightest ITL SLO among its decodes.
+    pub itl_headroom: f64,
+    /// Smallest prefill chunk worth trimming a candidate to; below it the candidate waits.
+    pub min_chunk_tokens: usize,
+    /// When a step holds no prefill at all, the first prefill candidate gets this many tokens
+    /// whatever the latency prediction says, so waiting requests always progress.
+    pub progress_tokens: usize,
+}
+
+impl Default for MergeConfig {
+    fn default() -> Self {
+        MergeConfig {
+            kv_watermark: 0.01,
+            kv_threshold: 0.9,
+            expected_output_tokens: 256,
+            itl_headroom: 0.9,
+            min_chunk_tokens: 32,
+            progress_tokens: 64,
+        }
+    }
+}
+
+/// The SLO monitor and emergency mode (adaptive policy).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmergencyConfig {
+    pub enabled: bool,
+    /// Sliding window of the P95s, seconds.
+    pub window_s: f64,
+    /// Samples per class and metric kept at most (the window is the shorter of the two).
+    pub max_samples: usize,
+    /// A class's P95 is judged only with at least this many samples in its window.
+    pub min_samples: usize,
+    /// The percentile watched.
+    pub percentile: f64,
+    /// Emergency mode ends once every P95 has stayed under `exit_ratio` × its SLO this long.
+    pub exit_hold_s: f64,
+    pub exit_ratio: f64,
+    /// Sequences longer than this × the running batch's mean length are paused on entry.
+    pub pause_length_factor: f64,
+    /// Seconds between two evaluations of the P95s.
+    pub eval_interval_s: f64,
+}
+
+impl Default for EmergencyConfig {
+    fn default() -> Self {
+        EmergencyConfig {
+            enabled: true,
+            window_s: 10.0,
+            max_samples: 4096,
+            min_samples: 20,
+            percentile: 0.95,
+            exit_hold_s: 5.0,
+            exit_ratio: 1.0,
+            pause_length_factor: 2.0,
+            eval_interval_s: 0.25,
+        }
+    }
+}
+
+/// Waiting-queue bounds (both policies) and early rejection (adaptive).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    pub max_waiting_requests: usize,
+    /// Prompt tokens of all waiting requests together.
+    pub max_waiting_prompt_tokens: usize,
+    /// Reject at once a request whose TTFT SLO its prefill alone would miss on an idle engine.
+    pub early_reject: bool,
+    /// Bounds of the `retry_after_ms` hint.
+    pub min_retry_after_ms: u64,
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            max_waiting_requests: 1024,
+            max_waiting_prompt_tokens: 1 << 20,
+            early_reject: true,
+            min_retry_after_ms: 100,
+            max_retry_after_ms: 30_000,
         }
     }
 }
@@ -53,6 +282,51 @@ impl SchedulerConfig {
         if self.max_model_len == 0 {
             return Err("max_model_len must be at least 1".into());
         }
+        let c = &self.classes;
+        if c.short_below > c.long_above + 1 {
+            return Err("classes.short_below must be <= classes.long_above + 1".into());
+        }
+        if c.long_prefill_budget == 0 {
+            return Err("classes.long_prefill_budget must be at least 1".into());
+        }
+        for (name, s) in [
+            ("short", self.slo.short),
+            ("medium", self.slo.medium),
+            ("long", self.slo.long),
+        ] {
+            if !(s.ttft_ms > 0.0 && s.itl_ms > 0.0) {
+                return Err(format!("slo.{name}: ttft_ms and itl_ms must be > 0"));
+            }
+        }
+        let m = &self.merge;
+        if !(0.0..1.0).contains(&m.kv_watermark) {
+            return Err("merge.kv_watermark must be in [0, 1)".into());
+        }
+        if !(m.kv_threshold > 0.0 && m.kv_threshold <= 1.0) {
+            return Err("merge.kv_threshold must be in (0, 1]".into());
+        }
+        if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
+            return Err("merge.itl_headroom must be in (0, 1]".into());
+        }
+        let e = &self.emergency;
+        if !(e.percentile > 0.0 && e.percentile < 1.0) {
+            return Err("emergency.percentile must be in (0, 1)".into());
+        }
+        if !(e.window_s > 0.0 && e.max_samples > 0 && e.pause_length_factor >= 1.0) {
+            return Err(
+                "emergency: window_s and max_samples must be > 0, pause_length_factor >= 1".into(),
+            );
+        }
+        let a = &self.admission;
+        if a.max_waiting_requests == 0 || a.max_waiting_prompt_tokens == 0 {
+            return Err(
+                "admission: max_waiting_requests and max_waiting_prompt_tokens must be > 0".into(),
+            );
+        }
+        if a.min_retry_after_ms > a.max_retry_after_ms {
+            return Err("admission.min_retry_after_ms must be <= max_retry_after_ms".into());
+        }
+        self.cost_fallback.validate()?;
         Ok(())
     }
 }

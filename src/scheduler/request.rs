@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
+use crate::scheduler::RequestClass;
 
 /// A tokenized, validated request handed to the scheduler.
 #[derive(Debug, Clone)]
@@ -36,11 +37,25 @@ pub(crate) struct Request {
     pub status: Status,
     /// Whether it has been in a batch before (a resumed preempted request has).
     pub ever_scheduled: bool,
+    pub class: RequestClass,
+    /// Seconds, on the caller's clock.
+    pub arrival: f64,
+    /// When its last output token came back (None before the first).
+    pub last_token_at: Option<f64>,
+    /// Paused by emergency mode: waits until emergency mode ends.
+    pub paused: bool,
+    /// Paused once already; a request is paused at most once, so pauses cannot thrash.
+    pub was_paused: bool,
 }
 
 impl Request {
-    pub fn new(req: NewRequest) -> Self {
+    pub fn new(req: NewRequest, class: RequestClass, arrival: f64) -> Self {
         Request {
+            class,
+            arrival,
+            last_token_at: None,
+            paused: false,
+            was_paused: false,
             num_prompt_tokens: req.prompt_token_ids.len(),
             tokens: req.prompt_token_ids,
             num_computed: 0,

@@ -5,6 +5,8 @@
 //! prefix-cache hit change the output. Every run is compared with a plain, unbatched reference
 //! decode of the same requests.
 
+mod adaptive;
+
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -30,6 +32,7 @@ fn config() -> SchedulerConfig {
         max_num_batched_tokens: 64,
         max_model_len: 512,
         long_prefill_token_threshold: 0,
+        ..SchedulerConfig::default()
     }
 }
 
@@ -185,6 +188,9 @@ struct Engine {
     outputs: HashMap<RequestId, Vec<u32>>,
     finished: HashMap<RequestId, FinishReason>,
     steps: usize,
+    /// Simulated seconds: `schedule` runs at `t`, the step's results come back at `t + step_s`.
+    t: f64,
+    step_s: f64,
 }
 
 impl Engine {
@@ -198,12 +204,19 @@ impl Engine {
             outputs: HashMap::new(),
             finished: HashMap::new(),
             steps: 0,
+            t: 0.0,
+            step_s: 0.01,
         }
+    }
+
+    /// Simulated clock: each step takes `step_s`.
+    fn now(&self) -> f64 {
+        self.t
     }
 
     fn add(&mut self, req: NewRequest) {
         self.requests.insert(req.id, req.clone());
-        assert!(self.sched.add_request(req));
+        assert_eq!(self.sched.add_request(req, self.now()), Admission::Accepted);
     }
 
     fn known_tokens(&self, id: RequestId) -> Vec<u32> {
@@ -213,7 +226,8 @@ impl Engine {
     }
 
     fn schedule(&mut self) -> SchedulerOutput {
-        let out = self.sched.schedule(&mut self.kv);
+        let now = self.now();
+        let out = self.sched.schedule(&mut self.kv, now);
         let b = &out.batch;
         b.validate(BLOCK_SIZE, self.kv.num_blocks()).unwrap();
         assert!(b.num_tokens() <= self.cfg.max_num_batched_tokens);
@@ -273,7 +287,10 @@ impl Engine {
                 );
             }
         }
-        let updates = self.sched.update_from_output(out, step, &mut self.kv);
+        self.t += self.step_s;
+        let updates = self
+            .sched
+            .update_from_output(out, step, &mut self.kv, self.t);
         for u in &updates {
             assert!(
                 !self.finished.contains_key(&u.id),
@@ -692,14 +709,45 @@ fn a_missing_sampled_token_is_recomputed() {
 
 /// Many requests, random lengths, shared prefixes, arrivals over time, random aborts (some
 /// while a step is in flight), and a KV pool far smaller than the load.
-/// Returns (preemptions, prefix-cache hit tokens).
-fn randomized_run(seed: u64) -> (u64, u64) {
+/// Returns (preemptions, prefix-cache hit tokens, emergency pauses).
+fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cfg = SchedulerConfig {
+        policy,
         max_num_seqs: rng.random_range(2..12),
         max_num_batched_tokens: rng.random_range(8..96),
         max_model_len: rng.random_range(40..160),
         long_prefill_token_threshold: [0, 5, 16][rng.random_range(0..3)],
+        classes: ClassConfig {
+            short_below: 16,
+            long_above: 40,
+            long_prefill_budget: rng.random_range(4..32),
+        },
+        // Tight for 10 ms steps, so emergency mode comes and goes.
+        slo: SloConfig {
+            short: ClassSlo {
+                ttft_ms: 60.0,
+                itl_ms: 15.0,
+            },
+            ..SloConfig::default()
+        },
+        emergency: EmergencyConfig {
+            window_s: 0.5,
+            exit_hold_s: 0.2,
+            min_samples: 5,
+            eval_interval_s: 0.05,
+            pause_length_factor: 1.2,
+            ..EmergencyConfig::default()
+        },
+        merge: MergeConfig {
+            expected_output_tokens: 4,
+            ..MergeConfig::default()
+        },
+        admission: AdmissionConfig {
+            early_reject: false,
+            ..AdmissionConfig::default()
+        },
+        ..SchedulerConfig::default()
     };
     let num_blocks = rng.random_range(12..40);
     let mut e = Engine::new(cfg, num_blocks);
@@ -764,6 +812,7 @@ fn randomized_run(seed: u64) -> (u64, u64) {
     (
         e.sched.num_preemptions(),
         e.kv.prefix_cache_stats().hit_tokens,
+        e.sched.stats().emergency_pauses,
     )
 }
 
@@ -771,7 +820,7 @@ fn randomized_run(seed: u64) -> (u64, u64) {
 fn randomized_load_with_aborts_keeps_invariants() {
     let (mut preemptions, mut hits) = (0, 0);
     for seed in 1..=24 {
-        let (p, h) = randomized_run(seed);
+        let (p, h, _) = randomized_run(seed, Policy::Fcfs);
         preemptions += p;
         hits += h;
     }
@@ -779,5 +828,20 @@ fn randomized_load_with_aborts_keeps_invariants() {
     assert!(
         preemptions > 0 && hits > 0,
         "preemptions {preemptions}, hit tokens {hits}"
+    );
+}
+
+#[test]
+fn randomized_load_with_aborts_keeps_invariants_adaptive() {
+    let (mut preemptions, mut hits, mut pauses) = (0, 0, 0);
+    for seed in 1..=24 {
+        let (p, h, z) = randomized_run(seed, Policy::Adaptive);
+        preemptions += p;
+        hits += h;
+        pauses += z;
+    }
+    assert!(
+        preemptions > pauses && hits > 0 && pauses > 0,
+        "preemptions {preemptions}, hit tokens {hits}, pauses {pauses}"
     );
 }

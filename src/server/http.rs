@@ -10,7 +10,9 @@ use crate::kv::actor::GetKvUsage;
 const INDEX_HTML: &str = include_str!("../../static/index.html");
 
 pub async fn index() -> HttpResponse {
-    HttpResponse::Ok().content_type(ContentType::html()).body(INDEX_HTML)
+    HttpResponse::Ok()
+        .content_type(ContentType::html())
+        .body(INDEX_HTML)
 }
 
 pub async fn health(engine: web::Data<EngineHandle>) -> HttpResponse {
@@ -23,14 +25,18 @@ pub async fn health(engine: web::Data<EngineHandle>) -> HttpResponse {
             "kv_blocks_used": u.used_blocks,
             "kv_blocks_total": u.total_blocks,
         })),
-        Err(e) => HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "message": e.to_string()})),
+        Err(e) => HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unavailable", "message": e.to_string()})),
     }
 }
 
 pub async fn metrics(engine: web::Data<EngineHandle>) -> HttpResponse {
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(engine.metrics.render())
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(engine.metrics.render())
 }
 
 pub async fn not_found() -> HttpResponse {
-    HttpResponse::NotFound().json(json!({"error": "not_found", "message": "routes: GET /, /health, /metrics, /v1/ws"}))
+    HttpResponse::NotFound()
+        .json(json!({"error": "not_found", "message": "routes: GET /, /health, /metrics, /v1/ws"}))
 }

@@ -20,7 +20,11 @@ pub fn configure(engine: Arc<EngineHandle>) -> impl FnOnce(&mut web::ServiceConf
 }
 
 /// Binds and returns the running server; the caller awaits it.
-pub fn bind(engine: Arc<EngineHandle>, host: &str, port: u16) -> std::io::Result<(actix_web::dev::Server, u16)> {
+pub fn bind(
+    engine: Arc<EngineHandle>,
+    host: &str,
+    port: u16,
+) -> std::io::Result<(actix_web::dev::Server, u16)> {
     let server = HttpServer::new(move || App::new().configure(configure(engine.clone())))
         .workers(2)
         .bind((host, port))?;

@@ -31,11 +31,24 @@ struct Tagged(Arc<str>, StreamEvent);
 
 impl Session {
     pub fn new(engine: Arc<EngineHandle>) -> Self {
-        Session { engine, inflight: HashMap::new(), last_heard: Instant::now() }
+        Session {
+            engine,
+            inflight: HashMap::new(),
+            last_heard: Instant::now(),
+        }
     }
 
-    fn send_error(&self, ctx: &mut ws::WebsocketContext<Self>, id: Option<&str>, err: &EngineError) {
-        self.engine.metrics.request_errors.with_label_values(&[err.code()]).inc();
+    fn send_error(
+        &self,
+        ctx: &mut ws::WebsocketContext<Self>,
+        id: Option<&str>,
+        err: &EngineError,
+    ) {
+        self.engine
+            .metrics
+            .request_errors
+            .with_label_values(&[err.code()])
+            .inc();
         ctx.text(ServerFrame::error(id, err).to_json());
     }
 
@@ -52,7 +65,10 @@ impl Session {
                 }
                 if self.inflight.len() >= self.engine.limits.max_requests_per_connection {
                     let err = EngineError::Overloaded {
-                        reason: format!("{} requests already in flight on this connection", self.inflight.len()),
+                        reason: format!(
+                            "{} requests already in flight on this connection",
+                            self.inflight.len()
+                        ),
                         retry_after_ms: 100,
                     };
                     return self.send_error(ctx, Some(&g.id), &err);
@@ -64,7 +80,9 @@ impl Session {
                 };
                 let (req_id, rx) = self.engine.submit(prepared);
                 self.inflight.insert(id.clone(), req_id);
-                let events = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) });
+                let events = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|ev| (ev, rx))
+                });
                 let tagged = futures_util::StreamExt::map(events, move |ev| Tagged(id.clone(), ev));
                 ctx.add_stream(tagged);
             }
@@ -108,7 +126,9 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
         match msg {
             Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
             Ok(ws::Message::Binary(_)) => {
-                let err = EngineError::InvalidJson("binary frames are not accepted; send JSON text frames".into());
+                let err = EngineError::InvalidJson(
+                    "binary frames are not accepted; send JSON text frames".into(),
+                );
                 self.send_error(ctx, None, &err);
             }
             Ok(ws::Message::Ping(p)) => ctx.pong(&p),
@@ -132,7 +152,10 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             }
             Err(e) => {
                 tracing::debug!("websocket protocol error: {e}");
-                ctx.close(Some(ws::CloseReason { code: ws::CloseCode::Protocol, description: Some(e.to_string()) }));
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Protocol,
+                    description: Some(e.to_string()),
+                }));
                 ctx.stop();
             }
         }
@@ -152,8 +175,14 @@ impl StreamHandler<Tagged> for Session {
 }
 
 /// `GET /v1/ws`: upgrade to a WebSocket served by a new `Session`.
-pub async fn ws_route(req: HttpRequest, stream: web::Payload, engine: web::Data<EngineHandle>) -> actix_web::Result<HttpResponse> {
+pub async fn ws_route(
+    req: HttpRequest,
+    stream: web::Payload,
+    engine: web::Data<EngineHandle>,
+) -> actix_web::Result<HttpResponse> {
     let max_frame = engine.limits.max_frame_bytes;
     let session = Session::new(engine.into_inner());
-    ws::WsResponseBuilder::new(session, &req, stream).frame_size(max_frame).start()
+    ws::WsResponseBuilder::new(session, &req, stream)
+        .frame_size(max_frame)
+        .start()
 }

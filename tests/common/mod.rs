@@ -61,7 +61,12 @@ pub async fn start_server_with(cfg: Config, spec: &TestModelSpec) -> TestServer 
     let (server, port) = brook::server::bind(engine.clone(), "127.0.0.1", 0).unwrap();
     let handle = server.handle();
     actix_rt::spawn(server);
-    TestServer { port, engine, _dir: dir, handle }
+    TestServer {
+        port,
+        engine,
+        _dir: dir,
+        handle,
+    }
 }
 
 pub fn start_engine(cfg: &Config, path: &Path) -> Arc<EngineHandle> {
@@ -82,11 +87,17 @@ impl Client {
             .connect()
             .await
             .unwrap();
-        Client { conn, last_close: None }
+        Client {
+            conn,
+            last_close: None,
+        }
     }
 
     pub async fn send_text(&mut self, text: impl Into<String>) {
-        self.conn.send(ws::Message::Text(text.into().into())).await.unwrap();
+        self.conn
+            .send(ws::Message::Text(text.into().into()))
+            .await
+            .unwrap();
     }
 
     pub async fn send(&mut self, v: Value) {
@@ -94,13 +105,18 @@ impl Client {
     }
 
     pub async fn send_binary(&mut self, b: Vec<u8>) {
-        self.conn.send(ws::Message::Binary(Bytes::from(b))).await.unwrap();
+        self.conn
+            .send(ws::Message::Binary(Bytes::from(b)))
+            .await
+            .unwrap();
     }
 
     /// Next JSON frame (skipping pings), or None when the socket closed. Panics on timeout.
     pub async fn recv(&mut self) -> Option<Value> {
         loop {
-            let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next()).await.expect("no frame within 60 s");
+            let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next())
+                .await
+                .expect("no frame within 60 s");
             match frame {
                 Some(Ok(ws::Frame::Text(t))) => return Some(serde_json::from_slice(&t).unwrap()),
                 Some(Ok(ws::Frame::Ping(p))) => {
@@ -140,11 +156,18 @@ impl Client {
 
 /// Concatenated delta text of one request's frames.
 pub fn text_of(frames: &[Value]) -> String {
-    frames.iter().filter(|f| f["type"] == "delta").map(|f| f["text"].as_str().unwrap()).collect()
+    frames
+        .iter()
+        .filter(|f| f["type"] == "delta")
+        .map(|f| f["text"].as_str().unwrap())
+        .collect()
 }
 
 pub fn terminal(frames: &[Value]) -> &Value {
-    let terms: Vec<&Value> = frames.iter().filter(|f| f["type"] == "done" || f["type"] == "error").collect();
+    let terms: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["type"] == "done" || f["type"] == "error")
+        .collect();
     assert_eq!(terms.len(), 1, "exactly one terminal frame: {frames:?}");
     terms[0]
 }
@@ -177,5 +200,8 @@ pub async fn wait_idle(server: &TestServer) -> String {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("engine did not become idle: {}", http_get(&server.url("/metrics")).await);
+    panic!(
+        "engine did not become idle: {}",
+        http_get(&server.url("/metrics")).await
+    );
 }

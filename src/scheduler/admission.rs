@@ -1,0 +1,69 @@
+//! Admission control: what `Scheduler::add_request` answers.
+
+use serde::Serialize;
+
+use crate::error::EngineError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverloadReason {
+    /// The waiting queue holds `admission.max_waiting_requests` requests.
+    QueueRequests,
+    /// The waiting prompts would exceed `admission.max_waiting_prompt_tokens`.
+    QueueTokens,
+    /// Its prefill, behind the prompts queued ahead of it in its lane, cannot finish within its
+    /// TTFT SLO even with the whole step budget (adaptive, `admission.early_reject`).
+    TtftUnreachable,
+}
+
+impl OverloadReason {
+    pub const ALL: [OverloadReason; 3] = [
+        OverloadReason::QueueRequests,
+        OverloadReason::QueueTokens,
+        OverloadReason::TtftUnreachable,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverloadReason::QueueRequests => "queue_requests",
+            OverloadReason::QueueTokens => "queue_tokens",
+            OverloadReason::TtftUnreachable => "ttft_unreachable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Accepted,
+    /// A request with this id is already known; nothing changed.
+    Duplicate,
+    /// Refused: the client should retry after `retry_after_ms`.
+    Overloaded {
+        reason: OverloadReason,
+        retry_after_ms: u64,
+    },
+}
+
+impl Admission {
+    pub fn is_accepted(self) -> bool {
+        self == Admission::Accepted
+    }
+
+    /// The error for the client (`overloaded`, HTTP 429), if refused for load.
+    pub fn to_error(self) -> Option<EngineError> {
+        match self {
+            Admission::Overloaded {
+                reason,
+                retry_after_ms,
+            } => Some(EngineError::Overloaded {
+                reason: reason.as_str().replace('_', " "),
+                retry_after_ms,
+            }),
+            _ => None,
+        }
+    }
+}

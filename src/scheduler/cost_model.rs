@@ -1,0 +1,266 @@
+//! Step-time model: predicted executor time of a batch from its shape, fitted online.
+//!
+//! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs` (ms).
+//! The first four are the features `BatchInput` exposes; the last is the quadratic part of a
+//! prefill chunk's attention (each query token reads its whole context), which dominates the
+//! chunks of a long document and is not visible in the other three.
+//!
+//! Fitting is ridge least squares with exponential forgetting (so the model follows a backend
+//! whose speed drifts), pulled toward the configured fallback coefficients in proportion to how
+//! little each feature has been excited, and constrained to non-negative coefficients (a negative
+//! cost per token would let the scheduler plan arbitrarily large steps).
+
+use serde::{Deserialize, Serialize};
+
+use crate::executor::batch::BatchInput;
+
+const N: usize = 5;
+
+/// Coefficients of the step-time model, milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CostCoefficients {
+    /// Fixed cost of a step (weights read once, launch overheads).
+    pub base_ms: f64,
+    pub per_prefill_token_ms: f64,
+    pub per_decode_seq_ms: f64,
+    /// Per K/V token attention reads (sum of context lengths).
+    pub per_kv_token_ms: f64,
+    /// Per (prefill query token × context token) pair.
+    pub per_prefill_attn_pair_ms: f64,
+}
+
+impl Default for CostCoefficients {
+    /// A 7B model (Llama-2-7B shapes, bf16) on one H200; see `configs/workloads/README.md` for
+    /// the derivation. Only a prior: the online fit replaces it.
+    fn default() -> Self {
+        CostCoefficients {
+            base_ms: 3.6,
+            per_prefill_token_ms: 0.035,
+            per_decode_seq_ms: 0.015,
+            per_kv_token_ms: 1.3e-4,
+            per_prefill_attn_pair_ms: 1.3e-6,
+        }
+    }
+}
+
+impl CostCoefficients {
+    fn to_array(self) -> [f64; N] {
+        [
+            self.base_ms,
+            self.per_prefill_token_ms,
+            self.per_decode_seq_ms,
+            self.per_kv_token_ms,
+            self.per_prefill_attn_pair_ms,
+        ]
+    }
+
+    fn from_array(a: [f64; N]) -> Self {
+        CostCoefficients {
+            base_ms: a[0],
+            per_prefill_token_ms: a[1],
+            per_decode_seq_ms: a[2],
+            per_kv_token_ms: a[3],
+            per_prefill_attn_pair_ms: a[4],
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.to_array().iter().all(|c| c.is_finite() && *c >= 0.0) {
+            Ok(())
+        } else {
+            Err("cost coefficients must be finite and >= 0".into())
+        }
+    }
+
+    pub fn predict_ms(&self, f: &StepFeatures) -> f64 {
+        dot(&self.to_array(), &f.to_array())
+    }
+}
+
+/// The shape of a (planned or executed) step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepFeatures {
+    pub prefill_tokens: f64,
+    pub decode_seqs: f64,
+    pub kv_tokens_read: f64,
+    pub prefill_attn_pairs: f64,
+}
+
+impl StepFeatures {
+    pub fn from_batch(batch: &BatchInput) -> Self {
+        let mut f = StepFeatures::default();
+        for s in &batch.seqs {
+            f.add_seq(s.query_len, s.context_len);
+        }
+        f
+    }
+
+    /// Adds one sequence computing `query_len` tokens that end at `context_len`. A 1-token query
+    /// counts as a decode, as in `BatchInput::num_decode_seqs`.
+    pub fn add_seq(&mut self, query_len: usize, context_len: usize) {
+        self.kv_tokens_read += context_len as f64;
+        if query_len == 1 {
+            self.decode_seqs += 1.0;
+        } else {
+            self.prefill_tokens += query_len as f64;
+            self.prefill_attn_pairs += prefill_pairs(query_len, context_len);
+        }
+    }
+
+    fn to_array(self) -> [f64; N] {
+        [
+            1.0,
+            self.prefill_tokens,
+            self.decode_seqs,
+            self.kv_tokens_read,
+            self.prefill_attn_pairs,
+        ]
+    }
+}
+
+/// Causal attention pairs of a chunk of `q` tokens ending at position `ctx`.
+fn prefill_pairs(q: usize, ctx: usize) -> f64 {
+    q as f64 * (ctx as f64 - q as f64 / 2.0)
+}
+
+fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Online ridge least squares over [`StepFeatures`].
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    prior: [f64; N],
+    coef: [f64; N],
+    xtx: [[f64; N]; N],
+    xty: [f64; N],
+    samples: u64,
+    min_samples: u64,
+    /// Weight of the previous sums at each new sample.
+    forgetting: f64,
+    /// Pull toward the prior, relative to each feature's own excitation.
+    ridge: f64,
+}
+
+impl CostModel {
+    pub fn new(fallback: CostCoefficients) -> Self {
+        let prior = fallback.to_array();
+        CostModel {
+            prior,
+            coef: prior,
+            xtx: [[0.0; N]; N],
+            xty: [0.0; N],
+            samples: 0,
+            min_samples: 32,
+            forgetting: 0.998,
+            ridge: 1e-6,
+        }
+    }
+
+    /// Steps observed so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Whether the fit (rather than the fallback) is in use.
+    pub fn is_fitted(&self) -> bool {
+        self.samples >= self.min_samples
+    }
+
+    pub fn coefficients(&self) -> CostCoefficients {
+        CostCoefficients::from_array(self.coef)
+    }
+
+    pub fn predict_ms(&self, f: &StepFeatures) -> f64 {
+        dot(&self.coef, &f.to_array())
+    }
+
+    /// Folds in one measured step.
+    pub fn observe(&mut self, f: &StepFeatures, elapsed_ms: f64) {
+        if !elapsed_ms.is_finite() || elapsed_ms <= 0.0 {
+            return;
+        }
+        let x = f.to_array();
+        for i in 0..N {
+            for j in 0..N {
+                self.xtx[i][j] = self.forgetting * self.xtx[i][j] + x[i] * x[j];
+            }
+            self.xty[i] = self.forgetting * self.xty[i] + x[i] * elapsed_ms;
+        }
+        self.samples += 1;
+        if self.is_fitted() {
+            if let Some(c) = self.solve() {
+                self.coef = c;
+            }
+        }
+    }
+
+    /// Non-negative ridge solution by active set: solve, pin negative coefficients at 0, repeat.
+    fn solve(&self) -> Option<[f64; N]> {
+        let mut free = [true; N];
+        for _ in 0..N {
+            let mut a = [[0.0; N]; N];
+            let mut b = [0.0; N];
+            for i in 0..N {
+                if !free[i] {
+                    a[i][i] = 1.0;
+                    continue;
+                }
+                // Ridge scaled by the feature's own energy, plus a floor: an unexcited feature
+                // (a zero column) keeps its prior exactly.
+                let w = self.ridge * self.xtx[i][i] + 1e-12;
+                for j in 0..N {
+                    if free[j] {
+                        a[i][j] = self.xtx[i][j];
+                    }
+                }
+                a[i][i] += w;
+                b[i] = self.xty[i] + w * self.prior[i];
+            }
+            // Jacobi scaling: the features differ by ~10 orders of magnitude.
+            let d: [f64; N] = std::array::from_fn(|i| a[i][i].sqrt());
+            for i in 0..N {
+                for j in 0..N {
+                    a[i][j] /= d[i] * d[j];
+                }
+                b[i] /= d[i];
+            }
+            let mut c = gauss_solve(a, b)?;
+            for i in 0..N {
+                c[i] /= d[i];
+            }
+            match (0..N).find(|&i| free[i] && c[i] < 0.0) {
+                Some(i) => free[i] = false,
+                None => return c.iter().all(|v| v.is_finite()).then_some(c),
+            }
+        }
+        None
+    }
+}
+
+/// Gaussian elimination with partial pivoting; None when singular.
+fn gauss_solve(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
+    for col in 0..N {
+        let piv = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, piv);
+        b.swap(col, piv);
+        for row in col + 1..N {
+            let f = a[row][col] / a[col][col];
+            let pivot_row = a[col];
+            for (x, p) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                *x -= f * p;
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = [0.0; N];
+    for i in (0..N).rev() {
+        let s: f64 = (i + 1..N).map(|k| a[i][k] * x[k]).sum();
+        x[i] = (b[i] - s) / a[i][i];
+    }
+    Some(x)
+}

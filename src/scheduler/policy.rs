@@ -1,0 +1,275 @@
+//! The batch-merge policy of the adaptive scheduler.
+//!
+//! Each step starts from the running decodes (always in: their ITL is what the policy protects)
+//! and then considers candidate batches lane by lane ([`Lane`]): fast-lane prefills (short
+//! prompts), resumed preempted sequences, normal prefills, long-prefill chunks. [`should_merge`]
+//! fuses a candidate into the step only if
+//! 1. memory: the blocks it needs now and over its expected decode horizon fit under
+//!    `kv_threshold` × the free blocks left after the watermark and the running requests' own
+//!    expected growth (so an admission does not buy a preemption later), and
+//! 2. latency: the step time predicted by the fitted [`CostModel`] after merging stays within the
+//!    tightest ITL SLO of the decodes in the step (× `itl_headroom`) and within the TTFT slack of
+//!    every short request still waiting outside the step.
+//!
+//! A prefill that does not fit whole is trimmed to the largest chunk that does (not below
+//! `min_chunk_tokens`; short prompts are never split). Every decision carries a [`MergeReason`]
+//! that the scheduler counts and logs.
+
+use serde::Serialize;
+
+use crate::scheduler::cost_model::{CostModel, StepFeatures};
+use crate::scheduler::{MergeConfig, RequestClass};
+
+/// Candidate batches, in the order the adaptive scheduler considers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lane {
+    /// Running sequences decoding one token.
+    Decode,
+    /// Short prompts: first admission, whole prompt in one step.
+    FastLane,
+    /// Preempted or paused sequences that already produced tokens.
+    Resumed,
+    /// Medium prompts, chunked by `long_prefill_token_threshold`.
+    Normal,
+    /// Long prompts, streamed under `classes.long_prefill_budget` tokens per step.
+    LongStream,
+}
+
+impl Lane {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Decode => "decode",
+            Lane::FastLane => "fast_lane",
+            Lane::Resumed => "resumed",
+            Lane::Normal => "normal",
+            Lane::LongStream => "long_stream",
+        }
+    }
+
+    pub fn of_prefill(class: RequestClass) -> Lane {
+        match class {
+            RequestClass::Short => Lane::FastLane,
+            RequestClass::Medium => Lane::Normal,
+            RequestClass::Long => Lane::LongStream,
+        }
+    }
+}
+
+/// Why a candidate was (or was not) merged into a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MergeReason {
+    /// Merged whole: memory and latency within bounds.
+    Fits,
+    /// Merged with its chunk cut to the latency bound.
+    Trimmed,
+    /// Merged although over the latency bound: the step had no prefill, and waiting requests
+    /// must progress.
+    Progress,
+    /// Not merged: its blocks now plus its expected decode horizon exceed the KV threshold.
+    KvMemory,
+    /// Not merged: the step would exceed a running decode's ITL SLO.
+    DecodeItl,
+    /// Not merged: the step would push a waiting short request past its TTFT SLO.
+    ShortTtft,
+    /// Not merged: the step's token budget is spent.
+    TokenBudget,
+    /// Not merged: `max_num_seqs` sequences already run.
+    SeqLimit,
+    /// Not merged: the long lane's per-step budget is spent.
+    LongBudget,
+    /// Not merged: the KV manager had too few free blocks for the chunk.
+    KvAllocation,
+}
+
+impl MergeReason {
+    pub const ALL: [MergeReason; 10] = [
+        MergeReason::Fits,
+        MergeReason::Trimmed,
+        MergeReason::Progress,
+        MergeReason::KvMemory,
+        MergeReason::DecodeItl,
+        MergeReason::ShortTtft,
+        MergeReason::TokenBudget,
+        MergeReason::SeqLimit,
+        MergeReason::LongBudget,
+        MergeReason::KvAllocation,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn merged(self) -> bool {
+        matches!(
+            self,
+            MergeReason::Fits | MergeReason::Trimmed | MergeReason::Progress
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MergeReason::Fits => "fits",
+            MergeReason::Trimmed => "trimmed",
+            MergeReason::Progress => "progress",
+            MergeReason::KvMemory => "kv_memory",
+            MergeReason::DecodeItl => "decode_itl",
+            MergeReason::ShortTtft => "short_ttft",
+            MergeReason::TokenBudget => "token_budget",
+            MergeReason::SeqLimit => "seq_limit",
+            MergeReason::LongBudget => "long_budget",
+            MergeReason::KvAllocation => "kv_allocation",
+        }
+    }
+}
+
+/// The step so far ("a").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepDraft {
+    pub features: StepFeatures,
+    /// Whether a prefill chunk is in the step already.
+    pub has_prefill: bool,
+    /// Tightest ITL SLO × headroom over the decodes in the step, ms (infinite with none).
+    pub itl_target_ms: f64,
+}
+
+impl StepDraft {
+    pub fn new() -> Self {
+        StepDraft {
+            features: StepFeatures::default(),
+            has_prefill: false,
+            itl_target_ms: f64::INFINITY,
+        }
+    }
+
+    pub fn add_decode(&mut self, context_len: usize, itl_target_ms: f64) {
+        self.features.add_seq(1, context_len);
+        self.itl_target_ms = self.itl_target_ms.min(itl_target_ms);
+    }
+
+    pub fn add_prefill(&mut self, num_computed: usize, tokens: usize) {
+        self.features.add_seq(tokens, num_computed + tokens);
+        self.has_prefill = true;
+    }
+}
+
+impl Default for StepDraft {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One prefill candidate ("b").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub lane: Lane,
+    /// Tokens already in the cache (the chunk's context starts there).
+    pub num_computed: usize,
+    /// Tokens it would compute this step, after the lane's caps.
+    pub wanted: usize,
+    /// Smallest acceptable chunk (the whole prompt for a short request).
+    pub min_tokens: usize,
+    /// Blocks it needs now and over its expected decode horizon; 0 for a running request (its
+    /// need is already reserved).
+    pub kv_blocks_needed: usize,
+}
+
+/// What the step leaves for the candidate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MergeContext {
+    pub token_budget_left: usize,
+    /// Whether one more sequence may join (a waiting candidate joins the running set).
+    pub seq_available: bool,
+    /// Free blocks after the watermark and the running requests' expected growth, × threshold.
+    pub kv_headroom_blocks: f64,
+    /// Nothing runs: a candidate that needs more than the headroom is still admitted, or it
+    /// would never run.
+    pub running_is_empty: bool,
+    /// Tightest TTFT slack (ms) among short requests waiting outside the step, their own
+    /// prefill step deducted (infinite with none).
+    pub short_ttft_slack_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MergeDecision {
+    pub reason: MergeReason,
+    /// Tokens to schedule (0 when not merged).
+    pub tokens: usize,
+}
+
+impl MergeDecision {
+    fn no(reason: MergeReason) -> Self {
+        MergeDecision { reason, tokens: 0 }
+    }
+}
+
+/// Whether to fuse candidate `b` into step `a`, and with how many tokens.
+pub fn should_merge(
+    model: &CostModel,
+    cfg: &MergeConfig,
+    a: &StepDraft,
+    b: &Candidate,
+    ctx: &MergeContext,
+) -> MergeDecision {
+    if !ctx.seq_available {
+        return MergeDecision::no(MergeReason::SeqLimit);
+    }
+    let wanted = b.wanted.min(ctx.token_budget_left);
+    if wanted == 0 || wanted < b.min_tokens.min(b.wanted) {
+        return MergeDecision::no(MergeReason::TokenBudget);
+    }
+    if b.kv_blocks_needed as f64 > ctx.kv_headroom_blocks && !ctx.running_is_empty {
+        return MergeDecision::no(MergeReason::KvMemory);
+    }
+    let (cap_ms, cap_reason) = if a.itl_target_ms <= ctx.short_ttft_slack_ms {
+        (a.itl_target_ms, MergeReason::DecodeItl)
+    } else {
+        (ctx.short_ttft_slack_ms, MergeReason::ShortTtft)
+    };
+    let predict = |tokens: usize| {
+        let mut f = a.features;
+        f.add_seq(tokens, b.num_computed + tokens);
+        model.predict_ms(&f)
+    };
+    if predict(wanted) <= cap_ms {
+        let reason = if wanted < b.wanted {
+            MergeReason::Trimmed
+        } else {
+            MergeReason::Fits
+        };
+        return MergeDecision {
+            reason,
+            tokens: wanted,
+        };
+    }
+    // The largest chunk within the bound: predict() grows with the chunk, so bisect.
+    let floor = b.min_tokens.max(cfg.min_chunk_tokens.min(wanted)).max(1);
+    if floor < wanted && predict(floor) <= cap_ms {
+        let (mut lo, mut hi) = (floor, wanted);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if predict(mid) <= cap_ms {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        return MergeDecision {
+            reason: MergeReason::Trimmed,
+            tokens: lo,
+        };
+    }
+    if !a.has_prefill {
+        let tokens = if b.lane == Lane::FastLane {
+            wanted
+        } else {
+            wanted.min(cfg.progress_tokens.max(1))
+        };
+        return MergeDecision {
+            reason: MergeReason::Progress,
+            tokens,
+        };
+    }
+    MergeDecision::no(cap_reason)
+}

@@ -1,0 +1,69 @@
+//! The simulator's executor: no model, a step takes the time the cost model gives for its
+//! shape (with seeded noise), and each sampled sequence gets a token: eos once the request has
+//! produced the output length its workload drew, a filler token before.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
+use crate::scheduler::{CostCoefficients, StepFeatures};
+use crate::simulate::workload::standard_normal;
+
+pub const EOS: u32 = 2;
+/// Filler tokens are ids in FILLER_BASE.. (never eos).
+const FILLER_BASE: u32 = 1000;
+
+pub struct CostModelExecutor {
+    cost: CostCoefficients,
+    noise: f64,
+    rng: ChaCha8Rng,
+}
+
+impl CostModelExecutor {
+    pub fn new(cost: CostCoefficients, noise: f64, seed: u64) -> Self {
+        CostModelExecutor {
+            cost,
+            noise,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// Seconds the step takes.
+    pub fn step_time(&mut self, batch: &BatchInput) -> f64 {
+        let ms = self.cost.predict_ms(&StepFeatures::from_batch(batch));
+        let jitter = (1.0 + self.noise * standard_normal(&mut self.rng)).max(0.5);
+        ms * jitter / 1e3
+    }
+
+    /// The step's sampled tokens; `output_len(id)` is the request's drawn output length.
+    pub fn execute(
+        &mut self,
+        batch: &BatchInput,
+        elapsed_s: f64,
+        output_len: impl Fn(u64) -> usize,
+    ) -> StepOutput {
+        let sampled = batch
+            .seqs
+            .iter()
+            .filter_map(|s| {
+                let sample = s.sample.as_ref()?;
+                let id = s.request_id;
+                let token = if sample.output_index + 1 >= output_len(id.0) {
+                    EOS
+                } else {
+                    FILLER_BASE
+                        + ((id.0 as u32).wrapping_mul(7919) ^ sample.output_index as u32) % 30_000
+                };
+                Some(SampledToken {
+                    request_id: id,
+                    token,
+                    logprob: 0.0,
+                })
+            })
+            .collect();
+        StepOutput {
+            sampled,
+            elapsed: std::time::Duration::from_secs_f64(elapsed_s),
+        }
+    }
+}
