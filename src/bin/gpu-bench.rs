@@ -22,9 +22,7 @@ use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
-use brook::scheduler::core::Scheduler;
-use brook::scheduler::NewRequest;
-use brook::scheduler::SchedulerConfig;
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
 use clap::{Parser, Subcommand};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;
@@ -436,7 +434,11 @@ fn offline(
         max_num_batched_tokens,
         max_model_len,
         long_prefill_token_threshold: 0,
+        ..Default::default()
     });
+    // The scheduler runs on explicit time (seconds since `clock`).
+    let clock = Instant::now();
+    let now = || clock.elapsed().as_secs_f64();
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let params = Arc::new(SamplingParams {
         ignore_eos: true,
@@ -454,31 +456,39 @@ fn offline(
         seed: 0,
         eos_token_ids: eos.clone(),
     };
-    sched.add_request(warm);
+    anyhow::ensure!(
+        matches!(sched.add_request(warm, now()), Admission::Accepted),
+        "warm-up request refused"
+    );
     while sched.has_unfinished() {
-        let out = sched.schedule(&mut kv);
+        let out = sched.schedule(&mut kv, now());
         let step = if out.batch.seqs.is_empty() {
             Default::default()
         } else {
             b.execute(&out.batch)?
         };
-        sched.update_from_output(&out, &step, &mut kv);
+        sched.update_from_output(&out, &step, &mut kv, now());
     }
     let started = Instant::now();
     for i in 0..n as u64 {
         let prompt: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
-        sched.add_request(NewRequest {
+        let req = NewRequest {
             id: RequestId(i),
             prompt_token_ids: prompt,
             params: params.clone(),
             seed: i,
             eos_token_ids: eos.clone(),
-        });
+        };
+        let admitted = sched.add_request(req, now());
+        anyhow::ensure!(
+            matches!(admitted, Admission::Accepted),
+            "request {i} refused: {admitted:?}"
+        );
     }
     let (mut steps, mut generated, mut first_token) = (0usize, 0usize, vec![None; n]);
     let mut step_ms = Vec::new();
     while sched.has_unfinished() {
-        let out = sched.schedule(&mut kv);
+        let out = sched.schedule(&mut kv, now());
         let t0 = Instant::now();
         let step = if out.batch.seqs.is_empty() {
             Default::default()
@@ -494,7 +504,7 @@ fn offline(
             generated += 1;
             first_token[s.request_id.0 as usize].get_or_insert(started.elapsed());
         }
-        sched.update_from_output(&out, &step, &mut kv);
+        sched.update_from_output(&out, &step, &mut kv, now());
         steps += 1;
     }
     let wall = started.elapsed().as_secs_f64();
