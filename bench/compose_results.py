@@ -28,6 +28,9 @@ F = res["figures"]
 d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True)
 if d:
     F["decode_b1_ms_per_token"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=False)
+if d:
+    F["decode_b1_ms_per_token_cublas"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
 d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=False)
 if d:
     F["decode_b1_ms_per_token_no_graphs"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}

@@ -16,41 +16,32 @@ struct RopeKvParams {
   int block_size;
 };
 
-// grid: num_tokens, block: 128
+// grid: (num_tokens, num_heads + num_kv_heads): one CTA per token and q or k head (a k head's CTA
+// also copies that kv head's v), so a decode step of one token still spreads over many SMs.
+// block: head_dim / 2 threads, at least 32.
 extern "C" __global__ void rope_kv(RopeKvParams p) {
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   const int half = p.head_dim / 2;
   const int width = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
   const bf16* row = p.qkv + (size_t)t * width;
-  const float pos = (float)p.positions[t];
   const u32 slot = p.slots[t];
-  const bool write_kv = slot != 0xffffffffu;
+  const bool is_q = h < p.num_heads;
+  if (!is_q && slot == 0xffffffffu) return;  // padding token: nothing to write
   const int block = (int)(slot / p.block_size), off = (int)(slot % p.block_size);
-
-  // Rotations: heads 0..num_heads-1 are q, the next num_kv_heads are k.
-  const int n_rot = (p.num_heads + p.num_kv_heads) * half;
-  for (int r = threadIdx.x; r < n_rot; r += blockDim.x) {
-    const int h = r / half, i = r % half;
+  const int kh = h - p.num_heads;
+  if (i < half) {
     float s, c;
-    sincosf(pos * p.inv_freq[i], &s, &c);
+    sincosf((float)p.positions[t] * p.inv_freq[i], &s, &c);
     const bf16* x = row + h * p.head_dim;
     const float x1 = bf2f(x[i]), x2 = bf2f(x[i + half]);
-    const bf16 o1 = f2bf(x1 * c - x2 * s), o2 = f2bf(x2 * c + x1 * s);
-    if (h < p.num_heads) {
-      bf16* q = p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim;
-      q[i] = o1;
-      q[i + half] = o2;
-    } else if (write_kv) {
-      const int kh = h - p.num_heads;
-      bf16* k = p.k_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
-      k[i] = o1;
-      k[i + half] = o2;
-    }
+    bf16* dst = is_q ? p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim
+                     : p.k_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
+    dst[i] = f2bf(x1 * c - x2 * s);
+    dst[i + half] = f2bf(x2 * c + x1 * s);
   }
-  if (!write_kv) return;
-  const bf16* v = row + (p.num_heads + p.num_kv_heads) * p.head_dim;
-  for (int r = threadIdx.x; r < p.num_kv_heads * p.head_dim; r += blockDim.x) {
-    const int kh = r / p.head_dim, d = r % p.head_dim;
-    p.v_cache[kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim) + d] = v[r];
+  if (!is_q) {
+    const bf16* v = row + (p.num_heads + p.num_kv_heads + kh) * p.head_dim;
+    bf16* dst = p.v_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
+    for (int d = i; d < p.head_dim; d += blockDim.x) dst[d] = v[d];
   }
 }

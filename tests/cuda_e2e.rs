@@ -271,13 +271,18 @@ fn random_prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
 }
 
 fn check_model(spec: TestModelSpec, chunk: usize) {
+    check_model_with(spec, chunk, 12);
+}
+
+/// `num_prompts` <= 4 runs decode steps through the `gemv` kernel instead of cuBLAS.
+fn check_model_with(spec: TestModelSpec, chunk: usize, num_prompts: usize) {
     if !have_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size;
-    let (t, tg) = run_both(dir.path(), random_prompts(12, vocab, 3), chunk, 16);
+    let (t, tg) = run_both(dir.path(), random_prompts(num_prompts, vocab, 3), chunk, 16);
     eprintln!("{spec:?}\n  eager: {t:?}\n  graphs: {tg:?}");
     assert_eq!(
         t.mismatches, 0,
@@ -319,6 +324,17 @@ fn cuda_matches_cpu_mha_hd128_llama3_rope_tied() {
             .seed(5),
         64,
     );
+}
+
+#[test]
+fn cuda_matches_cpu_small_batches_on_gemv() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .seed(9);
+    check_model_with(spec, 100, 3);
 }
 
 /// `BROOK_E2E_MODEL` (the demo model on the device): 32 prompts, 32 greedy tokens each.

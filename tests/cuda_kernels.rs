@@ -667,6 +667,63 @@ fn gemm_bf16_matches_reference() {
 }
 
 #[test]
+fn gemv_matches_reference_for_each_row_count() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(51);
+    let (n, k) = (1003, 1336);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let wb = dev(&g, &w);
+    let wf = to_f32(&w);
+    for m in 1..=GEMV_MAX_M {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let xf = to_f32(&x);
+        let want: Vec<f32> = (0..m * n)
+            .map(|i| {
+                let (a, b) = (i / n, i % n);
+                (0..k)
+                    .map(|j| xf[a * k + j] as f64 * wf[b * k + j] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let xb = dev(&g, &x);
+        let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
+        let p = GemvParams {
+            x: xb.ptr(),
+            w: wb.ptr(),
+            y: y16.ptr(),
+            y32: 0,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+        };
+        unsafe {
+            kernels::gemv(&g, &p).unwrap();
+            kernels::gemv(
+                &g,
+                &GemvParams {
+                    y: 0,
+                    y32: y32.ptr(),
+                    ..p
+                },
+            )
+            .unwrap();
+        }
+        assert_close(
+            &format!("gemv m={m} bf16"),
+            &read_bf16(&g, &y16, m * n),
+            &want,
+            8e-3,
+        );
+        assert_close(
+            &format!("gemv m={m} f32"),
+            &read::<f32>(&g, &y32, m * n),
+            &want,
+            1e-5,
+        );
+    }
+}
+
+#[test]
 fn fill_uniform_spans_its_range() {
     let Some(g) = gpu() else { return };
     let n = 1_000_003;

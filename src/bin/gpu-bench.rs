@@ -16,7 +16,9 @@ use anyhow::Context;
 use brook::executor::backend::Backend;
 use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
 use brook::executor::cuda::device::{DevBuf, Gpu};
-use brook::executor::cuda::kernels::{self, PagedDecodeParams, PrefillAttnParams, PREFILL_TILE};
+use brook::executor::cuda::kernels::{
+    self, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
+};
 use brook::executor::cuda::synthetic::synthetic_config;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
@@ -291,6 +293,7 @@ fn backend(
     max_num_seqs: usize,
     max_num_batched_tokens: usize,
     cuda_graphs: bool,
+    gemv_max_rows: usize,
 ) -> anyhow::Result<CudaBackend> {
     let cfg = synthetic_config(model)?;
     let started = Instant::now();
@@ -301,6 +304,7 @@ fn backend(
             max_num_seqs,
             max_num_batched_tokens,
             cuda_graphs,
+            gemv_max_rows,
             progress: false,
             ..Default::default()
         },
@@ -363,8 +367,9 @@ fn one_seq_batch(
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, with and without graphs.
 fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()> {
-    for graphs in [true, false] {
-        let mut b = backend(model, 8, input_len.max(256), graphs)?;
+    // (CUDA graphs, rows on the gemv kernel): the default, then each one switched off.
+    for (graphs, gemv) in [(true, GEMV_MAX_M), (true, 0), (false, GEMV_MAX_M)] {
+        let mut b = backend(model, 8, input_len.max(256), graphs, gemv)?;
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
@@ -384,10 +389,11 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, graphs {graphs}: median {med:.3} ms/token, mean {mean:.3}"
+            "{model} decode batch 1, graphs {graphs}, gemv {}: median {med:.3} ms/token, mean {mean:.3}",
+            gemv > 0
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv > 0, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
         );
     }
     Ok(())
@@ -395,7 +401,7 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
 fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
-    let mut b = backend(model, 8, input_len, true)?;
+    let mut b = backend(model, 8, input_len, true, GEMV_MAX_M)?;
     let bs = b.info().block_size;
     let vocab = b.config().vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -424,7 +430,13 @@ fn offline(
     max_num_batched_tokens: usize,
     graphs: bool,
 ) -> anyhow::Result<()> {
-    let mut b = backend(model, max_num_seqs, max_num_batched_tokens, graphs)?;
+    let mut b = backend(
+        model,
+        max_num_seqs,
+        max_num_batched_tokens,
+        graphs,
+        GEMV_MAX_M,
+    )?;
     let info = b.info();
     let vocab = b.config().vocab_size as u32;
     let max_model_len = b.config().max_position_embeddings;

@@ -48,6 +48,9 @@ pub struct CudaBackendOptions {
     pub max_model_len: usize,
     /// Replay pure-decode steps from CUDA graphs.
     pub cuda_graphs: bool,
+    /// Linear layers of at most this many rows run on brook's `gemv` kernel instead of cuBLAS
+    /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
+    pub gemv_max_rows: usize,
     pub progress: bool,
 }
 
@@ -62,6 +65,7 @@ impl Default for CudaBackendOptions {
             max_num_seqs: 64,
             max_model_len: 0,
             cuda_graphs: true,
+            gemv_max_rows: GEMV_MAX_M,
             progress: true,
         }
     }
@@ -220,11 +224,12 @@ impl CudaBackend {
     }
 
     fn new(
-        gpu: Gpu,
+        mut gpu: Gpu,
         cfg: ModelConfig,
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
+        gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         anyhow::ensure!(
             opts.block_size > 0
                 && opts.max_num_seqs > 0

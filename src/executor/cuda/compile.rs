@@ -27,6 +27,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
+    ("gemv", include_str!("../../../kernels/gemv.cu")),
 ];
 
 /// Where compiled PTX is kept: `$BROOK_CACHE_DIR/ptx`, else `$XDG_CACHE_HOME/brook/ptx`, else

@@ -61,6 +61,9 @@ pub struct Gpu {
     pub name: String,
     pub compute_capability: (i32, i32),
     pub num_sms: u32,
+    /// Linear layers with at most this many rows use the `gemv` kernel instead of cuBLAS
+    /// (0: always cuBLAS).
+    pub gemv_max_m: usize,
     functions: HashMap<String, CudaFunction>,
     _blas_workspace: DevBuf,
 }
@@ -96,6 +99,7 @@ impl Gpu {
             name,
             compute_capability,
             num_sms,
+            gemv_max_m: super::kernels::GEMV_MAX_M,
             functions,
             _blas_workspace: ws,
         })
@@ -286,6 +290,7 @@ mod tests {
             "paged_decode_reduce",
             "prefill_attn_hd128",
             "sample",
+            "gemv_m1",
             "fill_uniform",
         ] {
             assert!(all.iter().any(|n| n == want), "{want} missing from {all:?}");

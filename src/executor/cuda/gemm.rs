@@ -8,9 +8,11 @@ use cudarc::cublas::sys::{
 };
 
 use super::device::Gpu;
+use super::kernels::{self, GemvParams};
 
 /// y[m, n] = x[m, k] · w[n, k]ᵀ, all row-major (w as stored in HF checkpoints: [out, in]).
-/// `y` is bf16, or fp32 when `y_f32` (logits).
+/// `y` is bf16, or fp32 when `y_f32` (logits). Up to `gpu.gemv_max_m` rows (decode) go to the
+/// `gemv` kernel, which streams w at close to memory bandwidth; the rest to cuBLAS.
 ///
 /// # Safety
 /// The pointers address buffers of those shapes on `gpu`.
@@ -27,6 +29,19 @@ pub unsafe fn linear(
 ) -> anyhow::Result<()> {
     if m == 0 {
         return Ok(());
+    }
+    if m <= gpu.gemv_max_m && k % 8 == 0 {
+        let (y16, y32) = if y_f32 { (0, y) } else { (y, 0) };
+        let p = GemvParams {
+            x,
+            w,
+            y: y16,
+            y32,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+        };
+        return kernels::gemv(gpu, &p);
     }
     // Column-major view: yᵀ[n, m] = w[k, n]ᵀ · xᵀ[k, m].
     let (alpha, beta) = (1.0f32, 0.0f32);

@@ -97,6 +97,23 @@ pub struct PrefillAttnParams {
     pub scale: f32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvParams {
+    pub x: u64,
+    pub w: u64,
+    /// 0 when `y32` is set.
+    pub y: u64,
+    /// 0 for a bf16 output.
+    pub y32: u64,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+}
+
+/// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
+pub const GEMV_MAX_M: usize = 4;
+
 /// Query rows per prefill-attention CTA (`PF_BM` in prefill_attn.cu).
 pub const PREFILL_TILE: usize = 64;
 
@@ -161,7 +178,14 @@ pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()>
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
-    gpu.launch("rope_kv", (p.num_tokens as u32, 1, 1), (128, 1, 1), p)
+    let heads = (p.num_heads + p.num_kv_heads) as u32;
+    let threads = (p.head_dim as u32 / 2).max(32);
+    gpu.launch(
+        "rope_kv",
+        (p.num_tokens as u32, heads, 1),
+        (threads, 1, 1),
+        p,
+    )
 }
 
 /// # Safety
@@ -243,6 +267,23 @@ pub unsafe fn prefill_attn(
         &format!("prefill_attn_hd{head_dim}"),
         (p.num_tiles as u32, p.num_heads as u32, 1),
         (128, 1, 1),
+        p,
+    )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=GEMV_MAX_M as i32).contains(&p.m) && p.k % 8 == 0,
+        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {} k {}",
+        p.m,
+        p.k
+    );
+    gpu.launch(
+        &format!("gemv_m{}", p.m),
+        ((p.n as u32).div_ceil(8), 1, 1),
+        (256, 1, 1),
         p,
     )
 }
