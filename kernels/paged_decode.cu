@@ -166,11 +166,15 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   }
 PAGED_DECODE(64, 1)
 PAGED_DECODE(64, 2)
+PAGED_DECODE(64, 3)
 PAGED_DECODE(64, 4)
+PAGED_DECODE(64, 6)
 PAGED_DECODE(64, 8)
 PAGED_DECODE(128, 1)
 PAGED_DECODE(128, 2)
+PAGED_DECODE(128, 3)
 PAGED_DECODE(128, 4)
+PAGED_DECODE(128, 6)
 PAGED_DECODE(128, 8)
 
 // Merges the splits of each (item, head). grid: (num_heads, num_items), block: head_dim.

@@ -265,10 +265,15 @@ fn load_backend(
                 .map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
             true
         }
-        "auto" => match cuda::probe() {
+        "auto" => match cuda::probe()
+            .map_err(|e| format!("no CUDA device ({e})"))
+            .and_then(|()| {
+                let model = ModelConfig::from_dir(model_dir).map_err(|e| e.to_string())?;
+                cuda::backend::check_supported(&model).map_err(|e| e.to_string())
+            }) {
             Ok(()) => true,
-            Err(e) => {
-                tracing::info!("no CUDA device ({e}); running on the CPU");
+            Err(why) => {
+                tracing::info!("{why}; running on the CPU");
                 false
             }
         },

@@ -407,6 +407,12 @@ fn paged_decode_gqa_hd128_split_k() {
 }
 
 #[test]
+fn paged_decode_groups_of_three_and_six() {
+    check_paged_decode(13, 64, 6, 2, &[2, 77, 900], None);
+    check_paged_decode(14, 128, 12, 2, &[300, 31], Some(3));
+}
+
+#[test]
 fn paged_decode_hd64_all_groups() {
     for (i, kv) in [8, 4, 2, 1].into_iter().enumerate() {
         check_paged_decode(20 + i as u64, 64, 8, kv, &[3, 129, 1500], Some(1 + i * 3));

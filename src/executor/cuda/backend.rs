@@ -786,7 +786,7 @@ pub fn check_supported(cfg: &ModelConfig) -> anyhow::Result<()> {
     let group = cfg.num_attention_heads / cfg.num_key_value_heads;
     anyhow::ensure!(
         kernels::attention_supported(cfg.head_dim, group),
-        "the CUDA attention kernels support head_dim 64 or 128 and 1, 2, 4 or 8 query heads per kv head; this model has head_dim {} and {group}",
+        "the CUDA attention kernels support head_dim 64 or 128 and 1, 2, 3, 4, 6 or 8 query heads per kv head; this model has head_dim {} and {group}",
         cfg.head_dim
     );
     anyhow::ensure!(

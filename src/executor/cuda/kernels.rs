@@ -155,7 +155,7 @@ const DECODE_THREADS: u32 = 128;
 
 /// Head dims and GQA group sizes the attention kernels are instantiated for.
 pub fn attention_supported(head_dim: usize, group: usize) -> bool {
-    matches!(head_dim, 64 | 128) && matches!(group, 1 | 2 | 4 | 8)
+    matches!(head_dim, 64 | 128) && matches!(group, 1 | 2 | 3 | 4 | 6 | 8)
 }
 
 /// # Safety
