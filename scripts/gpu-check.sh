@@ -22,7 +22,7 @@ build)
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
     set -e
     cargo build --release --bin gpu-bench
-    mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --no-run --message-format=json 2>/dev/null |
+    mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --test cuda_ws --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -63,6 +63,7 @@ device)
     if [ "$what" = all ] || [ "$what" = tests ]; then
         step kernels ./cuda_kernels --test-threads=1
         step e2e ./cuda_e2e --test-threads=1 --nocapture
+        step websocket ./cuda_ws --nocapture
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
