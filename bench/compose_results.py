@@ -1,18 +1,25 @@
-"""Builds bench/results/h200.json from one gpu-check run's JSON lines (brook.jsonl, peers.jsonl).
+"""Builds bench/results/h200.json from gpu-check runs' JSON lines: brook's figures from one run,
+the transformers peers from one run (the same run when both were measured together).
 
-    python3 bench/compose_results.py OUTDIR COMMIT DATE > bench/results/h200.json
+    python3 bench/compose_results.py BROOK_DIR BROOK_COMMIT BROOK_DATE [PEERS_DIR PEERS_COMMIT PEERS_DATE]
 """
 import json
 import sys
 
 out_dir, commit, date = sys.argv[1:4]
-figs = []
-for name in ("brook.jsonl", "peers.jsonl"):
+peers_dir, peers_commit, peers_date = sys.argv[4:7] if len(sys.argv) >= 7 else (out_dir, commit, date)
+
+
+def read(path, run):
     try:
-        with open(f"{out_dir}/{name}") as f:
-            figs += [json.loads(line) for line in f if line.startswith("{")]
+        with open(path) as f:
+            return [dict(json.loads(line), run=run) for line in f if line.startswith("{")]
     except FileNotFoundError:
-        pass
+        return []
+
+
+figs = read(f"{out_dir}/brook.jsonl", {"commit": commit, "date": date})
+figs += read(f"{peers_dir}/peers.jsonl", {"commit": peers_commit, "date": peers_date})
 
 
 def find(figure, **kw):
