@@ -36,6 +36,11 @@ pub async fn metrics(engine: web::Data<EngineHandle>) -> HttpResponse {
         .body(engine.metrics.render())
 }
 
+/// Browsers ask for a favicon; answer without one rather than log a 404.
+pub async fn no_content() -> HttpResponse {
+    HttpResponse::NoContent().finish()
+}
+
 pub async fn not_found() -> HttpResponse {
     HttpResponse::NotFound()
         .json(json!({"error": "not_found", "message": "routes: GET /, /health, /metrics, /v1/ws"}))

@@ -12,6 +12,7 @@ pub fn configure(engine: Arc<EngineHandle>) -> impl FnOnce(&mut web::ServiceConf
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(web::Data::from(engine))
             .route("/", web::get().to(http::index))
+            .route("/favicon.ico", web::get().to(http::no_content))
             .route("/health", web::get().to(http::health))
             .route("/metrics", web::get().to(http::metrics))
             .route("/v1/ws", web::get().to(crate::session::ws_route))

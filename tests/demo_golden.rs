@@ -1,0 +1,139 @@
+//! The bundled demo models, greedy-decoded by brook on CPU — all cases batched together through
+//! the real scheduler core and the paged CPU backend — equal the transformers (float32) golden
+//! outputs token for token. Prompt encoding and chat-template rendering are checked against the
+//! Python tokenizer's ids too. Fixture: tests/fixtures/demo_golden.json (tools/demo_model/).
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use brook::chat::{ChatMessage, ChatTemplate};
+use brook::executor::backend::Backend;
+use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
+use brook::kv::KvCacheManager;
+use brook::model::config::ModelConfig;
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use brook::tokenizer::Tokenizer;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture() -> Value {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/demo_golden.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Runs every case at once through the scheduler core and the CPU backend; returns each case's
+/// generated ids.
+fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
+    let config = ModelConfig::from_dir(dir).unwrap();
+    let opts = CpuBackendOptions { block_size: 16, kv_cache_bytes: 64 << 20, num_threads: None, progress: false };
+    let mut backend = CpuBackend::load(dir, opts).unwrap();
+    let info = backend.info();
+    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
+    // A small budget so prefills are chunked and share steps with decodes.
+    let mut core = Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_model_len: config.max_position_embeddings,
+        ..SchedulerConfig::default()
+    });
+    let eos: Arc<[u32]> = config.eos_token_ids.clone().into();
+    for (i, (p, &n)) in prompts.iter().zip(max_new).enumerate() {
+        let req = NewRequest {
+            id: RequestId(i as u64),
+            prompt_token_ids: p.clone(),
+            params: Arc::new(SamplingParams::greedy(n)),
+            seed: 0,
+            eos_token_ids: eos.clone(),
+        };
+        assert_eq!(core.add_request(req, 0.0), Admission::Accepted);
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    let mut t = 0.0;
+    while core.has_unfinished() {
+        t += 0.01;
+        let plan = core.schedule(&mut kv, t);
+        let step = backend.execute(&plan.batch).unwrap();
+        for u in core.update_from_output(&plan, &step, &mut kv, t) {
+            out[u.id.0 as usize].extend(u.new_token_ids);
+        }
+    }
+    out
+}
+
+fn check_model(dir: &Path, cases: &[Value]) {
+    let tok = Tokenizer::from_dir(dir).unwrap();
+    let chat = ChatTemplate::from_tokenizer(&tok).unwrap().expect("demo model has a chat template");
+    let mut prompts = Vec::new();
+    let mut want = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let prompt_ids = ids(&case["prompt_token_ids"]);
+        let add_special = case["add_special_tokens"].as_bool().unwrap_or(true);
+        let encoded = match case["kind"].as_str().unwrap() {
+            "chat" => {
+                let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+                let text = chat.render(&msgs, true).unwrap();
+                tok.encode(&text, add_special).unwrap()
+            }
+            _ => tok.encode(case["prompt"].as_str().unwrap(), add_special).unwrap(),
+        };
+        assert_eq!(encoded, prompt_ids, "{name}: brook's encoding differs from the Python tokenizer's");
+        prompts.push(prompt_ids);
+        want.push(ids(&case["output_token_ids"]));
+    }
+    let max_new: Vec<usize> = want.iter().map(|w| w.len()).collect();
+    let got = greedy_batch(dir, &prompts, &max_new);
+    for ((case, g), w) in cases.iter().zip(&got).zip(&want) {
+        assert_eq!(g, w, "{}: brook greedy output differs from transformers", case["name"]);
+    }
+}
+
+#[test]
+fn demo_chat_matches_transformers_golden_outputs() {
+    let f = fixture();
+    check_model(&root().join("models/demo-chat"), f["cases"].as_array().unwrap());
+}
+
+#[test]
+fn demo_chat_draft_matches_transformers_golden_outputs() {
+    let f = fixture();
+    check_model(&root().join("models/demo-chat-draft"), f["draft"]["cases"].as_array().unwrap());
+}
+
+/// Streamed through the whole engine (actors, incremental detokenizer), every golden case's
+/// text equals the tokenizer's decode of the golden ids.
+#[actix_rt::test]
+async fn streamed_text_equals_the_decoded_golden_output() {
+    let dir = root().join("models/demo-chat");
+    let mut cfg = brook::config::Config::default();
+    cfg.model.device = "cpu".into();
+    cfg.cache.kv_cache_mib = 32;
+    let engine = brook::engine::start(&cfg, &dir, false).unwrap();
+    let f = fixture();
+    let mut pending = Vec::new();
+    for case in f["cases"].as_array().unwrap() {
+        let want_ids = ids(&case["output_token_ids"]);
+        let params = SamplingParams::greedy(want_ids.len());
+        let req = brook::engine::PreparedRequest { prompt_token_ids: ids(&case["prompt_token_ids"]), params };
+        let (_, rx) = engine.submit(req);
+        pending.push((case["name"].as_str().unwrap().to_string(), engine.tokenizer.decode(&want_ids, true), rx));
+    }
+    for (name, want, mut rx) in pending {
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                brook::request::StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                brook::request::StreamEvent::Error(e) => panic!("{name}: {e}"),
+                _ => {}
+            }
+        }
+        assert_eq!(text, want, "{name}");
+    }
+}
