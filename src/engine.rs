@@ -15,6 +15,7 @@ use crate::error::EngineError;
 use crate::executor::actor::ExecutorActor;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
+use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
@@ -251,24 +252,50 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     }))
 }
 
+/// `--device auto` (the default) takes the GPU when the CUDA driver loads and reports one, else
+/// the CPU; `--device cuda` fails with the reason when it cannot.
 fn load_backend(
     cfg: &Config,
     model_dir: &Path,
     progress: bool,
 ) -> anyhow::Result<Box<dyn Backend>> {
-    match cfg.model.device.as_str() {
-        "cuda" => anyhow::bail!(
-            "--device cuda: this build has no CUDA executor yet; use --device cpu or auto"
-        ),
-        // auto: the CUDA executor is not in this build, so auto means CPU.
-        _ => {
-            let opts = CpuBackendOptions {
-                block_size: cfg.cache.block_size,
-                kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
-                num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
-                progress,
-            };
-            Ok(Box::new(CpuBackend::load(model_dir, opts)?))
+    let use_cuda = match cfg.model.device.as_str() {
+        "cuda" => {
+            cuda::probe()
+                .map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
+            true
         }
+        "auto" => match cuda::probe()
+            .map_err(|e| format!("no CUDA device ({e})"))
+            .and_then(|()| {
+                let model = ModelConfig::from_dir(model_dir).map_err(|e| e.to_string())?;
+                cuda::backend::check_supported(&model).map_err(|e| e.to_string())
+            }) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::info!("{why}; running on the CPU");
+                false
+            }
+        },
+        _ => false,
+    };
+    if use_cuda {
+        let opts = CudaBackendOptions {
+            block_size: cfg.cache.block_size,
+            gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
+            max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+            max_num_seqs: cfg.scheduler.max_num_seqs,
+            max_model_len: cfg.scheduler.max_model_len,
+            progress,
+            ..Default::default()
+        };
+        return Ok(Box::new(CudaBackend::load(model_dir, opts)?));
     }
+    let opts = CpuBackendOptions {
+        block_size: cfg.cache.block_size,
+        kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
+        num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
+        progress,
+    };
+    Ok(Box::new(CpuBackend::load(model_dir, opts)?))
 }

@@ -3,3 +3,4 @@ pub mod actor;
 pub mod backend;
 pub mod batch;
 pub mod cpu;
+pub mod cuda;

@@ -1,0 +1,65 @@
+"""Builds bench/results/h200.json from gpu-check runs' JSON lines: brook's figures from one run,
+the transformers peers from one run (the same run when both were measured together).
+
+    python3 bench/compose_results.py BROOK_DIR BROOK_COMMIT BROOK_DATE [PEERS_DIR PEERS_COMMIT PEERS_DATE]
+"""
+import json
+import sys
+
+out_dir, commit, date = sys.argv[1:4]
+peers_dir, peers_commit, peers_date = sys.argv[4:7] if len(sys.argv) >= 7 else (out_dir, commit, date)
+
+
+def read(path, run):
+    try:
+        with open(path) as f:
+            return [dict(json.loads(line), run=run) for line in f if line.startswith("{")]
+    except FileNotFoundError:
+        return []
+
+
+figs = read(f"{out_dir}/brook.jsonl", {"commit": commit, "date": date})
+figs += read(f"{peers_dir}/peers.jsonl", {"commit": peers_commit, "date": peers_date})
+
+
+def find(figure, **kw):
+    for f in figs:
+        if f.get("figure") == figure and all(f.get(k) == v for k, v in kw.items()):
+            return f
+    return None
+
+
+CMD = "cd .carry/cuda && ./gpu-check.sh device all   (built by scripts/gpu-check.sh build)"
+res = {"device": "NVIDIA H200 (nvidia-h200 lease)", "commit": commit, "date": date, "command": CMD, "figures": {}}
+F = res["figures"]
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True)
+if d:
+    F["decode_b1_ms_per_token"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=False)
+if d:
+    F["decode_b1_ms_per_token_cublas"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=False)
+if d:
+    F["decode_b1_ms_per_token_no_graphs"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+o = find("offline_out_tok_s", model="llama-2-7b")
+if o:
+    F["offline_512x128x128_out_tok_s"] = {"value": o["output_tok_s"], "command": "gpu-bench offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128", "detail": o}
+h = find("hf_cb_out_tok_s", model="llama-2-7b")
+if h:
+    F["hf_cb_512x128x128_out_tok_s"] = {"value": h["output_tok_s"], "command": "python3 peers/hf_generate_batch.py --model llama-2-7b", "detail": h}
+if o and h:
+    F["offline_vs_hf_cb"] = {"value": o["output_tok_s"] / h["output_tok_s"]}
+c = find("hf_compiled_b1_ms_per_token", model="llama-2-7b")
+if c:
+    F["hf_compiled_b1_ms_per_token"] = {"value": c["median_ms"], "command": "python3 peers/hf_compiled_b1.py --model llama-2-7b", "detail": c}
+t = find("ttft_b1_ms", model="llama-2-7b")
+if t:
+    F["ttft_b1_2048_ms"] = {"value": t["median_ms"], "command": "gpu-bench ttft --model llama-2-7b --input-len 2048", "detail": t}
+a = find("paged_decode_attention")
+if a:
+    F["paged_decode_attention"] = {"value": [{k: r[k] for k in ("ctx", "batch", "gbps", "pct_of_4300")} for r in a["rows"]], "command": "gpu-bench attention", "detail": a}
+p = find("prefill_attention")
+if p:
+    F["prefill_attention"] = {"value": p["rows"], "command": "gpu-bench attention"}
+json.dump(res, sys.stdout, indent=1)
+print()

@@ -1,0 +1,195 @@
+// Paged decode attention (one query token per sequence), GQA and split-K (flash-decoding).
+//
+// One CTA per (split, kv head, item) handles the G = num_heads / num_kv_heads query heads that
+// share the kv head, so each K/V row is read once for all of them. HD/8 lanes share a token (16 B
+// of K and of V per lane, coalesced), a warp covers 32/(HD/8) tokens per step, and every lane keeps
+// U steps of loads in flight. Each split keeps an online softmax; when num_splits > 1 the partial
+// results go to part_acc/part_ml and `paged_decode_reduce` merges them. The split length is
+// ceil(context / num_splits), computed here from the context length, so one launch shape serves
+// any context (what CUDA-graph replay needs).
+struct PagedDecodeParams {
+  const bf16* q;            // [num_tokens, num_heads, HD]
+  const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const int* item_row;      // [num_items]  token row of each decode query (row of q and out)
+  const int* item_seq;      // [num_items]  its sequence: row of block_tables and context_lens
+  const int* block_tables;  // [num_seqs, max_blocks]
+  const int* context_lens;  // [num_seqs]   keys visible to the query (its position + 1)
+  bf16* out;                // [num_tokens, num_heads, HD]
+  float* part_acc;          // [num_items, num_heads, num_splits, HD]  unnormalised partial sums
+  float* part_ml;           // [num_items, num_heads, num_splits, 2]   (max, sum), log2 domain
+  int num_items;
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  int max_blocks;
+  int num_splits;
+  float scale;              // softmax scale, 1/sqrt(HD)
+};
+
+#define DECODE_WARPS 4
+
+template <int HD, int G>
+__device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
+  constexpr int LANES = HD / 8;   // lanes per token
+  constexpr int TPW = 32 / LANES; // tokens per warp step
+  constexpr int NS = DECODE_WARPS * TPW;  // independent softmax states per CTA
+  constexpr int U = 4;            // steps in flight per lane
+  __shared__ float s_acc[NS][G][HD];
+  __shared__ float s_m[NS][G];
+  __shared__ float s_l[NS][G];
+
+  const int split = blockIdx.x, kh = blockIdx.y, item = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int sub = lane / LANES, dl = lane % LANES;
+  const int seq = p.item_seq[item], row = p.item_row[item];
+  const int ctx = p.context_lens[seq];
+  const int per = (ctx + p.num_splits - 1) / p.num_splits;
+  const int begin = split * per, end = min(ctx, begin + per);
+  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+
+  float q[G][8];
+  const float qs = p.scale * LOG2E;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const uint4 v = *(const uint4*)(p.q + ((size_t)row * p.num_heads + kh * G + g) * HD + dl * 8);
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      q[g][2 * e] = bf_lo(w[e]) * qs;
+      q[g][2 * e + 1] = bf_hi(w[e]) * qs;
+    }
+  }
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = NEG_INF;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+  }
+
+  constexpr int STEP = DECODE_WARPS * TPW;
+  // The loop bound is uniform across the warp (shuffles below need every lane).
+  for (int base = begin + warp * TPW; base < end; base += STEP * U) {
+    uint4 kv[U], vv[U];
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int j = base + sub + u * STEP;
+      valid[u] = j < end;
+      if (valid[u]) {
+        const size_t o = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
+                                   p.block_size, HD) + dl * 8;
+        kv[u] = *(const uint4*)(p.k_cache + o);
+        vv[u] = *(const uint4*)(p.v_cache + o);
+      } else {
+        kv[u] = make_uint4(0, 0, 0, 0);
+        vv[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const u32 kw[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
+      const u32 vw[4] = {vv[u].x, vv[u].y, vv[u].z, vv[u].w};
+      float vf[8];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        vf[2 * e] = bf_lo(vw[e]);
+        vf[2 * e + 1] = bf_hi(vw[e]);
+      }
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          dot += q[g][2 * e] * bf_lo(kw[e]);
+          dot += q[g][2 * e + 1] * bf_hi(kw[e]);
+        }
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (!valid[u]) dot = NEG_INF;
+        const float mn = fmaxf(m[g], dot);
+        const float corr = mn == NEG_INF ? 1.f : exp2f(m[g] - mn);
+        const float pr = dot == NEG_INF ? 0.f : exp2f(dot - mn);
+        l[g] = l[g] * corr + pr;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
+        m[g] = mn;
+      }
+    }
+  }
+
+  const int state = warp * TPW + sub;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) s_acc[state][g][dl * 8 + e] = acc[g][e];
+    if (dl == 0) {
+      s_m[state][g] = m[g];
+      s_l[state][g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < NS; s++) mx = fmaxf(mx, s_m[s][g]);
+    float L = 0.f, A = 0.f;
+    if (mx != NEG_INF) {
+#pragma unroll
+      for (int s = 0; s < NS; s++) {
+        const float w = s_m[s][g] == NEG_INF ? 0.f : exp2f(s_m[s][g] - mx);
+        L += s_l[s][g] * w;
+        A += s_acc[s][g][d] * w;
+      }
+    }
+    const int h = kh * G + g;
+    if (p.num_splits == 1) {
+      p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
+    } else {
+      const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
+      p.part_acc[ps * HD + d] = A;
+      if (d == 0) {
+        p.part_ml[ps * 2] = mx;
+        p.part_ml[ps * 2 + 1] = L;
+      }
+    }
+  }
+}
+
+#define PAGED_DECODE(HD, G)                                                          \
+  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32)                    \
+      paged_decode_hd##HD##_g##G(PagedDecodeParams p) {                              \
+    paged_decode_impl<HD, G>(p);                                                     \
+  }
+PAGED_DECODE(64, 1)
+PAGED_DECODE(64, 2)
+PAGED_DECODE(64, 3)
+PAGED_DECODE(64, 4)
+PAGED_DECODE(64, 6)
+PAGED_DECODE(64, 8)
+PAGED_DECODE(128, 1)
+PAGED_DECODE(128, 2)
+PAGED_DECODE(128, 3)
+PAGED_DECODE(128, 4)
+PAGED_DECODE(128, 6)
+PAGED_DECODE(128, 8)
+
+// Merges the splits of each (item, head). grid: (num_heads, num_items), block: head_dim.
+extern "C" __global__ void paged_decode_reduce(PagedDecodeParams p) {
+  const int h = blockIdx.x, item = blockIdx.y, d = threadIdx.x, hd = blockDim.x;
+  const size_t base = ((size_t)item * p.num_heads + h) * p.num_splits;
+  float mx = NEG_INF;
+  for (int s = 0; s < p.num_splits; s++) mx = fmaxf(mx, p.part_ml[(base + s) * 2]);
+  float L = 0.f, A = 0.f;
+  for (int s = 0; s < p.num_splits; s++) {
+    const float ms = p.part_ml[(base + s) * 2];
+    const float w = ms == NEG_INF ? 0.f : exp2f(ms - mx);
+    L += p.part_ml[(base + s) * 2 + 1] * w;
+    A += p.part_acc[(base + s) * hd + d] * w;
+  }
+  const int row = p.item_row[item];
+  p.out[((size_t)row * p.num_heads + h) * hd + d] = f2bf(A / L);
+}

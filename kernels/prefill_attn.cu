@@ -1,0 +1,199 @@
+// Causal varlen prefill attention over the paged KV cache, flash-attention-2 style, on bf16
+// tensor cores (mma.sync m16n8k16, fp32 accumulation).
+//
+// The chunk's own K/V were written to the cache by rope_kv before this runs, so the keys of a
+// cached prefix and of the chunk are read the same way, through the block table. One CTA = 64
+// query rows of one sequence and one head; each of its 4 warps owns 16 rows. Q stays in registers
+// as mma A-fragments; each 64-key tile of K and V is staged in shared memory row-major; S = QK^T
+// stays in registers, and its accumulator layout is reused as the A-fragment of P for O += PV
+// (V's B-fragments come from ldmatrix.trans). Query i of a sequence sits at position
+// context_len - q_len + i and sees keys 0..position.
+struct PrefillAttnParams {
+  const bf16* q;            // [num_tokens, num_heads, HD]
+  const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const int* tile_seq;      // [num_tiles]  sequence of each 64-query tile
+  const int* tile_q0;       // [num_tiles]  its first query, counted within the sequence's chunk
+  const int* q_start;       // [num_seqs]   token row of each sequence's first query
+  const int* q_len;         // [num_seqs]
+  const int* context_lens;  // [num_seqs]
+  const int* block_tables;  // [num_seqs, max_blocks]
+  bf16* out;                // [num_tokens, num_heads, HD]
+  int num_tiles;
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  int max_blocks;
+  float scale;
+};
+
+#define PF_BM 64
+#define PF_BN 64
+
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int HD>
+__device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
+  constexpr int KP = HD + 8;  // padded row (bf16): 16-byte aligned rows, conflict-free reads
+  __shared__ __align__(16) bf16 Ks[PF_BN * KP];
+  __shared__ __align__(16) bf16 Vs[PF_BN * KP];
+
+  const int tile = blockIdx.x, h = blockIdx.y;
+  const int kh = h / (p.num_heads / p.num_kv_heads);
+  const int seq = p.tile_seq[tile], q0 = p.tile_q0[tile];
+  const int qlen = p.q_len[seq], ctx = p.context_lens[seq], row0 = p.q_start[seq];
+  const int first_pos = ctx - qlen;
+  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+
+  // This thread's two rows (g and g + 8 of the warp's 16); rows past the chunk compute a copy
+  // of the last row and are not stored.
+  const int qa = q0 + warp * 16 + g, qb = qa + 8;
+  const int ra = min(qa, qlen - 1), rb = min(qb, qlen - 1);
+  const int pos_a = first_pos + ra, pos_b = first_pos + rb;
+
+  u32 qf[HD / 16][4];
+  {
+    const bf16* qpa = p.q + ((size_t)(row0 + ra) * p.num_heads + h) * HD + tig * 2;
+    const bf16* qpb = p.q + ((size_t)(row0 + rb) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+      qf[kk][0] = *(const u32*)(qpa + kk * 16);
+      qf[kk][1] = *(const u32*)(qpb + kk * 16);
+      qf[kk][2] = *(const u32*)(qpa + kk * 16 + 8);
+      qf[kk][3] = *(const u32*)(qpb + kk * 16 + 8);
+    }
+  }
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.f, l_b = 0.f;
+  const float sl2 = p.scale * LOG2E;
+
+  const int last_q = min(q0 + PF_BM, qlen) - 1;
+  const int kv_end = first_pos + last_q + 1;  // keys 0..kv_end-1 are seen by some row here
+
+  for (int kv0 = 0; kv0 < kv_end; kv0 += PF_BN) {
+    __syncthreads();  // the previous tile's shared-memory reads are done
+    constexpr int CHUNKS = PF_BN * HD / 8;
+    for (int c = threadIdx.x; c < CHUNKS; c += blockDim.x) {
+      const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+      const int key = kv0 + j;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (key < kv_end) {
+        const size_t off = kv_offset(bt[key / p.block_size], kh, key % p.block_size,
+                                     p.num_kv_heads, p.block_size, HD) + d8;
+        kv = *(const uint4*)(p.k_cache + off);
+        vv = *(const uint4*)(p.v_cache + off);
+      }
+      *(uint4*)(&Ks[j * KP + d8]) = kv;
+      *(uint4*)(&Vs[j * KP + d8]) = vv;
+    }
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    float s[PF_BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      const bf16* krow = &Ks[(nt * 8 + g) * KP + tig * 2];
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++) {
+        mma_bf16(s[nt], qf[kk], *(const u32*)(krow + kk * 16), *(const u32*)(krow + kk * 16 + 8));
+      }
+    }
+    // Causal mask (key <= position also keeps keys < context), scale into the log2 domain.
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int key = kv0 + nt * 8 + tig * 2 + e;
+        s[nt][e] = key <= pos_a ? s[nt][e] * sl2 : NEG_INF;
+        s[nt][2 + e] = key <= pos_b ? s[nt][2 + e] * sl2 : NEG_INF;
+        mx_a = fmaxf(mx_a, s[nt][e]);
+        mx_b = fmaxf(mx_b, s[nt][2 + e]);
+      }
+    }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    // Key 0 is in the first tile and visible to every row, so the maxima are finite from here.
+    const float corr_a = exp2f(m_a - mx_a), corr_b = exp2f(m_b - mx_b);
+    m_a = mx_a;
+    m_b = mx_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; nt++) {
+      s[nt][0] = exp2f(s[nt][0] - m_a);
+      s[nt][1] = exp2f(s[nt][1] - m_a);
+      s[nt][2] = exp2f(s[nt][2] - m_b);
+      s[nt][3] = exp2f(s[nt][3] - m_b);
+      sum_a += s[nt][0] + s[nt][1];
+      sum_b += s[nt][2] + s[nt][3];
+    }
+    // l stays a per-thread partial sum (the 4 lanes of a row share corr); reduced at the end.
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      o[nd][0] *= corr_a;
+      o[nd][1] *= corr_a;
+      o[nd][2] *= corr_b;
+      o[nd][3] *= corr_b;
+    }
+    // O += P V: P's accumulator layout is the A-fragment layout of k = 16 keys.
+#pragma unroll
+    for (int kk = 0; kk < PF_BN / 16; kk++) {
+      u32 a[4];
+      a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      // ldmatrix.x4.trans: matrix i = lanes 8i..8i+7; keys kk*16 + (i&1)*8 + r, dims (nd + i/2)*8.
+      const int mi = lane >> 3, r = lane & 7;
+      const bf16* vrow = &Vs[(kk * 16 + (mi & 1) * 8 + r) * KP + (mi >> 1) * 8];
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; nd += 2) {
+        u32 b0, b1, b2, b3;
+        const u32 addr = smem_addr(vrow + nd * 8);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(addr));
+        mma_bf16(o[nd], a, b0, b1);
+        mma_bf16(o[nd + 1], a, b2, b3);
+      }
+    }
+  }
+
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  if (qa < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][0] * inv_a, o[nd][1] * inv_a);
+  }
+  if (qb < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qb) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+  }
+}
+
+// grid: (num_tiles, num_heads), block: 128
+extern "C" __global__ void __launch_bounds__(128) prefill_attn_hd64(PrefillAttnParams p) {
+  prefill_attn_impl<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) prefill_attn_hd128(PrefillAttnParams p) {
+  prefill_attn_impl<128>(p);
+}

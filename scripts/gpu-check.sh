@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark of the CUDA executor, in one device call.
+#
+#   scripts/gpu-check.sh build [DEST]   here: builds the GPU test binaries and gpu-bench (release),
+#                                       strips them into DEST (default .carry/cuda of the checkout
+#                                       the device tool sends) with this script and bench/peers/
+#   scripts/gpu-check.sh device [WHAT]  on the GPU machine, from DEST: kernel tests, CUDA-vs-CPU
+#                                       tests, brook's benchmarks and the transformers peers; logs
+#                                       and JSON figures go to $OUT (or ./gpu-check-out).
+#                                       WHAT: all (default) | tests | bench | peers
+#
+# Device call (the repo root there is the lead's checkout):
+#   cd .carry/cuda && ./gpu-check.sh device all
+set -uo pipefail
+
+mode=${1:-}
+case "$mode" in
+build)
+    root=$(git rev-parse --show-toplevel)
+    dest=${2:-/work/main/.carry/cuda}
+    cd "$root" || exit 1
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+    set -e
+    cargo build --release --bin gpu-bench
+    mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --test cuda_ws --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])')
+    mkdir -p "$dest/peers"
+    for t in "${tests[@]}"; do
+        read -r name exe <<<"$t"
+        objcopy --strip-all "$exe" "$dest/$name"
+    done
+    objcopy --strip-all "$CARGO_TARGET_DIR/release/gpu-bench" "$dest/gpu-bench"
+    cp bench/peers/*.py "$dest/peers/"
+    cp scripts/gpu-check.sh "$dest/"
+    git rev-parse --short HEAD >"$dest/COMMIT"
+    ls -la "$dest"
+    ;;
+device)
+    what=${2:-all}
+    here=$(cd "$(dirname "$0")" && pwd)
+    out=${OUT:-$here/gpu-check-out}
+    mkdir -p "$out"
+    cd "$here" || exit 1
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    export BROOK_CACHE_DIR=/tmp/brook-cache BROOK_REQUIRE_GPU=1 RUST_LOG=${RUST_LOG:-warn}
+    demo=$(cd "$here/../.." && pwd)/models/demo-chat
+    [ -f "$demo/config.json" ] && export BROOK_E2E_MODEL=$demo
+    echo "commit $(cat COMMIT 2>/dev/null) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$out/summary.txt"
+    status=0
+    step() { # name command...: runs, logs to $out/log.txt, records pass/fail and seconds
+        local name=$1; shift
+        local t0=$SECONDS
+        echo "=== $name: $*" >>"$out/log.txt"
+        "$@" >>"$out/log.txt" 2>&1
+        local rc=$?
+        echo "$name: rc $rc, $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+        [ $rc -eq 0 ] || status=1
+    }
+    if [ "$what" = all ] || [ "$what" = tests ]; then
+        step kernels ./cuda_kernels --test-threads=1
+        step e2e ./cuda_e2e --test-threads=1 --nocapture
+        step websocket ./cuda_ws --nocapture
+    fi
+    if [ "$what" = all ] || [ "$what" = bench ]; then
+        : >"$out/brook.jsonl"
+        for args in "attention" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
+            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
+            # shellcheck disable=SC2086
+            step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
+        done
+    fi
+    if [ "$what" = all ] || [ "$what" = peers ]; then
+        : >"$out/peers.jsonl"
+        export PYTHONUNBUFFERED=1
+        step "hf generate_batch" sh -c "python3 peers/hf_generate_batch.py --model llama-2-7b >>'$out/peers.jsonl'"
+        step "hf compiled b1" sh -c "python3 peers/hf_compiled_b1.py --model llama-2-7b >>'$out/peers.jsonl'"
+    fi
+    grep -E "test result|^test .*FAILED|panicked|relative error|eager:|graphs:" "$out/log.txt" | head -40
+    cat "$out"/*.jsonl 2>/dev/null
+    exit $status
+    ;;
+*)
+    sed -n '2,16p' "$0"
+    exit 2
+    ;;
+esac

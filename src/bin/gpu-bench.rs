@@ -1,0 +1,563 @@
+//! `gpu-bench`: measurements of the CUDA executor on synthetic (random, GPU-generated) weights.
+//!
+//!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
+//!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
+//!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
+//!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
+//!
+//! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
+//! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
+//! no tokenizer), so it measures the executor and the scheduler together.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use brook::executor::backend::Backend;
+use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::kernels::{
+    self, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
+};
+use brook::executor::cuda::synthetic::synthetic_config;
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::kv::KvCacheManager;
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use clap::{Parser, Subcommand};
+use cudarc::driver::sys::CUevent_flags;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Attention,
+    Decode {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 128)]
+        input_len: usize,
+        #[arg(long, default_value_t = 256)]
+        output_len: usize,
+    },
+    Ttft {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 2048)]
+        input_len: usize,
+    },
+    Offline {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 512)]
+        num_prompts: usize,
+        #[arg(long, default_value_t = 128)]
+        input_len: usize,
+        #[arg(long, default_value_t = 128)]
+        output_len: usize,
+        #[arg(long, default_value_t = 512)]
+        max_num_seqs: usize,
+        #[arg(long, default_value_t = 8192)]
+        max_num_batched_tokens: usize,
+        #[arg(long)]
+        no_cuda_graphs: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    brook::logging::init();
+    match Cli::parse().cmd {
+        Cmd::Attention => attention(),
+        Cmd::Decode {
+            model,
+            input_len,
+            output_len,
+        } => decode(&model, input_len, output_len),
+        Cmd::Ttft { model, input_len } => ttft(&model, input_len),
+        Cmd::Offline {
+            model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            no_cuda_graphs,
+        } => offline(
+            &model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            !no_cuda_graphs,
+        ),
+    }
+}
+
+fn emit(v: serde_json::Value) {
+    println!("{v}");
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `f` with CUDA events: `warmup` untimed runs, then the median of `reps` (ms).
+fn time_ms(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    for i in 0..warmup {
+        f(i)?;
+    }
+    let (start, end) = (
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps {
+        start.record(&gpu.stream)?;
+        f(i)?;
+        end.record(&gpu.stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    Ok(median(times))
+}
+
+fn upload<T: Copy>(gpu: &Gpu, data: &[T]) -> anyhow::Result<DevBuf> {
+    let b = gpu.alloc(std::mem::size_of_val(data))?;
+    gpu.upload(b.ptr(), data)?;
+    Ok(b)
+}
+
+fn fill_random_bf16(gpu: &Gpu, buf: &DevBuf, seed: u64) -> anyhow::Result<()> {
+    let p = kernels::FillParams {
+        out: buf.ptr(),
+        n: (buf.bytes() / 2) as u64,
+        seed,
+        scale: 1.0,
+        offset: 0.0,
+    };
+    // SAFETY: buf holds bytes/2 bf16.
+    unsafe { kernels::fill_uniform(gpu, &p) }
+}
+
+/// Paged decode attention at Llama-2-7B's head shape (32 heads, 32 kv heads, head_dim 128), one
+/// layer; bytes = K and V read once + Q + output. Several disjoint caches are rotated so small
+/// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts.
+fn attention() -> anyhow::Result<()> {
+    let gpu = Gpu::open(0)?;
+    let (h, kvh, hd, bs) = (32usize, 32usize, 128usize, 16usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut rows = Vec::new();
+    for &ctx in &[1024usize, 4096, 16384] {
+        for &batch in &[1usize, 16, 64] {
+            let blocks_per_seq = ctx.div_ceil(bs);
+            let kv_bytes = batch * ctx * kvh * hd * 2 * 2;
+            let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
+            let num_blocks = sets * batch * blocks_per_seq;
+            let cache_elems = num_blocks * kvh * bs * hd;
+            let (k, v) = (gpu.alloc(cache_elems * 2)?, gpu.alloc(cache_elems * 2)?);
+            fill_random_bf16(&gpu, &k, 11)?;
+            fill_random_bf16(&gpu, &v, 12)?;
+            let q = gpu.alloc(batch * h * hd * 2)?;
+            fill_random_bf16(&gpu, &q, 13)?;
+            let out = gpu.alloc(batch * h * hd * 2)?;
+            let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+            perm.shuffle(&mut rng);
+            let tables: Vec<DevBuf> = perm
+                .chunks(batch * blocks_per_seq)
+                .map(|c| upload(&gpu, c))
+                .collect::<anyhow::Result<_>>()?;
+            let rows_idx: Vec<i32> = (0..batch as i32).collect();
+            let (item_row, ctx_lens) = (
+                upload(&gpu, &rows_idx)?,
+                upload(&gpu, &vec![ctx as i32; batch])?,
+            );
+            let splits = kernels::decode_splits(gpu.num_sms, batch, kvh, ctx);
+            let (part_acc, part_ml) = (
+                gpu.alloc(batch * h * splits * hd * 4)?,
+                gpu.alloc(batch * h * splits * 2 * 4)?,
+            );
+            let params = |set: usize| PagedDecodeParams {
+                q: q.ptr(),
+                k_cache: k.ptr(),
+                v_cache: v.ptr(),
+                item_row: item_row.ptr(),
+                item_seq: item_row.ptr(),
+                block_tables: tables[set].ptr(),
+                context_lens: ctx_lens.ptr(),
+                out: out.ptr(),
+                part_acc: part_acc.ptr(),
+                part_ml: part_ml.ptr(),
+                num_items: batch as i32,
+                num_heads: h as i32,
+                num_kv_heads: kvh as i32,
+                block_size: bs as i32,
+                max_blocks: blocks_per_seq as i32,
+                num_splits: splits as i32,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            // SAFETY: every buffer above matches the shapes in the params.
+            let ms = time_ms(&gpu, 3, 20, |i| unsafe {
+                kernels::paged_decode(&gpu, &params(i % sets), hd)
+            })?;
+            let bytes = kv_bytes + 2 * batch * h * hd * 2;
+            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+            eprintln!("paged decode ctx {ctx:>5} batch {batch:>2}: {ms:.3} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits", gbps / 43.0);
+            rows.push(json!({"ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits}));
+        }
+    }
+    emit(
+        json!({"figure": "paged_decode_attention", "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
+    );
+
+    let mut prefill_rows = Vec::new();
+    for &len in &[128usize, 512, 2048, 8192] {
+        let seqs = (16384 / len).max(1);
+        let t = seqs * len;
+        let num_blocks = t.div_ceil(bs) + seqs;
+        let cache_elems = num_blocks * kvh * bs * hd;
+        let (k, v) = (gpu.alloc(cache_elems * 2)?, gpu.alloc(cache_elems * 2)?);
+        fill_random_bf16(&gpu, &k, 21)?;
+        fill_random_bf16(&gpu, &v, 22)?;
+        let q = gpu.alloc(t * h * hd * 2)?;
+        fill_random_bf16(&gpu, &q, 23)?;
+        let out = gpu.alloc(t * h * hd * 2)?;
+        let bps = len.div_ceil(bs);
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        perm.shuffle(&mut rng);
+        let bt: Vec<i32> = perm[..seqs * bps].to_vec();
+        let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+        for s in 0..seqs {
+            for q0 in (0..len).step_by(PREFILL_TILE) {
+                tile_seq.push(s as i32);
+                tile_q0.push(q0 as i32);
+            }
+        }
+        let q_start: Vec<i32> = (0..seqs).map(|s| (s * len) as i32).collect();
+        let b = [
+            upload(&gpu, &tile_seq)?,
+            upload(&gpu, &tile_q0)?,
+            upload(&gpu, &q_start)?,
+            upload(&gpu, &vec![len as i32; seqs])?,
+            upload(&gpu, &bt)?,
+        ];
+        let p = PrefillAttnParams {
+            q: q.ptr(),
+            k_cache: k.ptr(),
+            v_cache: v.ptr(),
+            tile_seq: b[0].ptr(),
+            tile_q0: b[1].ptr(),
+            q_start: b[2].ptr(),
+            q_len: b[3].ptr(),
+            context_lens: b[3].ptr(),
+            block_tables: b[4].ptr(),
+            out: out.ptr(),
+            num_tiles: tile_seq.len() as i32,
+            num_heads: h as i32,
+            num_kv_heads: kvh as i32,
+            block_size: bs as i32,
+            max_blocks: bps as i32,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        // SAFETY: buffers match the params' shapes.
+        let ms = time_ms(&gpu, 2, 10, |_| unsafe {
+            kernels::prefill_attn(&gpu, &p, hd)
+        })?;
+        // Causal: QK^T and PV over len (len + 1) / 2 key-query pairs per head.
+        let flops = 4.0 * (seqs * h * hd) as f64 * (len * (len + 1) / 2) as f64;
+        let tflops = flops / (ms * 1e-3) / 1e12;
+        eprintln!("prefill attention {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s");
+        prefill_rows.push(json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops}));
+    }
+    emit(json!({"figure": "prefill_attention", "heads": h, "head_dim": hd, "rows": prefill_rows}));
+    Ok(())
+}
+
+fn backend(
+    model: &str,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    cuda_graphs: bool,
+    gemv_max_rows: usize,
+) -> anyhow::Result<CudaBackend> {
+    let cfg = synthetic_config(model)?;
+    let started = Instant::now();
+    let b = CudaBackend::synthetic(
+        cfg,
+        0,
+        CudaBackendOptions {
+            max_num_seqs,
+            max_num_batched_tokens,
+            cuda_graphs,
+            gemv_max_rows,
+            progress: false,
+            ..Default::default()
+        },
+    )?;
+    eprintln!(
+        "{model}: synthetic weights and KV pool ready in {:.1} s; {:?}",
+        started.elapsed().as_secs_f64(),
+        b.info()
+    );
+    Ok(b)
+}
+
+fn seq(
+    id: u64,
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    blocks: &[u32],
+    bs: usize,
+    sample_index: Option<usize>,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>, SeqInput) {
+    let (mut t, mut p, mut s) = (Vec::new(), Vec::new(), Vec::new());
+    for pos in start..start + n {
+        t.push(tokens[pos]);
+        p.push(pos as u32);
+        s.push(blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+    }
+    let ctx = start + n;
+    let input = SeqInput {
+        request_id: RequestId(id),
+        query_len: n,
+        context_len: ctx,
+        block_table: blocks[..ctx.div_ceil(bs)].to_vec(),
+        sample: sample_index.map(|i| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: id,
+            output_index: i,
+        }),
+    };
+    (t, p, s, input)
+}
+
+fn one_seq_batch(
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    blocks: &[u32],
+    bs: usize,
+    sample_index: Option<usize>,
+) -> BatchInput {
+    let (token_ids, positions, slot_mapping, s) =
+        seq(1, tokens, start, n, blocks, bs, sample_index);
+    BatchInput {
+        token_ids,
+        positions,
+        slot_mapping,
+        seqs: vec![s],
+    }
+}
+
+/// Batch-1 greedy decode after a prompt: median step time over the run, with and without graphs.
+fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()> {
+    // (CUDA graphs, rows on the gemv kernel): the default, then each one switched off.
+    for (graphs, gemv) in [(true, GEMV_MAX_M), (true, 0), (false, GEMV_MAX_M)] {
+        let mut b = backend(model, 8, input_len.max(256), graphs, gemv)?;
+        let bs = b.info().block_size;
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let vocab = b.config().vocab_size as u32;
+        let mut tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let blocks: Vec<u32> = (0..(input_len + output_len + 1).div_ceil(bs) as u32).collect();
+        let out = b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        tokens.push(out.sampled[0].token);
+        let mut steps = Vec::with_capacity(output_len);
+        for i in 1..output_len {
+            let pos = tokens.len() - 1;
+            let t0 = Instant::now();
+            let out = b.execute(&one_seq_batch(&tokens, pos, 1, &blocks, bs, Some(i)))?;
+            steps.push(t0.elapsed().as_secs_f64() * 1e3);
+            tokens.push(out.sampled[0].token);
+        }
+        let warm = steps[8..].to_vec();
+        let med = median(warm.clone());
+        let mean = warm.iter().sum::<f64>() / warm.len() as f64;
+        eprintln!(
+            "{model} decode batch 1, graphs {graphs}, gemv {}: median {med:.3} ms/token, mean {mean:.3}",
+            gemv > 0
+        );
+        emit(
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv > 0, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
+        );
+    }
+    Ok(())
+}
+
+/// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
+fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
+    let mut b = backend(model, 8, input_len, true, GEMV_MAX_M)?;
+    let bs = b.info().block_size;
+    let vocab = b.config().vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut times = Vec::new();
+    for rep in 0..6 {
+        let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let per = input_len.div_ceil(bs) as u32;
+        let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
+        let t0 = Instant::now();
+        b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let med = median(times[1..].to_vec());
+    eprintln!("{model} ttft for {input_len} tokens: {med:.2} ms (runs {times:.2?})");
+    emit(json!({"figure": "ttft_b1_ms", "model": model, "input_len": input_len, "median_ms": med}));
+    Ok(())
+}
+
+/// All requests submitted at once, ignore_eos, greedy; brook's scheduler decides every step.
+fn offline(
+    model: &str,
+    n: usize,
+    input_len: usize,
+    output_len: usize,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    graphs: bool,
+) -> anyhow::Result<()> {
+    let mut b = backend(
+        model,
+        max_num_seqs,
+        max_num_batched_tokens,
+        graphs,
+        GEMV_MAX_M,
+    )?;
+    let info = b.info();
+    let vocab = b.config().vocab_size as u32;
+    let max_model_len = b.config().max_position_embeddings;
+    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
+    let mut sched = Scheduler::new(SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        long_prefill_token_threshold: 0,
+        ..Default::default()
+    });
+    // The scheduler runs on explicit time (seconds since `clock`).
+    let clock = Instant::now();
+    let now = || clock.elapsed().as_secs_f64();
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let params = Arc::new(SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(output_len)
+    });
+    let eos: Arc<[u32]> = Arc::from(vec![2u32]);
+    // A warm-up request first: graph capture and cuBLAS heuristics stay out of the timing.
+    let warm = NewRequest {
+        id: RequestId(u64::MAX),
+        prompt_token_ids: (0..input_len).map(|_| rng.random_range(0..vocab)).collect(),
+        params: Arc::new(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(8)
+        }),
+        seed: 0,
+        eos_token_ids: eos.clone(),
+    };
+    anyhow::ensure!(
+        matches!(sched.add_request(warm, now()), Admission::Accepted),
+        "warm-up request refused"
+    );
+    while sched.has_unfinished() {
+        let out = sched.schedule(&mut kv, now());
+        let step = if out.batch.seqs.is_empty() {
+            Default::default()
+        } else {
+            b.execute(&out.batch)?
+        };
+        sched.update_from_output(&out, &step, &mut kv, now());
+    }
+    let started = Instant::now();
+    for i in 0..n as u64 {
+        let prompt: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let req = NewRequest {
+            id: RequestId(i),
+            prompt_token_ids: prompt,
+            params: params.clone(),
+            seed: i,
+            eos_token_ids: eos.clone(),
+        };
+        let admitted = sched.add_request(req, now());
+        anyhow::ensure!(
+            matches!(admitted, Admission::Accepted),
+            "request {i} refused: {admitted:?}"
+        );
+    }
+    let (mut steps, mut generated, mut first_token) = (0usize, 0usize, vec![None; n]);
+    let mut step_ms = Vec::new();
+    while sched.has_unfinished() {
+        let out = sched.schedule(&mut kv, now());
+        let t0 = Instant::now();
+        let step = if out.batch.seqs.is_empty() {
+            Default::default()
+        } else {
+            b.execute(&out.batch)?
+        };
+        step_ms.push((
+            out.batch.num_tokens(),
+            out.batch.seqs.len(),
+            t0.elapsed().as_secs_f64() * 1e3,
+        ));
+        for s in &step.sampled {
+            generated += 1;
+            first_token[s.request_id.0 as usize].get_or_insert(started.elapsed());
+        }
+        sched.update_from_output(&out, &step, &mut kv, now());
+        steps += 1;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        generated == n * output_len,
+        "generated {generated} tokens, expected {}",
+        n * output_len
+    );
+    let mut ttft: Vec<f64> = first_token
+        .iter()
+        .map(|t| {
+            t.context("a request never produced a token")
+                .map(|d| d.as_secs_f64() * 1e3)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ttft.sort_by(f64::total_cmp);
+    let exec_ms: f64 = step_ms.iter().map(|s| s.2).sum();
+    let decode_steps: Vec<f64> = step_ms
+        .iter()
+        .filter(|s| s.0 == s.1 && s.1 > 0)
+        .map(|s| s.2)
+        .collect();
+    let largest_decode = step_ms
+        .iter()
+        .filter(|s| s.0 == s.1)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
+    let out_tok_s = generated as f64 / wall;
+    eprintln!(
+        "{model} offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",
+        exec_ms / 10.0 / wall,
+        median(decode_steps.clone()),
+        ttft[n / 2]
+    );
+    emit(json!({
+        "figure": "offline_out_tok_s", "model": model, "num_prompts": n, "input_len": input_len, "output_len": output_len,
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "cuda_graphs": graphs,
+        "wall_s": wall, "output_tok_s": out_tok_s, "total_tok_s": (n * (input_len + output_len)) as f64 / wall,
+        "steps": steps, "execute_share": exec_ms / 1e3 / wall, "median_decode_step_ms": median(decode_steps),
+        "ttft_ms_p50": ttft[n / 2], "ttft_ms_p99": ttft[(n * 99) / 100],
+    }));
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! NVRTC compilation of `kernels/*.cu` for the device's architecture, with the PTX cached on disk
+//! under a key of (source hash, architecture, options), so only the first start pays for it.
+//!
+//! The sources are embedded in the binary (`include_str!`), so one binary runs anywhere without
+//! the repository next to it; `kernels/common.cuh` is prepended to each file, which keeps NVRTC
+//! free of include paths (the kernels use no CUDA headers).
+
+use std::path::PathBuf;
+
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// (module name, source) for every kernel file.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("embedding", include_str!("../../../kernels/embedding.cu")),
+    ("rmsnorm", include_str!("../../../kernels/rmsnorm.cu")),
+    ("rope_kv", include_str!("../../../kernels/rope_kv.cu")),
+    ("silu_mul", include_str!("../../../kernels/silu_mul.cu")),
+    (
+        "paged_decode",
+        include_str!("../../../kernels/paged_decode.cu"),
+    ),
+    (
+        "prefill_attn",
+        include_str!("../../../kernels/prefill_attn.cu"),
+    ),
+    ("sample", include_str!("../../../kernels/sample.cu")),
+    ("fill", include_str!("../../../kernels/fill.cu")),
+    ("gemv", include_str!("../../../kernels/gemv.cu")),
+];
+
+/// Where compiled PTX is kept: `$BROOK_CACHE_DIR/ptx`, else `$XDG_CACHE_HOME/brook/ptx`, else
+/// `~/.cache/brook/ptx`; None when none can be named (then every start compiles).
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("BROOK_CACHE_DIR") {
+        return Some(PathBuf::from(d).join("ptx"));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("brook/ptx"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/brook/ptx"))
+}
+
+/// FNV-1a: stable across Rust versions and runs, unlike `DefaultHasher`.
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0xff)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+}
+
+/// PTX of module `name` for `arch` (e.g. "compute_90"), from the cache or freshly compiled.
+/// Returns whether it came from the cache, for logging.
+pub fn ptx_for(name: &str, src: &str, arch: &str) -> anyhow::Result<(Ptx, bool)> {
+    let opts = options(arch);
+    let key = fnv1a(&[COMMON, src, arch, &opts.join(" ")]);
+    let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+    if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok((Ptx::from_src(text), true));
+    }
+    let full = format!("{COMMON}\n#line 1 \"{name}.cu\"\n{src}");
+    let compile_opts = CompileOptions {
+        options: opts,
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, compile_opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            anyhow::anyhow!(
+                "NVRTC failed on kernels/{name}.cu:\n{}",
+                log.to_string_lossy()
+            )
+        }
+        other => anyhow::anyhow!("NVRTC failed on kernels/{name}.cu: {other:?}"),
+    })?;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs the next start a compile.
+        let _ = std::fs::create_dir_all(p.parent().expect("cache path has a parent"))
+            .and_then(|_| std::fs::write(p.with_extension("tmp"), ptx.to_src()))
+            .and_then(|_| std::fs::rename(p.with_extension("tmp"), p));
+    }
+    Ok((ptx, false))
+}
+
+/// The NVRTC architecture for a compute capability: PTX for the exact major.minor.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    format!("compute_{major}{minor}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_depends_on_source_and_arch() {
+        let a = fnv1a(&["x", "compute_90"]);
+        assert_ne!(a, fnv1a(&["y", "compute_90"]));
+        assert_ne!(a, fnv1a(&["x", "compute_89"]));
+        // Part boundaries count: ("ab", "c") is not ("a", "bc").
+        assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
+    }
+
+    /// NVRTC needs no GPU: wherever libnvrtc loads, every kernel must compile for sm_80 and sm_90.
+    #[test]
+    fn every_kernel_compiles_where_nvrtc_is_present() {
+        // SAFETY: only tries to dlopen libnvrtc.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("libnvrtc not found: kernel compilation not checked");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("BROOK_CACHE_DIR", dir.path());
+        for arch in ["compute_80", "compute_90"] {
+            for (name, src) in SOURCES {
+                let (ptx, cached) = ptx_for(name, src, arch).unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(!cached);
+                assert!(
+                    ptx.to_src().contains(".entry"),
+                    "{name}: no kernel entry in the PTX"
+                );
+                let (_, cached) = ptx_for(name, src, arch).unwrap();
+                assert!(cached, "{name}: second compile should hit the cache");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_source_is_embedded() {
+        assert!(COMMON.contains("bf2f"));
+        for (name, src) in SOURCES {
+            assert!(
+                src.contains("extern \"C\" __global__"),
+                "{name} has no kernel"
+            );
+        }
+    }
+}

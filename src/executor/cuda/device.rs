@@ -1,0 +1,299 @@
+//! The GPU handle: context, one stream, cuBLAS, the compiled kernels, and raw device buffers.
+//!
+//! Everything runs on one stream, so cudarc's per-buffer event tracking is switched off: it
+//! would add an event record/wait per launch and get in the way of CUDA-graph capture. Kernels
+//! take one `#[repr(C)]` parameter struct by value (raw device pointers inside), mirrored in
+//! `kernels/*.cu`.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cudarc::cublas::{sys as cublas_sys, CudaBlas};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+
+use super::compile;
+
+/// A device allocation addressed by raw pointer; freed on drop.
+pub struct DevBuf {
+    _slice: CudaSlice<u8>,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl DevBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Pointer to element `index` of a buffer of `T`s.
+    pub fn at<T>(&self, index: usize) -> u64 {
+        debug_assert!((index + 1) * std::mem::size_of::<T>() <= self.bytes);
+        self.ptr + (index * std::mem::size_of::<T>()) as u64
+    }
+}
+
+/// Whether a CUDA driver and at least one GPU can be used, without risking a panic: cudarc's
+/// dynamic loader panics when libcuda is missing, so the library is looked for first and the
+/// first driver call runs under `catch_unwind`.
+pub fn probe() -> Result<(), String> {
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so) was not found".into());
+    }
+    match std::panic::catch_unwind(CudaContext::device_count) {
+        Ok(Ok(n)) if n > 0 => Ok(()),
+        Ok(Ok(_)) => Err("the CUDA driver reports no GPU".into()),
+        Ok(Err(e)) => Err(format!("the CUDA driver failed to start: {e}")),
+        Err(_) => Err("loading the CUDA driver panicked".into()),
+    }
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub num_sms: u32,
+    /// Linear layers with at most this many rows use the `gemv` kernel instead of cuBLAS
+    /// (0: always cuBLAS).
+    pub gemv_max_m: usize,
+    functions: HashMap<String, CudaFunction>,
+    _blas_workspace: DevBuf,
+}
+
+/// cuBLAS needs its own workspace for graph capture (it must not allocate while capturing).
+const CUBLAS_WORKSPACE_BYTES: usize = 64 << 20;
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> anyhow::Result<Gpu> {
+        probe().map_err(|e| anyhow::anyhow!("no usable CUDA device: {e}"))?;
+        let ctx = CudaContext::new(ordinal).context("creating the CUDA context")?;
+        // SAFETY: set before any buffer exists; all work goes through one stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let name = ctx.name()?;
+        let compute_capability = ctx.compute_capability()?;
+        let num_sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        let blas = CudaBlas::new(stream.clone()).context("creating the cuBLAS handle")?;
+        let functions = load_kernels(&ctx, compute_capability)?;
+        let ws = alloc_on(&stream, CUBLAS_WORKSPACE_BYTES)?;
+        // SAFETY: the handle and the workspace live as long as the returned `Gpu`.
+        unsafe {
+            cublas_sys::cublasSetWorkspace_v2(*blas.handle(), ws.ptr() as *mut c_void, ws.bytes())
+                .result()
+                .context("cublasSetWorkspace")?;
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            name,
+            compute_capability,
+            num_sms,
+            gemv_max_m: super::kernels::GEMV_MAX_M,
+            functions,
+            _blas_workspace: ws,
+        })
+    }
+
+    pub fn function(&self, name: &str) -> &CudaFunction {
+        self.functions
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
+    }
+
+    /// Uninitialised device memory.
+    pub fn alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+        alloc_on(&self.stream, bytes)
+    }
+
+    pub fn upload<T: Copy>(&self, dst: u64, src: &[T]) -> anyhow::Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's buffer at `dst` holds at least `src`'s bytes; pageable copies are
+        // staged before the call returns, so `src` may be dropped afterwards.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    /// Copies device memory to `dst` and waits for the stream.
+    pub fn download<T: Copy>(&self, dst: &mut [T], src: u64) -> anyhow::Result<()> {
+        if !dst.is_empty() {
+            // SAFETY: `src` holds at least `dst`'s bytes; the sync below completes the copy.
+            unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        }
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Starts a copy of device memory into `dst`; it is complete after the next `sync`.
+    ///
+    /// # Safety
+    /// `src` holds at least `dst`'s bytes, and `dst` is neither read nor moved before `sync`.
+    pub unsafe fn download_async<T: Copy>(&self, dst: &mut [T], src: u64) -> anyhow::Result<()> {
+        if !dst.is_empty() {
+            result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())?;
+        }
+        Ok(())
+    }
+
+    pub fn memset(&self, dst: u64, byte: u8, bytes: usize) -> anyhow::Result<()> {
+        // SAFETY: the caller's buffer at `dst` holds `bytes` bytes.
+        unsafe { result::memset_d8_async(dst, byte, bytes, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> anyhow::Result<()> {
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> anyhow::Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Launches `name` with one parameter struct.
+    ///
+    /// # Safety
+    /// `P` must match the kernel's parameter struct, and every pointer in it must be valid for
+    /// what the kernel reads and writes.
+    pub unsafe fn launch<P: Copy>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
+        let f = self.function(name);
+        let mut args = [params as *const P as *mut c_void];
+        result::launch_kernel(
+            f.cu_function(),
+            grid,
+            block,
+            0,
+            self.stream.cu_stream(),
+            &mut args,
+        )
+        .with_context(|| format!("launching {name}"))
+    }
+}
+
+fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
+    // SAFETY: the contents are unset; every user writes before it reads.
+    let slice = unsafe { stream.alloc::<u8>(bytes.max(1)) }.with_context(|| {
+        format!(
+            "allocating {:.1} MiB on the GPU",
+            bytes as f64 / (1 << 20) as f64
+        )
+    })?;
+    let ptr = slice.device_ptr(stream).0;
+    Ok(DevBuf {
+        _slice: slice,
+        ptr,
+        bytes,
+    })
+}
+
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    (major, minor): (i32, i32),
+) -> anyhow::Result<HashMap<String, CudaFunction>> {
+    anyhow::ensure!(major >= 8, "brook's CUDA kernels need compute capability 8.0 or newer (bf16 tensor cores); this GPU has {major}.{minor}");
+    let arch = compile::arch_for(major, minor);
+    let mut functions = HashMap::new();
+    let started = std::time::Instant::now();
+    let mut compiled = 0;
+    for (name, src) in compile::SOURCES {
+        let (ptx, cached) = compile::ptx_for(name, src, &arch)?;
+        compiled += usize::from(!cached);
+        let module = ctx
+            .load_module(ptx)
+            .with_context(|| format!("loading kernels/{name}.cu"))?;
+        for f in kernel_names(src) {
+            let func = module
+                .load_function(&f)
+                .with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
+            functions.insert(f, func);
+        }
+    }
+    tracing::info!(
+        "CUDA kernels ready for {arch} in {:.0} ms ({compiled} of {} modules compiled, the rest from the PTX cache)",
+        started.elapsed().as_secs_f64() * 1e3,
+        compile::SOURCES.len()
+    );
+    Ok(functions)
+}
+
+/// Names of the `extern "C" __global__` functions in a source, including those a macro stamps
+/// out (`PAGED_DECODE(128, 4)` → `paged_decode_hd128_g4`).
+fn kernel_names(src: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in src.lines() {
+        let line = line.trim();
+        if line.starts_with("#define") || line.ends_with('\\') {
+            continue; // macro bodies
+        }
+        if let Some(rest) = line.strip_prefix("PAGED_DECODE(") {
+            let args: Vec<&str> = rest
+                .trim_end_matches(')')
+                .split(',')
+                .map(str::trim)
+                .collect();
+            names.push(format!("paged_decode_hd{}_g{}", args[0], args[1]));
+        } else if let Some(rest) = line.strip_prefix("extern \"C\" __global__ void ") {
+            // Skip `__launch_bounds__(...)`; the name is the identifier before the next '('.
+            let rest = match rest.strip_prefix("__launch_bounds__(") {
+                Some(r) => r.split_once(')').map(|(_, r)| r).unwrap_or(""),
+                None => rest,
+            };
+            if let Some(name) = rest
+                .split('(')
+                .next()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+            {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_found_in_every_source() {
+        let all: Vec<String> = compile::SOURCES
+            .iter()
+            .flat_map(|(_, s)| kernel_names(s))
+            .collect();
+        for want in [
+            "embedding",
+            "add_rmsnorm",
+            "rope_kv",
+            "silu_mul",
+            "paged_decode_hd128_g8",
+            "paged_decode_hd64_g1",
+            "paged_decode_reduce",
+            "prefill_attn_hd128",
+            "sample",
+            "gemv_m1",
+            "fill_uniform",
+        ] {
+            assert!(all.iter().any(|n| n == want), "{want} missing from {all:?}");
+        }
+    }
+}

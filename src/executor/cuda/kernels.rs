@@ -1,0 +1,330 @@
+//! Parameter structs of `kernels/*.cu` (field for field, `#[repr(C)]`) and their launches.
+//! Pointers are raw device addresses (`u64`); shapes are in the .cu files' comments.
+
+use super::device::Gpu;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddingParams {
+    pub table: u64,
+    pub tokens: u64,
+    pub out: u64,
+    pub num_tokens: i32,
+    pub d: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AddRmsNormParams {
+    pub residual: u64,
+    /// 0: normalise only.
+    pub delta: u64,
+    pub weight: u64,
+    /// 0: row i is residual row i.
+    pub rows: u64,
+    pub out: u64,
+    pub num_rows: i32,
+    pub d: i32,
+    pub eps: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RopeKvParams {
+    pub qkv: u64,
+    pub positions: u64,
+    pub slots: u64,
+    pub inv_freq: u64,
+    pub q_out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub block_size: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SiluMulParams {
+    pub gate_up: u64,
+    pub out: u64,
+    pub num_tokens: i32,
+    pub inter: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PagedDecodeParams {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub item_row: u64,
+    pub item_seq: u64,
+    pub block_tables: u64,
+    pub context_lens: u64,
+    pub out: u64,
+    pub part_acc: u64,
+    pub part_ml: u64,
+    pub num_items: i32,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub block_size: i32,
+    pub max_blocks: i32,
+    pub num_splits: i32,
+    pub scale: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillAttnParams {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub tile_seq: u64,
+    pub tile_q0: u64,
+    pub q_start: u64,
+    pub q_len: u64,
+    pub context_lens: u64,
+    pub block_tables: u64,
+    pub out: u64,
+    pub num_tiles: i32,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub block_size: i32,
+    pub max_blocks: i32,
+    pub scale: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvParams {
+    pub x: u64,
+    pub w: u64,
+    /// 0 when `y32` is set.
+    pub y: u64,
+    /// 0 for a bf16 output.
+    pub y32: u64,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+}
+
+/// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
+pub const GEMV_MAX_M: usize = 4;
+
+/// Query rows per prefill-attention CTA (`PF_BM` in prefill_attn.cu).
+pub const PREFILL_TILE: usize = 64;
+
+/// One sampled sequence's parameters (`SampleArgs` in sample.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleArgs {
+    pub seed: u64,
+    pub output_index: u64,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub top_k: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SampleParams {
+    pub logits: u64,
+    pub args: u64,
+    pub tokens: u64,
+    pub logprobs: u64,
+    pub num_rows: i32,
+    pub vocab: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FillParams {
+    pub out: u64,
+    pub n: u64,
+    pub seed: u64,
+    pub scale: f32,
+    pub offset: f32,
+}
+
+const SAMPLE_THREADS: u32 = 1024;
+const DECODE_THREADS: u32 = 128;
+
+/// Head dims and GQA group sizes the attention kernels are instantiated for.
+pub fn attention_supported(head_dim: usize, group: usize) -> bool {
+    matches!(head_dim, 64 | 128) && matches!(group, 1 | 2 | 3 | 4 | 6 | 8)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn embedding(gpu: &Gpu, p: &EmbeddingParams) -> anyhow::Result<()> {
+    gpu.launch("embedding", (p.num_tokens as u32, 1, 1), (256, 1, 1), p)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.d <= 256 * 32,
+        "add_rmsnorm handles hidden sizes up to 8192, got {}",
+        p.d
+    );
+    gpu.launch("add_rmsnorm", (p.num_rows as u32, 1, 1), (256, 1, 1), p)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
+    let heads = (p.num_heads + p.num_kv_heads) as u32;
+    let threads = (p.head_dim as u32 / 2).max(32);
+    gpu.launch(
+        "rope_kv",
+        (p.num_tokens as u32, heads, 1),
+        (threads, 1, 1),
+        p,
+    )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
+    gpu.launch(
+        "silu_mul",
+        ((p.inter as u32).div_ceil(256), p.num_tokens as u32, 1),
+        (256, 1, 1),
+        p,
+    )
+}
+
+/// Decode attention; with `num_splits > 1` also the merge of the splits.
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn paged_decode(
+    gpu: &Gpu,
+    p: &PagedDecodeParams,
+    head_dim: usize,
+) -> anyhow::Result<()> {
+    let group = (p.num_heads / p.num_kv_heads) as usize;
+    anyhow::ensure!(
+        attention_supported(head_dim, group),
+        "no decode attention kernel for head_dim {head_dim}, group {group}"
+    );
+    let name = format!("paged_decode_hd{head_dim}_g{group}");
+    gpu.launch(
+        &name,
+        (
+            p.num_splits as u32,
+            p.num_kv_heads as u32,
+            p.num_items as u32,
+        ),
+        (DECODE_THREADS, 1, 1),
+        p,
+    )?;
+    if p.num_splits > 1 {
+        gpu.launch(
+            "paged_decode_reduce",
+            (p.num_heads as u32, p.num_items as u32, 1),
+            (head_dim as u32, 1, 1),
+            p,
+        )?;
+    }
+    Ok(())
+}
+
+/// Splits per (item, kv head) so that the grid covers the GPU about twice, with at least
+/// `min_tokens` keys per split (shorter splits cost more in merging than they gain).
+pub fn decode_splits(
+    num_sms: u32,
+    num_items: usize,
+    num_kv_heads: usize,
+    max_context: usize,
+) -> usize {
+    const MIN_TOKENS: usize = 256;
+    const MAX_SPLITS: usize = 32;
+    let ctas = (num_items * num_kv_heads).max(1);
+    let want = (2 * num_sms as usize).div_ceil(ctas);
+    want.min(max_context.div_ceil(MIN_TOKENS))
+        .clamp(1, MAX_SPLITS)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn prefill_attn(
+    gpu: &Gpu,
+    p: &PrefillAttnParams,
+    head_dim: usize,
+) -> anyhow::Result<()> {
+    let group = (p.num_heads / p.num_kv_heads) as usize;
+    anyhow::ensure!(
+        attention_supported(head_dim, group),
+        "no prefill attention kernel for head_dim {head_dim}, group {group}"
+    );
+    gpu.launch(
+        &format!("prefill_attn_hd{head_dim}"),
+        (p.num_tiles as u32, p.num_heads as u32, 1),
+        (128, 1, 1),
+        p,
+    )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=GEMV_MAX_M as i32).contains(&p.m) && p.k % 8 == 0,
+        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {} k {}",
+        p.m,
+        p.k
+    );
+    gpu.launch(
+        &format!("gemv_m{}", p.m),
+        ((p.n as u32).div_ceil(8), 1, 1),
+        (256, 1, 1),
+        p,
+    )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
+    gpu.launch(
+        "sample",
+        (p.num_rows as u32, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+        p,
+    )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn fill_uniform(gpu: &Gpu, p: &FillParams) -> anyhow::Result<()> {
+    let blocks = (p.n.div_ceil(256)).min(gpu.num_sms as u64 * 16) as u32;
+    gpu.launch("fill_uniform", (blocks.max(1), 1, 1), (256, 1, 1), p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_splits_fill_the_gpu_and_respect_the_minimum() {
+        // One sequence, 32 kv heads on 132 SMs: 9 splits would fill; 1k context allows 4.
+        assert_eq!(decode_splits(132, 1, 32, 1024), 4);
+        assert_eq!(decode_splits(132, 1, 32, 16384), 9);
+        // Enough CTAs without splitting.
+        assert_eq!(decode_splits(132, 64, 32, 16384), 1);
+        assert_eq!(decode_splits(132, 1, 1, 1 << 20), 32);
+    }
+
+    #[test]
+    fn param_structs_match_the_c_layout() {
+        // C pads a struct to its largest member's alignment; the Rust mirrors must agree.
+        assert_eq!(std::mem::size_of::<SampleArgs>(), 32);
+        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
+    }
+}

@@ -1,0 +1,183 @@
+//! Model weights on the GPU in bf16: uploaded from a checkpoint, or generated on the GPU for
+//! synthetic benchmarks. q/k/v and gate/up are fused into one matrix each (rows appended in that
+//! order), so a layer runs 4 GEMMs instead of 7.
+
+use anyhow::Context;
+use candle_core::{DType, Tensor};
+use half::bf16;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::device::{DevBuf, Gpu};
+use super::kernels::{self, FillParams};
+use crate::model::config::ModelConfig;
+use crate::model::loader::ModelWeights;
+
+pub struct LayerWeights {
+    /// [hidden]
+    pub input_norm: DevBuf,
+    /// [(heads + 2 * kv_heads) * head_dim, hidden]
+    pub qkv: DevBuf,
+    /// [hidden, heads * head_dim]
+    pub o: DevBuf,
+    /// [hidden]
+    pub post_norm: DevBuf,
+    /// [2 * intermediate, hidden]
+    pub gate_up: DevBuf,
+    /// [hidden, intermediate]
+    pub down: DevBuf,
+}
+
+pub struct GpuWeights {
+    /// [vocab, hidden]
+    pub embed: DevBuf,
+    pub layers: Vec<LayerWeights>,
+    /// [hidden]
+    pub norm: DevBuf,
+    /// [vocab, hidden]; None: tied to `embed`.
+    pub lm_head: Option<DevBuf>,
+}
+
+impl GpuWeights {
+    pub fn lm_head_ptr(&self) -> u64 {
+        self.lm_head.as_ref().unwrap_or(&self.embed).ptr()
+    }
+
+    pub fn bytes(&self) -> usize {
+        let layer = |l: &LayerWeights| {
+            l.input_norm.bytes()
+                + l.qkv.bytes()
+                + l.o.bytes()
+                + l.post_norm.bytes()
+                + l.gate_up.bytes()
+                + l.down.bytes()
+        };
+        self.embed.bytes()
+            + self.norm.bytes()
+            + self.lm_head.as_ref().map_or(0, DevBuf::bytes)
+            + self.layers.iter().map(layer).sum::<usize>()
+    }
+
+    /// Uploads f32 checkpoint weights as bf16, with a progress bar over bytes when `progress`.
+    pub fn upload(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        progress: bool,
+    ) -> anyhow::Result<GpuWeights> {
+        let total = param_bytes(cfg, !w.lm_head_tied);
+        let bar = progress_bar(
+            progress,
+            total as u64,
+            "uploading weights to the GPU (bf16)",
+        );
+        let up = |parts: &[&Tensor]| -> anyhow::Result<DevBuf> {
+            let n: usize = parts.iter().map(|t| t.elem_count()).sum();
+            let buf = gpu.alloc(n * 2)?;
+            let mut off = 0;
+            for t in parts {
+                let host: Vec<bf16> = t.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
+                gpu.upload(buf.at::<bf16>(off), &host)?;
+                off += host.len();
+                bar.inc(host.len() as u64 * 2);
+            }
+            Ok(buf)
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (i, l) in w.layers.iter().enumerate() {
+            layers.push(
+                (|| -> anyhow::Result<LayerWeights> {
+                    Ok(LayerWeights {
+                        input_norm: up(&[&l.input_layernorm])?,
+                        qkv: up(&[l.q_proj.weight(), l.k_proj.weight(), l.v_proj.weight()])?,
+                        o: up(&[l.o_proj.weight()])?,
+                        post_norm: up(&[&l.post_attention_layernorm])?,
+                        gate_up: up(&[l.gate_proj.weight(), l.up_proj.weight()])?,
+                        down: up(&[l.down_proj.weight()])?,
+                    })
+                })()
+                .with_context(|| format!("uploading layer {i}"))?,
+            );
+        }
+        let out = GpuWeights {
+            embed: up(&[&w.embed_tokens])?,
+            layers,
+            norm: up(&[&w.norm])?,
+            lm_head: if w.lm_head_tied {
+                None
+            } else {
+                Some(up(&[w.lm_head.weight()])?)
+            },
+        };
+        gpu.sync()?;
+        bar.finish_and_clear();
+        Ok(out)
+    }
+
+    /// Random weights generated on the GPU (uniform, std 0.02 like common inits; norms 1), for
+    /// benchmarks of a model's shapes without its checkpoint.
+    pub fn random(gpu: &Gpu, cfg: &ModelConfig, seed: u64) -> anyhow::Result<GpuWeights> {
+        let mut next_seed = seed;
+        let mut fill = |n: usize, scale: f32, offset: f32| -> anyhow::Result<DevBuf> {
+            let buf = gpu.alloc(n * 2)?;
+            next_seed = next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let p = FillParams {
+                out: buf.ptr(),
+                n: n as u64,
+                seed: next_seed,
+                scale,
+                offset,
+            };
+            // SAFETY: `buf` holds n bf16.
+            unsafe { kernels::fill_uniform(gpu, &p)? };
+            Ok(buf)
+        };
+        // Uniform(-a, a) has std a / sqrt(3).
+        let a = 0.02 * 3f32.sqrt();
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            layers.push(LayerWeights {
+                input_norm: fill(h, 0.0, 1.0)?,
+                qkv: fill(qkv_rows * h, a, 0.0)?,
+                o: fill(h * cfg.q_dim(), a, 0.0)?,
+                post_norm: fill(h, 0.0, 1.0)?,
+                gate_up: fill(2 * i * h, a, 0.0)?,
+                down: fill(h * i, a, 0.0)?,
+            });
+        }
+        let out = GpuWeights {
+            embed: fill(cfg.vocab_size * h, 1.0, 0.0)?,
+            layers,
+            norm: fill(h, 0.0, 1.0)?,
+            lm_head: if cfg.tie_word_embeddings {
+                None
+            } else {
+                Some(fill(cfg.vocab_size * h, a, 0.0)?)
+            },
+        };
+        gpu.sync()?;
+        Ok(out)
+    }
+}
+
+/// Bytes of the bf16 weights of `cfg`.
+pub fn param_bytes(cfg: &ModelConfig, untied_head: bool) -> usize {
+    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let layer = 2 * h + (cfg.q_dim() + 2 * cfg.kv_dim()) * h + h * cfg.q_dim() + 3 * i * h;
+    2 * (v * h * (1 + usize::from(untied_head)) + h + cfg.num_hidden_layers * layer)
+}
+
+fn progress_bar(show: bool, total: u64, what: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}

@@ -1,0 +1,384 @@
+//! The CUDA backend against the CPU backend on the same paged batches: chunked prefill over a
+//! cached prefix, mixed prefill + decode steps, then greedy decode. Tokens must agree except at
+//! near-ties of the reference logits; logits within 2e-2 relative error. Also decode through
+//! CUDA graphs (`execute`) against the same reference.
+//!
+//! Models: small random-weight checkpoints (`write_test_model`), and `BROOK_E2E_MODEL` (e.g.
+//! models/demo-chat) when set. Without a GPU each test says so and returns; with
+//! `BROOK_REQUIRE_GPU=1` a missing GPU fails.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use brook::executor::backend::Backend;
+use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
+use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::model::config::ModelConfig;
+use brook::model::loader::load_weights;
+use brook::model::testing::{write_test_model, TestModelSpec};
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::sampling::sampler::argmax;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn have_gpu() -> bool {
+    let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    match brook::executor::cuda::probe() {
+        Ok(()) => true,
+        Err(e) if required => panic!("BROOK_REQUIRE_GPU=1 but no GPU: {e}"),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+const BLOCK: usize = 16;
+
+fn cuda_opts(graphs: bool) -> CudaBackendOptions {
+    CudaBackendOptions {
+        max_kv_cache_bytes: Some(256 << 20),
+        max_num_batched_tokens: 4096,
+        max_num_seqs: 64,
+        cuda_graphs: graphs,
+        progress: false,
+        ..Default::default()
+    }
+}
+
+/// One sequence of the harness: prompt, blocks, and the reference's tokens so far.
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    blocks: Vec<u32>,
+}
+
+fn seq_input(i: usize, s: &Seq, query_len: usize, sample: bool) -> SeqInput {
+    let context_len = s.computed + query_len;
+    SeqInput {
+        request_id: RequestId(i as u64),
+        query_len,
+        context_len,
+        block_table: s.blocks[..context_len.div_ceil(BLOCK)].to_vec(),
+        sample: sample.then(|| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: i as u64,
+            output_index: s.tokens.len() - s.prompt_len,
+        }),
+    }
+}
+
+fn batch_of(seqs: &[Seq], parts: &[(usize, usize, bool)]) -> BatchInput {
+    let mut b = BatchInput::default();
+    for &(i, n, sample) in parts {
+        let s = &seqs[i];
+        for p in s.computed..s.computed + n {
+            b.token_ids.push(s.tokens[p]);
+            b.positions.push(p as u32);
+            b.slot_mapping
+                .push(s.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+        }
+        b.seqs.push(seq_input(i, s, n, sample));
+    }
+    b
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    compared: usize,
+    mismatches: usize,
+    near_tie_mismatches: usize,
+    worst_rel_err: f64,
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Gap between the best and second-best logit, relative to the logits' spread.
+fn top2_gap(l: &[f32]) -> f32 {
+    let (i, m) = argmax(l);
+    let second = l
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i as usize)
+        .map(|(_, v)| *v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let spread = l
+        .iter()
+        .map(|v| (v - m).abs())
+        .fold(0f32, f32::max)
+        .max(1e-6);
+    (m - second) / spread
+}
+
+/// Near-tie: the reference's top two logits within 1% of the logits' spread (bf16 weights move
+/// logits by about that much).
+const NEAR_TIE: f32 = 1e-2;
+
+fn compare(t: &mut Tally, cpu: &[Vec<f32>], gpu: &[Vec<f32>], what: &str) {
+    assert_eq!(cpu.len(), gpu.len(), "{what}: sampled rows");
+    for (c, g) in cpu.iter().zip(gpu) {
+        let e = rel_err(g, c);
+        assert!(
+            e.is_finite() && e < 2e-2,
+            "{what}: logits relative error {e:.3e}"
+        );
+        t.worst_rel_err = t.worst_rel_err.max(e);
+        t.compared += 1;
+        if argmax(c).0 != argmax(g).0 {
+            if top2_gap(c) < NEAR_TIE {
+                t.near_tie_mismatches += 1;
+            } else {
+                t.mismatches += 1;
+            }
+        }
+    }
+}
+
+/// Runs `prompts` through both backends: prefill in chunks of `chunk` tokens (all sequences in
+/// each step, so chunks after the first read a cached prefix), a mixed step, then `gen` greedy
+/// decode steps teacher-forced with the CPU's tokens. Then replays the decode through `execute`
+/// with CUDA graphs on and compares its tokens with the CPU's.
+fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Tally, Tally) {
+    let cfg = ModelConfig::from_dir(dir).unwrap();
+    let weights = load_weights(dir, &cfg, false).unwrap();
+    let cpu_opts = CpuBackendOptions {
+        block_size: BLOCK,
+        kv_cache_bytes: 512 << 20,
+        num_threads: None,
+        progress: false,
+    };
+    let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
+    let weights = load_weights(dir, &cfg, false).unwrap();
+    let mut gpu = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(false)).unwrap();
+    let mut graphed = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true)).unwrap();
+
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let per_seq = prompts
+        .iter()
+        .map(|p| (p.len() + gen + 1).div_ceil(BLOCK))
+        .max()
+        .unwrap();
+    let mut pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).collect();
+    pool.shuffle(&mut rng);
+    let mut seqs: Vec<Seq> = prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| Seq {
+            prompt_len: p.len(),
+            tokens: p,
+            computed: 0,
+            blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec(),
+        })
+        .collect();
+    let mut t = Tally::default();
+    let mut step =
+        |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>, t: &mut Tally, what: &str| {
+            let b = batch_of(seqs, &parts);
+            let c = cpu.forward_logits(&b).unwrap();
+            let g = gpu.forward_logits(&b).unwrap();
+            compare(t, &c, &g, what);
+            let mut k = 0;
+            for &(i, n, sample) in &parts {
+                seqs[i].computed += n;
+                if sample {
+                    seqs[i].tokens.push(argmax(&c[k]).0);
+                    k += 1;
+                }
+            }
+        };
+    // Prefill in chunks; a sequence samples when its prompt is done.
+    while seqs.iter().any(|s| s.computed < s.prompt_len) {
+        let parts: Vec<(usize, usize, bool)> = seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.computed < s.prompt_len)
+            .map(|(i, s)| {
+                let n = chunk.min(s.prompt_len - s.computed);
+                (i, n, s.computed + n == s.prompt_len)
+            })
+            .collect();
+        step(&mut seqs, parts, &mut t, "prefill");
+    }
+    let decode_start: Vec<usize> = seqs.iter().map(|s| s.computed).collect();
+    for _ in 0..gen {
+        let parts: Vec<(usize, usize, bool)> = (0..seqs.len()).map(|i| (i, 1, true)).collect();
+        step(&mut seqs, parts, &mut t, "decode");
+    }
+
+    // The same decode steps through execute() on CUDA graphs, on a fresh cache: prefill first.
+    let mut tg = Tally::default();
+    let mut replay: Vec<Seq> = seqs
+        .iter()
+        .map(|s| Seq {
+            tokens: s.tokens.clone(),
+            prompt_len: s.prompt_len,
+            computed: 0,
+            blocks: s.blocks.clone(),
+        })
+        .collect();
+    let parts: Vec<(usize, usize, bool)> = (0..replay.len())
+        .map(|i| (i, decode_start[i], false))
+        .collect();
+    graphed.execute(&batch_of(&replay, &parts)).unwrap();
+    replay
+        .iter_mut()
+        .zip(&decode_start)
+        .for_each(|(s, &d)| s.computed = d);
+    for _ in 0..gen {
+        let parts: Vec<(usize, usize, bool)> = (0..replay.len()).map(|i| (i, 1, true)).collect();
+        let mut b = batch_of(&replay, &parts);
+        // output_index of the token being produced, as in the first pass.
+        for (s, q) in replay.iter().zip(b.seqs.iter_mut()) {
+            q.sample.as_mut().unwrap().output_index = s.computed + 1 - s.prompt_len;
+        }
+        let out = graphed.execute(&b).unwrap();
+        assert_eq!(out.sampled.len(), replay.len());
+        for (i, s) in out.sampled.iter().enumerate() {
+            assert_eq!(s.request_id, RequestId(i as u64));
+            let want = replay[i].tokens[replay[i].computed + 1];
+            tg.compared += 1;
+            if s.token != want {
+                tg.mismatches += 1;
+            }
+            assert!(
+                s.logprob <= 0.0 && s.logprob.is_finite(),
+                "logprob {}",
+                s.logprob
+            );
+        }
+        replay.iter_mut().for_each(|s| s.computed += 1);
+    }
+    (t, tg)
+}
+
+fn random_prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            (0..r.random_range(3..150))
+                .map(|_| r.random_range(0..vocab as u32))
+                .collect()
+        })
+        .collect()
+}
+
+fn check_model(spec: TestModelSpec, chunk: usize) {
+    check_model_with(spec, chunk, 12);
+}
+
+/// `num_prompts` <= 4 runs decode steps through the `gemv` kernel instead of cuBLAS.
+fn check_model_with(spec: TestModelSpec, chunk: usize, num_prompts: usize) {
+    if !have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec).unwrap();
+    let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size;
+    let (t, tg) = run_both(dir.path(), random_prompts(num_prompts, vocab, 3), chunk, 16);
+    eprintln!("{spec:?}\n  eager: {t:?}\n  graphs: {tg:?}");
+    assert_eq!(
+        t.mismatches, 0,
+        "greedy tokens differ away from near-ties: {t:?}"
+    );
+    assert!(
+        t.near_tie_mismatches * 20 <= t.compared,
+        "too many near-tie flips: {t:?}"
+    );
+    assert!(
+        tg.mismatches * 20 <= tg.compared,
+        "graph decode differs from the CPU: {tg:?}"
+    );
+}
+
+#[test]
+fn cuda_matches_cpu_gqa_hd64() {
+    check_model(
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(8, 2)
+            .head_dim(64)
+            .intermediate_size(512)
+            .layers(3),
+        40,
+    );
+}
+
+#[test]
+fn cuda_matches_cpu_mha_hd128_llama3_rope_tied() {
+    check_model(
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(4, 4)
+            .head_dim(128)
+            .intermediate_size(384)
+            .llama3_rope(true)
+            .tied(true)
+            .seed(5),
+        64,
+    );
+}
+
+#[test]
+fn cuda_matches_cpu_small_batches_on_gemv() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .seed(9);
+    check_model_with(spec, 100, 3);
+}
+
+/// `BROOK_E2E_MODEL` (the demo model on the device): 32 prompts, 32 greedy tokens each.
+#[test]
+fn cuda_matches_cpu_on_a_real_model() {
+    let Ok(dir) = std::env::var("BROOK_E2E_MODEL") else {
+        eprintln!("BROOK_E2E_MODEL not set: skipped");
+        return;
+    };
+    if !have_gpu() {
+        return;
+    }
+    let dir = Path::new(&dir);
+    let tok = brook::tokenizer::Tokenizer::from_dir(dir).unwrap();
+    let subjects = [
+        "my order",
+        "the weather",
+        "a refund",
+        "shipping times",
+        "the warranty",
+        "my password",
+        "an invoice",
+        "the store hours",
+    ];
+    let asks = [
+        "Where is",
+        "Tell me about",
+        "How do I get",
+        "What is the status of",
+    ];
+    let prompts: Vec<Vec<u32>> = (0..32)
+        .map(|i| {
+            tok.encode(&format!("{} {}?", asks[i % 4], subjects[i / 4]), true)
+                .unwrap()
+        })
+        .collect();
+    let (t, tg) = run_both(dir, prompts, 512, 32);
+    eprintln!("{}: eager: {t:?}\n  graphs: {tg:?}", dir.display());
+    assert_eq!(
+        t.mismatches, 0,
+        "greedy tokens differ away from near-ties: {t:?}"
+    );
+    assert!(
+        tg.mismatches * 20 <= tg.compared,
+        "graph decode differs from the CPU: {tg:?}"
+    );
+}

@@ -1,0 +1,922 @@
+//! Every CUDA kernel against a CPU reference on random inputs (odd sizes, random block tables,
+//! outputs poisoned before the run). Without a GPU each test says so and returns, so CPU CI stays
+//! green; with `BROOK_REQUIRE_GPU=1` (scripts/gpu-check.sh) a missing GPU fails instead.
+
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::gemm;
+use brook::executor::cuda::kernels::{self, *};
+use brook::model::config::{RopeConfig, RopeScaling};
+use brook::sampling::params::SamplingParams;
+use brook::sampling::sampler::{argmax, Sampler};
+use half::bf16;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn gpu() -> Option<Gpu> {
+    let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    match brook::executor::cuda::probe() {
+        Ok(()) => Some(Gpu::open(0).expect("a GPU is present, so opening it must work")),
+        Err(e) if required => panic!("BROOK_REQUIRE_GPU=1 but no GPU: {e}"),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn rand_f32(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-scale..scale)).collect()
+}
+
+fn rand_bf16(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<bf16> {
+    rand_f32(r, n, scale)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect()
+}
+
+fn to_f32(xs: &[bf16]) -> Vec<f32> {
+    xs.iter().map(|x| x.to_f32()).collect()
+}
+
+/// A device buffer holding `data`.
+fn dev<T: Copy>(g: &Gpu, data: &[T]) -> DevBuf {
+    let b = g.alloc(std::mem::size_of_val(data)).unwrap();
+    g.upload(b.ptr(), data).unwrap();
+    b
+}
+
+/// A device buffer of `n` elements of `T`, every byte 0xff (NaN for floats and bf16).
+fn poisoned<T>(g: &Gpu, n: usize) -> DevBuf {
+    let bytes = n * std::mem::size_of::<T>();
+    let b = g.alloc(bytes).unwrap();
+    g.memset(b.ptr(), 0xff, bytes).unwrap();
+    b
+}
+
+fn read<T: Copy + Default>(g: &Gpu, b: &DevBuf, n: usize) -> Vec<T> {
+    let mut v = vec![T::default(); n];
+    g.download(&mut v, b.ptr()).unwrap();
+    v
+}
+
+fn read_bf16(g: &Gpu, b: &DevBuf, n: usize) -> Vec<f32> {
+    let raw: Vec<u16> = read(g, b, n);
+    raw.into_iter()
+        .map(|x| bf16::from_bits(x).to_f32())
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖, NaN-propagating (a NaN never passes).
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| ((*x - *y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let e = rel_err(got, want);
+    assert!(
+        e < tol && got.iter().all(|x| x.is_finite()),
+        "{what}: relative error {e:.3e} (tolerance {tol:.0e})"
+    );
+}
+
+#[test]
+fn embedding_gathers_rows() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(1);
+    let (vocab, d, t) = (1003, 392, 37);
+    let table = rand_bf16(&mut r, vocab * d, 1.0);
+    let tokens: Vec<u32> = (0..t).map(|_| r.random_range(0..vocab as u32)).collect();
+    let (tb, tk, out) = (
+        dev(&g, &table),
+        dev(&g, &tokens),
+        poisoned::<f32>(&g, t * d),
+    );
+    let p = EmbeddingParams {
+        table: tb.ptr(),
+        tokens: tk.ptr(),
+        out: out.ptr(),
+        num_tokens: t as i32,
+        d: d as i32,
+    };
+    unsafe { kernels::embedding(&g, &p).unwrap() };
+    let got: Vec<f32> = read(&g, &out, t * d);
+    for (i, &tok) in tokens.iter().enumerate() {
+        let want = to_f32(&table[tok as usize * d..(tok as usize + 1) * d]);
+        assert_eq!(&got[i * d..(i + 1) * d], &want[..], "row {i}");
+    }
+}
+
+fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
+        .collect()
+}
+
+#[test]
+fn add_rmsnorm_updates_residual_and_normalises() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(2);
+    let (t, d, eps) = (23, 1000, 1e-5f32);
+    let residual = rand_f32(&mut r, t * d, 2.0);
+    let delta = rand_bf16(&mut r, t * d, 1.0);
+    let weight = rand_bf16(&mut r, d, 1.5);
+    let (res, de, w) = (dev(&g, &residual), dev(&g, &delta), dev(&g, &weight));
+    // All rows, with the residual add.
+    let out = poisoned::<bf16>(&g, t * d);
+    let p = AddRmsNormParams {
+        residual: res.ptr(),
+        delta: de.ptr(),
+        weight: w.ptr(),
+        rows: 0,
+        out: out.ptr(),
+        num_rows: t as i32,
+        d: d as i32,
+        eps,
+    };
+    unsafe { kernels::add_rmsnorm(&g, &p).unwrap() };
+    let new_res: Vec<f32> = read(&g, &res, t * d);
+    let want_res: Vec<f32> = residual
+        .iter()
+        .zip(&delta)
+        .map(|(a, b)| a + b.to_f32())
+        .collect();
+    assert_eq!(new_res, want_res);
+    let wf = to_f32(&weight);
+    let want: Vec<f32> = (0..t)
+        .flat_map(|i| rmsnorm_ref(&want_res[i * d..(i + 1) * d], &wf, eps))
+        .collect();
+    assert_close("add_rmsnorm", &read_bf16(&g, &out, t * d), &want, 8e-3);
+    // A subset of rows (the final norm at sampled positions), no add.
+    let rows: Vec<i32> = vec![22, 0, 7];
+    let (rb, out2) = (dev(&g, &rows), poisoned::<bf16>(&g, rows.len() * d));
+    let p2 = AddRmsNormParams {
+        delta: 0,
+        rows: rb.ptr(),
+        out: out2.ptr(),
+        num_rows: rows.len() as i32,
+        ..p
+    };
+    unsafe { kernels::add_rmsnorm(&g, &p2).unwrap() };
+    let want2: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| rmsnorm_ref(&want_res[i as usize * d..(i as usize + 1) * d], &wf, eps))
+        .collect();
+    assert_close(
+        "rmsnorm rows",
+        &read_bf16(&g, &out2, rows.len() * d),
+        &want2,
+        8e-3,
+    );
+    assert_eq!(
+        read::<f32>(&g, &res, t * d),
+        want_res,
+        "no delta: residual unchanged"
+    );
+}
+
+#[test]
+fn silu_mul_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(3);
+    let (t, inter) = (13, 1000);
+    let gu = rand_bf16(&mut r, t * 2 * inter, 4.0);
+    let (gb, out) = (dev(&g, &gu), poisoned::<bf16>(&g, t * inter));
+    let p = SiluMulParams {
+        gate_up: gb.ptr(),
+        out: out.ptr(),
+        num_tokens: t as i32,
+        inter: inter as i32,
+    };
+    unsafe { kernels::silu_mul(&g, &p).unwrap() };
+    let f = to_f32(&gu);
+    let want: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            let row = &f[i * 2 * inter..(i + 1) * 2 * inter];
+            (0..inter).map(move |j| row[j] / (1.0 + (-row[j]).exp()) * row[inter + j])
+        })
+        .collect();
+    assert_close("silu_mul", &read_bf16(&g, &out, t * inter), &want, 5e-3);
+}
+
+/// A paged cache [num_blocks, kv_heads, block_size, head_dim] with random contents.
+struct Cache {
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+}
+
+impl Cache {
+    fn random(
+        r: &mut ChaCha8Rng,
+        num_blocks: usize,
+        kv_heads: usize,
+        block_size: usize,
+        head_dim: usize,
+    ) -> Cache {
+        let n = num_blocks * kv_heads * block_size * head_dim;
+        Cache {
+            k: rand_bf16(r, n, 1.0),
+            v: rand_bf16(r, n, 1.0),
+            kv_heads,
+            block_size,
+            head_dim,
+        }
+    }
+
+    fn offset(&self, slot: usize, kh: usize) -> usize {
+        ((slot / self.block_size * self.kv_heads + kh) * self.block_size + slot % self.block_size)
+            * self.head_dim
+    }
+
+    fn k_row(&self, slot: usize, kh: usize) -> &[bf16] {
+        let o = self.offset(slot, kh);
+        &self.k[o..o + self.head_dim]
+    }
+
+    fn v_row(&self, slot: usize, kh: usize) -> &[bf16] {
+        let o = self.offset(slot, kh);
+        &self.v[o..o + self.head_dim]
+    }
+}
+
+/// Random distinct blocks for sequences of the given context lengths: block tables padded to the
+/// longest with block 0.
+fn block_tables(
+    r: &mut ChaCha8Rng,
+    ctx: &[usize],
+    block_size: usize,
+    num_blocks: usize,
+) -> (Vec<i32>, usize) {
+    let max_blocks = ctx.iter().map(|c| c.div_ceil(block_size)).max().unwrap();
+    let mut pool: Vec<i32> = (0..num_blocks as i32).collect();
+    pool.shuffle(r);
+    let mut next = 0;
+    let mut bt = vec![0i32; ctx.len() * max_blocks];
+    for (s, c) in ctx.iter().enumerate() {
+        for b in 0..c.div_ceil(block_size) {
+            bt[s * max_blocks + b] = pool[next];
+            next += 1;
+        }
+    }
+    assert!(next <= num_blocks);
+    (bt, max_blocks)
+}
+
+/// Softmax attention of one query row over keys 0..n of a sequence, in f64.
+fn attend_ref(q: &[f32], cache: &Cache, bt: &[i32], kh: usize, n: usize, scale: f64) -> Vec<f32> {
+    let slot =
+        |j: usize| bt[j / cache.block_size] as usize * cache.block_size + j % cache.block_size;
+    let scores: Vec<f64> = (0..n)
+        .map(|j| {
+            q.iter()
+                .zip(cache.k_row(slot(j), kh))
+                .map(|(a, b)| *a as f64 * b.to_f32() as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let z: f64 = w.iter().sum();
+    let mut out = vec![0f64; cache.head_dim];
+    for (j, wj) in w.iter().enumerate() {
+        for (o, v) in out.iter_mut().zip(cache.v_row(slot(j), kh)) {
+            *o += wj / z * v.to_f32() as f64;
+        }
+    }
+    out.into_iter().map(|x| x as f32).collect()
+}
+
+fn check_paged_decode(
+    seed: u64,
+    head_dim: usize,
+    heads: usize,
+    kv_heads: usize,
+    ctx: &[usize],
+    splits: Option<usize>,
+) {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(seed);
+    let bs = 16;
+    let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 7;
+    let cache = Cache::random(&mut r, num_blocks, kv_heads, bs, head_dim);
+    let (bt, max_blocks) = block_tables(&mut r, ctx, bs, num_blocks);
+    // Items in a shuffled order, on token rows with gaps, as in a mixed batch.
+    let n = ctx.len();
+    let mut item_seq: Vec<i32> = (0..n as i32).collect();
+    item_seq.shuffle(&mut r);
+    let item_row: Vec<i32> = (0..n as i32).map(|i| 2 * i + 1).collect();
+    let rows = 2 * n + 1;
+    let q = rand_bf16(&mut r, rows * heads * head_dim, 1.0);
+    let ctx_i: Vec<i32> = ctx.iter().map(|&c| c as i32).collect();
+    let num_splits =
+        splits.unwrap_or_else(|| decode_splits(g.num_sms, n, kv_heads, *ctx.iter().max().unwrap()));
+    let bufs = [
+        dev(&g, &q),
+        dev(&g, &cache.k),
+        dev(&g, &cache.v),
+        dev(&g, &item_row),
+        dev(&g, &item_seq),
+        dev(&g, &bt),
+        dev(&g, &ctx_i),
+    ];
+    let out = poisoned::<bf16>(&g, rows * heads * head_dim);
+    let part_acc = poisoned::<f32>(&g, n * heads * num_splits * head_dim);
+    let part_ml = poisoned::<f32>(&g, n * heads * num_splits * 2);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let p = PagedDecodeParams {
+        q: bufs[0].ptr(),
+        k_cache: bufs[1].ptr(),
+        v_cache: bufs[2].ptr(),
+        item_row: bufs[3].ptr(),
+        item_seq: bufs[4].ptr(),
+        block_tables: bufs[5].ptr(),
+        context_lens: bufs[6].ptr(),
+        out: out.ptr(),
+        part_acc: part_acc.ptr(),
+        part_ml: part_ml.ptr(),
+        num_items: n as i32,
+        num_heads: heads as i32,
+        num_kv_heads: kv_heads as i32,
+        block_size: bs as i32,
+        max_blocks: max_blocks as i32,
+        num_splits: num_splits as i32,
+        scale,
+    };
+    unsafe { kernels::paged_decode(&g, &p, head_dim).unwrap() };
+    let got = read_bf16(&g, &out, rows * heads * head_dim);
+    let qf = to_f32(&q);
+    let group = heads / kv_heads;
+    for i in 0..n {
+        let (s, row) = (item_seq[i] as usize, item_row[i] as usize);
+        for h in 0..heads {
+            let o = (row * heads + h) * head_dim;
+            let want = attend_ref(
+                &qf[o..o + head_dim],
+                &cache,
+                &bt[s * max_blocks..],
+                h / group,
+                ctx[s],
+                scale as f64,
+            );
+            assert_close(
+                &format!(
+                    "decode hd{head_dim} g{group} splits {num_splits} item {i} ctx {} head {h}",
+                    ctx[s]
+                ),
+                &got[o..o + head_dim],
+                &want,
+                1e-2,
+            );
+        }
+    }
+    // Rows that are not decode items stay untouched.
+    assert!(
+        got[..heads * head_dim].iter().all(|x| x.is_nan()),
+        "row 0 was written"
+    );
+}
+
+#[test]
+fn paged_decode_mha_hd128_one_split() {
+    check_paged_decode(10, 128, 4, 4, &[1, 17, 300, 1000], Some(1));
+}
+
+#[test]
+fn paged_decode_gqa_hd128_split_k() {
+    check_paged_decode(11, 128, 8, 2, &[5, 333, 2049, 4097, 64], None);
+    check_paged_decode(12, 128, 16, 2, &[700, 1], Some(7));
+}
+
+#[test]
+fn paged_decode_groups_of_three_and_six() {
+    check_paged_decode(13, 64, 6, 2, &[2, 77, 900], None);
+    check_paged_decode(14, 128, 12, 2, &[300, 31], Some(3));
+}
+
+#[test]
+fn paged_decode_hd64_all_groups() {
+    for (i, kv) in [8, 4, 2, 1].into_iter().enumerate() {
+        check_paged_decode(20 + i as u64, 64, 8, kv, &[3, 129, 1500], Some(1 + i * 3));
+    }
+}
+
+fn check_prefill(
+    seed: u64,
+    head_dim: usize,
+    heads: usize,
+    kv_heads: usize,
+    seqs: &[(usize, usize)],
+) {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(seed);
+    let bs = 16;
+    let ctx: Vec<usize> = seqs.iter().map(|s| s.1).collect();
+    let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
+    let cache = Cache::random(&mut r, num_blocks, kv_heads, bs, head_dim);
+    let (bt, max_blocks) = block_tables(&mut r, &ctx, bs, num_blocks);
+    let mut q_start = Vec::new();
+    let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+    let mut t = 0;
+    for (s, &(qlen, _)) in seqs.iter().enumerate() {
+        q_start.push(t as i32);
+        for q0 in (0..qlen).step_by(PREFILL_TILE) {
+            tile_seq.push(s as i32);
+            tile_q0.push(q0 as i32);
+        }
+        t += qlen;
+    }
+    let q_len: Vec<i32> = seqs.iter().map(|s| s.0 as i32).collect();
+    let ctx_i: Vec<i32> = ctx.iter().map(|&c| c as i32).collect();
+    let q = rand_bf16(&mut r, t * heads * head_dim, 1.0);
+    let b = [
+        dev(&g, &q),
+        dev(&g, &cache.k),
+        dev(&g, &cache.v),
+        dev(&g, &tile_seq),
+        dev(&g, &tile_q0),
+        dev(&g, &q_start),
+        dev(&g, &q_len),
+        dev(&g, &ctx_i),
+        dev(&g, &bt),
+    ];
+    let out = poisoned::<bf16>(&g, t * heads * head_dim);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let p = PrefillAttnParams {
+        q: b[0].ptr(),
+        k_cache: b[1].ptr(),
+        v_cache: b[2].ptr(),
+        tile_seq: b[3].ptr(),
+        tile_q0: b[4].ptr(),
+        q_start: b[5].ptr(),
+        q_len: b[6].ptr(),
+        context_lens: b[7].ptr(),
+        block_tables: b[8].ptr(),
+        out: out.ptr(),
+        num_tiles: tile_seq.len() as i32,
+        num_heads: heads as i32,
+        num_kv_heads: kv_heads as i32,
+        block_size: bs as i32,
+        max_blocks: max_blocks as i32,
+        scale,
+    };
+    unsafe { kernels::prefill_attn(&g, &p, head_dim).unwrap() };
+    let got = read_bf16(&g, &out, t * heads * head_dim);
+    let qf = to_f32(&q);
+    let group = heads / kv_heads;
+    for (s, &(qlen, c)) in seqs.iter().enumerate() {
+        for i in 0..qlen {
+            let row = q_start[s] as usize + i;
+            let pos = c - qlen + i;
+            for h in 0..heads {
+                let o = (row * heads + h) * head_dim;
+                let want = attend_ref(
+                    &qf[o..o + head_dim],
+                    &cache,
+                    &bt[s * max_blocks..],
+                    h / group,
+                    pos + 1,
+                    scale as f64,
+                );
+                assert_close(&format!("prefill hd{head_dim} g{group} seq {s} (q {qlen}, ctx {c}) query {i} head {h}"), &got[o..o + head_dim], &want, 1.5e-2);
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_attention_causal_with_cached_prefix_hd128() {
+    // (query tokens, context): fresh prompts, a cached prefix, a chunk that ends a long prefix.
+    check_prefill(
+        30,
+        128,
+        4,
+        4,
+        &[(70, 70), (5, 200), (130, 300), (64, 64), (2, 2)],
+    );
+}
+
+#[test]
+fn prefill_attention_gqa_hd128_and_hd64() {
+    check_prefill(31, 128, 8, 2, &[(100, 100), (33, 190)]);
+    check_prefill(32, 64, 8, 1, &[(65, 65), (17, 1000)]);
+}
+
+#[test]
+fn rope_kv_rotates_and_writes_the_cache() {
+    let Some(g) = gpu() else { return };
+    for (seed, head_dim, heads, kv_heads, llama3) in [
+        (40u64, 128usize, 6usize, 2usize, false),
+        (41, 64, 4, 4, true),
+    ] {
+        let mut r = rng(seed);
+        let (t, bs, num_blocks) = (29, 16, 40);
+        let width = (heads + 2 * kv_heads) * head_dim;
+        let qkv = rand_bf16(&mut r, t * width, 2.0);
+        let positions: Vec<u32> = (0..t).map(|_| r.random_range(0..5000)).collect();
+        let mut slots: Vec<u32> = (0..(num_blocks * bs) as u32).collect();
+        slots.shuffle(&mut r);
+        slots.truncate(t);
+        slots[3] = u32::MAX; // padding token: no cache write
+        let scaling = match llama3 {
+            true => RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 256,
+            },
+            false => RopeScaling::None,
+        };
+        let inv: Vec<f32> = RopeConfig {
+            theta: 500000.0,
+            scaling,
+        }
+        .inv_freqs(head_dim)
+        .into_iter()
+        .map(|f| f as f32)
+        .collect();
+        let n_cache = num_blocks * kv_heads * bs * head_dim;
+        let (qb, pb, sb, ib) = (
+            dev(&g, &qkv),
+            dev(&g, &positions),
+            dev(&g, &slots),
+            dev(&g, &inv),
+        );
+        let (qo, kc, vc) = (
+            poisoned::<bf16>(&g, t * heads * head_dim),
+            poisoned::<bf16>(&g, n_cache),
+            poisoned::<bf16>(&g, n_cache),
+        );
+        let p = RopeKvParams {
+            qkv: qb.ptr(),
+            positions: pb.ptr(),
+            slots: sb.ptr(),
+            inv_freq: ib.ptr(),
+            q_out: qo.ptr(),
+            k_cache: kc.ptr(),
+            v_cache: vc.ptr(),
+            num_tokens: t as i32,
+            num_heads: heads as i32,
+            num_kv_heads: kv_heads as i32,
+            head_dim: head_dim as i32,
+            block_size: bs as i32,
+        };
+        unsafe { kernels::rope_kv(&g, &p).unwrap() };
+        let (q_got, k_got, v_got) = (
+            read_bf16(&g, &qo, t * heads * head_dim),
+            read_bf16(&g, &kc, n_cache),
+            read_bf16(&g, &vc, n_cache),
+        );
+        let f = to_f32(&qkv);
+        let half = head_dim / 2;
+        let rot = |x: &[f32], pos: u32| -> Vec<f32> {
+            let mut o = vec![0f32; head_dim];
+            for i in 0..half {
+                let a = pos as f64 * inv[i] as f64;
+                let (s, c) = a.sin_cos();
+                o[i] = (x[i] as f64 * c - x[i + half] as f64 * s) as f32;
+                o[i + half] = (x[i + half] as f64 * c + x[i] as f64 * s) as f32;
+            }
+            o
+        };
+        let layout = Cache {
+            k: vec![],
+            v: vec![],
+            kv_heads,
+            block_size: bs,
+            head_dim,
+        };
+        let mut written = vec![false; n_cache];
+        for i in 0..t {
+            let row = &f[i * width..(i + 1) * width];
+            for h in 0..heads {
+                let o = (i * heads + h) * head_dim;
+                assert_close(
+                    &format!("rope q token {i} head {h}"),
+                    &q_got[o..o + head_dim],
+                    &rot(&row[h * head_dim..(h + 1) * head_dim], positions[i]),
+                    8e-3,
+                );
+            }
+            if slots[i] == u32::MAX {
+                continue;
+            }
+            for kh in 0..kv_heads {
+                let o = layout.offset(slots[i] as usize, kh);
+                let k_in = &row[(heads + kh) * head_dim..(heads + kh + 1) * head_dim];
+                assert_close(
+                    &format!("rope k token {i} kv head {kh}"),
+                    &k_got[o..o + head_dim],
+                    &rot(k_in, positions[i]),
+                    8e-3,
+                );
+                let v_in = &row
+                    [(heads + kv_heads + kh) * head_dim..(heads + kv_heads + kh + 1) * head_dim];
+                assert_eq!(&v_got[o..o + head_dim], v_in, "v token {i}");
+                written[o..o + head_dim].iter_mut().for_each(|w| *w = true);
+            }
+        }
+        assert!(
+            k_got.iter().zip(&written).all(|(x, w)| *w || x.is_nan()),
+            "k written outside the slot mapping"
+        );
+        assert!(
+            v_got.iter().zip(&written).all(|(x, w)| *w || x.is_nan()),
+            "v written outside the slot mapping"
+        );
+    }
+}
+
+#[test]
+fn gemm_bf16_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(50);
+    let (m, n, k) = (37, 301, 200);
+    let x = rand_bf16(&mut r, m * k, 1.0);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let (xf, wf) = (to_f32(&x), to_f32(&w));
+    let want: Vec<f32> = (0..m * n)
+        .map(|i| {
+            let (a, b) = (i / n, i % n);
+            (0..k)
+                .map(|j| xf[a * k + j] as f64 * wf[b * k + j] as f64)
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let (xb, wb) = (dev(&g, &x), dev(&g, &w));
+    let y16 = poisoned::<bf16>(&g, m * n);
+    let y32 = poisoned::<f32>(&g, m * n);
+    unsafe {
+        gemm::linear(&g, xb.ptr(), wb.ptr(), y16.ptr(), m, n, k, false).unwrap();
+        gemm::linear(&g, xb.ptr(), wb.ptr(), y32.ptr(), m, n, k, true).unwrap();
+    }
+    assert_close("gemm bf16 out", &read_bf16(&g, &y16, m * n), &want, 8e-3);
+    assert_close("gemm f32 out", &read::<f32>(&g, &y32, m * n), &want, 1e-4);
+}
+
+#[test]
+fn gemv_matches_reference_for_each_row_count() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(51);
+    let (n, k) = (1003, 1336);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let wb = dev(&g, &w);
+    let wf = to_f32(&w);
+    for m in 1..=GEMV_MAX_M {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let xf = to_f32(&x);
+        let want: Vec<f32> = (0..m * n)
+            .map(|i| {
+                let (a, b) = (i / n, i % n);
+                (0..k)
+                    .map(|j| xf[a * k + j] as f64 * wf[b * k + j] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let xb = dev(&g, &x);
+        let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
+        let p = GemvParams {
+            x: xb.ptr(),
+            w: wb.ptr(),
+            y: y16.ptr(),
+            y32: 0,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+        };
+        unsafe {
+            kernels::gemv(&g, &p).unwrap();
+            kernels::gemv(
+                &g,
+                &GemvParams {
+                    y: 0,
+                    y32: y32.ptr(),
+                    ..p
+                },
+            )
+            .unwrap();
+        }
+        assert_close(
+            &format!("gemv m={m} bf16"),
+            &read_bf16(&g, &y16, m * n),
+            &want,
+            8e-3,
+        );
+        assert_close(
+            &format!("gemv m={m} f32"),
+            &read::<f32>(&g, &y32, m * n),
+            &want,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn fill_uniform_spans_its_range() {
+    let Some(g) = gpu() else { return };
+    let n = 1_000_003;
+    let out = poisoned::<bf16>(&g, n);
+    let p = FillParams {
+        out: out.ptr(),
+        n: n as u64,
+        seed: 9,
+        scale: 0.5,
+        offset: 1.0,
+    };
+    unsafe { kernels::fill_uniform(&g, &p).unwrap() };
+    let v = read_bf16(&g, &out, n);
+    assert!(v.iter().all(|x| (0.5..=1.5).contains(x)), "out of range");
+    let mean = v.iter().map(|x| *x as f64).sum::<f64>() / n as f64;
+    assert!((mean - 1.0).abs() < 2e-3, "mean {mean}");
+    let distinct: std::collections::HashSet<u16> =
+        v.iter().map(|x| bf16::from_f32(*x).to_bits()).collect();
+    assert!(distinct.len() > 100, "{} distinct values", distinct.len());
+}
+
+fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
+    SampleArgs {
+        seed,
+        output_index: index,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        top_k: p.top_k as i32,
+    }
+}
+
+/// Runs the sampler kernel on `rows` of logits; returns (tokens, logprobs).
+fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Vec<i32>, Vec<f32>) {
+    let n = args.len();
+    let (lb, ab) = (dev(g, logits), dev(g, args));
+    let (tb, pb) = (poisoned::<i32>(g, n), poisoned::<f32>(g, n));
+    let p = SampleParams {
+        logits: lb.ptr(),
+        args: ab.ptr(),
+        tokens: tb.ptr(),
+        logprobs: pb.ptr(),
+        num_rows: n as i32,
+        vocab: vocab as i32,
+    };
+    unsafe { kernels::sample(g, &p).unwrap() };
+    (read(g, &tb, n), read(g, &pb, n))
+}
+
+fn log_softmax_at(logits: &[f32], t: usize) -> f32 {
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = logits.iter().map(|l| (*l as f64 - m).exp()).sum();
+    (logits[t] as f64 - m - z.ln()) as f32
+}
+
+#[test]
+fn sampling_greedy_and_filters_match_the_cpu_sampler() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(60);
+    let vocab = 32003;
+    let variants: Vec<SamplingParams> = vec![
+        SamplingParams::greedy(1),
+        SamplingParams {
+            temperature: 0.8,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            min_p: 0.2,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.8,
+            min_p: 0.05,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        },
+    ];
+    let rows = variants.len() * 9;
+    // Peaked logits so the filters bite: a few large values over noise.
+    let mut logits = rand_f32(&mut r, rows * vocab, 3.0);
+    for row in logits.chunks_mut(vocab) {
+        for _ in 0..20 {
+            row[r.random_range(0..vocab)] += r.random_range(4.0..9.0);
+        }
+    }
+    let args: Vec<SampleArgs> = (0..rows)
+        .map(|i| {
+            sample_args(
+                &variants[i % variants.len()],
+                1000 + i as u64,
+                (i * 7) as u64,
+            )
+        })
+        .collect();
+    let (tokens, logprobs) = run_sample(&g, &logits, vocab, &args);
+    let mut sampler = Sampler::new();
+    for i in 0..rows {
+        let p = &variants[i % variants.len()];
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let tok = tokens[i] as usize;
+        assert!(tok < vocab, "row {i}: token {tok}");
+        assert!(
+            (logprobs[i] - log_softmax_at(row, tok)).abs() < 1e-3,
+            "row {i}: logprob {} vs {}",
+            logprobs[i],
+            log_softmax_at(row, tok)
+        );
+        if p.is_greedy() {
+            assert_eq!(tok as u32, argmax(row).0, "row {i}: greedy");
+        } else {
+            let (_, m) = argmax(row);
+            let kept: Vec<u32> = sampler
+                .filtered_probs(row, p, m)
+                .iter()
+                .map(|c| c.0)
+                .collect();
+            assert!(
+                kept.contains(&(tok as u32)),
+                "row {i} ({p:?}): token {tok} is not among the {} kept",
+                kept.len()
+            );
+        }
+    }
+    // Same (seed, index) gives the same token in another batch at another row.
+    let perm: Vec<usize> = (0..rows).rev().collect();
+    let logits2: Vec<f32> = perm
+        .iter()
+        .flat_map(|&i| logits[i * vocab..(i + 1) * vocab].to_vec())
+        .collect();
+    let args2: Vec<SampleArgs> = perm.iter().map(|&i| args[i]).collect();
+    let (tokens2, _) = run_sample(&g, &logits2, vocab, &args2);
+    for (j, &i) in perm.iter().enumerate() {
+        assert_eq!(tokens2[j], tokens[i], "row {i} changed with batch order");
+    }
+}
+
+#[test]
+fn sampling_follows_the_filtered_distribution() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(61);
+    let vocab = 50;
+    let row = rand_f32(&mut r, vocab, 2.5);
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        top_k: 20,
+        ..Default::default()
+    };
+    let n = 20000;
+    let logits: Vec<f32> = (0..n).flat_map(|_| row.clone()).collect();
+    let args: Vec<SampleArgs> = (0..n).map(|i| sample_args(&p, 5, i as u64)).collect();
+    let (tokens, _) = run_sample(&g, &logits, vocab, &args);
+    let mut sampler = Sampler::new();
+    let (_, m) = argmax(&row);
+    let kept = sampler.filtered_probs(&row, &p, m).to_vec();
+    let total: f32 = kept.iter().map(|c| c.1).sum();
+    let mut counts = vec![0usize; vocab];
+    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+    for &(t, w) in &kept {
+        let want = (w / total) as f64;
+        let got = counts[t as usize] as f64 / n as f64;
+        let sd = (want * (1.0 - want) / n as f64).sqrt();
+        assert!(
+            (got - want).abs() < 5.0 * sd + 1e-3,
+            "token {t}: frequency {got:.4}, probability {want:.4}"
+        );
+    }
+    let outside: usize = (0..vocab)
+        .filter(|t| !kept.iter().any(|c| c.0 as usize == *t))
+        .map(|t| counts[t])
+        .sum();
+    assert_eq!(outside, 0, "tokens outside the filtered set were drawn");
+}
