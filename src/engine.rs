@@ -33,7 +33,6 @@ pub struct SessionLimits {
     pub max_frame_bytes: usize,
     pub max_requests_per_connection: usize,
     pub stream_buffer: usize,
-    pub max_model_len: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -218,7 +217,9 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         tokenizer.clone(),
         metrics.clone(),
         SchedulerLimits {
-            max_model_len,
+            max_prompt_tokens: max_model_len
+                .min(backend_info.num_kv_blocks * backend_info.block_size)
+                .saturating_sub(1),
             eos_token_ids: eos.into(),
         },
     )
@@ -246,7 +247,6 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
             max_frame_bytes: cfg.server.max_frame_bytes,
             max_requests_per_connection: cfg.server.max_requests_per_connection,
             stream_buffer: cfg.server.stream_buffer,
-            max_model_len,
         },
         next_id: AtomicU64::new(1),
     }))

@@ -28,7 +28,9 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerLimits {
-    pub max_model_len: usize,
+    /// Longest prompt admitted: one output token must still fit in the context window and in
+    /// the KV pool (both fixed at start, so computed once).
+    pub max_prompt_tokens: usize,
     pub eos_token_ids: Arc<[u32]>,
 }
 
@@ -116,12 +118,7 @@ impl SchedulerActor {
     }
 
     fn admission_error(&self, prompt_tokens: usize) -> Option<EngineError> {
-        let kv_tokens = {
-            let kv = self.kv.lock();
-            kv.num_blocks() * kv.block_size()
-        };
-        // At least one output token must fit in both the context window and the KV cache.
-        let limit = self.limits.max_model_len.min(kv_tokens).saturating_sub(1);
+        let limit = self.limits.max_prompt_tokens;
         if prompt_tokens > limit {
             return Some(EngineError::PromptTooLong {
                 prompt_tokens,
