@@ -20,7 +20,7 @@ const SHORT_MAX_TOKENS = parseInt(__ENV.SHORT_MAX_TOKENS || "48", 10);
 const LONG_MAX_TOKENS = parseInt(__ENV.LONG_MAX_TOKENS || "64", 10);
 // SLOs in ms, scaled to the hardware (defaults: the CPU demo model on 2 cores).
 const SLO = {
-  short: { ttft: parseFloat(__ENV.SHORT_TTFT_MS || "1000"), itl: parseFloat(__ENV.SHORT_ITL_MS || "150") },
+  short: { ttft: parseFloat(__ENV.SHORT_TTFT_MS || "500"), itl: parseFloat(__ENV.SHORT_ITL_MS || "150") },
   long: { ttft: parseFloat(__ENV.LONG_TTFT_MS || "8000"), itl: parseFloat(__ENV.LONG_ITL_MS || "150") },
 };
 

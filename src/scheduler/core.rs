@@ -453,17 +453,20 @@ impl Scheduler {
         let admit = plan.preempted.len() == paused_before;
 
         // Candidates by lane; within a lane, running (older) before waiting, each in order.
-        let mut lanes: [Vec<(RequestId, bool)>; 4] = Default::default();
+        // Slot 0 holds medium and long requests promoted for their own TTFT deadline.
+        let mut lanes: [Vec<(RequestId, bool)>; 5] = Default::default();
         let lane_slot = |lane: Lane| match lane {
-            Lane::FastLane => 0,
-            Lane::Resumed => 1,
-            Lane::Normal => 2,
-            Lane::LongStream | Lane::Decode => 3,
+            Lane::FastLane => 1,
+            Lane::Resumed => 2,
+            Lane::Normal => 3,
+            Lane::LongStream | Lane::Decode => 4,
         };
         for &id in &self.running {
             let r = &self.requests[&id];
             if r.num_uncomputed() > 1 {
-                lanes[lane_slot(Lane::of_prefill(r.class))].push((id, true));
+                let lane = Lane::of_prefill(r.class);
+                let slot = if self.overdue(r, now) { 0 } else { lane_slot(lane) };
+                lanes[slot].push((id, true));
             }
         }
         if admit {
@@ -475,12 +478,14 @@ impl Scheduler {
                 if r.paused && hold_paused {
                     continue;
                 }
-                let lane = if r.num_output_tokens() > 0 {
-                    Lane::Resumed
+                let slot = if r.num_output_tokens() > 0 {
+                    lane_slot(Lane::Resumed)
+                } else if self.overdue(r, now) {
+                    0
                 } else {
-                    Lane::of_prefill(r.class)
+                    lane_slot(Lane::of_prefill(r.class))
                 };
-                lanes[lane_slot(lane)].push((id, false));
+                lanes[slot].push((id, false));
             }
         }
 
@@ -506,7 +511,7 @@ impl Scheduler {
                     break;
                 }
                 let req = &self.requests[&id];
-                let lane = if slot == 1 {
+                let lane = if slot == lane_slot(Lane::Resumed) {
                     Lane::Resumed
                 } else {
                     Lane::of_prefill(req.class)
@@ -525,6 +530,10 @@ impl Scheduler {
                 }
                 if lane == Lane::LongStream && long_left == 0 {
                     self.stats.count_merge(MergeReason::LongBudget);
+                    // The promoted slot mixes classes: a medium request behind may still fit.
+                    if slot == 0 {
+                        continue;
+                    }
                     break;
                 }
                 let num_computed = if is_running {
@@ -687,6 +696,15 @@ impl Scheduler {
     }
 
     /// Output tokens a request is still expected to generate.
+    /// A medium or long request that has waited `merge.promote_after` of its TTFT SLO without a
+    /// first token (adaptive): it goes ahead of the fast lane.
+    fn overdue(&self, req: &Request, now: f64) -> bool {
+        req.class != RequestClass::Short
+            && req.num_output_tokens() == 0
+            && (now - req.arrival) * 1e3
+                >= self.cfg.merge.promote_after * self.cfg.slo.of(req.class).ttft_ms
+    }
+
     fn expected_remaining_output(&self, req: &Request) -> usize {
         let left = req
             .params

@@ -191,6 +191,10 @@ pub struct MergeConfig {
     /// When a step holds no prefill at all, the first prefill candidate gets this many tokens
     /// whatever the latency prediction says, so waiting requests always progress.
     pub progress_tokens: usize,
+    /// A medium or long request still waiting for its first token after this fraction of its
+    /// TTFT SLO is considered ahead of the fast lane, so a steady stream of short requests
+    /// cannot starve documents past their own SLO (`inf`: never).
+    pub promote_after: f64,
 }
 
 impl Default for MergeConfig {
@@ -202,6 +206,7 @@ impl Default for MergeConfig {
             itl_headroom: 0.9,
             min_chunk_tokens: 32,
             progress_tokens: 64,
+            promote_after: 0.5,
         }
     }
 }

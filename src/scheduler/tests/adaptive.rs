@@ -734,3 +734,37 @@ fn a_paused_request_resumes_when_nothing_else_runs() {
     assert!(e.sched.in_emergency());
     e.assert_matches_reference();
 }
+
+/// Steps until request 1 (a medium prompt queued first) is first scheduled while two short
+/// requests arrive every step and max_num_seqs 2 keeps every slot contested.
+fn steps_until_medium_runs(promote_after: f64) -> Option<usize> {
+    let mut cfg = SchedulerConfig {
+        max_num_seqs: 2,
+        ..adaptive()
+    };
+    cfg.slo.medium.ttft_ms = 100.0; // 10 steps of 10 ms
+    cfg.merge.promote_after = promote_after;
+    let mut e = Engine::new(cfg, 256);
+    e.add(request(1).prompt_len(20));
+    let mut next = 2;
+    for step in 0..40 {
+        for _ in 0..2 {
+            e.add(request(next).prompt_len(4).max_tokens(3).ignore_eos());
+            next += 1;
+        }
+        let (out, _) = e.step();
+        if out.num_scheduled_tokens().any(|(id, _)| id.0 == 1) {
+            return Some(step);
+        }
+    }
+    None
+}
+
+#[test]
+fn waiting_documents_are_promoted_ahead_of_the_fast_lane_at_their_deadline() {
+    // Promoted at half its 100 ms TTFT SLO (5 steps), it takes the next free slot.
+    let promoted = steps_until_medium_runs(0.5).expect("the medium request never ran");
+    assert!((5..=8).contains(&promoted), "first scheduled at step {promoted}");
+    // Without promotion the stream of short requests keeps every slot.
+    assert_eq!(steps_until_medium_runs(f64::INFINITY), None);
+}
