@@ -697,12 +697,22 @@ impl Scheduler {
 
     /// Output tokens a request is still expected to generate.
     /// A medium or long request that has waited `merge.promote_after` of its TTFT SLO without a
-    /// first token (adaptive): it goes ahead of the fast lane.
+    /// first token and can still meet it (adaptive): it goes ahead of the fast lane. One that can
+    /// no longer make it is not promoted: serving lost causes first would make others late too.
     fn overdue(&self, req: &Request, now: f64) -> bool {
-        req.class != RequestClass::Short
-            && req.num_output_tokens() == 0
-            && (now - req.arrival) * 1e3
-                >= self.cfg.merge.promote_after * self.cfg.slo.of(req.class).ttft_ms
+        if req.class == RequestClass::Short || req.num_output_tokens() > 0 {
+            return false;
+        }
+        let slo_ms = self.cfg.slo.of(req.class).ttft_ms;
+        let waited_ms = (now - req.arrival) * 1e3;
+        if waited_ms < self.cfg.merge.promote_after * slo_ms {
+            return false;
+        }
+        let per_step = match req.class {
+            RequestClass::Long => self.cfg.classes.long_prefill_budget,
+            _ => self.cfg.max_num_batched_tokens,
+        };
+        waited_ms + self.prefill_ms(req.num_uncomputed(), per_step) <= slo_ms
     }
 
     fn expected_remaining_output(&self, req: &Request) -> usize {

@@ -192,8 +192,10 @@ pub struct MergeConfig {
     /// whatever the latency prediction says, so waiting requests always progress.
     pub progress_tokens: usize,
     /// A medium or long request still waiting for its first token after this fraction of its
-    /// TTFT SLO is considered ahead of the fast lane, so a steady stream of short requests
-    /// cannot starve documents past their own SLO (`inf`: never).
+    /// TTFT SLO, and still able to meet it, is considered ahead of the fast lane, so a steady
+    /// stream of short requests holding every sequence slot cannot starve documents. Off by
+    /// default (`inf`): in the simulated e-commerce peak, where KV memory rather than slots is
+    /// the limit, promoting documents cost preemptions (BENCHMARKS.md).
     pub promote_after: f64,
 }
 
@@ -206,7 +208,7 @@ impl Default for MergeConfig {
             itl_headroom: 0.9,
             min_chunk_tokens: 32,
             progress_tokens: 64,
-            promote_after: 0.5,
+            promote_after: f64::INFINITY,
         }
     }
 }
