@@ -1,6 +1,10 @@
 // Skinny GEMM for decode: y[m, n] = x[m, k] · w[n, k]ᵀ with m <= 4. Reading w is the whole cost,
-// so one warp streams one row of w with 16-byte loads (UNROLL in flight per lane) and dots it
-// with the m rows of x (small, served from L1/L2); fp32 accumulation, one warp reduction per row.
+// so one warp streams rows of w with 16-byte loads (UNROLL in flight per lane) and dots them with
+// the m rows of x (small, served from L1/L2); fp32 accumulation, one warp reduction per row.
+//
+// Two fused variants save a launch and a round trip through memory per layer at batch <= 4:
+// `gemv_silu` (gate|up projection + SiLU × up) and `gemv_qkv_rope` (QKV projection + RoPE + the
+// paged K/V write). Each warp of those owns the R = 2 rows its epilogue needs together.
 struct GemvParams {
   const bf16* x;   // [m, k]   k % 8 == 0
   const bf16* w;   // [n, k]
@@ -14,46 +18,65 @@ struct GemvParams {
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
 
-template <int M>
-__device__ __forceinline__ void gemv_impl(const GemvParams& p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * GEMV_WARPS + warp;
-  if (row >= p.n) return;
-  const uint4* w = (const uint4*)(p.w + (size_t)row * p.k);
-  const int chunks = p.k / 8;  // 16-byte chunks per row
-  float acc[M];
+// acc[r][m] = dot(w row rows[r], x row m), summed over the warp (every lane gets it).
+template <int M, int R>
+__device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                         const int rows[R], int k, float acc[R][M]) {
+  const int lane = threadIdx.x & 31;
+  const int chunks = k / 8;  // 16-byte chunks per row
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
   for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-    uint4 wv[GEMV_UNROLL];
+    uint4 wv[R][GEMV_UNROLL];
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++) {
-      const int c = c0 + u * 32;
-      wv[u] = c < chunks ? w[c] : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < R; r++) {
+      const uint4* wr = (const uint4*)(w + (size_t)rows[r] * k);
+#pragma unroll
+      for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int c = c0 + u * 32;
+        wv[r][u] = c < chunks ? wr[c] : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++) {
       const int c = c0 + u * 32;
       if (c >= chunks) break;
-      const u32 ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
 #pragma unroll
       for (int m = 0; m < M; m++) {
-        const uint4 xv = ((const uint4*)(p.x + (size_t)m * p.k))[c];
+        const uint4 xv = ((const uint4*)(x + (size_t)m * k))[c];
         const u32 xx[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          acc[m] += bf_lo(ww[e]) * bf_lo(xx[e]);
-          acc[m] += bf_hi(ww[e]) * bf_hi(xx[e]);
+        for (int r = 0; r < R; r++) {
+          const u32 ww[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            acc[r][m] += bf_lo(ww[e]) * bf_lo(xx[e]);
+            acc[r][m] += bf_hi(ww[e]) * bf_hi(xx[e]);
+          }
         }
       }
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; m++) {
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) {
-      if (p.y32) p.y32[(size_t)m * p.n + row] = v;
-      else p.y[(size_t)m * p.n + row] = f2bf(v);
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = warp_sum(acc[r][m]);
+}
+
+template <int M>
+__device__ __forceinline__ void gemv_impl(const GemvParams& p) {
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= p.n) return;
+  const int rows[1] = {row};
+  float acc[1][M];
+  gemv_dot<M, 1>(p.x, p.w, rows, p.k, acc);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      if (p.y32) p.y32[(size_t)m * p.n + row] = acc[0][m];
+      else p.y[(size_t)m * p.n + row] = f2bf(acc[0][m]);
     }
   }
 }
@@ -63,3 +86,99 @@ extern "C" __global__ void __launch_bounds__(256) gemv_m1(GemvParams p) { gemv_i
 extern "C" __global__ void __launch_bounds__(256) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(256) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
 extern "C" __global__ void __launch_bounds__(256) gemv_m4(GemvParams p) { gemv_impl<4>(p); }
+
+// out[m, j] = silu(x[m]·w[j]) * (x[m]·w[inter + j]): the gate|up projection with the SwiGLU
+// activation in its epilogue (the fused weight keeps gate rows first, then up rows).
+struct GemvSiluParams {
+  const bf16* x;  // [m, k]
+  const bf16* w;  // [2 * inter, k]  gate rows [0, inter), up rows [inter, 2 inter)
+  bf16* out;      // [m, inter]
+  int m;
+  int inter;
+  int k;
+};
+
+template <int M>
+__device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
+  const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (j >= p.inter) return;
+  const int rows[2] = {j, p.inter + j};
+  float acc[2][M];
+  gemv_dot<M, 2>(p.x, p.w, rows, p.k, acc);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float g = acc[0][m];
+      p.out[(size_t)m * p.inter + j] = f2bf(g / (1.f + expf(-g)) * acc[1][m]);
+    }
+  }
+}
+
+// grid: ceil(inter / GEMV_WARPS), block: 32 * GEMV_WARPS
+extern "C" __global__ void __launch_bounds__(256) gemv_silu_m1(GemvSiluParams p) { gemv_silu_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_silu_m2(GemvSiluParams p) { gemv_silu_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_silu_m3(GemvSiluParams p) { gemv_silu_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_silu_m4(GemvSiluParams p) { gemv_silu_impl<4>(p); }
+
+// The QKV projection of m decode tokens with RoPE (rotate-half, as rope_kv.cu) and the paged K/V
+// write in its epilogue. Warp w owns element pair (i, i + head_dim/2) of head w / (head_dim/2)
+// (q heads, then k heads, then v heads), which is exactly what one rotation needs.
+struct GemvQkvRopeParams {
+  const bf16* x;          // [m, k]
+  const bf16* w;          // [(num_heads + 2 * num_kv_heads) * head_dim, k]  q rows, k rows, v rows
+  const u32* positions;   // [m]
+  const u32* slots;       // [m]  block_id * block_size + offset; 0xffffffff: don't write K/V
+  const float* inv_freq;  // [head_dim / 2]
+  bf16* q_out;            // [m, num_heads, head_dim]
+  bf16* k_cache;          // [num_blocks, num_kv_heads, block_size, head_dim]
+  bf16* v_cache;          // same
+  int m;
+  int k;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  int block_size;
+};
+
+template <int M>
+__device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
+  const int half = p.head_dim / 2;
+  const int wid = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  const int head = wid / half, i = wid % half;
+  if (head >= p.num_heads + 2 * p.num_kv_heads) return;
+  const int rows[2] = {head * p.head_dim + i, head * p.head_dim + i + half};
+  float acc[2][M];
+  gemv_dot<M, 2>(p.x, p.w, rows, p.k, acc);
+  if ((threadIdx.x & 31) != 0) return;
+  const bool is_q = head < p.num_heads, is_v = head >= p.num_heads + p.num_kv_heads;
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    float a = acc[0][m], b = acc[1][m];
+    if (!is_v) {
+      float s, c;
+      sincosf((float)p.positions[m] * p.inv_freq[i], &s, &c);
+      const float a2 = a * c - b * s;
+      b = b * c + a * s;
+      a = a2;
+    }
+    bf16* dst;
+    if (is_q) {
+      dst = p.q_out + ((size_t)m * p.num_heads + head) * p.head_dim;
+    } else {
+      const u32 slot = p.slots[m];
+      if (slot == 0xffffffffu) continue;  // padding token: nothing to write
+      const int kh = head - p.num_heads - (is_v ? p.num_kv_heads : 0);
+      const size_t o = kv_offset((int)(slot / p.block_size), kh, (int)(slot % p.block_size),
+                                 p.num_kv_heads, p.block_size, p.head_dim);
+      dst = (is_v ? p.v_cache : p.k_cache) + o;
+    }
+    dst[i] = f2bf(a);
+    dst[i + half] = f2bf(b);
+  }
+}
+
+// grid: ceil((num_heads + 2 * num_kv_heads) * head_dim / 2 / GEMV_WARPS), block: 32 * GEMV_WARPS
+extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m1(GemvQkvRopeParams p) { gemv_qkv_rope_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m2(GemvQkvRopeParams p) { gemv_qkv_rope_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m3(GemvQkvRopeParams p) { gemv_qkv_rope_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m4(GemvQkvRopeParams p) { gemv_qkv_rope_impl<4>(p); }

@@ -1,8 +1,9 @@
 // RoPE (rotate-half layout, as in HF Llama) on q and k, fused with writing k and v into the paged
 // KV cache through the slot mapping. The inverse frequencies come from the host, so llama3 (or
-// any other) frequency scaling costs nothing here.
+// any other) frequency scaling costs nothing here. q, k and v arrive as the QKV GEMM's fp32 output
+// and are rounded to bf16 once, after the rotation (bf16 before it measurably moved the logits).
 struct RopeKvParams {
-  const bf16* qkv;          // [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
+  const float* qkv;         // [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
   const u32* positions;     // [num_tokens]
   const u32* slots;         // [num_tokens]  block_id * block_size + offset; 0xffffffff: don't write
   const float* inv_freq;    // [head_dim / 2]
@@ -23,7 +24,7 @@ extern "C" __global__ void rope_kv(RopeKvParams p) {
   const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   const int half = p.head_dim / 2;
   const int width = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
-  const bf16* row = p.qkv + (size_t)t * width;
+  const float* row = p.qkv + (size_t)t * width;
   const u32 slot = p.slots[t];
   const bool is_q = h < p.num_heads;
   if (!is_q && slot == 0xffffffffu) return;  // padding token: nothing to write
@@ -32,16 +33,16 @@ extern "C" __global__ void rope_kv(RopeKvParams p) {
   if (i < half) {
     float s, c;
     sincosf((float)p.positions[t] * p.inv_freq[i], &s, &c);
-    const bf16* x = row + h * p.head_dim;
-    const float x1 = bf2f(x[i]), x2 = bf2f(x[i + half]);
+    const float* x = row + h * p.head_dim;
+    const float x1 = x[i], x2 = x[i + half];
     bf16* dst = is_q ? p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim
                      : p.k_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
     dst[i] = f2bf(x1 * c - x2 * s);
     dst[i + half] = f2bf(x2 * c + x1 * s);
   }
   if (!is_q) {
-    const bf16* v = row + (p.num_heads + p.num_kv_heads + kh) * p.head_dim;
+    const float* v = row + (p.num_heads + p.num_kv_heads + kh) * p.head_dim;
     bf16* dst = p.v_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
-    for (int d = i; d < p.head_dim; d += blockDim.x) dst[d] = v[d];
+    for (int d = i; d < p.head_dim; d += blockDim.x) dst[d] = f2bf(v[d]);
   }
 }

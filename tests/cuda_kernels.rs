@@ -195,7 +195,7 @@ fn silu_mul_matches_reference() {
     let Some(g) = gpu() else { return };
     let mut r = rng(3);
     let (t, inter) = (13, 1000);
-    let gu = rand_bf16(&mut r, t * 2 * inter, 4.0);
+    let gu = rand_f32(&mut r, t * 2 * inter, 4.0);
     let (gb, out) = (dev(&g, &gu), poisoned::<bf16>(&g, t * inter));
     let p = SiluMulParams {
         gate_up: gb.ptr(),
@@ -204,7 +204,7 @@ fn silu_mul_matches_reference() {
         inter: inter as i32,
     };
     unsafe { kernels::silu_mul(&g, &p).unwrap() };
-    let f = to_f32(&gu);
+    let f = gu;
     let want: Vec<f32> = (0..t)
         .flat_map(|i| {
             let row = &f[i * 2 * inter..(i + 1) * 2 * inter];
@@ -530,7 +530,7 @@ fn rope_kv_rotates_and_writes_the_cache() {
         let mut r = rng(seed);
         let (t, bs, num_blocks) = (29, 16, 40);
         let width = (heads + 2 * kv_heads) * head_dim;
-        let qkv = rand_bf16(&mut r, t * width, 2.0);
+        let qkv = rand_f32(&mut r, t * width, 2.0);
         let positions: Vec<u32> = (0..t).map(|_| r.random_range(0..5000)).collect();
         let mut slots: Vec<u32> = (0..(num_blocks * bs) as u32).collect();
         slots.shuffle(&mut r);
@@ -585,7 +585,7 @@ fn rope_kv_rotates_and_writes_the_cache() {
             read_bf16(&g, &kc, n_cache),
             read_bf16(&g, &vc, n_cache),
         );
-        let f = to_f32(&qkv);
+        let f = &qkv;
         let half = head_dim / 2;
         let rot = |x: &[f32], pos: u32| -> Vec<f32> {
             let mut o = vec![0f32; head_dim];
@@ -630,7 +630,8 @@ fn rope_kv_rotates_and_writes_the_cache() {
                 );
                 let v_in = &row
                     [(heads + kv_heads + kh) * head_dim..(heads + kv_heads + kh + 1) * head_dim];
-                assert_eq!(&v_got[o..o + head_dim], v_in, "v token {i}");
+                let v_bf16: Vec<f32> = v_in.iter().map(|&x| bf16::from_f32(x).to_f32()).collect();
+                assert_eq!(&v_got[o..o + head_dim], &v_bf16[..], "v token {i}");
                 written[o..o + head_dim].iter_mut().for_each(|w| *w = true);
             }
         }
@@ -726,6 +727,178 @@ fn gemv_matches_reference_for_each_row_count() {
             &want,
             1e-5,
         );
+    }
+}
+
+/// y[m, n] = x[m, k] · w[n, k]ᵀ in f64.
+fn matmul_ref(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    (0..m * n)
+        .map(|i| {
+            let (a, b) = (i / n, i % n);
+            (0..k)
+                .map(|j| x[a * k + j] as f64 * w[b * k + j] as f64)
+                .sum::<f64>() as f32
+        })
+        .collect()
+}
+
+#[test]
+fn gemv_silu_matches_reference_for_each_row_count() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(52);
+    let (inter, k) = (701, 1336);
+    let w = rand_bf16(&mut r, 2 * inter * k, 0.1);
+    let (wb, wf) = (dev(&g, &w), to_f32(&w));
+    for m in 1..=GEMV_MAX_M {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let gu = matmul_ref(&to_f32(&x), &wf, m, 2 * inter, k);
+        let want: Vec<f32> = (0..m * inter)
+            .map(|i| {
+                let (t, j) = (i / inter, i % inter);
+                let (gate, up) = (
+                    gu[t * 2 * inter + j] as f64,
+                    gu[t * 2 * inter + inter + j] as f64,
+                );
+                (gate / (1.0 + (-gate).exp()) * up) as f32
+            })
+            .collect();
+        let xb = dev(&g, &x);
+        let out = poisoned::<bf16>(&g, m * inter);
+        let p = GemvSiluParams {
+            x: xb.ptr(),
+            w: wb.ptr(),
+            out: out.ptr(),
+            m: m as i32,
+            inter: inter as i32,
+            k: k as i32,
+        };
+        unsafe { kernels::gemv_silu(&g, &p).unwrap() };
+        assert_close(
+            &format!("gemv_silu m={m}"),
+            &read_bf16(&g, &out, m * inter),
+            &want,
+            8e-3,
+        );
+    }
+}
+
+#[test]
+fn gemv_qkv_rope_projects_rotates_and_writes_the_cache() {
+    let Some(g) = gpu() else { return };
+    for (seed, head_dim, heads, kv_heads) in [(53u64, 128usize, 6usize, 2usize), (54, 64, 4, 4)] {
+        let mut r = rng(seed);
+        let (k, bs, num_blocks) = (520, 16, 24);
+        let width = (heads + 2 * kv_heads) * head_dim;
+        let w = rand_bf16(&mut r, width * k, 0.1);
+        let wb = dev(&g, &w);
+        let inv: Vec<f32> = RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        }
+        .inv_freqs(head_dim)
+        .into_iter()
+        .map(|f| f as f32)
+        .collect();
+        let ib = dev(&g, &inv);
+        let half = head_dim / 2;
+        let rot = |x: &[f32], pos: u32| -> Vec<f32> {
+            let mut o = vec![0f32; head_dim];
+            for i in 0..half {
+                let (s, c) = (pos as f64 * inv[i] as f64).sin_cos();
+                o[i] = (x[i] as f64 * c - x[i + half] as f64 * s) as f32;
+                o[i + half] = (x[i + half] as f64 * c + x[i] as f64 * s) as f32;
+            }
+            o
+        };
+        let layout = Cache {
+            k: vec![],
+            v: vec![],
+            kv_heads,
+            block_size: bs,
+            head_dim,
+        };
+        let n_cache = num_blocks * kv_heads * bs * head_dim;
+        for m in 1..=GEMV_MAX_M {
+            let x = rand_bf16(&mut r, m * k, 1.0);
+            let qkv = matmul_ref(&to_f32(&x), &to_f32(&w), m, width, k);
+            let positions: Vec<u32> = (0..m).map(|_| r.random_range(0..4000)).collect();
+            let mut slots: Vec<u32> = (0..(num_blocks * bs) as u32).collect();
+            slots.shuffle(&mut r);
+            slots.truncate(m);
+            if m == 3 {
+                slots[1] = u32::MAX; // padding token: no cache write
+            }
+            let (xb, pb, sb) = (dev(&g, &x), dev(&g, &positions), dev(&g, &slots));
+            let (qo, kc, vc) = (
+                poisoned::<bf16>(&g, m * heads * head_dim),
+                poisoned::<bf16>(&g, n_cache),
+                poisoned::<bf16>(&g, n_cache),
+            );
+            let p = GemvQkvRopeParams {
+                x: xb.ptr(),
+                w: wb.ptr(),
+                positions: pb.ptr(),
+                slots: sb.ptr(),
+                inv_freq: ib.ptr(),
+                q_out: qo.ptr(),
+                k_cache: kc.ptr(),
+                v_cache: vc.ptr(),
+                m: m as i32,
+                k: k as i32,
+                num_heads: heads as i32,
+                num_kv_heads: kv_heads as i32,
+                head_dim: head_dim as i32,
+                block_size: bs as i32,
+            };
+            unsafe { kernels::gemv_qkv_rope(&g, &p).unwrap() };
+            let (q_got, k_got, v_got) = (
+                read_bf16(&g, &qo, m * heads * head_dim),
+                read_bf16(&g, &kc, n_cache),
+                read_bf16(&g, &vc, n_cache),
+            );
+            let mut written = vec![false; n_cache];
+            for t in 0..m {
+                let row = &qkv[t * width..(t + 1) * width];
+                for h in 0..heads {
+                    let o = (t * heads + h) * head_dim;
+                    assert_close(
+                        &format!("fused q m={m} token {t} head {h}"),
+                        &q_got[o..o + head_dim],
+                        &rot(&row[h * head_dim..(h + 1) * head_dim], positions[t]),
+                        8e-3,
+                    );
+                }
+                if slots[t] == u32::MAX {
+                    continue;
+                }
+                for kh in 0..kv_heads {
+                    let o = layout.offset(slots[t] as usize, kh);
+                    let kr = (heads + kh) * head_dim;
+                    let vr = (heads + kv_heads + kh) * head_dim;
+                    assert_close(
+                        &format!("fused k m={m} token {t} kv head {kh}"),
+                        &k_got[o..o + head_dim],
+                        &rot(&row[kr..kr + head_dim], positions[t]),
+                        8e-3,
+                    );
+                    assert_close(
+                        &format!("fused v m={m} token {t} kv head {kh}"),
+                        &v_got[o..o + head_dim],
+                        &row[vr..vr + head_dim],
+                        8e-3,
+                    );
+                    written[o..o + head_dim].iter_mut().for_each(|w| *w = true);
+                }
+            }
+            assert!(
+                k_got
+                    .iter()
+                    .chain(&v_got)
+                    .zip(written.iter().chain(&written))
+                    .all(|(x, w)| *w || x.is_nan()),
+                "fused m={m}: K/V written outside the slot mapping"
+            );
+        }
     }
 }
 

@@ -465,7 +465,11 @@ impl Scheduler {
             let r = &self.requests[&id];
             if r.num_uncomputed() > 1 {
                 let lane = Lane::of_prefill(r.class);
-                let slot = if self.overdue(r, now) { 0 } else { lane_slot(lane) };
+                let slot = if self.overdue(r, now) {
+                    0
+                } else {
+                    lane_slot(lane)
+                };
                 lanes[slot].push((id, true));
             }
         }

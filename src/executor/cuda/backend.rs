@@ -51,6 +51,9 @@ pub struct CudaBackendOptions {
     /// Linear layers of at most this many rows run on brook's `gemv` kernel instead of cuBLAS
     /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
     pub gemv_max_rows: usize,
+    /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
+    /// the gate|up projection (two launches fewer per layer).
+    pub fuse_decode: bool,
     pub progress: bool,
 }
 
@@ -66,6 +69,7 @@ impl Default for CudaBackendOptions {
             max_model_len: 0,
             cuda_graphs: true,
             gemv_max_rows: GEMV_MAX_M,
+            fuse_decode: true,
             progress: true,
         }
     }
@@ -177,7 +181,8 @@ pub struct CudaBackend {
     max_blocks: usize,
     max_tokens: usize,
     max_seqs: usize,
-    graphs: HashMap<usize, DecodeGraph>,
+    /// Keyed by (batch bucket, decode splits): the split count is baked into the launches.
+    graphs: HashMap<(usize, usize), DecodeGraph>,
     // Host scratch reused across steps.
     tokens_host: Vec<i32>,
     logprobs_host: Vec<f32>,
@@ -255,11 +260,12 @@ impl CudaBackend {
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
-            qkv: gpu.alloc(max_tokens * qkv_dim * bf)?,
+            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu).
+            qkv: gpu.alloc(max_tokens * qkv_dim * f4)?,
             q: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
             attn: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
             delta: gpu.alloc(max_tokens * d * bf)?,
-            gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * bf)?,
+            gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * f4)?,
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
             head_in: gpu.alloc(max_seqs * d * bf)?,
             logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
@@ -457,16 +463,13 @@ impl CudaBackend {
             samp += 1;
             args.push(SampleArgs::default());
         }
-        let splits_context = if pad_to.is_some() {
-            self.max_blocks * self.opts.block_size
-        } else {
-            max_context
-        };
+        // The kernel derives each split's length from the context at run time, so a graph
+        // captured for a split count serves every context; graphs are keyed by it.
         let splits = decode_splits(
             self.gpu.num_sms,
             nd,
             self.cfg.num_key_value_heads,
-            splits_context,
+            max_context,
         );
         Ok(Step {
             t,
@@ -506,6 +509,8 @@ impl CudaBackend {
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (hd as f32).sqrt();
+        // Few enough rows for the gemv kernels: their fused epilogues replace two launches.
+        let fused = self.opts.fuse_decode && t <= g.gemv_max_m && d % 8 == 0 && inter % 8 == 0;
         kernels::embedding(
             g,
             &EmbeddingParams {
@@ -528,33 +533,46 @@ impl CudaBackend {
                 eps,
             };
             kernels::add_rmsnorm(g, &norm)?;
-            linear(
-                g,
-                a.xn.ptr(),
-                w.qkv.ptr(),
-                a.qkv.ptr(),
-                t,
-                qkv_dim,
-                d,
-                false,
-            )?;
-            kernels::rope_kv(
-                g,
-                &RopeKvParams {
-                    qkv: a.qkv.ptr(),
-                    positions: m(lay.positions),
-                    slots: m(lay.slots),
-                    inv_freq: self.inv_freq.ptr(),
-                    q_out: a.q.ptr(),
-                    k_cache: self.k_cache(l),
-                    v_cache: self.v_cache(l),
-                    num_tokens: t as i32,
-                    num_heads: h as i32,
-                    num_kv_heads: kvh as i32,
-                    head_dim: hd as i32,
-                    block_size: self.opts.block_size as i32,
-                },
-            )?;
+            if fused {
+                kernels::gemv_qkv_rope(
+                    g,
+                    &GemvQkvRopeParams {
+                        x: a.xn.ptr(),
+                        w: w.qkv.ptr(),
+                        positions: m(lay.positions),
+                        slots: m(lay.slots),
+                        inv_freq: self.inv_freq.ptr(),
+                        q_out: a.q.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        m: t as i32,
+                        k: d as i32,
+                        num_heads: h as i32,
+                        num_kv_heads: kvh as i32,
+                        head_dim: hd as i32,
+                        block_size: self.opts.block_size as i32,
+                    },
+                )?;
+            } else {
+                linear(g, a.xn.ptr(), w.qkv.ptr(), a.qkv.ptr(), t, qkv_dim, d, true)?;
+                kernels::rope_kv(
+                    g,
+                    &RopeKvParams {
+                        qkv: a.qkv.ptr(),
+                        positions: m(lay.positions),
+                        slots: m(lay.slots),
+                        inv_freq: self.inv_freq.ptr(),
+                        q_out: a.q.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        num_tokens: t as i32,
+                        num_heads: h as i32,
+                        num_kv_heads: kvh as i32,
+                        head_dim: hd as i32,
+                        block_size: self.opts.block_size as i32,
+                    },
+                )?;
+            }
             if step.nd > 0 {
                 let p = PagedDecodeParams {
                     q: a.q.ptr(),
@@ -616,25 +634,39 @@ impl CudaBackend {
                     ..norm
                 },
             )?;
-            linear(
-                g,
-                a.xn.ptr(),
-                w.gate_up.ptr(),
-                a.gate_up.ptr(),
-                t,
-                2 * inter,
-                d,
-                false,
-            )?;
-            kernels::silu_mul(
-                g,
-                &SiluMulParams {
-                    gate_up: a.gate_up.ptr(),
-                    out: a.act.ptr(),
-                    num_tokens: t as i32,
-                    inter: inter as i32,
-                },
-            )?;
+            if fused {
+                kernels::gemv_silu(
+                    g,
+                    &GemvSiluParams {
+                        x: a.xn.ptr(),
+                        w: w.gate_up.ptr(),
+                        out: a.act.ptr(),
+                        m: t as i32,
+                        inter: inter as i32,
+                        k: d as i32,
+                    },
+                )?;
+            } else {
+                linear(
+                    g,
+                    a.xn.ptr(),
+                    w.gate_up.ptr(),
+                    a.gate_up.ptr(),
+                    t,
+                    2 * inter,
+                    d,
+                    true,
+                )?;
+                kernels::silu_mul(
+                    g,
+                    &SiluMulParams {
+                        gate_up: a.gate_up.ptr(),
+                        out: a.act.ptr(),
+                        num_tokens: t as i32,
+                        inter: inter as i32,
+                    },
+                )?;
+            }
             linear(
                 g,
                 a.act.ptr(),
@@ -734,11 +766,12 @@ impl Backend for CudaBackend {
         self.upload_step(&step)?;
         match bucket {
             Some(b) => {
-                if !self.graphs.contains_key(&b) {
+                let key = (b, step.splits);
+                if !self.graphs.contains_key(&key) {
                     let graph = self.capture(&step)?;
-                    self.graphs.insert(b, graph);
+                    self.graphs.insert(key, graph);
                 }
-                self.graphs[&b]
+                self.graphs[&key]
                     .0
                     .launch()
                     .context("launching a decode graph")?;

@@ -11,7 +11,7 @@ use super::device::Gpu;
 use super::kernels::{self, GemvParams};
 
 /// y[m, n] = x[m, k] · w[n, k]ᵀ, all row-major (w as stored in HF checkpoints: [out, in]).
-/// `y` is bf16, or fp32 when `y_f32` (logits). Up to `gpu.gemv_max_m` rows (decode) go to the
+/// `y` is bf16, or fp32 when `y_f32` (logits, and outputs an fp32 epilogue reads). Up to `gpu.gemv_max_m` rows (decode) go to the
 /// `gemv` kernel, which streams w at close to memory bandwidth; the rest to cuBLAS.
 ///
 /// # Safety

@@ -114,6 +114,36 @@ pub struct GemvParams {
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
 pub const GEMV_MAX_M: usize = 4;
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvSiluParams {
+    pub x: u64,
+    pub w: u64,
+    pub out: u64,
+    pub m: i32,
+    pub inter: i32,
+    pub k: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvQkvRopeParams {
+    pub x: u64,
+    pub w: u64,
+    pub positions: u64,
+    pub slots: u64,
+    pub inv_freq: u64,
+    pub q_out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub m: i32,
+    pub k: i32,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub block_size: i32,
+}
+
 /// Query rows per prefill-attention CTA (`PF_BM` in prefill_attn.cu).
 pub const PREFILL_TILE: usize = 64;
 
@@ -274,15 +304,47 @@ pub unsafe fn prefill_attn(
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        (1..=GEMV_MAX_M as i32).contains(&p.m) && p.k % 8 == 0,
-        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {} k {}",
-        p.m,
-        p.k
-    );
+    check_gemv_rows(p.m, p.k)?;
     gpu.launch(
         &format!("gemv_m{}", p.m),
         ((p.n as u32).div_ceil(8), 1, 1),
+        (256, 1, 1),
+        p,
+    )
+}
+
+fn check_gemv_rows(m: i32, k: i32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
+        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {m} k {k}"
+    );
+    Ok(())
+}
+
+/// gate|up projection with SiLU × up in the epilogue (decode, m <= 4).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
+    check_gemv_rows(p.m, p.k)?;
+    gpu.launch(
+        &format!("gemv_silu_m{}", p.m),
+        ((p.inter as u32).div_ceil(8), 1, 1),
+        (256, 1, 1),
+        p,
+    )
+}
+
+/// QKV projection with RoPE and the paged K/V write in the epilogue (decode, m <= 4).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<()> {
+    check_gemv_rows(p.m, p.k)?;
+    let pairs = ((p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2) as u32;
+    gpu.launch(
+        &format!("gemv_qkv_rope_m{}", p.m),
+        (pairs.div_ceil(8), 1, 1),
         (256, 1, 1),
         p,
     )

@@ -764,7 +764,10 @@ fn steps_until_medium_runs(promote_after: f64) -> Option<usize> {
 fn waiting_documents_are_promoted_ahead_of_the_fast_lane_at_their_deadline() {
     // Promoted at half its 100 ms TTFT SLO (5 steps), it takes the next free slot.
     let promoted = steps_until_medium_runs(0.5).expect("the medium request never ran");
-    assert!((5..=8).contains(&promoted), "first scheduled at step {promoted}");
+    assert!(
+        (5..=8).contains(&promoted),
+        "first scheduled at step {promoted}"
+    );
     // Without promotion the stream of short requests keeps every slot.
     assert_eq!(steps_until_medium_runs(f64::INFINITY), None);
 }
