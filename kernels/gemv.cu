@@ -15,8 +15,14 @@ struct GemvParams {
   int k;
 };
 
+// Warps per CTA and 16-byte loads in flight per lane (gpu-bench gemv-sweep measures others).
+#ifndef GEMV_WARPS
 #define GEMV_WARPS 8
+#endif
+#ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
+#endif
+#define GEMV_THREADS (32 * GEMV_WARPS)
 
 // acc[r][m] = dot(w row rows[r], x row m), summed over the warp (every lane gets it).
 template <int M, int R>
@@ -82,10 +88,10 @@ __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
 }
 
 // grid: ceil(n / GEMV_WARPS), block: 32 * GEMV_WARPS
-extern "C" __global__ void __launch_bounds__(256) gemv_m1(GemvParams p) { gemv_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_m4(GemvParams p) { gemv_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m1(GemvParams p) { gemv_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m4(GemvParams p) { gemv_impl<4>(p); }
 
 // out[m, j] = silu(x[m]·w[j]) * (x[m]·w[inter + j]): the gate|up projection with the SwiGLU
 // activation in its epilogue (the fused weight keeps gate rows first, then up rows).
@@ -115,10 +121,10 @@ __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
 }
 
 // grid: ceil(inter / GEMV_WARPS), block: 32 * GEMV_WARPS
-extern "C" __global__ void __launch_bounds__(256) gemv_silu_m1(GemvSiluParams p) { gemv_silu_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_silu_m2(GemvSiluParams p) { gemv_silu_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_silu_m3(GemvSiluParams p) { gemv_silu_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_silu_m4(GemvSiluParams p) { gemv_silu_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m1(GemvSiluParams p) { gemv_silu_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m2(GemvSiluParams p) { gemv_silu_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m3(GemvSiluParams p) { gemv_silu_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m4(GemvSiluParams p) { gemv_silu_impl<4>(p); }
 
 // The QKV projection of m decode tokens with RoPE (rotate-half, as rope_kv.cu) and the paged K/V
 // write in its epilogue. Warp w owns element pair (i, i + head_dim/2) of head w / (head_dim/2)
@@ -178,7 +184,7 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
 }
 
 // grid: ceil((num_heads + 2 * num_kv_heads) * head_dim / 2 / GEMV_WARPS), block: 32 * GEMV_WARPS
-extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m1(GemvQkvRopeParams p) { gemv_qkv_rope_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m2(GemvQkvRopeParams p) { gemv_qkv_rope_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m3(GemvQkvRopeParams p) { gemv_qkv_rope_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(256) gemv_qkv_rope_m4(GemvQkvRopeParams p) { gemv_qkv_rope_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m1(GemvQkvRopeParams p) { gemv_qkv_rope_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m2(GemvQkvRopeParams p) { gemv_qkv_rope_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m3(GemvQkvRopeParams p) { gemv_qkv_rope_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m4(GemvQkvRopeParams p) { gemv_qkv_rope_impl<4>(p); }

@@ -4,6 +4,8 @@
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
+//!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on Llama-2-7B's layers: brook's gemv for
+//!                                       several (warps, loads in flight) builds, and cuBLAS
 //!
 //! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
 //! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
@@ -15,7 +17,9 @@ use std::time::Instant;
 use anyhow::Context;
 use brook::executor::backend::Backend;
 use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
+use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::gemm;
 use brook::executor::cuda::kernels::{
     self, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
 };
@@ -41,6 +45,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     Attention,
+    GemvSweep,
     Decode {
         #[arg(long, default_value = "llama-2-7b")]
         model: String,
@@ -77,6 +82,7 @@ fn main() -> anyhow::Result<()> {
     brook::logging::init();
     match Cli::parse().cmd {
         Cmd::Attention => attention(),
+        Cmd::GemvSweep => gemv_sweep(),
         Cmd::Decode {
             model,
             input_len,
@@ -568,5 +574,94 @@ fn offline(
         "steps": steps, "execute_share": exec_ms / 1e3 / wall, "median_decode_step_ms": median(decode_steps),
         "ttft_ms_p50": ttft[n / 2], "ttft_ms_p99": ttft[(n * 99) / 100],
     }));
+    Ok(())
+}
+
+/// Batch-1 GEMV on each Llama-2-7B linear layer: GB/s of weights streamed, for brook's gemv
+/// kernel built with several (warps per CTA, 16-byte loads in flight per lane) and for cuBLAS.
+/// Weights rotate through 1 GiB so no run reads them from L2.
+fn gemv_sweep() -> anyhow::Result<()> {
+    let mut gpu = Gpu::open(0)?;
+    let (major, minor) = gpu.compute_capability;
+    let arch = compile::arch_for(major, minor);
+    let src = compile::SOURCES
+        .iter()
+        .find(|(name, _)| *name == "gemv")
+        .context("gemv.cu is embedded")?
+        .1;
+    let region = 1usize << 30;
+    let w = gpu.alloc(region)?;
+    fill_random_bf16(&gpu, &w, 1)?;
+    let x = gpu.alloc(11008 * 2)?;
+    fill_random_bf16(&gpu, &x, 2)?;
+    let y = gpu.alloc(32000 * 4)?;
+    let shapes = [
+        ("qkv", 12288usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 22016, 4096),
+        ("down", 4096, 11008),
+        ("lm_head", 32000, 4096),
+    ];
+    let rate = |name: &str, variant: &str, n: usize, k: usize, ms: f64| {
+        let gbps = (n * k * 2) as f64 / (ms * 1e-3) / 1e9;
+        eprintln!(
+            "gemv {name} {n}x{k} {variant}: {:.1} us, {gbps:.0} GB/s",
+            ms * 1e3
+        );
+        emit(
+            json!({"figure": "gemv_b1", "layer": name, "n": n, "k": k, "variant": variant, "us": ms * 1e3, "gbps": gbps, "pct_of_4300": gbps / 43.0}),
+        );
+    };
+    for (warps, unroll) in [
+        (8u32, 4usize),
+        (4, 4),
+        (4, 8),
+        (8, 8),
+        (16, 4),
+        (8, 2),
+        (2, 8),
+    ] {
+        let text = format!("#define GEMV_WARPS {warps}\n#define GEMV_UNROLL {unroll}\n{src}");
+        let (ptx, _) = compile::ptx_for(&format!("gemv_w{warps}_u{unroll}"), &text, &arch)?;
+        let module = gpu.ctx.load_module(ptx)?;
+        let f = module.load_function("gemv_m1")?;
+        for (name, n, k) in shapes {
+            let bytes = n * k * 2;
+            let copies = (region / bytes).max(1);
+            let ms = time_ms(&gpu, 3, 60, |i| {
+                let p = kernels::GemvParams {
+                    x: x.ptr(),
+                    w: w.ptr() + ((i % copies) * bytes) as u64,
+                    y: y.ptr(),
+                    y32: 0,
+                    m: 1,
+                    n: n as i32,
+                    k: k as i32,
+                };
+                // SAFETY: w holds copies x [n, k], x [1, k], y [1, n].
+                unsafe {
+                    gpu.launch_fn(
+                        &f,
+                        "gemv_m1",
+                        ((n as u32).div_ceil(warps), 1, 1),
+                        (32 * warps, 1, 1),
+                        &p,
+                    )
+                }
+            })?;
+            rate(name, &format!("brook w{warps} u{unroll}"), n, k, ms);
+        }
+    }
+    gpu.gemv_max_m = 0; // cuBLAS for every row count
+    for (name, n, k) in shapes {
+        let bytes = n * k * 2;
+        let copies = (region / bytes).max(1);
+        let ms = time_ms(&gpu, 3, 60, |i| {
+            let wp = w.ptr() + ((i % copies) * bytes) as u64;
+            // SAFETY: as above.
+            unsafe { gemm::linear(&gpu, x.ptr(), wp, y.ptr(), 1, n, k, false) }
+        })?;
+        rate(name, "cublas", n, k, ms);
+    }
     Ok(())
 }

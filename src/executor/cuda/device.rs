@@ -175,7 +175,21 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        let f = self.function(name);
+        self.launch_fn(self.function(name), name, grid, block, params)
+    }
+
+    /// Launches a kernel the caller loaded itself (benchmarks of kernel variants).
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_fn<P: Copy>(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
         let mut args = [params as *const P as *mut c_void];
         result::launch_kernel(
             f.cu_function(),
