@@ -9,6 +9,22 @@ typedef unsigned long long u64;
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define LOG2E 1.4426950408889634f
 
+// Programmatic dependent launch (sm_90+). A kernel launched with it (Gpu::launch_pdl) may start
+// while the kernel before it on the stream is still running: before pdl_wait() it may only read
+// what no earlier kernel writes (weights). pdl_trigger() lets the next such kernel launch early.
+// Both are no-ops on older GPUs and for kernels launched normally.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16 x) { return __uint_as_float(((u32)x) << 16); }
 
 __device__ __forceinline__ bf16 f2bf(float f) {

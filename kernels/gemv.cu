@@ -34,8 +34,8 @@ __device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16*
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[r][m] = 0.f;
-  for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-    uint4 wv[R][GEMV_UNROLL];
+  uint4 wv[R][GEMV_UNROLL];
+  auto load = [&](int c0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
       const uint4* wr = (const uint4*)(w + (size_t)rows[r] * k);
@@ -45,6 +45,12 @@ __device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16*
         wv[r][u] = c < chunks ? wr[c] : make_uint4(0, 0, 0, 0);
       }
     }
+  };
+  // The first weights are in flight while the kernel that writes x finishes (PDL).
+  load(lane);
+  pdl_wait();
+  for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
+    if (c0 != lane) load(c0);
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++) {
       const int c = c0 + u * 32;
@@ -73,6 +79,7 @@ __device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16*
 
 template <int M>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
+  pdl_trigger();
   const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (row >= p.n) return;
   const int rows[1] = {row};
@@ -106,6 +113,7 @@ struct GemvSiluParams {
 
 template <int M>
 __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
+  pdl_trigger();
   const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (j >= p.inter) return;
   const int rows[2] = {j, p.inter + j};
@@ -148,6 +156,7 @@ struct GemvQkvRopeParams {
 
 template <int M>
 __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
+  pdl_trigger();
   const int half = p.head_dim / 2;
   const int wid = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int head = wid / half, i = wid % half;

@@ -39,6 +39,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __shared__ float s_m[NS][G];
   __shared__ float s_l[NS][G];
 
+  pdl_trigger();  // the O projection may start streaming its weights
   const int split = blockIdx.x, kh = blockIdx.y, item = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int sub = lane / LANES, dl = lane % LANES;
@@ -179,6 +180,7 @@ PAGED_DECODE(128, 8)
 
 // Merges the splits of each (item, head). grid: (num_heads, num_items), block: head_dim.
 extern "C" __global__ void paged_decode_reduce(PagedDecodeParams p) {
+  pdl_trigger();
   const int h = blockIdx.x, item = blockIdx.y, d = threadIdx.x, hd = blockDim.x;
   const size_t base = ((size_t)item * p.num_heads + h) * p.num_splits;
   float mx = NEG_INF;

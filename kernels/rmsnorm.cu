@@ -12,8 +12,11 @@ struct AddRmsNormParams {
 };
 
 // grid: num_rows, block: 256. d <= 256 * 32.
+// Launched with PDL: it waits for the kernel that wrote delta before touching the residual.
 extern "C" __global__ void add_rmsnorm(AddRmsNormParams p) {
   __shared__ float scratch[32];
+  pdl_trigger();
+  pdl_wait();
   const int i = blockIdx.x;
   const int row = p.rows ? p.rows[i] : i;
   float* res = p.residual + (size_t)row * p.d;

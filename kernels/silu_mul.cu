@@ -9,6 +9,7 @@ struct SiluMulParams {
 
 // grid: (ceil(inter / 256), num_tokens), block: 256
 extern "C" __global__ void silu_mul(SiluMulParams p) {
+  pdl_trigger();  // the down projection may start streaming its weights
   const int t = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= p.inter) return;

@@ -301,6 +301,7 @@ fn backend(
     cuda_graphs: bool,
     gemv_max_rows: usize,
     fuse_decode: bool,
+    pdl: bool,
 ) -> anyhow::Result<CudaBackend> {
     let cfg = synthetic_config(model)?;
     let started = Instant::now();
@@ -313,6 +314,7 @@ fn backend(
             cuda_graphs,
             gemv_max_rows,
             fuse_decode,
+            pdl,
             progress: false,
             ..Default::default()
         },
@@ -375,15 +377,16 @@ fn one_seq_batch(
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, with and without graphs.
 fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()> {
-    // (CUDA graphs, rows on the gemv kernel, fused gemv epilogues): the default, then each one
-    // switched off.
-    for (graphs, gemv, fuse) in [
-        (true, GEMV_MAX_M, true),
-        (true, GEMV_MAX_M, false),
-        (true, 0, false),
-        (false, GEMV_MAX_M, true),
+    // (CUDA graphs, rows on the gemv kernel, fused gemv epilogues, PDL): the default, then one
+    // switched off at a time.
+    for (graphs, gemv, fuse, pdl) in [
+        (true, GEMV_MAX_M, true, true),
+        (true, GEMV_MAX_M, false, true),
+        (true, GEMV_MAX_M, true, false),
+        (true, 0, false, true),
+        (false, GEMV_MAX_M, true, true),
     ] {
-        let mut b = backend(model, 8, input_len.max(256), graphs, gemv, fuse)?;
+        let mut b = backend(model, 8, input_len.max(256), graphs, gemv, fuse, pdl)?;
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
@@ -403,11 +406,11 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, graphs {graphs}, gemv {}, fused {fuse}: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, graphs {graphs}, gemv {}, fused {fuse}, pdl {pdl}: median {med:.3} ms/token, mean {mean:.3}",
             gemv > 0
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv > 0, "fused": fuse, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv > 0, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
         );
     }
     Ok(())
@@ -415,7 +418,7 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
 fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
-    let mut b = backend(model, 8, input_len, true, GEMV_MAX_M, true)?;
+    let mut b = backend(model, 8, input_len, true, GEMV_MAX_M, true, true)?;
     let bs = b.info().block_size;
     let vocab = b.config().vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -450,6 +453,7 @@ fn offline(
         max_num_batched_tokens,
         graphs,
         GEMV_MAX_M,
+        true,
         true,
     )?;
     let info = b.info();

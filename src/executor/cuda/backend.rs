@@ -54,6 +54,9 @@ pub struct CudaBackendOptions {
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer).
     pub fuse_decode: bool,
+    /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
+    /// the kernel before them drains, streaming their weights early.
+    pub pdl: bool,
     pub progress: bool,
 }
 
@@ -70,6 +73,7 @@ impl Default for CudaBackendOptions {
             cuda_graphs: true,
             gemv_max_rows: GEMV_MAX_M,
             fuse_decode: true,
+            pdl: true,
             progress: true,
         }
     }
@@ -235,6 +239,7 @@ impl CudaBackend {
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
+        gpu.pdl &= opts.pdl;
         anyhow::ensure!(
             opts.block_size > 0
                 && opts.max_num_seqs > 0

@@ -64,6 +64,9 @@ pub struct Gpu {
     /// Linear layers with at most this many rows use the `gemv` kernel instead of cuBLAS
     /// (0: always cuBLAS).
     pub gemv_max_m: usize,
+    /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
+    /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
+    pub pdl: bool,
     functions: HashMap<String, CudaFunction>,
     _blas_workspace: DevBuf,
 }
@@ -100,6 +103,7 @@ impl Gpu {
             compute_capability,
             num_sms,
             gemv_max_m: super::kernels::GEMV_MAX_M,
+            pdl: compute_capability.0 >= 9,
             functions,
             _blas_workspace: ws,
         })
@@ -176,6 +180,48 @@ impl Gpu {
         params: &P,
     ) -> anyhow::Result<()> {
         self.launch_fn(self.function(name), name, grid, block, params)
+    }
+
+    /// Launches `name`, a kernel that calls `pdl_wait()` before reading what earlier kernels
+    /// wrote, with programmatic dependent launch when `self.pdl` (else as `launch`).
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_pdl<P: Copy>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
+        if !self.pdl {
+            return self.launch(name, grid, block, params);
+        }
+        let f = self.function(name);
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args = [params as *const P as *mut c_void];
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+        .with_context(|| format!("launching {name} (PDL)"))
     }
 
     /// Launches a kernel the caller loaded itself (benchmarks of kernel variants).

@@ -205,7 +205,7 @@ pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()>
         "add_rmsnorm handles hidden sizes up to 8192, got {}",
         p.d
     );
-    gpu.launch("add_rmsnorm", (p.num_rows as u32, 1, 1), (256, 1, 1), p)
+    gpu.launch_pdl("add_rmsnorm", (p.num_rows as u32, 1, 1), (256, 1, 1), p)
 }
 
 /// # Safety
@@ -310,7 +310,7 @@ pub unsafe fn prefill_attn(
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
     check_gemv_rows(p.m, p.k)?;
-    gpu.launch(
+    gpu.launch_pdl(
         &format!("gemv_m{}", p.m),
         ((p.n as u32).div_ceil(GEMV_WARPS), 1, 1),
         (32 * GEMV_WARPS, 1, 1),
@@ -332,7 +332,7 @@ fn check_gemv_rows(m: i32, k: i32) -> anyhow::Result<()> {
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
     check_gemv_rows(p.m, p.k)?;
-    gpu.launch(
+    gpu.launch_pdl(
         &format!("gemv_silu_m{}", p.m),
         ((p.inter as u32).div_ceil(GEMV_WARPS), 1, 1),
         (32 * GEMV_WARPS, 1, 1),
@@ -347,7 +347,7 @@ pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
 pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<()> {
     check_gemv_rows(p.m, p.k)?;
     let pairs = ((p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2) as u32;
-    gpu.launch(
+    gpu.launch_pdl(
         &format!("gemv_qkv_rope_m{}", p.m),
         (pairs.div_ceil(GEMV_WARPS), 1, 1),
         (32 * GEMV_WARPS, 1, 1),
