@@ -50,8 +50,8 @@ fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
     }
 }
 
-/// The backend's default: with the random prompts below (3 to 150 tokens) every prefill
-/// sequence takes the GEMM path.
+/// The backend's default (what `brook serve` runs); the tests below that need a given prefill
+/// path set the limit themselves.
 fn default_gemm_max_len() -> usize {
     CudaBackendOptions::default().prefill_gemm_max_len
 }
@@ -366,8 +366,21 @@ fn cuda_matches_cpu_flash_prefill_only() {
     check_model_with(spec, 40, 12, 0);
 }
 
-/// Chunks of 40 with a limit of 70 keys: first chunks take the GEMM path, later chunks (over
-/// a cached prefix) the flash kernel, both within the same steps.
+/// Prefill attention on the GEMM path only (no limit).
+#[test]
+fn cuda_matches_cpu_gemm_prefill_only() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .seed(13);
+    check_model_with(spec, 40, 12, usize::MAX);
+}
+
+/// Chunks of 40 with a limit of 70 keys: first chunks take the GEMM path, later chunks the
+/// flash kernel (or the GEMM path, over a cached prefix, for prompts of up to 70), both within
+/// the same steps.
 #[test]
 fn cuda_matches_cpu_mixed_prefill_paths() {
     let spec = TestModelSpec::default()

@@ -334,17 +334,29 @@ fn prefill_attn(models: &[String]) -> anyhow::Result<()> {
                 }));
                 points.push((len, gemm_us, flash_us));
             }
-            // The smallest length from which flash wins at every longer length measured.
+            // The smallest length from which flash wins at every longer length measured, and
+            // the limit that follows for `prefill_gemm_max_len`: the longest length up to which
+            // the GEMM path wins at every length (0: it loses already at the shortest).
             let from = points
                 .iter()
                 .rev()
                 .take_while(|p| p.2 < p.1)
                 .last()
                 .map(|p| p.0);
-            eprintln!("prefill attention {model} batch {batch}: flash wins from q_len {from:?}");
+            let gemm_up_to = points
+                .iter()
+                .take_while(|p| p.1 < p.2)
+                .last()
+                .map_or(0, |p| p.0);
+            let gemm_wins_at: Vec<usize> =
+                points.iter().filter(|p| p.1 < p.2).map(|p| p.0).collect();
+            eprintln!(
+                "prefill attention {model} batch {batch}: flash wins from q_len {from:?}; GEMM path wins at {gemm_wins_at:?}; suggested prefill_gemm_max_len {gemm_up_to}"
+            );
             emit(json!({
                 "figure": "prefill_attn_crossover", "shape": model, "batch": batch,
-                "flash_wins_from_q_len": from,
+                "flash_wins_from_q_len": from, "gemm_wins_at_q_len": gemm_wins_at,
+                "suggested_prefill_gemm_max_len": gemm_up_to,
             }));
         }
     }

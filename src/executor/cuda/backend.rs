@@ -206,7 +206,9 @@ pub struct CudaBackend {
     max_blocks: usize,
     max_tokens: usize,
     max_seqs: usize,
-    /// GEMM prefill path: scratch and its capacities (key rows, score floats); None when off.
+    /// GEMM prefill path: its context limit (at most the longest context), scratch and the
+    /// scratch's capacities (key rows, score floats); no scratch when off.
+    gemm_max_len: usize,
     gemm_scratch: Option<GemmScratch>,
     gemm_keys: usize,
     gemm_scores: usize,
@@ -311,8 +313,9 @@ impl CudaBackend {
             .collect();
         let inv_freq = gpu.alloc(inv.len() * 4)?;
         gpu.upload(inv_freq.ptr(), &inv)?;
+        let gemm_max_len = opts.prefill_gemm_max_len.min(max_blocks * opts.block_size);
         let (gemm_keys, gemm_scores) =
-            prefill_gemm::scratch_capacity(opts.prefill_gemm_max_len, max_tokens, max_seqs, h);
+            prefill_gemm::scratch_capacity(gemm_max_len, max_tokens, max_seqs, h);
         let gemm_scratch = match gemm_keys {
             0 => None,
             _ => Some(GemmScratch::alloc(&gpu, gemm_keys, gemm_scores, h, hd)?),
@@ -346,7 +349,7 @@ impl CudaBackend {
             opts.block_size,
             kv.bytes() as f64 / (1u64 << 30) as f64,
             if opts.cuda_graphs { "on" } else { "off" },
-            opts.prefill_gemm_max_len,
+            gemm_max_len,
             gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
         );
         Ok(CudaBackend {
@@ -361,6 +364,7 @@ impl CudaBackend {
             max_blocks,
             max_tokens,
             max_seqs,
+            gemm_max_len,
             gemm_scratch,
             gemm_keys,
             gemm_scores,
@@ -440,7 +444,7 @@ impl CudaBackend {
         // Prefill sequences go to the GEMM path while they are short enough and its scratch
         // lasts; the flash kernel's tiles cover the rest.
         let mut gemm_plan = GemmPlanner::new(
-            self.opts.prefill_gemm_max_len,
+            self.gemm_max_len,
             self.cfg.num_attention_heads,
             self.gemm_keys,
             self.gemm_scores,
