@@ -67,7 +67,7 @@ device)
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
-        for args in "attention" "gemv-sweep" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
+        for args in "attention" "gemv-sweep" "prefill-attn" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
             "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"

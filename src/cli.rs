@@ -57,6 +57,10 @@ pub struct EngineArgs {
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
+    /// CUDA executor: longest context (tokens) whose prefill attention runs as cuBLAS GEMMs;
+    /// longer ones use the flash kernel (0 = flash only).
+    #[arg(long)]
+    pub prefill_gemm_max_len: Option<usize>,
     /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
     /// emergency mode).
     #[arg(long, value_enum)]
@@ -100,6 +104,10 @@ impl EngineArgs {
         set(&mut cfg.scheduler.max_model_len, self.max_model_len);
         set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
         set(&mut cfg.model.cpu_threads, self.cpu_threads);
+        set(
+            &mut cfg.model.prefill_gemm_max_len,
+            self.prefill_gemm_max_len,
+        );
         if let Some(p) = self.policy {
             cfg.scheduler.policy = p;
         }

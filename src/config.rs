@@ -40,6 +40,9 @@ pub struct ModelSection {
     pub device: String,
     /// CPU executor threads; 0 = all cores.
     pub cpu_threads: usize,
+    /// CUDA executor: prefill sequences whose context has at most this many tokens run
+    /// attention as cuBLAS GEMMs, longer ones on the flash kernel; 0 = flash only.
+    pub prefill_gemm_max_len: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -71,6 +74,8 @@ impl Default for ModelSection {
             path: None,
             device: "auto".into(),
             cpu_threads: 0,
+            prefill_gemm_max_len: crate::executor::cuda::CudaBackendOptions::default()
+                .prefill_gemm_max_len,
         }
     }
 }

@@ -286,6 +286,7 @@ fn load_backend(
             max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
             max_num_seqs: cfg.scheduler.max_num_seqs,
             max_model_len: cfg.scheduler.max_model_len,
+            prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             progress,
             ..Default::default()
         };

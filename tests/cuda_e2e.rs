@@ -38,15 +38,22 @@ fn have_gpu() -> bool {
 
 const BLOCK: usize = 16;
 
-fn cuda_opts(graphs: bool) -> CudaBackendOptions {
+fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
     CudaBackendOptions {
         max_kv_cache_bytes: Some(256 << 20),
         max_num_batched_tokens: 4096,
         max_num_seqs: 64,
         cuda_graphs: graphs,
+        prefill_gemm_max_len,
         progress: false,
         ..Default::default()
     }
+}
+
+/// The backend's default (what `brook serve` runs); the tests below that need a given prefill
+/// path set the limit themselves.
+fn default_gemm_max_len() -> usize {
+    CudaBackendOptions::default().prefill_gemm_max_len
 }
 
 /// One sequence of the harness: prompt, blocks, and the reference's tokens so far.
@@ -145,8 +152,15 @@ fn compare(t: &mut Tally, cpu: &[Vec<f32>], gpu: &[Vec<f32>], what: &str) {
 /// Runs `prompts` through both backends: prefill in chunks of `chunk` tokens (all sequences in
 /// each step, so chunks after the first read a cached prefix), a mixed step, then `gen` greedy
 /// decode steps teacher-forced with the CPU's tokens. Then replays the decode through `execute`
-/// with CUDA graphs on and compares its tokens with the CPU's.
-fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Tally, Tally) {
+/// with CUDA graphs on and compares its tokens with the CPU's. Prefill sequences whose context
+/// is at most `gemm_max_len` take the GEMM attention path, the others the flash kernel.
+fn run_both(
+    dir: &Path,
+    prompts: Vec<Vec<u32>>,
+    chunk: usize,
+    gen: usize,
+    gemm_max_len: usize,
+) -> (Tally, Tally) {
     let cfg = ModelConfig::from_dir(dir).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
     let cpu_opts = CpuBackendOptions {
@@ -157,8 +171,10 @@ fn run_both(dir: &Path, prompts: Vec<Vec<u32>>, chunk: usize, gen: usize) -> (Ta
     };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
-    let mut gpu = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(false)).unwrap();
-    let mut graphed = CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true)).unwrap();
+    let mut gpu =
+        CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(false, gemm_max_len)).unwrap();
+    let mut graphed =
+        CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true, gemm_max_len)).unwrap();
 
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let per_seq = prompts
@@ -271,18 +287,19 @@ fn random_prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
 }
 
 fn check_model(spec: TestModelSpec, chunk: usize) {
-    check_model_with(spec, chunk, 12);
+    check_model_with(spec, chunk, 12, default_gemm_max_len());
 }
 
 /// `num_prompts` <= 4 runs decode steps through the `gemv` kernel instead of cuBLAS.
-fn check_model_with(spec: TestModelSpec, chunk: usize, num_prompts: usize) {
+fn check_model_with(spec: TestModelSpec, chunk: usize, num_prompts: usize, gemm_max_len: usize) {
     if !have_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size;
-    let (t, tg) = run_both(dir.path(), random_prompts(num_prompts, vocab, 3), chunk, 16);
+    let prompts = random_prompts(num_prompts, vocab, 3);
+    let (t, tg) = run_both(dir.path(), prompts, chunk, 16, gemm_max_len);
     eprintln!("{spec:?}\n  eager: {t:?}\n  graphs: {tg:?}");
     assert_eq!(
         t.mismatches, 0,
@@ -334,7 +351,45 @@ fn cuda_matches_cpu_small_batches_on_gemv() {
         .head_dim(64)
         .intermediate_size(512)
         .seed(9);
-    check_model_with(spec, 100, 3);
+    check_model_with(spec, 100, 3, default_gemm_max_len());
+}
+
+/// Prefill attention on the flash kernel only (`prefill_gemm_max_len` 0).
+#[test]
+fn cuda_matches_cpu_flash_prefill_only() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .seed(11);
+    check_model_with(spec, 40, 12, 0);
+}
+
+/// Prefill attention on the GEMM path only (no limit).
+#[test]
+fn cuda_matches_cpu_gemm_prefill_only() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .seed(13);
+    check_model_with(spec, 40, 12, usize::MAX);
+}
+
+/// Chunks of 40 with a limit of 70 keys: first chunks take the GEMM path, later chunks the
+/// flash kernel (or the GEMM path, over a cached prefix, for prompts of up to 70), both within
+/// the same steps.
+#[test]
+fn cuda_matches_cpu_mixed_prefill_paths() {
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(4, 4)
+        .head_dim(128)
+        .intermediate_size(384)
+        .seed(12);
+    check_model_with(spec, 40, 12, 70);
 }
 
 /// `BROOK_E2E_MODEL` (the demo model on the device): 32 prompts, 32 greedy tokens each.
@@ -371,7 +426,7 @@ fn cuda_matches_cpu_on_a_real_model() {
                 .unwrap()
         })
         .collect();
-    let (t, tg) = run_both(dir, prompts, 512, 32);
+    let (t, tg) = run_both(dir, prompts, 512, 32, default_gemm_max_len());
     eprintln!("{}: eager: {t:?}\n  graphs: {tg:?}", dir.display());
     assert_eq!(
         t.mismatches, 0,

@@ -5,6 +5,7 @@
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm;
 use brook::executor::cuda::kernels::{self, *};
+use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
 use brook::model::config::{RopeConfig, RopeScaling};
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::{argmax, Sampler};
@@ -1092,4 +1093,514 @@ fn sampling_follows_the_filtered_distribution() {
         .map(|t| counts[t])
         .sum();
     assert_eq!(outside, 0, "tokens outside the filtered set were drawn");
+}
+
+// ---- The GEMM prefill path (src/executor/cuda/prefill_gemm.rs) ----
+
+/// A prefill batch over a random paged cache: per sequence (query tokens, context).
+struct PrefillBatch {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    seqs: Vec<(usize, usize)>,
+    cache: Cache,
+    bt: Vec<i32>,
+    max_blocks: usize,
+    q: Vec<bf16>,
+    q_start: Vec<usize>,
+    tokens: usize,
+}
+
+impl PrefillBatch {
+    fn random(
+        r: &mut ChaCha8Rng,
+        head_dim: usize,
+        heads: usize,
+        kv_heads: usize,
+        seqs: &[(usize, usize)],
+    ) -> PrefillBatch {
+        let bs = 16;
+        let ctx: Vec<usize> = seqs.iter().map(|s| s.1).collect();
+        let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
+        let cache = Cache::random(r, num_blocks, kv_heads, bs, head_dim);
+        let (bt, max_blocks) = block_tables(r, &ctx, bs, num_blocks);
+        let mut q_start = Vec::new();
+        let mut t = 0;
+        for &(qlen, c) in seqs {
+            assert!(qlen <= c);
+            q_start.push(t);
+            t += qlen;
+        }
+        PrefillBatch {
+            heads,
+            kv_heads,
+            head_dim,
+            block_size: bs,
+            seqs: seqs.to_vec(),
+            q: rand_bf16(r, t * heads * head_dim, 1.0),
+            cache,
+            bt,
+            max_blocks,
+            q_start,
+            tokens: t,
+        }
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    fn row_elems(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The reference attention output of every token row, [tokens, heads, head_dim].
+    fn reference(&self) -> Vec<f32> {
+        let qf = to_f32(&self.q);
+        let (hd, group) = (self.head_dim, self.heads / self.kv_heads);
+        let mut out = vec![0f32; self.tokens * self.row_elems()];
+        for (s, &(qlen, c)) in self.seqs.iter().enumerate() {
+            for i in 0..qlen {
+                for h in 0..self.heads {
+                    let o = ((self.q_start[s] + i) * self.heads + h) * hd;
+                    let want = attend_ref(
+                        &qf[o..o + hd],
+                        &self.cache,
+                        &self.bt[s * self.max_blocks..],
+                        h / group,
+                        c - qlen + i + 1,
+                        self.scale() as f64,
+                    );
+                    out[o..o + hd].copy_from_slice(&want);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The batch's buffers on the GPU, and runs of each path on chosen sequences into `out`.
+struct PrefillRun<'a> {
+    g: &'a Gpu,
+    b: &'a PrefillBatch,
+    q: DevBuf,
+    k_cache: DevBuf,
+    v_cache: DevBuf,
+    q_start: DevBuf,
+    q_len: DevBuf,
+    ctx: DevBuf,
+    bt: DevBuf,
+}
+
+impl<'a> PrefillRun<'a> {
+    fn new(g: &'a Gpu, b: &'a PrefillBatch) -> Self {
+        let q_start: Vec<i32> = b.q_start.iter().map(|&x| x as i32).collect();
+        let q_len: Vec<i32> = b.seqs.iter().map(|s| s.0 as i32).collect();
+        let ctx: Vec<i32> = b.seqs.iter().map(|s| s.1 as i32).collect();
+        PrefillRun {
+            g,
+            b,
+            q: dev(g, &b.q),
+            k_cache: dev(g, &b.cache.k),
+            v_cache: dev(g, &b.cache.v),
+            q_start: dev(g, &q_start),
+            q_len: dev(g, &q_len),
+            ctx: dev(g, &ctx),
+            bt: dev(g, &b.bt),
+        }
+    }
+
+    fn flash(&self, seqs: &[usize], out: &DevBuf) {
+        let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+        for &s in seqs {
+            for q0 in (0..self.b.seqs[s].0).step_by(PREFILL_TILE) {
+                tile_seq.push(s as i32);
+                tile_q0.push(q0 as i32);
+            }
+        }
+        let (ts, tq) = (dev(self.g, &tile_seq), dev(self.g, &tile_q0));
+        let p = PrefillAttnParams {
+            q: self.q.ptr(),
+            k_cache: self.k_cache.ptr(),
+            v_cache: self.v_cache.ptr(),
+            tile_seq: ts.ptr(),
+            tile_q0: tq.ptr(),
+            q_start: self.q_start.ptr(),
+            q_len: self.q_len.ptr(),
+            context_lens: self.ctx.ptr(),
+            block_tables: self.bt.ptr(),
+            out: out.ptr(),
+            num_tiles: tile_seq.len() as i32,
+            num_heads: self.b.heads as i32,
+            num_kv_heads: self.b.kv_heads as i32,
+            block_size: self.b.block_size as i32,
+            max_blocks: self.b.max_blocks as i32,
+            scale: self.b.scale(),
+        };
+        unsafe { kernels::prefill_attn(self.g, &p, self.b.head_dim).unwrap() };
+        self.g.sync().unwrap();
+    }
+
+    /// The whole GEMM path on `seqs`, with scratch placed by the backend's planner and poisoned.
+    fn gemm(&self, seqs: &[usize], out: &DevBuf) {
+        let b = self.b;
+        let mut planner = GemmPlanner::new(usize::MAX, b.heads, usize::MAX, usize::MAX);
+        let placed: Vec<GemmSeq> = seqs
+            .iter()
+            .map(|&s| {
+                let (qlen, c) = b.seqs[s];
+                planner.place(s, b.q_start[s], qlen, c).unwrap()
+            })
+            .collect();
+        let last = placed.last().unwrap();
+        let keys = last.key0 + last.ctx;
+        let score_floats = last.s0 + b.heads * last.q_len * scores_ld(last.ctx);
+        let (hd, h) = (b.head_dim, b.heads);
+        let k_buf = poisoned::<bf16>(self.g, keys * h * hd);
+        let v_buf = poisoned::<bf16>(self.g, keys * h * hd);
+        let scores = poisoned::<f32>(self.g, score_floats);
+        let col = |f: fn(&GemmSeq) -> usize| -> DevBuf {
+            let v: Vec<i32> = placed.iter().map(|p| f(p) as i32).collect();
+            dev(self.g, &v)
+        };
+        let (gs, gk, gs0) = (col(|p| p.seq), col(|p| p.key0), col(|p| p.s0));
+        let p = GemmAttention {
+            q: self.q.ptr(),
+            out: out.ptr(),
+            k_cache: self.k_cache.ptr(),
+            v_cache: self.v_cache.ptr(),
+            q_lens: self.q_len.ptr(),
+            context_lens: self.ctx.ptr(),
+            block_tables: self.bt.ptr(),
+            gemm_seq: gs.ptr(),
+            gemm_key0: gk.ptr(),
+            gemm_s0: gs0.ptr(),
+            k_buf: k_buf.ptr(),
+            v_buf: v_buf.ptr(),
+            scores: scores.ptr(),
+            seqs: &placed,
+            num_heads: h,
+            num_kv_heads: b.kv_heads,
+            head_dim: hd,
+            block_size: b.block_size,
+            max_blocks: b.max_blocks,
+            scale: b.scale(),
+        };
+        unsafe { gemm_attention(self.g, &p).unwrap() };
+        self.g.sync().unwrap();
+    }
+}
+
+/// Token rows of `seqs` in `v` ([tokens, heads, head_dim]).
+fn rows_of(b: &PrefillBatch, v: &[f32], seqs: &[usize]) -> Vec<f32> {
+    let e = b.row_elems();
+    seqs.iter()
+        .flat_map(|&s| v[b.q_start[s] * e..(b.q_start[s] + b.seqs[s].0) * e].to_vec())
+        .collect()
+}
+
+/// `seqs`: (query tokens, context, on the GEMM path). Checks, per head and query, (1) a mixed
+/// batch (GEMM path on some sequences, flash kernel on the others, one output) against the CPU
+/// reference; (2) the GEMM path alone writes its rows only, and they agree with the flash kernel
+/// on the same inputs.
+fn check_gemm_prefill(
+    seed: u64,
+    head_dim: usize,
+    heads: usize,
+    kv_heads: usize,
+    seqs: &[(usize, usize, bool)],
+) {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(seed);
+    let shape: Vec<(usize, usize)> = seqs.iter().map(|s| (s.0, s.1)).collect();
+    let b = PrefillBatch::random(&mut r, head_dim, heads, kv_heads, &shape);
+    let run = PrefillRun::new(&g, &b);
+    let on_gemm: Vec<usize> = (0..seqs.len()).filter(|&s| seqs[s].2).collect();
+    let on_flash: Vec<usize> = (0..seqs.len()).filter(|&s| !seqs[s].2).collect();
+    let n = b.tokens * b.row_elems();
+    let want = b.reference();
+    let group = heads / kv_heads;
+
+    let mixed = poisoned::<bf16>(&g, n);
+    run.gemm(&on_gemm, &mixed);
+    if !on_flash.is_empty() {
+        run.flash(&on_flash, &mixed);
+    }
+    let got = read_bf16(&g, &mixed, n);
+    for (s, &(qlen, c, path)) in seqs.iter().enumerate() {
+        for i in 0..qlen {
+            for h in 0..heads {
+                let o = ((b.q_start[s] + i) * heads + h) * head_dim;
+                assert_close(
+                    &format!(
+                        "mixed batch hd{head_dim} g{group} seq {s} ({}, q {qlen}, ctx {c}) query {i} head {h}",
+                        if path { "gemm" } else { "flash" }
+                    ),
+                    &got[o..o + head_dim],
+                    &want[o..o + head_dim],
+                    1.5e-2,
+                );
+            }
+        }
+    }
+
+    let gemm_only = poisoned::<bf16>(&g, n);
+    run.gemm(&on_gemm, &gemm_only);
+    let flash_all = poisoned::<bf16>(&g, n);
+    run.flash(&(0..seqs.len()).collect::<Vec<_>>(), &flash_all);
+    let (gg, ff) = (read_bf16(&g, &gemm_only, n), read_bf16(&g, &flash_all, n));
+    assert!(
+        rows_of(&b, &gg, &on_flash).iter().all(|x| x.is_nan()),
+        "the GEMM path wrote rows of flash-path sequences"
+    );
+    for &s in &on_gemm {
+        assert_close(
+            &format!(
+                "gemm path vs flash kernel, hd{head_dim} g{group} seq {s} {:?}",
+                seqs[s]
+            ),
+            &rows_of(&b, &gg, &[s]),
+            &rows_of(&b, &ff, &[s]),
+            1e-2,
+        );
+    }
+}
+
+#[test]
+fn gemm_prefill_mixed_with_flash_mha_hd128() {
+    // Fresh prompts, cached prefixes (ctx > q), odd sizes, one over 2 softmax chunks of 32.
+    check_gemm_prefill(
+        70,
+        128,
+        4,
+        4,
+        &[
+            (70, 70, true),
+            (5, 200, true),
+            (130, 300, false),
+            (64, 64, false),
+            (2, 2, true),
+            (33, 95, true),
+        ],
+    );
+}
+
+#[test]
+fn gemm_prefill_gqa_groups_4_8_and_3() {
+    check_gemm_prefill(
+        71,
+        128,
+        8,
+        2,
+        &[
+            (100, 100, true),
+            (33, 190, true),
+            (17, 17, false),
+            (129, 129, true),
+        ],
+    );
+    check_gemm_prefill(
+        72,
+        64,
+        8,
+        1,
+        &[(65, 65, true), (17, 1000, false), (3, 41, true)],
+    );
+    check_gemm_prefill(
+        73,
+        64,
+        6,
+        2,
+        &[(37, 37, true), (50, 80, false), (9, 120, true)],
+    );
+}
+
+#[test]
+fn gemm_prefill_alone() {
+    // Every sequence on the GEMM path (no flash launch in the mixed run).
+    check_gemm_prefill(
+        74,
+        128,
+        4,
+        2,
+        &[(3, 3, true), (250, 256, true), (7, 19, true)],
+    );
+}
+
+#[test]
+fn kv_gather_copies_contexts_per_query_head() {
+    let Some(g) = gpu() else { return };
+    for (seed, head_dim, heads, kv_heads) in [(80u64, 128usize, 4usize, 4usize), (81, 64, 6, 2)] {
+        let mut r = rng(seed);
+        let bs = 16;
+        let ctx = [45usize, 1, 300, 17, 64];
+        let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 3;
+        let cache = Cache::random(&mut r, num_blocks, kv_heads, bs, head_dim);
+        let (bt, max_blocks) = block_tables(&mut r, &ctx, bs, num_blocks);
+        // Entries name sequences out of order and skip one (it is on the flash path).
+        let entries = [3usize, 0, 4, 2];
+        let mut key0 = Vec::new();
+        let mut keys = 0;
+        for &s in &entries {
+            key0.push(keys as i32);
+            keys += ctx[s];
+        }
+        let row = heads * head_dim;
+        let slack = 7; // rows past the last entry must stay untouched
+        let (k_out, v_out) = (
+            poisoned::<bf16>(&g, (keys + slack) * row),
+            poisoned::<bf16>(&g, (keys + slack) * row),
+        );
+        let entries_i: Vec<i32> = entries.iter().map(|&s| s as i32).collect();
+        let ctx_i: Vec<i32> = ctx.iter().map(|&c| c as i32).collect();
+        let bufs = [
+            dev(&g, &cache.k),
+            dev(&g, &cache.v),
+            dev(&g, &entries_i),
+            dev(&g, &key0),
+            dev(&g, &ctx_i),
+            dev(&g, &bt),
+        ];
+        let p = KvGatherParams {
+            k_cache: bufs[0].ptr(),
+            v_cache: bufs[1].ptr(),
+            gemm_seq: bufs[2].ptr(),
+            gemm_key0: bufs[3].ptr(),
+            context_lens: bufs[4].ptr(),
+            block_tables: bufs[5].ptr(),
+            k_out: k_out.ptr(),
+            v_out: v_out.ptr(),
+            num_gemm: entries.len() as i32,
+            num_heads: heads as i32,
+            num_kv_heads: kv_heads as i32,
+            head_dim: head_dim as i32,
+            block_size: bs as i32,
+            max_blocks: max_blocks as i32,
+        };
+        let max_ctx = entries.iter().map(|&s| ctx[s]).max().unwrap();
+        unsafe { kernels::kv_gather(&g, &p, max_ctx).unwrap() };
+        let (kg, vg): (Vec<u16>, Vec<u16>) = (
+            read(&g, &k_out, (keys + slack) * row),
+            read(&g, &v_out, (keys + slack) * row),
+        );
+        let group = heads / kv_heads;
+        for (e, &s) in entries.iter().enumerate() {
+            let base = key0[e] as usize * row;
+            for h in 0..heads {
+                for j in 0..ctx[s] {
+                    let slot = bt[s * max_blocks + j / bs] as usize * bs + j % bs;
+                    let o = base + (h * ctx[s] + j) * head_dim;
+                    let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        &kg[o..o + head_dim],
+                        &bits(cache.k_row(slot, h / group))[..],
+                        "k: entry {e} (seq {s}) head {h} key {j}"
+                    );
+                    assert_eq!(
+                        &vg[o..o + head_dim],
+                        &bits(cache.v_row(slot, h / group))[..],
+                        "v: entry {e} (seq {s}) head {h} key {j}"
+                    );
+                }
+            }
+        }
+        assert!(
+            kg[keys * row..]
+                .iter()
+                .chain(&vg[keys * row..])
+                .all(|&x| x == 0xffff),
+            "written past the last entry"
+        );
+    }
+}
+
+#[test]
+fn causal_softmax_matches_reference_out_of_and_in_place() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(90);
+    let heads = 3;
+    // (query tokens, context): fresh, cached prefix, one key, odd sizes, several 32-key chunks.
+    let seqs = [
+        (7usize, 7usize),
+        (5, 200),
+        (1, 1),
+        (33, 33),
+        (40, 97),
+        (2, 130),
+    ];
+    let mut s0 = Vec::new();
+    let mut total = 0;
+    for &(q, c) in &seqs {
+        s0.push(total as i32);
+        total += heads * q * scores_ld(c);
+    }
+    // Peaked scores so the softmax is far from uniform.
+    let scores = rand_f32(&mut r, total, 12.0);
+    let scale = 0.37f32;
+    let entries: Vec<i32> = (0..seqs.len() as i32).rev().collect(); // entries out of seq order
+    let s0_e: Vec<i32> = entries.iter().map(|&s| s0[s as usize]).collect();
+    let q_len: Vec<i32> = seqs.iter().map(|s| s.0 as i32).collect();
+    let ctx: Vec<i32> = seqs.iter().map(|s| s.1 as i32).collect();
+    let bufs = [
+        dev(&g, &scores),
+        dev(&g, &entries),
+        dev(&g, &s0_e),
+        dev(&g, &q_len),
+        dev(&g, &ctx),
+    ];
+    let probs = poisoned::<f32>(&g, total); // same bytes as the scores
+    let p = CausalSoftmaxParams {
+        scores: bufs[0].ptr(),
+        probs: probs.ptr(),
+        gemm_seq: bufs[1].ptr(),
+        gemm_s0: bufs[2].ptr(),
+        q_len: bufs[3].ptr(),
+        context_lens: bufs[4].ptr(),
+        num_gemm: entries.len() as i32,
+        num_heads: heads as i32,
+        scale,
+    };
+    let max_q = seqs.iter().map(|s| s.0).max().unwrap();
+    unsafe { kernels::causal_softmax(&g, &p, max_q).unwrap() };
+    let out: Vec<u16> = read(&g, &probs, 2 * total);
+    // In place over a copy of the scores: the same bits.
+    let inplace = dev(&g, &scores);
+    let p2 = CausalSoftmaxParams {
+        scores: inplace.ptr(),
+        probs: inplace.ptr(),
+        ..p
+    };
+    unsafe { kernels::causal_softmax(&g, &p2, max_q).unwrap() };
+    let out2: Vec<u16> = read(&g, &inplace, 2 * total);
+    for (s, &(q, c)) in seqs.iter().enumerate() {
+        let ld = scores_ld(c);
+        for h in 0..heads {
+            for i in 0..q {
+                let row = s0[s] as usize + (h * q + i) * ld;
+                let visible = c - q + i + 1;
+                let x: Vec<f64> = scores[row..row + visible]
+                    .iter()
+                    .map(|v| *v as f64 * scale as f64)
+                    .collect();
+                let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+                let mut want: Vec<f32> = x.iter().map(|v| ((v - m).exp() / z) as f32).collect();
+                want.resize(c, 0.0);
+                let bits = &out[2 * row..2 * row + c];
+                let got: Vec<f32> = bits.iter().map(|b| bf16::from_bits(*b).to_f32()).collect();
+                let what = format!("softmax seq {s} (q {q}, ctx {c}) head {h} row {i}");
+                assert_close(&what, &got, &want, 8e-3);
+                assert!(
+                    got[visible..].iter().all(|&v| v == 0.0),
+                    "{what}: masked keys not zero"
+                );
+                assert_eq!(
+                    bits,
+                    &out2[2 * row..2 * row + c],
+                    "{what}: in place differs"
+                );
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! `gpu-bench`: measurements of the CUDA executor on synthetic (random, GPU-generated) weights.
 //!
 //!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
+//!   gpu-bench prefill-attn              prefill attention, GEMM path vs flash kernel by length
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
@@ -21,8 +22,9 @@ use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm;
 use brook::executor::cuda::kernels::{
-    self, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
+    self, scores_ld, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
 };
+use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
 use brook::executor::cuda::synthetic::synthetic_config;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
@@ -46,6 +48,13 @@ struct Cli {
 enum Cmd {
     Attention,
     GemvSweep,
+    /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
+    /// batch 1, 8 and 32; then the length from which the flash kernel wins.
+    PrefillAttn {
+        /// Head shapes of these synthetic models (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [String::from("llama-2-7b"), String::from("llama-3-8b")])]
+        model: Vec<String>,
+    },
     Decode {
         #[arg(long, default_value = "llama-2-7b")]
         model: String,
@@ -83,6 +92,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Attention => attention(),
         Cmd::GemvSweep => gemv_sweep(),
+        Cmd::PrefillAttn { model } => prefill_attn(&model),
         Cmd::Decode {
             model,
             input_len,
@@ -292,6 +302,203 @@ fn attention() -> anyhow::Result<()> {
     }
     emit(json!({"figure": "prefill_attention", "heads": h, "head_dim": hd, "rows": prefill_rows}));
     Ok(())
+}
+
+/// Prefill attention of one layer at a model's head shape, `batch` prompts of `len` tokens (no
+/// cached prefix), on the GEMM path (gather + S GEMMs + causal softmax + P·V GEMMs, all it costs)
+/// and on the flash kernel, timed with CUDA events (median of many runs). Each point also
+/// checks that the two outputs agree.
+fn prefill_attn(models: &[String]) -> anyhow::Result<()> {
+    let gpu = Gpu::open(0)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    const LENS: [usize; 8] = [16, 32, 64, 128, 256, 512, 1024, 2048];
+    for model in models {
+        let cfg = synthetic_config(model)?;
+        let shape = PrefillShape {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            block_size: 16,
+        };
+        // Batch 32 too (up to 16k tokens a step), as the GEMM path's launches grow per sequence.
+        for batch in [1usize, 8, 32] {
+            let mut points = Vec::new();
+            for len in LENS.into_iter().filter(|l| batch * l <= 16384) {
+                let (gemm_us, flash_us, rel_err) =
+                    prefill_attn_point(&gpu, &shape, batch, len, &mut rng)?;
+                eprintln!(
+                    "prefill attention {model} batch {batch} q_len {len:>4}: gemm {gemm_us:8.1} us, flash {flash_us:8.1} us (outputs differ by {rel_err:.1e})"
+                );
+                anyhow::ensure!(
+                    rel_err < 2e-2,
+                    "GEMM path and flash kernel disagree: relative difference {rel_err:.3e}"
+                );
+                emit(json!({
+                    "figure": "prefill_attn_paths", "shape": model, "heads": shape.heads,
+                    "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "batch": batch,
+                    "q_len": len, "gemm_us": gemm_us, "flash_us": flash_us, "rel_diff": rel_err,
+                }));
+                points.push((len, gemm_us, flash_us));
+            }
+            // The smallest length from which flash wins at every longer length measured, and
+            // the limit that follows for `prefill_gemm_max_len`: the longest length up to which
+            // the GEMM path wins at every length (0: it loses already at the shortest).
+            let from = points
+                .iter()
+                .rev()
+                .take_while(|p| p.2 < p.1)
+                .last()
+                .map(|p| p.0);
+            let gemm_up_to = points
+                .iter()
+                .take_while(|p| p.1 < p.2)
+                .last()
+                .map_or(0, |p| p.0);
+            let gemm_wins_at: Vec<usize> =
+                points.iter().filter(|p| p.1 < p.2).map(|p| p.0).collect();
+            eprintln!(
+                "prefill attention {model} batch {batch}: flash wins from q_len {from:?}; GEMM path wins at {gemm_wins_at:?}; suggested prefill_gemm_max_len {gemm_up_to}"
+            );
+            emit(json!({
+                "figure": "prefill_attn_crossover", "shape": model, "batch": batch,
+                "flash_wins_from_q_len": from, "gemm_wins_at_q_len": gemm_wins_at,
+                "suggested_prefill_gemm_max_len": gemm_up_to,
+            }));
+        }
+    }
+    Ok(())
+}
+
+struct PrefillShape {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+/// (GEMM path µs, flash µs, relative difference of their outputs) for one point.
+fn prefill_attn_point(
+    gpu: &Gpu,
+    shape: &PrefillShape,
+    batch: usize,
+    len: usize,
+    rng: &mut ChaCha8Rng,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let (h, kvh, hd, bs) = (
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.block_size,
+    );
+    let t = batch * len;
+    let bps = len.div_ceil(bs);
+    let num_blocks = batch * bps;
+    let cache_elems = num_blocks * kvh * bs * hd;
+    let (k, v) = (gpu.alloc(cache_elems * 2)?, gpu.alloc(cache_elems * 2)?);
+    fill_random_bf16(gpu, &k, 31)?;
+    fill_random_bf16(gpu, &v, 32)?;
+    let q = gpu.alloc(t * h * hd * 2)?;
+    fill_random_bf16(gpu, &q, 33)?;
+    let (out_gemm, out_flash) = (gpu.alloc(t * h * hd * 2)?, gpu.alloc(t * h * hd * 2)?);
+    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+    perm.shuffle(rng);
+    let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+    let mut planner = GemmPlanner::new(usize::MAX, h, usize::MAX, usize::MAX);
+    let mut seqs: Vec<GemmSeq> = Vec::new();
+    for s in 0..batch {
+        for q0 in (0..len).step_by(PREFILL_TILE) {
+            tile_seq.push(s as i32);
+            tile_q0.push(q0 as i32);
+        }
+        seqs.push(
+            planner
+                .place(s, s * len, len, len)
+                .context("unbounded planner")?,
+        );
+    }
+    let last = seqs[batch - 1];
+    let keys = last.key0 + last.ctx;
+    let score_floats = last.s0 + h * len * scores_ld(len);
+    anyhow::ensure!(
+        score_floats <= i32::MAX as usize,
+        "scores offsets overflow i32"
+    );
+    let (k_buf, v_buf) = (gpu.alloc(keys * h * hd * 2)?, gpu.alloc(keys * h * hd * 2)?);
+    let scores = gpu.alloc(score_floats * 4)?;
+    let col = |f: fn(&GemmSeq) -> usize| -> Vec<i32> { seqs.iter().map(|s| f(s) as i32).collect() };
+    let b = [
+        upload(gpu, &tile_seq)?,
+        upload(gpu, &tile_q0)?,
+        upload(
+            gpu,
+            &(0..batch).map(|s| (s * len) as i32).collect::<Vec<_>>(),
+        )?,
+        upload(gpu, &vec![len as i32; batch])?,
+        upload(gpu, &perm)?,
+        upload(gpu, &col(|s| s.seq))?,
+        upload(gpu, &col(|s| s.key0))?,
+        upload(gpu, &col(|s| s.s0))?,
+    ];
+    let scale = 1.0 / (hd as f32).sqrt();
+    let flash = PrefillAttnParams {
+        q: q.ptr(),
+        k_cache: k.ptr(),
+        v_cache: v.ptr(),
+        tile_seq: b[0].ptr(),
+        tile_q0: b[1].ptr(),
+        q_start: b[2].ptr(),
+        q_len: b[3].ptr(),
+        context_lens: b[3].ptr(),
+        block_tables: b[4].ptr(),
+        out: out_flash.ptr(),
+        num_tiles: tile_seq.len() as i32,
+        num_heads: h as i32,
+        num_kv_heads: kvh as i32,
+        block_size: bs as i32,
+        max_blocks: bps as i32,
+        scale,
+    };
+    let gemm = GemmAttention {
+        q: q.ptr(),
+        out: out_gemm.ptr(),
+        k_cache: k.ptr(),
+        v_cache: v.ptr(),
+        q_lens: b[3].ptr(),
+        context_lens: b[3].ptr(),
+        block_tables: b[4].ptr(),
+        gemm_seq: b[5].ptr(),
+        gemm_key0: b[6].ptr(),
+        gemm_s0: b[7].ptr(),
+        k_buf: k_buf.ptr(),
+        v_buf: v_buf.ptr(),
+        scores: scores.ptr(),
+        seqs: &seqs,
+        num_heads: h,
+        num_kv_heads: kvh,
+        head_dim: hd,
+        block_size: bs,
+        max_blocks: bps,
+        scale,
+    };
+    let reps = if len <= 256 { 100 } else { 30 };
+    // SAFETY: every buffer above matches the shapes in the params.
+    let gemm_ms = time_ms(gpu, 5, reps, |_| unsafe { gemm_attention(gpu, &gemm) })?;
+    let flash_ms = time_ms(gpu, 5, reps, |_| unsafe {
+        kernels::prefill_attn(gpu, &flash, hd)
+    })?;
+    let mut a = vec![0u16; t * h * hd];
+    let mut f = vec![0u16; t * h * hd];
+    gpu.download(&mut a, out_gemm.ptr())?;
+    gpu.download(&mut f, out_flash.ptr())?;
+    let bf = |x: u16| f32::from_bits((x as u32) << 16) as f64;
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(&f) {
+        num += (bf(*x) - bf(*y)).powi(2);
+        den += bf(*y).powi(2);
+    }
+    // A NaN anywhere makes the difference NaN, which fails the caller's check.
+    let rel = (num / den.max(1e-30)).sqrt();
+    Ok((gemm_ms * 1e3, flash_ms * 1e3, rel))
 }
 
 fn backend(

@@ -6,9 +6,13 @@
 //!
 //! ```text
 //! embedding → per layer: add+RMSNorm → QKV GEMM → RoPE + KV write → decode attention (q_len 1)
-//!   and/or flash prefill attention (q_len > 1) → O GEMM → add+RMSNorm → gate|up GEMM → SiLU×up
+//!   and/or prefill attention (q_len > 1) → O GEMM → add+RMSNorm → gate|up GEMM → SiLU×up
 //!   → down GEMM; then add+RMSNorm at sampled rows only → lm_head GEMM (fp32 logits) → sampling
 //! ```
+//!
+//! Prefill attention takes two paths: sequences whose context is at most
+//! `prefill_gemm_max_len` keys go through cuBLAS (`prefill_gemm`), the rest through the flash
+//! kernel, whose tiles then cover only those. Both may serve one step.
 //!
 //! Steps that are pure decode are padded to a batch-size bucket and replayed from a CUDA graph
 //! captured on the bucket's first use: the metadata buffer's layout depends only on the bucket,
@@ -25,6 +29,7 @@ use cudarc::driver::CudaGraph;
 use super::device::{DevBuf, Gpu};
 use super::gemm::linear;
 use super::kernels::{self, *};
+use super::prefill_gemm::{self, GemmAttention, GemmPlanner, GemmScratch, GemmSeq};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
@@ -57,6 +62,11 @@ pub struct CudaBackendOptions {
     /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
     /// the kernel before them drains, streaming their weights early.
     pub pdl: bool,
+    /// Prefill sequences whose context (cached prefix + chunk) has at most this many tokens run
+    /// attention as cuBLAS GEMMs with a causal softmax kernel; longer ones on the flash kernel
+    /// (0: flash only). Its scratch is sized at start; a step's GEMM sequences that do not fit
+    /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
+    pub prefill_gemm_max_len: usize,
     pub progress: bool,
 }
 
@@ -74,6 +84,7 @@ impl Default for CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             fuse_decode: true,
             pdl: true,
+            prefill_gemm_max_len: 0,
             progress: true,
         }
     }
@@ -100,13 +111,26 @@ struct Layout {
     dec_seq: usize,
     tile_seq: usize,
     tile_q0: usize,
+    gemm_seq: usize,
+    gemm_key0: usize,
+    gemm_s0: usize,
     sample_rows: usize,
     block_tables: usize,
     total: usize,
 }
 
 impl Layout {
-    fn new(t: usize, s: usize, nd: usize, nt: usize, ns: usize, max_blocks: usize) -> Layout {
+    /// Sections for `t` tokens, `s` sequences, `nd` decode items, `nt` flash tiles, `ng` GEMM-path
+    /// sequences and `ns` sampled rows.
+    fn new(
+        t: usize,
+        s: usize,
+        nd: usize,
+        nt: usize,
+        ng: usize,
+        ns: usize,
+        max_blocks: usize,
+    ) -> Layout {
         let mut at = 0;
         let mut take = |n: usize| {
             let o = at;
@@ -124,6 +148,9 @@ impl Layout {
             dec_seq: take(nd),
             tile_seq: take(nt),
             tile_q0: take(nt),
+            gemm_seq: take(ng),
+            gemm_key0: take(ng),
+            gemm_s0: take(ng),
             sample_rows: take(ns),
             block_tables: take(s * max_blocks),
             total: 0,
@@ -142,6 +169,8 @@ struct Step {
     ns: usize,
     max_blocks: usize,
     splits: usize,
+    /// Prefill sequences on the GEMM path, with their scratch offsets.
+    gemm: Vec<GemmSeq>,
     layout: Layout,
     meta: Vec<u32>,
     args: Vec<SampleArgs>,
@@ -185,6 +214,12 @@ pub struct CudaBackend {
     max_blocks: usize,
     max_tokens: usize,
     max_seqs: usize,
+    /// GEMM prefill path: its context limit (at most the longest context), scratch and the
+    /// scratch's capacities (key rows, score floats); no scratch when off.
+    gemm_max_len: usize,
+    gemm_scratch: Option<GemmScratch>,
+    gemm_keys: usize,
+    gemm_scores: usize,
     /// Keyed by (batch bucket, decode splits): the split count is baked into the launches.
     graphs: HashMap<(usize, usize), DecodeGraph>,
     // Host scratch reused across steps.
@@ -258,7 +293,7 @@ impl CudaBackend {
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
         let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
         let meta_words = Layout::new(
-            max_tokens, max_seqs, max_seqs, max_tiles, max_seqs, max_blocks,
+            max_tokens, max_seqs, max_seqs, max_tiles, max_seqs, max_seqs, max_blocks,
         )
         .total;
         let (bf, f4) = (2usize, 4usize);
@@ -289,6 +324,13 @@ impl CudaBackend {
             .collect();
         let inv_freq = gpu.alloc(inv.len() * 4)?;
         gpu.upload(inv_freq.ptr(), &inv)?;
+        let gemm_max_len = opts.prefill_gemm_max_len.min(max_blocks * opts.block_size);
+        let (gemm_keys, gemm_scores) =
+            prefill_gemm::scratch_capacity(gemm_max_len, max_tokens, max_seqs, h);
+        let gemm_scratch = match gemm_keys {
+            0 => None,
+            _ => Some(GemmScratch::alloc(&gpu, gemm_keys, gemm_scores, h, hd)?),
+        };
         gpu.sync()?;
 
         // The KV pool takes what the utilisation target leaves after everything above.
@@ -311,13 +353,15 @@ impl CudaBackend {
         let kv = gpu.alloc(num_blocks * bytes_per_block)?;
         let kv_layer_bytes = num_blocks * bytes_per_block / (2 * cfg.num_hidden_layers);
         tracing::info!(
-            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB), CUDA graphs {}",
+            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
             gpu.name,
             weights.bytes() as f64 / (1u64 << 30) as f64,
             num_blocks,
             opts.block_size,
             kv.bytes() as f64 / (1u64 << 30) as f64,
-            if opts.cuda_graphs { "on" } else { "off" }
+            if opts.cuda_graphs { "on" } else { "off" },
+            gemm_max_len,
+            gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
         );
         Ok(CudaBackend {
             cfg,
@@ -331,6 +375,10 @@ impl CudaBackend {
             max_blocks,
             max_tokens,
             max_seqs,
+            gemm_max_len,
+            gemm_scratch,
+            gemm_keys,
+            gemm_scores,
             graphs: HashMap::new(),
             tokens_host: Vec::new(),
             logprobs_host: Vec::new(),
@@ -404,14 +452,32 @@ impl CudaBackend {
             self.max_blocks
         );
         let nd = batch.seqs.iter().filter(|q| q.query_len == 1).count() + (s - real_s);
-        let nt: usize = batch
-            .seqs
-            .iter()
-            .filter(|q| q.query_len > 1)
-            .map(|q| q.query_len.div_ceil(PREFILL_TILE))
-            .sum();
+        // Prefill sequences go to the GEMM path while they are short enough and its scratch
+        // lasts; the flash kernel's tiles cover the rest.
+        let mut gemm_plan = GemmPlanner::new(
+            self.gemm_max_len,
+            self.cfg.num_attention_heads,
+            self.gemm_keys,
+            self.gemm_scores,
+        );
+        let mut gemm = Vec::new();
+        let mut on_gemm = vec![false; real_s];
+        let mut nt = 0;
+        let mut row = 0;
+        for (i, q) in batch.seqs.iter().enumerate() {
+            if q.query_len > 1 {
+                match gemm_plan.place(i, row, q.query_len, q.context_len) {
+                    Some(g) => {
+                        gemm.push(g);
+                        on_gemm[i] = true;
+                    }
+                    None => nt += q.query_len.div_ceil(PREFILL_TILE),
+                }
+            }
+            row += q.query_len;
+        }
         let ns = batch.num_sampled() + (s - real_s);
-        let layout = Layout::new(t, s, nd, nt, ns, max_blocks);
+        let layout = Layout::new(t, s, nd, nt, gemm.len(), ns, max_blocks);
         let mut meta = vec![0u32; layout.total];
         let mut args = Vec::with_capacity(ns);
         let (mut dec, mut tile, mut samp) = (0, 0, 0);
@@ -431,7 +497,7 @@ impl CudaBackend {
                 meta[layout.dec_row + dec] = start as u32;
                 meta[layout.dec_seq + dec] = i as u32;
                 dec += 1;
-            } else {
+            } else if !on_gemm[i] {
                 for q0 in (0..q.query_len).step_by(PREFILL_TILE) {
                     meta[layout.tile_seq + tile] = i as u32;
                     meta[layout.tile_q0 + tile] = q0 as u32;
@@ -453,6 +519,11 @@ impl CudaBackend {
             }
             max_context = max_context.max(q.context_len);
             start += q.query_len;
+        }
+        for (k, g) in gemm.iter().enumerate() {
+            meta[layout.gemm_seq + k] = g.seq as u32;
+            meta[layout.gemm_key0 + k] = g.key0 as u32;
+            meta[layout.gemm_s0 + k] = g.s0 as u32;
         }
         // Padding: one dummy token per dummy sequence, at position 0 in block 0, never written.
         for i in real_s..s {
@@ -483,6 +554,7 @@ impl CudaBackend {
             ns,
             max_blocks,
             splits,
+            gemm,
             layout,
             meta,
             args,
@@ -620,6 +692,37 @@ impl CudaBackend {
                     scale,
                 };
                 kernels::prefill_attn(g, &p, hd)?;
+            }
+            if !step.gemm.is_empty() {
+                let scratch = self
+                    .gemm_scratch
+                    .as_ref()
+                    .context("GEMM prefill sequences planned without scratch")?;
+                prefill_gemm::gemm_attention(
+                    g,
+                    &GemmAttention {
+                        q: a.q.ptr(),
+                        out: a.attn.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        q_lens: m(lay.q_len),
+                        context_lens: m(lay.ctx),
+                        block_tables: m(lay.block_tables),
+                        gemm_seq: m(lay.gemm_seq),
+                        gemm_key0: m(lay.gemm_key0),
+                        gemm_s0: m(lay.gemm_s0),
+                        k_buf: scratch.k.ptr(),
+                        v_buf: scratch.v.ptr(),
+                        scores: scratch.scores.ptr(),
+                        seqs: &step.gemm,
+                        num_heads: h,
+                        num_kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: self.opts.block_size,
+                        max_blocks: step.max_blocks,
+                        scale,
+                    },
+                )?;
             }
             linear(
                 g,
@@ -848,12 +951,16 @@ mod tests {
 
     #[test]
     fn layout_sections_are_disjoint_and_depend_on_counts_only() {
-        let l = Layout::new(10, 3, 2, 1, 3, 5);
+        let l = Layout::new(10, 3, 2, 1, 2, 3, 5);
         assert_eq!(l.tokens, 0);
         assert_eq!(l.positions, 10);
         assert_eq!(l.ctx, 30);
-        assert_eq!(l.block_tables, 30 + 9 + 4 + 2 + 3);
+        assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
+        assert_eq!(l.block_tables, 30 + 9 + 4 + 2 + 6 + 3);
         assert_eq!(l.total, l.block_tables + 15);
-        assert_eq!(Layout::new(10, 3, 2, 1, 3, 5), l);
+        assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 5), l);
+        // No GEMM-path sequences: the layout a decode graph was captured with.
+        let d = Layout::new(4, 4, 4, 0, 0, 4, 7);
+        assert_eq!((d.gemm_seq, d.gemm_s0, d.sample_rows), (32, 32, 32));
     }
 }

@@ -25,6 +25,11 @@ pub const SOURCES: &[(&str, &str)] = &[
         "prefill_attn",
         include_str!("../../../kernels/prefill_attn.cu"),
     ),
+    ("kv_gather", include_str!("../../../kernels/kv_gather.cu")),
+    (
+        "causal_softmax",
+        include_str!("../../../kernels/causal_softmax.cu"),
+    ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),

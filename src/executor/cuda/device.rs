@@ -349,6 +349,8 @@ mod tests {
             "paged_decode_hd64_g1",
             "paged_decode_reduce",
             "prefill_attn_hd128",
+            "kv_gather",
+            "causal_softmax",
             "sample",
             "gemv_m1",
             "fill_uniform",

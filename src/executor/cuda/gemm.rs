@@ -74,3 +74,73 @@ pub unsafe fn linear(
     .result()
     .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))
 }
+
+/// One operand of `gemm_strided_batched`: device address, element type, leading dimension and
+/// the stride (in elements) from one batch entry to the next.
+#[derive(Debug, Clone, Copy)]
+pub struct Operand {
+    pub ptr: u64,
+    pub f32: bool,
+    pub ld: usize,
+    pub stride: usize,
+}
+
+/// `batch` independent products C_i = op(A_i) · op(B_i) in cuBLAS's column-major convention
+/// (C_i is m × n, op(A_i) m × k, op(B_i) k × n), fp32 accumulation; A and B are bf16, C bf16 or
+/// fp32. `trans_a` / `trans_b` select op = transpose.
+///
+/// # Safety
+/// Every operand addresses a buffer that holds its `batch` matrices at those strides on `gpu`.
+#[allow(clippy::too_many_arguments)] // the BLAS call's own shape
+pub unsafe fn gemm_strided_batched(
+    gpu: &Gpu,
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    batch: usize,
+) -> anyhow::Result<()> {
+    if m == 0 || n == 0 || batch == 0 {
+        return Ok(());
+    }
+    let op = |t: bool| match t {
+        true => cublasOperation_t::CUBLAS_OP_T,
+        false => cublasOperation_t::CUBLAS_OP_N,
+    };
+    let ty = |o: &Operand| match o.f32 {
+        true => cudaDataType::CUDA_R_32F,
+        false => cudaDataType::CUDA_R_16BF,
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    sys::cublasGemmStridedBatchedEx(
+        *gpu.blas.handle(),
+        op(trans_a),
+        op(trans_b),
+        m as i32,
+        n as i32,
+        k as i32,
+        &alpha as *const f32 as *const c_void,
+        a.ptr as *const c_void,
+        ty(&a),
+        a.ld as i32,
+        a.stride as i64,
+        b.ptr as *const c_void,
+        ty(&b),
+        b.ld as i32,
+        b.stride as i64,
+        &beta as *const f32 as *const c_void,
+        c.ptr as *mut c_void,
+        ty(&c),
+        c.ld as i32,
+        c.stride as i64,
+        batch as i32,
+        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    )
+    .result()
+    .with_context(|| format!("cublasGemmStridedBatchedEx m={m} n={n} k={k} batch={batch}"))
+}

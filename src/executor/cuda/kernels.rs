@@ -99,6 +99,51 @@ pub struct PrefillAttnParams {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct KvGatherParams {
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub gemm_seq: u64,
+    pub gemm_key0: u64,
+    pub context_lens: u64,
+    pub block_tables: u64,
+    pub k_out: u64,
+    pub v_out: u64,
+    pub num_gemm: i32,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub block_size: i32,
+    pub max_blocks: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CausalSoftmaxParams {
+    pub scores: u64,
+    /// May equal `scores` (in place).
+    pub probs: u64,
+    pub gemm_seq: u64,
+    pub gemm_s0: u64,
+    pub q_len: u64,
+    pub context_lens: u64,
+    pub num_gemm: i32,
+    pub num_heads: i32,
+    pub scale: f32,
+}
+
+/// Keys per CTA of `kv_gather` (`GATHER_KEYS` in kv_gather.cu).
+const GATHER_KEYS: usize = 32;
+/// Rows (one warp each) per CTA of `causal_softmax` (`SOFTMAX_ROWS` in causal_softmax.cu).
+const SOFTMAX_ROWS: usize = 4;
+
+/// Floats between rows of the GEMM path's scores for a context of `ctx` keys (`scores_ld` in
+/// causal_softmax.cu): a multiple of 8, so rows of S (fp32) and of P (bf16) start 16-byte aligned.
+pub fn scores_ld(ctx: usize) -> usize {
+    ctx.next_multiple_of(8)
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct GemvParams {
     pub x: u64,
     pub w: u64,
@@ -306,6 +351,57 @@ pub unsafe fn prefill_attn(
     )
 }
 
+/// `max_ctx`: the longest context among the entries (sizes the grid).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn kv_gather(gpu: &Gpu, p: &KvGatherParams, max_ctx: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.head_dim % 8 == 0 && p.num_heads % p.num_kv_heads == 0,
+        "kv_gather needs head_dim % 8 == 0 and whole GQA groups; got head_dim {}, {} / {} heads",
+        p.head_dim,
+        p.num_heads,
+        p.num_kv_heads
+    );
+    if p.num_gemm == 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        "kv_gather",
+        (
+            max_ctx.div_ceil(GATHER_KEYS) as u32,
+            p.num_kv_heads as u32,
+            p.num_gemm as u32,
+        ),
+        (128, 1, 1),
+        p,
+    )
+}
+
+/// `max_q_len`: the most queries among the entries (sizes the grid).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn causal_softmax(
+    gpu: &Gpu,
+    p: &CausalSoftmaxParams,
+    max_q_len: usize,
+) -> anyhow::Result<()> {
+    if p.num_gemm == 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        "causal_softmax",
+        (
+            max_q_len.div_ceil(SOFTMAX_ROWS) as u32,
+            p.num_heads as u32,
+            p.num_gemm as u32,
+        ),
+        (32 * SOFTMAX_ROWS as u32, 1, 1),
+        p,
+    )
+}
+
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
@@ -394,5 +490,17 @@ mod tests {
         assert_eq!(std::mem::size_of::<SampleArgs>(), 32);
         assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
+        assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
+        assert_eq!(
+            std::mem::size_of::<CausalSoftmaxParams>(),
+            6 * 8 + 3 * 4 + 4
+        );
+    }
+
+    #[test]
+    fn scores_rows_are_16_byte_aligned() {
+        for (ctx, ld) in [(1, 8), (8, 8), (9, 16), (255, 256)] {
+            assert_eq!(scores_ld(ctx), ld);
+        }
     }
 }

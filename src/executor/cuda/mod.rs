@@ -4,7 +4,9 @@
 //! - `device`: context, stream, cuBLAS handle, kernel loading, raw buffers, the GPU probe
 //! - `compile`: NVRTC with an on-disk PTX cache keyed by source hash and architecture
 //! - `kernels`: parameter structs mirrored from the .cu files, and their launches
-//! - `gemm`: bf16 linear layers with fp32 accumulation
+//! - `gemm`: bf16 linear layers with fp32 accumulation, strided-batched GEMMs
+//! - `prefill_gemm`: prefill attention for short contexts through cuBLAS (the flash kernel
+//!   takes the long ones)
 //! - `weights`: bf16 weights on the GPU (uploaded, or random for synthetic benchmarks)
 //! - `synthetic`: shapes of well-known models for benchmarks with random weights
 //! - `backend`: `CudaBackend`, the forward over a paged batch, CUDA graphs for decode
@@ -13,6 +15,7 @@ pub mod compile;
 pub mod device;
 pub mod gemm;
 pub mod kernels;
+pub mod prefill_gemm;
 pub mod synthetic;
 pub mod weights;
 
