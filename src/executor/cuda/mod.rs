@@ -6,14 +6,12 @@
 //! - `kernels`: parameter structs mirrored from the .cu files, and their launches
 //! - `gemm`: bf16 linear layers with fp32 accumulation
 //! - `weights`: bf16 weights on the GPU (uploaded, or random for synthetic benchmarks)
-//! - `synthetic`: shapes of well-known models for benchmarks with random weights
 //! - `backend`: `CudaBackend`, the forward over a paged batch, CUDA graphs for decode
 pub mod backend;
 pub mod compile;
 pub mod device;
 pub mod gemm;
 pub mod kernels;
-pub mod synthetic;
 pub mod weights;
 
 pub use backend::{CudaBackend, CudaBackendOptions};
