@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of the CUDA executor, in one device call.
 #
-#   scripts/gpu-check.sh build [DEST]   here: builds the GPU test binaries and gpu-bench (release),
-#                                       strips them into DEST (default .carry/cuda of the checkout
-#                                       the device tool sends) with this script and bench/peers/
+#   scripts/gpu-check.sh build [DEST]   here: builds the GPU test binaries, gpu-bench and brook
+#                                       (release), strips them into DEST (default .carry/cuda of the
+#                                       checkout the device tool sends) with this script and
+#                                       bench/peers/
 #   scripts/gpu-check.sh device [WHAT]  on the GPU machine, from DEST: kernel tests, CUDA-vs-CPU
-#                                       tests, brook's benchmarks and the transformers peers; logs
-#                                       and JSON figures go to $OUT (or ./gpu-check-out).
+#                                       tests, brook's benchmarks (gpu-bench, and brook bench
+#                                       --synthetic) and the transformers peers; logs and JSON
+#                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers
 #
 # Device call (the repo root there is the lead's checkout):
@@ -21,7 +23,7 @@ build)
     cd "$root" || exit 1
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
     set -e
-    cargo build --release --bin gpu-bench
+    cargo build --release --bin gpu-bench --bin brook
     mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --test cuda_ws --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -34,6 +36,7 @@ for l in sys.stdin:
         objcopy --strip-all "$exe" "$dest/$name"
     done
     objcopy --strip-all "$CARGO_TARGET_DIR/release/gpu-bench" "$dest/gpu-bench"
+    objcopy --strip-all "$CARGO_TARGET_DIR/release/brook" "$dest/brook"
     cp bench/peers/*.py "$dest/peers/"
     cp scripts/gpu-check.sh "$dest/"
     git rev-parse --short HEAD >"$dest/COMMIT"
@@ -60,6 +63,12 @@ device)
         echo "$name: rc $rc, $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
         [ $rc -eq 0 ] || status=1
     }
+    bench_json() { # args...: `brook bench --json`; its report (the last line) to brook-bench.jsonl
+        local text
+        text=$(./brook bench "$@" --json) || return $?
+        printf '%s\n' "$text"
+        printf '%s\n' "$text" | tail -n 1 >>"$out/brook-bench.jsonl"
+    }
     if [ "$what" = all ] || [ "$what" = tests ]; then
         step kernels ./cuda_kernels --test-threads=1
         step e2e ./cuda_e2e --test-threads=1 --nocapture
@@ -72,6 +81,13 @@ device)
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
         done
+        # The same synthetic Llama-2-7B through brook's actors (scheduler, KV manager, executor):
+        # the offline figure with gpu-bench offline's budget, and batch 1.
+        : >"$out/brook-bench.jsonl"
+        step "brook bench 512x128/128" bench_json --synthetic llama-2-7b --device cuda \
+            --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 8192
+        step "brook bench 1x128/256" bench_json --synthetic llama-2-7b --device cuda \
+            --num-prompts 1 --input-len 128 --output-len 256
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"
@@ -84,7 +100,7 @@ device)
     exit $status
     ;;
 *)
-    sed -n '2,16p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
     ;;
 esac

@@ -1,6 +1,12 @@
 //! Wiring: loads the model into a backend, starts the KV-block-manager, executor and scheduler
 //! actors, and gives sessions and the bench one handle to submit requests through.
+//!
+//! Two layers: [`EngineCore`] takes token ids and streams events whose deltas carry token counts
+//! (all a synthetic benchmark, which has no tokenizer, needs); [`EngineHandle`] adds the tokenizer
+//! and chat template and is what the server takes, so a server without a tokenizer cannot be
+//! built.
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +26,7 @@ use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::config::ModelConfig;
+use crate::model::synthetic::{synthetic_config, synthetic_host_weights};
 use crate::protocol::{GenerateFrame, PromptInput};
 use crate::request::{RequestId, StreamEvent};
 use crate::sampling::params::SamplingParams;
@@ -37,9 +44,12 @@ pub struct SessionLimits {
 
 #[derive(Debug, Clone)]
 pub struct EngineInfo {
-    pub model_dir: PathBuf,
     pub model_name: String,
+    /// Where the weights came from: the model folder, or "random weights (seed N)".
+    pub source: String,
     pub num_parameters: usize,
+    /// The model's vocabulary (a tokenizer's may be smaller).
+    pub vocab_size: usize,
     pub backend: BackendInfo,
     pub max_model_len: usize,
     pub max_num_seqs: usize,
@@ -53,7 +63,7 @@ impl EngineInfo {
             "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}",
             self.model_name,
             self.num_parameters as f64 / 1e6,
-            self.model_dir.display(),
+            self.source,
             b.device,
             b.num_kv_blocks,
             b.block_size,
@@ -73,16 +83,58 @@ pub struct PreparedRequest {
     pub params: SamplingParams,
 }
 
-/// Everything a session or the bench needs to talk to the engine. Cheap to share by Arc.
-pub struct EngineHandle {
+/// The engine at the token level: submit token ids, receive events. Without a tokenizer (a
+/// synthetic model) every delta has empty text and counts the step's tokens, and stop strings
+/// are refused.
+pub struct EngineCore {
     pub scheduler: Addr<SchedulerActor>,
     pub kv: Addr<KvActor>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub chat: Option<ChatTemplate>,
     pub metrics: Arc<Metrics>,
     pub info: EngineInfo,
     pub limits: SessionLimits,
     next_id: AtomicU64,
+}
+
+impl EngineCore {
+    /// Hands the request to the scheduler; every event for it arrives on the returned channel,
+    /// admission errors included.
+    pub fn submit(&self, req: PreparedRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
+        self.scheduler.do_send(Submit {
+            id,
+            prompt_token_ids: req.prompt_token_ids,
+            params: req.params,
+            tx,
+            arrival: Instant::now(),
+        });
+        (id, rx)
+    }
+
+    pub fn cancel(&self, id: RequestId) {
+        self.scheduler.do_send(Cancel { id });
+    }
+
+    /// Drops requests whose client went away: no events are sent for them.
+    pub fn abort(&self, ids: Vec<RequestId>) {
+        self.scheduler.do_send(Abort { ids });
+    }
+}
+
+/// Everything a session or the bench needs to talk to a served model: the core (submit, cancel,
+/// abort, metrics, info, reached through `Deref`) plus the text side. Cheap to share by Arc.
+pub struct EngineHandle {
+    core: EngineCore,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat: Option<ChatTemplate>,
+}
+
+impl Deref for EngineHandle {
+    type Target = EngineCore;
+
+    fn deref(&self) -> &EngineCore {
+        &self.core
+    }
 }
 
 impl EngineHandle {
@@ -125,30 +177,6 @@ impl EngineHandle {
             params,
         })
     }
-
-    /// Hands the request to the scheduler; every event for it arrives on the returned channel,
-    /// admission errors included.
-    pub fn submit(&self, req: PreparedRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
-        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
-        self.scheduler.do_send(Submit {
-            id,
-            prompt_token_ids: req.prompt_token_ids,
-            params: req.params,
-            tx,
-            arrival: Instant::now(),
-        });
-        (id, rx)
-    }
-
-    pub fn cancel(&self, id: RequestId) {
-        self.scheduler.do_send(Cancel { id });
-    }
-
-    /// Drops requests whose client went away: no events are sent for them.
-    pub fn abort(&self, ids: Vec<RequestId>) {
-        self.scheduler.do_send(Abort { ids });
-    }
 }
 
 /// The model folder `brook serve` uses when none is given: the bundled demo model.
@@ -162,7 +190,7 @@ pub fn default_model_dir() -> Option<PathBuf> {
     .find(|p| p.join("config.json").is_file())
 }
 
-/// Loads the model and starts the actors. Must run inside an actix `System`.
+/// Loads the model folder and starts the actors. Must run inside an actix `System`.
 pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Arc<EngineHandle>> {
     let model_cfg = ModelConfig::from_dir(model_dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(model_dir)?);
@@ -174,8 +202,82 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         )?),
         None => None,
     };
-    let backend = load_backend(cfg, model_dir, progress)?;
+    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
+        Device::Cuda => Box::new(CudaBackend::load(model_dir, cuda_options(cfg, progress))?),
+        Device::Cpu(_) => Box::new(CpuBackend::load(model_dir, cpu_options(cfg, progress))?),
+    };
+    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
+    for id in &model_cfg.eos_token_ids {
+        if !eos.contains(id) {
+            eos.push(*id);
+        }
+    }
+    let model = ModelSource {
+        name: model_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        source: model_dir.display().to_string(),
+        config: model_cfg,
+        eos_token_ids: eos,
+    };
+    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()));
+    Ok(Arc::new(EngineHandle {
+        core,
+        tokenizer,
+        chat,
+    }))
+}
+
+/// Starts the actors on random weights of the synthetic shape `name` (see
+/// `model::synthetic`), with no model folder and no tokenizer: requests are token ids. On the GPU
+/// the weights are generated there; on the CPU only the small shapes are allowed. Must run
+/// inside an actix `System`.
+pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
+    let model_cfg = synthetic_config(name)?;
+    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
+        Device::Cuda => Box::new(CudaBackend::synthetic(
+            model_cfg.clone(),
+            seed,
+            cuda_options(cfg, false),
+        )?),
+        Device::Cpu(why) => {
+            let weights = synthetic_host_weights(name, &model_cfg, seed)
+                .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
+            Box::new(CpuBackend::from_parts(
+                model_cfg.clone(),
+                weights,
+                &cpu_options(cfg, false),
+            )?)
+        }
+    };
+    let model = ModelSource {
+        name: name.to_owned(),
+        source: format!("random weights (seed {seed})"),
+        eos_token_ids: model_cfg.eos_token_ids.clone(),
+        config: model_cfg,
+    };
+    Ok(Arc::new(start_actors(cfg, model, backend, None)))
+}
+
+/// What the actors need to know about the model besides its backend.
+struct ModelSource {
+    name: String,
+    source: String,
+    config: ModelConfig,
+    eos_token_ids: Vec<u32>,
+}
+
+/// Starts the KV, executor and scheduler actors around a loaded backend. The scheduler
+/// detokenizes with `tokenizer` when there is one, else streams token counts only.
+fn start_actors(
+    cfg: &Config,
+    model: ModelSource,
+    backend: Box<dyn Backend>,
+    tokenizer: Option<Arc<Tokenizer>>,
+) -> EngineCore {
     let backend_info = backend.info();
+    let model_cfg = &model.config;
     let max_model_len = match cfg.scheduler.max_model_len {
         0 => model_cfg.max_position_embeddings,
         n => n.min(model_cfg.max_position_embeddings),
@@ -204,43 +306,33 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         max_model_len,
         ..cfg.scheduler.clone()
     });
-    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
-    for id in &model_cfg.eos_token_ids {
-        if !eos.contains(id) {
-            eos.push(*id);
-        }
-    }
     let scheduler = SchedulerActor::new(
         core,
         kv,
         executor,
-        tokenizer.clone(),
+        tokenizer,
         metrics.clone(),
         SchedulerLimits {
             max_prompt_tokens: max_model_len
                 .min(backend_info.num_kv_blocks * backend_info.block_size)
                 .saturating_sub(1),
-            eos_token_ids: eos.into(),
+            eos_token_ids: model.eos_token_ids.into(),
         },
     )
     .start();
     let info = EngineInfo {
-        model_dir: model_dir.to_path_buf(),
-        model_name: model_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        model_name: model.name,
+        source: model.source,
         num_parameters: model_cfg.num_parameters(),
+        vocab_size: model_cfg.vocab_size,
         backend: backend_info,
         max_model_len,
         max_num_seqs: cfg.scheduler.max_num_seqs,
         max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
     };
-    Ok(Arc::new(EngineHandle {
+    EngineCore {
         scheduler,
         kv: kv_addr,
-        tokenizer,
-        chat,
         metrics,
         info,
         limits: SessionLimits {
@@ -249,54 +341,56 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
             stream_buffer: cfg.server.stream_buffer,
         },
         next_id: AtomicU64::new(1),
-    }))
+    }
 }
 
-/// `--device auto` (the default) takes the GPU when the CUDA driver loads and reports one, else
-/// the CPU; `--device cuda` fails with the reason when it cannot.
-fn load_backend(
-    cfg: &Config,
-    model_dir: &Path,
-    progress: bool,
-) -> anyhow::Result<Box<dyn Backend>> {
-    let use_cuda = match cfg.model.device.as_str() {
+/// Where the backend runs; `Cpu` says why (for messages).
+enum Device {
+    Cuda,
+    Cpu(String),
+}
+
+/// `--device auto` (the default) takes the GPU when the CUDA driver loads, reports one and the
+/// kernels support the model, else the CPU; `--device cuda` fails with the reason when it cannot.
+fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
+    match cfg.model.device.as_str() {
         "cuda" => {
             cuda::probe()
                 .map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
-            true
+            Ok(Device::Cuda)
         }
         "auto" => match cuda::probe()
             .map_err(|e| format!("no CUDA device ({e})"))
-            .and_then(|()| {
-                let model = ModelConfig::from_dir(model_dir).map_err(|e| e.to_string())?;
-                cuda::backend::check_supported(&model).map_err(|e| e.to_string())
-            }) {
-            Ok(()) => true,
+            .and_then(|()| cuda::backend::check_supported(model).map_err(|e| e.to_string()))
+        {
+            Ok(()) => Ok(Device::Cuda),
             Err(why) => {
                 tracing::info!("{why}; running on the CPU");
-                false
+                Ok(Device::Cpu(format!("--device auto: {why}")))
             }
         },
-        _ => false,
-    };
-    if use_cuda {
-        let opts = CudaBackendOptions {
-            block_size: cfg.cache.block_size,
-            gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
-            max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
-            max_num_seqs: cfg.scheduler.max_num_seqs,
-            max_model_len: cfg.scheduler.max_model_len,
-            prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
-            progress,
-            ..Default::default()
-        };
-        return Ok(Box::new(CudaBackend::load(model_dir, opts)?));
+        _ => Ok(Device::Cpu("--device cpu".into())),
     }
-    let opts = CpuBackendOptions {
+}
+
+fn cuda_options(cfg: &Config, progress: bool) -> CudaBackendOptions {
+    CudaBackendOptions {
+        block_size: cfg.cache.block_size,
+        gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
+        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+        max_num_seqs: cfg.scheduler.max_num_seqs,
+        max_model_len: cfg.scheduler.max_model_len,
+        prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
+        progress,
+        ..Default::default()
+    }
+}
+
+fn cpu_options(cfg: &Config, progress: bool) -> CpuBackendOptions {
+    CpuBackendOptions {
         block_size: cfg.cache.block_size,
         kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
         num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
         progress,
-    };
-    Ok(Box::new(CpuBackend::load(model_dir, opts)?))
+    }
 }

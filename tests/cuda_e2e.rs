@@ -3,6 +3,9 @@
 //! near-ties of the reference logits; logits within 2e-2 relative error. Also decode through
 //! CUDA graphs (`execute`) against the same reference.
 //!
+//! Also: `CudaBackend::load` (the checkpoint streamed as bf16) uploads the same bits as the f32
+//! loader + `from_weights`.
+//!
 //! Models: small random-weight checkpoints (`write_test_model`), and `BROOK_E2E_MODEL` (e.g.
 //! models/demo-chat) when set. Without a GPU each test says so and returns; with
 //! `BROOK_REQUIRE_GPU=1` a missing GPU fails.
@@ -13,8 +16,9 @@ use std::sync::Arc;
 use brook::executor::backend::Backend;
 use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
+use brook::executor::cuda::device::DevBuf;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
-use brook::model::config::ModelConfig;
+use brook::model::config::{ModelConfig, WeightDType};
 use brook::model::loader::load_weights;
 use brook::model::testing::{write_test_model, TestModelSpec};
 use brook::request::RequestId;
@@ -436,4 +440,67 @@ fn cuda_matches_cpu_on_a_real_model() {
         tg.mismatches * 20 <= tg.compared,
         "graph decode differs from the CPU: {tg:?}"
     );
+}
+
+/// Every weight buffer of `b`, downloaded, in a fixed order.
+fn weight_bytes(b: &CudaBackend) -> Vec<Vec<u8>> {
+    let w = b.weights();
+    let mut bufs: Vec<&DevBuf> = vec![&w.embed, &w.norm];
+    for l in &w.layers {
+        bufs.extend([
+            &l.input_norm,
+            &l.qkv,
+            &l.o,
+            &l.post_norm,
+            &l.gate_up,
+            &l.down,
+        ]);
+    }
+    bufs.extend(&w.lm_head);
+    bufs.iter()
+        .map(|d| {
+            let mut host = vec![0u8; d.bytes()];
+            b.gpu().download(&mut host, d.ptr()).unwrap();
+            host
+        })
+        .collect()
+}
+
+#[test]
+fn streamed_bf16_load_uploads_the_same_bits_as_the_f32_path() {
+    if !have_gpu() {
+        return;
+    }
+    let base = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(4, 2)
+        .head_dim(64)
+        .intermediate_size(384)
+        .layers(2);
+    let specs = [
+        base.clone().dtype(WeightDType::F16).shards(2).seed(21),
+        base.clone().dtype(WeightDType::F32).seed(22),
+        base.clone().tied(true).seed(23),
+    ];
+    for spec in specs {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), &spec).unwrap();
+        let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+        let weights = load_weights(dir.path(), &cfg, false).unwrap();
+        let via_f32 = CudaBackend::from_weights(
+            cfg.clone(),
+            &weights,
+            cuda_opts(false, default_gemm_max_len()),
+        )
+        .unwrap();
+        let want = weight_bytes(&via_f32);
+        drop(via_f32);
+        let streamed =
+            CudaBackend::load(dir.path(), cuda_opts(false, default_gemm_max_len())).unwrap();
+        let got = weight_bytes(&streamed);
+        assert_eq!(got.len(), want.len(), "{spec:?}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g == w, "{spec:?}: weight buffer {i} differs");
+        }
+    }
 }

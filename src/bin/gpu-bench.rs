@@ -25,9 +25,9 @@ use brook::executor::cuda::kernels::{
     self, scores_ld, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
 };
 use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
-use brook::executor::cuda::synthetic::synthetic_config;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
+use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};

@@ -51,8 +51,8 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
 }
 
-const LM_HEAD: &str = "lm_head.weight";
-const EMBED: &str = "model.embed_tokens.weight";
+pub(crate) const LM_HEAD: &str = "lm_head.weight";
+pub(crate) const EMBED: &str = "model.embed_tokens.weight";
 
 /// Every tensor name and shape the model needs, `lm_head.weight` included when untied.
 pub fn expected_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
@@ -152,6 +152,28 @@ pub fn load_weights(
     config: &ModelConfig,
     progress: bool,
 ) -> Result<ModelWeights, ModelError> {
+    let mut tensors = HashMap::new();
+    for_each_tensor(dir, config, progress, |name, raw| {
+        let t = raw.to_dtype(DType::F32).map_err(|e| ModelError::Tensor {
+            name: name.to_owned(),
+            source: e,
+        })?;
+        tensors.insert(name.to_owned(), t);
+        Ok::<_, ModelError>(())
+    })?;
+    ModelWeights::from_tensors(config, tensors)
+}
+
+/// Reads every tensor the model needs from the checkpoint in `dir`, one shard in memory at a
+/// time, checks its shape and dtype (bf16, f16 or f32), and hands it to `f` as stored. Returns
+/// whether `lm_head` is tied to the embeddings: by the config, or because an untied config's
+/// checkpoint has none (with a warning). A missing tensor is an error after the last shard.
+pub(crate) fn for_each_tensor<E: From<ModelError>>(
+    dir: &Path,
+    config: &ModelConfig,
+    progress: bool,
+    mut f: impl FnMut(&str, Tensor) -> Result<(), E>,
+) -> Result<bool, E> {
     let checkpoint = Checkpoint::open(dir)?;
     let mut wanted: HashMap<String, Vec<usize>> = expected_tensors(config)
         .into_iter()
@@ -168,7 +190,6 @@ pub fn load_weights(
     } else {
         ProgressBar::hidden()
     };
-    let mut tensors = HashMap::with_capacity(wanted.len());
     for file in &checkpoint.files {
         let bytes = std::fs::read(file).map_err(|e| ModelError::Io {
             path: file.clone(),
@@ -189,7 +210,8 @@ pub fn load_weights(
                     name,
                     expected: shape,
                     actual: view.shape().to_vec(),
-                });
+                }
+                .into());
             }
             let raw = st
                 .load(&name, &Device::Cpu)
@@ -201,18 +223,16 @@ pub fn load_weights(
                 return Err(ModelError::unsupported(
                     format!("dtype of tensor {name}"),
                     format!("{:?}", raw.dtype()),
-                ));
+                )
+                .into());
             }
-            let t = raw.to_dtype(DType::F32).map_err(|e| ModelError::Tensor {
-                name: name.clone(),
-                source: e,
-            })?;
-            tensors.insert(name, t);
+            f(&name, raw)?;
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    if wanted.remove(LM_HEAD).is_some() {
+    let head_missing = wanted.remove(LM_HEAD).is_some();
+    if head_missing {
         tracing::warn!(
             "{} has no {LM_HEAD} and tie_word_embeddings is false; using the embeddings as lm_head",
             dir.display()
@@ -222,9 +242,10 @@ pub fn load_weights(
         return Err(ModelError::MissingTensor {
             name: name.clone(),
             path: checkpoint.location_of(name),
-        });
+        }
+        .into());
     }
-    ModelWeights::from_tensors(config, tensors)
+    Ok(config.tie_word_embeddings || head_missing)
 }
 
 impl ModelWeights {

@@ -1,11 +1,15 @@
 //! Model loading and the CPU forward: Hugging Face config and safetensors checkpoints of the
 //! Llama family (Llama, Mistral), the paged batched forward the CPU executor runs, the plain
-//! forward the tests compare it with, and a writer of small random-weight test checkpoints.
+//! forward the tests compare it with, the checkpoint streamed as bf16 into the CUDA executor's
+//! fused layout, a writer of small random-weight test checkpoints, and the shapes of synthetic
+//! (random-weight) benchmark models.
 
 pub mod config;
+pub mod fused;
 pub mod llama;
 pub mod loader;
 pub mod reference;
+pub mod synthetic;
 pub mod testing;
 
 use std::path::PathBuf;

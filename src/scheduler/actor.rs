@@ -5,6 +5,9 @@
 //! starts as soon as the previous one returns while there is work; with no work the actor sleeps
 //! until a `Submit` arrives (no polling). Each request's events go out over its own bounded
 //! channel; while it is full, text merges into the next delta, and a closed channel cancels.
+//!
+//! Without a tokenizer (synthetic models in `brook bench`) there is no text: each step's delta
+//! carries only its token count, and requests with stop strings are refused.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +21,7 @@ use crate::executor::actor::{ExecuteStep, ExecutorActor};
 use crate::executor::batch::StepOutput;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
-use crate::output::RequestOutput;
+use crate::output::{OutputUpdate, RequestOutput};
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
 use crate::sampling::params::SamplingParams;
 use crate::scheduler::{
@@ -62,7 +65,8 @@ pub struct Abort {
 /// Per-request state the actor keeps beside the core: the stream and its timing.
 struct Tracked {
     tx: mpsc::Sender<StreamEvent>,
-    output: RequestOutput,
+    /// Detokenizer and stop strings; `None` on an engine without a tokenizer.
+    output: Option<RequestOutput>,
     pending_text: String,
     pending_tokens: usize,
     prompt_tokens: usize,
@@ -73,11 +77,19 @@ struct Tracked {
     last_token_at: Option<Instant>,
 }
 
+impl Tracked {
+    /// Whether a delta is due: text to send, or, with no text to wait for, tokens to count.
+    fn has_pending(&self) -> bool {
+        !self.pending_text.is_empty() || (self.output.is_none() && self.pending_tokens > 0)
+    }
+}
+
 pub struct SchedulerActor {
     core: Scheduler,
     kv: KvHandle,
     executor: Addr<ExecutorActor>,
-    tokenizer: Arc<Tokenizer>,
+    /// `None`: token-level engine; deltas carry counts, not text.
+    tokenizer: Option<Arc<Tokenizer>>,
     metrics: Arc<Metrics>,
     limits: SchedulerLimits,
     requests: HashMap<RequestId, Tracked>,
@@ -91,7 +103,7 @@ impl SchedulerActor {
         core: Scheduler,
         kv: KvHandle,
         executor: Addr<ExecutorActor>,
-        tokenizer: Arc<Tokenizer>,
+        tokenizer: Option<Arc<Tokenizer>>,
         metrics: Arc<Metrics>,
         limits: SchedulerLimits,
     ) -> Self {
@@ -294,7 +306,10 @@ impl SchedulerActor {
                 t.completion_tokens += n;
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
-            let out = t.output.push_tokens(&self.tokenizer, &u.new_token_ids);
+            let out = match (&mut t.output, &self.tokenizer) {
+                (Some(output), Some(tok)) => output.push_tokens(tok, &u.new_token_ids),
+                _ => OutputUpdate::default(),
+            };
             t.pending_text.push_str(&out.text);
             t.pending_tokens += n;
             let finished = match (u.finished, out.stopped_by_string) {
@@ -309,8 +324,10 @@ impl SchedulerActor {
             match finished {
                 Some(reason) => {
                     let mut t = self.requests.remove(&u.id).expect("tracked above");
-                    if !out.stopped_by_string {
-                        let rest = t.output.finish(&self.tokenizer);
+                    if let (false, Some(output), Some(tok)) =
+                        (out.stopped_by_string, &mut t.output, &self.tokenizer)
+                    {
+                        let rest = output.finish(tok);
                         t.pending_text.push_str(&rest);
                     }
                     self.finish(t, reason, now);
@@ -348,7 +365,7 @@ impl SchedulerActor {
                 .observe((s - t.arrival).as_secs_f64());
         }
         let mut events = Vec::with_capacity(2);
-        if !t.pending_text.is_empty() {
+        if t.has_pending() {
             events.push(StreamEvent::Delta {
                 text: std::mem::take(&mut t.pending_text),
                 tokens: t.pending_tokens,
@@ -373,7 +390,7 @@ fn sync(counter: &prometheus::IntCounter, total: u64) {
 
 /// Sends the pending delta if the channel has room. Returns false when the channel is closed.
 fn flush(t: &mut Tracked) -> bool {
-    if t.pending_text.is_empty() {
+    if !t.has_pending() {
         return true;
     }
     let ev = StreamEvent::Delta {
@@ -383,7 +400,7 @@ fn flush(t: &mut Tracked) -> bool {
     match t.tx.try_send(ev) {
         Ok(()) => true,
         Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
-            // Slow reader: keep the text and merge it into the next delta.
+            // Slow reader: keep the text (and count) and merge it into the next delta.
             t.pending_text = text;
             t.pending_tokens = tokens;
             true
@@ -428,9 +445,22 @@ impl Handler<Submit> for SchedulerActor {
         if let Some(err) = self.admission_error(prompt_tokens) {
             return self.reject(&msg.tx, err);
         }
+        let output = match &self.tokenizer {
+            Some(tok) => Some(RequestOutput::new(
+                tok,
+                &msg.prompt_token_ids,
+                &msg.params.stop,
+            )),
+            None if !msg.params.stop.is_empty() => {
+                let err = EngineError::invalid(
+                    "stop strings need a tokenizer; this engine (a synthetic model) has none",
+                );
+                return self.reject(&msg.tx, err);
+            }
+            None => None,
+        };
         let params = Arc::new(msg.params);
         let seed = params.seed.unwrap_or_else(rand::random);
-        let output = RequestOutput::new(&self.tokenizer, &msg.prompt_token_ids, &params.stop);
         let admission = self.core.add_request(
             NewRequest {
                 id: msg.id,

@@ -556,11 +556,20 @@ impl Scheduler {
                     }
                     Lane::LongStream => wanted = wanted.min(long_left),
                 }
-                let min_tokens = if lane == Lane::FastLane {
-                    wanted
-                } else {
-                    wanted.min(self.cfg.merge.min_chunk_tokens.max(1))
-                };
+                // The fast lane admits a prompt whole, unless it exceeds the whole step budget
+                // (a small budget with a large short_below): then it is chunked like the rest.
+                let min_tokens =
+                    if lane == Lane::FastLane && wanted <= self.cfg.max_num_batched_tokens {
+                        wanted
+                    } else {
+                        // Never more than a whole step's budget, or nothing could ever fit.
+                        wanted.min(
+                            self.cfg
+                                .merge
+                                .min_chunk_tokens
+                                .clamp(1, self.cfg.max_num_batched_tokens.max(1)),
+                        )
+                    };
                 let kv_blocks_needed = if is_running {
                     0
                 } else {

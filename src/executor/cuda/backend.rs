@@ -34,7 +34,7 @@ use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::model::config::ModelConfig;
-use crate::model::loader::{load_weights, ModelWeights};
+use crate::model::loader::ModelWeights;
 
 #[derive(Debug, Clone)]
 pub struct CudaBackendOptions {
@@ -232,14 +232,12 @@ pub struct CudaBackend {
 const MAX_SPLITS: usize = 32;
 
 impl CudaBackend {
-    /// Loads the Hugging Face model folder `dir` (read as f32 on the host, uploaded as bf16).
+    /// Loads the Hugging Face model folder `dir`, streaming its tensors to the GPU as bf16.
     pub fn load(dir: &Path, opts: CudaBackendOptions) -> anyhow::Result<Self> {
         let cfg = ModelConfig::from_dir(dir)?;
         let gpu = Gpu::open(opts.device_ordinal)?;
         check_supported(&cfg)?;
-        let weights = load_weights(dir, &cfg, opts.progress)?;
-        let w = GpuWeights::upload(&gpu, &cfg, &weights, opts.progress)?;
-        drop(weights);
+        let w = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
         Self::new(gpu, cfg, w, opts)
     }
 
@@ -392,6 +390,10 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    pub fn weights(&self) -> &GpuWeights {
+        &self.weights
     }
 
     /// Runs the batch and returns the fp32 logits of each sampled sequence, in seq order

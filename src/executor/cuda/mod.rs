@@ -8,7 +8,6 @@
 //! - `prefill_gemm`: prefill attention for short contexts through cuBLAS (the flash kernel
 //!   takes the long ones)
 //! - `weights`: bf16 weights on the GPU (uploaded, or random for synthetic benchmarks)
-//! - `synthetic`: shapes of well-known models for benchmarks with random weights
 //! - `backend`: `CudaBackend`, the forward over a paged batch, CUDA graphs for decode
 pub mod backend;
 pub mod compile;
@@ -16,7 +15,6 @@ pub mod device;
 pub mod gemm;
 pub mod kernels;
 pub mod prefill_gemm;
-pub mod synthetic;
 pub mod weights;
 
 pub use backend::{CudaBackend, CudaBackendOptions};

@@ -1,6 +1,10 @@
-//! Model weights on the GPU in bf16: uploaded from a checkpoint, or generated on the GPU for
-//! synthetic benchmarks. q/k/v and gate/up are fused into one matrix each (rows appended in that
-//! order), so a layer runs 4 GEMMs instead of 7.
+//! Model weights on the GPU in bf16: streamed from a checkpoint tensor by tensor, uploaded from
+//! f32 weights in memory (tests), or generated on the GPU for synthetic benchmarks. q/k/v and
+//! gate/up are fused into one matrix each (rows appended in that order), so a layer runs 4 GEMMs
+//! instead of 7.
+
+use std::collections::HashMap;
+use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Tensor};
@@ -10,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::device::{DevBuf, Gpu};
 use super::kernels::{self, FillParams};
 use crate::model::config::ModelConfig;
+use crate::model::fused::{self, Fused};
 use crate::model::loader::ModelWeights;
 
 pub struct LayerWeights {
@@ -55,6 +60,55 @@ impl GpuWeights {
             + self.norm.bytes()
             + self.lm_head.as_ref().map_or(0, DevBuf::bytes)
             + self.layers.iter().map(layer).sum::<usize>()
+    }
+
+    /// Reads the checkpoint in `dir` as bf16 (f16 and f32 tensors converted one at a time) and
+    /// uploads each tensor straight into its rows of the fused matrices, so the host never holds
+    /// the model in f32, nor more than one shard's bytes and one tensor in bf16.
+    pub fn load(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        dir: &Path,
+        progress: bool,
+    ) -> anyhow::Result<GpuWeights> {
+        let untied = !cfg.tie_word_embeddings;
+        let bar = progress_bar(
+            progress,
+            param_bytes(cfg, untied) as u64,
+            "loading weights to the GPU (bf16)",
+        );
+        let mut bufs = HashMap::new();
+        for t in Fused::all(cfg, untied) {
+            bufs.insert(t, gpu.alloc(t.len(cfg) * 2)?);
+        }
+        let tied = fused::load_bf16(dir, cfg, false, |t, offset, values| {
+            let buf = bufs
+                .get(&t)
+                .with_context(|| format!("no buffer for {t:?}"))?;
+            gpu.upload(buf.at::<bf16>(offset), values)?;
+            bar.inc(values.len() as u64 * 2);
+            Ok(())
+        })?;
+        gpu.sync()?;
+        bar.finish_and_clear();
+        let mut take = |t: Fused| bufs.remove(&t).expect("every fused tensor is allocated");
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| LayerWeights {
+                input_norm: take(Fused::InputNorm(l)),
+                qkv: take(Fused::Qkv(l)),
+                o: take(Fused::O(l)),
+                post_norm: take(Fused::PostNorm(l)),
+                gate_up: take(Fused::GateUp(l)),
+                down: take(Fused::Down(l)),
+            })
+            .collect();
+        Ok(GpuWeights {
+            embed: take(Fused::Embed),
+            layers,
+            norm: take(Fused::Norm),
+            // An untied config whose checkpoint has no head: its buffer is dropped here.
+            lm_head: bufs.remove(&Fused::LmHead).filter(|_| !tied),
+        })
     }
 
     /// Uploads f32 checkpoint weights as bf16, with a progress bar over bytes when `progress`.

@@ -771,3 +771,22 @@ fn waiting_documents_are_promoted_ahead_of_the_fast_lane_at_their_deadline() {
     // Without promotion the stream of short requests keeps every slot.
     assert_eq!(steps_until_medium_runs(f64::INFINITY), None);
 }
+
+#[test]
+fn a_short_prompt_longer_than_the_step_budget_is_chunked() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 16,
+        classes: ClassConfig {
+            short_below: 64,
+            long_above: 128,
+            ..adaptive().classes
+        },
+        ..adaptive()
+    };
+    let mut e = Engine::new(cfg, 64);
+    e.add(request(1).prompt_len(40).max_tokens(4).ignore_eos());
+    let (out, _) = e.step();
+    assert_eq!(scheduled(&out), vec![(1, 16)]);
+    e.run_to_completion();
+    e.assert_matches_reference();
+}

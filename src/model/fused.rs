@@ -1,0 +1,293 @@
+//! The checkpoint in the CUDA executor's bf16 layout, streamed tensor by tensor: each tensor is
+//! converted to bf16 on its own (bf16 kept as is, f16 and f32 rounded to nearest even, exactly
+//! what candle's `to_dtype` does) and placed at its rows in a fused matrix: q|k|v into one `qkv`,
+//! gate|up into one `gate_up`. The whole model never exists in f32, nor in bf16 on the host.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::DType;
+use half::bf16;
+
+use crate::model::config::ModelConfig;
+use crate::model::loader::{for_each_tensor, EMBED, LM_HEAD};
+use crate::model::ModelError;
+
+/// A weight matrix or vector of the fused layout; per-layer ones carry the layer index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fused {
+    /// `[vocab, hidden]`
+    Embed,
+    /// `[hidden]`
+    InputNorm(usize),
+    /// `[(heads + 2 * kv_heads) * head_dim, hidden]`: q, k, v rows in that order.
+    Qkv(usize),
+    /// `[hidden, heads * head_dim]`
+    O(usize),
+    /// `[hidden]`
+    PostNorm(usize),
+    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
+    GateUp(usize),
+    /// `[hidden, intermediate]`
+    Down(usize),
+    /// `[hidden]`
+    Norm,
+    /// `[vocab, hidden]`; absent when tied to the embeddings.
+    LmHead,
+}
+
+impl Fused {
+    /// Elements of this tensor under `cfg`.
+    pub fn len(self, cfg: &ModelConfig) -> usize {
+        let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        match self {
+            Fused::Embed | Fused::LmHead => v * h,
+            Fused::InputNorm(_) | Fused::PostNorm(_) | Fused::Norm => h,
+            Fused::Qkv(_) => (cfg.q_dim() + 2 * cfg.kv_dim()) * h,
+            Fused::O(_) => h * cfg.q_dim(),
+            Fused::GateUp(_) => 2 * i * h,
+            Fused::Down(_) => h * i,
+        }
+    }
+
+    /// Every tensor of `cfg`'s layout, `LmHead` only when `untied_head`.
+    pub fn all(cfg: &ModelConfig, untied_head: bool) -> Vec<Fused> {
+        let mut out = vec![Fused::Embed];
+        for l in 0..cfg.num_hidden_layers {
+            out.extend([
+                Fused::InputNorm(l),
+                Fused::Qkv(l),
+                Fused::O(l),
+                Fused::PostNorm(l),
+                Fused::GateUp(l),
+                Fused::Down(l),
+            ]);
+        }
+        out.push(Fused::Norm);
+        if untied_head {
+            out.push(Fused::LmHead);
+        }
+        out
+    }
+}
+
+/// Where the checkpoint tensor `name` lands: its fused tensor and the element offset of its
+/// first row there. `None` for names outside the model (and for biases, which the layout has
+/// no room for).
+pub fn placement(cfg: &ModelConfig, name: &str) -> Option<(Fused, usize)> {
+    let h = cfg.hidden_size;
+    match name {
+        EMBED => return Some((Fused::Embed, 0)),
+        "model.norm.weight" => return Some((Fused::Norm, 0)),
+        LM_HEAD => return Some((Fused::LmHead, 0)),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let l: usize = layer.parse().ok()?;
+    if l >= cfg.num_hidden_layers {
+        return None;
+    }
+    Some(match part {
+        "input_layernorm.weight" => (Fused::InputNorm(l), 0),
+        "self_attn.q_proj.weight" => (Fused::Qkv(l), 0),
+        "self_attn.k_proj.weight" => (Fused::Qkv(l), cfg.q_dim() * h),
+        "self_attn.v_proj.weight" => (Fused::Qkv(l), (cfg.q_dim() + cfg.kv_dim()) * h),
+        "self_attn.o_proj.weight" => (Fused::O(l), 0),
+        "post_attention_layernorm.weight" => (Fused::PostNorm(l), 0),
+        "mlp.gate_proj.weight" => (Fused::GateUp(l), 0),
+        "mlp.up_proj.weight" => (Fused::GateUp(l), cfg.intermediate_size * h),
+        "mlp.down_proj.weight" => (Fused::Down(l), 0),
+        _ => return None,
+    })
+}
+
+/// Reads the checkpoint in `dir` one tensor at a time and hands each to `sink` as bf16 with its
+/// place: the fused tensor and the element offset of its first row, with the run checked to lie
+/// inside the fused tensor. Returns whether `lm_head` is tied to the embeddings (by the config,
+/// or because an untied checkpoint lacks it, as `load_weights` decides); then no `LmHead` comes.
+pub fn load_bf16(
+    dir: &Path,
+    cfg: &ModelConfig,
+    progress: bool,
+    mut sink: impl FnMut(Fused, usize, &[bf16]) -> anyhow::Result<()>,
+) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        !cfg.attention_bias && !cfg.mlp_bias,
+        "the fused bf16 layout has no room for attention or MLP biases"
+    );
+    for_each_tensor(dir, cfg, progress, |name, raw| {
+        let (fused, offset) = placement(cfg, name)
+            .with_context(|| format!("tensor {name} has no place in the fused layout"))?;
+        let values = raw
+            .to_dtype(DType::BF16)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<bf16>())
+            .map_err(|e| ModelError::Tensor {
+                name: name.to_owned(),
+                source: e,
+            })?;
+        anyhow::ensure!(
+            offset + values.len() <= fused.len(cfg),
+            "tensor {name} overruns {fused:?}"
+        );
+        sink(fused, offset, &values).with_context(|| format!("tensor {name}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::Tensor;
+
+    use super::*;
+    use crate::model::config::WeightDType;
+    use crate::model::loader::{load_weights, ModelWeights};
+    use crate::model::testing::{write_test_model, TestModelSpec};
+
+    /// The fused tensors `load_bf16` streams, assembled on the host; each element written once.
+    fn streamed(dir: &Path, cfg: &ModelConfig) -> (HashMap<Fused, Vec<bf16>>, bool) {
+        let mut out: HashMap<Fused, (Vec<bf16>, Vec<bool>)> = HashMap::new();
+        let tied = load_bf16(dir, cfg, false, |t, offset, values| {
+            let (buf, written) = out
+                .entry(t)
+                .or_insert_with(|| (vec![bf16::ZERO; t.len(cfg)], vec![false; t.len(cfg)]));
+            for (i, v) in values.iter().enumerate() {
+                assert!(!written[offset + i], "{t:?}[{}] written twice", offset + i);
+                written[offset + i] = true;
+                buf[offset + i] = *v;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let out = out
+            .into_iter()
+            .map(|(t, (buf, written))| {
+                assert!(written.iter().all(|&w| w), "{t:?} not fully written");
+                (t, buf)
+            })
+            .collect();
+        (out, tied)
+    }
+
+    /// What the f32 path uploads: each fused tensor as its parts' f32 values rounded to bf16,
+    /// rows appended in order.
+    fn via_f32(w: &ModelWeights, cfg: &ModelConfig) -> HashMap<Fused, Vec<bf16>> {
+        let bf = |parts: &[&Tensor]| -> Vec<bf16> {
+            parts
+                .iter()
+                .flat_map(|t| {
+                    t.to_dtype(DType::BF16)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<bf16>()
+                        .unwrap()
+                })
+                .collect()
+        };
+        let mut out = HashMap::new();
+        out.insert(Fused::Embed, bf(&[&w.embed_tokens]));
+        for (l, x) in w.layers.iter().enumerate() {
+            out.insert(Fused::InputNorm(l), bf(&[&x.input_layernorm]));
+            out.insert(
+                Fused::Qkv(l),
+                bf(&[x.q_proj.weight(), x.k_proj.weight(), x.v_proj.weight()]),
+            );
+            out.insert(Fused::O(l), bf(&[x.o_proj.weight()]));
+            out.insert(Fused::PostNorm(l), bf(&[&x.post_attention_layernorm]));
+            out.insert(
+                Fused::GateUp(l),
+                bf(&[x.gate_proj.weight(), x.up_proj.weight()]),
+            );
+            out.insert(Fused::Down(l), bf(&[x.down_proj.weight()]));
+        }
+        out.insert(Fused::Norm, bf(&[&w.norm]));
+        if !w.lm_head_tied {
+            out.insert(Fused::LmHead, bf(&[w.lm_head.weight()]));
+        }
+        assert_eq!(out.len(), Fused::all(cfg, !w.lm_head_tied).len());
+        out
+    }
+
+    /// Streams `dir` and checks it bit for bit against the f32 loader's tensors; returns `tied`.
+    fn check(dir: &Path) -> bool {
+        let cfg = ModelConfig::from_dir(dir).unwrap();
+        let (got, tied) = streamed(dir, &cfg);
+        let w = load_weights(dir, &cfg, false).unwrap();
+        assert_eq!(tied, w.lm_head_tied);
+        let want = via_f32(&w, &cfg);
+        let mut keys: Vec<_> = want.keys().copied().collect();
+        keys.sort();
+        let mut got_keys: Vec<_> = got.keys().copied().collect();
+        got_keys.sort();
+        assert_eq!(got_keys, keys);
+        for k in keys {
+            let (g, w) = (&got[&k], &want[&k]);
+            assert_eq!(g.len(), k.len(&cfg), "{k:?}");
+            let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(g) == bits(w), "{k:?} differs");
+            assert!(g.iter().any(|x| x.to_f32() != 0.0), "{k:?} is all zeros");
+        }
+        tied
+    }
+
+    fn written(spec: &TestModelSpec) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), spec).unwrap();
+        dir
+    }
+
+    #[test]
+    fn demo_model_streams_to_the_f32_paths_values() {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
+        assert!(check(&demo), "the demo model ties its embeddings");
+    }
+
+    #[test]
+    fn every_dtype_and_sharding_streams_to_the_f32_paths_values() {
+        for dtype in [WeightDType::BF16, WeightDType::F16, WeightDType::F32] {
+            let spec = TestModelSpec::default().dtype(dtype).seed(11);
+            assert!(!check(written(&spec).path()), "{dtype:?}");
+        }
+        let sharded = TestModelSpec::default().heads(4, 4).shards(3).seed(12);
+        assert!(!check(written(&sharded).path()));
+        assert!(check(written(&TestModelSpec::default().tied(true)).path()));
+    }
+
+    #[test]
+    fn untied_config_without_lm_head_streams_as_tied() {
+        let dir = written(&TestModelSpec::default().tied(true));
+        let path = dir.path().join("config.json");
+        let json = std::fs::read_to_string(&path).unwrap().replace(
+            "\"tie_word_embeddings\": true",
+            "\"tie_word_embeddings\": false",
+        );
+        std::fs::write(&path, json).unwrap();
+        let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+        assert!(!cfg.tie_word_embeddings);
+        let (got, tied) = streamed(dir.path(), &cfg);
+        assert!(tied && !got.contains_key(&Fused::LmHead));
+    }
+
+    #[test]
+    fn biases_and_sink_errors_are_reported() {
+        let dir = written(&TestModelSpec::default().attention_bias(true));
+        let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+        let err = load_bf16(dir.path(), &cfg, false, |_, _, _| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("biases"), "{err}");
+        let dir = written(&TestModelSpec::default());
+        let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+        let err = load_bf16(dir.path(), &cfg, false, |t, _, _| {
+            anyhow::ensure!(t != Fused::Down(1), "device full");
+            Ok(())
+        })
+        .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("down_proj") && msg.contains("device full"),
+            "{msg}"
+        );
+    }
+}

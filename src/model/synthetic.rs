@@ -1,0 +1,125 @@
+//! Model shapes for synthetic benchmarks (`brook bench --synthetic NAME`): the config.json of
+//! well-known checkpoints, so random weights of their shapes can be generated without downloading
+//! them (on the GPU by the CUDA executor), plus `tiny`, small enough to generate and run on the
+//! CPU so the whole synthetic path is testable without a GPU.
+
+use crate::model::config::ModelConfig;
+use crate::model::loader::ModelWeights;
+
+/// Names `synthetic_config` knows, smallest first.
+pub const SYNTHETIC_MODELS: &[&str] = &["tiny", "tinyllama-1.1b", "llama-2-7b", "llama-3-8b"];
+
+/// Shapes whose random weights are generated on the host and run on the CPU executor; the
+/// others are billions of parameters, which only make sense on a GPU.
+pub const CPU_SYNTHETIC_MODELS: &[&str] = &["tiny"];
+
+pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
+    // (hidden, intermediate, layers, heads, kv heads, vocab, max positions, rope theta)
+    let (h, i, l, heads, kv, vocab, max_pos, theta) = match name {
+        // GQA (2 query heads per kv head) at head_dim 64, which the CUDA kernels also support.
+        "tiny" => (256, 688, 4, 4, 2, 2048, 2048, 10000.0),
+        "tinyllama-1.1b" => (2048, 5632, 22, 32, 4, 32000, 2048, 10000.0),
+        "llama-2-7b" => (4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
+        "llama-3-8b" => (4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
+        other => anyhow::bail!(
+            "unknown synthetic model {other:?}; known: {}",
+            SYNTHETIC_MODELS.join(", ")
+        ),
+    };
+    let json = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": h,
+        "intermediate_size": i,
+        "num_hidden_layers": l,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_pos,
+        "rope_theta": theta,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    });
+    Ok(ModelConfig::from_json_str(&json.to_string())?)
+}
+
+/// Seeded random f32 weights of a CPU-sized synthetic shape, built on the host.
+pub fn synthetic_host_weights(
+    name: &str,
+    cfg: &ModelConfig,
+    seed: u64,
+) -> anyhow::Result<ModelWeights> {
+    anyhow::ensure!(
+        CPU_SYNTHETIC_MODELS.contains(&name),
+        "synthetic model {name} has {:.1}B parameters: it runs on a GPU only (--device cuda); \
+         on the CPU use one of: {}",
+        cfg.num_parameters() as f64 / 1e9,
+        CPU_SYNTHETIC_MODELS.join(", ")
+    );
+    let tensors = crate::model::testing::random_weights(cfg, seed)?;
+    Ok(ModelWeights::from_tensors(cfg, tensors)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_shapes_parse_with_their_parameter_counts() {
+        let c = synthetic_config("llama-2-7b").unwrap();
+        assert_eq!(c.head_dim, 128);
+        assert!(
+            (c.num_parameters() as f64 / 1e9 - 6.74).abs() < 0.01,
+            "{}",
+            c.num_parameters()
+        );
+        let t = synthetic_config("tinyllama-1.1b").unwrap();
+        assert_eq!(
+            (t.head_dim, t.num_attention_heads / t.num_key_value_heads),
+            (64, 8)
+        );
+        assert!((t.num_parameters() as f64 / 1e9 - 1.10).abs() < 0.01);
+        let l3 = synthetic_config("llama-3-8b").unwrap();
+        assert!((l3.num_parameters() as f64 / 1e9 - 8.03).abs() < 0.01);
+        let err = synthetic_config("gpt-2").unwrap_err().to_string();
+        assert!(SYNTHETIC_MODELS.iter().all(|n| err.contains(n)), "{err}");
+    }
+
+    #[test]
+    fn tiny_is_gqa_and_every_name_parses() {
+        for name in SYNTHETIC_MODELS {
+            synthetic_config(name).unwrap();
+        }
+        let c = synthetic_config("tiny").unwrap();
+        assert_eq!((c.head_dim, c.num_key_value_heads), (64, 2));
+        assert!(c.num_attention_heads > c.num_key_value_heads);
+        assert!(c.num_parameters() < 10_000_000, "{}", c.num_parameters());
+    }
+
+    #[test]
+    fn host_weights_are_seeded_and_refused_for_big_shapes() {
+        let cfg = synthetic_config("tiny").unwrap();
+        let values = |seed| {
+            let w = synthetic_host_weights("tiny", &cfg, seed).unwrap();
+            w.layers[1]
+                .k_proj
+                .weight()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        let a = values(5);
+        assert_eq!(a, values(5));
+        assert_ne!(a, values(6));
+        assert!(a.iter().any(|&x| x != 0.0));
+        let big = synthetic_config("llama-2-7b").unwrap();
+        let err = synthetic_host_weights("llama-2-7b", &big, 0)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("GPU") && err.contains("tiny"), "{err}");
+    }
+}
