@@ -19,6 +19,10 @@ def read(path, run):
 
 
 figs = read(f"{out_dir}/brook.jsonl", {"commit": commit, "date": date})
+# `brook bench --json` reports (no "figure" key): tagged here by their workload.
+for r in read(f"{out_dir}/brook-bench.jsonl", {"commit": commit, "date": date}):
+    r["figure"] = f"brook_bench_{r['num_prompts']}x{r['input_len']}x{r['output_len']}"
+    figs.append(r)
 figs += read(f"{peers_dir}/peers.jsonl", {"commit": peers_commit, "date": peers_date})
 
 
@@ -32,7 +36,7 @@ def find(figure, **kw):
 CMD = "cd .carry/cuda && ./gpu-check.sh device all   (built by scripts/gpu-check.sh build)"
 res = {"device": "NVIDIA H200 (nvidia-h200 lease)", "commit": commit, "date": date, "command": CMD, "figures": {}}
 F = res["figures"]
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True)
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=True, fused=False, pdl=True)
 if d:
     F["decode_b1_ms_per_token"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
 d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=False)
@@ -61,5 +65,21 @@ if a:
 p = find("prefill_attention")
 if p:
     F["prefill_attention"] = {"value": p["rows"], "command": "gpu-bench attention"}
+for name, figure in [("brook_bench_synthetic_512x128x128", "brook_bench_512x128x128"), ("brook_bench_synthetic_1x128x256", "brook_bench_1x128x256")]:
+    b = find(figure)
+    if b:
+        F[name] = {"value": b["output_tok_s"], "unit": "out tok/s", "command": f"brook bench --synthetic llama-2-7b --device cuda --num-prompts {b['num_prompts']} --input-len {b['input_len']} --output-len {b['output_len']} (gpu-check.sh)", "detail": b}
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, pdl=False)
+if d:
+    F["decode_b1_ms_per_token_no_pdl"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, fused=True, pdl=True)
+if d:
+    F["decode_b1_ms_per_token_fused"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+g = [f for f in figs if f.get("figure") == "gemv_b1"]
+if g:
+    F["gemv_b1"] = {"value": [{k: r[k] for k in ("layer", "variant", "us", "gbps")} for r in g], "command": "gpu-bench gemv-sweep"}
+x = [f for f in figs if f.get("figure") == "prefill_attn_crossover"]
+if x:
+    F["prefill_attn_crossover"] = {"value": x, "command": "gpu-bench prefill-attn"}
 json.dump(res, sys.stdout, indent=1)
 print()

@@ -57,7 +57,8 @@ pub struct CudaBackendOptions {
     /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
     pub gemv_max_rows: usize,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
-    /// the gate|up projection (two launches fewer per layer).
+    /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
+    /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
     pub fuse_decode: bool,
     /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
     /// the kernel before them drains, streaming their weights early.
@@ -82,7 +83,7 @@ impl Default for CudaBackendOptions {
             max_model_len: 0,
             cuda_graphs: true,
             gemv_max_rows: GEMV_MAX_M,
-            fuse_decode: true,
+            fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: 0,
             progress: true,
