@@ -521,6 +521,18 @@ fn prefill_attention_gqa_hd128_and_hd64() {
     check_prefill(32, 64, 8, 1, &[(65, 65), (17, 1000)]);
 }
 
+/// One head rotated by RoPE (rotate-half layout) at `pos`, in f64.
+fn rope_ref(x: &[f32], pos: u32, inv_freq: &[f32]) -> Vec<f32> {
+    let half = x.len() / 2;
+    let mut o = vec![0f32; x.len()];
+    for i in 0..half {
+        let (s, c) = (pos as f64 * inv_freq[i] as f64).sin_cos();
+        o[i] = (x[i] as f64 * c - x[i + half] as f64 * s) as f32;
+        o[i + half] = (x[i + half] as f64 * c + x[i] as f64 * s) as f32;
+    }
+    o
+}
+
 #[test]
 fn rope_kv_rotates_and_writes_the_cache() {
     let Some(g) = gpu() else { return };
@@ -587,17 +599,7 @@ fn rope_kv_rotates_and_writes_the_cache() {
             read_bf16(&g, &vc, n_cache),
         );
         let f = &qkv;
-        let half = head_dim / 2;
-        let rot = |x: &[f32], pos: u32| -> Vec<f32> {
-            let mut o = vec![0f32; head_dim];
-            for i in 0..half {
-                let a = pos as f64 * inv[i] as f64;
-                let (s, c) = a.sin_cos();
-                o[i] = (x[i] as f64 * c - x[i + half] as f64 * s) as f32;
-                o[i + half] = (x[i + half] as f64 * c + x[i] as f64 * s) as f32;
-            }
-            o
-        };
+        let rot = |x: &[f32], pos: u32| rope_ref(x, pos, &inv);
         let layout = Cache {
             k: vec![],
             v: vec![],
@@ -801,16 +803,7 @@ fn gemv_qkv_rope_projects_rotates_and_writes_the_cache() {
         .map(|f| f as f32)
         .collect();
         let ib = dev(&g, &inv);
-        let half = head_dim / 2;
-        let rot = |x: &[f32], pos: u32| -> Vec<f32> {
-            let mut o = vec![0f32; head_dim];
-            for i in 0..half {
-                let (s, c) = (pos as f64 * inv[i] as f64).sin_cos();
-                o[i] = (x[i] as f64 * c - x[i + half] as f64 * s) as f32;
-                o[i + half] = (x[i + half] as f64 * c + x[i] as f64 * s) as f32;
-            }
-            o
-        };
+        let rot = |x: &[f32], pos: u32| rope_ref(x, pos, &inv);
         let layout = Cache {
             k: vec![],
             v: vec![],
