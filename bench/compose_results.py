@@ -36,7 +36,7 @@ def find(figure, **kw):
 CMD = "cd .carry/cuda && ./gpu-check.sh device all   (built by scripts/gpu-check.sh build)"
 res = {"device": "NVIDIA H200 (nvidia-h200 lease)", "commit": commit, "date": date, "command": CMD, "figures": {}}
 F = res["figures"]
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=True, fused=False, pdl=True)
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=True, gemv_split=0, fused=False, pdl=True, skipped="")
 if d:
     F["decode_b1_ms_per_token"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
 d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=False)
@@ -69,15 +69,22 @@ for name, figure in [("brook_bench_synthetic_512x128x128", "brook_bench_512x128x
     b = find(figure)
     if b:
         F[name] = {"value": b["output_tok_s"], "unit": "out tok/s", "command": f"brook bench --synthetic llama-2-7b --device cuda --num-prompts {b['num_prompts']} --input-len {b['input_len']} --output-len {b['output_len']} (gpu-check.sh)", "detail": b}
+for split in (1, 2, 4):
+    d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv_split=split, fused=False, pdl=True)
+    if d:
+        F[f"decode_b1_ms_per_token_split{split}"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
 d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, pdl=False)
 if d:
     F["decode_b1_ms_per_token_no_pdl"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, fused=True, pdl=True)
+d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv_split=0, fused=True, pdl=True)
 if d:
     F["decode_b1_ms_per_token_fused"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
+sk = [f for f in figs if f.get("figure") == "decode_b1_ms_per_token" and f.get("skipped")]
+if sk:
+    F["decode_b1_ms_per_token_without"] = {"value": [{"skipped": f["skipped"], "median_ms": f["median_ms"]} for f in sk], "command": "gpu-bench decode --model llama-2-7b", "note": "the default with that kind of launch left out of every layer (output meaningless): what the kind costs in the step"}
 g = [f for f in figs if f.get("figure") == "gemv_b1"]
 if g:
-    F["gemv_b1"] = {"value": [{k: r[k] for k in ("layer", "variant", "us", "gbps")} for r in g], "command": "gpu-bench gemv-sweep"}
+    F["gemv_b1"] = {"value": [{k: r.get(k) for k in ("model", "layer", "variant", "auto", "us", "gbps")} for r in g], "command": "gpu-bench gemv-sweep"}
 x = [f for f in figs if f.get("figure") == "prefill_attn_crossover"]
 if x:
     F["prefill_attn_crossover"] = {"value": x, "command": "gpu-bench prefill-attn"}

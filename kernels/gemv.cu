@@ -1,10 +1,15 @@
-// Skinny GEMM for decode: y[m, n] = x[m, k] · w[n, k]ᵀ with m <= 4. Reading w is the whole cost,
-// so one warp streams rows of w with 16-byte loads (UNROLL in flight per lane) and dots them with
-// the m rows of x (small, served from L1/L2); fp32 accumulation, one warp reduction per row.
+// Skinny GEMM for decode: y[m, n] = x[m, k] · w[n, k]ᵀ with m <= 4. Reading w is the whole cost.
+// `split` warps share each output row (pair) — split-K inside the CTA: the row is cut into 512-byte
+// stretches (16 bytes a lane), warp `part` of the row takes every split-th one, keeps U 16-byte
+// loads per lane in flight and asks for the next U before it uses the current ones (double
+// buffering); the split partial dots then meet in shared memory. Splitting shortens each warp's
+// walk on long rows (down: 11008), whose tail one warp per row dragged out (gpu-bench gemv-sweep;
+// the host picks `split` from k, kernels::gemv_split).
+// fp32 accumulation; x (small) is served from L1/L2.
 //
 // Two fused variants save a launch and a round trip through memory per layer at batch <= 4:
 // `gemv_silu` (gate|up projection + SiLU × up) and `gemv_qkv_rope` (QKV projection + RoPE + the
-// paged K/V write). Each warp of those owns the R = 2 rows its epilogue needs together.
+// paged K/V write). Each warp group of those owns the R = 2 rows its epilogue needs together.
 struct GemvParams {
   const bf16* x;   // [m, k]   k % 8 == 0
   const bf16* w;   // [n, k]
@@ -13,47 +18,62 @@ struct GemvParams {
   int m;
   int n;
   int k;
+  int split;       // warps per output row: 1, 2, 4 or 8 (divides GEMV_WARPS)
 };
 
-// Warps per CTA and 16-byte loads in flight per lane (gpu-bench gemv-sweep measures others).
+// Warps per CTA, and 16-byte loads per lane per buffer (split over the R rows of the fused
+// variants); with double buffering twice that is in flight (gpu-bench gemv-sweep measures others).
 #ifndef GEMV_WARPS
 #define GEMV_WARPS 8
 #endif
 #ifndef GEMV_UNROLL
-#define GEMV_UNROLL 4
+#define GEMV_UNROLL 2
 #endif
 #define GEMV_THREADS (32 * GEMV_WARPS)
 
-// acc[r][m] = dot(w row rows[r], x row m), summed over the warp (every lane gets it).
+// The output row (pair) of this thread's warp group: CTA b covers GEMV_WARPS / split of them.
+__device__ __forceinline__ int gemv_group(int split) {
+  return blockIdx.x * (GEMV_WARPS / split) + (threadIdx.x >> 5) / split;
+}
+
+// acc[r][m] = dot(w row rows[r], x row m), summed over the `split` warps of the group. Returns
+// whether this thread holds the sums (lane 0 of the group's first warp): the one that writes.
+// Every thread of the CTA must call it (a barrier joins the split warps); `valid` false (a group
+// past the last row) loads nothing.
 template <int M, int R>
-__device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                         const int rows[R], int k, float acc[R][M]) {
-  const int lane = threadIdx.x & 31;
-  const int chunks = k / 8;  // 16-byte chunks per row
+__device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                         const int rows[R], bool valid, int k, int split,
+                                         float acc[R][M]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int part = warp % split;
+  const int chunks = valid ? k / 8 : 0;  // 16-byte chunks per row
+  const int stride = 32 * split;         // chunks between one lane's successive loads
+  constexpr int U = GEMV_UNROLL / R > 0 ? GEMV_UNROLL / R : 1;  // loads per row per buffer
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[r][m] = 0.f;
-  uint4 wv[R][GEMV_UNROLL];
-  auto load = [&](int c0) {
+  uint4 cur[R][U], nxt[R][U];
+  auto load = [&](uint4 (&buf)[R][U], int c0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
       const uint4* wr = (const uint4*)(w + (size_t)rows[r] * k);
 #pragma unroll
-      for (int u = 0; u < GEMV_UNROLL; u++) {
-        const int c = c0 + u * 32;
-        wv[r][u] = c < chunks ? wr[c] : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < U; u++) {
+        const int c = c0 + u * stride;
+        buf[r][u] = c < chunks ? wr[c] : make_uint4(0, 0, 0, 0);
       }
     }
   };
+  const int first = part * 32 + lane;
   // The first weights are in flight while the kernel that writes x finishes (PDL).
-  load(lane);
+  load(cur, first);
   pdl_wait();
-  for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-    if (c0 != lane) load(c0);
+  for (int c0 = first; c0 < chunks; c0 += stride * U) {
+    if (c0 + stride * U < chunks) load(nxt, c0 + stride * U);
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++) {
-      const int c = c0 + u * 32;
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + u * stride;
       if (c >= chunks) break;
 #pragma unroll
       for (int m = 0; m < M; m++) {
@@ -61,7 +81,7 @@ __device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16*
         const u32 xx[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
         for (int r = 0; r < R; r++) {
-          const u32 ww[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
+          const u32 ww[4] = {cur[r][u].x, cur[r][u].y, cur[r][u].z, cur[r][u].w};
 #pragma unroll
           for (int e = 0; e < 4; e++) {
             acc[r][m] += bf_lo(ww[e]) * bf_lo(xx[e]);
@@ -70,22 +90,43 @@ __device__ __forceinline__ void gemv_dot(const bf16* __restrict__ x, const bf16*
         }
       }
     }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int u = 0; u < U; u++) cur[r][u] = nxt[r][u];
   }
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[r][m] = warp_sum(acc[r][m]);
+  if (split > 1) {
+    __shared__ float red[GEMV_WARPS][R * M];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) red[warp][r * M + m] = acc[r][m];
+    }
+    __syncthreads();
+    if (part == 0 && lane == 0) {
+      for (int q = 1; q < split; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+          for (int m = 0; m < M; m++) acc[r][m] += red[warp + q][r * M + m];
+    }
+  }
+  return valid && part == 0 && lane == 0;
 }
 
 template <int M>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
   pdl_trigger();
-  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (row >= p.n) return;
-  const int rows[1] = {row};
+  const int row = gemv_group(p.split);
+  const bool valid = row < p.n;
+  const int rows[1] = {valid ? row : 0};
   float acc[1][M];
-  gemv_dot<M, 1>(p.x, p.w, rows, p.k, acc);
-  if ((threadIdx.x & 31) == 0) {
+  if (gemv_dot<M, 1>(p.x, p.w, rows, valid, p.k, p.split, acc)) {
 #pragma unroll
     for (int m = 0; m < M; m++) {
       if (p.y32) p.y32[(size_t)m * p.n + row] = acc[0][m];
@@ -94,7 +135,7 @@ __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
   }
 }
 
-// grid: ceil(n / GEMV_WARPS), block: 32 * GEMV_WARPS
+// grid: ceil(n / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m1(GemvParams p) { gemv_impl<1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
@@ -109,17 +150,17 @@ struct GemvSiluParams {
   int m;
   int inter;
   int k;
+  int split;      // warps per output (row pair), as GemvParams
 };
 
 template <int M>
 __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
   pdl_trigger();
-  const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (j >= p.inter) return;
-  const int rows[2] = {j, p.inter + j};
+  const int j = gemv_group(p.split);
+  const bool valid = j < p.inter;
+  const int rows[2] = {valid ? j : 0, valid ? p.inter + j : 0};
   float acc[2][M];
-  gemv_dot<M, 2>(p.x, p.w, rows, p.k, acc);
-  if ((threadIdx.x & 31) == 0) {
+  if (gemv_dot<M, 2>(p.x, p.w, rows, valid, p.k, p.split, acc)) {
 #pragma unroll
     for (int m = 0; m < M; m++) {
       const float g = acc[0][m];
@@ -128,7 +169,7 @@ __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
   }
 }
 
-// grid: ceil(inter / GEMV_WARPS), block: 32 * GEMV_WARPS
+// grid: ceil(inter / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m1(GemvSiluParams p) { gemv_silu_impl<1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m2(GemvSiluParams p) { gemv_silu_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m3(GemvSiluParams p) { gemv_silu_impl<3>(p); }
@@ -152,19 +193,19 @@ struct GemvQkvRopeParams {
   int num_kv_heads;
   int head_dim;
   int block_size;
+  int split;              // warps per row pair, as GemvParams
 };
 
 template <int M>
 __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
   pdl_trigger();
   const int half = p.head_dim / 2;
-  const int wid = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  const int wid = gemv_group(p.split);
   const int head = wid / half, i = wid % half;
-  if (head >= p.num_heads + 2 * p.num_kv_heads) return;
-  const int rows[2] = {head * p.head_dim + i, head * p.head_dim + i + half};
+  const bool valid = head < p.num_heads + 2 * p.num_kv_heads;
+  const int rows[2] = {valid ? head * p.head_dim + i : 0, valid ? head * p.head_dim + i + half : 0};
   float acc[2][M];
-  gemv_dot<M, 2>(p.x, p.w, rows, p.k, acc);
-  if ((threadIdx.x & 31) != 0) return;
+  if (!gemv_dot<M, 2>(p.x, p.w, rows, valid, p.k, p.split, acc)) return;
   const bool is_q = head < p.num_heads, is_v = head >= p.num_heads + p.num_kv_heads;
 #pragma unroll
   for (int m = 0; m < M; m++) {
@@ -192,7 +233,7 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
   }
 }
 
-// grid: ceil((num_heads + 2 * num_kv_heads) * head_dim / 2 / GEMV_WARPS), block: 32 * GEMV_WARPS
+// grid: ceil((num_heads + 2 * num_kv_heads) * head_dim / 2 / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m1(GemvQkvRopeParams p) { gemv_qkv_rope_impl<1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m2(GemvQkvRopeParams p) { gemv_qkv_rope_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m3(GemvQkvRopeParams p) { gemv_qkv_rope_impl<3>(p); }

@@ -133,62 +133,65 @@ fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 fn add_rmsnorm_updates_residual_and_normalises() {
     let Some(g) = gpu() else { return };
     let mut r = rng(2);
-    let (t, d, eps) = (23, 1000, 1e-5f32);
-    let residual = rand_f32(&mut r, t * d, 2.0);
-    let delta = rand_bf16(&mut r, t * d, 1.0);
-    let weight = rand_bf16(&mut r, d, 1.5);
-    let (res, de, w) = (dev(&g, &residual), dev(&g, &delta), dev(&g, &weight));
-    // All rows, with the residual add.
-    let out = poisoned::<bf16>(&g, t * d);
-    let p = AddRmsNormParams {
-        residual: res.ptr(),
-        delta: de.ptr(),
-        weight: w.ptr(),
-        rows: 0,
-        out: out.ptr(),
-        num_rows: t as i32,
-        d: d as i32,
-        eps,
-    };
-    unsafe { kernels::add_rmsnorm(&g, &p).unwrap() };
-    let new_res: Vec<f32> = read(&g, &res, t * d);
-    let want_res: Vec<f32> = residual
-        .iter()
-        .zip(&delta)
-        .map(|(a, b)| a + b.to_f32())
-        .collect();
-    assert_eq!(new_res, want_res);
-    let wf = to_f32(&weight);
-    let want: Vec<f32> = (0..t)
-        .flat_map(|i| rmsnorm_ref(&want_res[i * d..(i + 1) * d], &wf, eps))
-        .collect();
-    assert_close("add_rmsnorm", &read_bf16(&g, &out, t * d), &want, 8e-3);
-    // A subset of rows (the final norm at sampled positions), no add.
-    let rows: Vec<i32> = vec![22, 0, 7];
-    let (rb, out2) = (dev(&g, &rows), poisoned::<bf16>(&g, rows.len() * d));
-    let p2 = AddRmsNormParams {
-        delta: 0,
-        rows: rb.ptr(),
-        out: out2.ptr(),
-        num_rows: rows.len() as i32,
-        ..p
-    };
-    unsafe { kernels::add_rmsnorm(&g, &p2).unwrap() };
-    let want2: Vec<f32> = rows
-        .iter()
-        .flat_map(|&i| rmsnorm_ref(&want_res[i as usize * d..(i as usize + 1) * d], &wf, eps))
-        .collect();
-    assert_close(
-        "rmsnorm rows",
-        &read_bf16(&g, &out2, rows.len() * d),
-        &want2,
-        8e-3,
-    );
-    assert_eq!(
-        read::<f32>(&g, &res, t * d),
-        want_res,
-        "no delta: residual unchanged"
-    );
+    // Every chunk count up to the largest hidden size; 1000 leaves threads without a chunk.
+    for (t, d) in [(23usize, 1000usize), (3, 8192), (2, 384)] {
+        let eps = 1e-5f32;
+        let residual = rand_f32(&mut r, t * d, 2.0);
+        let delta = rand_bf16(&mut r, t * d, 1.0);
+        let weight = rand_bf16(&mut r, d, 1.5);
+        let (res, de, w) = (dev(&g, &residual), dev(&g, &delta), dev(&g, &weight));
+        // All rows, with the residual add.
+        let out = poisoned::<bf16>(&g, t * d);
+        let p = AddRmsNormParams {
+            residual: res.ptr(),
+            delta: de.ptr(),
+            weight: w.ptr(),
+            rows: 0,
+            out: out.ptr(),
+            num_rows: t as i32,
+            d: d as i32,
+            eps,
+        };
+        unsafe { kernels::add_rmsnorm(&g, &p).unwrap() };
+        let new_res: Vec<f32> = read(&g, &res, t * d);
+        let want_res: Vec<f32> = residual
+            .iter()
+            .zip(&delta)
+            .map(|(a, b)| a + b.to_f32())
+            .collect();
+        assert_eq!(new_res, want_res);
+        let wf = to_f32(&weight);
+        let want: Vec<f32> = (0..t)
+            .flat_map(|i| rmsnorm_ref(&want_res[i * d..(i + 1) * d], &wf, eps))
+            .collect();
+        assert_close("add_rmsnorm", &read_bf16(&g, &out, t * d), &want, 8e-3);
+        // A subset of rows (the final norm at sampled positions), no add.
+        let rows: Vec<i32> = vec![t as i32 - 1, 0, t as i32 / 2];
+        let (rb, out2) = (dev(&g, &rows), poisoned::<bf16>(&g, rows.len() * d));
+        let p2 = AddRmsNormParams {
+            delta: 0,
+            rows: rb.ptr(),
+            out: out2.ptr(),
+            num_rows: rows.len() as i32,
+            ..p
+        };
+        unsafe { kernels::add_rmsnorm(&g, &p2).unwrap() };
+        let want2: Vec<f32> = rows
+            .iter()
+            .flat_map(|&i| rmsnorm_ref(&want_res[i as usize * d..(i as usize + 1) * d], &wf, eps))
+            .collect();
+        assert_close(
+            "rmsnorm rows",
+            &read_bf16(&g, &out2, rows.len() * d),
+            &want2,
+            8e-3,
+        );
+        assert_eq!(
+            read::<f32>(&g, &res, t * d),
+            want_res,
+            "no delta: residual unchanged"
+        );
+    }
 }
 
 #[test]
@@ -696,42 +699,49 @@ fn gemv_matches_reference_for_each_row_count() {
             })
             .collect();
         let xb = dev(&g, &x);
-        let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
-        let p = GemvParams {
-            x: xb.ptr(),
-            w: wb.ptr(),
-            y: y16.ptr(),
-            y32: 0,
-            m: m as i32,
-            n: n as i32,
-            k: k as i32,
-        };
-        unsafe {
-            kernels::gemv(&g, &p).unwrap();
-            kernels::gemv(
-                &g,
-                &GemvParams {
-                    y: 0,
-                    y32: y32.ptr(),
-                    ..p
-                },
-            )
-            .unwrap();
+        // Every split: 1003 rows leave the last CTA part empty, 167 chunks per row leave lanes idle.
+        for split in [1, 2, 4, 8] {
+            let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
+            let p = GemvParams {
+                x: xb.ptr(),
+                w: wb.ptr(),
+                y: y16.ptr(),
+                y32: 0,
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                split,
+            };
+            unsafe {
+                kernels::gemv(&g, &p).unwrap();
+                kernels::gemv(
+                    &g,
+                    &GemvParams {
+                        y: 0,
+                        y32: y32.ptr(),
+                        ..p
+                    },
+                )
+                .unwrap();
+            }
+            assert_close(
+                &format!("gemv m={m} split {split} bf16"),
+                &read_bf16(&g, &y16, m * n),
+                &want,
+                8e-3,
+            );
+            assert_close(
+                &format!("gemv m={m} split {split} f32"),
+                &read::<f32>(&g, &y32, m * n),
+                &want,
+                1e-5,
+            );
         }
-        assert_close(
-            &format!("gemv m={m} bf16"),
-            &read_bf16(&g, &y16, m * n),
-            &want,
-            8e-3,
-        );
-        assert_close(
-            &format!("gemv m={m} f32"),
-            &read::<f32>(&g, &y32, m * n),
-            &want,
-            1e-5,
-        );
     }
 }
+
+/// Warps per row for the fused gemv tests' row counts 1..=4: each split once.
+const SPLITS: [i32; GEMV_MAX_M] = [8, 1, 4, 2];
 
 /// y[m, n] = x[m, k] · w[n, k]ᵀ in f64.
 fn matmul_ref(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -774,10 +784,11 @@ fn gemv_silu_matches_reference_for_each_row_count() {
             m: m as i32,
             inter: inter as i32,
             k: k as i32,
+            split: SPLITS[m - 1],
         };
         unsafe { kernels::gemv_silu(&g, &p).unwrap() };
         assert_close(
-            &format!("gemv_silu m={m}"),
+            &format!("gemv_silu m={m} split {}", p.split),
             &read_bf16(&g, &out, m * inter),
             &want,
             8e-3,
@@ -843,6 +854,7 @@ fn gemv_qkv_rope_projects_rotates_and_writes_the_cache() {
                 num_kv_heads: kv_heads as i32,
                 head_dim: head_dim as i32,
                 block_size: bs as i32,
+                split: SPLITS[m - 1],
             };
             unsafe { kernels::gemv_qkv_rope(&g, &p).unwrap() };
             let (q_got, k_got, v_got) = (

@@ -5,8 +5,8 @@
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
-//!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on Llama-2-7B's layers: brook's gemv for
-//!                                       several (warps, loads in flight) builds, and cuBLAS
+//!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
+//!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
 //! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
 //! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
@@ -22,10 +22,10 @@ use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm;
 use brook::executor::cuda::kernels::{
-    self, scores_ld, PagedDecodeParams, PrefillAttnParams, GEMV_MAX_M, PREFILL_TILE,
+    self, scores_ld, PagedDecodeParams, PrefillAttnParams, PREFILL_TILE,
 };
 use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
@@ -62,6 +62,9 @@ enum Cmd {
         input_len: usize,
         #[arg(long, default_value_t = 256)]
         output_len: usize,
+        /// brook's defaults only (no variants): for a profiler run.
+        #[arg(long)]
+        quick: bool,
     },
     Ttft {
         #[arg(long, default_value = "llama-2-7b")]
@@ -97,7 +100,8 @@ fn main() -> anyhow::Result<()> {
             model,
             input_len,
             output_len,
-        } => decode(&model, input_len, output_len),
+            quick,
+        } => decode(&model, input_len, output_len, quick),
         Cmd::Ttft { model, input_len } => ttft(&model, input_len),
         Cmd::Offline {
             model,
@@ -501,31 +505,18 @@ fn prefill_attn_point(
     Ok((gemm_ms * 1e3, flash_ms * 1e3, rel))
 }
 
-fn backend(
-    model: &str,
-    max_num_seqs: usize,
-    max_num_batched_tokens: usize,
-    cuda_graphs: bool,
-    gemv_max_rows: usize,
-    fuse_decode: bool,
-    pdl: bool,
-) -> anyhow::Result<CudaBackend> {
+/// brook's defaults with the progress bar off; each bench overrides what it measures.
+fn bench_options() -> CudaBackendOptions {
+    CudaBackendOptions {
+        progress: false,
+        ..Default::default()
+    }
+}
+
+fn backend(model: &str, opts: CudaBackendOptions) -> anyhow::Result<CudaBackend> {
     let cfg = synthetic_config(model)?;
     let started = Instant::now();
-    let b = CudaBackend::synthetic(
-        cfg,
-        0,
-        CudaBackendOptions {
-            max_num_seqs,
-            max_num_batched_tokens,
-            cuda_graphs,
-            gemv_max_rows,
-            fuse_decode,
-            pdl,
-            progress: false,
-            ..Default::default()
-        },
-    )?;
+    let b = CudaBackend::synthetic(cfg, 0, opts)?;
     eprintln!(
         "{model}: synthetic weights and KV pool ready in {:.1} s; {:?}",
         started.elapsed().as_secs_f64(),
@@ -582,42 +573,103 @@ fn one_seq_batch(
     }
 }
 
-/// Batch-1 greedy decode after a prompt: median step time over the run, with and without graphs.
-fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()> {
-    // (CUDA graphs, rows on the gemv kernel, fused gemv epilogues, PDL): the default, then one
-    // changed at a time.
-    for (graphs, gemv, fuse, pdl) in [
-        (true, GEMV_MAX_M, false, true),
-        (true, GEMV_MAX_M, true, true),
-        (true, GEMV_MAX_M, true, false),
-        (true, 0, false, true),
-        (false, GEMV_MAX_M, true, true),
-    ] {
-        let mut b = backend(model, 8, input_len.max(256), graphs, gemv, fuse, pdl)?;
+/// Batch-1 greedy decode after a prompt: median step time over the run, for brook's defaults and
+/// then one setting changed at a time.
+fn decode(model: &str, input_len: usize, output_len: usize, quick: bool) -> anyhow::Result<()> {
+    let base = CudaBackendOptions {
+        max_num_seqs: 8,
+        max_num_batched_tokens: input_len.max(256),
+        ..bench_options()
+    };
+    let variants = [
+        base.clone(),
+        CudaBackendOptions {
+            gemv_split: 1,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_split: 2,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_split: 4,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            fuse_decode: true,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            pdl: false,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_max_rows: 0,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            cuda_graphs: false,
+            ..base.clone()
+        },
+    ];
+    // What each kind of launch costs inside the step: the default with that kind left out.
+    let skips = [
+        ("norms", skip::NORMS),
+        ("rope", skip::ROPE),
+        ("attention", skip::ATTENTION),
+        ("silu", skip::SILU),
+        (
+            "all but linear",
+            skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
+        ),
+        ("linear", skip::LINEAR),
+    ];
+    let variants = variants
+        .into_iter()
+        .map(|o| (o, ""))
+        .chain(skips.into_iter().map(|(name, bits)| {
+            (
+                CudaBackendOptions {
+                    skip: bits,
+                    ..base.clone()
+                },
+                name,
+            )
+        }));
+    let count = if quick { 1 } else { usize::MAX };
+    for (opts, skipped) in variants.take(count) {
+        let (graphs, gemv, fuse, pdl, split) = (
+            opts.cuda_graphs,
+            opts.gemv_max_rows > 0,
+            opts.fuse_decode,
+            opts.pdl,
+            opts.gemv_split,
+        );
+        let mut b = backend(model, opts)?;
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
         let mut tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
         let blocks: Vec<u32> = (0..(input_len + output_len + 1).div_ceil(bs) as u32).collect();
         let out = b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
-        tokens.push(out.sampled[0].token);
+        // A step with launches skipped samples from garbage: keep its token in the vocabulary.
+        tokens.push(out.sampled[0].token.min(vocab - 1));
         let mut steps = Vec::with_capacity(output_len);
         for i in 1..output_len {
             let pos = tokens.len() - 1;
             let t0 = Instant::now();
             let out = b.execute(&one_seq_batch(&tokens, pos, 1, &blocks, bs, Some(i)))?;
             steps.push(t0.elapsed().as_secs_f64() * 1e3);
-            tokens.push(out.sampled[0].token);
+            tokens.push(out.sampled[0].token.min(vocab - 1));
         }
         let warm = steps[8..].to_vec();
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, graphs {graphs}, gemv {}, fused {fuse}, pdl {pdl}: median {med:.3} ms/token, mean {mean:.3}",
-            gemv > 0
+            "{model} decode batch 1, graphs {graphs}, gemv {gemv}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv > 0, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())
@@ -625,7 +677,14 @@ fn decode(model: &str, input_len: usize, output_len: usize) -> anyhow::Result<()
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
 fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
-    let mut b = backend(model, 8, input_len, true, GEMV_MAX_M, true, true)?;
+    let mut b = backend(
+        model,
+        CudaBackendOptions {
+            max_num_seqs: 8,
+            max_num_batched_tokens: input_len,
+            ..bench_options()
+        },
+    )?;
     let bs = b.info().block_size;
     let vocab = b.config().vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -656,12 +715,12 @@ fn offline(
 ) -> anyhow::Result<()> {
     let mut b = backend(
         model,
-        max_num_seqs,
-        max_num_batched_tokens,
-        graphs,
-        GEMV_MAX_M,
-        true,
-        true,
+        CudaBackendOptions {
+            max_num_seqs,
+            max_num_batched_tokens,
+            cuda_graphs: graphs,
+            ..bench_options()
+        },
     )?;
     let info = b.info();
     let vocab = b.config().vocab_size as u32;
@@ -788,10 +847,13 @@ fn offline(
     Ok(())
 }
 
-/// Batch-1 GEMV on each Llama-2-7B linear layer: GB/s of weights streamed, for brook's gemv
-/// kernel built with several (warps per CTA, 16-byte loads in flight per lane) and for cuBLAS.
-/// Weights rotate through 1 GiB so no run reads them from L2.
+/// Batch-1 GEMV on the linear layers of the synthetic models: GB/s of weights streamed by
+/// brook's gemv kernel at each split (warps per row) for a few (warps per CTA, 16-byte loads in
+/// flight per lane) builds, and by cuBLAS. Each figure is the median of 30 runs of 20 back-to-back
+/// launches (kernels queue as in a decode step, with no event between them), divided by 20;
+/// weights rotate through 2 GiB so no launch reads them from L2.
 fn gemv_sweep() -> anyhow::Result<()> {
+    const INNER: usize = 20;
     let mut gpu = Gpu::open(0)?;
     let (major, minor) = gpu.compute_capability;
     let arch = compile::arch_for(major, minor);
@@ -800,79 +862,96 @@ fn gemv_sweep() -> anyhow::Result<()> {
         .find(|(name, _)| *name == "gemv")
         .context("gemv.cu is embedded")?
         .1;
-    let region = 1usize << 30;
+    let region = 2usize << 30;
     let w = gpu.alloc(region)?;
     fill_random_bf16(&gpu, &w, 1)?;
-    let x = gpu.alloc(11008 * 2)?;
+    let mut shapes = Vec::new();
+    for model in ["llama-2-7b", "llama-3-8b", "tinyllama-1.1b"] {
+        let c = synthetic_config(model)?;
+        let (d, inter) = (c.hidden_size, c.intermediate_size);
+        shapes.extend([
+            (model, "qkv", c.q_dim() + 2 * c.kv_dim(), d),
+            (model, "o", d, c.q_dim()),
+            (model, "gate_up", 2 * inter, d),
+            (model, "down", d, inter),
+            (model, "lm_head", c.vocab_size, d),
+        ]);
+    }
+    let max_k = shapes.iter().map(|s| s.3).max().unwrap_or(0);
+    let max_n = shapes.iter().map(|s| s.2).max().unwrap_or(0);
+    let x = gpu.alloc(max_k * 2)?;
     fill_random_bf16(&gpu, &x, 2)?;
-    let y = gpu.alloc(32000 * 4)?;
-    let shapes = [
-        ("qkv", 12288usize, 4096usize),
-        ("o", 4096, 4096),
-        ("gate_up", 22016, 4096),
-        ("down", 4096, 11008),
-        ("lm_head", 32000, 4096),
-    ];
-    let rate = |name: &str, variant: &str, n: usize, k: usize, ms: f64| {
+    let y = gpu.alloc(max_n * 4)?;
+    // Median ms of one launch of `launch(weights offset)` over [n, k] weights.
+    let time = |gpu: &Gpu, n: usize, k: usize, launch: &dyn Fn(u64) -> anyhow::Result<()>| {
+        let bytes = n * k * 2;
+        let copies = (region / bytes).max(1);
+        let ms = time_ms(gpu, 2, 30, |i| {
+            for j in 0..INNER {
+                launch(w.ptr() + (((i * INNER + j) % copies) * bytes) as u64)?;
+            }
+            Ok(())
+        })?;
+        Ok::<f64, anyhow::Error>(ms / INNER as f64)
+    };
+    let rate = |model: &str, name: &str, variant: &str, n: usize, k: usize, auto: bool, ms: f64| {
         let gbps = (n * k * 2) as f64 / (ms * 1e-3) / 1e9;
         eprintln!(
-            "gemv {name} {n}x{k} {variant}: {:.1} us, {gbps:.0} GB/s",
+            "gemv {model} {name} {n}x{k} {variant}{}: {:.1} us, {gbps:.0} GB/s",
+            if auto { " (auto)" } else { "" },
             ms * 1e3
         );
         emit(
-            json!({"figure": "gemv_b1", "layer": name, "n": n, "k": k, "variant": variant, "us": ms * 1e3, "gbps": gbps, "pct_of_4300": gbps / 43.0}),
+            json!({"figure": "gemv_b1", "model": model, "layer": name, "n": n, "k": k, "variant": variant, "auto": auto, "us": ms * 1e3, "gbps": gbps, "pct_of_4300": gbps / 43.0, "timing": "median of 30 x 20 back-to-back launches"}),
         );
     };
-    for (warps, unroll) in [
-        (8u32, 4usize),
-        (4, 4),
-        (4, 8),
-        (8, 8),
-        (16, 4),
-        (8, 2),
-        (2, 8),
-    ] {
+    for (warps, unroll) in [(8u32, 2usize), (8, 4), (4, 2), (16, 2)] {
         let text = format!("#define GEMV_WARPS {warps}\n#define GEMV_UNROLL {unroll}\n{src}");
         let (ptx, _) = compile::ptx_for(&format!("gemv_w{warps}_u{unroll}"), &text, &arch)?;
         let module = gpu.ctx.load_module(ptx)?;
         let f = module.load_function("gemv_m1")?;
-        for (name, n, k) in shapes {
-            let bytes = n * k * 2;
-            let copies = (region / bytes).max(1);
-            let ms = time_ms(&gpu, 3, 60, |i| {
-                let p = kernels::GemvParams {
-                    x: x.ptr(),
-                    w: w.ptr() + ((i % copies) * bytes) as u64,
-                    y: y.ptr(),
-                    y32: 0,
-                    m: 1,
-                    n: n as i32,
-                    k: k as i32,
+        // The build brook ships: mark the split it picks per shape.
+        let shipped = warps == kernels::GEMV_WARPS && unroll == 2;
+        for &(model, name, n, k) in &shapes {
+            for split in [1u32, 2, 4, 8].into_iter().filter(|s| warps % s == 0) {
+                let launch = |wp: u64| {
+                    let p = kernels::GemvParams {
+                        x: x.ptr(),
+                        w: wp,
+                        y: y.ptr(),
+                        y32: 0,
+                        m: 1,
+                        n: n as i32,
+                        k: k as i32,
+                        split: split as i32,
+                    };
+                    let rows_per_cta = warps / split;
+                    // SAFETY: w holds copies x [n, k], x [1, k], y [1, n].
+                    unsafe {
+                        gpu.launch_fn(
+                            &f,
+                            "gemv_m1",
+                            ((n as u32).div_ceil(rows_per_cta), 1, 1),
+                            (32 * warps, 1, 1),
+                            &p,
+                        )
+                    }
                 };
-                // SAFETY: w holds copies x [n, k], x [1, k], y [1, n].
-                unsafe {
-                    gpu.launch_fn(
-                        &f,
-                        "gemv_m1",
-                        ((n as u32).div_ceil(warps), 1, 1),
-                        (32 * warps, 1, 1),
-                        &p,
-                    )
-                }
-            })?;
-            rate(name, &format!("brook w{warps} u{unroll}"), n, k, ms);
+                let ms = time(&gpu, n, k, &launch)?;
+                let auto = shipped && kernels::gemv_split(&gpu, k) == split as i32;
+                let variant = format!("brook w{warps} u{unroll} s{split}");
+                rate(model, name, &variant, n, k, auto, ms);
+            }
         }
     }
     gpu.gemv_max_m = 0; // cuBLAS for every row count
-    for (name, n, k) in shapes {
-        let bytes = n * k * 2;
-        let copies = (region / bytes).max(1);
-        let ms = time_ms(&gpu, 3, 60, |i| {
-            let wp = w.ptr() + ((i % copies) * bytes) as u64;
+    for &(model, name, n, k) in &shapes {
+        let launch = |wp: u64| {
             // SAFETY: as above.
             unsafe { gemm::linear(&gpu, x.ptr(), wp, y.ptr(), 1, n, k, false) }
-        })?;
-        rate(name, "cublas", n, k, ms);
+        };
+        let ms = time(&gpu, n, k, &launch)?;
+        rate(model, name, "cublas", n, k, false, ms);
     }
     Ok(())
 }

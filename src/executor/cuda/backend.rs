@@ -56,6 +56,9 @@ pub struct CudaBackendOptions {
     /// Linear layers of at most this many rows run on brook's `gemv` kernel instead of cuBLAS
     /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
     pub gemv_max_rows: usize,
+    /// Warps per output row of every gemv (1, 2, 4 or 8); 0 (default): chosen per shape by
+    /// `kernels::gemv_split`. For benchmarks.
+    pub gemv_split: usize,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
@@ -69,6 +72,19 @@ pub struct CudaBackendOptions {
     /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
     pub prefill_gemm_max_len: usize,
     pub progress: bool,
+    /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
+    /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
+    pub skip: u32,
+}
+
+/// Bits of `CudaBackendOptions::skip`.
+pub mod skip {
+    pub const NORMS: u32 = 1;
+    pub const ROPE: u32 = 2;
+    pub const ATTENTION: u32 = 4;
+    pub const SILU: u32 = 8;
+    /// The layers' linear projections (not the LM head).
+    pub const LINEAR: u32 = 16;
 }
 
 impl Default for CudaBackendOptions {
@@ -83,10 +99,12 @@ impl Default for CudaBackendOptions {
             max_model_len: 0,
             cuda_graphs: true,
             gemv_max_rows: GEMV_MAX_M,
+            gemv_split: 0,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: 0,
             progress: true,
+            skip: 0,
         }
     }
 }
@@ -273,6 +291,7 @@ impl CudaBackend {
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
+        gpu.gemv_split = opts.gemv_split;
         gpu.pdl &= opts.pdl;
         anyhow::ensure!(
             opts.block_size > 0
@@ -591,6 +610,7 @@ impl CudaBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         // Few enough rows for the gemv kernels: their fused epilogues replace two launches.
         let fused = self.opts.fuse_decode && t <= g.gemv_max_m && d % 8 == 0 && inter % 8 == 0;
+        let on = |kind: u32| self.opts.skip & kind == 0;
         kernels::embedding(
             g,
             &EmbeddingParams {
@@ -612,7 +632,9 @@ impl CudaBackend {
                 d: d as i32,
                 eps,
             };
-            kernels::add_rmsnorm(g, &norm)?;
+            if on(skip::NORMS) {
+                kernels::add_rmsnorm(g, &norm)?;
+            }
             if fused {
                 kernels::gemv_qkv_rope(
                     g,
@@ -631,10 +653,13 @@ impl CudaBackend {
                         num_kv_heads: kvh as i32,
                         head_dim: hd as i32,
                         block_size: self.opts.block_size as i32,
+                        split: kernels::gemv_split(g, d),
                     },
                 )?;
-            } else {
+            } else if on(skip::LINEAR) {
                 linear(g, a.xn.ptr(), w.qkv.ptr(), a.qkv.ptr(), t, qkv_dim, d, true)?;
+            }
+            if !fused && on(skip::ROPE) {
                 kernels::rope_kv(
                     g,
                     &RopeKvParams {
@@ -653,7 +678,7 @@ impl CudaBackend {
                     },
                 )?;
             }
-            if step.nd > 0 {
+            if step.nd > 0 && on(skip::ATTENTION) {
                 let p = PagedDecodeParams {
                     q: a.q.ptr(),
                     k_cache: self.k_cache(l),
@@ -727,24 +752,28 @@ impl CudaBackend {
                     },
                 )?;
             }
-            linear(
-                g,
-                a.attn.ptr(),
-                w.o.ptr(),
-                a.delta.ptr(),
-                t,
-                d,
-                c.q_dim(),
-                false,
-            )?;
-            kernels::add_rmsnorm(
-                g,
-                &AddRmsNormParams {
-                    delta: a.delta.ptr(),
-                    weight: w.post_norm.ptr(),
-                    ..norm
-                },
-            )?;
+            if on(skip::LINEAR) {
+                linear(
+                    g,
+                    a.attn.ptr(),
+                    w.o.ptr(),
+                    a.delta.ptr(),
+                    t,
+                    d,
+                    c.q_dim(),
+                    false,
+                )?;
+            }
+            if on(skip::NORMS) {
+                kernels::add_rmsnorm(
+                    g,
+                    &AddRmsNormParams {
+                        delta: a.delta.ptr(),
+                        weight: w.post_norm.ptr(),
+                        ..norm
+                    },
+                )?;
+            }
             if fused {
                 kernels::gemv_silu(
                     g,
@@ -755,9 +784,10 @@ impl CudaBackend {
                         m: t as i32,
                         inter: inter as i32,
                         k: d as i32,
+                        split: kernels::gemv_split(g, d),
                     },
                 )?;
-            } else {
+            } else if on(skip::LINEAR) {
                 linear(
                     g,
                     a.xn.ptr(),
@@ -768,6 +798,8 @@ impl CudaBackend {
                     d,
                     true,
                 )?;
+            }
+            if !fused && on(skip::SILU) {
                 kernels::silu_mul(
                     g,
                     &SiluMulParams {
@@ -778,16 +810,18 @@ impl CudaBackend {
                     },
                 )?;
             }
-            linear(
-                g,
-                a.act.ptr(),
-                w.down.ptr(),
-                a.delta.ptr(),
-                t,
-                d,
-                inter,
-                false,
-            )?;
+            if on(skip::LINEAR) {
+                linear(
+                    g,
+                    a.act.ptr(),
+                    w.down.ptr(),
+                    a.delta.ptr(),
+                    t,
+                    d,
+                    inter,
+                    false,
+                )?;
+            }
         }
         if step.ns == 0 {
             return Ok(());
@@ -938,8 +972,8 @@ pub fn check_supported(cfg: &ModelConfig) -> anyhow::Result<()> {
         "the CUDA executor does not support attention or MLP biases yet"
     );
     anyhow::ensure!(
-        cfg.hidden_size <= 8192 && cfg.head_dim % 8 == 0,
-        "hidden_size {} is over the RMSNorm kernel's 8192",
+        cfg.hidden_size <= 8192 && cfg.hidden_size % 8 == 0 && cfg.head_dim % 8 == 0,
+        "the RMSNorm kernel takes hidden sizes up to 8192 that are a multiple of 8; this model has {}",
         cfg.hidden_size
     );
     if let Some(w) = cfg.sliding_window {

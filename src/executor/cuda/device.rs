@@ -64,6 +64,9 @@ pub struct Gpu {
     /// Linear layers with at most this many rows use the `gemv` kernel instead of cuBLAS
     /// (0: always cuBLAS).
     pub gemv_max_m: usize,
+    /// Warps per row of every gemv launch (1, 2, 4 or 8); 0: chosen per shape
+    /// (`kernels::gemv_split`). Benchmarks set it to compare.
+    pub gemv_split: usize,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -103,6 +106,7 @@ impl Gpu {
             compute_capability,
             num_sms,
             gemv_max_m: super::kernels::GEMV_MAX_M,
+            gemv_split: 0,
             pdl: compute_capability.0 >= 9,
             functions,
             _blas_workspace: ws,

@@ -40,6 +40,7 @@ pub unsafe fn linear(
             m: m as i32,
             n: n as i32,
             k: k as i32,
+            split: kernels::gemv_split(gpu, k),
         };
         return kernels::gemv(gpu, &p);
     }

@@ -154,13 +154,41 @@ pub struct GemvParams {
     pub m: i32,
     pub n: i32,
     pub k: i32,
+    /// Warps per output row (split-K inside the CTA): `gemv_split`.
+    pub split: i32,
 }
 
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
 pub const GEMV_MAX_M: usize = 4;
 
-/// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu): one output row (pair) per warp.
+/// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu), `split` of them per output row.
 pub const GEMV_WARPS: u32 = 8;
+/// Warps per output row for a gemv over rows of `k` elements: `gpu.gemv_split` when set, else 1,
+/// or 4 for rows of 8192 elements and more. On the H200 (gpu-bench, call 2026-12-02h) the long
+/// rows of the down projection (k = 11008, 14336) streamed fastest at 4 warps a row (27.3 us
+/// against 28.5 at 1 for Llama-2-7B, alone); for k <= 4096 splitting gained up to 4 % alone but
+/// lost ~1 % of the whole decode step inside the graph (split 2 or 4 everywhere: 4.06–4.07
+/// ms/token, split 1: 3.96).
+pub fn gemv_split(gpu: &Gpu, k: usize) -> i32 {
+    match gpu.gemv_split {
+        0 => default_gemv_split(k),
+        s => s as i32,
+    }
+}
+
+fn default_gemv_split(k: usize) -> i32 {
+    if k >= 8192 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Grid of a gemv launch over `rows` rows (pairs): GEMV_WARPS / split of them per CTA.
+fn gemv_grid(rows: i32, split: i32) -> (u32, u32, u32) {
+    let per_cta = GEMV_WARPS / split as u32;
+    ((rows as u32).div_ceil(per_cta), 1, 1)
+}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +199,8 @@ pub struct GemvSiluParams {
     pub m: i32,
     pub inter: i32,
     pub k: i32,
+    /// Warps per output (row pair): `gemv_split`.
+    pub split: i32,
 }
 
 #[repr(C)]
@@ -190,6 +220,8 @@ pub struct GemvQkvRopeParams {
     pub num_kv_heads: i32,
     pub head_dim: i32,
     pub block_size: i32,
+    /// Warps per row pair: `gemv_split`.
+    pub split: i32,
 }
 
 /// Query rows per prefill-attention CTA (`PF_BM` in prefill_attn.cu).
@@ -246,8 +278,8 @@ pub unsafe fn embedding(gpu: &Gpu, p: &EmbeddingParams) -> anyhow::Result<()> {
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()> {
     anyhow::ensure!(
-        p.d <= 256 * 32,
-        "add_rmsnorm handles hidden sizes up to 8192, got {}",
+        p.d <= 256 * 32 && p.d % 8 == 0,
+        "add_rmsnorm handles hidden sizes up to 8192 that are a multiple of 8, got {}",
         p.d
     );
     gpu.launch_pdl("add_rmsnorm", (p.num_rows as u32, 1, 1), (256, 1, 1), p)
@@ -405,19 +437,23 @@ pub unsafe fn causal_softmax(
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k)?;
+    check_gemv_rows(p.m, p.k, p.split)?;
     gpu.launch_pdl(
         &format!("gemv_m{}", p.m),
-        ((p.n as u32).div_ceil(GEMV_WARPS), 1, 1),
+        gemv_grid(p.n, p.split),
         (32 * GEMV_WARPS, 1, 1),
         p,
     )
 }
 
-fn check_gemv_rows(m: i32, k: i32) -> anyhow::Result<()> {
+fn check_gemv_rows(m: i32, k: i32, split: i32) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
         "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {m} k {k}"
+    );
+    anyhow::ensure!(
+        split > 0 && (GEMV_WARPS as i32) % split == 0,
+        "gemv split {split} must divide {GEMV_WARPS}"
     );
     Ok(())
 }
@@ -427,10 +463,10 @@ fn check_gemv_rows(m: i32, k: i32) -> anyhow::Result<()> {
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k)?;
+    check_gemv_rows(p.m, p.k, p.split)?;
     gpu.launch_pdl(
         &format!("gemv_silu_m{}", p.m),
-        ((p.inter as u32).div_ceil(GEMV_WARPS), 1, 1),
+        gemv_grid(p.inter, p.split),
         (32 * GEMV_WARPS, 1, 1),
         p,
     )
@@ -441,11 +477,11 @@ pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k)?;
-    let pairs = ((p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2) as u32;
+    check_gemv_rows(p.m, p.k, p.split)?;
+    let pairs = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
     gpu.launch_pdl(
         &format!("gemv_qkv_rope_m{}", p.m),
-        (pairs.div_ceil(GEMV_WARPS), 1, 1),
+        gemv_grid(pairs, p.split),
         (32 * GEMV_WARPS, 1, 1),
         p,
     )
@@ -482,6 +518,20 @@ mod tests {
         // Enough CTAs without splitting.
         assert_eq!(decode_splits(132, 64, 32, 16384), 1);
         assert_eq!(decode_splits(132, 1, 1, 1 << 20), 32);
+    }
+
+    #[test]
+    fn gemv_split_gives_each_warp_2k_to_4k_elements_of_a_row() {
+        for (k, split) in [
+            (384, 1),
+            (2048, 1),
+            (4096, 2),
+            (5632, 2),
+            (11008, 4),
+            (14336, 4),
+        ] {
+            assert_eq!(default_gemv_split(k), split, "k {k}");
+        }
     }
 
     #[test]

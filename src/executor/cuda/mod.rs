@@ -17,5 +17,5 @@ pub mod kernels;
 pub mod prefill_gemm;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaBackendOptions};
+pub use backend::{skip, CudaBackend, CudaBackendOptions};
 pub use device::{probe, Gpu};
