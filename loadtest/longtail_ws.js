@@ -18,6 +18,10 @@ const LONG_WORDS_MIN = parseInt(__ENV.LONG_WORDS_MIN || "600", 10);
 const LONG_WORDS_MAX = parseInt(__ENV.LONG_WORDS_MAX || "1400", 10);
 const SHORT_MAX_TOKENS = parseInt(__ENV.SHORT_MAX_TOKENS || "48", 10);
 const LONG_MAX_TOKENS = parseInt(__ENV.LONG_MAX_TOKENS || "64", 10);
+// UNIQUE_DOCS=1 opens each document with its own case number: documents share no prefix beyond the
+// instruction, so each one's prefill is computed in full (with the default 0 every document is a
+// prefix of the same text and the prefix cache serves most of it).
+const UNIQUE_DOCS = __ENV.UNIQUE_DOCS === "1";
 // SLOs in ms, scaled to the hardware (defaults: the CPU demo model on 2 cores).
 const SLO = {
   short: { ttft: parseFloat(__ENV.SHORT_TTFT_MS || "500"), itl: parseFloat(__ENV.SHORT_ITL_MS || "150") },
@@ -58,7 +62,7 @@ const DOC_WORDS = ("Order 58231 was placed on March 3 and shipped from the Lyon 
   "and asked for a photo of the damage. ").split(" ");
 
 function documentOf(words) {
-  const out = [];
+  const out = UNIQUE_DOCS ? [`Case ${Math.floor(Math.random() * 1e9)}.`] : [];
   for (let i = 0; i < words; i++) out.push(DOC_WORDS[i % DOC_WORDS.length]);
   return out.join(" ");
 }
@@ -111,6 +115,7 @@ export function handleSummary(data) {
   const pick = (name) => (m[name] ? m[name].values : {});
   const out = {
     rate: RATE,
+    unique_docs: UNIQUE_DOCS,
     slo: SLO,
     slo_met: pick("brook_slo_met").rate,
     slo_met_short: pick("brook_slo_met{class:short}").rate,

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub emergency_entries: IntCounter,
     pub emergency_exits: IntCounter,
     pub emergency_pauses: IntCounter,
+    pub emergency_pauses_spared: IntCounter,
     pub speculative_depth: IntGauge,
 }
 
@@ -182,6 +183,10 @@ impl Metrics {
             emergency_pauses: counter(
                 "brook:scheduler_emergency_pauses_total",
                 "Long sequences paused on entering emergency mode.",
+            ),
+            emergency_pauses_spared: counter(
+                "brook:scheduler_emergency_pauses_spared_total",
+                "Long sequences not paused because the pause alone would break their own SLO.",
             ),
             speculative_depth: gauge(
                 "brook:scheduler_speculative_depth",

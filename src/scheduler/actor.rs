@@ -169,6 +169,7 @@ impl SchedulerActor {
         }
         sync(&m.preemptions, st.preemptions);
         sync(&m.emergency_pauses, st.emergency_pauses);
+        sync(&m.emergency_pauses_spared, st.emergency_pauses_spared);
         sync(&m.emergency_entries, st.emergency_entries);
         sync(&m.emergency_exits, st.emergency_exits);
         m.emergency_mode.set(self.core.in_emergency() as i64);

@@ -14,13 +14,18 @@ pub enum OverloadReason {
     /// Its prefill, behind the prompts queued ahead of it in its lane, cannot finish within its
     /// TTFT SLO even with the whole step budget (adaptive, `admission.early_reject`).
     TtftUnreachable,
+    /// Every sequence slot is taken, and the earliest a slot can free for it — the running
+    /// requests that can only end at their length finishing first, the requests queued ahead of
+    /// it taking the slots before it — is past its TTFT SLO (adaptive, `admission.early_reject`).
+    SlotWait,
 }
 
 impl OverloadReason {
-    pub const ALL: [OverloadReason; 3] = [
+    pub const ALL: [OverloadReason; 4] = [
         OverloadReason::QueueRequests,
         OverloadReason::QueueTokens,
         OverloadReason::TtftUnreachable,
+        OverloadReason::SlotWait,
     ];
 
     pub fn index(self) -> usize {
@@ -32,6 +37,7 @@ impl OverloadReason {
             OverloadReason::QueueRequests => "queue_requests",
             OverloadReason::QueueTokens => "queue_tokens",
             OverloadReason::TtftUnreachable => "ttft_unreachable",
+            OverloadReason::SlotWait => "slot_wait",
         }
     }
 }

@@ -19,7 +19,8 @@
 //! `schedule`. Aborts and finishes may come at any time; a step's results for a request that is
 //! gone are dropped.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::executor::batch::{BatchInput, SampleInput, SeqInput, StepOutput};
 use crate::kv::KvCacheManager;
@@ -54,6 +55,9 @@ pub struct Scheduler {
     /// Mean output length of finished requests (EMA), and how many fed it.
     mean_output: f64,
     num_output_samples: u64,
+    /// Longest a sequence may grow (`max_len`), as of the last step: the KV pool caps it too,
+    /// and admission, which sees no pool, reads it here.
+    max_len_seen: usize,
 }
 
 /// A step under construction: the budget left and the decisions so far. Scheduling policies
@@ -78,6 +82,7 @@ impl Scheduler {
             monitor: SloMonitor::new(cfg.emergency, cfg.slo),
             mean_output: cfg.merge.expected_output_tokens as f64,
             num_output_samples: 0,
+            max_len_seen: cfg.max_model_len,
             cfg,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -152,11 +157,52 @@ impl Scheduler {
             let bound_ms = self.prefill_ms(ahead, self.cfg.max_num_batched_tokens)
                 + self.prefill_ms(prompt_tokens, own_budget)
                 + c.per_prefill_attn_pair_ms * (prompt_tokens * prompt_tokens) as f64 / 2.0;
-            if bound_ms > self.cfg.slo.of(class).ttft_ms {
+            let slo_ms = self.cfg.slo.of(class).ttft_ms;
+            if bound_ms > slo_ms {
                 return Some(OverloadReason::TtftUnreachable);
+            }
+            let own_ms = self.prefill_ms(prompt_tokens, own_budget);
+            if self.slot_wait_ms(class) + own_ms > slo_ms {
+                return Some(OverloadReason::SlotWait);
             }
         }
         None
+    }
+
+    /// Lower bound of how long a new request of `class` waits for a sequence slot: replays the
+    /// slot releases, each running request holding its slot for the steps it must still run
+    /// (`Request::min_remaining_output`), the waiting requests served before it (its lane and
+    /// the lanes ahead) taking the free and the first freed slots in order and holding them as
+    /// long, each step costing at least a decode step of the running set. Zero with a slot to
+    /// spare.
+    fn slot_wait_ms(&self, class: RequestClass) -> f64 {
+        let ahead = self
+            .waiting
+            .iter()
+            .map(|id| &self.requests[id])
+            .filter(|r| r.class <= class || r.num_output_tokens() > 0)
+            .filter(|r| !(r.paused && self.monitor.in_emergency()));
+        let free = self.cfg.max_num_seqs.saturating_sub(self.running.len());
+        if ahead.clone().count() < free {
+            return 0.0;
+        }
+        // Min-heap of the steps at which each slot frees.
+        let mut releases: BinaryHeap<Reverse<usize>> = self
+            .running
+            .iter()
+            .map(|id| Reverse(self.requests[id].min_remaining_output(self.max_len_seen)))
+            .chain(std::iter::repeat_n(Reverse(0), free))
+            .collect();
+        for r in ahead {
+            let Some(Reverse(at)) = releases.pop() else {
+                return 0.0; // max_num_seqs is 0: validated away
+            };
+            releases.push(Reverse(at + r.min_remaining_output(self.max_len_seen)));
+        }
+        let Some(&Reverse(steps)) = releases.peek() else {
+            return 0.0;
+        };
+        steps as f64 * self.decode_step_ms()
     }
 
     /// Linear part of prefilling `tokens` in steps of at most `per_step` tokens.
@@ -266,6 +312,7 @@ impl Scheduler {
 
     /// Plans the next step at time `now`. See the module docs for the policies.
     pub fn schedule(&mut self, kv: &mut KvCacheManager, now: f64) -> SchedulerOutput {
+        self.max_len_seen = self.max_len(kv);
         let mut plan = StepPlan {
             budget: self.cfg.max_num_batched_tokens,
             scheduled: Vec::with_capacity(self.running.len() + 1),
@@ -385,7 +432,7 @@ impl Scheduler {
                     slo_ms,
                     "emergency mode entered"
                 );
-                self.pause_long_sequences(plan, kv, class);
+                self.pause_long_sequences(plan, kv, class, now);
             }
             Some(EmergencyTransition::Left) => {
                 self.stats.emergency_exits += 1;
@@ -401,12 +448,15 @@ impl Scheduler {
     /// Pauses (preempts, their full blocks staying in the prefix cache) the running sequences
     /// longer than `pause_length_factor` × the running batch's mean length, once each. A pause
     /// frees memory and step time for the others, so it spares the class whose SLO broke: pausing
-    /// it would only deepen its own breach.
+    /// it would only deepen its own breach. It also spares a sequence the pause alone would make
+    /// miss its own SLO (`pause_breaks_own_slo`): trading one request's SLO for the others' is
+    /// no gain when each counts the same.
     fn pause_long_sequences(
         &mut self,
         plan: &mut StepPlan,
         kv: &mut KvCacheManager,
         breached: RequestClass,
+        now: f64,
     ) {
         if self.running.is_empty() {
             return;
@@ -418,15 +468,20 @@ impl Scheduler {
             .sum();
         let limit =
             self.cfg.emergency.pause_length_factor * total as f64 / self.running.len() as f64;
-        let victims: Vec<RequestId> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|id| {
-                let r = &self.requests[id];
-                r.num_tokens() as f64 > limit && !r.was_paused && r.class != breached
-            })
-            .collect();
+        let step_ms = self.decode_step_ms();
+        let mut victims = Vec::new();
+        for &id in &self.running {
+            let r = &self.requests[&id];
+            if r.num_tokens() as f64 <= limit || r.was_paused || r.class == breached {
+                continue;
+            }
+            if self.pause_breaks_own_slo(r, now, step_ms) {
+                self.stats.emergency_pauses_spared += 1;
+                tracing::debug!(%id, tokens = r.num_tokens(), "spared by emergency mode");
+                continue;
+            }
+            victims.push(id);
+        }
         for id in victims {
             self.running.retain(|&r| r != id);
             self.preempt(id, kv);
@@ -440,6 +495,36 @@ impl Scheduler {
             self.stats.emergency_pauses += 1;
             tracing::debug!(%id, tokens = req.num_tokens(), "paused by emergency mode");
         }
+    }
+
+    /// Whether pausing `r` at `now` would by itself make it miss its SLO. A pause lasts at least
+    /// `exit_hold_s` (emergency mode holds that long once calm), then it recomputes what it has
+    /// and, if it has started, generates the output expected of it at `step_ms` a token: the
+    /// TTFT it would reach, or else the mean ITL, against its class's SLO.
+    fn pause_breaks_own_slo(&self, r: &Request, now: f64, step_ms: f64) -> bool {
+        let slo = self.cfg.slo.of(r.class);
+        let per_step = match r.class {
+            RequestClass::Long => self.cfg.classes.long_prefill_budget,
+            _ => self.cfg.max_num_batched_tokens,
+        };
+        let delay_ms =
+            self.cfg.emergency.exit_hold_s * 1e3 + self.prefill_ms(r.num_tokens(), per_step);
+        let Some(first) = r.first_token_at else {
+            return (now - r.arrival) * 1e3 + delay_ms > slo.ttft_ms;
+        };
+        let remaining = self.expected_remaining_output(r);
+        let gaps = (r.num_output_tokens() + remaining).saturating_sub(1).max(1);
+        let decode_ms = (now - first) * 1e3 + delay_ms + remaining as f64 * step_ms;
+        decode_ms / gaps as f64 > slo.itl_ms
+    }
+
+    /// Predicted time of a step that decodes every running request once.
+    fn decode_step_ms(&self) -> f64 {
+        let mut step = StepFeatures::default();
+        for id in &self.running {
+            step.add_seq(1, self.requests[id].num_computed + 1);
+        }
+        self.cost.predict_ms(&step)
     }
 
     /// The adaptive step: every decode, then prefill candidates lane by lane through
@@ -896,6 +981,7 @@ impl Scheduler {
                         self.monitor
                             .record(req.class, metric, now, (now - since) * 1e3);
                     }
+                    req.first_token_at.get_or_insert(now);
                     req.last_token_at = Some(now);
                 }
                 (true, None) => {

@@ -40,7 +40,8 @@ pub(crate) struct Request {
     pub class: RequestClass,
     /// Seconds, on the caller's clock.
     pub arrival: f64,
-    /// When its last output token came back (None before the first).
+    /// When its first and its last output token came back (None before the first).
+    pub first_token_at: Option<f64>,
     pub last_token_at: Option<f64>,
     /// Paused by emergency mode: waits until emergency mode ends.
     pub paused: bool,
@@ -53,6 +54,7 @@ impl Request {
         Request {
             class,
             arrival,
+            first_token_at: None,
             last_token_at: None,
             paused: false,
             was_paused: false,
@@ -79,6 +81,20 @@ impl Request {
     /// preemption, of prompt and output), or the one token sampled last step.
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Output tokens it will produce at least before it ends (one step each): all up to
+    /// `max_tokens` (and the context `max_len`) when only the length can end it — eos ignored,
+    /// no stop ids or strings —, else one, since any token could end it.
+    pub fn min_remaining_output(&self, max_len: usize) -> usize {
+        let p = &self.params;
+        if p.ignore_eos && p.stop_token_ids.is_empty() && p.stop.is_empty() {
+            let by_tokens = p.max_tokens.saturating_sub(self.num_output_tokens());
+            let by_len = max_len.saturating_sub(self.num_tokens());
+            by_tokens.min(by_len).max(1)
+        } else {
+            1
+        }
     }
 
     /// After a token was appended: why the request ends here, if it does. Length first, as vLLM

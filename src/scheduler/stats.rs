@@ -20,6 +20,8 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Sequences paused on entering emergency mode.
     pub emergency_pauses: u64,
+    /// Sequences over the pause length not paused: the pause alone would break their own SLO.
+    pub emergency_pauses_spared: u64,
     pub emergency_entries: u64,
     pub emergency_exits: u64,
     /// Emergency entries by the breach that caused them: [class][ttft, itl].

@@ -476,6 +476,65 @@ fn emergency_pauses_long_sequences_until_it_ends() {
     e.assert_matches_reference();
 }
 
+/// The setup of `emergency_pauses_long_sequences_until_it_ends` (request 1 is the one over the
+/// pause length), with `knob` applied: whether entering emergency mode paused or spared it.
+fn pause_or_spare(knob: impl FnOnce(&mut SchedulerConfig), prompt: usize) -> (u64, u64) {
+    let mut cfg = SchedulerConfig {
+        slo: SloConfig {
+            short: ClassSlo {
+                ttft_ms: 15.0,
+                itl_ms: 200.0,
+            },
+            ..SloConfig::default()
+        },
+        emergency: EmergencyConfig {
+            enabled: true,
+            min_samples: 3,
+            window_s: 0.2,
+            exit_hold_s: 0.1,
+            eval_interval_s: 0.0,
+            ..EmergencyConfig::default()
+        },
+        ..adaptive()
+    };
+    knob(&mut cfg);
+    // Blocks enough for the long prompt's expected horizon beside the short requests'.
+    let mut e = Engine::new(cfg, 256);
+    e.step_s = 0.05;
+    e.add(request(1).prompt_len(prompt).max_tokens(40).ignore_eos());
+    for id in 2..=5 {
+        e.add(request(id).prompt_len(3).max_tokens(30).ignore_eos());
+    }
+    e.step();
+    e.step();
+    assert!(e.sched.in_emergency());
+    let s = e.sched.stats();
+    let counts = (s.emergency_pauses, s.emergency_pauses_spared);
+    e.run_to_completion();
+    e.assert_matches_reference();
+    counts
+}
+
+#[test]
+fn emergency_spares_a_sequence_the_pause_would_make_miss_its_itl() {
+    // Request 1 (medium, decoding since step 1): a 0.1 s pause adds ~3 ms to its mean ITL over
+    // 39 gaps (SLO 50 ms), a 2 s one ~51 ms.
+    assert_eq!(pause_or_spare(|_| {}, 30), (1, 0));
+    assert_eq!(
+        pause_or_spare(|c| c.emergency.exit_hold_s = 2.0, 30),
+        (0, 1)
+    );
+}
+
+#[test]
+fn emergency_spares_a_sequence_the_pause_would_make_miss_its_ttft() {
+    // Request 1 (long, 60 tokens streamed 8 a step) has no token yet when emergency mode starts:
+    // waited 50 ms, plus a 0.1 s pause and its recompute, against a 4 s or a 0.1 s TTFT SLO.
+    assert_eq!(pause_or_spare(|_| {}, 60), (1, 0));
+    let tight = |c: &mut SchedulerConfig| c.slo.long.ttft_ms = 100.0;
+    assert_eq!(pause_or_spare(tight, 60), (0, 1));
+}
+
 #[test]
 fn admission_bounds_waiting_requests() {
     let cfg = SchedulerConfig {
@@ -596,6 +655,71 @@ fn early_reject_refuses_an_unreachable_ttft() {
     }
 }
 
+/// Two short requests decoding (`max_num_seqs` 2), then more added one by one until one is
+/// refused: how many were accepted, and the refusal's reason. Every request is `template` (a
+/// 3-token prompt, 30 output tokens, eos ignored) under its own id; `knob` changes the config
+/// or the template. 5 ms a step + 1 ms per decode; short TTFT SLO 250 ms.
+fn slot_wait_admissions(
+    knob: impl FnOnce(&mut SchedulerConfig, &mut NewRequest),
+) -> (u64, Option<OverloadReason>) {
+    let mut cfg = SchedulerConfig {
+        max_num_seqs: 2,
+        cost_fallback: coarse_cost(),
+        admission: AdmissionConfig {
+            early_reject: true,
+            ..AdmissionConfig::default()
+        },
+        ..adaptive()
+    };
+    cfg.slo.short.ttft_ms = 250.0;
+    let mut template = request(0).prompt_len(3).max_tokens(30).ignore_eos();
+    knob(&mut cfg, &mut template);
+    let req = |id: u64| NewRequest {
+        id: RequestId(id),
+        prompt_token_ids: random_tokens(1000 + id, 3),
+        ..template.clone()
+    };
+    let mut e = Engine::new(cfg, 256);
+    e.add(req(1));
+    e.add(req(2));
+    e.step(); // both produced their first token: 29 to go each
+    for id in 3..10 {
+        match e.sched.add_request(req(id), e.now()) {
+            Admission::Accepted => {}
+            Admission::Overloaded { reason, .. } => return (id - 3, Some(reason)),
+            Admission::Duplicate => unreachable!(),
+        }
+    }
+    (7, None)
+}
+
+#[test]
+fn early_reject_refuses_a_request_no_slot_frees_for_in_time() {
+    // Slots free after 29 steps of 7 ms (203 ms): the two first waiting requests take them and
+    // start within 250 ms; the third would wait for one of theirs, 59 steps (413 ms).
+    assert_eq!(
+        slot_wait_admissions(|_, _| {}),
+        (2, Some(OverloadReason::SlotWait))
+    );
+    // A tighter SLO: even the first slot frees too late.
+    assert_eq!(
+        slot_wait_admissions(|c, _| c.slo.short.ttft_ms = 150.0),
+        (0, Some(OverloadReason::SlotWait))
+    );
+    // Running requests that may end at any token (eos on) can free a slot next step.
+    assert_eq!(
+        slot_wait_admissions(|_, r| Arc::make_mut(&mut r.params).ignore_eos = false),
+        (7, None)
+    );
+    // Spare slots: nobody waits for one.
+    assert_eq!(slot_wait_admissions(|c, _| c.max_num_seqs = 16), (7, None));
+    // Early rejection off.
+    assert_eq!(
+        slot_wait_admissions(|c, _| c.admission.early_reject = false),
+        (7, None)
+    );
+}
+
 fn random_features(rng: &mut ChaCha8Rng) -> StepFeatures {
     let mut f = StepFeatures::default();
     for _ in 0..rng.random_range(1..64) {
@@ -703,7 +827,7 @@ fn emergency_spares_the_class_whose_slo_broke() {
 
 #[test]
 fn a_paused_request_resumes_when_nothing_else_runs() {
-    let cfg = SchedulerConfig {
+    let mut cfg = SchedulerConfig {
         slo: SloConfig {
             short: ClassSlo {
                 ttft_ms: 15.0,
@@ -719,6 +843,11 @@ fn a_paused_request_resumes_when_nothing_else_runs() {
             ..EmergencyConfig::default()
         },
         ..adaptive()
+    };
+    // An SLO the endless pause cannot break, or the pause would spare request 1.
+    cfg.slo.medium = ClassSlo {
+        ttft_ms: 1e12,
+        itl_ms: 1e12,
     };
     let mut e = Engine::new(cfg, 64);
     e.step_s = 0.05;
