@@ -911,7 +911,7 @@ fn gemv_sweep() -> anyhow::Result<()> {
         let module = gpu.ctx.load_module(ptx)?;
         let f = module.load_function("gemv_m1")?;
         // The build brook ships: mark the split it picks per shape.
-        let shipped = warps == kernels::GEMV_WARPS && unroll == 2;
+        let shipped = warps == kernels::GEMV_WARPS && unroll == kernels::GEMV_UNROLL;
         for &(model, name, n, k) in &shapes {
             for split in [1u32, 2, 4, 8].into_iter().filter(|s| warps % s == 0) {
                 let launch = |wp: u64| {

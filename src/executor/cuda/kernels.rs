@@ -163,6 +163,8 @@ pub const GEMV_MAX_M: usize = 4;
 
 /// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu), `split` of them per output row.
 pub const GEMV_WARPS: u32 = 8;
+/// 16-byte weight loads per lane per buffer of the gemv kernels (`GEMV_UNROLL` in gemv.cu).
+pub const GEMV_UNROLL: usize = 2;
 /// Warps per output row for a gemv over rows of `k` elements: `gpu.gemv_split` when set, else 1,
 /// or 4 for rows of 8192 elements and more. On the H200 (gpu-bench, call 2026-12-02h) the long
 /// rows of the down projection (k = 11008, 14336) streamed fastest at 4 warps a row (27.3 us

@@ -418,9 +418,10 @@ fn monitor_evaluates_at_most_every_interval() {
     assert!(m.evaluate(1.0).is_some());
 }
 
-#[test]
-fn emergency_pauses_long_sequences_until_it_ends() {
-    let cfg = SchedulerConfig {
+/// Adaptive with emergency mode on: a 15 ms short TTFT SLO that 50 ms steps break, evaluated
+/// every step over a short window.
+fn emergency_config() -> SchedulerConfig {
+    SchedulerConfig {
         slo: SloConfig {
             short: ClassSlo {
                 ttft_ms: 15.0,
@@ -436,8 +437,15 @@ fn emergency_pauses_long_sequences_until_it_ends() {
             eval_interval_s: 0.0,
             ..EmergencyConfig::default()
         },
-        speculative_depth: 4,
         ..adaptive()
+    }
+}
+
+#[test]
+fn emergency_pauses_long_sequences_until_it_ends() {
+    let cfg = SchedulerConfig {
+        speculative_depth: 4,
+        ..emergency_config()
     };
     let mut e = Engine::new(cfg, 64);
     e.step_s = 0.05; // TTFT of every short request: 50 ms > 15 ms
@@ -479,24 +487,7 @@ fn emergency_pauses_long_sequences_until_it_ends() {
 /// The setup of `emergency_pauses_long_sequences_until_it_ends` (request 1 is the one over the
 /// pause length), with `knob` applied: whether entering emergency mode paused or spared it.
 fn pause_or_spare(knob: impl FnOnce(&mut SchedulerConfig), prompt: usize) -> (u64, u64) {
-    let mut cfg = SchedulerConfig {
-        slo: SloConfig {
-            short: ClassSlo {
-                ttft_ms: 15.0,
-                itl_ms: 200.0,
-            },
-            ..SloConfig::default()
-        },
-        emergency: EmergencyConfig {
-            enabled: true,
-            min_samples: 3,
-            window_s: 0.2,
-            exit_hold_s: 0.1,
-            eval_interval_s: 0.0,
-            ..EmergencyConfig::default()
-        },
-        ..adaptive()
-    };
+    let mut cfg = emergency_config();
     knob(&mut cfg);
     // Blocks enough for the long prompt's expected horizon beside the short requests'.
     let mut e = Engine::new(cfg, 256);
