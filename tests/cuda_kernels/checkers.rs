@@ -1,0 +1,119 @@
+//! The shared checkers themselves, on the CPU (these run without a GPU): each accepts an output
+//! computed the way the kernel should compute it and rejects a NaN (what `poisoned` leaves) or a
+//! wrong value, so a GPU run cannot pass through a checker that looks at nothing.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use brook::model::config::RopeScaling;
+use half::bf16;
+
+use crate::harness::{assert_close, assert_max_abs, inv_freqs, rand_f32, rng, rope_ref};
+use crate::paged::{KvLayout, PrefillBatch};
+use crate::qkv_write::{QkvWrite, QkvWritten};
+
+fn panics(f: impl FnOnce()) -> bool {
+    catch_unwind(AssertUnwindSafe(f)).is_err()
+}
+
+#[test]
+fn error_checks_reject_poison_and_error() {
+    let want = [1.0f32, -2.0, 3.0];
+    assert_close("same", &want, &want, 1e-6);
+    assert_max_abs("same", &want, &want, 1e-6);
+    // Every byte 0xff, as `poisoned` leaves an output: a negative NaN.
+    let poison = f32::from_bits(u32::MAX);
+    for bad in [[1.0f32, -2.0, poison], [1.0, -2.0, 3.1]] {
+        assert!(panics(|| assert_close("bad", &bad, &want, 1e-2)), "{bad:?}");
+        assert!(
+            panics(|| assert_max_abs("bad", &bad, &want, 1e-2)),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn qkv_write_check_accepts_the_reference_and_rejects_stray_writes() {
+    let mut r = rng(7);
+    let heads = 4;
+    let layout = KvLayout {
+        kv_heads: 2,
+        block_size: 4,
+        head_dim: 8,
+    };
+    let (kvh, bs, hd) = (layout.kv_heads, layout.block_size, layout.head_dim);
+    let width = (heads + 2 * kvh) * hd;
+    let positions = [3u32, 103, 203, 303, 4000];
+    let slots = [7u32, 0, u32::MAX, 11, 4];
+    let qkv = rand_f32(&mut r, positions.len() * width, 2.0);
+    let inv = inv_freqs(10000.0, RopeScaling::None, hd);
+    // What the kernel leaves: Q and K rotated, K and V at their slots, all rounded to bf16.
+    let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() };
+    let n_cache = 3 * kvh * bs * hd;
+    let (mut q, mut k, mut v) = (Vec::new(), vec![f32::NAN; n_cache], vec![f32::NAN; n_cache]);
+    for (t, (&pos, &slot)) in positions.iter().zip(&slots).enumerate() {
+        let row = &qkv[t * width..(t + 1) * width];
+        for h in 0..heads {
+            q.extend(round(&rope_ref(&row[h * hd..(h + 1) * hd], pos, &inv)));
+        }
+        for kh in (0..kvh).filter(|_| slot != u32::MAX) {
+            let (o, kr, vr) = (
+                layout.offset(slot as usize, kh),
+                (heads + kh) * hd,
+                (heads + kvh + kh) * hd,
+            );
+            k[o..o + hd].copy_from_slice(&round(&rope_ref(&row[kr..kr + hd], pos, &inv)));
+            v[o..o + hd].copy_from_slice(&round(&row[vr..vr + hd]));
+        }
+    }
+    let write = QkvWrite {
+        heads,
+        layout,
+        inv_freq: inv.clone(),
+        positions: positions.to_vec(),
+        slots: slots.to_vec(),
+    };
+    let check = |k: &[f32], v: &[f32], v_exact: bool| {
+        let got = QkvWritten {
+            q: &q,
+            k_cache: k,
+            v_cache: v,
+        };
+        write.check("cpu", &qkv, got, v_exact);
+    };
+    check(&k, &v, true);
+    check(&k, &v, false);
+    // Slot 1 belongs to no token: a write there is caught, in K or in V.
+    let mut stray = k.clone();
+    stray[layout.offset(1, 1)] = 0.5;
+    assert!(panics(|| check(&stray, &v, false)));
+    assert!(panics(|| check(&k, &stray, false)));
+    // V off by one bf16 step passes the tolerance but not the exact check.
+    let o = layout.offset(7, 0);
+    let mut nudged = v.clone();
+    nudged[o] = bf16::from_bits(bf16::from_f32(nudged[o]).to_bits() + 1).to_f32();
+    check(&k, &nudged, false);
+    assert!(panics(|| check(&k, &nudged, true)));
+}
+
+#[test]
+fn prefill_rows_check_covers_every_query_and_head() {
+    let b = PrefillBatch::random(&mut rng(8), 16, 4, 2, &[(3, 5), (1, 1), (4, 20)]);
+    let want = b.reference();
+    assert_eq!(want.len(), b.tokens() * b.row_elems());
+    assert_eq!(b.rows_of(&want, &[0, 1, 2]), want);
+    let label = |s: usize| format!("seq {s}");
+    b.assert_rows(&want, &want, 1e-6, label);
+    let mut bad = want.clone();
+    *bad.last_mut().unwrap() = f32::NAN;
+    assert!(panics(|| b.assert_rows(&bad, &want, 1e-2, label)));
+    // Sequence 1 has a single key: each head's output is that key's V row.
+    let (hd, bs) = (b.layout().head_dim, b.layout().block_size);
+    let slot = b.paged.bt[b.paged.max_blocks] as usize * bs;
+    assert_eq!(b.paged.slot(1, 0), slot);
+    for h in 0..b.heads {
+        let o = (b.q_start[1] * b.heads + h) * hd;
+        let v = b.paged.cache.v_row(slot, h / b.group());
+        let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+        assert_close(&format!("one key, head {h}"), &want[o..o + hd], &v, 1e-6);
+    }
+}

@@ -1,0 +1,158 @@
+//! `gemv` (one warp per row or split over k, bf16 or fp32 out) and its fused variants
+//! `gemv_silu` and `gemv_qkv_rope`, for every row count the gemv path takes.
+
+use brook::executor::cuda::kernels::{
+    self, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
+};
+use brook::model::config::RopeScaling;
+use half::bf16;
+
+use crate::harness::{
+    assert_close, dev, gpu, inv_freqs, matmul_ref, poisoned, rand_bf16, read, read_bf16, rng,
+    setup, to_f32,
+};
+use crate::paged::KvLayout;
+use crate::qkv_write::{QkvDev, QkvWrite};
+
+#[test]
+fn gemv_matches_reference_for_each_row_count() {
+    let Some((g, mut r)) = setup(51) else { return };
+    let (n, k) = (1003, 1336);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let wb = dev(&g, &w);
+    let wf = to_f32(&w);
+    for m in 1..=GEMV_MAX_M {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
+        let xb = dev(&g, &x);
+        // Every split: 1003 rows leave the last CTA part empty, 167 chunks per row leave lanes idle.
+        for split in [1, 2, 4, 8] {
+            let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
+            let p = GemvParams {
+                x: xb.ptr(),
+                w: wb.ptr(),
+                y: y16.ptr(),
+                y32: 0,
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                split,
+            };
+            unsafe {
+                kernels::gemv(&g, &p).unwrap();
+                kernels::gemv(
+                    &g,
+                    &GemvParams {
+                        y: 0,
+                        y32: y32.ptr(),
+                        ..p
+                    },
+                )
+                .unwrap();
+            }
+            assert_close(
+                &format!("gemv m={m} split {split} bf16"),
+                &read_bf16(&g, &y16, m * n),
+                &want,
+                8e-3,
+            );
+            assert_close(
+                &format!("gemv m={m} split {split} f32"),
+                &read::<f32>(&g, &y32, m * n),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+/// Warps per row for the fused gemv tests' row counts 1..=4: each split once.
+const SPLITS: [i32; GEMV_MAX_M] = [8, 1, 4, 2];
+
+#[test]
+fn gemv_silu_matches_reference_for_each_row_count() {
+    let Some((g, mut r)) = setup(52) else { return };
+    let (inter, k) = (701, 1336);
+    let w = rand_bf16(&mut r, 2 * inter * k, 0.1);
+    let (wb, wf) = (dev(&g, &w), to_f32(&w));
+    for m in 1..=GEMV_MAX_M {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let gu = matmul_ref(&to_f32(&x), &wf, m, 2 * inter, k);
+        let want: Vec<f32> = (0..m * inter)
+            .map(|i| {
+                let (t, j) = (i / inter, i % inter);
+                let (gate, up) = (
+                    gu[t * 2 * inter + j] as f64,
+                    gu[t * 2 * inter + inter + j] as f64,
+                );
+                (gate / (1.0 + (-gate).exp()) * up) as f32
+            })
+            .collect();
+        let xb = dev(&g, &x);
+        let out = poisoned::<bf16>(&g, m * inter);
+        let p = GemvSiluParams {
+            x: xb.ptr(),
+            w: wb.ptr(),
+            out: out.ptr(),
+            m: m as i32,
+            inter: inter as i32,
+            k: k as i32,
+            split: SPLITS[m - 1],
+        };
+        unsafe { kernels::gemv_silu(&g, &p).unwrap() };
+        assert_close(
+            &format!("gemv_silu m={m} split {}", p.split),
+            &read_bf16(&g, &out, m * inter),
+            &want,
+            8e-3,
+        );
+    }
+}
+
+#[test]
+fn gemv_qkv_rope_projects_rotates_and_writes_the_cache() {
+    let Some(g) = gpu() else { return };
+    for (seed, head_dim, heads, kv_heads) in [(53u64, 128usize, 6usize, 2usize), (54, 64, 4, 4)] {
+        let mut r = rng(seed);
+        let (k, bs, num_blocks) = (520, 16, 24);
+        let width = (heads + 2 * kv_heads) * head_dim;
+        let w = rand_bf16(&mut r, width * k, 0.1);
+        let wb = dev(&g, &w);
+        let inv = inv_freqs(10000.0, RopeScaling::None, head_dim);
+        let layout = KvLayout {
+            kv_heads,
+            block_size: bs,
+            head_dim,
+        };
+        for m in 1..=GEMV_MAX_M {
+            let x = rand_bf16(&mut r, m * k, 1.0);
+            let qkv = matmul_ref(&to_f32(&x), &to_f32(&w), m, width, k);
+            let place = (m, 4000, num_blocks);
+            let mut write = QkvWrite::random(&mut r, place, heads, layout, inv.clone());
+            if m == 3 {
+                write.slots[1] = u32::MAX; // padding token: no cache write
+            }
+            let (xb, d) = (dev(&g, &x), QkvDev::new(&g, &write, num_blocks));
+            let p = GemvQkvRopeParams {
+                x: xb.ptr(),
+                w: wb.ptr(),
+                positions: d.positions.ptr(),
+                slots: d.slots.ptr(),
+                inv_freq: d.inv_freq.ptr(),
+                q_out: d.q_out.ptr(),
+                k_cache: d.k_cache.ptr(),
+                v_cache: d.v_cache.ptr(),
+                m: m as i32,
+                k: k as i32,
+                num_heads: heads as i32,
+                num_kv_heads: kv_heads as i32,
+                head_dim: head_dim as i32,
+                block_size: bs as i32,
+                split: SPLITS[m - 1],
+            };
+            unsafe { kernels::gemv_qkv_rope(&g, &p).unwrap() };
+            // The projection is rounded to bf16 inside the kernel: V within tolerance.
+            d.check(&g, &format!("fused m={m}"), &write, &qkv, false);
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! The paged KV cache of the attention tests: a random cache and block tables, the attention and
+//! K/V-write references over it, and the prefill fixture (a batch of sequences with cached
+//! prefixes) that both prefill paths run on.
+
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::kernels::{self, scores_ld, PrefillAttnParams, PREFILL_TILE};
+use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
+use half::bf16;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::harness::{assert_close, dev, poisoned, rand_bf16, to_f32};
+
+/// Where (slot, kv head) rows sit in a cache [num_blocks, kv_heads, block_size, head_dim].
+#[derive(Clone, Copy)]
+pub struct KvLayout {
+    pub kv_heads: usize,
+    pub block_size: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    pub fn offset(&self, slot: usize, kh: usize) -> usize {
+        ((slot / self.block_size * self.kv_heads + kh) * self.block_size + slot % self.block_size)
+            * self.head_dim
+    }
+}
+
+/// A paged cache with random contents.
+pub struct Cache {
+    pub k: Vec<bf16>,
+    pub v: Vec<bf16>,
+    pub layout: KvLayout,
+}
+
+impl Cache {
+    fn random(r: &mut ChaCha8Rng, num_blocks: usize, layout: KvLayout) -> Cache {
+        let n = num_blocks * layout.kv_heads * layout.block_size * layout.head_dim;
+        Cache {
+            k: rand_bf16(r, n, 1.0),
+            v: rand_bf16(r, n, 1.0),
+            layout,
+        }
+    }
+
+    pub fn k_row(&self, slot: usize, kh: usize) -> &[bf16] {
+        let o = self.layout.offset(slot, kh);
+        &self.k[o..o + self.layout.head_dim]
+    }
+
+    pub fn v_row(&self, slot: usize, kh: usize) -> &[bf16] {
+        let o = self.layout.offset(slot, kh);
+        &self.v[o..o + self.layout.head_dim]
+    }
+}
+
+/// Random distinct blocks for sequences of the given context lengths: block tables padded to the
+/// longest with block 0.
+fn block_tables(
+    r: &mut ChaCha8Rng,
+    ctx: &[usize],
+    block_size: usize,
+    num_blocks: usize,
+) -> (Vec<i32>, usize) {
+    let max_blocks = ctx.iter().map(|c| c.div_ceil(block_size)).max().unwrap();
+    let mut pool: Vec<i32> = (0..num_blocks as i32).collect();
+    pool.shuffle(r);
+    let mut next = 0;
+    let mut bt = vec![0i32; ctx.len() * max_blocks];
+    for (s, c) in ctx.iter().enumerate() {
+        for b in 0..c.div_ceil(block_size) {
+            bt[s * max_blocks + b] = pool[next];
+            next += 1;
+        }
+    }
+    assert!(next <= num_blocks);
+    (bt, max_blocks)
+}
+
+/// Sequences of the given context lengths in a random cache of `spare` blocks more than they
+/// need, each holding distinct random blocks.
+pub struct Paged {
+    pub cache: Cache,
+    pub ctx: Vec<usize>,
+    /// [sequences, max_blocks], padded with block 0.
+    pub bt: Vec<i32>,
+    pub max_blocks: usize,
+}
+
+impl Paged {
+    pub fn random(r: &mut ChaCha8Rng, ctx: &[usize], spare: usize, layout: KvLayout) -> Paged {
+        let bs = layout.block_size;
+        let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + spare;
+        let cache = Cache::random(r, num_blocks, layout);
+        let (bt, max_blocks) = block_tables(r, ctx, bs, num_blocks);
+        Paged {
+            cache,
+            ctx: ctx.to_vec(),
+            bt,
+            max_blocks,
+        }
+    }
+
+    /// The cache slot of key `j` of sequence `s`.
+    pub fn slot(&self, s: usize, j: usize) -> usize {
+        let bs = self.cache.layout.block_size;
+        self.bt[s * self.max_blocks + j / bs] as usize * bs + j % bs
+    }
+
+    /// Softmax attention of one query row over keys 0..n of sequence `s` on kv head `kh`, in f64.
+    pub fn attend_ref(&self, q: &[f32], s: usize, kh: usize, n: usize, scale: f64) -> Vec<f32> {
+        let scores: Vec<f64> = (0..n)
+            .map(|j| {
+                q.iter()
+                    .zip(self.cache.k_row(self.slot(s, j), kh))
+                    .map(|(a, b)| *a as f64 * b.to_f32() as f64)
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        let mut out = vec![0f64; self.cache.layout.head_dim];
+        for (j, wj) in w.iter().enumerate() {
+            for (o, v) in out.iter_mut().zip(self.cache.v_row(self.slot(s, j), kh)) {
+                *o += wj / z * v.to_f32() as f64;
+            }
+        }
+        out.into_iter().map(|x| x as f32).collect()
+    }
+
+    /// The cache, block tables and context lengths on the device.
+    pub fn upload(&self, g: &Gpu) -> DevPaged {
+        let ctx: Vec<i32> = self.ctx.iter().map(|&c| c as i32).collect();
+        DevPaged {
+            k_cache: dev(g, &self.cache.k),
+            v_cache: dev(g, &self.cache.v),
+            block_tables: dev(g, &self.bt),
+            context_lens: dev(g, &ctx),
+        }
+    }
+}
+
+/// A `Paged` on the device, named as the kernels' parameters name them.
+pub struct DevPaged {
+    pub k_cache: DevBuf,
+    pub v_cache: DevBuf,
+    pub block_tables: DevBuf,
+    pub context_lens: DevBuf,
+}
+
+/// A prefill batch over a random paged cache: per sequence (query tokens, context), block size 16.
+pub struct PrefillBatch {
+    pub heads: usize,
+    pub seqs: Vec<(usize, usize)>,
+    pub paged: Paged,
+    pub q: Vec<bf16>,
+    /// First token row of each sequence.
+    pub q_start: Vec<usize>,
+}
+
+impl PrefillBatch {
+    pub fn random(
+        r: &mut ChaCha8Rng,
+        head_dim: usize,
+        heads: usize,
+        kv_heads: usize,
+        seqs: &[(usize, usize)],
+    ) -> PrefillBatch {
+        let layout = KvLayout {
+            kv_heads,
+            block_size: 16,
+            head_dim,
+        };
+        let ctx: Vec<usize> = seqs.iter().map(|s| s.1).collect();
+        let paged = Paged::random(r, &ctx, 5, layout);
+        let mut q_start = Vec::new();
+        let mut t = 0;
+        for &(qlen, c) in seqs {
+            assert!(qlen <= c);
+            q_start.push(t);
+            t += qlen;
+        }
+        PrefillBatch {
+            heads,
+            seqs: seqs.to_vec(),
+            q: rand_bf16(r, t * heads * head_dim, 1.0),
+            paged,
+            q_start,
+        }
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.paged.cache.layout
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.0).sum()
+    }
+
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.layout().head_dim as f32).sqrt()
+    }
+
+    pub fn row_elems(&self) -> usize {
+        self.heads * self.layout().head_dim
+    }
+
+    pub fn group(&self) -> usize {
+        self.heads / self.layout().kv_heads
+    }
+
+    /// The reference attention output of every token row, [tokens, heads, head_dim].
+    pub fn reference(&self) -> Vec<f32> {
+        let qf = to_f32(&self.q);
+        let hd = self.layout().head_dim;
+        let mut out = vec![0f32; self.tokens() * self.row_elems()];
+        for (s, &(qlen, c)) in self.seqs.iter().enumerate() {
+            for i in 0..qlen {
+                for h in 0..self.heads {
+                    let o = ((self.q_start[s] + i) * self.heads + h) * hd;
+                    let want = self.paged.attend_ref(
+                        &qf[o..o + hd],
+                        s,
+                        h / self.group(),
+                        c - qlen + i + 1,
+                        self.scale() as f64,
+                    );
+                    out[o..o + hd].copy_from_slice(&want);
+                }
+            }
+        }
+        out
+    }
+
+    /// Each (sequence, query, head) row of `got` against `want` ([tokens, heads, head_dim]),
+    /// named by `seq_label(s)` and the query and head.
+    pub fn assert_rows(
+        &self,
+        got: &[f32],
+        want: &[f32],
+        tol: f64,
+        seq_label: impl Fn(usize) -> String,
+    ) {
+        let hd = self.layout().head_dim;
+        for (s, &(qlen, _)) in self.seqs.iter().enumerate() {
+            let label = seq_label(s);
+            for i in 0..qlen {
+                for h in 0..self.heads {
+                    let o = ((self.q_start[s] + i) * self.heads + h) * hd;
+                    assert_close(
+                        &format!("{label} query {i} head {h}"),
+                        &got[o..o + hd],
+                        &want[o..o + hd],
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Token rows of `seqs` in `v` ([tokens, heads, head_dim]).
+    pub fn rows_of(&self, v: &[f32], seqs: &[usize]) -> Vec<f32> {
+        let e = self.row_elems();
+        seqs.iter()
+            .flat_map(|&s| v[self.q_start[s] * e..(self.q_start[s] + self.seqs[s].0) * e].to_vec())
+            .collect()
+    }
+}
+
+/// The batch's buffers on the GPU, and runs of each path on chosen sequences into `out`.
+pub struct PrefillRun<'a> {
+    g: &'a Gpu,
+    b: &'a PrefillBatch,
+    q: DevBuf,
+    paged: DevPaged,
+    q_start: DevBuf,
+    q_len: DevBuf,
+}
+
+impl<'a> PrefillRun<'a> {
+    pub fn new(g: &'a Gpu, b: &'a PrefillBatch) -> Self {
+        let q_start: Vec<i32> = b.q_start.iter().map(|&x| x as i32).collect();
+        let q_len: Vec<i32> = b.seqs.iter().map(|s| s.0 as i32).collect();
+        PrefillRun {
+            g,
+            b,
+            q: dev(g, &b.q),
+            paged: b.paged.upload(g),
+            q_start: dev(g, &q_start),
+            q_len: dev(g, &q_len),
+        }
+    }
+
+    /// The flash kernel on `seqs` (64-query tiles).
+    pub fn flash(&self, seqs: &[usize], out: &DevBuf) {
+        let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+        for &s in seqs {
+            for q0 in (0..self.b.seqs[s].0).step_by(PREFILL_TILE) {
+                tile_seq.push(s as i32);
+                tile_q0.push(q0 as i32);
+            }
+        }
+        let (ts, tq) = (dev(self.g, &tile_seq), dev(self.g, &tile_q0));
+        let layout = self.b.layout();
+        let p = PrefillAttnParams {
+            q: self.q.ptr(),
+            k_cache: self.paged.k_cache.ptr(),
+            v_cache: self.paged.v_cache.ptr(),
+            tile_seq: ts.ptr(),
+            tile_q0: tq.ptr(),
+            q_start: self.q_start.ptr(),
+            q_len: self.q_len.ptr(),
+            context_lens: self.paged.context_lens.ptr(),
+            block_tables: self.paged.block_tables.ptr(),
+            out: out.ptr(),
+            num_tiles: tile_seq.len() as i32,
+            num_heads: self.b.heads as i32,
+            num_kv_heads: layout.kv_heads as i32,
+            block_size: layout.block_size as i32,
+            max_blocks: self.b.paged.max_blocks as i32,
+            scale: self.b.scale(),
+        };
+        unsafe { kernels::prefill_attn(self.g, &p, layout.head_dim).unwrap() };
+        self.g.sync().unwrap();
+    }
+
+    /// The whole GEMM path on `seqs`, with scratch placed by the backend's planner and poisoned.
+    pub fn gemm(&self, seqs: &[usize], out: &DevBuf) {
+        let (b, layout) = (self.b, self.b.layout());
+        let mut planner = GemmPlanner::new(usize::MAX, b.heads, usize::MAX, usize::MAX);
+        let placed: Vec<GemmSeq> = seqs
+            .iter()
+            .map(|&s| {
+                let (qlen, c) = b.seqs[s];
+                planner.place(s, b.q_start[s], qlen, c).unwrap()
+            })
+            .collect();
+        let last = placed.last().unwrap();
+        let keys = last.key0 + last.ctx;
+        let score_floats = last.s0 + b.heads * last.q_len * scores_ld(last.ctx);
+        let (hd, h) = (layout.head_dim, b.heads);
+        let k_buf = poisoned::<bf16>(self.g, keys * h * hd);
+        let v_buf = poisoned::<bf16>(self.g, keys * h * hd);
+        let scores = poisoned::<f32>(self.g, score_floats);
+        let col = |f: fn(&GemmSeq) -> usize| -> DevBuf {
+            let v: Vec<i32> = placed.iter().map(|p| f(p) as i32).collect();
+            dev(self.g, &v)
+        };
+        let (gs, gk, gs0) = (col(|p| p.seq), col(|p| p.key0), col(|p| p.s0));
+        let p = GemmAttention {
+            q: self.q.ptr(),
+            out: out.ptr(),
+            k_cache: self.paged.k_cache.ptr(),
+            v_cache: self.paged.v_cache.ptr(),
+            q_lens: self.q_len.ptr(),
+            context_lens: self.paged.context_lens.ptr(),
+            block_tables: self.paged.block_tables.ptr(),
+            gemm_seq: gs.ptr(),
+            gemm_key0: gk.ptr(),
+            gemm_s0: gs0.ptr(),
+            k_buf: k_buf.ptr(),
+            v_buf: v_buf.ptr(),
+            scores: scores.ptr(),
+            seqs: &placed,
+            num_heads: h,
+            num_kv_heads: layout.kv_heads,
+            head_dim: hd,
+            block_size: layout.block_size,
+            max_blocks: b.paged.max_blocks,
+            scale: b.scale(),
+        };
+        unsafe { gemm_attention(self.g, &p).unwrap() };
+        self.g.sync().unwrap();
+    }
+}

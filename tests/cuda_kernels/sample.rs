@@ -1,0 +1,164 @@
+//! `sample`: greedy and filtered sampling (temperature, top-k, top-p, min-p) against the CPU
+//! sampler, with draws fixed by (seed, output index).
+
+use brook::executor::cuda::device::Gpu;
+use brook::executor::cuda::kernels::{self, SampleArgs, SampleParams};
+use brook::sampling::params::SamplingParams;
+use brook::sampling::sampler::{argmax, Sampler};
+use rand::Rng;
+
+use crate::harness::{assert_max_abs, dev, poisoned, rand_f32, read, setup};
+
+fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
+    SampleArgs {
+        seed,
+        output_index: index,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        top_k: p.top_k as i32,
+    }
+}
+
+/// Runs the sampler kernel on `rows` of logits; returns (tokens, logprobs).
+fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Vec<i32>, Vec<f32>) {
+    let n = args.len();
+    let (lb, ab) = (dev(g, logits), dev(g, args));
+    let (tb, pb) = (poisoned::<i32>(g, n), poisoned::<f32>(g, n));
+    let p = SampleParams {
+        logits: lb.ptr(),
+        args: ab.ptr(),
+        tokens: tb.ptr(),
+        logprobs: pb.ptr(),
+        num_rows: n as i32,
+        vocab: vocab as i32,
+    };
+    unsafe { kernels::sample(g, &p).unwrap() };
+    (read(g, &tb, n), read(g, &pb, n))
+}
+
+/// Sampling with (temperature, top_k, top_p, min_p), the rest default.
+fn filtered((temperature, top_k, top_p, min_p): (f32, usize, f32, f32)) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        ..Default::default()
+    }
+}
+
+fn log_softmax_at(logits: &[f32], t: usize) -> f32 {
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = logits.iter().map(|l| (*l as f64 - m).exp()).sum();
+    (logits[t] as f64 - m - z.ln()) as f32
+}
+
+#[test]
+fn sampling_greedy_and_filters_match_the_cpu_sampler() {
+    let Some((g, mut r)) = setup(60) else { return };
+    let vocab = 32003;
+    // Greedy, then (temperature, top_k, top_p, min_p) with the cuts off at 0, 1.0 and 0.0.
+    let filters = [
+        (0.8, 0, 1.0, 0.0),
+        (1.0, 5, 1.0, 0.0),
+        (0.7, 0, 0.9, 0.0),
+        (1.3, 0, 1.0, 0.2),
+        (0.9, 40, 0.8, 0.05),
+        (1.0, 1, 1.0, 0.0),
+    ];
+    let variants: Vec<SamplingParams> = std::iter::once(SamplingParams::greedy(1))
+        .chain(filters.into_iter().map(filtered))
+        .collect();
+    let rows = variants.len() * 9;
+    // Peaked logits so the filters bite: a few large values over noise.
+    let mut logits = rand_f32(&mut r, rows * vocab, 3.0);
+    for row in logits.chunks_mut(vocab) {
+        for _ in 0..20 {
+            row[r.random_range(0..vocab)] += r.random_range(4.0..9.0);
+        }
+    }
+    let args: Vec<SampleArgs> = (0..rows)
+        .map(|i| {
+            sample_args(
+                &variants[i % variants.len()],
+                1000 + i as u64,
+                (i * 7) as u64,
+            )
+        })
+        .collect();
+    let (tokens, logprobs) = run_sample(&g, &logits, vocab, &args);
+    let mut sampler = Sampler::new();
+    let mut want_logprobs = Vec::with_capacity(rows);
+    for i in 0..rows {
+        let p = &variants[i % variants.len()];
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let tok = tokens[i] as usize;
+        assert!(tok < vocab, "row {i}: token {tok}");
+        want_logprobs.push(log_softmax_at(row, tok));
+        if p.is_greedy() {
+            assert_eq!(tok as u32, argmax(row).0, "row {i}: greedy");
+        } else {
+            let (_, m) = argmax(row);
+            let kept: Vec<u32> = sampler
+                .filtered_probs(row, p, m)
+                .iter()
+                .map(|c| c.0)
+                .collect();
+            assert!(
+                kept.contains(&(tok as u32)),
+                "row {i} ({p:?}): token {tok} is not among the {} kept",
+                kept.len()
+            );
+        }
+    }
+    assert_max_abs(
+        "logprob of each row's token",
+        &logprobs,
+        &want_logprobs,
+        1e-3,
+    );
+    // Same (seed, index) gives the same token in another batch at another row.
+    let perm: Vec<usize> = (0..rows).rev().collect();
+    let logits2: Vec<f32> = perm
+        .iter()
+        .flat_map(|&i| logits[i * vocab..(i + 1) * vocab].to_vec())
+        .collect();
+    let args2: Vec<SampleArgs> = perm.iter().map(|&i| args[i]).collect();
+    let (tokens2, _) = run_sample(&g, &logits2, vocab, &args2);
+    for (j, &i) in perm.iter().enumerate() {
+        assert_eq!(tokens2[j], tokens[i], "row {i} changed with batch order");
+    }
+}
+
+#[test]
+fn sampling_follows_the_filtered_distribution() {
+    let Some((g, mut r)) = setup(61) else { return };
+    let vocab = 50;
+    let row = rand_f32(&mut r, vocab, 2.5);
+    let p = filtered((0.8, 20, 0.9, 0.0));
+    let n = 20000;
+    let logits: Vec<f32> = (0..n).flat_map(|_| row.clone()).collect();
+    let args: Vec<SampleArgs> = (0..n).map(|i| sample_args(&p, 5, i as u64)).collect();
+    let (tokens, _) = run_sample(&g, &logits, vocab, &args);
+    let mut sampler = Sampler::new();
+    let (_, m) = argmax(&row);
+    let kept = sampler.filtered_probs(&row, &p, m).to_vec();
+    let total: f32 = kept.iter().map(|c| c.1).sum();
+    let mut counts = vec![0usize; vocab];
+    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+    for &(t, w) in &kept {
+        let want = (w / total) as f64;
+        let got = counts[t as usize] as f64 / n as f64;
+        let sd = (want * (1.0 - want) / n as f64).sqrt();
+        assert!(
+            (got - want).abs() < 5.0 * sd + 1e-3,
+            "token {t}: frequency {got:.4}, probability {want:.4}"
+        );
+    }
+    let outside: usize = (0..vocab)
+        .filter(|t| !kept.iter().any(|c| c.0 as usize == *t))
+        .map(|t| counts[t])
+        .sum();
+    assert_eq!(outside, 0, "tokens outside the filtered set were drawn");
+}
