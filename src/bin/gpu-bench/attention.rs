@@ -1,0 +1,123 @@
+//! `gpu-bench attention`: paged decode attention GB/s by context and batch, then the flash
+//! prefill kernel's TFLOP/s on causal prompts.
+
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::kernels::{self, PagedDecodeParams};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::common::{emit, random_bf16, time_ms, upload, AttnShape, CausalPrefill};
+
+/// Paged decode attention at Llama-2-7B's head shape (32 heads, 32 kv heads, head_dim 128), one
+/// layer; bytes = K and V read once + Q + output. Several disjoint caches are rotated so small
+/// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts.
+pub fn run() -> anyhow::Result<()> {
+    let gpu = Gpu::open(0)?;
+    let shape = AttnShape {
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        block_size: 16,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    paged_decode(&gpu, &shape, &mut rng)?;
+    prefill(&gpu, &shape, &mut rng)
+}
+
+fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
+    let (h, kvh, hd, bs) = (
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.block_size,
+    );
+    let mut rows = Vec::new();
+    for &ctx in &[1024usize, 4096, 16384] {
+        for &batch in &[1usize, 16, 64] {
+            let blocks_per_seq = ctx.div_ceil(bs);
+            let kv_bytes = batch * ctx * kvh * hd * 2 * 2;
+            let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
+            let num_blocks = sets * batch * blocks_per_seq;
+            let cache_elems = num_blocks * kvh * bs * hd;
+            let (k, v) = (
+                random_bf16(gpu, cache_elems, 11)?,
+                random_bf16(gpu, cache_elems, 12)?,
+            );
+            let q = random_bf16(gpu, batch * h * hd, 13)?;
+            let out = gpu.alloc(batch * h * hd * 2)?;
+            let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+            perm.shuffle(rng);
+            let tables: Vec<DevBuf> = perm
+                .chunks(batch * blocks_per_seq)
+                .map(|c| upload(gpu, c))
+                .collect::<anyhow::Result<_>>()?;
+            let rows_idx: Vec<i32> = (0..batch as i32).collect();
+            let (item_row, ctx_lens) = (
+                upload(gpu, &rows_idx)?,
+                upload(gpu, &vec![ctx as i32; batch])?,
+            );
+            let splits = kernels::decode_splits(gpu.num_sms, batch, kvh, ctx);
+            let (part_acc, part_ml) = (
+                gpu.alloc(batch * h * splits * hd * 4)?,
+                gpu.alloc(batch * h * splits * 2 * 4)?,
+            );
+            let params = |set: usize| PagedDecodeParams {
+                q: q.ptr(),
+                k_cache: k.ptr(),
+                v_cache: v.ptr(),
+                item_row: item_row.ptr(),
+                item_seq: item_row.ptr(),
+                block_tables: tables[set].ptr(),
+                context_lens: ctx_lens.ptr(),
+                out: out.ptr(),
+                part_acc: part_acc.ptr(),
+                part_ml: part_ml.ptr(),
+                num_items: batch as i32,
+                num_heads: h as i32,
+                num_kv_heads: kvh as i32,
+                block_size: bs as i32,
+                max_blocks: blocks_per_seq as i32,
+                num_splits: splits as i32,
+                scale: shape.scale(),
+            };
+            // SAFETY: every buffer above matches the shapes in the params.
+            let ms = time_ms(gpu, 3, 20, |i| unsafe {
+                kernels::paged_decode(gpu, &params(i % sets), hd)
+            })?;
+            let bytes = kv_bytes + 2 * batch * h * hd * 2;
+            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+            eprintln!("paged decode ctx {ctx:>5} batch {batch:>2}: {ms:.3} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits", gbps / 43.0);
+            rows.push(json!({"ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits}));
+        }
+    }
+    emit(
+        json!({"figure": "paged_decode_attention", "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
+    );
+    Ok(())
+}
+
+/// The flash prefill kernel on 16k tokens of causal prompts of each length.
+fn prefill(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
+    let (h, hd) = (shape.heads, shape.head_dim);
+    let mut prefill_rows = Vec::new();
+    for &len in &[128usize, 512, 2048, 8192] {
+        let seqs = (16384 / len).max(1);
+        let num_blocks = (seqs * len).div_ceil(shape.block_size) + seqs;
+        let batch = CausalPrefill::new(gpu, shape, (seqs, len), num_blocks, 21, rng)?;
+        let out = gpu.alloc(batch.tokens() * h * hd * 2)?;
+        let p = batch.flash_params(shape, &out);
+        // SAFETY: buffers match the params' shapes.
+        let ms = time_ms(gpu, 2, 10, |_| unsafe {
+            kernels::prefill_attn(gpu, &p, hd)
+        })?;
+        // Causal: QK^T and PV over len (len + 1) / 2 key-query pairs per head.
+        let flops = 4.0 * (seqs * h * hd) as f64 * (len * (len + 1) / 2) as f64;
+        let tflops = flops / (ms * 1e-3) / 1e12;
+        eprintln!("prefill attention {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s");
+        prefill_rows.push(json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops}));
+    }
+    emit(json!({"figure": "prefill_attention", "heads": h, "head_dim": hd, "rows": prefill_rows}));
+    Ok(())
+}

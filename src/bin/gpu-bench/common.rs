@@ -1,0 +1,254 @@
+//! What the benchmarks share: JSON figures on stdout, CUDA-event timing, device buffers filled
+//! on the GPU, the synthetic-weight backend and its one-sequence batches, and the causal prefill
+//! fixture both attention benchmarks time.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use brook::executor::backend::Backend;
+use brook::executor::batch::{BatchInput, SampleInput, SeqInput, StepOutput};
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::model::synthetic::synthetic_config;
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use cudarc::driver::sys::CUevent_flags;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+/// One figure: a JSON object on its own line of stdout.
+pub fn emit(v: serde_json::Value) {
+    println!("{v}");
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `f` with CUDA events: `warmup` untimed runs, then the median of `reps` (ms).
+pub fn time_ms(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    for i in 0..warmup {
+        f(i)?;
+    }
+    let (start, end) = (
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps {
+        start.record(&gpu.stream)?;
+        f(i)?;
+        end.record(&gpu.stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    Ok(median(times))
+}
+
+/// Milliseconds since `t0`, by the host clock (for whole engine steps).
+pub fn elapsed_ms(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
+pub fn upload<T: Copy>(gpu: &Gpu, data: &[T]) -> anyhow::Result<DevBuf> {
+    let b = gpu.alloc(std::mem::size_of_val(data))?;
+    gpu.upload(b.ptr(), data)?;
+    Ok(b)
+}
+
+/// `elems` bf16 of random values in [-1, 1) (seeded, generated on the GPU).
+pub fn random_bf16(gpu: &Gpu, elems: usize, seed: u64) -> anyhow::Result<DevBuf> {
+    let b = gpu.alloc(elems * 2)?;
+    let p = kernels::FillParams {
+        out: b.ptr(),
+        n: elems as u64,
+        seed,
+        scale: 1.0,
+        offset: 0.0,
+    };
+    // SAFETY: b holds `elems` bf16.
+    unsafe { kernels::fill_uniform(gpu, &p) }?;
+    Ok(b)
+}
+
+/// The head shape of one attention layer and the KV block size.
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+impl AttnShape {
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// `seqs` causal prompts of `len` tokens each (no cached prefix) over a paged cache of
+/// `num_blocks` random blocks, each prompt's blocks drawn at random from the pool; Q random too.
+/// The device buffers the flash kernel and the GEMM path read.
+pub struct CausalPrefill {
+    pub seqs: usize,
+    pub len: usize,
+    pub blocks_per_seq: usize,
+    pub num_tiles: usize,
+    pub q: DevBuf,
+    pub k_cache: DevBuf,
+    pub v_cache: DevBuf,
+    pub tile_seq: DevBuf,
+    pub tile_q0: DevBuf,
+    pub q_start: DevBuf,
+    /// Each prompt's length, which is also its context length (no cached prefix).
+    pub lens: DevBuf,
+    pub block_tables: DevBuf,
+}
+
+impl CausalPrefill {
+    /// K, V and Q filled with seeds `seed`, `seed + 1` and `seed + 2`.
+    pub fn new(
+        gpu: &Gpu,
+        shape: &AttnShape,
+        (seqs, len): (usize, usize),
+        num_blocks: usize,
+        seed: u64,
+        rng: &mut ChaCha8Rng,
+    ) -> anyhow::Result<Self> {
+        let (h, kvh, hd, bs) = (
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.block_size,
+        );
+        let cache_elems = num_blocks * kvh * bs * hd;
+        let (k_cache, v_cache) = (
+            random_bf16(gpu, cache_elems, seed)?,
+            random_bf16(gpu, cache_elems, seed + 1)?,
+        );
+        let q = random_bf16(gpu, seqs * len * h * hd, seed + 2)?;
+        let blocks_per_seq = len.div_ceil(bs);
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        perm.shuffle(rng);
+        let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
+        for s in 0..seqs {
+            for q0 in (0..len).step_by(PREFILL_TILE) {
+                tile_seq.push(s as i32);
+                tile_q0.push(q0 as i32);
+            }
+        }
+        let q_start: Vec<i32> = (0..seqs).map(|s| (s * len) as i32).collect();
+        Ok(CausalPrefill {
+            seqs,
+            len,
+            blocks_per_seq,
+            num_tiles: tile_seq.len(),
+            q,
+            k_cache,
+            v_cache,
+            tile_seq: upload(gpu, &tile_seq)?,
+            tile_q0: upload(gpu, &tile_q0)?,
+            q_start: upload(gpu, &q_start)?,
+            lens: upload(gpu, &vec![len as i32; seqs])?,
+            block_tables: upload(gpu, &perm[..seqs * blocks_per_seq])?,
+        })
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.seqs * self.len
+    }
+
+    /// The flash kernel over every prompt, into `out` ([tokens, heads, head_dim] bf16).
+    pub fn flash_params(&self, shape: &AttnShape, out: &DevBuf) -> PrefillAttnParams {
+        PrefillAttnParams {
+            q: self.q.ptr(),
+            k_cache: self.k_cache.ptr(),
+            v_cache: self.v_cache.ptr(),
+            tile_seq: self.tile_seq.ptr(),
+            tile_q0: self.tile_q0.ptr(),
+            q_start: self.q_start.ptr(),
+            q_len: self.lens.ptr(),
+            context_lens: self.lens.ptr(),
+            block_tables: self.block_tables.ptr(),
+            out: out.ptr(),
+            num_tiles: self.num_tiles as i32,
+            num_heads: shape.heads as i32,
+            num_kv_heads: shape.kv_heads as i32,
+            block_size: shape.block_size as i32,
+            max_blocks: self.blocks_per_seq as i32,
+            scale: shape.scale(),
+        }
+    }
+}
+
+/// brook's defaults with the progress bar off; each bench overrides what it measures.
+pub fn bench_options() -> CudaBackendOptions {
+    CudaBackendOptions {
+        progress: false,
+        ..Default::default()
+    }
+}
+
+pub fn backend(model: &str, opts: CudaBackendOptions) -> anyhow::Result<CudaBackend> {
+    let cfg = synthetic_config(model)?;
+    let started = Instant::now();
+    let b = CudaBackend::synthetic(cfg, 0, opts)?;
+    eprintln!(
+        "{model}: synthetic weights and KV pool ready in {:.1} s; {:?}",
+        started.elapsed().as_secs_f64(),
+        b.info()
+    );
+    Ok(b)
+}
+
+/// A batch of one sequence (request 1): tokens `start..start + n` of `tokens` on `blocks`,
+/// greedy-sampled at output index `sample_index` if given.
+pub fn one_seq_batch(
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    blocks: &[u32],
+    bs: usize,
+    sample_index: Option<usize>,
+) -> BatchInput {
+    let id = 1;
+    let (mut token_ids, mut positions, mut slot_mapping) = (Vec::new(), Vec::new(), Vec::new());
+    for pos in start..start + n {
+        token_ids.push(tokens[pos]);
+        positions.push(pos as u32);
+        slot_mapping.push(blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+    }
+    let ctx = start + n;
+    let seq = SeqInput {
+        request_id: RequestId(id),
+        query_len: n,
+        context_len: ctx,
+        block_table: blocks[..ctx.div_ceil(bs)].to_vec(),
+        sample: sample_index.map(|i| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: id,
+            output_index: i,
+        }),
+    };
+    BatchInput {
+        token_ids,
+        positions,
+        slot_mapping,
+        seqs: vec![seq],
+    }
+}
+
+/// A step of `b` on `batch` (an empty batch runs nothing and samples nothing).
+pub fn execute(b: &mut CudaBackend, batch: &BatchInput) -> anyhow::Result<StepOutput> {
+    if batch.seqs.is_empty() {
+        Ok(Default::default())
+    } else {
+        b.execute(batch)
+    }
+}

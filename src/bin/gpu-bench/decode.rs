@@ -1,0 +1,114 @@
+//! `gpu-bench decode`: batch-1 decode ms/token for brook's defaults, each setting changed alone,
+//! and the default with one kind of launch left out (what each costs inside the step).
+
+use std::time::Instant;
+
+use brook::executor::backend::Backend;
+use brook::executor::cuda::{skip, CudaBackendOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_batch};
+
+/// Batch-1 greedy decode after a prompt: median step time over the run, for brook's defaults and
+/// then one setting changed at a time.
+pub fn run(model: &str, input_len: usize, output_len: usize, quick: bool) -> anyhow::Result<()> {
+    let base = CudaBackendOptions {
+        max_num_seqs: 8,
+        max_num_batched_tokens: input_len.max(256),
+        ..bench_options()
+    };
+    let variants = [
+        base.clone(),
+        CudaBackendOptions {
+            gemv_split: 1,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_split: 2,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_split: 4,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            fuse_decode: true,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            pdl: false,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            gemv_max_rows: 0,
+            ..base.clone()
+        },
+        CudaBackendOptions {
+            cuda_graphs: false,
+            ..base.clone()
+        },
+    ];
+    // What each kind of launch costs inside the step: the default with that kind left out.
+    let skips = [
+        ("norms", skip::NORMS),
+        ("rope", skip::ROPE),
+        ("attention", skip::ATTENTION),
+        ("silu", skip::SILU),
+        (
+            "all but linear",
+            skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
+        ),
+        ("linear", skip::LINEAR),
+    ];
+    let variants = variants
+        .into_iter()
+        .map(|o| (o, ""))
+        .chain(skips.into_iter().map(|(name, bits)| {
+            (
+                CudaBackendOptions {
+                    skip: bits,
+                    ..base.clone()
+                },
+                name,
+            )
+        }));
+    let count = if quick { 1 } else { usize::MAX };
+    for (opts, skipped) in variants.take(count) {
+        let (graphs, gemv, fuse, pdl, split) = (
+            opts.cuda_graphs,
+            opts.gemv_max_rows > 0,
+            opts.fuse_decode,
+            opts.pdl,
+            opts.gemv_split,
+        );
+        let mut b = backend(model, opts)?;
+        let bs = b.info().block_size;
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let vocab = b.config().vocab_size as u32;
+        let mut tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let blocks: Vec<u32> = (0..(input_len + output_len + 1).div_ceil(bs) as u32).collect();
+        let out = b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        // A step with launches skipped samples from garbage: keep its token in the vocabulary.
+        tokens.push(out.sampled[0].token.min(vocab - 1));
+        let mut steps = Vec::with_capacity(output_len);
+        for i in 1..output_len {
+            let pos = tokens.len() - 1;
+            let t0 = Instant::now();
+            let out = b.execute(&one_seq_batch(&tokens, pos, 1, &blocks, bs, Some(i)))?;
+            steps.push(elapsed_ms(t0));
+            tokens.push(out.sampled[0].token.min(vocab - 1));
+        }
+        let warm = steps[8..].to_vec();
+        let med = median(warm.clone());
+        let mean = warm.iter().sum::<f64>() / warm.len() as f64;
+        eprintln!(
+            "{model} decode batch 1, graphs {graphs}, gemv {gemv}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+        );
+        emit(
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! `gpu-bench`: measurements of the CUDA executor on synthetic (random, GPU-generated) weights.
+//!
+//!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
+//!   gpu-bench prefill-attn              prefill attention, GEMM path vs flash kernel by length
+//!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
+//!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
+//!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
+//!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
+//!                                       gemv by split and (warps, loads in flight) build, cuBLAS
+//!
+//! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
+//! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
+//! no tokenizer), so it measures the executor and the scheduler together.
+//!
+//! One module per benchmark; `common` holds the timing, JSON output, buffer and backend helpers
+//! they share.
+
+mod attention;
+mod common;
+mod decode;
+mod gemv_sweep;
+mod offline;
+mod prefill_attn;
+mod ttft;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Attention,
+    GemvSweep,
+    /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
+    /// batch 1, 8 and 32; then the length from which the flash kernel wins.
+    PrefillAttn {
+        /// Head shapes of these synthetic models (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [String::from("llama-2-7b"), String::from("llama-3-8b")])]
+        model: Vec<String>,
+    },
+    Decode {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 128)]
+        input_len: usize,
+        #[arg(long, default_value_t = 256)]
+        output_len: usize,
+        /// brook's defaults only (no variants): for a profiler run.
+        #[arg(long)]
+        quick: bool,
+    },
+    Ttft {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 2048)]
+        input_len: usize,
+    },
+    Offline {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 512)]
+        num_prompts: usize,
+        #[arg(long, default_value_t = 128)]
+        input_len: usize,
+        #[arg(long, default_value_t = 128)]
+        output_len: usize,
+        #[arg(long, default_value_t = 512)]
+        max_num_seqs: usize,
+        #[arg(long, default_value_t = 8192)]
+        max_num_batched_tokens: usize,
+        #[arg(long)]
+        no_cuda_graphs: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    brook::logging::init();
+    match Cli::parse().cmd {
+        Cmd::Attention => attention::run(),
+        Cmd::GemvSweep => gemv_sweep::run(),
+        Cmd::PrefillAttn { model } => prefill_attn::run(&model),
+        Cmd::Decode {
+            model,
+            input_len,
+            output_len,
+            quick,
+        } => decode::run(&model, input_len, output_len, quick),
+        Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
+        Cmd::Offline {
+            model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            no_cuda_graphs,
+        } => offline::run(
+            &model,
+            num_prompts,
+            input_len,
+            output_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            !no_cuda_graphs,
+        ),
+    }
+}

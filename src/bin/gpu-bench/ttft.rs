@@ -1,0 +1,39 @@
+//! `gpu-bench ttft`: one prompt in one step (prefill + first token).
+
+use std::time::Instant;
+
+use brook::executor::backend::Backend;
+use brook::executor::cuda::CudaBackendOptions;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_batch};
+
+/// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
+pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
+    let mut b = backend(
+        model,
+        CudaBackendOptions {
+            max_num_seqs: 8,
+            max_num_batched_tokens: input_len,
+            ..bench_options()
+        },
+    )?;
+    let bs = b.info().block_size;
+    let vocab = b.config().vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut times = Vec::new();
+    for rep in 0..6 {
+        let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let per = input_len.div_ceil(bs) as u32;
+        let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
+        let t0 = Instant::now();
+        b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        times.push(elapsed_ms(t0));
+    }
+    let med = median(times[1..].to_vec());
+    eprintln!("{model} ttft for {input_len} tokens: {med:.2} ms (runs {times:.2?})");
+    emit(json!({"figure": "ttft_b1_ms", "model": model, "input_len": input_len, "median_ms": med}));
+    Ok(())
+}
