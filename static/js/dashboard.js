@@ -107,7 +107,7 @@ export class Dashboard {
 
   renderSnapshot(s) {
     set("tile-tps", fmt(s.tokens_per_s, 1), `prompt ${fmt(s.prompt_tokens_per_s, 0)} tok/s`);
-    set("tile-running", s.requests.running, `waiting ${s.requests.waiting} · ${s.requests.websocket_connections} sockets`);
+    set("tile-running", s.requests.running, `waiting ${s.requests.waiting} · ${plural(s.requests.websocket_connections, "socket")}`);
     set("tile-waiting", s.requests.waiting, `${fmt(s.requests.finished_per_s, 1)} done/s · ${fmt(s.requests.errors_per_s, 1)} errors/s`);
     setPct("tile-ttft", s.ttft_ms);
     setPct("tile-itl", s.itl_ms);
@@ -137,7 +137,7 @@ export class Dashboard {
     renderCounts("merge-table", s.merge_decisions, true);
     renderCounts("overload-table", s.overloaded, false);
     renderCounts("finish-table", s.finish_reasons.concat(s.errors.map((e) => ({ ...e, label: `error: ${e.label}` }))), false);
-    $("dash-updated").textContent = `updated ${new Date(s.t_ms).toLocaleTimeString()} · #${s.seq} · ${s.fanout.subscribers} viewer${s.fanout.subscribers === 1 ? "" : "s"}`;
+    $("dash-updated").textContent = `updated ${new Date(s.t_ms).toLocaleTimeString()} · #${s.seq} · ${plural(s.fanout.subscribers, "viewer")}`;
   }
 
   // ---- charts -----------------------------------------------------------------------------
@@ -205,6 +205,10 @@ export class Dashboard {
   themeChanged() {
     if (this.visible) this.buildCharts();
   }
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
 function fmt(x, digits) {

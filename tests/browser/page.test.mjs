@@ -419,6 +419,11 @@ test("screenshots: chat and dashboard, light and dark, desktop and phone", async
         await page.waitForTimeout(300); // the drawer's slide
         await page.screenshot({ path: path.join(OUT, `chat-drawer-${scheme}-${device}.png`) });
         await page.click("#sidebar-scrim", { position: { x: 370, y: 400 } });
+        await page.click("#settings-toggle");
+        await page.waitForTimeout(300);
+        await page.screenshot({ path: path.join(OUT, `chat-settings-${scheme}-${device}.png`) });
+        await page.click("#sidebar-scrim", { position: { x: 20, y: 400 } });
+        assert.equal(await page.evaluate(() => document.body.className), "", "the scrim closes the drawers");
       }
       await page.click("#tab-dashboard");
       await page.waitForSelector("#dash-status[data-state=open]");
