@@ -259,3 +259,53 @@ async fn each_open_stream_is_one_subscriber_and_closing_releases_it() {
     assert!(released, "a closed stream's receiver is dropped");
     server.stop().await;
 }
+
+#[actix_rt::test]
+async fn page_routes_serve_the_app_with_its_csp_and_assets() {
+    let server = start_server(test_config()).await;
+    let client = awc::Client::new();
+    let mut pages = Vec::new();
+    for path in ["/", "/dashboard"] {
+        let mut resp = client.get(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let csp = resp.headers().get("content-security-policy").unwrap();
+        assert!(
+            csp.to_str().unwrap().contains("script-src 'self'"),
+            "{csp:?}"
+        );
+        pages.push(resp.body().await.unwrap());
+    }
+    assert_eq!(pages[0], pages[1], "one app, two tabs");
+    let mut js = client
+        .get(server.url("/static/js/conn.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(js.status(), 200);
+    assert!(js
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("text/javascript"));
+    let body = js.body().await.unwrap();
+    assert!(std::str::from_utf8(&body).unwrap().contains("/v1/ws"));
+    let css = client
+        .get(server.url("/static/vendor/uplot/uPlot.min.css"))
+        .send()
+        .await
+        .unwrap();
+    assert!(css
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("text/css"));
+    for missing in ["/static/nope.js", "/static/../Cargo.toml", "/static/"] {
+        let resp = client.get(server.url(missing)).send().await.unwrap();
+        assert_eq!(resp.status(), 404, "{missing}");
+    }
+    server.stop().await;
+}
