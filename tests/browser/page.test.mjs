@@ -362,6 +362,30 @@ test("conversations and the system prompt persist across reloads", async () => {
   await closeAll(page);
 });
 
+test("an API key from the URL hash is kept and sent as ?api_key= on the socket and the stream", async () => {
+  const urls = [];
+  const page = await open("/#api_key=s3cr%2Bt", {
+    route: (p) => {
+      p.on("websocket", (ws) => urls.push(ws.url()));
+      p.on("request", (r) => urls.push(r.url()));
+    },
+  });
+  await connected(page);
+  assert.equal(await page.evaluate(() => location.hash), "", "the key leaves the address bar");
+  assert.equal(await page.inputValue("#set-api_key"), "s3cr+t");
+  await page.click("#tab-dashboard");
+  await page.waitForSelector("#dash-status[data-state=open]");
+  assert.ok(urls.some((u) => /\/v1\/ws\?api_key=s3cr%2Bt$/.test(u)), urls.join("\n"));
+  assert.ok(urls.some((u) => /\/v1\/dashboard\/stream\?api_key=s3cr%2Bt$/.test(u)), urls.join("\n"));
+  // A key typed in the settings replaces it, and the socket reconnects with it.
+  await page.click("#tab-chat");
+  const reconnect = page.waitForEvent("websocket");
+  await setSettings(page, { api_key: "other" });
+  assert.match((await reconnect).url(), /\/v1\/ws\?api_key=other$/);
+  await connected(page);
+  await closeAll(page);
+});
+
 test("the dashboard shows non-zero tokens/s while a request runs", async () => {
   const chat = await open("/");
   await connected(chat);
