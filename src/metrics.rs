@@ -1,6 +1,7 @@
 //! Prometheus metrics with vLLM-style names. One `Metrics` value is created at start-up and
 //! shared by Arc; nothing here is global.
 
+use prometheus::core::{Collector, Metric};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -206,6 +207,161 @@ impl Metrics {
     }
 }
 
+/// Cumulative values of every metric at one instant: what the dashboard producer
+/// (src/server/dashboard/) reads once per second and turns into rates and windowed percentiles
+/// by differencing two snapshots. Counter vectors are (label, value) pairs sorted by label.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    pub requests_running: i64,
+    pub requests_waiting: i64,
+    pub kv_blocks_used: i64,
+    pub kv_blocks_total: i64,
+    pub ws_connections: i64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub preemptions: u64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub requests_finished: Vec<(String, u64)>,
+    pub request_errors: Vec<(String, u64)>,
+    pub ttft: HistogramSnapshot,
+    pub itl: HistogramSnapshot,
+    pub e2e_latency: HistogramSnapshot,
+    pub step_time: HistogramSnapshot,
+    pub step_tokens: HistogramSnapshot,
+    pub merge_decisions: Vec<(String, u64)>,
+    pub overloaded: Vec<(String, u64)>,
+    pub emergency_mode: bool,
+    pub emergency_entries: u64,
+    pub emergency_exits: u64,
+    pub emergency_pauses: u64,
+    pub emergency_pauses_spared: u64,
+    pub speculative_depth: i64,
+}
+
+/// A histogram's cumulative buckets at one instant (finite upper bounds only; `count` is the
+/// +Inf bucket).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    pub upper_bounds: Vec<f64>,
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl HistogramSnapshot {
+    fn of(h: &Histogram) -> Self {
+        let m = h.metric();
+        let p = m.get_histogram();
+        HistogramSnapshot {
+            upper_bounds: p.get_bucket().iter().map(|b| b.upper_bound()).collect(),
+            cumulative: p
+                .get_bucket()
+                .iter()
+                .map(|b| b.cumulative_count())
+                .collect(),
+            count: p.get_sample_count(),
+            sum: p.get_sample_sum(),
+        }
+    }
+
+    /// The observations made after `earlier` (same buckets): bucket-wise differences.
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        if earlier.upper_bounds != self.upper_bounds {
+            return self.clone();
+        }
+        HistogramSnapshot {
+            upper_bounds: self.upper_bounds.clone(),
+            cumulative: self
+                .cumulative
+                .iter()
+                .zip(&earlier.cumulative)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            count: self.count.saturating_sub(earlier.count),
+            sum: (self.sum - earlier.sum).max(0.0),
+        }
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
+
+    /// The q-quantile (0 ≤ q ≤ 1) as Prometheus' `histogram_quantile` estimates it: linear
+    /// interpolation inside the bucket holding rank q × count (the first bucket starts at 0);
+    /// a rank in the +Inf bucket returns the largest finite bound. `None` without observations.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 || self.upper_bounds.is_empty() {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+        let mut prev_count = 0u64;
+        let mut prev_bound = 0.0;
+        for (&bound, &cum) in self.upper_bounds.iter().zip(&self.cumulative) {
+            if cum as f64 >= rank && cum > prev_count {
+                let in_bucket = (cum - prev_count) as f64;
+                let frac = ((rank - prev_count as f64) / in_bucket).clamp(0.0, 1.0);
+                return Some(prev_bound + (bound - prev_bound) * frac);
+            }
+            prev_count = cum;
+            prev_bound = bound;
+        }
+        self.upper_bounds.last().copied()
+    }
+}
+
+/// (label value, counter value) for every child of a one-label counter vector, sorted.
+fn counter_vec_values(v: &IntCounterVec) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = v
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .map(|m| {
+            let label = m
+                .get_label()
+                .first()
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            (label, m.get_counter().get_value() as u64)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+impl Metrics {
+    /// Reads every metric once (cheap: atomics, plus a short lock per histogram).
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            requests_running: self.requests_running.get(),
+            requests_waiting: self.requests_waiting.get(),
+            kv_blocks_used: self.kv_blocks_used.get(),
+            kv_blocks_total: self.kv_blocks_total.get(),
+            ws_connections: self.ws_connections.get(),
+            prompt_tokens: self.prompt_tokens.get(),
+            generation_tokens: self.generation_tokens.get(),
+            preemptions: self.preemptions.get(),
+            prefix_cache_queries: self.prefix_cache_queries.get(),
+            prefix_cache_hits: self.prefix_cache_hits.get(),
+            requests_finished: counter_vec_values(&self.requests_finished),
+            request_errors: counter_vec_values(&self.request_errors),
+            ttft: HistogramSnapshot::of(&self.ttft),
+            itl: HistogramSnapshot::of(&self.itl),
+            e2e_latency: HistogramSnapshot::of(&self.e2e_latency),
+            step_time: HistogramSnapshot::of(&self.step_time),
+            step_tokens: HistogramSnapshot::of(&self.step_tokens),
+            merge_decisions: counter_vec_values(&self.merge_decisions),
+            overloaded: counter_vec_values(&self.overloaded),
+            emergency_mode: self.emergency_mode.get() != 0,
+            emergency_entries: self.emergency_entries.get(),
+            emergency_exits: self.emergency_exits.get(),
+            emergency_pauses: self.emergency_pauses.get(),
+            emergency_pauses_spared: self.emergency_pauses_spared.get(),
+            speculative_depth: self.speculative_depth.get(),
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -226,5 +382,82 @@ mod tests {
         assert!(text.contains("brook:num_requests_running 3"));
         assert!(text.contains("brook:time_to_first_token_seconds_count 1"));
         assert!(text.contains(r#"brook:request_errors_total{code="invalid_json"} 1"#));
+    }
+
+    #[test]
+    fn snapshot_reads_counters_vectors_and_histograms() {
+        let m = Metrics::new();
+        m.generation_tokens.inc_by(42);
+        m.kv_blocks_total.set(100);
+        m.merge_decisions.with_label_values(&["merged"]).inc_by(3);
+        m.merge_decisions.with_label_values(&["kv_growth"]).inc();
+        m.emergency_mode.set(1);
+        m.itl.observe(0.003);
+        m.itl.observe(0.5);
+        let s = m.snapshot();
+        assert_eq!(s.generation_tokens, 42);
+        assert_eq!(s.kv_blocks_total, 100);
+        assert_eq!(
+            s.merge_decisions,
+            vec![("kv_growth".to_owned(), 1), ("merged".to_owned(), 3)]
+        );
+        assert!(s.emergency_mode);
+        assert_eq!(s.itl.count, 2);
+        assert_eq!(s.itl.upper_bounds, LATENCY_BUCKETS);
+        // 0.003 lands in (0.0025, 0.005], 0.5 in (0.4, 0.5].
+        assert_eq!(s.itl.cumulative[1], 0);
+        assert_eq!(s.itl.cumulative[2], 1);
+        assert_eq!(s.itl.cumulative[13], 2);
+    }
+
+    fn hist(bounds: &[f64], per_bucket: &[u64]) -> HistogramSnapshot {
+        let mut cum = 0;
+        let cumulative: Vec<u64> = per_bucket
+            .iter()
+            .take(bounds.len())
+            .map(|n| {
+                cum += n;
+                cum
+            })
+            .collect();
+        HistogramSnapshot {
+            upper_bounds: bounds.to_vec(),
+            cumulative,
+            count: per_bucket.iter().sum(),
+            sum: 0.0,
+        }
+    }
+
+    #[test]
+    fn quantile_interpolates_inside_the_bucket_like_prometheus() {
+        // 10 observations in (0, 1], 10 in (1, 2].
+        let h = hist(&[1.0, 2.0, 4.0], &[10, 10, 0, 0]);
+        assert_eq!(h.quantile(0.5), Some(1.0));
+        assert_eq!(h.quantile(0.25), Some(0.5));
+        assert!((h.quantile(0.75).unwrap() - 1.5).abs() < 1e-12);
+        assert_eq!(h.quantile(1.0), Some(2.0));
+        // Ranks in the +Inf bucket report the largest finite bound.
+        let tail = hist(&[1.0, 2.0], &[1, 0, 9]);
+        assert_eq!(tail.quantile(0.99), Some(2.0));
+        assert_eq!(HistogramSnapshot::default().quantile(0.5), None);
+    }
+
+    #[test]
+    fn since_keeps_only_the_later_observations() {
+        let m = Metrics::new();
+        for _ in 0..100 {
+            m.ttft.observe(5.0);
+        }
+        let before = m.snapshot().ttft;
+        for _ in 0..10 {
+            m.ttft.observe(0.015);
+        }
+        let d = m.snapshot().ttft.since(&before);
+        assert_eq!(d.count, 10);
+        assert!((d.sum - 0.15).abs() < 1e-9);
+        // All in (0.01, 0.02]: the window's P99 ignores the 100 slow ones before it.
+        let p99 = d.quantile(0.99).unwrap();
+        assert!(p99 > 0.01 && p99 <= 0.02, "{p99}");
+        assert!((d.mean().unwrap() - 0.015).abs() < 1e-9);
     }
 }

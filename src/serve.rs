@@ -67,7 +67,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let engine = crate::engine::start(&cfg, &model_dir, true)?;
         let (server, port) = crate::server::bind(engine.clone(), &cfg.server.host, cfg.server.port)?;
         eprintln!("{}", engine.info.summary());
-        eprintln!("brook listening on http://{}:{port}  (chat page: /, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
+        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
         server.await?;
         Ok::<(), anyhow::Error>(())
     })

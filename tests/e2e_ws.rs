@@ -290,7 +290,8 @@ async fn stop_string_ends_output_and_is_never_sent() {
 async fn http_routes() {
     let server = start_server(test_config()).await;
     let page = http_get(&server.url("/")).await;
-    assert!(page.contains("/v1/ws") && page.contains("Stop"));
+    // The page's scripts are under /static/ (tests/dashboard_sse.rs checks those routes).
+    assert!(page.contains("/static/js/app.js") && page.contains("Stop"));
     let health: serde_json::Value =
         serde_json::from_str(&http_get(&server.url("/health")).await).unwrap();
     assert_eq!(health["status"], "ok");

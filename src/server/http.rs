@@ -1,19 +1,10 @@
 //! Plain HTTP handlers.
 
-use actix_web::{http::header::ContentType, web, HttpResponse};
+use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use crate::engine::EngineHandle;
 use crate::kv::actor::GetKvUsage;
-
-/// The chat page is compiled in, so `brook serve` works from any directory.
-const INDEX_HTML: &str = include_str!("../../static/index.html");
-
-pub async fn index() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type(ContentType::html())
-        .body(INDEX_HTML)
-}
 
 pub async fn health(engine: web::Data<EngineHandle>) -> HttpResponse {
     match engine.kv.send(GetKvUsage).await {
@@ -43,5 +34,5 @@ pub async fn no_content() -> HttpResponse {
 
 pub async fn not_found() -> HttpResponse {
     HttpResponse::NotFound()
-        .json(json!({"error": "not_found", "message": "routes: GET /, /health, /metrics, /v1/ws"}))
+        .json(json!({"error": "not_found", "message": "routes: GET /, /dashboard, /health, /metrics, /v1/ws, /v1/dashboard/stream"}))
 }
