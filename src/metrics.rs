@@ -35,7 +35,6 @@ pub struct Metrics {
     pub emergency_exits: IntCounter,
     pub emergency_pauses: IntCounter,
     pub emergency_pauses_spared: IntCounter,
-    pub speculative_depth: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -187,10 +186,6 @@ impl Metrics {
             emergency_pauses_spared: counter(
                 "brook:scheduler_emergency_pauses_spared_total",
                 "Long sequences not paused because the pause alone would break their own SLO.",
-            ),
-            speculative_depth: gauge(
-                "brook:scheduler_speculative_depth",
-                "Speculative-decoding depth the scheduler allows now.",
             ),
             registry,
         }

@@ -173,8 +173,6 @@ impl SchedulerActor {
         sync(&m.emergency_entries, st.emergency_entries);
         sync(&m.emergency_exits, st.emergency_exits);
         m.emergency_mode.set(self.core.in_emergency() as i64);
-        m.speculative_depth
-            .set(self.core.speculative_depth() as i64);
     }
 
     fn update_gauges(&self) {
