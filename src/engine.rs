@@ -203,8 +203,14 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         None => None,
     };
     let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::load(model_dir, cuda_options(cfg, progress))?),
-        Device::Cpu(_) => Box::new(CpuBackend::load(model_dir, cpu_options(cfg, progress))?),
+        Device::Cuda => Box::new(CudaBackend::load(
+            model_dir,
+            CudaBackendOptions::from_config(cfg, progress),
+        )?),
+        Device::Cpu(_) => Box::new(CpuBackend::load(
+            model_dir,
+            CpuBackendOptions::from_config(cfg, progress),
+        )?),
     };
     let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
     for id in &model_cfg.eos_token_ids {
@@ -239,7 +245,7 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
         Device::Cuda => Box::new(CudaBackend::synthetic(
             model_cfg.clone(),
             seed,
-            cuda_options(cfg, false),
+            CudaBackendOptions::from_config(cfg, false),
         )?),
         Device::Cpu(why) => {
             let weights = synthetic_host_weights(name, &model_cfg, seed)
@@ -247,7 +253,7 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
             Box::new(CpuBackend::from_parts(
                 model_cfg.clone(),
                 weights,
-                &cpu_options(cfg, false),
+                &CpuBackendOptions::from_config(cfg, false),
             )?)
         }
     };
@@ -370,27 +376,5 @@ fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
             }
         },
         _ => Ok(Device::Cpu("--device cpu".into())),
-    }
-}
-
-fn cuda_options(cfg: &Config, progress: bool) -> CudaBackendOptions {
-    CudaBackendOptions {
-        block_size: cfg.cache.block_size,
-        gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
-        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
-        max_num_seqs: cfg.scheduler.max_num_seqs,
-        max_model_len: cfg.scheduler.max_model_len,
-        prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
-        progress,
-        ..Default::default()
-    }
-}
-
-fn cpu_options(cfg: &Config, progress: bool) -> CpuBackendOptions {
-    CpuBackendOptions {
-        block_size: cfg.cache.block_size,
-        kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
-        num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
-        progress,
     }
 }
