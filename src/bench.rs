@@ -113,7 +113,7 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
             workload(&engine, vocab, args).await
         }),
         None => {
-            let (model_dir, _tmp) = crate::serve::resolve_model(&cfg)?;
+            let model_dir = crate::serve::resolve_model(&cfg)?;
             system.block_on(async {
                 let engine = crate::engine::start(&cfg, &model_dir, true)?;
                 // Ids the tokenizer knows: the detokenizer runs on every output.

@@ -25,3 +25,8 @@ pub mod stop;
 pub mod tokenizer;
 #[cfg(test)]
 pub(crate) mod tokenizer_fixture;
+
+// Lets `model/testing.rs`, which the integration tests also include, name the library `brook::`
+// in unit tests too.
+#[cfg(test)]
+extern crate self as brook;

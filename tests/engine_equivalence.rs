@@ -7,9 +7,9 @@ use brook::engine::PreparedRequest;
 use brook::model::config::ModelConfig;
 use brook::model::loader::load_weights;
 use brook::model::reference::reference_greedy;
-use brook::model::testing::TestModelSpec;
 use brook::request::StreamEvent;
 use brook::sampling::params::SamplingParams;
+use common::testing::TestModelSpec;
 use common::*;
 
 const MAX_NEW: usize = 12;
