@@ -25,6 +25,7 @@ pub mod stop;
 pub mod tokenizer;
 #[cfg(test)]
 pub(crate) mod tokenizer_fixture;
+pub mod validation;
 
 // Lets `model/testing.rs`, which the integration tests also include, name the library `brook::`
 // in unit tests too.

@@ -6,6 +6,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::error::EngineError;
+
 pub struct Metrics {
     registry: Registry,
     pub requests_running: IntGauge,
@@ -191,6 +193,15 @@ impl Metrics {
         }
     }
 
+    /// The one place errors are counted: every error on its way to a client passes here (the
+    /// WS session's error frames, streamed ones included, and HTTP error responses), so each is
+    /// counted once, under its metric label.
+    pub fn count_error(&self, err: &EngineError) {
+        self.request_errors
+            .with_label_values(&[err.metric_label()])
+            .inc();
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -216,7 +227,7 @@ mod tests {
         let m = Metrics::new();
         m.requests_running.set(3);
         m.ttft.observe(0.05);
-        m.request_errors.with_label_values(&["invalid_json"]).inc();
+        m.count_error(&EngineError::InvalidJson("x".into()));
         let text = m.render();
         assert!(text.contains("brook:num_requests_running 3"));
         assert!(text.contains("brook:time_to_first_token_seconds_count 1"));

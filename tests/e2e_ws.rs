@@ -197,10 +197,18 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     assert_eq!(terminal(&frames["ok"])["usage"]["completion_tokens"], 4);
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:request_errors_total{code="invalid_json"} 2"#),
-        "{m}"
-    );
+    // Each error counted once, under its code.
+    for (code, n) in [
+        ("invalid_json", 2),
+        ("invalid_request", 7),
+        ("unknown_id", 1),
+        ("prompt_too_long", 1),
+        ("duplicate_id", 1),
+        ("overloaded", 1),
+    ] {
+        let line = format!(r#"brook:request_errors_total{{code="{code}"}} {n}"#);
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
     server.stop().await;
 }
 

@@ -23,27 +23,18 @@ use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
 use crate::output::{OutputUpdate, RequestOutput};
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
-use crate::sampling::params::SamplingParams;
 use crate::scheduler::{
-    Admission, MergeReason, NewRequest, OverloadReason, RequestClass, Scheduler, SchedulerOutput,
+    MergeReason, NewRequest, OverloadReason, RequestClass, Scheduler, SchedulerOutput,
 };
 use crate::tokenizer::Tokenizer;
+use crate::validation::ValidRequest;
 
-#[derive(Debug, Clone)]
-pub struct SchedulerLimits {
-    /// Longest prompt admitted: one output token must still fit in the context window and in
-    /// the KV pool (both fixed at start, so computed once).
-    pub max_prompt_tokens: usize,
-    pub eos_token_ids: Arc<[u32]>,
-}
-
-/// A new request. Its events (admission errors too) go to `tx`.
+/// A new, validated request. Its events (`overloaded` too) go to `tx`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Submit {
     pub id: RequestId,
-    pub prompt_token_ids: Vec<u32>,
-    pub params: SamplingParams,
+    pub request: ValidRequest,
     pub tx: mpsc::Sender<StreamEvent>,
     pub arrival: Instant,
 }
@@ -91,7 +82,6 @@ pub struct SchedulerActor {
     /// `None`: token-level engine; deltas carry counts, not text.
     tokenizer: Option<Arc<Tokenizer>>,
     metrics: Arc<Metrics>,
-    limits: SchedulerLimits,
     requests: HashMap<RequestId, Tracked>,
     in_flight: bool,
     /// The core runs on seconds since this instant.
@@ -105,7 +95,6 @@ impl SchedulerActor {
         executor: Addr<ExecutorActor>,
         tokenizer: Option<Arc<Tokenizer>>,
         metrics: Arc<Metrics>,
-        limits: SchedulerLimits,
     ) -> Self {
         SchedulerActor {
             core,
@@ -113,7 +102,6 @@ impl SchedulerActor {
             executor,
             tokenizer,
             metrics,
-            limits,
             requests: HashMap::new(),
             in_flight: false,
             epoch: Instant::now(),
@@ -121,23 +109,8 @@ impl SchedulerActor {
     }
 
     fn reject(&self, tx: &mpsc::Sender<StreamEvent>, err: EngineError) {
-        self.metrics
-            .request_errors
-            .with_label_values(&[err.code()])
-            .inc();
         // A fresh channel has room for at least two events.
         let _ = tx.try_send(StreamEvent::Error(err));
-    }
-
-    fn admission_error(&self, prompt_tokens: usize) -> Option<EngineError> {
-        let limit = self.limits.max_prompt_tokens;
-        if prompt_tokens > limit {
-            return Some(EngineError::PromptTooLong {
-                prompt_tokens,
-                limit,
-            });
-        }
-        None
     }
 
     /// Seconds since the actor started: the core's clock.
@@ -258,10 +231,6 @@ impl SchedulerActor {
                     self.core.abort_request(seq.request_id, &mut kv);
                     if let Some(t) = self.requests.remove(&seq.request_id) {
                         let err = EngineError::Internal(format!("engine step failed: {e}"));
-                        self.metrics
-                            .request_errors
-                            .with_label_values(&[err.code()])
-                            .inc();
                         send_terminal(t.tx, vec![StreamEvent::Error(err)]);
                     }
                 }
@@ -440,47 +409,28 @@ impl Handler<Submit> for SchedulerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
-        let prompt_tokens = msg.prompt_token_ids.len();
-        if let Some(err) = self.admission_error(prompt_tokens) {
-            return self.reject(&msg.tx, err);
-        }
-        let output = match &self.tokenizer {
-            Some(tok) => Some(RequestOutput::new(
-                tok,
-                &msg.prompt_token_ids,
-                &msg.params.stop,
-            )),
-            None if !msg.params.stop.is_empty() => {
-                let err = EngineError::invalid(
-                    "stop strings need a tokenizer; this engine (a synthetic model) has none",
-                );
-                return self.reject(&msg.tx, err);
-            }
-            None => None,
-        };
-        let params = Arc::new(msg.params);
+        let (prompt_token_ids, params, eos_token_ids) = msg.request.into_parts();
+        let prompt_tokens = prompt_token_ids.len();
+        // Validation refused stop strings on an engine without a tokenizer.
+        let output = self
+            .tokenizer
+            .as_ref()
+            .map(|tok| RequestOutput::new(tok, &prompt_token_ids, &params.stop));
+        let params = Arc::new(params);
         let seed = params.seed.unwrap_or_else(rand::random);
         let admission = self.core.add_request(
             NewRequest {
                 id: msg.id,
-                prompt_token_ids: msg.prompt_token_ids,
+                prompt_token_ids,
                 params,
                 seed,
-                eos_token_ids: self.limits.eos_token_ids.clone(),
+                eos_token_ids,
             },
             self.secs(msg.arrival),
         );
-        match admission {
-            Admission::Accepted => {}
-            Admission::Overloaded { .. } => {
-                self.sync_scheduler_metrics();
-                let err = admission.to_error().expect("overloaded maps to an error");
-                return self.reject(&msg.tx, err);
-            }
-            Admission::Duplicate => {
-                let err = EngineError::Internal(format!("request id {} reused", msg.id));
-                return self.reject(&msg.tx, err);
-            }
+        if let Some(err) = admission.to_error() {
+            self.sync_scheduler_metrics();
+            return self.reject(&msg.tx, err);
         }
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         let _ = msg.tx.try_send(StreamEvent::Started { prompt_tokens });
