@@ -4,7 +4,6 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
-pub mod detok;
 pub mod engine;
 pub mod error;
 pub mod executor;
@@ -21,7 +20,6 @@ pub mod serve;
 pub mod server;
 pub mod session;
 pub mod simulate;
-pub mod stop;
 pub mod tokenizer;
 #[cfg(test)]
 pub(crate) mod tokenizer_fixture;

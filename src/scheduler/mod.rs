@@ -15,6 +15,8 @@ mod admission;
 mod class;
 mod core;
 pub mod cost_model;
+mod gauges;
+mod messages;
 mod output;
 pub mod policy;
 mod request;
