@@ -197,32 +197,30 @@ impl Validation {
     }
 
     fn tokenize(&self, input: PromptInput) -> Result<Vec<u32>, EngineError> {
-        let tokenizer = match (&input, &self.tokenizer) {
-            (PromptInput::Tokens(ids), _) => return Ok(ids.clone()),
-            (_, Some(tok)) => tok,
-            (_, None) => {
-                return Err(EngineError::invalid(
+        let tokenizer = || {
+            self.tokenizer.as_deref().ok_or_else(|| {
+                EngineError::invalid(
                     "this engine (a synthetic model) has no tokenizer; send token ids",
-                ))
-            }
+                )
+            })
         };
-        let encode = |text: &str, add_special_tokens: bool| {
-            tokenizer
-                .encode(text, add_special_tokens)
+        let encode = |tok: &Tokenizer, text: &str, add_special_tokens: bool| {
+            tok.encode(text, add_special_tokens)
                 .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))
         };
         match input {
+            PromptInput::Tokens(ids) => Ok(ids),
             PromptInput::Text(text) if text.is_empty() => {
                 Err(EngineError::invalid("field `prompt` is empty"))
             }
-            PromptInput::Text(text) => encode(&text, true),
+            PromptInput::Text(text) => encode(tokenizer()?, &text, true),
             PromptInput::Messages(messages) => {
+                let tok = tokenizer()?;
                 let text = render_chat(self.chat.as_ref(), &messages, true)?;
                 // Templates usually write the bos token themselves; never add a second one.
-                let has_bos = tokenizer.bos_token().is_some_and(|b| text.starts_with(b));
-                encode(&text, !has_bos)
+                let has_bos = tok.bos_token().is_some_and(|b| text.starts_with(b));
+                encode(tok, &text, !has_bos)
             }
-            PromptInput::Tokens(_) => unreachable!("returned above"),
         }
     }
 }
