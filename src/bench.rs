@@ -12,10 +12,11 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::cli::EngineArgs;
-use crate::engine::{EngineCore, PreparedRequest};
+use crate::engine::EngineCore;
 use crate::model::synthetic::SYNTHETIC_MODELS;
 use crate::request::{FinishReason, StreamEvent};
-use crate::sampling::params::SamplingParams;
+use crate::sampling::params::RawSamplingParams;
+use crate::validation::{GenerateRequest, PromptInput};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -113,7 +114,7 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
             workload(&engine, vocab, args).await
         }),
         None => {
-            let (model_dir, _tmp) = crate::serve::resolve_model(&cfg)?;
+            let model_dir = crate::serve::resolve_model(&cfg)?;
             system.block_on(async {
                 let engine = crate::engine::start(&cfg, &model_dir, true)?;
                 // Ids the tokenizer knows: the detokenizer runs on every output.
@@ -145,32 +146,34 @@ async fn workload(
             .map(|_| rng.random_range(0..vocab))
             .collect()
     };
-    let submit = |prompt_token_ids: Vec<u32>, max_tokens: usize| {
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(max_tokens)
-        };
-        let (_, rx) = engine.submit(PreparedRequest {
-            prompt_token_ids,
-            params,
-        });
-        actix::spawn(follow(rx))
+    let submit = |prompt_token_ids: Vec<u32>, max_tokens: usize| -> anyhow::Result<_> {
+        let req = engine.validate(GenerateRequest {
+            input: PromptInput::Tokens(prompt_token_ids),
+            params: RawSamplingParams {
+                max_tokens: Some(max_tokens as i64),
+                temperature: Some(0.0),
+                ignore_eos: Some(true),
+                ..Default::default()
+            },
+        })?;
+        let (_, rx) = engine.submit(req);
+        Ok(actix::spawn(follow(rx)))
     };
     // The warm-up prompts come after the timed ones in the seed's stream, so the timed prompts
     // do not depend on --warmup.
     let timed_prompts: Vec<Vec<u32>> = (0..args.num_prompts).map(|_| prompt()).collect();
-    let warm: Vec<_> = (0..args.warmup)
+    let warm = (0..args.warmup)
         .map(|_| submit(prompt(), args.output_len.min(8)))
-        .collect();
+        .collect::<anyhow::Result<Vec<_>>>()?;
     for w in warm {
         w.await??;
     }
 
     let start = Instant::now();
-    let tasks: Vec<_> = timed_prompts
+    let tasks = timed_prompts
         .into_iter()
         .map(|p| submit(p, args.output_len))
-        .collect();
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut requests = Vec::with_capacity(tasks.len());
     for t in tasks {
         requests.push(t.await??);

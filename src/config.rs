@@ -74,8 +74,8 @@ impl Default for ModelSection {
             path: None,
             device: "auto".into(),
             cpu_threads: 0,
-            prefill_gemm_max_len: crate::executor::cuda::CudaBackendOptions::default()
-                .prefill_gemm_max_len,
+            // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
+            prefill_gemm_max_len: 0,
         }
     }
 }
@@ -155,6 +155,58 @@ mod tests {
         let text = include_str!("../configs/brook.toml");
         let cfg = Config::from_toml(text).unwrap();
         assert_eq!(cfg, Config::default());
+    }
+
+    /// The backends take every shared knob from the config, and their defaults are the
+    /// config's defaults (there is no second set of literals to drift, e.g. max_num_seqs).
+    #[test]
+    fn backend_options_come_from_the_config() {
+        use crate::executor::cpu::CpuBackendOptions;
+        use crate::executor::cuda::CudaBackendOptions;
+        let mut cfg = Config::default();
+        cfg.cache.block_size = 32;
+        cfg.cache.kv_cache_mib = 7;
+        cfg.cache.gpu_memory_utilization = 0.5;
+        cfg.scheduler.max_num_seqs = 9;
+        cfg.scheduler.max_num_batched_tokens = 99;
+        cfg.scheduler.max_model_len = 999;
+        cfg.model.prefill_gemm_max_len = 128;
+        cfg.model.cpu_threads = 3;
+        let cuda = CudaBackendOptions::from_config(&cfg, false);
+        assert_eq!(
+            (
+                cuda.block_size,
+                cuda.gpu_memory_utilization,
+                cuda.max_num_seqs
+            ),
+            (32, 0.5, 9)
+        );
+        assert_eq!(
+            (
+                cuda.max_num_batched_tokens,
+                cuda.max_model_len,
+                cuda.prefill_gemm_max_len
+            ),
+            (99, 999, 128)
+        );
+        let cpu = CpuBackendOptions::from_config(&cfg, false);
+        assert_eq!(
+            (cpu.block_size, cpu.kv_cache_bytes, cpu.num_threads),
+            (32, 7 << 20, Some(3))
+        );
+
+        let d = Config::default();
+        let cuda = CudaBackendOptions::default();
+        assert_eq!(cuda.max_num_seqs, d.scheduler.max_num_seqs);
+        assert_eq!(
+            cuda.max_num_batched_tokens,
+            d.scheduler.max_num_batched_tokens
+        );
+        assert_eq!(cuda.block_size, d.cache.block_size);
+        assert_eq!(cuda.prefill_gemm_max_len, d.model.prefill_gemm_max_len);
+        let cpu = CpuBackendOptions::default();
+        assert_eq!(cpu.kv_cache_bytes, d.cache.kv_cache_mib << 20);
+        assert_eq!(cpu.num_threads, None);
     }
 
     #[test]

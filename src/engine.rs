@@ -25,14 +25,15 @@ use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
-use crate::model::config::ModelConfig;
+use crate::model::config::{GenerationConfig, ModelConfig};
 use crate::model::synthetic::{synthetic_config, synthetic_host_weights};
-use crate::protocol::{GenerateFrame, PromptInput};
 use crate::request::{RequestId, StreamEvent};
-use crate::sampling::params::SamplingParams;
-use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerLimits, Submit};
+use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, Submit};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
+use crate::validation::{
+    GenerateRequest, ModelDefaults, ValidRequest, Validation, ValidationLimits,
+};
 
 /// Limits sessions check before a request reaches the scheduler.
 #[derive(Debug, Clone)]
@@ -76,35 +77,37 @@ impl EngineInfo {
     }
 }
 
-/// A request that passed validation and tokenization, ready for the scheduler.
-#[derive(Debug)]
-pub struct PreparedRequest {
-    pub prompt_token_ids: Vec<u32>,
-    pub params: SamplingParams,
-}
-
-/// The engine at the token level: submit token ids, receive events. Without a tokenizer (a
-/// synthetic model) every delta has empty text and counts the step's tokens, and stop strings
-/// are refused.
+/// The engine at the token level: validate a request, submit it, receive events. Without a
+/// tokenizer (a synthetic model) requests are token ids, every delta has empty text and counts
+/// the step's tokens, and stop strings are refused.
 pub struct EngineCore {
     pub scheduler: Addr<SchedulerActor>,
     pub kv: Addr<KvActor>,
     pub metrics: Arc<Metrics>,
     pub info: EngineInfo,
     pub limits: SessionLimits,
+    validation: Validation,
     next_id: AtomicU64,
 }
 
 impl EngineCore {
-    /// Hands the request to the scheduler; every event for it arrives on the returned channel,
-    /// admission errors included.
-    pub fn submit(&self, req: PreparedRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
+    /// The one admission path (see `validation`): runs on the caller's thread.
+    pub fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        self.validation.validate(req)
+    }
+
+    pub fn validation(&self) -> &Validation {
+        &self.validation
+    }
+
+    /// Hands a validated request to the scheduler; every event for it arrives on the returned
+    /// channel (`overloaded` included).
+    pub fn submit(&self, req: ValidRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
         self.scheduler.do_send(Submit {
             id,
-            prompt_token_ids: req.prompt_token_ids,
-            params: req.params,
+            request: req,
             tx,
             arrival: Instant::now(),
         });
@@ -121,12 +124,12 @@ impl EngineCore {
     }
 }
 
-/// Everything a session or the bench needs to talk to a served model: the core (submit, cancel,
-/// abort, metrics, info, reached through `Deref`) plus the text side. Cheap to share by Arc.
+/// Everything a session or the bench needs to talk to a served model: the core (validate,
+/// submit, cancel, abort, metrics, info, reached through `Deref`) plus its tokenizer. Cheap to
+/// share by Arc.
 pub struct EngineHandle {
     core: EngineCore,
     pub tokenizer: Arc<Tokenizer>,
-    pub chat: Option<ChatTemplate>,
 }
 
 impl Deref for EngineHandle {
@@ -134,48 +137,6 @@ impl Deref for EngineHandle {
 
     fn deref(&self) -> &EngineCore {
         &self.core
-    }
-}
-
-impl EngineHandle {
-    /// Validates params, renders chat messages and tokenizes. Runs on the caller's thread.
-    pub fn prepare(&self, frame: GenerateFrame) -> Result<PreparedRequest, EngineError> {
-        let params = SamplingParams::from_raw(frame.params, self.tokenizer.vocab_size())?;
-        let prompt_token_ids = match frame.input {
-            PromptInput::Text(text) => {
-                if text.is_empty() {
-                    return Err(EngineError::invalid("field `prompt` is empty"));
-                }
-                self.tokenizer
-                    .encode(&text, true)
-                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
-            }
-            PromptInput::Messages(messages) => {
-                let chat = self.chat.as_ref().ok_or_else(|| {
-                    EngineError::invalid(
-                        "this model has no chat_template; send `prompt` instead of `messages`",
-                    )
-                })?;
-                let text = chat
-                    .render(&messages, true)
-                    .map_err(|e| EngineError::invalid(e.to_string()))?;
-                // Templates usually write the bos token themselves; never add a second one.
-                let has_bos = self
-                    .tokenizer
-                    .bos_token()
-                    .is_some_and(|b| text.starts_with(b));
-                self.tokenizer
-                    .encode(&text, !has_bos)
-                    .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
-            }
-        };
-        if prompt_token_ids.is_empty() {
-            return Err(EngineError::invalid("the prompt encodes to no tokens"));
-        }
-        Ok(PreparedRequest {
-            prompt_token_ids,
-            params,
-        })
     }
 }
 
@@ -193,40 +154,41 @@ pub fn default_model_dir() -> Option<PathBuf> {
 /// Loads the model folder and starts the actors. Must run inside an actix `System`.
 pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Arc<EngineHandle>> {
     let model_cfg = ModelConfig::from_dir(model_dir)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir(model_dir)?);
-    let chat = match tokenizer.chat_template() {
-        Some(src) => Some(ChatTemplate::new(
-            src,
-            tokenizer.bos_token().map(str::to_owned),
-            tokenizer.eos_token().map(str::to_owned),
-        )?),
-        None => None,
-    };
-    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::load(model_dir, cuda_options(cfg, progress))?),
-        Device::Cpu(_) => Box::new(CpuBackend::load(model_dir, cpu_options(cfg, progress))?),
-    };
+    // Parsed once: the tokenizer takes its bos/eos ids, validation its sampling defaults.
+    let gen = GenerationConfig::from_dir(model_dir)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir_with(model_dir, gen.as_ref())?);
+    let chat = ChatTemplate::from_tokenizer(&tokenizer)?;
+    // Every id that ends generation: the tokenizer's (with generation_config.json's), then
+    // config.json's.
     let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
     for id in &model_cfg.eos_token_ids {
         if !eos.contains(id) {
             eos.push(*id);
         }
     }
+    // Checked before the weights load, so a bad default fails fast.
+    let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
+    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
+        Device::Cuda => Box::new(CudaBackend::load(
+            model_dir,
+            CudaBackendOptions::from_config(cfg, progress),
+        )?),
+        Device::Cpu(_) => Box::new(CpuBackend::load(
+            model_dir,
+            CpuBackendOptions::from_config(cfg, progress),
+        )?),
+    };
     let model = ModelSource {
         name: model_dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         source: model_dir.display().to_string(),
+        defaults,
         config: model_cfg,
-        eos_token_ids: eos,
     };
-    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()));
-    Ok(Arc::new(EngineHandle {
-        core,
-        tokenizer,
-        chat,
-    }))
+    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()), chat);
+    Ok(Arc::new(EngineHandle { core, tokenizer }))
 }
 
 /// Starts the actors on random weights of the synthetic shape `name` (see
@@ -239,7 +201,7 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
         Device::Cuda => Box::new(CudaBackend::synthetic(
             model_cfg.clone(),
             seed,
-            cuda_options(cfg, false),
+            CudaBackendOptions::from_config(cfg, false),
         )?),
         Device::Cpu(why) => {
             let weights = synthetic_host_weights(name, &model_cfg, seed)
@@ -247,17 +209,17 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
             Box::new(CpuBackend::from_parts(
                 model_cfg.clone(),
                 weights,
-                &cpu_options(cfg, false),
+                &CpuBackendOptions::from_config(cfg, false),
             )?)
         }
     };
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
-        eos_token_ids: model_cfg.eos_token_ids.clone(),
+        defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
         config: model_cfg,
     };
-    Ok(Arc::new(start_actors(cfg, model, backend, None)))
+    Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
 }
 
 /// What the actors need to know about the model besides its backend.
@@ -265,7 +227,7 @@ struct ModelSource {
     name: String,
     source: String,
     config: ModelConfig,
-    eos_token_ids: Vec<u32>,
+    defaults: ModelDefaults,
 }
 
 /// Starts the KV, executor and scheduler actors around a loaded backend. The scheduler
@@ -275,6 +237,7 @@ fn start_actors(
     model: ModelSource,
     backend: Box<dyn Backend>,
     tokenizer: Option<Arc<Tokenizer>>,
+    chat: Option<ChatTemplate>,
 ) -> EngineCore {
     let backend_info = backend.info();
     let model_cfg = &model.config;
@@ -306,20 +269,16 @@ fn start_actors(
         max_model_len,
         ..cfg.scheduler.clone()
     });
-    let scheduler = SchedulerActor::new(
-        core,
-        kv,
-        executor,
-        tokenizer,
-        metrics.clone(),
-        SchedulerLimits {
-            max_prompt_tokens: max_model_len
-                .min(backend_info.num_kv_blocks * backend_info.block_size)
-                .saturating_sub(1),
-            eos_token_ids: model.eos_token_ids.into(),
-        },
-    )
-    .start();
+    let limits = ValidationLimits {
+        // One output token must still fit in the context window and in the KV pool.
+        max_prompt_tokens: max_model_len
+            .min(backend_info.num_kv_blocks * backend_info.block_size)
+            .saturating_sub(1),
+        max_model_len,
+        vocab_size: model_cfg.vocab_size,
+    };
+    let validation = Validation::new(tokenizer.clone(), chat, model.defaults, limits);
+    let scheduler = SchedulerActor::new(core, kv, executor, tokenizer, metrics.clone()).start();
     let info = EngineInfo {
         model_name: model.name,
         source: model.source,
@@ -340,6 +299,7 @@ fn start_actors(
             max_requests_per_connection: cfg.server.max_requests_per_connection,
             stream_buffer: cfg.server.stream_buffer,
         },
+        validation,
         next_id: AtomicU64::new(1),
     }
 }
@@ -370,27 +330,5 @@ fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
             }
         },
         _ => Ok(Device::Cpu("--device cpu".into())),
-    }
-}
-
-fn cuda_options(cfg: &Config, progress: bool) -> CudaBackendOptions {
-    CudaBackendOptions {
-        block_size: cfg.cache.block_size,
-        gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
-        max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
-        max_num_seqs: cfg.scheduler.max_num_seqs,
-        max_model_len: cfg.scheduler.max_model_len,
-        prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
-        progress,
-        ..Default::default()
-    }
-}
-
-fn cpu_options(cfg: &Config, progress: bool) -> CpuBackendOptions {
-    CpuBackendOptions {
-        block_size: cfg.cache.block_size,
-        kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
-        num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
-        progress,
     }
 }

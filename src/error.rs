@@ -1,6 +1,12 @@
-//! One error type for the boundaries: each variant maps to a WebSocket error code, an HTTP status
-//! and a metric label in one place (`code`, `http_status`).
+//! One error type for the boundaries. Each variant maps, here and nowhere else, to a WebSocket
+//! error code ([`EngineError::code`]), an HTTP status ([`EngineError::http_status`], used by the
+//! [`actix_web::ResponseError`] impl that HTTP handlers return) and a metric label
+//! ([`EngineError::metric_label`], counted by `Metrics::count_error`, which every error passes
+//! through on its way to a client). Where each variant is produced: docs/ARCHITECTURE.md.
 
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -17,12 +23,36 @@ pub enum EngineError {
     PromptTooLong { prompt_tokens: usize, limit: usize },
     #[error("server overloaded: {reason}; retry after {retry_after_ms} ms")]
     Overloaded { reason: String, retry_after_ms: u64 },
+    /// The engine cannot answer at all (an actor is gone); nothing the client did.
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
 
 impl EngineError {
-    /// The `code` field of a WS `error` frame; also the metric label.
+    /// Every variant, one example each (mapping tests, docs).
+    #[cfg(test)]
+    pub(crate) fn examples() -> Vec<EngineError> {
+        vec![
+            EngineError::InvalidJson("x".into()),
+            EngineError::InvalidRequest("x".into()),
+            EngineError::DuplicateId("x".into()),
+            EngineError::UnknownId("x".into()),
+            EngineError::PromptTooLong {
+                prompt_tokens: 2,
+                limit: 1,
+            },
+            EngineError::Overloaded {
+                reason: "x".into(),
+                retry_after_ms: 1500,
+            },
+            EngineError::Unavailable("x".into()),
+            EngineError::Internal("x".into()),
+        ]
+    }
+
+    /// The `code` field of a WS `error` frame (and of an HTTP error body).
     pub fn code(&self) -> &'static str {
         match self {
             EngineError::InvalidJson(_) => "invalid_json",
@@ -31,8 +61,15 @@ impl EngineError {
             EngineError::UnknownId(_) => "unknown_id",
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::Overloaded { .. } => "overloaded",
+            EngineError::Unavailable(_) => "unavailable",
             EngineError::Internal(_) => "internal",
         }
+    }
+
+    /// The `code` label of `brook:request_errors_total`: the WS code, so dashboards and clients
+    /// speak of an error by one name.
+    pub fn metric_label(&self) -> &'static str {
+        self.code()
     }
 
     pub fn http_status(&self) -> u16 {
@@ -44,6 +81,7 @@ impl EngineError {
             EngineError::PromptTooLong { .. } => 413,
             EngineError::Overloaded { .. } => 429,
             EngineError::Internal(_) => 500,
+            EngineError::Unavailable(_) => 503,
         }
     }
 
@@ -59,4 +97,73 @@ impl EngineError {
     }
 }
 
+/// HTTP handlers return `Result<_, EngineError>`; the status comes from `http_status`, the body
+/// carries the same code and message as a WS error frame, and `overloaded` adds `Retry-After`.
+/// Handlers count the error (`Metrics::count_error`) before returning it.
+impl ResponseError for EngineError {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.http_status()).expect("http_status returns valid codes")
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut resp = HttpResponse::build(self.status_code());
+        let mut body = json!({"code": self.code(), "message": self.to_string()});
+        if let Some(ms) = self.retry_after_ms() {
+            // The header counts whole seconds; the body keeps the precise hint.
+            resp.insert_header((header::RETRY_AFTER, ms.div_ceil(1000).to_string()));
+            body["retry_after_ms"] = json!(ms);
+        }
+        resp.json(json!({ "error": body }))
+    }
+}
+
 pub type EngineResult<T> = Result<T, EngineError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_maps_to_a_distinct_code_and_its_status() {
+        let errors = EngineError::examples();
+        let mut codes: Vec<&str> = errors.iter().map(EngineError::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), errors.len(), "codes must be distinct");
+        let status: Vec<(&str, u16)> = errors
+            .iter()
+            .map(|e| (e.metric_label(), e.http_status()))
+            .collect();
+        assert_eq!(
+            status,
+            [
+                ("invalid_json", 400),
+                ("invalid_request", 400),
+                ("duplicate_id", 400),
+                ("unknown_id", 400),
+                ("prompt_too_long", 413),
+                ("overloaded", 429),
+                ("unavailable", 503),
+                ("internal", 500),
+            ]
+        );
+    }
+
+    #[actix_rt::test]
+    async fn http_response_uses_the_status_code_and_retry_after() {
+        for e in EngineError::examples() {
+            let resp = e.error_response();
+            assert_eq!(resp.status().as_u16(), e.http_status(), "{e}");
+            let body = actix_web::body::to_bytes(resp.into_body()).await.unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["error"]["code"], e.code());
+            assert_eq!(v["error"]["message"], e.to_string());
+        }
+        let e = EngineError::Overloaded {
+            reason: "queue full".into(),
+            retry_after_ms: 1500,
+        };
+        let resp = e.error_response();
+        assert_eq!(resp.headers().get(header::RETRY_AFTER).unwrap(), "2");
+    }
+}

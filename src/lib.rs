@@ -4,7 +4,6 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
-pub mod detok;
 pub mod engine;
 pub mod error;
 pub mod executor;
@@ -21,7 +20,12 @@ pub mod serve;
 pub mod server;
 pub mod session;
 pub mod simulate;
-pub mod stop;
 pub mod tokenizer;
 #[cfg(test)]
 pub(crate) mod tokenizer_fixture;
+pub mod validation;
+
+// Lets `model/testing.rs`, which the integration tests also include, name the library `brook::`
+// in unit tests too.
+#[cfg(test)]
+extern crate self as brook;

@@ -7,6 +7,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::error::EngineError;
+
 pub struct Metrics {
     registry: Registry,
     pub requests_running: IntGauge,
@@ -36,7 +38,6 @@ pub struct Metrics {
     pub emergency_exits: IntCounter,
     pub emergency_pauses: IntCounter,
     pub emergency_pauses_spared: IntCounter,
-    pub speculative_depth: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -189,12 +190,17 @@ impl Metrics {
                 "brook:scheduler_emergency_pauses_spared_total",
                 "Long sequences not paused because the pause alone would break their own SLO.",
             ),
-            speculative_depth: gauge(
-                "brook:scheduler_speculative_depth",
-                "Speculative-decoding depth the scheduler allows now.",
-            ),
             registry,
         }
+    }
+
+    /// The one place errors are counted: every error on its way to a client passes here (the
+    /// WS session's error frames, streamed ones included, and HTTP error responses), so each is
+    /// counted once, under its metric label.
+    pub fn count_error(&self, err: &EngineError) {
+        self.request_errors
+            .with_label_values(&[err.metric_label()])
+            .inc();
     }
 
     /// Prometheus text exposition.
@@ -236,7 +242,6 @@ pub struct MetricsSnapshot {
     pub emergency_exits: u64,
     pub emergency_pauses: u64,
     pub emergency_pauses_spared: u64,
-    pub speculative_depth: i64,
 }
 
 /// A histogram's cumulative buckets at one instant (finite upper bounds only; `count` is the
@@ -357,7 +362,6 @@ impl Metrics {
             emergency_exits: self.emergency_exits.get(),
             emergency_pauses: self.emergency_pauses.get(),
             emergency_pauses_spared: self.emergency_pauses_spared.get(),
-            speculative_depth: self.speculative_depth.get(),
         }
     }
 }
@@ -377,7 +381,7 @@ mod tests {
         let m = Metrics::new();
         m.requests_running.set(3);
         m.ttft.observe(0.05);
-        m.request_errors.with_label_values(&["invalid_json"]).inc();
+        m.count_error(&EngineError::InvalidJson("x".into()));
         let text = m.render();
         assert!(text.contains("brook:num_requests_running 3"));
         assert!(text.contains("brook:time_to_first_token_seconds_count 1"));

@@ -5,10 +5,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::chat::{parse_messages, ChatMessage};
+use crate::chat::parse_messages;
 use crate::error::EngineError;
 use crate::request::{FinishReason, StreamEvent, Timing, Usage};
 use crate::sampling::params::RawSamplingParams;
+use crate::validation::{GenerateRequest, PromptInput};
 
 pub const MAX_ID_LEN: usize = 256;
 
@@ -25,10 +26,14 @@ pub struct GenerateFrame {
     pub params: RawSamplingParams,
 }
 
-#[derive(Debug, Clone)]
-pub enum PromptInput {
-    Text(String),
-    Messages(Vec<ChatMessage>),
+/// The WS frame without its id is the neutral request `Validation::validate` takes.
+impl From<GenerateFrame> for GenerateRequest {
+    fn from(frame: GenerateFrame) -> Self {
+        GenerateRequest {
+            input: frame.input,
+            params: frame.params,
+        }
+    }
 }
 
 // Every field is optional here so that `from_object` can check fields one at a time; presence

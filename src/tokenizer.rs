@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::model::config::GenerationConfig;
+
 /// A missing or malformed file in the model folder, or a failure inside `tokenizers`.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -134,30 +136,20 @@ fn chat_template_from_config(cfg: &Value, path: &Path) -> Result<Option<String>>
     }
 }
 
-/// generation_config.json's `eos_token_id`: a number, a list of numbers, or absent/null.
-fn eos_ids_from_generation_config(cfg: &Value, path: &Path) -> Result<Vec<u32>> {
-    let as_id = |v: &Value| {
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| {
-                invalid(
-                    path,
-                    format!("eos_token_id entries must be token ids, got {v}"),
-                )
-            })
-    };
-    match cfg.get("eos_token_id") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(list)) => list.iter().map(as_id).collect(),
-        Some(v) => Ok(vec![as_id(v)?]),
-    }
-}
-
 impl Tokenizer {
     /// Loads tokenizer.json and tokenizer_config.json (both required) and generation_config.json
     /// (optional) from a Hugging Face model folder. A chat_template.jinja file, when present, takes
     /// precedence over tokenizer_config.json's `chat_template`, as in transformers.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let gen = GenerationConfig::from_dir(dir)
+            .map_err(|e| invalid(&dir.join("generation_config.json"), e.to_string()))?;
+        Self::from_dir_with(dir, gen.as_ref())
+    }
+
+    /// As [`Tokenizer::from_dir`], with generation_config.json already parsed (the engine parses
+    /// it once, for this and for the model's sampling defaults): its eos ids join the
+    /// tokenizer's, and its bos id names the bos when tokenizer_config.json has none.
+    pub fn from_dir_with(dir: &Path, gen: Option<&GenerationConfig>) -> Result<Tokenizer> {
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
             return Err(TokenizerError::Missing { path: tok_path });
@@ -185,12 +177,9 @@ impl Tokenizer {
         };
 
         let gen_path = dir.join("generation_config.json");
-        let (gen_eos, gen_bos) = if gen_path.is_file() {
-            let gen = read_json(&gen_path)?;
-            let bos = gen.get("bos_token_id").and_then(Value::as_u64);
-            (eos_ids_from_generation_config(&gen, &gen_path)?, bos)
-        } else {
-            (Vec::new(), None)
+        let (gen_eos, gen_bos) = match gen {
+            Some(g) => (g.eos_token_ids.clone(), g.bos_token_id),
+            None => (Vec::new(), None),
         };
 
         let lookup = |token: &Option<String>, key: &str| -> Result<Option<u32>> {
@@ -208,7 +197,7 @@ impl Tokenizer {
         let mut bos_token = bos_token;
         // Some exports name the bos only in generation_config.json.
         if bos_token.is_none() {
-            if let Some(id) = gen_bos.and_then(|n| u32::try_from(n).ok()) {
+            if let Some(id) = gen_bos {
                 bos_token = inner.id_to_token(id);
                 bos_id = bos_token.as_ref().map(|_| id);
             }
@@ -430,7 +419,7 @@ mod tests {
         std::fs::write(dir.path().join("generation_config.json"), "{ not json").unwrap();
         let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
         assert!(
-            err.contains("generation_config.json") && err.contains("invalid JSON"),
+            err.contains("generation_config.json") && err.contains("cannot parse"),
             "{err}"
         );
 

@@ -3,9 +3,10 @@
 
 use brook::bench::{execute, BenchArgs, BenchOutcome};
 use brook::cli::{Cli, Command};
-use brook::engine::{start_synthetic, PreparedRequest};
+use brook::engine::start_synthetic;
 use brook::request::{FinishReason, StreamEvent};
-use brook::sampling::params::SamplingParams;
+use brook::sampling::params::RawSamplingParams;
+use brook::validation::{GenerateRequest, PromptInput};
 use clap::Parser;
 
 /// The small CPU workload the tests start from, as `brook bench` flags; `overrides` replace
@@ -142,28 +143,34 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
     let system = actix::System::new();
     system.block_on(async {
         let engine = start_synthetic(&cfg, "tiny", 3).unwrap();
-        let with_stop = SamplingParams {
-            stop: vec!["x".into()],
-            ..SamplingParams::greedy(4)
+        let with_stop = GenerateRequest {
+            input: PromptInput::Tokens(vec![5, 9, 300, 1200]),
+            params: RawSamplingParams {
+                max_tokens: Some(4),
+                stop: Some(vec!["x".into()]),
+                ..Default::default()
+            },
         };
-        let (_, mut rx) = engine.submit(PreparedRequest {
-            prompt_token_ids: vec![5, 9, 300, 1200],
-            params: with_stop,
-        });
-        match rx.recv().await {
-            Some(StreamEvent::Error(e)) => {
-                assert!(e.to_string().contains("tokenizer"), "{e}")
-            }
-            other => panic!("expected an error, got {other:?}"),
-        }
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(5)
+        let e = engine.validate(with_stop).unwrap_err();
+        assert!(e.to_string().contains("tokenizer"), "{e}");
+        let text = GenerateRequest {
+            input: PromptInput::Text("hello".into()),
+            params: RawSamplingParams::default(),
         };
-        let (_, mut rx) = engine.submit(PreparedRequest {
-            prompt_token_ids: vec![17, 4, 1999, 250, 3],
-            params,
-        });
+        let e = engine.validate(text).unwrap_err();
+        assert!(e.to_string().contains("token ids"), "{e}");
+        let req = engine
+            .validate(GenerateRequest {
+                input: PromptInput::Tokens(vec![17, 4, 1999, 250, 3]),
+                params: RawSamplingParams {
+                    max_tokens: Some(5),
+                    temperature: Some(0.0),
+                    ignore_eos: Some(true),
+                    ..Default::default()
+                },
+            })
+            .unwrap();
+        let (_, mut rx) = engine.submit(req);
         let mut counted = 0;
         loop {
             match rx.recv().await.expect("stream ended early") {

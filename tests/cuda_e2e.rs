@@ -20,13 +20,18 @@ use brook::executor::cuda::device::DevBuf;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::model::config::{ModelConfig, WeightDType};
 use brook::model::loader::load_weights;
-use brook::model::testing::{write_test_model, TestModelSpec};
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::argmax;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use testing::{write_test_model, TestModelSpec};
+
+/// The test-model writer, compiled here rather than into the library (see its header).
+#[allow(dead_code)]
+#[path = "../src/model/testing.rs"]
+mod testing;
 
 fn have_gpu() -> bool {
     let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");

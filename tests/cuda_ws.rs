@@ -3,7 +3,7 @@
 //! Without a GPU the test says so and returns; `BROOK_REQUIRE_GPU=1` makes a missing GPU fail.
 mod common;
 
-use brook::model::testing::TestModelSpec;
+use common::testing::TestModelSpec;
 use common::*;
 use serde_json::json;
 

@@ -147,11 +147,16 @@ async fn streamed_text_equals_the_decoded_golden_output() {
     let mut pending = Vec::new();
     for case in f["cases"].as_array().unwrap() {
         let want_ids = ids(&case["output_token_ids"]);
-        let params = SamplingParams::greedy(want_ids.len());
-        let req = brook::engine::PreparedRequest {
-            prompt_token_ids: ids(&case["prompt_token_ids"]),
-            params,
-        };
+        let req = engine
+            .validate(brook::validation::GenerateRequest {
+                input: brook::validation::PromptInput::Tokens(ids(&case["prompt_token_ids"])),
+                params: brook::sampling::params::RawSamplingParams {
+                    max_tokens: Some(want_ids.len() as i64),
+                    temperature: Some(0.0),
+                    ..Default::default()
+                },
+            })
+            .unwrap();
         let (_, rx) = engine.submit(req);
         pending.push((
             case["name"].as_str().unwrap().to_string(),

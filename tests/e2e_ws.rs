@@ -197,10 +197,18 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     assert_eq!(terminal(&frames["ok"])["usage"]["completion_tokens"], 4);
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:request_errors_total{code="invalid_json"} 2"#),
-        "{m}"
-    );
+    // Each error counted once, under its code.
+    for (code, n) in [
+        ("invalid_json", 2),
+        ("invalid_request", 7),
+        ("unknown_id", 1),
+        ("prompt_too_long", 1),
+        ("duplicate_id", 1),
+        ("overloaded", 1),
+    ] {
+        let line = format!(r#"brook:request_errors_total{{code="{code}"}} {n}"#);
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
     server.stop().await;
 }
 
@@ -352,4 +360,44 @@ async fn adaptive_policy_serves_mixed_lengths() {
         "{m}"
     );
     server.stop().await;
+}
+
+/// generation_config.json's sampling values become the model's defaults, parsed once at start:
+/// a request field overrides them, and they override brook's.
+#[actix_rt::test]
+async fn generation_config_defaults_reach_requests() {
+    use brook::sampling::params::RawSamplingParams;
+    use brook::validation::{GenerateRequest, PromptInput};
+    let (_dir, path) = model_dir(&common::testing::TestModelSpec::default());
+    let gen_path = path.join("generation_config.json");
+    let mut gen: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&gen_path).unwrap()).unwrap();
+    gen["temperature"] = json!(0.25);
+    gen["top_k"] = json!(7);
+    gen["repetition_penalty"] = json!(1.3);
+    std::fs::write(&gen_path, gen.to_string()).unwrap();
+    let engine = start_engine(&test_config(), &path);
+    let req = |params| GenerateRequest {
+        input: PromptInput::Text("Hello".into()),
+        params,
+    };
+    let v = engine.validate(req(RawSamplingParams::default())).unwrap();
+    assert_eq!((v.params().temperature, v.params().top_k), (0.25, 7));
+    assert_eq!(
+        v.params().top_p,
+        1.0,
+        "brook's default where the model has none"
+    );
+    let own = RawSamplingParams {
+        top_k: Some(3),
+        ..Default::default()
+    };
+    let v = engine.validate(req(own)).unwrap();
+    assert_eq!((v.params().temperature, v.params().top_k), (0.25, 3));
+    assert_eq!(engine.validation().defaults().repetition_penalty, Some(1.3));
+    // The eos ids of generation_config.json end generation.
+    let eos = &engine.validation().defaults().eos_token_ids;
+    for t in gen["eos_token_id"].as_array().unwrap() {
+        assert!(eos.contains(&(t.as_u64().unwrap() as u32)), "{eos:?}");
+    }
 }

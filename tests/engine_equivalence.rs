@@ -3,13 +3,13 @@
 //! same weights, for prompts of mixed lengths that arrive at different steps.
 mod common;
 
-use brook::engine::PreparedRequest;
 use brook::model::config::ModelConfig;
 use brook::model::loader::load_weights;
 use brook::model::reference::reference_greedy;
-use brook::model::testing::TestModelSpec;
 use brook::request::StreamEvent;
-use brook::sampling::params::SamplingParams;
+use brook::sampling::params::RawSamplingParams;
+use brook::validation::{GenerateRequest, PromptInput};
+use common::testing::TestModelSpec;
 use common::*;
 
 const MAX_NEW: usize = 12;
@@ -49,14 +49,18 @@ async fn check(spec: TestModelSpec) {
         })
         .collect();
     let submit = |p: &Vec<u32>| {
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(MAX_NEW)
-        };
-        let (_, rx) = engine.submit(PreparedRequest {
-            prompt_token_ids: p.clone(),
-            params,
-        });
+        let req = engine
+            .validate(GenerateRequest {
+                input: PromptInput::Tokens(p.clone()),
+                params: RawSamplingParams {
+                    max_tokens: Some(MAX_NEW as i64),
+                    temperature: Some(0.0),
+                    ignore_eos: Some(true),
+                    ..Default::default()
+                },
+            })
+            .unwrap();
+        let (_, rx) = engine.submit(req);
         actix_rt::spawn(collect_text(rx))
     };
     // Two arrive at once; the others arrive while those are already decoding.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::config::Config;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::model::config::ModelConfig;
@@ -26,14 +27,23 @@ pub struct CpuBackendOptions {
     pub progress: bool,
 }
 
+impl CpuBackendOptions {
+    /// The options `brook serve` runs with, from the engine config (the one source of their
+    /// defaults).
+    pub fn from_config(cfg: &Config, progress: bool) -> Self {
+        CpuBackendOptions {
+            block_size: cfg.cache.block_size,
+            kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
+            num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
+            progress,
+        }
+    }
+}
+
+/// The default config's options.
 impl Default for CpuBackendOptions {
     fn default() -> Self {
-        CpuBackendOptions {
-            block_size: 16,
-            kv_cache_bytes: 256 << 20,
-            num_threads: None,
-            progress: true,
-        }
+        Self::from_config(&Config::default(), true)
     }
 }
 

@@ -476,6 +476,8 @@ pub struct GenerationConfig {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub max_new_tokens: Option<usize>,
+    /// Read so it can be reported; brook's sampler has no repetition penalty yet.
+    pub repetition_penalty: Option<f32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -488,6 +490,7 @@ struct RawGenerationConfig {
     top_k: Option<usize>,
     min_p: Option<f32>,
     max_new_tokens: Option<usize>,
+    repetition_penalty: Option<f32>,
 }
 
 impl GenerationConfig {
@@ -516,6 +519,7 @@ impl GenerationConfig {
             top_k: raw.top_k,
             min_p: raw.min_p,
             max_new_tokens: raw.max_new_tokens,
+            repetition_penalty: raw.repetition_penalty,
         })
     }
 }

@@ -10,7 +10,11 @@ pub mod llama;
 pub mod loader;
 pub mod reference;
 pub mod synthetic;
+/// Test-only (see its header): never in the release binary.
+#[cfg(test)]
 pub mod testing;
+#[cfg(test)]
+mod testing_tests;
 
 use std::path::PathBuf;
 

@@ -3,8 +3,14 @@
 //! them (on the GPU by the CUDA executor), plus `tiny`, small enough to generate and run on the
 //! CPU so the whole synthetic path is testable without a GPU.
 
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use crate::model::config::ModelConfig;
-use crate::model::loader::ModelWeights;
+use crate::model::loader::{expected_tensors, ModelWeights};
 
 /// Names `synthetic_config` knows, smallest first.
 pub const SYNTHETIC_MODELS: &[&str] = &["tiny", "tinyllama-1.1b", "llama-2-7b", "llama-3-8b"];
@@ -58,8 +64,37 @@ pub fn synthetic_host_weights(
         cfg.num_parameters() as f64 / 1e9,
         CPU_SYNTHETIC_MODELS.join(", ")
     );
-    let tensors = crate::model::testing::random_weights(cfg, seed)?;
+    let tensors = random_weights(cfg, seed)?;
     Ok(ModelWeights::from_tensors(cfg, tensors)?)
+}
+
+/// Seeded f32 weights for `config`, keyed by Hugging Face tensor names. Linear weights have
+/// standard deviation 1/√fan_in and norm weights are near 1, so activations and logits stay O(1).
+pub fn random_weights(config: &ModelConfig, seed: u64) -> anyhow::Result<HashMap<String, Tensor>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = HashMap::new();
+    for spec in expected_tensors(config) {
+        let numel: usize = spec.shape.iter().product();
+        let (center, std) = if spec.name.ends_with("norm.weight") {
+            (1.0, 0.1)
+        } else if spec.name.ends_with(".bias") {
+            (0.0, 0.1)
+        } else if spec.name == "model.embed_tokens.weight" {
+            (0.0, 0.5)
+        } else {
+            (0.0, 1.0 / (spec.shape[1] as f32).sqrt())
+        };
+        // Uniform with the given standard deviation: half-width √3·std.
+        let half_width = 3f32.sqrt() * std;
+        let values: Vec<f32> = (0..numel)
+            .map(|_| center + rng.random_range(-half_width..half_width))
+            .collect();
+        out.insert(
+            spec.name,
+            Tensor::from_vec(values, spec.shape, &Device::Cpu)?,
+        );
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -2,6 +2,11 @@
 //! (config.json, safetensors, tokenizer.json, tokenizer_config.json, generation_config.json)
 //! that every loader path reads exactly as it would a real one.
 //!
+//! Test-only, and kept out of the release binary: the library's unit tests compile it as
+//! `model::testing` (`#[cfg(test)]`), the integration tests include this file with `#[path]`
+//! (tests/common/mod.rs, tests/cuda_e2e.rs). Paths go through `brook::`, which names the
+//! library in both (lib.rs declares `extern crate self as brook` for its tests).
+//!
 //! `TestModelSpec::default()` is a tiny GQA Llama in bf16; each test overrides one knob with the
 //! builder methods. Weights are seeded, so a spec always writes the same model. Random weights make
 //! random text: tests check mechanics and equalities, not language.
@@ -10,9 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::{Device, Tensor};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use candle_core::Tensor;
 use serde_json::json;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
@@ -21,8 +24,8 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, TokenizerBuilder, TokenizerImpl};
 
-use crate::model::config::{Architecture, ModelConfig, WeightDType};
-use crate::model::loader::expected_tensors;
+use brook::model::config::{Architecture, ModelConfig, WeightDType};
+use brook::model::synthetic::random_weights;
 
 /// Special tokens of the test tokenizer, in id order (ids 0..6).
 pub const SPECIAL_TOKENS: [&str; 6] = [
@@ -169,7 +172,7 @@ impl TestModelSpec {
     }
 
     /// config.json for this spec, given the tokenizer's special token ids.
-    fn config_json(&self, vocab_size: usize, bos: u32, eos: u32) -> serde_json::Value {
+    pub fn config_json(&self, vocab_size: usize, bos: u32, eos: u32) -> serde_json::Value {
         let arch = self.architecture.hf_name();
         let model_type = match self.architecture {
             Architecture::Llama => "llama",
@@ -269,35 +272,6 @@ pub fn write_test_model(dir: &Path, spec: &TestModelSpec) -> anyhow::Result<()> 
         serde_json::to_string_pretty(&generation_config)?,
     )?;
     Ok(())
-}
-
-/// Seeded f32 weights for `config`, keyed by Hugging Face tensor names. Linear weights have
-/// standard deviation 1/√fan_in and norm weights are near 1, so activations and logits stay O(1).
-pub fn random_weights(config: &ModelConfig, seed: u64) -> anyhow::Result<HashMap<String, Tensor>> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut out = HashMap::new();
-    for spec in expected_tensors(config) {
-        let numel: usize = spec.shape.iter().product();
-        let (center, std) = if spec.name.ends_with("norm.weight") {
-            (1.0, 0.1)
-        } else if spec.name.ends_with(".bias") {
-            (0.0, 0.1)
-        } else if spec.name == "model.embed_tokens.weight" {
-            (0.0, 0.5)
-        } else {
-            (0.0, 1.0 / (spec.shape[1] as f32).sqrt())
-        };
-        // Uniform with the given standard deviation: half-width √3·std.
-        let half_width = 3f32.sqrt() * std;
-        let values: Vec<f32> = (0..numel)
-            .map(|_| center + rng.random_range(-half_width..half_width))
-            .collect();
-        out.insert(
-            spec.name,
-            Tensor::from_vec(values, spec.shape, &Device::Cpu)?,
-        );
-    }
-    Ok(out)
 }
 
 fn write_weights(
@@ -403,71 +377,3 @@ The frog held on and rode the stone all the way down to the wide river.
 There it found new friends, and it never wanted to go back to the small stream.
 Numbers: 1, 2, 3, 10, 42, 100, 2024. Symbols: (a + b) * c = d; x < y > z.
 ";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokenizers::Tokenizer;
-
-    #[test]
-    fn writes_a_complete_model_folder_that_parses() {
-        let dir = tempfile::tempdir().unwrap();
-        write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
-        let config = ModelConfig::from_dir(dir.path()).unwrap();
-        let tok = Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
-        assert_eq!(config.vocab_size, tok.get_vocab_size(true));
-        assert!(
-            config.vocab_size > 256 + SPECIAL_TOKENS.len() + 100,
-            "merges learned: {}",
-            config.vocab_size
-        );
-        let gen = crate::model::config::GenerationConfig::from_dir(dir.path())
-            .unwrap()
-            .unwrap();
-        let ids: Vec<u32> = [EOS_TOKEN, END_OF_TURN_TOKEN]
-            .iter()
-            .map(|t| tok.token_to_id(t).unwrap())
-            .collect();
-        assert_eq!(gen.eos_token_ids, ids);
-        assert_eq!(config.eos_token_ids, vec![ids[0]]);
-        let tc: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("tokenizer_config.json")).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(tc["chat_template"], CHAT_TEMPLATE);
-    }
-
-    #[test]
-    fn tokenizer_round_trips_text_and_keeps_special_tokens_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
-        let tok = Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
-        let text = "The brook runs to the sea. Ünïcödé ✓ 🙂";
-        let enc = tok.encode(text, true).unwrap();
-        assert_eq!(enc.get_ids()[0], tok.token_to_id(BOS_TOKEN).unwrap());
-        // Merges make common words shorter than their bytes.
-        assert!(enc.get_ids().len() < text.len());
-        assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), text);
-        let chat = tok.encode("<|user|>\nhi<|end|>\n", false).unwrap();
-        assert_eq!(chat.get_ids()[0], tok.token_to_id("<|user|>").unwrap());
-        assert!(chat
-            .get_ids()
-            .contains(&tok.token_to_id(END_OF_TURN_TOKEN).unwrap()));
-    }
-
-    #[test]
-    fn same_seed_same_weights_other_seed_other_weights() {
-        let config = ModelConfig::from_json_str(
-            &TestModelSpec::default().config_json(300, 0, 1).to_string(),
-        )
-        .unwrap();
-        let a = random_weights(&config, 1).unwrap();
-        let b = random_weights(&config, 1).unwrap();
-        let c = random_weights(&config, 2).unwrap();
-        let name = "model.layers.1.mlp.down_proj.weight";
-        let v =
-            |w: &HashMap<String, Tensor>| w[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(v(&a), v(&b));
-        assert_ne!(v(&a), v(&c));
-    }
-}

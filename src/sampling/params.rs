@@ -1,4 +1,6 @@
-//! Validated per-request sampling parameters.
+//! Validated per-request sampling parameters. A field the request leaves out takes the model's
+//! default (its generation_config.json, see `validation::ModelDefaults`), else brook's
+//! (`SamplingParams::default()`), as in vLLM and TGI.
 
 use serde::Deserialize;
 
@@ -69,9 +71,15 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
-    /// Checks every field; the error message names the offending field and value.
-    pub fn from_raw(raw: RawSamplingParams, vocab_size: usize) -> Result<Self, EngineError> {
-        let d = SamplingParams::default();
+    /// Checks every field; the error message names the offending field and value. Fields `raw`
+    /// leaves out come from `defaults` (`seed`, `stop`, `stop_token_ids` and `ignore_eos` are
+    /// per request only: brook's defaults).
+    pub fn from_raw(
+        raw: RawSamplingParams,
+        defaults: &SamplingParams,
+        vocab_size: usize,
+    ) -> Result<Self, EngineError> {
+        let d = defaults;
         let max_tokens = match raw.max_tokens {
             None => d.max_tokens,
             Some(n) if (1..=1 << 20).contains(&n) => n as usize,

@@ -59,9 +59,11 @@ impl Admission {
         self == Admission::Accepted
     }
 
-    /// The error for the client (`overloaded`, HTTP 429), if refused for load.
+    /// The one place a refusal becomes the client's error: `overloaded` (HTTP 429) when refused
+    /// for load; `internal` for a reused id, which only an engine bug can cause.
     pub fn to_error(self) -> Option<EngineError> {
         match self {
+            Admission::Accepted => None,
             Admission::Overloaded {
                 reason,
                 retry_after_ms,
@@ -69,7 +71,7 @@ impl Admission {
                 reason: reason.as_str().replace('_', " "),
                 retry_after_ms,
             }),
-            _ => None,
+            Admission::Duplicate => Some(EngineError::Internal("request id reused".into())),
         }
     }
 }

@@ -286,15 +286,6 @@ impl Scheduler {
         self.monitor.in_emergency()
     }
 
-    /// Speculative-decoding depth to use now: the configured one, at most 1 in emergency mode.
-    pub fn speculative_depth(&self) -> usize {
-        if self.in_emergency() {
-            self.cfg.speculative_depth.min(1)
-        } else {
-            self.cfg.speculative_depth
-        }
-    }
-
     /// Whether the actor should skip non-core metrics (emergency mode).
     pub fn non_core_metrics_suspended(&self) -> bool {
         self.in_emergency()

@@ -15,6 +15,8 @@ mod admission;
 mod class;
 mod core;
 pub mod cost_model;
+mod gauges;
+mod messages;
 mod output;
 pub mod policy;
 mod request;
@@ -77,9 +79,6 @@ pub struct SchedulerConfig {
     pub admission: AdmissionConfig,
     /// Step-time model used until the online fit has enough samples (and as its prior).
     pub cost_fallback: CostCoefficients,
-    /// Speculative-decoding depth outside emergency mode (0 = off); emergency mode caps it at 1.
-    /// Read through [`Scheduler::speculative_depth`].
-    pub speculative_depth: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -97,7 +96,6 @@ impl Default for SchedulerConfig {
             emergency: EmergencyConfig::default(),
             admission: AdmissionConfig::default(),
             cost_fallback: CostCoefficients::default(),
-            speculative_depth: 0,
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
 use crate::scheduler::RequestClass;
+use crate::validation::ValidRequest;
 
 /// A tokenized, validated request handed to the scheduler.
 #[derive(Debug, Clone)]
@@ -16,6 +17,21 @@ pub struct NewRequest {
     pub seed: u64,
     /// The model's eos ids (one or several); ignored when `params.ignore_eos`.
     pub eos_token_ids: Arc<[u32]>,
+}
+
+impl NewRequest {
+    /// A request without a seed gets a random one here, so every sampled token comes from a
+    /// (seed, output index) stream.
+    pub fn from_valid(id: RequestId, req: ValidRequest) -> Self {
+        let (prompt_token_ids, params, eos_token_ids) = req.into_parts();
+        NewRequest {
+            id,
+            prompt_token_ids,
+            seed: params.seed.unwrap_or_else(rand::random),
+            params: Arc::new(params),
+            eos_token_ids,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -666,6 +666,43 @@ fn finish_request_from_a_stop_string_frees_and_leaves_the_batch() {
     e.run_to_completion();
 }
 
+/// The actor's overlap: output processing of step N finishes a request (a stop string) while
+/// step N+1, which includes it, runs. Its blocks are freed before that step writes into them;
+/// only the next `schedule()` hands them out again, so no one's K/V is corrupted — neither a
+/// prefix-cache hit on its full blocks nor the requests that get its other blocks.
+#[test]
+fn finishing_a_request_while_its_next_step_runs_is_kv_safe() {
+    let mut e = Engine::new(config(), 16);
+    let prompt = random_tokens(90, 2 * BLOCK_SIZE + 3);
+    e.add(
+        request(1)
+            .prompt(prompt.clone())
+            .max_tokens(40)
+            .ignore_eos(),
+    );
+    e.add(request(2).max_tokens(40).ignore_eos());
+    e.step();
+    e.step();
+    let out = e.schedule(); // step N+1, dispatched
+    assert!(scheduled(&out).iter().any(|&(id, _)| id == 1));
+    assert!(e
+        .sched
+        .finish_request(RequestId(1), FinishReason::Stop, &mut e.kv));
+    // Its output was cut by the stop string: the reference check leaves it out.
+    e.finished.insert(RequestId(1), FinishReason::Cancelled);
+    let step = e.model.execute(&out.batch); // writes into request 1's freed blocks
+    let updates = e.update(&out, &step);
+    assert!(updates.iter().all(|u| u.id != RequestId(1)));
+    // A newcomer with request 1's prompt hits its cached blocks; others take the rest.
+    e.add(request(3).prompt(prompt).max_tokens(20).ignore_eos());
+    for id in 4..8 {
+        e.add(request(id).max_tokens(20).ignore_eos());
+    }
+    e.run_to_completion();
+    assert!(e.kv.prefix_cache_stats().hit_tokens >= 2 * BLOCK_SIZE as u64);
+    e.assert_matches_reference();
+}
+
 #[test]
 fn shared_prompt_prefix_is_computed_once() {
     let mut e = Engine::new(config(), 64);

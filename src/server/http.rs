@@ -4,21 +4,24 @@ use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use crate::engine::EngineHandle;
+use crate::error::EngineError;
 use crate::kv::actor::GetKvUsage;
 
-pub async fn health(engine: web::Data<EngineHandle>) -> HttpResponse {
-    match engine.kv.send(GetKvUsage).await {
-        Ok(u) => HttpResponse::Ok().json(json!({
-            "status": "ok",
-            "model": engine.info.model_name,
-            "device": engine.info.backend.device,
-            "max_model_len": engine.info.max_model_len,
-            "kv_blocks_used": u.used_blocks,
-            "kv_blocks_total": u.total_blocks,
-        })),
-        Err(e) => HttpResponse::ServiceUnavailable()
-            .json(json!({"status": "unavailable", "message": e.to_string()})),
-    }
+/// An engine that cannot answer is `unavailable` (503, through `EngineError`'s `ResponseError`).
+pub async fn health(engine: web::Data<EngineHandle>) -> Result<HttpResponse, EngineError> {
+    let u = engine.kv.send(GetKvUsage).await.map_err(|e| {
+        let err = EngineError::Unavailable(format!("KV manager: {e}"));
+        engine.metrics.count_error(&err);
+        err
+    })?;
+    Ok(HttpResponse::Ok().json(json!({
+        "status": "ok",
+        "model": engine.info.model_name,
+        "device": engine.info.backend.device,
+        "max_model_len": engine.info.max_model_len,
+        "kv_blocks_used": u.used_blocks,
+        "kv_blocks_total": u.total_blocks,
+    })))
 }
 
 pub async fn metrics(engine: web::Data<EngineHandle>) -> HttpResponse {

@@ -44,11 +44,7 @@ impl Session {
         id: Option<&str>,
         err: &EngineError,
     ) {
-        self.engine
-            .metrics
-            .request_errors
-            .with_label_values(&[err.code()])
-            .inc();
+        self.engine.metrics.count_error(err);
         ctx.text(ServerFrame::error(id, err).to_json());
     }
 
@@ -74,7 +70,7 @@ impl Session {
                     return self.send_error(ctx, Some(&g.id), &err);
                 }
                 let id: Arc<str> = Arc::from(g.id.as_str());
-                let prepared = match self.engine.prepare(g) {
+                let prepared = match self.engine.validate(g.into()) {
                     Ok(p) => p,
                     Err(e) => return self.send_error(ctx, Some(&id), &e),
                 };
@@ -167,7 +163,11 @@ impl StreamHandler<Tagged> for Session {
         if ev.is_terminal() {
             self.inflight.remove(&id);
         }
-        ctx.text(ServerFrame::from_event(&id, &ev).to_json());
+        match &ev {
+            // Streamed errors take the same exit as the session's own, where they are counted.
+            StreamEvent::Error(err) => self.send_error(ctx, Some(&id), err),
+            _ => ctx.text(ServerFrame::from_event(&id, &ev).to_json()),
+        }
     }
 
     /// A request's stream ending is normal; only the socket's own stream ends the session.

@@ -126,7 +126,7 @@ export class Dashboard {
     const emTile = $("tile-emergency");
     emTile.dataset.state = em.active ? "active" : "normal";
     set("tile-emergency", em.active ? "ACTIVE" : "normal",
-      `${em.entries} entries · ${em.pauses} pauses (${em.pauses_window} in window) · ${em.pauses_spared} spared · spec depth ${em.speculative_depth}`);
+      `${em.entries} entries · ${em.pauses} pauses (${em.pauses_window} in window) · ${em.pauses_spared} spared`);
     set("tile-preempt", s.preemptions.window, `${s.preemptions.total} since start`);
     const spec = $("tile-spec");
     spec.hidden = s.speculative == null;

@@ -14,7 +14,11 @@ use serde_json::Value;
 
 use brook::config::Config;
 use brook::engine::EngineHandle;
-use brook::model::testing::{write_test_model, TestModelSpec};
+
+/// The test-model writer, compiled here rather than into the library (see its header).
+#[path = "../../src/model/testing.rs"]
+pub mod testing;
+use testing::{write_test_model, TestModelSpec};
 
 pub struct TestServer {
     pub port: u16,

@@ -31,6 +31,7 @@ use super::gemm::linear;
 use super::kernels::{self, *};
 use super::prefill_gemm::{self, GemmAttention, GemmPlanner, GemmScratch, GemmSeq};
 use super::weights::GpuWeights;
+use crate::config::Config;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::model::config::ModelConfig;
@@ -87,25 +88,34 @@ pub mod skip {
     pub const LINEAR: u32 = 16;
 }
 
-impl Default for CudaBackendOptions {
-    fn default() -> Self {
+impl CudaBackendOptions {
+    /// The options `brook serve` runs with: the shared knobs from the engine config (the one
+    /// source of their defaults), the CUDA-only ones at their defaults here.
+    pub fn from_config(cfg: &Config, progress: bool) -> Self {
         CudaBackendOptions {
             device_ordinal: 0,
-            block_size: 16,
-            gpu_memory_utilization: 0.90,
+            block_size: cfg.cache.block_size,
+            gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
             max_kv_cache_bytes: None,
-            max_num_batched_tokens: 2048,
-            max_num_seqs: 64,
-            max_model_len: 0,
+            max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+            max_num_seqs: cfg.scheduler.max_num_seqs,
+            max_model_len: cfg.scheduler.max_model_len,
             cuda_graphs: true,
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             fuse_decode: false,
             pdl: true,
-            prefill_gemm_max_len: 0,
-            progress: true,
+            prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
+            progress,
             skip: 0,
         }
+    }
+}
+
+/// The default config's options (tests and gpu-bench start from these).
+impl Default for CudaBackendOptions {
+    fn default() -> Self {
+        Self::from_config(&Config::default(), true)
     }
 }
 

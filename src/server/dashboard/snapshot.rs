@@ -133,8 +133,6 @@ pub struct Emergency {
     pub pauses_window: u64,
     /// Sequences the pause spared because it alone would break their own SLO.
     pub pauses_spared: u64,
-    /// Speculative depth the scheduler allows now (capped at 1 in emergency mode).
-    pub speculative_depth: i64,
 }
 
 /// A labelled counter: since start and over the window.
@@ -342,7 +340,6 @@ pub fn compute(w: &Window, seq: u64, t_ms: u64, fanout: Fanout) -> Option<Dashbo
             pauses: now.emergency_pauses,
             pauses_window: now.emergency_pauses.saturating_sub(old.emergency_pauses),
             pauses_spared: now.emergency_pauses_spared,
-            speculative_depth: now.speculative_depth,
         },
         merge_decisions,
         overloaded: label_counts(&now.overloaded, &old.overloaded),

@@ -1,12 +1,12 @@
 //! Per-request text output: generated ids → incremental detokenizer → stop strings → delta text.
-//! The scheduler actor calls [`RequestOutput::push_tokens`] once per engine step per request.
+//! The output processor calls [`TextOutput::push_tokens`] once per engine step per request.
 
-use crate::detok::IncrementalDetokenizer;
-use crate::stop::StopChecker;
+use super::detok::IncrementalDetokenizer;
+use super::stop::StopChecker;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct OutputUpdate {
+pub struct TextUpdate {
     /// Text for this step's delta; may be empty while text is held back.
     pub text: String,
     /// A stop string completed: finish the request with reason `stop`.
@@ -14,16 +14,16 @@ pub struct OutputUpdate {
 }
 
 #[derive(Debug, Clone)]
-pub struct RequestOutput {
+pub struct TextOutput {
     detok: IncrementalDetokenizer,
     /// None without stop strings, so text passes straight through without a copy.
     stop: Option<StopChecker>,
 }
 
-impl RequestOutput {
+impl TextOutput {
     pub fn new(tok: &Tokenizer, prompt_ids: &[u32], stop: &[String]) -> Self {
         let stop = StopChecker::new(stop);
-        RequestOutput {
+        TextOutput {
             detok: IncrementalDetokenizer::new(tok, prompt_ids),
             stop: (!stop.is_empty()).then_some(stop),
         }
@@ -34,23 +34,23 @@ impl RequestOutput {
         self.stop.as_ref().is_some_and(StopChecker::is_stopped)
     }
 
-    pub fn push_tokens(&mut self, tok: &Tokenizer, ids: &[u32]) -> OutputUpdate {
+    pub fn push_tokens(&mut self, tok: &Tokenizer, ids: &[u32]) -> TextUpdate {
         if self.is_stopped() {
-            return OutputUpdate {
+            return TextUpdate {
                 text: String::new(),
                 stopped_by_string: true,
             };
         }
         let text = self.detok.push(tok, ids);
         match &mut self.stop {
-            None => OutputUpdate {
+            None => TextUpdate {
                 text,
                 stopped_by_string: false,
             },
-            Some(_) if text.is_empty() => OutputUpdate::default(),
+            Some(_) if text.is_empty() => TextUpdate::default(),
             Some(stop) => {
                 let out = stop.push(&text);
-                OutputUpdate {
+                TextUpdate {
                     text: out.emit,
                     stopped_by_string: out.stopped,
                 }
@@ -100,7 +100,7 @@ mod tests {
         rng: &mut impl Rng,
     ) -> (Vec<String>, bool) {
         let ids = tok.encode(text, false).unwrap();
-        let mut out = RequestOutput::new(tok, prompt, stop);
+        let mut out = TextOutput::new(tok, prompt, stop);
         let mut deltas = Vec::new();
         let mut rest = &ids[..];
         while !rest.is_empty() {
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn special_tokens_never_reach_the_text() {
         let tok = TokFixture::default().build();
-        let mut out = RequestOutput::new(&tok, &[0], &stops(&["zz"]));
+        let mut out = TextOutput::new(&tok, &[0], &stops(&["zz"]));
         let mut text = String::new();
         for id in tok
             .encode("Hi there", false)

@@ -1,0 +1,322 @@
+//! Per-request output state and the events sent to sessions (see the module docs of `output`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+use super::text::TextOutput;
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::scheduler::RequestUpdate;
+use crate::tokenizer::Tokenizer;
+use crate::validation::ValidRequest;
+
+/// One request's stream and what is known about it beside the core.
+struct RequestState {
+    tx: mpsc::Sender<StreamEvent>,
+    /// Detokenizer and stop strings; `None` on an engine without a tokenizer (counts only).
+    text: Option<TextOutput>,
+    /// Text (and its token count) not sent yet: the reader was slow, or it is this step's.
+    pending_text: String,
+    pending_tokens: usize,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    arrival: Instant,
+    scheduled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+impl RequestState {
+    /// Whether a delta is due: text to send, or, with no text to wait for, tokens to count.
+    fn has_pending(&self) -> bool {
+        !self.pending_text.is_empty() || (self.text.is_none() && self.pending_tokens > 0)
+    }
+
+    fn take_delta(&mut self) -> StreamEvent {
+        StreamEvent::Delta {
+            text: std::mem::take(&mut self.pending_text),
+            tokens: std::mem::take(&mut self.pending_tokens),
+        }
+    }
+}
+
+/// Terminal events that found their channel full: the caller delivers them on a task of their
+/// own ([`BlockedTerminal::deliver`]), so they are never lost and the engine never waits.
+#[derive(Debug)]
+pub struct BlockedTerminal {
+    pub tx: mpsc::Sender<StreamEvent>,
+    pub events: Vec<StreamEvent>,
+}
+
+impl BlockedTerminal {
+    pub async fn deliver(self) {
+        for ev in self.events {
+            if self.tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// What the caller must do after a step's outputs were processed.
+#[derive(Debug, Default)]
+pub struct Processed {
+    /// A stop string completed: the core must finish these (`stop`); their events are sent.
+    pub stopped: Vec<RequestId>,
+    /// The core must drop these and free their blocks: the channel closed, the client
+    /// cancelled or went away, or the step failed.
+    pub aborted: Vec<RequestId>,
+    /// Terminal events waiting for room in their channel.
+    pub blocked: Vec<BlockedTerminal>,
+}
+
+pub struct OutputProcessor {
+    tokenizer: Option<Arc<Tokenizer>>,
+    metrics: Arc<Metrics>,
+    requests: HashMap<RequestId, RequestState>,
+}
+
+impl OutputProcessor {
+    /// Without a tokenizer, deltas carry token counts and no text.
+    pub fn new(tokenizer: Option<Arc<Tokenizer>>, metrics: Arc<Metrics>) -> Self {
+        OutputProcessor {
+            tokenizer,
+            metrics,
+            requests: HashMap::new(),
+        }
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Refuses a request that never got in: its only event. A fresh channel has room for it.
+    pub fn reject(tx: &mpsc::Sender<StreamEvent>, err: EngineError) {
+        let _ = tx.try_send(StreamEvent::Error(err));
+    }
+
+    /// The text side of a new request (before the core takes its prompt); `None` without a
+    /// tokenizer.
+    pub fn text_output(&self, req: &ValidRequest) -> Option<TextOutput> {
+        let stop = &req.params().stop;
+        (self.tokenizer.as_ref()).map(|tok| TextOutput::new(tok, req.prompt_token_ids(), stop))
+    }
+
+    /// A request the core accepted: tracks it and sends `Started`. `text` comes from
+    /// [`OutputProcessor::text_output`].
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        prompt_tokens: usize,
+        text: Option<TextOutput>,
+        tx: mpsc::Sender<StreamEvent>,
+        arrival: Instant,
+    ) {
+        self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
+        // A fresh channel has room for at least two events (server.stream_buffer >= 2).
+        let _ = tx.try_send(StreamEvent::Started { prompt_tokens });
+        self.requests.insert(
+            id,
+            RequestState {
+                tx,
+                text,
+                pending_text: String::new(),
+                pending_tokens: 0,
+                prompt_tokens,
+                completion_tokens: 0,
+                arrival,
+                scheduled_at: None,
+                first_token_at: None,
+                last_token_at: None,
+            },
+        );
+    }
+
+    /// Requests in a batch for the first time: their queueing ends at `now`.
+    pub fn scheduled(&mut self, ids: &[RequestId], now: Instant) {
+        for id in ids {
+            if let Some(r) = self.requests.get_mut(id) {
+                r.scheduled_at.get_or_insert(now);
+            }
+        }
+    }
+
+    /// Folds one step's updates (tokens came back at `now`) into text, timing and events.
+    /// `suspend_non_core` (emergency mode) skips the per-token ITL histogram.
+    pub fn process(
+        &mut self,
+        updates: &[RequestUpdate],
+        now: Instant,
+        suspend_non_core: bool,
+    ) -> Processed {
+        let mut done = Processed::default();
+        for u in updates {
+            let Some(r) = self.requests.get_mut(&u.id) else {
+                continue; // cancelled or aborted while the step ran
+            };
+            let n = u.new_token_ids.len();
+            if n > 0 {
+                match r.last_token_at {
+                    None => self.metrics.ttft.observe(secs(now - r.arrival)),
+                    Some(last) if !suspend_non_core => {
+                        let per_token = secs(now - last) / n as f64;
+                        for _ in 0..n {
+                            self.metrics.itl.observe(per_token);
+                        }
+                    }
+                    Some(_) => {}
+                }
+                r.first_token_at.get_or_insert(now);
+                r.last_token_at = Some(now);
+                r.completion_tokens += n;
+                r.pending_tokens += n;
+                self.metrics.generation_tokens.inc_by(n as u64);
+            }
+            let mut by_stop_string = false;
+            if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
+                let out = text.push_tokens(tok, &u.new_token_ids);
+                r.pending_text.push_str(&out.text);
+                by_stop_string = out.stopped_by_string;
+                if u.finished.is_some() && !by_stop_string {
+                    // Text held back (a partial stop string, an incomplete character) goes
+                    // out now; it may still complete a stop string.
+                    let rest = text.finish(tok);
+                    by_stop_string = text.is_stopped();
+                    r.pending_text.push_str(&rest);
+                }
+            }
+            let reason = if by_stop_string {
+                // The core has not finished it unless its own reason came in the same step.
+                if u.finished.is_none() {
+                    done.stopped.push(u.id);
+                }
+                Some(FinishReason::Stop)
+            } else {
+                u.finished
+            };
+            match reason {
+                Some(reason) => self.finish(u.id, reason, now, &mut done),
+                None => {
+                    if !flush(r) {
+                        self.requests.remove(&u.id);
+                        done.aborted.push(u.id);
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// The client cancelled: held text, then `done` / `cancelled`. Unknown ids (finished
+    /// already) are ignored.
+    pub fn cancel(&mut self, id: RequestId, now: Instant, done: &mut Processed) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
+            let rest = text.finish(tok);
+            r.pending_text.push_str(&rest);
+        }
+        self.finish(id, FinishReason::Cancelled, now, done);
+        done.aborted.push(id);
+    }
+
+    /// The client went away: forget the request, no events.
+    pub fn abort(&mut self, id: RequestId, done: &mut Processed) {
+        if self.requests.remove(&id).is_some() {
+            done.aborted.push(id);
+        }
+    }
+
+    /// The engine failed the request: text so far is dropped, `err` is its terminal event.
+    pub fn fail(&mut self, id: RequestId, err: EngineError, done: &mut Processed) {
+        if let Some(r) = self.requests.remove(&id) {
+            send_terminal(r.tx, vec![StreamEvent::Error(err)], done);
+            done.aborted.push(id);
+        }
+    }
+
+    fn finish(&mut self, id: RequestId, reason: FinishReason, now: Instant, done: &mut Processed) {
+        let Some(mut r) = self.requests.remove(&id) else {
+            return;
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let timing = Timing {
+            queue_ms: ms(r.scheduled_at.unwrap_or(now) - r.arrival),
+            ttft_ms: r.first_token_at.map(|t| ms(t - r.arrival)).unwrap_or(0.0),
+            total_ms: ms(now - r.arrival),
+        };
+        let m = &self.metrics;
+        m.requests_finished
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        m.e2e_latency.observe(timing.total_ms / 1e3);
+        if let Some(s) = r.scheduled_at {
+            m.queue_time.observe(secs(s - r.arrival));
+        }
+        let mut events = Vec::with_capacity(2);
+        if r.has_pending() {
+            events.push(r.take_delta());
+        }
+        events.push(StreamEvent::Done {
+            finish_reason: reason,
+            usage: Usage {
+                prompt_tokens: r.prompt_tokens,
+                completion_tokens: r.completion_tokens,
+            },
+            timing,
+        });
+        send_terminal(r.tx, events, done);
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Sends the pending delta if the channel has room. False when the channel is closed.
+fn flush(r: &mut RequestState) -> bool {
+    if !r.has_pending() {
+        return true;
+    }
+    let delta = r.take_delta();
+    match r.tx.try_send(delta) {
+        Ok(()) => true,
+        Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
+            // Slow reader: keep the text (and count) and merge it into the next delta.
+            r.pending_text = text;
+            r.pending_tokens = tokens;
+            true
+        }
+        Err(TrySendError::Full(_)) => unreachable!("only deltas are flushed"),
+        Err(TrySendError::Closed(_)) => false,
+    }
+}
+
+/// Sends a request's last events; what does not fit goes to `done.blocked`.
+fn send_terminal(tx: mpsc::Sender<StreamEvent>, events: Vec<StreamEvent>, done: &mut Processed) {
+    let mut events = events.into_iter();
+    while let Some(ev) = events.next() {
+        match tx.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Closed(_)) => return,
+            Err(TrySendError::Full(ev)) => {
+                let events = std::iter::once(ev).chain(events).collect();
+                done.blocked.push(BlockedTerminal { tx, events });
+                return;
+            }
+        }
+    }
+}

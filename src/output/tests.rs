@@ -1,0 +1,376 @@
+//! The output processor on its own: real bounded channels (read with `try_recv`), the fixture
+//! tokenizer, explicit instants. Each test starts from `Harness::default()`-like defaults and
+//! changes one thing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::text::TextOutput;
+use super::{OutputProcessor, Processed};
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::scheduler::RequestUpdate;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer_fixture::TokFixture;
+
+const ID: RequestId = RequestId(7);
+
+struct Harness {
+    out: OutputProcessor,
+    metrics: Arc<Metrics>,
+    tok: Arc<Tokenizer>,
+    rx: mpsc::Receiver<StreamEvent>,
+    t0: Instant,
+    prompt_tokens: usize,
+}
+
+impl Harness {
+    /// One request (prompt "Hello", `stop` strings) on a channel of `capacity`; with
+    /// `tokenizer` false the processor counts tokens only.
+    fn new(stop: &[&str], capacity: usize, tokenizer: bool) -> Self {
+        let tok = Arc::new(TokFixture::default().build());
+        let metrics = Arc::new(Metrics::new());
+        let mut out = OutputProcessor::new(tokenizer.then(|| tok.clone()), metrics.clone());
+        let (tx, rx) = mpsc::channel(capacity);
+        let prompt = tok.encode("Hello", true).unwrap();
+        let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
+        let t0 = Instant::now();
+        let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop));
+        out.add_request(ID, prompt.len(), text, tx, t0);
+        Harness {
+            out,
+            metrics,
+            tok,
+            rx,
+            t0,
+            prompt_tokens: prompt.len(),
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// One step's update for the request, at `ms` after arrival.
+    fn step(&mut self, ids: &[u32], finished: Option<FinishReason>, ms: u64) -> Processed {
+        let u = RequestUpdate {
+            id: ID,
+            new_token_ids: ids.to_vec(),
+            finished,
+            num_computed_tokens: 0,
+            num_output_tokens: 0,
+        };
+        let now = self.at(ms);
+        self.out.process(&[u], now, false)
+    }
+
+    fn ids(&self, text: &str) -> Vec<u32> {
+        self.tok.encode(text, false).unwrap()
+    }
+
+    fn drain(&mut self) -> Vec<StreamEvent> {
+        let mut evs = Vec::new();
+        while let Ok(ev) = self.rx.try_recv() {
+            evs.push(ev);
+        }
+        evs
+    }
+}
+
+fn text_of(evs: &[StreamEvent]) -> String {
+    evs.iter()
+        .filter_map(|e| match e {
+            StreamEvent::Delta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tokens_of(evs: &[StreamEvent]) -> usize {
+    evs.iter()
+        .map(|e| match e {
+            StreamEvent::Delta { tokens, .. } => *tokens,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn done_of(evs: &[StreamEvent]) -> (FinishReason, Usage, Timing) {
+    match evs.last() {
+        Some(StreamEvent::Done {
+            finish_reason,
+            usage,
+            timing,
+        }) => (*finish_reason, *usage, *timing),
+        other => panic!("expected done last, got {other:?}"),
+    }
+}
+
+#[test]
+fn one_delta_per_step_and_the_text_is_the_decode() {
+    let mut h = Harness::new(&[], 64, true);
+    let ids = h.ids("the quick brown fox");
+    assert!(ids.len() >= 4);
+    let prompt_tokens = h.prompt_tokens;
+    assert_eq!(h.drain(), [StreamEvent::Started { prompt_tokens }]);
+    let mut deltas = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        let last = i + 1 == ids.len();
+        let done = h.step(
+            &[id],
+            last.then_some(FinishReason::Length),
+            10 * i as u64 + 10,
+        );
+        assert!(done.stopped.is_empty() && done.aborted.is_empty() && done.blocked.is_empty());
+        let evs = h.drain();
+        let step_deltas = evs
+            .iter()
+            .filter(|e| matches!(e, StreamEvent::Delta { .. }))
+            .count();
+        assert!(step_deltas <= 1, "{evs:?}");
+        deltas += step_deltas;
+        if last {
+            assert_eq!(done_of(&evs).0, FinishReason::Length);
+        }
+    }
+    assert!(deltas > 1);
+    assert!(!h.out.contains(ID));
+}
+
+#[test]
+fn stop_string_across_steps_is_cut_and_reported_to_the_core() {
+    let mut h = Harness::new(&["brown fox"], 64, true);
+    h.drain();
+    let ids = h.ids("the quick brown fox jumps");
+    let mut sent = Vec::new();
+    let mut stopped_at = None;
+    for (i, &id) in ids.iter().enumerate() {
+        let done = h.step(&[id], None, i as u64);
+        sent.extend(h.drain());
+        if !done.stopped.is_empty() {
+            assert_eq!(done.stopped, [ID]);
+            stopped_at = Some(i);
+            break;
+        }
+    }
+    // The stop string took several steps to complete, and none of it was sent.
+    assert!(stopped_at.unwrap() >= 2);
+    assert_eq!(text_of(&sent), "the quick ");
+    assert_eq!(done_of(&sent).0, FinishReason::Stop);
+    // Gone: a later step's tokens for it (the step in flight) are dropped without events.
+    let done = h.step(&ids[..1], None, 99);
+    assert!(done.stopped.is_empty());
+    assert!(h.drain().is_empty());
+}
+
+#[test]
+fn held_text_is_released_when_the_core_finishes_the_request() {
+    let mut h = Harness::new(&["fox!"], 64, true);
+    h.drain();
+    let ids = h.ids("a fox");
+    let (last, head) = ids.split_last().unwrap();
+    h.step(head, None, 1);
+    // "fox" could still become "fox!": held back until the request ends.
+    let done = h.step(&[*last], Some(FinishReason::Length), 2);
+    assert!(done.stopped.is_empty(), "the core finished it itself");
+    let evs = h.drain();
+    assert_eq!(text_of(&evs), "a fox");
+    assert_eq!(done_of(&evs).0, FinishReason::Length);
+}
+
+#[test]
+fn eos_in_the_last_step_counts_but_shows_no_text() {
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    let mut ids = h.ids("Hi");
+    ids.push(h.tok.eos_token_ids()[0]);
+    h.step(&ids, Some(FinishReason::Stop), 5);
+    let evs = h.drain();
+    assert_eq!(text_of(&evs), "Hi");
+    assert_eq!(tokens_of(&evs), ids.len());
+    assert_eq!(done_of(&evs).1.completion_tokens, ids.len());
+}
+
+#[test]
+fn usage_timing_and_metrics() {
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    h.out.scheduled(&[ID], h.at(10));
+    let ids = h.ids("one two three");
+    let n = ids.len();
+    h.step(&ids[..1], None, 30);
+    h.step(&ids[1..n - 1], None, 50);
+    h.step(&ids[n - 1..], Some(FinishReason::Length), 100);
+    let (reason, usage, timing) = done_of(&h.drain());
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(
+        usage,
+        Usage {
+            prompt_tokens: h.prompt_tokens,
+            completion_tokens: n
+        }
+    );
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert!(close(timing.queue_ms, 10.0), "{timing:?}");
+    assert!(close(timing.ttft_ms, 30.0), "{timing:?}");
+    assert!(close(timing.total_ms, 100.0), "{timing:?}");
+    let m = &h.metrics;
+    assert_eq!(m.prompt_tokens.get(), h.prompt_tokens as u64);
+    assert_eq!(m.generation_tokens.get(), n as u64);
+    assert_eq!(m.ttft.get_sample_count(), 1);
+    assert!(close(m.ttft.get_sample_sum(), 0.030));
+    // Every token after the first has an inter-token latency: (50-30)/(n-2) each, then 50.
+    assert_eq!(m.itl.get_sample_count(), n as u64 - 1);
+    assert!(
+        close(m.itl.get_sample_sum(), 0.070),
+        "{}",
+        m.itl.get_sample_sum()
+    );
+    assert!(close(m.queue_time.get_sample_sum(), 0.010));
+    assert!(close(m.e2e_latency.get_sample_sum(), 0.100));
+    let finished = m.requests_finished.with_label_values(&["length"]).get();
+    assert_eq!(finished, 1);
+}
+
+#[test]
+fn emergency_mode_skips_inter_token_latency_only() {
+    let mut h = Harness::new(&[], 64, true);
+    let ids = h.ids("one two");
+    let u = |ids: &[u32]| RequestUpdate {
+        id: ID,
+        new_token_ids: ids.to_vec(),
+        finished: None,
+        num_computed_tokens: 0,
+        num_output_tokens: 0,
+    };
+    h.out.process(&[u(&ids[..1])], h.at(1), true);
+    h.out.process(&[u(&ids[1..])], h.at(2), true);
+    assert_eq!(h.metrics.ttft.get_sample_count(), 1);
+    assert_eq!(h.metrics.itl.get_sample_count(), 0);
+    assert_eq!(h.metrics.generation_tokens.get(), ids.len() as u64);
+}
+
+#[test]
+fn slow_reader_gets_merged_deltas_and_loses_nothing() {
+    // Room for `started` and one delta; the reader reads nothing until the end.
+    let mut h = Harness::new(&[], 2, true);
+    let text = "the quick brown fox jumps over the lazy dog";
+    let ids = h.ids(text);
+    for (i, &id) in ids.iter().enumerate() {
+        let done = h.step(&[id], None, i as u64);
+        assert!(done.aborted.is_empty() && done.blocked.is_empty());
+    }
+    let first = h.drain();
+    assert_eq!(first.len(), 2, "{first:?}");
+    // The rest merged into one delta, sent once there is room again...
+    h.step(&[], None, 100);
+    let second = h.drain();
+    assert_eq!(second.len(), 1, "{second:?}");
+    // ...and the finish arrives as one more delta and `done`.
+    h.step(&[], Some(FinishReason::Length), 101);
+    let all: Vec<StreamEvent> = first.into_iter().chain(second).chain(h.drain()).collect();
+    assert_eq!(text_of(&all), text);
+    assert_eq!(tokens_of(&all), ids.len());
+    assert_eq!(done_of(&all).1.completion_tokens, ids.len());
+}
+
+#[test]
+fn terminal_events_wait_for_room_instead_of_being_lost() {
+    let mut h = Harness::new(&[], 2, true);
+    let ids = h.ids("the quick brown fox");
+    h.step(&ids[..2], None, 1); // `started` + this delta fill the channel
+    let mut done = h.step(&ids[2..], Some(FinishReason::Length), 2);
+    assert_eq!(done.blocked.len(), 1);
+    let blocked = done.blocked.pop().unwrap();
+    assert!(matches!(
+        blocked.events[..],
+        [StreamEvent::Delta { .. }, StreamEvent::Done { .. }]
+    ));
+    // The reader catches up; the delivery task then completes.
+    let mut evs = h.drain();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(blocked.deliver());
+    evs.extend(h.drain());
+    assert_eq!(text_of(&evs), "the quick brown fox");
+    assert_eq!(done_of(&evs).0, FinishReason::Length);
+}
+
+#[test]
+fn closed_channel_cancels_the_request() {
+    let mut h = Harness::new(&[], 64, true);
+    let ids = h.ids("the quick brown");
+    h.step(&ids[..1], None, 1);
+    let (_, rx) = mpsc::channel(1);
+    drop(std::mem::replace(&mut h.rx, rx));
+    let done = h.step(&ids[1..], None, 2);
+    assert_eq!(done.aborted, [ID]);
+    assert!(!h.out.contains(ID));
+    // A closed channel at the end drops the terminal events quietly.
+    let mut h = Harness::new(&[], 64, true);
+    drop(std::mem::replace(&mut h.rx, mpsc::channel(1).1));
+    let done = h.step(&ids, Some(FinishReason::Length), 2);
+    assert!(done.aborted.is_empty() && done.blocked.is_empty());
+    assert!(h.out.is_empty());
+}
+
+#[test]
+fn cancel_releases_held_text_then_done_cancelled() {
+    let mut h = Harness::new(&["fox!"], 64, true);
+    h.drain();
+    let ids = h.ids("a fox");
+    h.step(&ids, None, 1);
+    let mut done = Processed::default();
+    h.out.cancel(ID, h.at(5), &mut done);
+    let evs = h.drain();
+    assert_eq!(text_of(&evs), "a fox");
+    assert_eq!(done_of(&evs).0, FinishReason::Cancelled);
+    h.out.cancel(ID, h.at(6), &mut done);
+    assert_eq!(done.aborted, [ID], "once: the core drops it once");
+    assert!(h.drain().is_empty());
+}
+
+#[test]
+fn abort_is_silent_and_fail_ends_with_the_error() {
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    let mut done = Processed::default();
+    h.out.abort(ID, &mut done);
+    h.out.abort(ID, &mut done);
+    assert_eq!(done.aborted, [ID]);
+    assert!(h.drain().is_empty());
+
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    let mut done = Processed::default();
+    let err = EngineError::Internal("boom".into());
+    h.out.fail(ID, err.clone(), &mut done);
+    assert_eq!(done.aborted, [ID]);
+    assert_eq!(h.drain(), [StreamEvent::Error(err)]);
+}
+
+#[test]
+fn without_a_tokenizer_deltas_count_tokens() {
+    let mut h = Harness::new(&[], 64, false);
+    h.drain();
+    h.step(&[5], None, 1);
+    h.step(&[6, 7], None, 2);
+    h.step(&[8], Some(FinishReason::Length), 3);
+    let evs = h.drain();
+    let deltas: Vec<(String, usize)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::Delta { text, tokens } => Some((text.clone(), *tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deltas,
+        [(String::new(), 1), (String::new(), 2), (String::new(), 1)]
+    );
+    assert_eq!(done_of(&evs).1.completion_tokens, 4);
+}

@@ -1,0 +1,70 @@
+//! Copies the scheduler core's and the KV manager's state into the Prometheus metrics; the
+//! scheduler actor calls it after each step and on idle. Both keep cumulative counters of their
+//! own, so the metric counters only follow them.
+
+use crate::executor::batch::StepOutput;
+use crate::kv::KvCacheManager;
+use crate::metrics::Metrics;
+use crate::scheduler::{MergeReason, OverloadReason, RequestClass, Scheduler, SchedulerOutput};
+
+/// A step came back from the executor. Its token count is a non-core metric: emergency mode
+/// suspends it.
+pub(crate) fn observe_step(
+    m: &Metrics,
+    core: &Scheduler,
+    plan: &SchedulerOutput,
+    step: &StepOutput,
+) {
+    m.step_time.observe(step.elapsed.as_secs_f64());
+    if !core.non_core_metrics_suspended() {
+        m.step_tokens.observe(plan.batch.num_tokens() as f64);
+    }
+}
+
+/// Decision counters and emergency mode of the core.
+pub(crate) fn sync_scheduler(m: &Metrics, core: &Scheduler) {
+    let st = core.stats();
+    for r in MergeReason::ALL {
+        follow(
+            &m.merge_decisions.with_label_values(&[r.as_str()]),
+            st.merge_count(r),
+        );
+    }
+    for r in OverloadReason::ALL {
+        follow(
+            &m.overloaded.with_label_values(&[r.as_str()]),
+            st.overloaded_count(r),
+        );
+    }
+    for c in RequestClass::ALL {
+        follow(
+            &m.accepted.with_label_values(&[c.as_str()]),
+            st.accepted[c.index()],
+        );
+    }
+    follow(&m.preemptions, st.preemptions);
+    follow(&m.emergency_pauses, st.emergency_pauses);
+    follow(&m.emergency_pauses_spared, st.emergency_pauses_spared);
+    follow(&m.emergency_entries, st.emergency_entries);
+    follow(&m.emergency_exits, st.emergency_exits);
+    m.emergency_mode.set(core.in_emergency() as i64);
+}
+
+/// Queue lengths, block usage and prefix-cache counters.
+pub(crate) fn sync_all(m: &Metrics, core: &Scheduler, kv: &KvCacheManager) {
+    sync_scheduler(m, core);
+    m.requests_running.set(core.num_running() as i64);
+    m.requests_waiting.set(core.num_waiting() as i64);
+    let u = kv.usage();
+    m.kv_blocks_used.set(u.used_blocks as i64);
+    m.kv_blocks_total.set(u.total_blocks as i64);
+    m.kv_usage_ratio.set(u.usage_ratio());
+    let prefix = kv.prefix_cache_stats();
+    follow(&m.prefix_cache_queries, prefix.queried_tokens);
+    follow(&m.prefix_cache_hits, prefix.hit_tokens);
+}
+
+/// Raises a counter to a cumulative total kept elsewhere.
+fn follow(counter: &prometheus::IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
