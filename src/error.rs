@@ -17,6 +17,8 @@ pub enum EngineError {
     PromptTooLong { prompt_tokens: usize, limit: usize },
     #[error("server overloaded: {reason}; retry after {retry_after_ms} ms")]
     Overloaded { reason: String, retry_after_ms: u64 },
+    #[error("too many messages on this connection; retry after {retry_after_ms} ms")]
+    RateLimited { retry_after_ms: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -31,6 +33,7 @@ impl EngineError {
             EngineError::UnknownId(_) => "unknown_id",
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::Overloaded { .. } => "overloaded",
+            EngineError::RateLimited { .. } => "rate_limited",
             EngineError::Internal(_) => "internal",
         }
     }
@@ -42,14 +45,15 @@ impl EngineError {
             | EngineError::DuplicateId(_)
             | EngineError::UnknownId(_) => 400,
             EngineError::PromptTooLong { .. } => 413,
-            EngineError::Overloaded { .. } => 429,
+            EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => 429,
             EngineError::Internal(_) => 500,
         }
     }
 
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
-            EngineError::Overloaded { retry_after_ms, .. } => Some(*retry_after_ms),
+            EngineError::Overloaded { retry_after_ms, .. }
+            | EngineError::RateLimited { retry_after_ms } => Some(*retry_after_ms),
             _ => None,
         }
     }
