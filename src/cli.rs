@@ -80,8 +80,9 @@ pub struct ServeArgs {
     /// the environment variable: a flag shows in the process list.
     #[arg(long, env = "BROOK_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Origins allowed to open a WebSocket, comma separated (`https://chat.example.com`); the
-    /// server's own origin and clients without an Origin header always pass. Default: any.
+    /// Origins allowed to open a WebSocket, comma separated (`https://chat.example.com`);
+    /// clients without an Origin header always pass; list the server's own origin to use its
+    /// chat page. Default: any.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Option<Vec<String>>,
     /// Open WebSocket connections at most (beyond it an upgrade gets HTTP 503).

@@ -41,9 +41,9 @@ pub struct ServerConfig {
     pub idle_timeout_s: f64,
     /// Ping every socket this often, in seconds; 0 = never.
     pub ping_interval_s: f64,
-    /// Origins allowed to open a WebSocket (`scheme://host[:port]`, or `*`); empty = any. The
-    /// server's own origin and requests without an Origin header (non-browser clients) always
-    /// pass.
+    /// Origins allowed to open a WebSocket (`scheme://host[:port]`, or `*`); empty = any.
+    /// Requests without an Origin header (non-browser clients) always pass; the server's own
+    /// origin must be listed for the bundled chat page.
     pub allowed_origins: Vec<String>,
     /// Serve /metrics without the API key even when one is set.
     pub public_metrics: bool,
@@ -231,6 +231,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("blok_size"), "{err}");
+    }
+
+    #[test]
+    fn server_keys_former_name_and_cross_checks() {
+        let cfg = Config::from_toml("[server]\nmax_frame_bytes = 2048\n").unwrap();
+        assert_eq!(cfg.server.max_message_bytes, 2048);
+        let err = Config::from_toml("[server]\nidle_timeout_s = 5.0\nping_interval_s = 5.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ping_interval_s"), "{err}");
+        let err = Config::from_toml("[server]\napi_key = \"0123456789abcdef\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("api_key"), "keys never come from files: {err}");
+        let err = Config::from_toml("[server]\nallowed_origins = [\"example.com\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allowed_origins"), "{err}");
     }
 
     #[test]
