@@ -75,6 +75,22 @@ pub struct ServeArgs {
     pub host: Option<String>,
     #[arg(long)]
     pub port: Option<u16>,
+    /// API key clients must present: `Authorization: Bearer <key>`, or for a browser's
+    /// WebSocket the subprotocol `bearer.<key>` (next to `brook`) or `?api_key=<key>`. Prefer
+    /// the environment variable: a flag shows in the process list.
+    #[arg(long, env = "BROOK_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Origins allowed to open a WebSocket, comma separated (`https://chat.example.com`);
+    /// clients without an Origin header always pass; list the server's own origin to use its
+    /// chat page. Default: any.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Open WebSocket connections at most (beyond it an upgrade gets HTTP 503).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Serve /metrics without the API key.
+    #[arg(long)]
+    pub public_metrics: bool,
 }
 
 impl EngineArgs {

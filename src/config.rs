@@ -22,10 +22,35 @@ pub struct Config {
 pub struct ServerConfig {
     pub host: String,
     pub port: u16,
-    /// Largest WebSocket frame accepted; a larger one closes the socket with code 1009.
-    pub max_frame_bytes: usize,
+    /// Largest WebSocket message, one frame or the sum of a fragmented message's frames; a
+    /// larger one closes the socket with code 1009. (`max_frame_bytes` is its former name.)
+    #[serde(alias = "max_frame_bytes")]
+    pub max_message_bytes: usize,
+    /// Open WebSocket connections at most; beyond it an upgrade gets HTTP 503.
+    pub max_connections: usize,
     /// Requests one socket may have in flight; more get `overloaded`.
     pub max_requests_per_connection: usize,
+    /// Messages per second one socket may send (token bucket); 0 = no limit. Beyond it a
+    /// message gets `rate_limited` with `retry_after_ms`.
+    pub rate_limit_per_s: f64,
+    /// Burst of messages the bucket allows at once.
+    pub rate_limit_burst: u32,
+    /// Refused messages in a row after which the socket is closed with 1008; 0 = never.
+    pub rate_limit_close_after: u32,
+    /// Close a socket that sent no frame (pongs included) for this many seconds; 0 = never.
+    pub idle_timeout_s: f64,
+    /// Ping every socket this often, in seconds; 0 = never.
+    pub ping_interval_s: f64,
+    /// Origins allowed to open a WebSocket (`scheme://host[:port]`, or `*`); empty = any.
+    /// Requests without an Origin header (non-browser clients) always pass; the server's own
+    /// origin must be listed for the bundled chat page.
+    pub allowed_origins: Vec<String>,
+    /// Serve /metrics without the API key even when one is set.
+    pub public_metrics: bool,
+    /// Set from `--api-key` / `BROOK_API_KEY` only, never from a file (secrets stay out of
+    /// configs); `None` = no authentication.
+    #[serde(skip)]
+    pub api_key: Option<crate::server::auth::ApiKey>,
     /// Capacity of each request's event channel to its session (events, not tokens: deltas
     /// are merged while the channel is full, so this bounds memory without blocking the engine).
     pub stream_buffer: usize,
@@ -61,8 +86,17 @@ impl Default for ServerConfig {
         ServerConfig {
             host: "127.0.0.1".into(),
             port: 8080,
-            max_frame_bytes: 1 << 20,
+            max_message_bytes: 1 << 20,
+            max_connections: 1024,
             max_requests_per_connection: 64,
+            rate_limit_per_s: 50.0,
+            rate_limit_burst: 100,
+            rate_limit_close_after: 200,
+            idle_timeout_s: 60.0,
+            ping_interval_s: 10.0,
+            allowed_origins: Vec::new(),
+            public_metrics: false,
+            api_key: None,
             stream_buffer: 16,
         }
     }
@@ -88,6 +122,47 @@ impl Default for CacheConfig {
             gpu_memory_utilization: 0.90,
             enable_prefix_caching: true,
         }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.stream_buffer >= 2, "server.stream_buffer must be >= 2");
+        anyhow::ensure!(
+            self.max_message_bytes >= 1024,
+            "server.max_message_bytes must be >= 1024, got {}",
+            self.max_message_bytes
+        );
+        anyhow::ensure!(
+            self.max_connections >= 1 && self.max_requests_per_connection >= 1,
+            "server.max_connections and server.max_requests_per_connection must be >= 1"
+        );
+        let secs = |name: &str, v: f64| {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "server.{name} must be a number >= 0 (0 = off), got {v}"
+            );
+            Ok(())
+        };
+        secs("rate_limit_per_s", self.rate_limit_per_s)?;
+        secs("idle_timeout_s", self.idle_timeout_s)?;
+        secs("ping_interval_s", self.ping_interval_s)?;
+        anyhow::ensure!(
+            self.rate_limit_per_s == 0.0 || self.rate_limit_burst >= 1,
+            "server.rate_limit_burst must be >= 1 when rate_limit_per_s is set"
+        );
+        anyhow::ensure!(
+            self.idle_timeout_s == 0.0
+                || self.ping_interval_s == 0.0
+                || self.ping_interval_s < self.idle_timeout_s,
+            "server.ping_interval_s ({}) must be below idle_timeout_s ({}), or live clients \
+             would be closed as idle",
+            self.ping_interval_s,
+            self.idle_timeout_s
+        );
+        crate::server::auth::AllowedOrigins::parse(&self.allowed_origins)
+            .map_err(|e| anyhow::anyhow!("server.allowed_origins: {e}"))?;
+        Ok(())
     }
 }
 
@@ -134,14 +209,7 @@ impl Config {
             "model.device must be auto, cpu or cuda, got {:?}",
             self.model.device
         );
-        anyhow::ensure!(
-            self.server.stream_buffer >= 2,
-            "server.stream_buffer must be >= 2"
-        );
-        anyhow::ensure!(
-            self.server.max_frame_bytes >= 1024,
-            "server.max_frame_bytes must be >= 1024"
-        );
+        self.server.validate()?;
         Ok(())
     }
 }
@@ -215,6 +283,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("blok_size"), "{err}");
+    }
+
+    #[test]
+    fn server_keys_former_name_and_cross_checks() {
+        let cfg = Config::from_toml("[server]\nmax_frame_bytes = 2048\n").unwrap();
+        assert_eq!(cfg.server.max_message_bytes, 2048);
+        let err = Config::from_toml("[server]\nidle_timeout_s = 5.0\nping_interval_s = 5.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ping_interval_s"), "{err}");
+        let err = Config::from_toml("[server]\napi_key = \"0123456789abcdef\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("api_key"), "keys never come from files: {err}");
+        let err = Config::from_toml("[server]\nallowed_origins = [\"example.com\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allowed_origins"), "{err}");
     }
 
     #[test]

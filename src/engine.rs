@@ -38,7 +38,6 @@ use crate::validation::{
 /// Limits sessions check before a request reaches the scheduler.
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
-    pub max_frame_bytes: usize,
     pub max_requests_per_connection: usize,
     pub stream_buffer: usize,
 }
@@ -295,7 +294,6 @@ fn start_actors(
         metrics,
         info,
         limits: SessionLimits {
-            max_frame_bytes: cfg.server.max_frame_bytes,
             max_requests_per_connection: cfg.server.max_requests_per_connection,
             stream_buffer: cfg.server.stream_buffer,
         },

@@ -26,6 +26,8 @@ pub enum EngineError {
     /// The engine cannot answer at all (an actor is gone); nothing the client did.
     #[error("engine unavailable: {0}")]
     Unavailable(String),
+    #[error("too many messages on this connection; retry after {retry_after_ms} ms")]
+    RateLimited { retry_after_ms: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -62,6 +64,7 @@ impl EngineError {
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::Overloaded { .. } => "overloaded",
             EngineError::Unavailable(_) => "unavailable",
+            EngineError::RateLimited { .. } => "rate_limited",
             EngineError::Internal(_) => "internal",
         }
     }
@@ -79,7 +82,7 @@ impl EngineError {
             | EngineError::DuplicateId(_)
             | EngineError::UnknownId(_) => 400,
             EngineError::PromptTooLong { .. } => 413,
-            EngineError::Overloaded { .. } => 429,
+            EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => 429,
             EngineError::Internal(_) => 500,
             EngineError::Unavailable(_) => 503,
         }
@@ -87,7 +90,8 @@ impl EngineError {
 
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
-            EngineError::Overloaded { retry_after_ms, .. } => Some(*retry_after_ms),
+            EngineError::Overloaded { retry_after_ms, .. }
+            | EngineError::RateLimited { retry_after_ms } => Some(*retry_after_ms),
             _ => None,
         }
     }

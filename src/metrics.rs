@@ -30,6 +30,8 @@ pub struct Metrics {
     pub step_time: Histogram,
     pub step_tokens: Histogram,
     pub ws_connections: IntGauge,
+    pub ws_rejected: IntCounterVec,
+    pub ws_closes: IntCounterVec,
     pub merge_decisions: IntCounterVec,
     pub overloaded: IntCounterVec,
     pub accepted: IntCounterVec,
@@ -155,6 +157,17 @@ impl Metrics {
                 TOKEN_BUCKETS,
             ),
             ws_connections: gauge("brook:websocket_connections", "Open WebSocket connections."),
+            ws_rejected: counter_vec(
+                "brook:websocket_rejected_total",
+                "WebSocket upgrades refused (API key, origin, connection limit), by reason.",
+                "reason",
+            ),
+            ws_closes: counter_vec(
+                "brook:websocket_closes_total",
+                "WebSocket connections closed by the server, by reason (client: answering the \
+                 client's close).",
+                "reason",
+            ),
             merge_decisions: counter_vec(
                 "brook:scheduler_merge_decisions_total",
                 "Batch-merge decisions of the adaptive policy, by reason.",

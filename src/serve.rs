@@ -26,12 +26,28 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(p) = args.port {
         cfg.server.port = p;
     }
+    if let Some(key) = &args.api_key {
+        let key = crate::server::auth::ApiKey::new(key)
+            .map_err(|e| anyhow::anyhow!("--api-key / BROOK_API_KEY: {e}"))?;
+        cfg.server.api_key = Some(key);
+    }
+    if let Some(origins) = args.allowed_origins {
+        cfg.server.allowed_origins = origins;
+    }
+    if let Some(n) = args.max_connections {
+        cfg.server.max_connections = n;
+    }
+    cfg.server.public_metrics |= args.public_metrics;
+    cfg.validate()?;
     let model_dir = resolve_model(&cfg)?;
     let system = actix::System::new();
     system.block_on(async move {
         let engine = crate::engine::start(&cfg, &model_dir, true)?;
-        let (server, port) = crate::server::bind(engine.clone(), &cfg.server.host, cfg.server.port)?;
+        let (server, port) = crate::server::bind(engine.clone(), &cfg.server)?;
         eprintln!("{}", engine.info.summary());
+        if cfg.server.api_key.is_some() {
+            eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
+        }
         eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
         server.await?;
         Ok::<(), anyhow::Error>(())

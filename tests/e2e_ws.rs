@@ -154,12 +154,7 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     )
     .await;
 
-    c.send_binary(vec![1, 2, 3]).await;
-    let f = c.recv().await.unwrap();
-    assert_eq!(
-        (f["type"].as_str(), f["code"].as_str()),
-        (Some("error"), Some("invalid_json"))
-    );
+    // (A binary message closes the socket with 1003: tests/ws_edge.rs.)
 
     // duplicate_id: the first request is still in flight when the second arrives.
     c.send(gen("dup", "first", 300)).await;
@@ -199,7 +194,7 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     let m = wait_idle(&server).await;
     // Each error counted once, under its code.
     for (code, n) in [
-        ("invalid_json", 2),
+        ("invalid_json", 1),
         ("invalid_request", 7),
         ("unknown_id", 1),
         ("prompt_too_long", 1),
@@ -215,7 +210,7 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
 #[actix_rt::test]
 async fn oversized_frame_closes_with_1009_and_others_carry_on() {
     let mut cfg = test_config();
-    cfg.server.max_frame_bytes = 64 * 1024;
+    cfg.server.max_message_bytes = 64 * 1024;
     let server = start_server(cfg).await;
     let mut other = Client::connect(&server).await;
     other.send(gen("keep", "unaffected", 20)).await;

@@ -100,7 +100,8 @@ impl SamplingParams {
         };
         let top_p = match raw.top_p {
             None => d.top_p,
-            Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => p as f32,
+            // Checked after the cast: a tiny positive f64 would round to an f32 top_p of 0.
+            Some(p) if p.is_finite() && p as f32 > 0.0 && p <= 1.0 => p as f32,
             Some(p) => {
                 return Err(EngineError::invalid(format!(
                     "params.top_p must be in (0, 1], got {p}"

@@ -1,8 +1,9 @@
 //! Plain HTTP handlers.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
+use super::edge::Edge;
 use crate::engine::EngineHandle;
 use crate::error::EngineError;
 use crate::kv::actor::GetKvUsage;
@@ -24,7 +25,16 @@ pub async fn health(engine: web::Data<EngineHandle>) -> Result<HttpResponse, Eng
     })))
 }
 
-pub async fn metrics(engine: web::Data<EngineHandle>) -> HttpResponse {
+/// Behind the API key when one is set (`server.public_metrics` opens it); /health stays open
+/// for load balancers (docs/PROTOCOL.md).
+pub async fn metrics(
+    req: HttpRequest,
+    engine: web::Data<EngineHandle>,
+    edge: web::Data<Edge>,
+) -> HttpResponse {
+    if let Err(e) = edge.access.check_metrics(&req) {
+        return e.response();
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(engine.metrics.render())

@@ -1,19 +1,28 @@
 //! The HTTP side: `/` and `/dashboard` (the page), `/static/…`, `/health`, `/metrics`, the
-//! dashboard's event stream and the `/v1/ws` upgrade.
+//! dashboard's event stream and the `/v1/ws` upgrade, behind the edge's gate (auth.rs: API key
+//! and origins; edge.rs: connection count and refusals).
 pub mod assets;
+pub mod auth;
 pub mod dashboard;
+pub mod edge;
 pub mod http;
 
 use std::sync::Arc;
 
 use actix_web::{web, App, HttpServer};
 
+use crate::config::ServerConfig;
 use crate::engine::EngineHandle;
+use edge::Edge;
 
 /// Builds the app's routes; shared by `brook serve` and the end-to-end tests.
-pub fn configure(engine: Arc<EngineHandle>) -> impl FnOnce(&mut web::ServiceConfig) {
+pub fn configure(
+    engine: Arc<EngineHandle>,
+    edge: Arc<Edge>,
+) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(web::Data::from(engine))
+            .app_data(web::Data::from(edge))
             .route("/", web::get().to(assets::page))
             .route("/dashboard", web::get().to(assets::page))
             .route("/static/{path:.*}", web::get().to(assets::asset))
@@ -21,26 +30,32 @@ pub fn configure(engine: Arc<EngineHandle>) -> impl FnOnce(&mut web::ServiceConf
             .route("/favicon.ico", web::get().to(http::no_content))
             .route("/health", web::get().to(http::health))
             .route("/metrics", web::get().to(http::metrics))
-            .route("/v1/ws", web::get().to(crate::session::ws_route))
+            .route("/v1/ws", web::get().to(edge::ws_route))
             .default_service(web::to(http::not_found));
     }
 }
 
-/// Binds and returns the running server; the caller awaits it. Starts the dashboard's
-/// producer (one per server, shared by the workers; the stream route needs it).
+/// Binds `server.host:server.port` (port 0: any free one) and returns the running server and
+/// its port; the caller awaits the server. Starts the dashboard's producer (one per server,
+/// shared by the workers; the stream route needs it).
 pub fn bind(
     engine: Arc<EngineHandle>,
-    host: &str,
-    port: u16,
-) -> std::io::Result<(actix_web::dev::Server, u16)> {
+    server: &ServerConfig,
+) -> anyhow::Result<(actix_web::dev::Server, u16)> {
+    // One Edge for all workers: the connection count is server-wide.
+    let edge = Arc::new(Edge::from_config(server)?);
     let dash = web::Data::from(dashboard::Dashboard::start(&engine));
-    let server = HttpServer::new(move || {
+    let http = HttpServer::new(move || {
         App::new()
             .app_data(dash.clone())
-            .configure(configure(engine.clone()))
+            .configure(configure(engine.clone(), edge.clone()))
     })
     .workers(2)
-    .bind((host, port))?;
-    let port = server.addrs().first().map(|a| a.port()).unwrap_or(port);
-    Ok((server.run(), port))
+    .bind((server.host.as_str(), server.port))?;
+    let port = http
+        .addrs()
+        .first()
+        .map(|a| a.port())
+        .unwrap_or(server.port);
+    Ok((http.run(), port))
 }

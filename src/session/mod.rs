@@ -1,7 +1,15 @@
-//! One actor per WebSocket (actix-web-actors is confined to this module). It parses and
-//! validates frames, submits requests to the scheduler, and turns each request's bounded event
-//! stream into JSON frames. Bad input gets an `error` frame and the socket stays open; a frame
-//! over the size limit closes it with 1009; closing the socket aborts all of its requests.
+//! One actor per WebSocket (actix-web-actors is confined to this module). Frames come from
+//! `reader.rs` (actix-http's codec, size limit applied at each header) through `frames.rs` (RFC
+//! 6455 reassembly: fragments, interleaved control frames, whole-message size and UTF-8); whole
+//! messages are parsed, rate limited (`limits.rs`) and submitted to the scheduler, and each
+//! request's bounded event stream becomes JSON frames. Bad JSON or a bad request gets an `error`
+//! frame and the socket stays open; a framing violation closes it with the code `close.rs` gives;
+//! closing the socket aborts all of its requests.
+
+pub mod close;
+pub mod frames;
+pub mod limits;
+pub mod reader;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,27 +23,122 @@ use crate::engine::EngineHandle;
 use crate::error::EngineError;
 use crate::protocol::{parse_client_frame, ClientFrame, ServerFrame};
 use crate::request::{RequestId, StreamEvent};
+use close::CloseWhy;
+use frames::{Reassembler, Step};
+use limits::{ConnectionSlot, EdgeLimits, TokenBucket};
+use reader::{FrameReader, ReadError};
 
-const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The subprotocol the server answers with when a client offers it (browsers offer it next to
+/// `bearer.<key>` to authenticate).
+pub const SUBPROTOCOL: &str = "brook";
 
 pub struct Session {
     engine: Arc<EngineHandle>,
+    limits: Arc<EdgeLimits>,
     /// Client id → engine id, for requests that have not sent their terminal frame yet.
     inflight: HashMap<Arc<str>, RequestId>,
+    reassembler: Reassembler,
+    bucket: Option<TokenBucket>,
+    /// Messages refused by the rate limit since the last one accepted.
+    refused_in_row: u32,
     last_heard: Instant,
+    /// Held for the connection's life: the server-wide connection count.
+    _slot: ConnectionSlot,
 }
 
 /// One event of one request, tagged with the client's id.
 struct Tagged(Arc<str>, StreamEvent);
 
+/// `GET /v1/ws` after the edge's checks (server/edge.rs): the handshake, then a `Session` reads
+/// the socket through a `FrameReader`.
+pub fn start(
+    req: &HttpRequest,
+    payload: web::Payload,
+    engine: Arc<EngineHandle>,
+    limits: Arc<EdgeLimits>,
+    slot: ConnectionSlot,
+) -> actix_web::Result<HttpResponse> {
+    let mut resp = ws::handshake_with_protocols(req, &[SUBPROTOCOL])?;
+    let frames = FrameReader::new(payload, limits.max_message_bytes);
+    let session = Session::new(engine, limits, slot);
+    // The context's built-in reader gets a stream that never yields: ours reads the socket.
+    let idle =
+        futures_util::stream::pending::<Result<web::Bytes, actix_web::error::PayloadError>>();
+    let body = ws::WebsocketContext::with_factory(idle, move |ctx| {
+        ctx.add_stream(frames);
+        session
+    });
+    Ok(resp.streaming(body))
+}
+
 impl Session {
-    pub fn new(engine: Arc<EngineHandle>) -> Self {
+    pub fn new(engine: Arc<EngineHandle>, limits: Arc<EdgeLimits>, slot: ConnectionSlot) -> Self {
+        let now = Instant::now();
         Session {
             engine,
+            reassembler: Reassembler::new(limits.max_message_bytes),
+            bucket: limits.rate.as_ref().map(|r| TokenBucket::new(r, now)),
+            limits,
             inflight: HashMap::new(),
-            last_heard: Instant::now(),
+            refused_in_row: 0,
+            last_heard: now,
+            _slot: slot,
         }
+    }
+
+    /// Fails the connection (RFC 6455 §7.1.7): the close frame, then the end.
+    fn close(&self, ctx: &mut ws::WebsocketContext<Self>, why: CloseWhy) {
+        tracing::debug!("closing websocket: {why:?}");
+        self.engine
+            .metrics
+            .ws_closes
+            .with_label_values(&[why.label()])
+            .inc();
+        ctx.close(Some(why.reason()));
+        ctx.stop();
+    }
+
+    /// The rate limit, charged per message before it does any work; `Err` when refused (the
+    /// caller has already been told, or the socket is closing).
+    fn charge(&mut self, ctx: &mut ws::WebsocketContext<Self>, id: Option<&str>) -> Result<(), ()> {
+        let Some(bucket) = self.bucket.as_mut() else {
+            return Ok(());
+        };
+        match bucket.take(Instant::now()) {
+            Ok(()) => {
+                self.refused_in_row = 0;
+                Ok(())
+            }
+            Err(wait) => {
+                self.refused_in_row += 1;
+                let close_after = self.limits.rate.map_or(0, |r| r.close_after);
+                if close_after > 0 && self.refused_in_row >= close_after {
+                    let refused = self.refused_in_row;
+                    self.close(ctx, CloseWhy::RateLimit { refused });
+                } else {
+                    let retry_after_ms = (wait.as_secs_f64() * 1000.0).ceil().max(1.0) as u64;
+                    self.send_error(ctx, id, &EngineError::RateLimited { retry_after_ms });
+                }
+                Err(())
+            }
+        }
+    }
+
+    /// Ends the socket when the client sent nothing for the idle timeout; re-arms itself for
+    /// the rest of the timeout otherwise (one timer, no polling).
+    fn watch_idle(&self, ctx: &mut ws::WebsocketContext<Self>, after: Duration) {
+        ctx.run_later(after, |act, ctx| {
+            let Some(idle) = act.limits.idle_timeout else {
+                return;
+            };
+            let quiet = act.last_heard.elapsed();
+            if quiet >= idle {
+                let secs = idle.as_secs();
+                act.close(ctx, CloseWhy::Idle { secs });
+            } else {
+                act.watch_idle(ctx, idle - quiet);
+            }
+        });
     }
 
     fn send_error(
@@ -49,7 +152,20 @@ impl Session {
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
-        let frame = match parse_client_frame(text) {
+        let parsed = parse_client_frame(text);
+        // Cancelling a request in flight creates no work, so it is never refused.
+        let free = matches!(&parsed, Ok(ClientFrame::Cancel { id }) if self.inflight.contains_key(id.as_str()));
+        if !free {
+            let id = match &parsed {
+                Ok(ClientFrame::Generate(g)) => Some(g.id.as_str()),
+                Ok(ClientFrame::Cancel { id }) => Some(id.as_str()),
+                Err(e) => e.id.as_deref(),
+            };
+            if self.charge(ctx, id).is_err() {
+                return;
+            }
+        }
+        let frame = match parsed {
             Ok(f) => f,
             Err(e) => return self.send_error(ctx, e.id.as_deref(), &e.error),
         };
@@ -98,13 +214,15 @@ impl Actor for Session {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.engine.metrics.ws_connections.inc();
-        ctx.run_interval(HEARTBEAT_INTERVAL, |act, ctx| {
-            if act.last_heard.elapsed() > CLIENT_TIMEOUT {
-                ctx.stop();
-            } else {
-                ctx.ping(b"");
-            }
-        });
+        if !self.engine.scheduler.connected() {
+            return self.close(ctx, CloseWhy::Internal("the engine is not running".into()));
+        }
+        if let Some(every) = self.limits.ping_interval {
+            ctx.run_interval(every, |_, ctx| ctx.ping(b""));
+        }
+        if let Some(idle) = self.limits.idle_timeout {
+            self.watch_idle(ctx, idle);
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
@@ -116,46 +234,48 @@ impl Actor for Session {
     }
 }
 
-impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
-    fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+/// The socket's frames, from our `FrameReader`.
+impl StreamHandler<Result<ws::Frame, ReadError>> for Session {
+    fn handle(&mut self, item: Result<ws::Frame, ReadError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
-        match msg {
-            Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
-            Ok(ws::Message::Binary(_)) => {
-                let err = EngineError::InvalidJson(
-                    "binary frames are not accepted; send JSON text frames".into(),
-                );
-                self.send_error(ctx, None, &err);
+        let frame = match item {
+            Ok(f) => f,
+            Err(ReadError::TooBig { .. }) => {
+                let limit = self.limits.max_message_bytes;
+                return self.close(ctx, CloseWhy::TooBig { limit });
             }
-            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
-            Ok(ws::Message::Pong(_)) => {}
-            Ok(ws::Message::Close(reason)) => {
-                ctx.close(reason);
+            Err(ReadError::Protocol(e)) => {
+                return self.close(ctx, CloseWhy::Protocol(e.to_string()))
+            }
+            Err(ReadError::Io(e)) => {
+                // The connection is gone; no close frame can reach the client.
+                tracing::debug!("websocket read failed: {e}");
+                return ctx.stop();
+            }
+        };
+        match self.reassembler.push(frame) {
+            Step::Pending | Step::Pong => {}
+            Step::Message(text) => self.on_text(&text, ctx),
+            Step::Ping(p) => ctx.pong(&p),
+            Step::Close(reason) => {
+                // The close handshake: echo the client's code, then stop (RFC 6455 §5.5.1).
+                self.engine
+                    .metrics
+                    .ws_closes
+                    .with_label_values(&["client"])
+                    .inc();
+                ctx.close(reason.map(|r| ws::CloseReason::from(r.code)));
                 ctx.stop();
             }
-            Ok(ws::Message::Continuation(_)) => {
-                let err = EngineError::InvalidJson("fragmented frames are not accepted".into());
-                self.send_error(ctx, None, &err);
-            }
-            Ok(ws::Message::Nop) => {}
-            Err(ws::ProtocolError::Overflow) => {
-                let limit = self.engine.limits.max_frame_bytes;
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Size,
-                    description: Some(format!("frame larger than {limit} bytes")),
-                }));
-                ctx.stop();
-            }
-            Err(e) => {
-                tracing::debug!("websocket protocol error: {e}");
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Protocol,
-                    description: Some(e.to_string()),
-                }));
-                ctx.stop();
-            }
+            Step::Fail(why) => self.close(ctx, why),
         }
     }
+}
+
+/// Required by `WebsocketContext`, whose own reader is given a stream that never yields (see
+/// `start`): frames arrive through the handler above.
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
+    fn handle(&mut self, _: Result<ws::Message, ws::ProtocolError>, _: &mut Self::Context) {}
 }
 
 impl StreamHandler<Tagged> for Session {
@@ -172,17 +292,4 @@ impl StreamHandler<Tagged> for Session {
 
     /// A request's stream ending is normal; only the socket's own stream ends the session.
     fn finished(&mut self, _ctx: &mut Self::Context) {}
-}
-
-/// `GET /v1/ws`: upgrade to a WebSocket served by a new `Session`.
-pub async fn ws_route(
-    req: HttpRequest,
-    stream: web::Payload,
-    engine: web::Data<EngineHandle>,
-) -> actix_web::Result<HttpResponse> {
-    let max_frame = engine.limits.max_frame_bytes;
-    let session = Session::new(engine.into_inner());
-    ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(max_frame)
-        .start()
 }

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::web::Bytes;
 use awc::ws;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -30,6 +29,11 @@ pub struct TestServer {
 impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// A WebSocket request to `path` (which may carry a query) on this server.
+    pub fn ws_request(&self, path: &str) -> awc::ws::WebsocketsRequest {
+        awc::Client::new().ws(format!("ws://127.0.0.1:{}{}", self.port, path))
     }
 
     pub async fn stop(self) {
@@ -62,7 +66,10 @@ pub async fn start_server(cfg: Config) -> TestServer {
 pub async fn start_server_with(cfg: Config, spec: &TestModelSpec) -> TestServer {
     let (dir, path) = model_dir(spec);
     let engine = brook::engine::start(&cfg, &path, false).unwrap();
-    let (server, port) = brook::server::bind(engine.clone(), "127.0.0.1", 0).unwrap();
+    let mut server_cfg = cfg.server.clone();
+    server_cfg.host = "127.0.0.1".into();
+    server_cfg.port = 0;
+    let (server, port) = brook::server::bind(engine.clone(), &server_cfg).unwrap();
     let handle = server.handle();
     actix_rt::spawn(server);
     TestServer {
@@ -85,16 +92,86 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(server: &TestServer) -> Client {
-        let (_resp, conn) = awc::Client::new()
-            .ws(format!("ws://127.0.0.1:{}/v1/ws", server.port))
-            .max_frame_size(8 << 20)
-            .connect()
+        Client::connect_with(server.ws_request("/v1/ws"))
+            .await
+            .unwrap()
+            .1
+    }
+
+    /// Connects with a prepared request (headers, subprotocols, query); the upgrade response
+    /// comes back too (its headers), or the error (e.g. a refused status).
+    pub async fn connect_with(
+        req: awc::ws::WebsocketsRequest,
+    ) -> Result<(awc::ClientResponse, Client), awc::error::WsClientError> {
+        let (resp, conn) = req.max_frame_size(8 << 20).connect().await?;
+        Ok((
+            resp,
+            Client {
+                conn,
+                last_close: None,
+            },
+        ))
+    }
+
+    /// Sends one WebSocket message as the codec frames it (continuations included).
+    pub async fn send_msg(&mut self, m: ws::Message) {
+        self.conn.send(m).await.unwrap();
+    }
+
+    /// Writes bytes straight to the socket, bypassing the client codec's own checks: for
+    /// frames a well-behaved client would never send.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        use std::pin::Pin;
+        self.conn.flush().await.unwrap();
+        let mut off = 0;
+        while off < bytes.len() {
+            let io = self.conn.io_mut();
+            off += futures_util::future::poll_fn(|cx| {
+                tokio::io::AsyncWrite::poll_write(Pin::new(&mut *io), cx, &bytes[off..])
+            })
             .await
             .unwrap();
-        Client {
-            conn,
-            last_close: None,
         }
+        let io = self.conn.io_mut();
+        futures_util::future::poll_fn(|cx| {
+            tokio::io::AsyncWrite::poll_flush(Pin::new(&mut *io), cx)
+        })
+        .await
+        .unwrap();
+    }
+
+    /// A masked client frame, as raw bytes.
+    pub fn raw_frame(payload: &[u8], op: actix_http::ws::OpCode, fin: bool) -> Vec<u8> {
+        let mut out = actix_web::web::BytesMut::new();
+        actix_http::ws::Parser::write_message(&mut out, payload, op, fin, true);
+        out.to_vec()
+    }
+
+    /// The next frame of any kind (pings are not answered here); None when the socket ends.
+    pub async fn next_frame(&mut self) -> Option<ws::Frame> {
+        let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next())
+            .await
+            .expect("no frame within 60 s");
+        match frame {
+            Some(Ok(f)) => {
+                if let ws::Frame::Close(reason) = &f {
+                    self.last_close = reason.as_ref().map(|r| u16::from(r.code));
+                }
+                Some(f)
+            }
+            Some(Err(e)) => panic!("websocket error: {e}"),
+            None => None,
+        }
+    }
+
+    /// Reads until the server's close frame (skipping anything else) and returns its code.
+    pub async fn expect_close(&mut self) -> Option<u16> {
+        while let Some(f) = self.next_frame().await {
+            if let ws::Frame::Close(reason) = f {
+                return reason.map(|r| u16::from(r.code));
+            }
+        }
+        None
     }
 
     pub async fn send_text(&mut self, text: impl Into<String>) {
@@ -106,13 +183,6 @@ impl Client {
 
     pub async fn send(&mut self, v: Value) {
         self.send_text(v.to_string()).await;
-    }
-
-    pub async fn send_binary(&mut self, b: Vec<u8>) {
-        self.conn
-            .send(ws::Message::Binary(Bytes::from(b)))
-            .await
-            .unwrap();
     }
 
     /// Next JSON frame (skipping pings), or None when the socket closed. Panics on timeout.
@@ -208,4 +278,24 @@ pub async fn wait_idle(server: &TestServer) -> String {
         "engine did not become idle: {}",
         http_get(&server.url("/metrics")).await
     );
+}
+
+/// The malformed-message corpus: (file name, expected error code, message text), sorted.
+pub fn corpus_files() -> Vec<(String, String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/ws");
+    let mut out: Vec<(String, String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let code = name.split('-').next().unwrap().to_string();
+            let text = std::fs::read_to_string(&p).unwrap();
+            // Editors add a final newline; the message is the file without it.
+            let text = text.strip_suffix('\n').unwrap_or(&text).to_string();
+            (name, code, text)
+        })
+        .collect();
+    out.sort();
+    out
 }

@@ -195,7 +195,14 @@ fn sse_event(name: &str, id: Option<u64>, payload: &impl Serialize) -> Bytes {
 }
 
 /// `GET /v1/dashboard/stream`.
-pub async fn stream(dash: web::Data<Dashboard>) -> HttpResponse {
+pub async fn stream(
+    req: actix_web::HttpRequest,
+    dash: web::Data<Dashboard>,
+    edge: web::Data<super::edge::Edge>,
+) -> HttpResponse {
+    if let Err(e) = edge.access.check_dashboard(&req) {
+        return e.response();
+    }
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("cache-control", "no-cache"))
