@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod detok;
 pub mod engine;
+pub mod engine_args;
 pub mod error;
 pub mod executor;
 pub mod kv;

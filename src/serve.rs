@@ -2,8 +2,20 @@
 
 use std::path::PathBuf;
 
-use crate::cli::ServeArgs;
+use clap::Args;
+
 use crate::config::Config;
+use crate::engine_args::EngineArgs;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+}
 
 /// The model folder to serve: the flag or config, else the bundled demo model, else a small
 /// random-weight model generated on the spot (said loudly: its replies are noise).
