@@ -158,8 +158,7 @@ pub struct GemvParams {
     pub split: i32,
 }
 
-/// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
-pub const GEMV_MAX_M: usize = 4;
+pub use super::compile::GEMV_MAX_M;
 
 /// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu), `split` of them per output row.
 pub const GEMV_WARPS: u32 = 8;
