@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brook::executor::backend::Backend;
-use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::executor::cuda::device::DevBuf;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
@@ -24,6 +23,7 @@ use brook::model::testing::{write_test_model, TestModelSpec};
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::argmax;
+use brook::step::{BatchInput, SampleInput, SeqInput};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -40,7 +40,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 fn digest(text: &str) -> String {
-    format!("fnv1a64 {:016x} bytes {}\n", fnv1a(text.as_bytes()), text.len())
+    format!(
+        "fnv1a64 {:016x} bytes {}\n",
+        fnv1a(text.as_bytes()),
+        text.len()
+    )
 }
 
 fn bless() -> bool {

@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brook::executor::backend::Backend;
-use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
 use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm;
@@ -31,6 +30,7 @@ use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use brook::step::{BatchInput, SampleInput, SeqInput};
 use clap::{Parser, Subcommand};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;

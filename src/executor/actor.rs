@@ -6,8 +6,7 @@ use std::sync::Arc;
 use actix::{Actor, Handler, Message, SyncContext};
 
 use crate::executor::backend::Backend;
-use crate::executor::batch::StepOutput;
-use crate::scheduler::SchedulerOutput;
+use crate::step::{SchedulerOutput, StepOutput};
 
 pub struct ExecutorActor {
     backend: Box<dyn Backend>,

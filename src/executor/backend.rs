@@ -1,6 +1,6 @@
 //! The one trait every executor backend (CPU on candle, CUDA on cudarc) implements.
 
-use crate::executor::batch::{BatchInput, StepOutput};
+use crate::step::{BatchInput, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct BackendInfo {

@@ -8,11 +8,11 @@ use std::time::Instant;
 use anyhow::Context;
 
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
 use crate::sampling::sampler::Sampler;
+use crate::step::{BatchInput, SampledToken, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {

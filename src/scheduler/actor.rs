@@ -18,7 +18,6 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 
 use crate::error::EngineError;
 use crate::executor::actor::{ExecuteStep, ExecutorActor};
-use crate::executor::batch::StepOutput;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
 use crate::output::{OutputUpdate, RequestOutput};
@@ -27,6 +26,7 @@ use crate::sampling::params::SamplingParams;
 use crate::scheduler::{
     Admission, MergeReason, NewRequest, OverloadReason, RequestClass, Scheduler, SchedulerOutput,
 };
+use crate::step::StepOutput;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]

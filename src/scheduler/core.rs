@@ -22,12 +22,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
-use crate::executor::batch::{BatchInput, SampleInput, SeqInput, StepOutput};
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::admission::{Admission, OverloadReason};
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
-use crate::scheduler::output::{RequestUpdate, SchedulerOutput};
 use crate::scheduler::policy::{
     should_merge, Candidate, Lane, MergeContext, MergeReason, StepDraft,
 };
@@ -35,6 +33,7 @@ use crate::scheduler::request::{NewRequest, Request, Status};
 use crate::scheduler::slo::{EmergencyTransition, SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
 use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
+use crate::step::{BatchInput, RequestUpdate, SampleInput, SchedulerOutput, SeqInput, StepOutput};
 
 /// Finished requests before the observed mean output length replaces the configured guess.
 const MIN_OUTPUT_SAMPLES: u64 = 32;

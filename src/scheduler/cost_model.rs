@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::batch::BatchInput;
+use crate::step::BatchInput;
 
 const N: usize = 5;
 

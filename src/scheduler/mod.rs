@@ -1,7 +1,7 @@
 //! Continuous batching: which requests run in the next engine step and with how many tokens.
 //!
 //! A pure core in the style of vLLM v1: [`Scheduler::schedule`] turns the queues into one
-//! flattened [`crate::executor::batch::BatchInput`] under a token budget, and
+//! flattened [`crate::step::BatchInput`] under a token budget, and
 //! [`Scheduler::update_from_output`] folds the sampled tokens back into the requests and reports
 //! [`RequestUpdate`]s. No clocks, I/O or threads: time comes in as explicit `now` arguments
 //! (seconds since any fixed epoch), so the actor runs the core on real time and `brook simulate`
@@ -15,7 +15,6 @@ mod admission;
 mod class;
 mod core;
 pub mod cost_model;
-mod output;
 pub mod policy;
 mod request;
 pub mod slo;
@@ -29,11 +28,12 @@ pub use self::admission::{Admission, OverloadReason};
 pub use self::class::RequestClass;
 pub use self::core::Scheduler;
 pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
-pub use self::output::{RequestUpdate, SchedulerOutput};
 pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
 pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
 pub use self::stats::SchedulerStats;
+/// The step types the core's API takes and returns (defined in the neutral `step` module).
+pub use crate::step::{RequestUpdate, SchedulerOutput};
 
 /// Which scheduling policy the core runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]

@@ -15,10 +15,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
+use crate::step::{BatchInput, SampledToken, StepOutput};
 
 const BLOCK_SIZE: usize = 4;
 const EOS: u32 = 2;

@@ -5,9 +5,9 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::scheduler::{CostCoefficients, StepFeatures};
 use crate::simulate::workload::standard_normal;
+use crate::step::{BatchInput, SampledToken, StepOutput};
 
 pub const EOS: u32 = 2;
 /// Filler tokens are ids in FILLER_BASE.. (never eos).

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::executor::batch::StepOutput;
 use crate::kv::KvCacheManager;
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
@@ -18,6 +17,7 @@ use crate::scheduler::{
 };
 use crate::simulate::executor::{CostModelExecutor, EOS};
 use crate::simulate::workload::{SimRequest, Workload};
+use crate::step::StepOutput;
 
 /// How long after the last arrival the run may drain before what is left counts as missed.
 const DRAIN_LIMIT_S: f64 = 600.0;

@@ -11,13 +11,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::executor::batch::{SampleInput, SeqInput};
 use crate::model::config::Architecture;
 use crate::model::reference::reference_greedy;
 use crate::model::testing::{write_test_model, RopeStyle, TestModelSpec};
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::argmax;
+use crate::step::{SampleInput, SeqInput};
 
 const TOLERANCE: f32 = 1e-4;
 

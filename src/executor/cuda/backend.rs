@@ -32,9 +32,9 @@ use super::kernels::{self, *};
 use super::prefill_gemm::{self, GemmAttention, GemmPlanner, GemmScratch, GemmSeq};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
+use crate::step::{BatchInput, SampledToken, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct CudaBackendOptions {

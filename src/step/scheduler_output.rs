@@ -1,7 +1,7 @@
 //! What one `schedule()` hands to the executor, and what `update_from_output()` reports back.
 
-use crate::executor::batch::BatchInput;
 use crate::request::{FinishReason, RequestId};
+use crate::step::BatchInput;
 
 /// The plan of one engine step.
 #[derive(Debug, Clone, Default)]
@@ -36,19 +36,4 @@ impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.batch.seqs.is_empty()
     }
-}
-
-/// The change to one request after a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestUpdate {
-    pub id: RequestId,
-    /// Tokens generated this step: 0 or 1 today; a Vec so speculative decoding can add several.
-    /// An eos or stop token that ended the request is included; the output processor decides
-    /// whether to show it.
-    pub new_token_ids: Vec<u32>,
-    pub finished: Option<FinishReason>,
-    /// Tokens with K/V in the cache after the step.
-    pub num_computed_tokens: usize,
-    /// Tokens generated so far, this step's included.
-    pub num_output_tokens: usize,
 }
