@@ -89,7 +89,7 @@ impl Crate {
     }
 
     fn is_test(&self, m: &[String]) -> bool {
-        (1..=m.len()).any(|n| self.test_modules.contains(&m[..n].to_vec()))
+        (1..=m.len()).any(|n| self.test_modules.contains(&m[..n]))
     }
 
     /// The absolute path of `segs` written in module `ctx`; None for external crates.
