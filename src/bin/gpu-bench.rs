@@ -30,7 +30,7 @@ use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
-use brook::step::{BatchInput, SampleInput, SeqInput};
+use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
 use clap::{Parser, Subcommand};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;
@@ -525,51 +525,39 @@ fn backend(model: &str, opts: CudaBackendOptions) -> anyhow::Result<CudaBackend>
     Ok(b)
 }
 
-fn seq(
+/// A step of one request decoding alone, through the executor's persistent input batch as the
+/// server runs it: `n` tokens from position `start`; the first step (`start` 0) sends the prompt
+/// and every block, later ones nothing but the count (the executor feeds back its own tokens).
+/// `drop`: a request the executor should forget first.
+fn one_seq_step(
     id: u64,
-    tokens: &[u32],
+    prompt: &[u32],
     start: usize,
     n: usize,
     blocks: &[u32],
-    bs: usize,
-    sample_index: Option<usize>,
-) -> (Vec<u32>, Vec<u32>, Vec<u32>, SeqInput) {
-    let (mut t, mut p, mut s) = (Vec::new(), Vec::new(), Vec::new());
-    for pos in start..start + n {
-        t.push(tokens[pos]);
-        p.push(pos as u32);
-        s.push(blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
-    }
-    let ctx = start + n;
-    let input = SeqInput {
-        request_id: RequestId(id),
-        query_len: n,
-        context_len: ctx,
-        block_table: blocks[..ctx.div_ceil(bs)].to_vec(),
-        sample: sample_index.map(|i| SampleInput {
-            params: Arc::new(SamplingParams::greedy(1)),
-            seed: id,
-            output_index: i,
-        }),
-    };
-    (t, p, s, input)
-}
-
-fn one_seq_batch(
-    tokens: &[u32],
-    start: usize,
-    n: usize,
-    blocks: &[u32],
-    bs: usize,
-    sample_index: Option<usize>,
-) -> BatchInput {
-    let (token_ids, positions, slot_mapping, s) =
-        seq(1, tokens, start, n, blocks, bs, sample_index);
-    BatchInput {
-        token_ids,
-        positions,
-        slot_mapping,
-        seqs: vec![s],
+    drop: Option<u64>,
+) -> SchedulerOutput {
+    let new = (start == 0).then(|| NewRequestData {
+        token_ids: prompt.to_vec(),
+        num_prompt_tokens: prompt.len(),
+        params: Arc::new(SamplingParams::greedy(1)),
+        seed: id,
+    });
+    SchedulerOutput {
+        scheduled: vec![ScheduledRequest {
+            id: RequestId(id),
+            num_computed_tokens: start,
+            num_tokens: n,
+            sample: true,
+            new_block_ids: if start == 0 {
+                blocks.to_vec()
+            } else {
+                Vec::new()
+            },
+            new,
+        }],
+        finished_req_ids: drop.map(RequestId).into_iter().collect(),
+        ..SchedulerOutput::default()
     }
 }
 
@@ -649,18 +637,17 @@ fn decode(model: &str, input_len: usize, output_len: usize, quick: bool) -> anyh
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
-        let mut tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let prompt: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
         let blocks: Vec<u32> = (0..(input_len + output_len + 1).div_ceil(bs) as u32).collect();
-        let out = b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
-        // A step with launches skipped samples from garbage: keep its token in the vocabulary.
-        tokens.push(out.sampled[0].token.min(vocab - 1));
+        // A step with launches skipped samples from garbage: the backend keeps such tokens in
+        // the vocabulary when `skip` is set.
+        b.execute(&one_seq_step(1, &prompt, 0, input_len, &blocks, None))?;
         let mut steps = Vec::with_capacity(output_len);
         for i in 1..output_len {
-            let pos = tokens.len() - 1;
+            let pos = input_len + i - 1;
             let t0 = Instant::now();
-            let out = b.execute(&one_seq_batch(&tokens, pos, 1, &blocks, bs, Some(i)))?;
+            b.execute(&one_seq_step(1, &prompt, pos, 1, &blocks, None))?;
             steps.push(t0.elapsed().as_secs_f64() * 1e3);
-            tokens.push(out.sampled[0].token.min(vocab - 1));
         }
         let warm = steps[8..].to_vec();
         let med = median(warm.clone());
@@ -693,8 +680,16 @@ fn ttft(model: &str, input_len: usize) -> anyhow::Result<()> {
         let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
         let per = input_len.div_ceil(bs) as u32;
         let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
+        let last = rep.checked_sub(1).map(u64::from);
         let t0 = Instant::now();
-        b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        b.execute(&one_seq_step(
+            rep.into(),
+            &tokens,
+            0,
+            input_len,
+            &blocks,
+            last,
+        ))?;
         times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     let med = median(times[1..].to_vec());
@@ -759,10 +754,10 @@ fn offline(
     );
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv, now());
-        let step = if out.batch.seqs.is_empty() {
+        let step = if out.is_empty() {
             Default::default()
         } else {
-            b.execute(&out.batch)?
+            b.execute(&out)?
         };
         sched.update_from_output(&out, &step, &mut kv, now());
     }
@@ -787,14 +782,14 @@ fn offline(
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv, now());
         let t0 = Instant::now();
-        let step = if out.batch.seqs.is_empty() {
+        let step = if out.is_empty() {
             Default::default()
         } else {
-            b.execute(&out.batch)?
+            b.execute(&out)?
         };
         step_ms.push((
-            out.batch.num_tokens(),
-            out.batch.seqs.len(),
+            out.total_num_scheduled_tokens(),
+            out.scheduled.len(),
             t0.elapsed().as_secs_f64() * 1e3,
         ));
         for s in &step.sampled {

@@ -34,8 +34,6 @@ impl Handler<ExecuteStep> for ExecutorActor {
     type Result = Result<StepOutput, String>;
 
     fn handle(&mut self, msg: ExecuteStep, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        self.backend
-            .execute(&msg.0.batch)
-            .map_err(|e| format!("{e:#}"))
+        self.backend.execute(&msg.0).map_err(|e| format!("{e:#}"))
     }
 }

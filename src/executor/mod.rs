@@ -3,3 +3,4 @@ pub mod actor;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod input_batch;

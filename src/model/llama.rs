@@ -275,7 +275,7 @@ impl<'a> AttentionPlan<'a> {
         let mut row = 0;
         for s in &batch.seqs {
             for _ in 0..s.query_len {
-                tokens.push((batch.positions[row] as usize, s.block_table.as_slice()));
+                tokens.push((batch.positions[row] as usize, batch.block_table(s)));
                 row += 1;
             }
         }

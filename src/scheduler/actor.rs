@@ -218,7 +218,7 @@ impl SchedulerActor {
                 t.scheduled_at.get_or_insert(now);
             }
         }
-        if plan.batch.seqs.is_empty() {
+        if plan.is_empty() {
             // Nothing to run. Requests the core finished without running (finished_early)
             // still come back through update_from_output; then try again, since that freed
             // room. With no such progress, admission guarantees this cannot happen, so say so
@@ -256,9 +256,9 @@ impl SchedulerActor {
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let mut kv = self.kv.lock();
-                for seq in &plan.batch.seqs {
-                    self.core.abort_request(seq.request_id, &mut kv);
-                    if let Some(t) = self.requests.remove(&seq.request_id) {
+                for s in &plan.scheduled {
+                    self.core.abort_request(s.id, &mut kv);
+                    if let Some(t) = self.requests.remove(&s.id) {
                         let err = EngineError::Internal(format!("engine step failed: {e}"));
                         self.metrics
                             .request_errors
@@ -271,12 +271,12 @@ impl SchedulerActor {
             }
         };
         let non_core_suspended = self.core.non_core_metrics_suspended();
-        if !plan.batch.seqs.is_empty() {
+        if !plan.is_empty() {
             self.metrics.step_time.observe(step.elapsed.as_secs_f64());
             if !non_core_suspended {
                 self.metrics
                     .step_tokens
-                    .observe(plan.batch.num_tokens() as f64);
+                    .observe(plan.total_num_scheduled_tokens() as f64);
             }
         }
         let now = Instant::now();

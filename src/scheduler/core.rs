@@ -14,31 +14,36 @@
 //!
 //! Files: this one holds the state, the public API and what both policies share (budgets,
 //! preemption, building the step's output, folding results back); `fcfs.rs`, `adaptive.rs` and
-//! `emergency.rs` hold one policy each, `overload.rs` admission control.
+//! `emergency.rs` hold one policy each; `overload.rs` admission (`add_request`, overload
+//! checks), `estimates.rs` the cost-model and output-length estimates, `invariants.rs` the
+//! bookkeeping checks the tests run.
 //!
 //! Time: every call that needs it takes `now`, seconds on the caller's clock (any fixed epoch).
 //!
-//! Contract with the caller: one step at a time. Every `SchedulerOutput` goes to
-//! `update_from_output` (with a default `StepOutput` when the batch was empty) before the next
-//! `schedule`. Aborts and finishes may come at any time; a step's results for a request that is
-//! gone are dropped.
+//! Contract with the caller: one step at a time. Every non-empty `SchedulerOutput` goes to the
+//! executor (it carries diffs against what the executor holds, so none may be skipped), and
+//! every one to `update_from_output` (with a default `StepOutput` when it was empty) before the
+//! next `schedule`. Aborts and finishes may come at any time; a step's results for a request
+//! that is gone are dropped, and the executor is told to drop it with the next step it runs.
 
 mod adaptive;
 mod emergency;
+mod estimates;
 mod fcfs;
+#[cfg(test)]
+mod invariants;
 mod overload;
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::admission::Admission;
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
-use crate::scheduler::request::{NewRequest, Request, Status};
+use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
 use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
-use crate::step::{BatchInput, RequestUpdate, SampleInput, SchedulerOutput, SeqInput, StepOutput};
+use crate::step::{NewRequestData, RequestUpdate, ScheduledRequest, SchedulerOutput, StepOutput};
 
 /// Finished requests before the observed mean output length replaces the configured guess.
 const MIN_OUTPUT_SAMPLES: u64 = 32;
@@ -62,6 +67,8 @@ pub struct Scheduler {
     /// Longest a sequence may grow (`max_len`), as of the last step: the KV pool caps it too,
     /// and admission, which sees no pool, reads it here.
     max_len_seen: usize,
+    /// Requests the executor holds that ended, kept until a step it runs carries them.
+    executor_drops: Vec<RequestId>,
 }
 
 /// A step under construction: the budget left and the decisions so far. Scheduling policies
@@ -92,6 +99,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: SchedulerStats::default(),
+            executor_drops: Vec::new(),
         }
     }
 
@@ -101,33 +109,6 @@ impl Scheduler {
 
     pub fn classify(&self, prompt_tokens: usize) -> RequestClass {
         RequestClass::classify(prompt_tokens, &self.cfg.classes)
-    }
-
-    /// Admission control, then the back of the waiting queue. `now` is the request's arrival
-    /// time (seconds, the caller's clock): TTFT is measured from it.
-    pub fn add_request(&mut self, req: NewRequest, now: f64) -> Admission {
-        if self.requests.contains_key(&req.id) {
-            return Admission::Duplicate;
-        }
-        let class = self.classify(req.prompt_token_ids.len());
-        if let Some(reason) = self.overload(req.prompt_token_ids.len(), class) {
-            self.stats.overloaded[reason.index()] += 1;
-            let retry_after_ms = self.retry_after_ms();
-            tracing::debug!(
-                id = %req.id,
-                reason = reason.as_str(),
-                retry_after_ms,
-                "request refused"
-            );
-            return Admission::Overloaded {
-                reason,
-                retry_after_ms,
-            };
-        }
-        self.stats.accepted[class.index()] += 1;
-        self.waiting.push_back(req.id);
-        self.requests.insert(req.id, Request::new(req, class, now));
-        Admission::Accepted
     }
 
     /// The client cancelled or went away: the request leaves its queue and its blocks return to
@@ -149,6 +130,9 @@ impl Scheduler {
         match req.status {
             Status::Waiting => self.waiting.retain(|&w| w != id),
             Status::Running => self.running.retain(|&r| r != id),
+        }
+        if req.executor_blocks.is_some() {
+            self.executor_drops.push(id);
         }
         kv.free(id);
         tracing::debug!(%id, reason = reason.as_str(), "request finished outside a step");
@@ -205,16 +189,6 @@ impl Scheduler {
         self.in_emergency()
     }
 
-    /// Output length a request is expected to reach: the observed mean once enough requests
-    /// finished, the configured guess before.
-    fn expected_output(&self) -> f64 {
-        if self.num_output_samples >= MIN_OUTPUT_SAMPLES {
-            self.mean_output
-        } else {
-            self.cfg.merge.expected_output_tokens as f64
-        }
-    }
-
     /// Plans the next step at time `now`. See the module docs for the policies.
     pub fn schedule(&mut self, kv: &mut KvCacheManager, now: f64) -> SchedulerOutput {
         self.max_len_seen = self.max_len(kv);
@@ -236,8 +210,8 @@ impl Scheduler {
         }
         let out = self.build_output(plan, kv);
         tracing::debug!(
-            seqs = out.batch.seqs.len(),
-            tokens = out.batch.num_tokens(),
+            seqs = out.scheduled.len(),
+            tokens = out.total_num_scheduled_tokens(),
             prefill_tokens = out.num_prefill_tokens,
             decode_seqs = out.num_decode_seqs,
             preempted = out.preempted.len(),
@@ -325,6 +299,7 @@ impl Scheduler {
             .expect("running requests are known");
         req.num_computed = 0;
         req.status = Status::Waiting;
+        req.executor_blocks = None;
         self.waiting.push_front(id);
         self.stats.preemptions += 1;
     }
@@ -337,82 +312,58 @@ impl Scheduler {
             .min(kv.num_blocks() * kv.block_size())
     }
 
-    /// Linear part of prefilling `tokens` in steps of at most `per_step` tokens.
-    fn prefill_ms(&self, tokens: usize, per_step: usize) -> f64 {
-        let c = self.cost.coefficients();
-        tokens.div_ceil(per_step.max(1)) as f64 * c.base_ms + tokens as f64 * c.per_prefill_token_ms
-    }
-
-    /// Predicted time of a step that decodes every running request once.
-    fn decode_step_ms(&self) -> f64 {
-        let mut step = StepFeatures::default();
-        for id in &self.running {
-            step.add_seq(1, self.requests[id].num_computed + 1);
-        }
-        self.cost.predict_ms(&step)
-    }
-
-    /// Output tokens a request is still expected to generate.
-    fn expected_remaining_output(&self, req: &Request) -> usize {
-        let left = req
-            .params
-            .max_tokens
-            .saturating_sub(req.num_output_tokens());
-        let expected =
-            (self.expected_output().ceil() as usize).saturating_sub(req.num_output_tokens());
-        left.min(expected)
-    }
-
-    /// Blocks a running request will still take: the rest of its prompt and its expected output.
-    fn expected_growth_blocks(&self, id: RequestId, kv: &KvCacheManager) -> usize {
-        let req = &self.requests[&id];
-        let total = req.num_tokens() + self.expected_remaining_output(req);
-        total
-            .div_ceil(kv.block_size())
-            .saturating_sub(kv.block_table(id).len())
-    }
-
-    fn build_output(&self, plan: StepPlan, kv: &KvCacheManager) -> SchedulerOutput {
-        let bs = kv.block_size();
-        let num_tokens: usize = plan.scheduled.iter().map(|&(_, n)| n).sum();
-        let mut batch = BatchInput {
-            token_ids: Vec::with_capacity(num_tokens),
-            positions: Vec::with_capacity(num_tokens),
-            slot_mapping: Vec::with_capacity(num_tokens),
-            seqs: Vec::with_capacity(plan.scheduled.len()),
-        };
+    /// The step as the executor sees it: per scheduled request the tokens to compute and the
+    /// blocks appended since it last saw the request, its whole state when it holds none; the
+    /// ids it must drop.
+    fn build_output(&mut self, plan: StepPlan, kv: &KvCacheManager) -> SchedulerOutput {
+        let mut scheduled = Vec::with_capacity(plan.scheduled.len());
         let (mut num_prefill_tokens, mut num_decode_seqs) = (0, 0);
         for &(id, num_new) in &plan.scheduled {
-            let req = &self.requests[&id];
-            let (start, end) = (req.num_computed, req.num_computed + num_new);
-            let table = kv.block_table(id);
-            batch.token_ids.extend_from_slice(&req.tokens[start..end]);
-            for pos in start..end {
-                batch.positions.push(pos as u32);
-                batch
-                    .slot_mapping
-                    .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
-            }
-            let samples = end == req.num_tokens();
-            if num_new == 1 && samples && req.num_output_tokens() > 0 {
+            let req = self
+                .requests
+                .get_mut(&id)
+                .expect("scheduled requests are known");
+            let end = req.num_computed + num_new;
+            let sample = end == req.num_tokens();
+            if num_new == 1 && sample && req.num_output_tokens() > 0 {
                 num_decode_seqs += 1;
             } else {
                 num_prefill_tokens += num_new;
             }
-            batch.seqs.push(SeqInput {
-                request_id: id,
-                query_len: num_new,
-                context_len: end,
-                block_table: table[..end.div_ceil(bs)].to_vec(),
-                sample: samples.then(|| SampleInput {
-                    params: req.params.clone(),
-                    seed: req.seed,
-                    output_index: req.num_output_tokens(),
-                }),
+            let table = kv.block_table(id);
+            let (new, sent) = match req.executor_blocks {
+                Some(sent) => (None, sent),
+                None => {
+                    let new = NewRequestData {
+                        token_ids: req.tokens.clone(),
+                        num_prompt_tokens: req.num_prompt_tokens,
+                        params: req.params.clone(),
+                        seed: req.seed,
+                    };
+                    (Some(new), 0)
+                }
+            };
+            debug_assert!(sent <= table.len(), "{id}: block table shrank while held");
+            req.executor_blocks = Some(table.len());
+            scheduled.push(ScheduledRequest {
+                id,
+                num_computed_tokens: req.num_computed,
+                num_tokens: num_new,
+                sample,
+                new_block_ids: table.get(sent..).unwrap_or_default().to_vec(),
+                new,
             });
         }
+        let finished_req_ids = if scheduled.is_empty() {
+            // The executor does not run this step: what it must drop waits for one it runs.
+            self.executor_drops.extend_from_slice(&plan.preempted);
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.executor_drops)
+        };
         SchedulerOutput {
-            batch,
+            scheduled,
+            finished_req_ids,
             preempted: plan.preempted,
             admitted: plan.admitted,
             finished_early: plan.finished_early,
@@ -433,12 +384,11 @@ impl Scheduler {
         now: f64,
     ) -> Vec<RequestUpdate> {
         let max_len = self.max_len(kv);
-        if !out.batch.seqs.is_empty() {
-            let f = StepFeatures::from_batch(&out.batch);
+        if !out.is_empty() {
+            let f = StepFeatures::from_step(out);
             self.cost.observe(&f, step.elapsed.as_secs_f64() * 1e3);
         }
-        let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
-        let mut updates = Vec::with_capacity(out.batch.num_sampled() + out.finished_early.len());
+        let mut updates = Vec::with_capacity(out.num_sampled() + out.finished_early.len());
         updates.extend(
             out.finished_early
                 .iter()
@@ -452,69 +402,22 @@ impl Scheduler {
         );
         let mut sampled = step.sampled.iter();
         let mut any_finished = false;
-        for seq in &out.batch.seqs {
-            // Sampled tokens come in the order of the sampled seqs; look up by id if not.
-            let token = seq.sample.as_ref().and_then(|_| match sampled.next() {
-                Some(s) if s.request_id == seq.request_id => Some(s.token),
-                _ => step
-                    .sampled
-                    .iter()
-                    .find(|s| s.request_id == seq.request_id)
-                    .map(|s| s.token),
-            });
-            let id = seq.request_id;
-            // Gone (aborted or finished during the step) or not in the state this step assumed.
-            let Some(req) = self.requests.get_mut(&id) else {
-                continue;
-            };
-            if req.status != Status::Running || req.num_computed + seq.query_len != seq.context_len
-            {
-                continue;
-            }
-            req.num_computed = seq.context_len;
-            let mut new_token_ids = Vec::new();
-            let mut finished = None;
-            match (seq.sample.is_some(), token) {
-                (false, _) => {}
-                (true, Some(t)) => {
-                    req.tokens.push(t);
-                    new_token_ids.push(t);
-                    finished = req.check_stop(max_len);
-                    if monitor_on {
-                        let (metric, since) = match req.last_token_at {
-                            None => (SloMetric::Ttft, req.arrival),
-                            Some(last) => (SloMetric::Itl, last),
-                        };
-                        self.monitor
-                            .record(req.class, metric, now, (now - since) * 1e3);
-                    }
-                    req.first_token_at.get_or_insert(now);
-                    req.last_token_at = Some(now);
-                }
-                (true, None) => {
-                    // A backend bug; recomputing the last position next step resamples it.
-                    tracing::warn!(%id, "backend returned no token for a sampled sequence");
-                    req.num_computed -= 1;
-                }
-            }
-            kv.cache_computed_blocks(id, &req.tokens, req.num_computed);
-            if new_token_ids.is_empty() && finished.is_none() {
-                continue;
-            }
-            updates.push(RequestUpdate {
-                id,
-                new_token_ids,
-                finished,
-                num_computed_tokens: req.num_computed,
-                num_output_tokens: req.num_output_tokens(),
-            });
-            if finished.is_some() {
-                let n = req.num_output_tokens() as f64;
-                self.mean_output += OUTPUT_EMA_ALPHA * (n - self.mean_output);
-                self.num_output_samples += 1;
-                self.requests.remove(&id);
-                kv.free(id);
-                any_finished = true;
+        for s in &out.scheduled {
+            // Sampled tokens come in the order of the sampled requests; look up by id if not.
+            let token = s
+                .sample
+                .then(|| match sampled.next() {
+                    Some(t) if t.request_id == s.id => Some(t.token),
+                    _ => step
+                        .sampled
+                        .iter()
+                        .find(|t| t.request_id == s.id)
+                        .map(|t| t.token),
+                })
+                .flatten();
+            if let Some(u) = self.fold(s, token, kv, now, max_len) {
+                any_finished |= u.finished.is_some();
+                updates.push(u);
             }
         }
         if any_finished {
@@ -524,33 +427,69 @@ impl Scheduler {
         updates
     }
 
-    /// Queue and bookkeeping invariants, against the KV manager's tables.
-    #[cfg(test)]
-    pub(crate) fn check_invariants(&self, kv: &KvCacheManager) -> Result<(), String> {
-        if self.running.len() > self.cfg.max_num_seqs {
-            return Err(format!("{} running > max_num_seqs", self.running.len()));
+    /// One scheduled request's result (`token` when it sampled): its K/V computed, the token
+    /// appended and checked, the request freed when it finished (the caller drops it from
+    /// `running`). None with nothing to report: a prefill chunk, or a request that is gone or
+    /// not in the state the step assumed.
+    fn fold(
+        &mut self,
+        s: &ScheduledRequest,
+        token: Option<u32>,
+        kv: &mut KvCacheManager,
+        now: f64,
+        max_len: usize,
+    ) -> Option<RequestUpdate> {
+        let id = s.id;
+        let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
+        let req = self.requests.get_mut(&id)?;
+        if req.status != Status::Running || req.num_computed != s.num_computed_tokens {
+            return None;
         }
-        if self.running.len() + self.waiting.len() != self.requests.len() {
-            return Err("queues and request map disagree".into());
+        req.num_computed = s.num_computed_tokens + s.num_tokens;
+        let mut new_token_ids = Vec::new();
+        let mut finished = None;
+        match (s.sample, token) {
+            (false, _) => {}
+            (true, Some(t)) => {
+                req.tokens.push(t);
+                new_token_ids.push(t);
+                finished = req.check_stop(max_len);
+                if monitor_on {
+                    let (metric, since) = match req.last_token_at {
+                        None => (SloMetric::Ttft, req.arrival),
+                        Some(last) => (SloMetric::Itl, last),
+                    };
+                    self.monitor
+                        .record(req.class, metric, now, (now - since) * 1e3);
+                }
+                req.first_token_at.get_or_insert(now);
+                req.last_token_at = Some(now);
+            }
+            (true, None) => {
+                // A backend bug; recomputing the last position next step resamples it.
+                tracing::warn!(%id, "backend returned no token for a sampled sequence");
+                req.num_computed -= 1;
+            }
         }
-        for id in &self.waiting {
-            let req = &self.requests[id];
-            if req.status != Status::Waiting || req.num_computed != 0 {
-                return Err(format!("{id}: waiting with status {:?}", req.status));
-            }
-            if !kv.block_table(*id).is_empty() {
-                return Err(format!("{id}: waiting but holds blocks"));
-            }
+        kv.cache_computed_blocks(id, &req.tokens, req.num_computed);
+        if new_token_ids.is_empty() && finished.is_none() {
+            return None;
         }
-        for id in &self.running {
-            let req = &self.requests[id];
-            if req.status != Status::Running {
-                return Err(format!("{id}: running with status {:?}", req.status));
-            }
-            if kv.block_table(*id).len() * kv.block_size() < req.num_computed {
-                return Err(format!("{id}: blocks do not cover its computed tokens"));
-            }
+        let update = RequestUpdate {
+            id,
+            new_token_ids,
+            finished,
+            num_computed_tokens: req.num_computed,
+            num_output_tokens: req.num_output_tokens(),
+        };
+        if finished.is_some() {
+            let n = req.num_output_tokens() as f64;
+            self.mean_output += OUTPUT_EMA_ALPHA * (n - self.mean_output);
+            self.num_output_samples += 1;
+            self.requests.remove(&id);
+            kv.free(id);
+            self.executor_drops.push(id);
         }
-        Ok(())
+        Some(update)
     }
 }

@@ -1,7 +1,8 @@
 //! Continuous batching: which requests run in the next engine step and with how many tokens.
 //!
 //! A pure core in the style of vLLM v1: [`Scheduler::schedule`] turns the queues into one
-//! flattened [`crate::step::BatchInput`] under a token budget, and
+//! step under a token budget ([`SchedulerOutput`]: per request the tokens to compute and what
+//! changed since the executor last saw it; see [`crate::step`]), and
 //! [`Scheduler::update_from_output`] folds the sampled tokens back into the requests and reports
 //! [`RequestUpdate`]s. No clocks, I/O or threads: time comes in as explicit `now` arguments
 //! (seconds since any fixed epoch), so the actor runs the core on real time and `brook simulate`

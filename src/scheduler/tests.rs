@@ -4,6 +4,11 @@
 //! of the context it reads back through its block table, so wrong slots, stale blocks or a bad
 //! prefix-cache hit change the output. Every run is compared with a plain, unbatched reference
 //! decode of the same requests.
+//!
+//! The fake executor takes the step as a real one does: through an `InputBatch` (the diffs
+//! applied to its persistent rows, its own sampled tokens appended), and it reads K/V through
+//! block tables mirrored the way the CUDA backend mirrors them on the device (only the drained
+//! changes applied), so a lost diff or a missed table change shows up as wrong output.
 
 mod adaptive;
 
@@ -15,10 +20,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::executor::input_batch::InputBatch;
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
-use crate::step::{BatchInput, SampledToken, StepOutput};
+use crate::step::{SampledToken, StepOutput};
 
 const BLOCK_SIZE: usize = 4;
 const EOS: u32 = 2;
@@ -102,6 +108,9 @@ struct FakeModel {
     /// Token id whose K/V each slot holds.
     slots: Vec<Option<u32>>,
     script: Script,
+    input: InputBatch,
+    /// Block tables by row as a device mirror holds them: only drained changes applied.
+    mirror: Vec<Vec<u32>>,
 }
 
 impl FakeModel {
@@ -110,12 +119,30 @@ impl FakeModel {
             num_blocks,
             slots: vec![None; num_blocks * BLOCK_SIZE],
             script: Script::new(),
+            input: InputBatch::new(BLOCK_SIZE, num_blocks, num_blocks).track_table_changes(),
+            mirror: Vec::new(),
         }
     }
 
     /// Runs sequences one at a time, last first, each writing its K/V and then reading its
-    /// context: a same-step read of another sequence's blocks would see stale K/V.
-    fn execute(&mut self, batch: &BatchInput) -> StepOutput {
+    /// context: a same-step read of another sequence's blocks would see stale K/V. An empty
+    /// step is not the executor's (the actor does not send it).
+    fn execute(&mut self, out: &SchedulerOutput) -> StepOutput {
+        if out.is_empty() {
+            return StepOutput::default();
+        }
+        self.input.update(out).unwrap();
+        let mirror = &mut self.mirror;
+        self.input.drain_table_changes(|r, c, id| {
+            if mirror.len() <= r {
+                mirror.resize(r + 1, Vec::new());
+            }
+            if mirror[r].len() <= c {
+                mirror[r].resize(c + 1, u32::MAX);
+            }
+            mirror[r][c] = id;
+        });
+        let batch = self.input.batch();
         batch.validate(BLOCK_SIZE, self.num_blocks).unwrap();
         let mut starts = Vec::with_capacity(batch.seqs.len());
         let mut start = 0;
@@ -129,9 +156,10 @@ impl FakeModel {
                 self.slots[batch.slot_mapping[i] as usize] = Some(batch.token_ids[i]);
             }
             let Some(sample) = &s.sample else { continue };
+            let table = &self.mirror[s.row];
             let context: Vec<u32> = (0..s.context_len)
                 .map(|p| {
-                    let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                    let slot = table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
                     self.slots[slot].expect("attention read an unwritten slot")
                 })
                 .collect();
@@ -147,10 +175,12 @@ impl FakeModel {
             });
         }
         sampled.reverse();
-        StepOutput {
+        let step = StepOutput {
             sampled,
             elapsed: std::time::Duration::ZERO,
-        }
+        };
+        self.input.record(&step).unwrap();
+        step
     }
 }
 
@@ -228,63 +258,81 @@ impl Engine {
     fn schedule(&mut self) -> SchedulerOutput {
         let now = self.now();
         let out = self.sched.schedule(&mut self.kv, now);
-        let b = &out.batch;
-        b.validate(BLOCK_SIZE, self.kv.num_blocks()).unwrap();
-        assert!(b.num_tokens() <= self.cfg.max_num_batched_tokens);
-        assert!(b.seqs.len() <= self.cfg.max_num_seqs);
-        assert_eq!(b.num_tokens(), out.num_prefill_tokens + out.num_decode_seqs);
-        for s in &b.seqs {
-            let known = self.known_tokens(s.request_id);
-            let start = s.context_len - s.query_len;
-            assert!(s.context_len <= known.len());
-            assert_eq!(s.sample.is_some(), s.context_len == known.len());
-            if let Some(sample) = &s.sample {
+        assert!(out.total_num_scheduled_tokens() <= self.cfg.max_num_batched_tokens);
+        assert!(out.scheduled.len() <= self.cfg.max_num_seqs);
+        assert_eq!(
+            out.total_num_scheduled_tokens(),
+            out.num_prefill_tokens + out.num_decode_seqs
+        );
+        for s in &out.scheduled {
+            let known = self.known_tokens(s.id);
+            let end = s.num_computed_tokens + s.num_tokens;
+            assert!(s.num_tokens > 0 && end <= known.len());
+            assert_eq!(s.sample, end == known.len());
+            if let Some(new) = &s.new {
+                assert_eq!(new.token_ids, known);
                 assert_eq!(
-                    sample.output_index,
-                    known.len() - self.requests[&s.request_id].prompt_token_ids.len()
+                    new.num_prompt_tokens,
+                    self.requests[&s.id].prompt_token_ids.len()
                 );
-                assert_eq!(sample.seed, self.requests[&s.request_id].seed);
+                assert_eq!(new.seed, self.requests[&s.id].seed);
+                assert!(Arc::ptr_eq(&new.params, &self.requests[&s.id].params));
             }
-            let first = b
-                .seqs
-                .iter()
-                .take_while(|o| o.request_id != s.request_id)
-                .map(|o| o.query_len)
-                .sum::<usize>();
-            assert_eq!(
-                b.token_ids[first..first + s.query_len],
-                known[start..s.context_len]
-            );
-        }
-        // Only blocks a sequence owns alone are written.
-        for &slot in &b.slot_mapping {
-            assert_eq!(self.kv.pool().ref_count(slot / BLOCK_SIZE as u32), 1);
+            // Only blocks a sequence owns alone are written.
+            let table = self.kv.block_table(s.id);
+            for pos in s.num_computed_tokens..end {
+                let block = table[pos / BLOCK_SIZE];
+                assert_eq!(self.kv.pool().ref_count(block), 1);
+            }
         }
         out
     }
 
+    /// Runs the step on the fake executor and checks the flat batch it built from its own
+    /// state: the known tokens, sampling state and block tables the scheduler holds.
+    fn execute(&mut self, out: &SchedulerOutput) -> StepOutput {
+        let step = self.model.execute(out);
+        if out.is_empty() {
+            return step;
+        }
+        let b = self.model.input.batch();
+        let mut start = 0;
+        for (seq, s) in b.seqs.iter().zip(&out.scheduled) {
+            assert_eq!(seq.request_id, s.id);
+            let known = self.known_tokens(s.id);
+            assert_eq!(
+                b.token_ids[start..start + seq.query_len],
+                known[s.num_computed_tokens..seq.context_len]
+            );
+            start += seq.query_len;
+            if let Some(sample) = &seq.sample {
+                let prompt = self.requests[&s.id].prompt_token_ids.len();
+                assert_eq!(sample.output_index, known.len() - prompt);
+                assert_eq!(sample.seed, self.requests[&s.id].seed);
+            }
+            assert_eq!(b.block_table(seq), self.kv.block_table(s.id));
+        }
+        assert_eq!(b.seqs.len(), out.scheduled.len());
+        step
+    }
+
     fn execute_and_update(&mut self, out: &SchedulerOutput) -> Vec<RequestUpdate> {
-        let step = self.model.execute(&out.batch);
+        let step = self.execute(out);
         self.update(out, &step)
     }
 
     fn update(&mut self, out: &SchedulerOutput, step: &StepOutput) -> Vec<RequestUpdate> {
         // What the cache holds is exactly the sequence, for every position computed.
-        for s in &out.batch.seqs {
-            if !self.requests.contains_key(&s.request_id)
-                || self.finished.contains_key(&s.request_id)
-            {
+        for s in &out.scheduled {
+            if !self.requests.contains_key(&s.id) || self.finished.contains_key(&s.id) {
                 continue;
             }
-            let known = self.known_tokens(s.request_id);
-            for (p, want) in known.iter().enumerate().take(s.context_len) {
-                let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
-                assert_eq!(
-                    self.model.slots[slot],
-                    Some(*want),
-                    "{}: K/V at {p}",
-                    s.request_id
-                );
+            let known = self.known_tokens(s.id);
+            let table = self.kv.block_table(s.id);
+            let end = s.num_computed_tokens + s.num_tokens;
+            for (p, want) in known.iter().enumerate().take(end) {
+                let slot = table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                assert_eq!(self.model.slots[slot], Some(*want), "{}: K/V at {p}", s.id);
             }
         }
         self.t += self.step_s;
@@ -387,7 +435,7 @@ fn decodes_first_then_prefill_chunks_from_the_remaining_budget() {
     let (out, updates) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1), (2, 1), (3, 1), (4, 29)]);
     assert_eq!((out.num_decode_seqs, out.num_prefill_tokens), (3, 29));
-    assert!(out.batch.seqs[3].sample.is_none());
+    assert!(!out.scheduled[3].sample);
     assert_eq!(
         updates.iter().map(|u| u.id.0).collect::<Vec<_>>(),
         vec![1, 2, 3]
@@ -407,16 +455,16 @@ fn chunked_prefill_spans_steps() {
     for (i, chunk) in [32, 32, 32, 4].into_iter().enumerate() {
         let (out, updates) = e.step();
         assert_eq!(scheduled(&out), vec![(1, chunk)]);
-        let seq = &out.batch.seqs[0];
-        assert_eq!(seq.context_len, 32 * i + chunk);
-        assert_eq!(out.batch.positions[0] as usize, 32 * i);
+        let seq = &out.scheduled[0];
+        assert_eq!(seq.num_computed_tokens + seq.num_tokens, 32 * i + chunk);
+        assert_eq!(seq.num_computed_tokens, 32 * i);
         let last = i == 3;
-        assert_eq!(seq.sample.is_some(), last);
+        assert_eq!(seq.sample, last);
         assert_eq!(updates.len(), usize::from(last));
     }
     let (out, _) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1)]);
-    assert_eq!(out.batch.positions, vec![100]);
+    assert_eq!(out.scheduled[0].num_computed_tokens, 100);
     e.run_to_completion();
     e.assert_matches_reference();
 }
@@ -539,7 +587,7 @@ fn abort_frees_blocks_in_every_state() {
     // Abort between schedule and update: the step's results for it are dropped.
     let out = e.schedule();
     assert!(scheduled(&out).iter().any(|&(id, _)| id == 3));
-    let step = e.model.execute(&out.batch);
+    let step = e.execute(&out);
     e.abort(RequestId(3));
     e.abort(RequestId(1));
     let updates = e.update(&out, &step);
@@ -696,12 +744,12 @@ fn a_missing_sampled_token_is_recomputed() {
     let mut e = Engine::new(config(), 64);
     e.add(request(1));
     let out = e.schedule();
-    let mut step = e.model.execute(&out.batch);
+    let mut step = e.execute(&out);
     step.sampled.clear();
     assert!(e.update(&out, &step).is_empty());
     let (out, updates) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1)]);
-    assert_eq!(out.batch.positions, vec![12]);
+    assert_eq!(out.scheduled[0].num_computed_tokens, 12);
     assert_eq!(updates[0].new_token_ids.len(), 1);
     e.run_to_completion();
     e.assert_matches_reference();
@@ -785,9 +833,9 @@ fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
             next_id += 1;
         }
         let out = e.schedule();
-        let step = e.model.execute(&out.batch);
+        let step = e.execute(&out);
         if rng.random_bool(0.03) && !out.is_empty() {
-            let id = out.batch.seqs[rng.random_range(0..out.batch.seqs.len())].request_id;
+            let id = out.scheduled[rng.random_range(0..out.scheduled.len())].id;
             e.abort(id);
             in_flight_aborts += 1;
         }

@@ -33,6 +33,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
+    (
+        "block_table",
+        include_str!("../../../kernels/block_table.cu"),
+    ),
 ];
 
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu). A fact of the sources above, kept here

@@ -1,15 +1,44 @@
-//! Admission control (both policies): whether a new request is refused as `overloaded`, and
-//! the `retry_after_ms` it is told. A bounded waiting queue (requests, prompt tokens); with
+//! Admission (both policies): `add_request`, and whether a new request is refused as
+//! `overloaded` and the `retry_after_ms` it is told. A bounded waiting queue (requests, prompt tokens); with
 //! `adaptive` and `early_reject`, lower bounds of its TTFT (`ttft_unreachable`, `slot_wait`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::Scheduler;
+use crate::scheduler::admission::Admission;
 use crate::scheduler::admission::OverloadReason;
+use crate::scheduler::request::{NewRequest, Request};
 use crate::scheduler::{Policy, RequestClass};
 
 impl Scheduler {
+    /// Admission control, then the back of the waiting queue. `now` is the request's arrival
+    /// time (seconds, the caller's clock): TTFT is measured from it.
+    pub fn add_request(&mut self, req: NewRequest, now: f64) -> Admission {
+        if self.requests.contains_key(&req.id) {
+            return Admission::Duplicate;
+        }
+        let class = self.classify(req.prompt_token_ids.len());
+        if let Some(reason) = self.overload(req.prompt_token_ids.len(), class) {
+            self.stats.overloaded[reason.index()] += 1;
+            let retry_after_ms = self.retry_after_ms();
+            tracing::debug!(
+                id = %req.id,
+                reason = reason.as_str(),
+                retry_after_ms,
+                "request refused"
+            );
+            return Admission::Overloaded {
+                reason,
+                retry_after_ms,
+            };
+        }
+        self.stats.accepted[class.index()] += 1;
+        self.waiting.push_back(req.id);
+        self.requests.insert(req.id, Request::new(req, class, now));
+        Admission::Accepted
+    }
+
     pub(super) fn overload(
         &self,
         prompt_tokens: usize,
