@@ -11,8 +11,9 @@
 //! - Cycles are looked for at every level of the module tree: among the children of each
 //!   module (`scheduler` and `executor` at the top, `device` and `kernels` under
 //!   `executor::cuda`), a child standing for everything below it, plus the parent's own code
-//!   (its mod.rs). So `scheduler::core → executor::batch` and `executor::actor → scheduler::output`
-//!   make `scheduler ⇄ executor` a cycle although no file is on a cycle of files.
+//!   (its mod.rs). So an edge `scheduler::core → executor::x` and one `executor::y →
+//!   scheduler::z` make `scheduler ⇄ executor` a cycle although no file is on a cycle of files
+//!   (as the step types once made it).
 //! - `pub use` re-exports are aliases, not dependencies: a path through one resolves to the
 //!   module that defines the item (so `scheduler/mod.rs` re-exporting `core::Scheduler` is no edge,
 //!   and `crate::scheduler::Scheduler` used elsewhere is an edge to `scheduler::core`).
