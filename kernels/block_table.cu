@@ -4,7 +4,7 @@
 // one launch, so a step never re-uploads whole tables.
 struct BlockTableUpdateParams {
   int* table;         // [num_rows, max_blocks] block ids, row-major
-  const int* index;   // [num_updates] row * max_blocks + column
+  const int* index;   // [num_updates] row * max_blocks + column, distinct within a launch
   const int* value;   // [num_updates] block id
   int num_updates;
 };

@@ -32,6 +32,10 @@ use rand_chacha::ChaCha8Rng;
 #[path = "cuda_e2e/persistent.rs"]
 mod persistent;
 
+/// The kernel that keeps the device block tables of that path up to date.
+#[path = "cuda_e2e/block_table.rs"]
+mod block_table;
+
 fn have_gpu() -> bool {
     let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match brook::executor::cuda::probe() {
