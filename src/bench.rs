@@ -11,8 +11,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cli::EngineArgs;
 use crate::engine::EngineCore;
+use crate::engine_args::EngineArgs;
 use crate::model::synthetic::SYNTHETIC_MODELS;
 use crate::request::{FinishReason, StreamEvent};
 use crate::sampling::params::RawSamplingParams;

@@ -1,10 +1,8 @@
-//! Command line: `brook serve` and `brook bench`.
+//! Command line: `brook serve`, `brook bench` and `brook simulate`. The root of the module
+//! graph's command side: each command's flags live with the command (`serve::ServeArgs`,
+//! `bench::BenchArgs`, `simulate::SimulateArgs`), the flags they share in `engine_args`.
 
-use std::path::PathBuf;
-
-use clap::{Args, Parser, Subcommand};
-
-use crate::config::Config;
+use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,117 +18,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve a model over HTTP + WebSocket (GET / is a chat page; /v1/ws is the API).
-    Serve(ServeArgs),
+    Serve(crate::serve::ServeArgs),
     /// Run an offline workload through the engine and print throughput and latency figures.
     Bench(crate::bench::BenchArgs),
     /// Discrete-event simulation of the real scheduler under a workload (no model): SLO
     /// attainment, latency percentiles and throughput per policy.
     Simulate(crate::simulate::SimulateArgs),
-}
-
-/// Engine options shared by `serve` and `bench`; each overrides the config file.
-#[derive(Debug, Clone, Args)]
-pub struct EngineArgs {
-    /// Hugging Face model folder (default: the bundled demo model, models/demo-chat).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// TOML config file (see configs/brook.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// auto picks CUDA when a GPU is present, else CPU.
-    #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
-    pub device: Option<String>,
-    #[arg(long)]
-    pub block_size: Option<usize>,
-    #[arg(long)]
-    pub max_num_seqs: Option<usize>,
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<usize>,
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    /// KV cache size for the CPU executor, in MiB.
-    #[arg(long)]
-    pub kv_cache_mib: Option<usize>,
-    /// Fraction of GPU memory for weights + KV (CUDA executor).
-    #[arg(long)]
-    pub gpu_memory_utilization: Option<f64>,
-    /// CPU executor threads (0 = all cores).
-    #[arg(long)]
-    pub cpu_threads: Option<usize>,
-    /// CUDA executor: longest context (tokens) whose prefill attention runs as cuBLAS GEMMs;
-    /// longer ones use the flash kernel (0 = flash only).
-    #[arg(long)]
-    pub prefill_gemm_max_len: Option<usize>,
-    /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
-    /// emergency mode).
-    #[arg(long, value_enum)]
-    pub policy: Option<crate::scheduler::Policy>,
-}
-
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    #[arg(long)]
-    pub host: Option<String>,
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// API key clients must present: `Authorization: Bearer <key>`, or for a browser's
-    /// WebSocket the subprotocol `bearer.<key>` (next to `brook`) or `?api_key=<key>`. Prefer
-    /// the environment variable: a flag shows in the process list.
-    #[arg(long, env = "BROOK_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Origins allowed to open a WebSocket, comma separated (`https://chat.example.com`);
-    /// clients without an Origin header always pass; list the server's own origin to use its
-    /// chat page. Default: any.
-    #[arg(long, value_delimiter = ',')]
-    pub allowed_origins: Option<Vec<String>>,
-    /// Open WebSocket connections at most (beyond it an upgrade gets HTTP 503).
-    #[arg(long)]
-    pub max_connections: Option<usize>,
-    /// Serve /metrics without the API key.
-    #[arg(long)]
-    pub public_metrics: bool,
-}
-
-impl EngineArgs {
-    /// The config file (or defaults) with these flags applied on top, validated.
-    pub fn resolve(&self) -> anyhow::Result<Config> {
-        let mut cfg = match &self.config {
-            Some(path) => Config::from_file(path)?,
-            None => Config::default(),
-        };
-        if let Some(m) = &self.model {
-            cfg.model.path = Some(m.clone());
-        }
-        if let Some(d) = &self.device {
-            cfg.model.device = d.clone();
-        }
-        let set = |slot: &mut usize, v: Option<usize>| {
-            if let Some(v) = v {
-                *slot = v;
-            }
-        };
-        set(&mut cfg.cache.block_size, self.block_size);
-        set(&mut cfg.scheduler.max_num_seqs, self.max_num_seqs);
-        set(
-            &mut cfg.scheduler.max_num_batched_tokens,
-            self.max_num_batched_tokens,
-        );
-        set(&mut cfg.scheduler.max_model_len, self.max_model_len);
-        set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
-        set(&mut cfg.model.cpu_threads, self.cpu_threads);
-        set(
-            &mut cfg.model.prefill_gemm_max_len,
-            self.prefill_gemm_max_len,
-        );
-        if let Some(p) = self.policy {
-            cfg.scheduler.policy = p;
-        }
-        if let Some(u) = self.gpu_memory_utilization {
-            cfg.cache.gpu_memory_utilization = u;
-        }
-        cfg.validate()?;
-        Ok(cfg)
-    }
 }

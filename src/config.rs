@@ -1,5 +1,7 @@
 //! Engine configuration: a TOML file (configs/brook.toml documents every key), then CLI overrides.
 
+mod backend_options;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -50,7 +52,7 @@ pub struct ServerConfig {
     /// Set from `--api-key` / `BROOK_API_KEY` only, never from a file (secrets stay out of
     /// configs); `None` = no authentication.
     #[serde(skip)]
-    pub api_key: Option<crate::server::auth::ApiKey>,
+    pub api_key: Option<crate::access::ApiKey>,
     /// Capacity of each request's event channel to its session (events, not tokens: deltas
     /// are merged while the channel is full, so this bounds memory without blocking the engine).
     pub stream_buffer: usize,
@@ -160,7 +162,7 @@ impl ServerConfig {
             self.ping_interval_s,
             self.idle_timeout_s
         );
-        crate::server::auth::AllowedOrigins::parse(&self.allowed_origins)
+        crate::access::AllowedOrigins::parse(&self.allowed_origins)
             .map_err(|e| anyhow::anyhow!("server.allowed_origins: {e}"))?;
         Ok(())
     }

@@ -1,10 +1,12 @@
 //! brook: an LLM inference-serving engine. Actix actors (session, scheduler, KV-block manager,
 //! executor) exchange typed messages; tokens stream out over WebSockets.
+pub mod access;
 pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod engine_args;
 pub mod error;
 pub mod executor;
 pub mod kv;
@@ -20,6 +22,7 @@ pub mod serve;
 pub mod server;
 pub mod session;
 pub mod simulate;
+pub mod step;
 pub mod tokenizer;
 #[cfg(test)]
 pub(crate) mod tokenizer_fixture;

@@ -2,8 +2,36 @@
 
 use std::path::PathBuf;
 
-use crate::cli::ServeArgs;
+use clap::Args;
+
 use crate::config::Config;
+use crate::engine_args::EngineArgs;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// API key clients must present: `Authorization: Bearer <key>`, or for a browser's
+    /// WebSocket the subprotocol `bearer.<key>` (next to `brook`) or `?api_key=<key>`. Prefer
+    /// the environment variable: a flag shows in the process list.
+    #[arg(long, env = "BROOK_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Origins allowed to open a WebSocket, comma separated (`https://chat.example.com`);
+    /// clients without an Origin header always pass; list the server's own origin to use its
+    /// chat page. Default: any.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Open WebSocket connections at most (beyond it an upgrade gets HTTP 503).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Serve /metrics and the dashboard stream without the API key.
+    #[arg(long)]
+    pub public_metrics: bool,
+}
 
 /// The model folder to serve: the flag or config, else the bundled demo model.
 pub fn resolve_model(cfg: &Config) -> anyhow::Result<PathBuf> {
@@ -27,7 +55,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cfg.server.port = p;
     }
     if let Some(key) = &args.api_key {
-        let key = crate::server::auth::ApiKey::new(key)
+        let key = crate::access::ApiKey::new(key)
             .map_err(|e| anyhow::anyhow!("--api-key / BROOK_API_KEY: {e}"))?;
         cfg.server.api_key = Some(key);
     }

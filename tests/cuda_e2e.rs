@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brook::executor::backend::Backend;
-use brook::executor::batch::{BatchInput, SampleInput, SeqInput};
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::executor::cuda::device::DevBuf;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
@@ -23,6 +22,7 @@ use brook::model::loader::load_weights;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::argmax;
+use brook::step::{BatchInput, SampleInput};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,6 +32,14 @@ use testing::{write_test_model, TestModelSpec};
 #[allow(dead_code)]
 #[path = "../src/model/testing.rs"]
 mod testing;
+
+/// The serving path (scheduler steps through the persistent input batch).
+#[path = "cuda_e2e/persistent.rs"]
+mod persistent;
+
+/// The kernel that keeps the device block tables of that path up to date.
+#[path = "cuda_e2e/block_table.rs"]
+mod block_table;
 
 fn have_gpu() -> bool {
     let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
@@ -73,32 +81,24 @@ struct Seq {
     blocks: Vec<u32>,
 }
 
-fn seq_input(i: usize, s: &Seq, query_len: usize, sample: bool) -> SeqInput {
-    let context_len = s.computed + query_len;
-    SeqInput {
-        request_id: RequestId(i as u64),
-        query_len,
-        context_len,
-        block_table: s.blocks[..context_len.div_ceil(BLOCK)].to_vec(),
-        sample: sample.then(|| SampleInput {
-            params: Arc::new(SamplingParams::greedy(1)),
-            seed: i as u64,
-            output_index: s.tokens.len() - s.prompt_len,
-        }),
-    }
-}
-
 fn batch_of(seqs: &[Seq], parts: &[(usize, usize, bool)]) -> BatchInput {
     let mut b = BatchInput::default();
     for &(i, n, sample) in parts {
         let s = &seqs[i];
-        for p in s.computed..s.computed + n {
-            b.token_ids.push(s.tokens[p]);
-            b.positions.push(p as u32);
-            b.slot_mapping
-                .push(s.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
-        }
-        b.seqs.push(seq_input(i, s, n, sample));
+        let context_len = s.computed + n;
+        let sample = sample.then(|| SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: i as u64,
+            output_index: s.tokens.len() - s.prompt_len,
+        });
+        b.push_seq(
+            RequestId(i as u64),
+            &s.tokens[s.computed..context_len],
+            s.computed,
+            &s.blocks[..context_len.div_ceil(BLOCK)],
+            BLOCK,
+            sample,
+        );
     }
     b
 }
@@ -252,7 +252,7 @@ fn run_both(
     let parts: Vec<(usize, usize, bool)> = (0..replay.len())
         .map(|i| (i, decode_start[i], false))
         .collect();
-    graphed.execute(&batch_of(&replay, &parts)).unwrap();
+    graphed.execute_batch(&batch_of(&replay, &parts)).unwrap();
     replay
         .iter_mut()
         .zip(&decode_start)
@@ -264,7 +264,7 @@ fn run_both(
         for (s, q) in replay.iter().zip(b.seqs.iter_mut()) {
             q.sample.as_mut().unwrap().output_index = s.computed + 1 - s.prompt_len;
         }
-        let out = graphed.execute(&b).unwrap();
+        let out = graphed.execute_batch(&b).unwrap();
         assert_eq!(out.sampled.len(), replay.len());
         for (i, s) in out.sampled.iter().enumerate() {
             assert_eq!(s.request_id, RequestId(i as u64));

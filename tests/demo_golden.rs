@@ -68,7 +68,7 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
     while core.has_unfinished() {
         t += 0.01;
         let plan = core.schedule(&mut kv, t);
-        let step = backend.execute(&plan.batch).unwrap();
+        let step = backend.execute(&plan).unwrap();
         for u in core.update_from_output(&plan, &step, &mut kv, t) {
             out[u.id.0 as usize].extend(u.new_token_ids);
         }

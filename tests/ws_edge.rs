@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use actix_http::ws::{Item, OpCode};
 use actix_web::web::Bytes;
 use awc::ws::{Frame, Message};
-use common::testing::TestModelSpec;
 use brook::server::auth::ApiKey;
+use common::testing::TestModelSpec;
 use common::*;
 use serde_json::json;
 

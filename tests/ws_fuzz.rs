@@ -15,10 +15,10 @@ use proptest::sample::select;
 use serde_json::{json, Map, Value};
 
 use brook::protocol::{parse_client_frame, ClientFrame, MAX_ID_LEN};
-use brook::validation::PromptInput;
 use brook::sampling::params::{RawSamplingParams, SamplingParams};
 use brook::session::frames::{Reassembler, Step};
 use brook::session::reader::{FrameReader, ReadError};
+use brook::validation::PromptInput;
 
 const VOCAB: usize = 4096;
 
@@ -329,7 +329,9 @@ fn corpus_replays_through_the_parser() {
             Err(e) => assert_eq!(e.error.code(), code, "{name}: {}", e.error),
             Ok(ClientFrame::Generate(g)) => {
                 assert_eq!(code, "invalid_request", "{name} parsed");
-                let params_bad = SamplingParams::from_raw(g.params.clone(), &SamplingParams::default(), VOCAB).is_err();
+                let params_bad =
+                    SamplingParams::from_raw(g.params.clone(), &SamplingParams::default(), VOCAB)
+                        .is_err();
                 let prompt_empty = matches!(&g.input, PromptInput::Text(p) if p.is_empty());
                 assert!(params_bad || prompt_empty, "{name}: nothing refuses it");
             }

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use actix::{Actor, Handler, Message, SyncContext};
 
 use crate::executor::backend::Backend;
-use crate::executor::batch::StepOutput;
-use crate::scheduler::SchedulerOutput;
+use crate::step::{SchedulerOutput, StepOutput};
 
 pub struct ExecutorActor {
     backend: Box<dyn Backend>,
@@ -35,8 +34,6 @@ impl Handler<ExecuteStep> for ExecutorActor {
     type Result = Result<StepOutput, String>;
 
     fn handle(&mut self, msg: ExecuteStep, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        self.backend
-            .execute(&msg.0.batch)
-            .map_err(|e| format!("{e:#}"))
+        self.backend.execute(&msg.0).map_err(|e| format!("{e:#}"))
     }
 }

@@ -1,6 +1,6 @@
 //! The one trait every executor backend (CPU on candle, CUDA on cudarc) implements.
 
-use crate::executor::batch::{BatchInput, StepOutput};
+use crate::step::{SchedulerOutput, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
@@ -17,7 +17,12 @@ pub struct BackendInfo {
 pub trait Backend: Send + 'static {
     fn info(&self) -> BackendInfo;
 
-    /// Runs one step: writes the batch's K/V into the paged pool through `slot_mapping`, computes
-    /// logits at each sampled sequence's last position, and samples one token for each.
-    fn execute(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput>;
+    /// Runs one step: applies its diffs to the backend's persistent input batch
+    /// (`executor::input_batch`), writes the batch's K/V into the paged pool through
+    /// `slot_mapping`, computes logits at each sampling sequence's last position, and samples one
+    /// token for each (appended to the backend's own copy of the request's tokens). Steps must
+    /// come in order, none skipped: each is a diff against the last. The step's drops are
+    /// applied before anything can fail; after an error the scheduler aborts the step's
+    /// requests (their ids come back to be dropped).
+    fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput>;
 }

@@ -7,13 +7,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::config::Config;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
+use crate::executor::input_batch::InputBatch;
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
 use crate::sampling::sampler::Sampler;
+use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -27,31 +27,13 @@ pub struct CpuBackendOptions {
     pub progress: bool,
 }
 
-impl CpuBackendOptions {
-    /// The options `brook serve` runs with, from the engine config (the one source of their
-    /// defaults).
-    pub fn from_config(cfg: &Config, progress: bool) -> Self {
-        CpuBackendOptions {
-            block_size: cfg.cache.block_size,
-            kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
-            num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
-            progress,
-        }
-    }
-}
-
-/// The default config's options.
-impl Default for CpuBackendOptions {
-    fn default() -> Self {
-        Self::from_config(&Config::default(), true)
-    }
-}
-
 pub struct CpuBackend {
     model: LlamaModel,
     kv: KvPool,
     threads: Option<rayon::ThreadPool>,
     sampler: Sampler,
+    /// The requests in flight: their tokens, sampling state and block tables.
+    input: InputBatch,
 }
 
 impl CpuBackend {
@@ -94,12 +76,18 @@ impl CpuBackend {
             ),
         };
         let kv = KvPool::new(&config, num_blocks, opts.block_size);
+        // A sequence is at most the model's context, and holds at most the whole pool.
+        let max_blocks = config
+            .max_position_embeddings
+            .div_ceil(opts.block_size)
+            .min(num_blocks);
         let model = LlamaModel::new(config, weights)?;
         Ok(CpuBackend {
             model,
             kv,
             threads,
             sampler: Sampler::new(),
+            input: InputBatch::new(opts.block_size, num_blocks, max_blocks),
         })
     }
 
@@ -109,25 +97,74 @@ impl CpuBackend {
 
     /// Runs the batch and returns the logits of each sampled sequence, in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) = self.forward_flat(batch)?;
+        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, self.threads.as_ref(), batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
-    /// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
-    fn forward_flat(&mut self, batch: &BatchInput) -> anyhow::Result<(Vec<f32>, usize)> {
-        batch
-            .validate(self.kv.block_size(), self.kv.num_blocks())
-            .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
-        let (model, kv) = (&self.model, &mut self.kv);
-        let logits = match &self.threads {
-            Some(pool) => pool.install(|| model.forward(batch, kv))?,
-            None => model.forward(batch, kv)?,
-        };
-        Ok((
-            logits.flatten_all()?.to_vec1::<f32>()?,
-            model.config().vocab_size,
-        ))
+    /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
+    /// batch of `execute`.
+    pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
+        let start = Instant::now();
+        let CpuBackend {
+            model,
+            kv,
+            threads,
+            sampler,
+            ..
+        } = self;
+        run(model, kv, threads.as_ref(), sampler, batch, start)
     }
+}
+
+/// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
+fn forward_flat(
+    model: &LlamaModel,
+    kv: &mut KvPool,
+    threads: Option<&rayon::ThreadPool>,
+    batch: &BatchInput,
+) -> anyhow::Result<(Vec<f32>, usize)> {
+    batch
+        .validate(kv.block_size(), kv.num_blocks())
+        .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
+    let logits = match threads {
+        Some(pool) => pool.install(|| model.forward(batch, kv))?,
+        None => model.forward(batch, kv)?,
+    };
+    Ok((
+        logits.flatten_all()?.to_vec1::<f32>()?,
+        model.config().vocab_size,
+    ))
+}
+
+/// Forward, then one token per sampling sequence.
+fn run(
+    model: &LlamaModel,
+    kv: &mut KvPool,
+    threads: Option<&rayon::ThreadPool>,
+    sampler: &mut Sampler,
+    batch: &BatchInput,
+    start: Instant,
+) -> anyhow::Result<StepOutput> {
+    let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
+    let sampling = batch
+        .seqs
+        .iter()
+        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)));
+    let sampled = sampling
+        .zip(logits.chunks(vocab))
+        .map(|((request_id, s), row)| {
+            let out = sampler.sample(row, &s.params, s.seed, s.output_index);
+            SampledToken {
+                request_id,
+                token: out.token,
+                logprob: out.logprob,
+            }
+        })
+        .collect();
+    Ok(StepOutput {
+        sampled,
+        elapsed: start.elapsed(),
+    })
 }
 
 impl Backend for CpuBackend {
@@ -140,28 +177,19 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn execute(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
+    fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
-        let (logits, vocab) = self.forward_flat(batch)?;
-        let sampling = batch
-            .seqs
-            .iter()
-            .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)));
-        let sampled = sampling
-            .zip(logits.chunks(vocab))
-            .map(|((request_id, s), row)| {
-                let out = self.sampler.sample(row, &s.params, s.seed, s.output_index);
-                SampledToken {
-                    request_id,
-                    token: out.token,
-                    logprob: out.logprob,
-                }
-            })
-            .collect();
-        Ok(StepOutput {
-            sampled,
-            elapsed: start.elapsed(),
-        })
+        let CpuBackend {
+            model,
+            kv,
+            threads,
+            sampler,
+            input,
+        } = self;
+        let batch = input.update(step)?;
+        let out = run(model, kv, threads.as_ref(), sampler, batch, start)?;
+        input.record(&out)?;
+        Ok(out)
     }
 }
 

@@ -1,6 +1,6 @@
-//! Executors: the `Backend` trait, the flattened batch, the executor actor and the backends.
+//! Executors: the `Backend` trait, the executor actor and the backends.
 pub mod actor;
 pub mod backend;
-pub mod batch;
 pub mod cpu;
 pub mod cuda;
+pub mod input_batch;

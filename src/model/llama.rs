@@ -1,4 +1,4 @@
-//! The Llama/Mistral forward over one flattened, paged batch (see `executor::batch`): the path
+//! The Llama/Mistral forward over one flattened, paged batch (see `step::batch`): the path
 //! the CPU executor runs every engine step.
 //!
 //! Projections and the MLP are candle f32 GEMMs over all of the batch's tokens at once
@@ -15,9 +15,9 @@ use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use rayon::prelude::*;
 
-use crate::executor::batch::BatchInput;
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
+use crate::step::BatchInput;
 
 /// The paged KV cache: for each layer, K and V as flat f32 arrays laid out
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`, i.e. `[slot, kv_head, head_dim]` with
@@ -275,7 +275,7 @@ impl<'a> AttentionPlan<'a> {
         let mut row = 0;
         for s in &batch.seqs {
             for _ in 0..s.query_len {
-                tokens.push((batch.positions[row] as usize, s.block_table.as_slice()));
+                tokens.push((batch.positions[row] as usize, batch.block_table(s)));
                 row += 1;
             }
         }

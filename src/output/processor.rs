@@ -10,7 +10,7 @@ use super::text::TextOutput;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
-use crate::scheduler::RequestUpdate;
+use crate::step::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidRequest;
 

@@ -16,13 +16,13 @@ use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, WrapFut
 
 use crate::error::EngineError;
 use crate::executor::actor::{ExecuteStep, ExecutorActor};
-use crate::executor::batch::StepOutput;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
 use crate::output::{OutputProcessor, Processed};
 use crate::request::FinishReason;
 pub use crate::scheduler::messages::{Abort, Cancel, Submit};
-use crate::scheduler::{gauges, NewRequest, RequestUpdate, Scheduler, SchedulerOutput};
+use crate::scheduler::{gauges, NewRequest, Scheduler};
+use crate::step::{RequestUpdate, SchedulerOutput, StepOutput};
 use crate::tokenizer::Tokenizer;
 
 pub struct SchedulerActor {
@@ -68,7 +68,7 @@ impl SchedulerActor {
         let now = Instant::now();
         let plan = self.core.schedule(&mut self.kv.lock(), self.secs(now));
         self.output.scheduled(&plan.admitted, now);
-        if plan.batch.seqs.is_empty() {
+        if plan.is_empty() {
             // Only requests the core finished without running; admission guarantees progress
             // otherwise, so say so rather than spin.
             let updates = self.fold(&plan, &StepOutput::default());
@@ -126,9 +126,9 @@ impl SchedulerActor {
     fn fail_step(&mut self, plan: &SchedulerOutput, e: &str, ctx: &mut Context<Self>) {
         tracing::error!("engine step failed: {e}");
         let mut done = Processed::default();
-        for seq in &plan.batch.seqs {
+        for s in &plan.scheduled {
             let err = EngineError::Internal(format!("engine step failed: {e}"));
-            self.output.fail(seq.request_id, err, &mut done);
+            self.output.fail(s.id, err, &mut done);
         }
         self.apply(done);
         self.maybe_step(ctx);

@@ -1,7 +1,7 @@
 //! Step-time model: predicted executor time of a batch from its shape, fitted online.
 //!
 //! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs` (ms).
-//! The first four are the features `BatchInput` exposes; the last is the quadratic part of a
+//! The first four are the features of a step's shape (`StepFeatures::from_step`); the last is the quadratic part of a
 //! prefill chunk's attention (each query token reads its whole context), which dominates the
 //! chunks of a long document and is not visible in the other three.
 //!
@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::batch::BatchInput;
+use crate::step::SchedulerOutput;
 
 const N: usize = 5;
 
@@ -88,16 +88,16 @@ pub struct StepFeatures {
 }
 
 impl StepFeatures {
-    pub fn from_batch(batch: &BatchInput) -> Self {
+    pub fn from_step(step: &SchedulerOutput) -> Self {
         let mut f = StepFeatures::default();
-        for s in &batch.seqs {
-            f.add_seq(s.query_len, s.context_len);
+        for s in &step.scheduled {
+            f.add_seq(s.num_tokens, s.num_computed_tokens + s.num_tokens);
         }
         f
     }
 
     /// Adds one sequence computing `query_len` tokens that end at `context_len`. A 1-token query
-    /// counts as a decode, as in `BatchInput::num_decode_seqs`.
+    /// counts as a decode, as in `step::BatchInput::num_decode_seqs`.
     pub fn add_seq(&mut self, query_len: usize, context_len: usize) {
         self.kv_tokens_read += context_len as f64;
         if query_len == 1 {

@@ -2,10 +2,10 @@
 //! scheduler actor calls it after each step and on idle. Both keep cumulative counters of their
 //! own, so the metric counters only follow them.
 
-use crate::executor::batch::StepOutput;
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::scheduler::{MergeReason, OverloadReason, RequestClass, Scheduler, SchedulerOutput};
+use crate::step::StepOutput;
 
 /// A step came back from the executor. Its token count is a non-core metric: emergency mode
 /// suspends it.
@@ -17,7 +17,8 @@ pub(crate) fn observe_step(
 ) {
     m.step_time.observe(step.elapsed.as_secs_f64());
     if !core.non_core_metrics_suspended() {
-        m.step_tokens.observe(plan.batch.num_tokens() as f64);
+        m.step_tokens
+            .observe(plan.total_num_scheduled_tokens() as f64);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Continuous batching: which requests run in the next engine step and with how many tokens.
 //!
 //! A pure core in the style of vLLM v1: [`Scheduler::schedule`] turns the queues into one
-//! flattened [`crate::executor::batch::BatchInput`] under a token budget, and
+//! step under a token budget ([`SchedulerOutput`]: per request the tokens to compute and what
+//! changed since the executor last saw it; see [`crate::step`]), and
 //! [`Scheduler::update_from_output`] folds the sampled tokens back into the requests and reports
 //! [`RequestUpdate`]s. No clocks, I/O or threads: time comes in as explicit `now` arguments
 //! (seconds since any fixed epoch), so the actor runs the core on real time and `brook simulate`
@@ -17,7 +18,6 @@ mod core;
 pub mod cost_model;
 mod gauges;
 mod messages;
-mod output;
 pub mod policy;
 mod request;
 pub mod slo;
@@ -31,11 +31,12 @@ pub use self::admission::{Admission, OverloadReason};
 pub use self::class::RequestClass;
 pub use self::core::Scheduler;
 pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
-pub use self::output::{RequestUpdate, SchedulerOutput};
 pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
 pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
 pub use self::stats::SchedulerStats;
+/// The step types the core's API takes and returns (defined in the neutral `step` module).
+pub use crate::step::{RequestUpdate, SchedulerOutput};
 
 /// Which scheduling policy the core runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]

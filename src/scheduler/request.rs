@@ -63,6 +63,9 @@ pub(crate) struct Request {
     pub paused: bool,
     /// Paused once already; a request is paused at most once, so pauses cannot thrash.
     pub was_paused: bool,
+    /// Blocks of its table the executor holds, or None when the executor holds no state for
+    /// it (never sent yet, or dropped at a preemption): its next step sends everything.
+    pub executor_blocks: Option<usize>,
 }
 
 impl Request {
@@ -82,6 +85,7 @@ impl Request {
             eos_token_ids: req.eos_token_ids,
             status: Status::Waiting,
             ever_scheduled: false,
+            executor_blocks: None,
         }
     }
 

@@ -4,8 +4,11 @@
 //! of the context it reads back through its block table, so wrong slots, stale blocks or a bad
 //! prefix-cache hit change the output. Every run is compared with a plain, unbatched reference
 //! decode of the same requests.
+//!
+//! The fake model, the reference decode and the `Engine` that runs them are in `harness.rs`.
 
 mod adaptive;
+mod harness;
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -14,11 +17,12 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use self::harness::*;
 use super::*;
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
+use crate::step::StepOutput;
 
 const BLOCK_SIZE: usize = 4;
 const EOS: u32 = 2;
@@ -87,281 +91,6 @@ impl Knobs for NewRequest {
     }
 }
 
-/// The fake model's next token after `context`: never a reserved id.
-fn next_token(context: &[u32]) -> u32 {
-    let mut h = DefaultHasher::new();
-    context.hash(&mut h);
-    RESERVED + (h.finish() % (VOCAB - RESERVED) as u64) as u32
-}
-
-/// Scripted tokens: (request, output index) → token, overriding the model.
-type Script = HashMap<(RequestId, usize), u32>;
-
-struct FakeModel {
-    num_blocks: usize,
-    /// Token id whose K/V each slot holds.
-    slots: Vec<Option<u32>>,
-    script: Script,
-}
-
-impl FakeModel {
-    fn new(num_blocks: usize) -> Self {
-        FakeModel {
-            num_blocks,
-            slots: vec![None; num_blocks * BLOCK_SIZE],
-            script: Script::new(),
-        }
-    }
-
-    /// Runs sequences one at a time, last first, each writing its K/V and then reading its
-    /// context: a same-step read of another sequence's blocks would see stale K/V.
-    fn execute(&mut self, batch: &BatchInput) -> StepOutput {
-        batch.validate(BLOCK_SIZE, self.num_blocks).unwrap();
-        let mut starts = Vec::with_capacity(batch.seqs.len());
-        let mut start = 0;
-        for s in &batch.seqs {
-            starts.push(start);
-            start += s.query_len;
-        }
-        let mut sampled = Vec::new();
-        for (s, &start) in batch.seqs.iter().zip(&starts).rev() {
-            for i in start..start + s.query_len {
-                self.slots[batch.slot_mapping[i] as usize] = Some(batch.token_ids[i]);
-            }
-            let Some(sample) = &s.sample else { continue };
-            let context: Vec<u32> = (0..s.context_len)
-                .map(|p| {
-                    let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
-                    self.slots[slot].expect("attention read an unwritten slot")
-                })
-                .collect();
-            let token = self
-                .script
-                .get(&(s.request_id, sample.output_index))
-                .copied()
-                .unwrap_or_else(|| next_token(&context));
-            sampled.push(SampledToken {
-                request_id: s.request_id,
-                token,
-                logprob: -0.5,
-            });
-        }
-        sampled.reverse();
-        StepOutput {
-            sampled,
-            elapsed: std::time::Duration::ZERO,
-        }
-    }
-}
-
-/// The plain decode: one request alone, no paging, no batching.
-fn reference(req: &NewRequest, script: &Script, max_len: usize) -> (Vec<u32>, FinishReason) {
-    if req.prompt_token_ids.len() > max_len {
-        return (Vec::new(), FinishReason::Length);
-    }
-    let mut tokens = req.prompt_token_ids.clone();
-    let mut out = Vec::new();
-    loop {
-        let t = script
-            .get(&(req.id, out.len()))
-            .copied()
-            .unwrap_or_else(|| next_token(&tokens));
-        tokens.push(t);
-        out.push(t);
-        if tokens.len() >= max_len || out.len() >= req.params.max_tokens {
-            return (out, FinishReason::Length);
-        }
-        let eos = !req.params.ignore_eos && req.eos_token_ids.contains(&t);
-        if eos || req.params.stop_token_ids.contains(&t) {
-            return (out, FinishReason::Stop);
-        }
-    }
-}
-
-/// Scheduler + KV manager + fake model, checking invariants around every step.
-struct Engine {
-    cfg: SchedulerConfig,
-    sched: Scheduler,
-    kv: KvCacheManager,
-    model: FakeModel,
-    requests: HashMap<RequestId, NewRequest>,
-    outputs: HashMap<RequestId, Vec<u32>>,
-    finished: HashMap<RequestId, FinishReason>,
-    steps: usize,
-    /// Simulated seconds: `schedule` runs at `t`, the step's results come back at `t + step_s`.
-    t: f64,
-    step_s: f64,
-}
-
-impl Engine {
-    fn new(cfg: SchedulerConfig, num_blocks: usize) -> Self {
-        Engine {
-            sched: Scheduler::new(cfg.clone()),
-            cfg,
-            kv: KvCacheManager::new(num_blocks, BLOCK_SIZE, true),
-            model: FakeModel::new(num_blocks),
-            requests: HashMap::new(),
-            outputs: HashMap::new(),
-            finished: HashMap::new(),
-            steps: 0,
-            t: 0.0,
-            step_s: 0.01,
-        }
-    }
-
-    /// Simulated clock: each step takes `step_s`.
-    fn now(&self) -> f64 {
-        self.t
-    }
-
-    fn add(&mut self, req: NewRequest) {
-        self.requests.insert(req.id, req.clone());
-        assert_eq!(self.sched.add_request(req, self.now()), Admission::Accepted);
-    }
-
-    fn known_tokens(&self, id: RequestId) -> Vec<u32> {
-        let mut t = self.requests[&id].prompt_token_ids.clone();
-        t.extend(self.outputs.get(&id).into_iter().flatten());
-        t
-    }
-
-    fn schedule(&mut self) -> SchedulerOutput {
-        let now = self.now();
-        let out = self.sched.schedule(&mut self.kv, now);
-        let b = &out.batch;
-        b.validate(BLOCK_SIZE, self.kv.num_blocks()).unwrap();
-        assert!(b.num_tokens() <= self.cfg.max_num_batched_tokens);
-        assert!(b.seqs.len() <= self.cfg.max_num_seqs);
-        assert_eq!(b.num_tokens(), out.num_prefill_tokens + out.num_decode_seqs);
-        for s in &b.seqs {
-            let known = self.known_tokens(s.request_id);
-            let start = s.context_len - s.query_len;
-            assert!(s.context_len <= known.len());
-            assert_eq!(s.sample.is_some(), s.context_len == known.len());
-            if let Some(sample) = &s.sample {
-                assert_eq!(
-                    sample.output_index,
-                    known.len() - self.requests[&s.request_id].prompt_token_ids.len()
-                );
-                assert_eq!(sample.seed, self.requests[&s.request_id].seed);
-            }
-            let first = b
-                .seqs
-                .iter()
-                .take_while(|o| o.request_id != s.request_id)
-                .map(|o| o.query_len)
-                .sum::<usize>();
-            assert_eq!(
-                b.token_ids[first..first + s.query_len],
-                known[start..s.context_len]
-            );
-        }
-        // Only blocks a sequence owns alone are written.
-        for &slot in &b.slot_mapping {
-            assert_eq!(self.kv.pool().ref_count(slot / BLOCK_SIZE as u32), 1);
-        }
-        out
-    }
-
-    fn execute_and_update(&mut self, out: &SchedulerOutput) -> Vec<RequestUpdate> {
-        let step = self.model.execute(&out.batch);
-        self.update(out, &step)
-    }
-
-    fn update(&mut self, out: &SchedulerOutput, step: &StepOutput) -> Vec<RequestUpdate> {
-        // What the cache holds is exactly the sequence, for every position computed.
-        for s in &out.batch.seqs {
-            if !self.requests.contains_key(&s.request_id)
-                || self.finished.contains_key(&s.request_id)
-            {
-                continue;
-            }
-            let known = self.known_tokens(s.request_id);
-            for (p, want) in known.iter().enumerate().take(s.context_len) {
-                let slot = s.block_table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
-                assert_eq!(
-                    self.model.slots[slot],
-                    Some(*want),
-                    "{}: K/V at {p}",
-                    s.request_id
-                );
-            }
-        }
-        self.t += self.step_s;
-        let updates = self
-            .sched
-            .update_from_output(out, step, &mut self.kv, self.t);
-        for u in &updates {
-            assert!(
-                !self.finished.contains_key(&u.id),
-                "{}: update after finishing",
-                u.id
-            );
-            self.outputs
-                .entry(u.id)
-                .or_default()
-                .extend(&u.new_token_ids);
-            assert_eq!(u.num_output_tokens, self.outputs[&u.id].len());
-            if let Some(reason) = u.finished {
-                self.finished.insert(u.id, reason);
-                assert!(self.kv.block_table(u.id).is_empty());
-            }
-        }
-        self.check();
-        self.steps += 1;
-        updates
-    }
-
-    fn step(&mut self) -> (SchedulerOutput, Vec<RequestUpdate>) {
-        let out = self.schedule();
-        let updates = self.execute_and_update(&out);
-        (out, updates)
-    }
-
-    fn abort(&mut self, id: RequestId) {
-        assert!(self.sched.abort_request(id, &mut self.kv));
-        assert!(self.kv.block_table(id).is_empty());
-        self.finished.insert(id, FinishReason::Cancelled);
-        self.check();
-    }
-
-    fn check(&self) {
-        self.sched.check_invariants(&self.kv).unwrap();
-        self.kv.check_invariants().unwrap();
-    }
-
-    fn run_to_completion(&mut self) {
-        let limit = self.steps + 10_000;
-        while self.sched.has_unfinished() {
-            assert!(self.steps < limit, "no progress");
-            self.step();
-        }
-        assert_eq!(self.kv.usage().used_blocks, 0, "blocks leaked");
-        assert_eq!(self.sched.num_running() + self.sched.num_waiting(), 0);
-    }
-
-    /// Every request that was not cancelled produced exactly the reference output.
-    fn assert_matches_reference(&self) {
-        let max_len = self
-            .cfg
-            .max_model_len
-            .min(self.kv.num_blocks() * BLOCK_SIZE);
-        for (id, req) in &self.requests {
-            let got = self.finished.get(id).copied();
-            if got == Some(FinishReason::Cancelled) {
-                continue;
-            }
-            let (want, reason) = reference(req, &self.model.script, max_len);
-            assert_eq!(
-                self.outputs.get(id).cloned().unwrap_or_default(),
-                want,
-                "{id} output"
-            );
-            assert_eq!(got, Some(reason), "{id} finish reason");
-        }
-    }
-}
-
 fn scheduled(out: &SchedulerOutput) -> Vec<(u64, usize)> {
     out.num_scheduled_tokens()
         .map(|(id, n)| (id.0, n))
@@ -387,7 +116,7 @@ fn decodes_first_then_prefill_chunks_from_the_remaining_budget() {
     let (out, updates) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1), (2, 1), (3, 1), (4, 29)]);
     assert_eq!((out.num_decode_seqs, out.num_prefill_tokens), (3, 29));
-    assert!(out.batch.seqs[3].sample.is_none());
+    assert!(!out.scheduled[3].sample);
     assert_eq!(
         updates.iter().map(|u| u.id.0).collect::<Vec<_>>(),
         vec![1, 2, 3]
@@ -407,16 +136,16 @@ fn chunked_prefill_spans_steps() {
     for (i, chunk) in [32, 32, 32, 4].into_iter().enumerate() {
         let (out, updates) = e.step();
         assert_eq!(scheduled(&out), vec![(1, chunk)]);
-        let seq = &out.batch.seqs[0];
-        assert_eq!(seq.context_len, 32 * i + chunk);
-        assert_eq!(out.batch.positions[0] as usize, 32 * i);
+        let seq = &out.scheduled[0];
+        assert_eq!(seq.num_computed_tokens + seq.num_tokens, 32 * i + chunk);
+        assert_eq!(seq.num_computed_tokens, 32 * i);
         let last = i == 3;
-        assert_eq!(seq.sample.is_some(), last);
+        assert_eq!(seq.sample, last);
         assert_eq!(updates.len(), usize::from(last));
     }
     let (out, _) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1)]);
-    assert_eq!(out.batch.positions, vec![100]);
+    assert_eq!(out.scheduled[0].num_computed_tokens, 100);
     e.run_to_completion();
     e.assert_matches_reference();
 }
@@ -539,7 +268,7 @@ fn abort_frees_blocks_in_every_state() {
     // Abort between schedule and update: the step's results for it are dropped.
     let out = e.schedule();
     assert!(scheduled(&out).iter().any(|&(id, _)| id == 3));
-    let step = e.model.execute(&out.batch);
+    let step = e.execute(&out);
     e.abort(RequestId(3));
     e.abort(RequestId(1));
     let updates = e.update(&out, &step);
@@ -690,7 +419,7 @@ fn finishing_a_request_while_its_next_step_runs_is_kv_safe() {
         .finish_request(RequestId(1), FinishReason::Stop, &mut e.kv));
     // Its output was cut by the stop string: the reference check leaves it out.
     e.finished.insert(RequestId(1), FinishReason::Cancelled);
-    let step = e.model.execute(&out.batch); // writes into request 1's freed blocks
+    let step = e.model.execute(&out); // writes into request 1's freed blocks
     let updates = e.update(&out, &step);
     assert!(updates.iter().all(|u| u.id != RequestId(1)));
     // A newcomer with request 1's prompt hits its cached blocks; others take the rest.
@@ -733,12 +462,12 @@ fn a_missing_sampled_token_is_recomputed() {
     let mut e = Engine::new(config(), 64);
     e.add(request(1));
     let out = e.schedule();
-    let mut step = e.model.execute(&out.batch);
+    let mut step = e.execute(&out);
     step.sampled.clear();
     assert!(e.update(&out, &step).is_empty());
     let (out, updates) = e.step();
     assert_eq!(scheduled(&out), vec![(1, 1)]);
-    assert_eq!(out.batch.positions, vec![12]);
+    assert_eq!(out.scheduled[0].num_computed_tokens, 12);
     assert_eq!(updates[0].new_token_ids.len(), 1);
     e.run_to_completion();
     e.assert_matches_reference();
@@ -822,9 +551,9 @@ fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
             next_id += 1;
         }
         let out = e.schedule();
-        let step = e.model.execute(&out.batch);
+        let step = e.execute(&out);
         if rng.random_bool(0.03) && !out.is_empty() {
-            let id = out.batch.seqs[rng.random_range(0..out.batch.seqs.len())].request_id;
+            let id = out.scheduled[rng.random_range(0..out.scheduled.len())].id;
             e.abort(id);
             in_flight_aborts += 1;
         }

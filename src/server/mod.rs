@@ -5,6 +5,7 @@ pub mod assets;
 pub mod auth;
 pub mod dashboard;
 pub mod edge;
+pub mod edge_error;
 pub mod http;
 
 use std::sync::Arc;

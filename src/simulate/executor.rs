@@ -1,13 +1,16 @@
 //! The simulator's executor: no model, a step takes the time the cost model gives for its
 //! shape (with seeded noise), and each sampled sequence gets a token: eos once the request has
-//! produced the output length its workload drew, a filler token before.
+//! produced the output length its workload drew, a filler token before. It takes each step the
+//! way a real executor does, through a persistent `InputBatch`, so every simulated run also
+//! checks the step diffs.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::executor::batch::{BatchInput, SampledToken, StepOutput};
+use crate::executor::input_batch::InputBatch;
 use crate::scheduler::{CostCoefficients, StepFeatures};
 use crate::simulate::workload::standard_normal;
+use crate::step::{SampledToken, SchedulerOutput, StepOutput};
 
 pub const EOS: u32 = 2;
 /// Filler tokens are ids in FILLER_BASE.. (never eos).
@@ -17,20 +20,31 @@ pub struct CostModelExecutor {
     cost: CostCoefficients,
     noise: f64,
     rng: ChaCha8Rng,
+    input: InputBatch,
 }
 
 impl CostModelExecutor {
-    pub fn new(cost: CostCoefficients, noise: f64, seed: u64) -> Self {
+    /// Over a pool of `num_kv_blocks` blocks of `block_size` tokens, sequences of at most
+    /// `max_len` tokens.
+    pub fn new(
+        cost: CostCoefficients,
+        noise: f64,
+        seed: u64,
+        block_size: usize,
+        num_kv_blocks: usize,
+        max_len: usize,
+    ) -> Self {
         CostModelExecutor {
             cost,
             noise,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            input: InputBatch::new(block_size, num_kv_blocks, max_len.div_ceil(block_size)),
         }
     }
 
     /// Seconds the step takes.
-    pub fn step_time(&mut self, batch: &BatchInput) -> f64 {
-        let ms = self.cost.predict_ms(&StepFeatures::from_batch(batch));
+    pub fn step_time(&mut self, step: &SchedulerOutput) -> f64 {
+        let ms = self.cost.predict_ms(&StepFeatures::from_step(step));
         let jitter = (1.0 + self.noise * standard_normal(&mut self.rng)).max(0.5);
         ms * jitter / 1e3
     }
@@ -38,10 +52,11 @@ impl CostModelExecutor {
     /// The step's sampled tokens; `output_len(id)` is the request's drawn output length.
     pub fn execute(
         &mut self,
-        batch: &BatchInput,
+        step: &SchedulerOutput,
         elapsed_s: f64,
         output_len: impl Fn(u64) -> usize,
-    ) -> StepOutput {
+    ) -> anyhow::Result<StepOutput> {
+        let batch = self.input.update(step)?;
         let sampled = batch
             .seqs
             .iter()
@@ -61,9 +76,11 @@ impl CostModelExecutor {
                 })
             })
             .collect();
-        StepOutput {
+        let out = StepOutput {
             sampled,
             elapsed: std::time::Duration::from_secs_f64(elapsed_s),
-        }
+        };
+        self.input.record(&out)?;
+        Ok(out)
     }
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::executor::batch::StepOutput;
 use crate::kv::KvCacheManager;
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
@@ -18,6 +17,7 @@ use crate::scheduler::{
 };
 use crate::simulate::executor::{CostModelExecutor, EOS};
 use crate::simulate::workload::{SimRequest, Workload};
+use crate::step::StepOutput;
 
 /// How long after the last arrival the run may drain before what is left counts as missed.
 const DRAIN_LIMIT_S: f64 = 600.0;
@@ -77,7 +77,18 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
     let mut sched = Scheduler::new(cfg);
     let e = &w.engine;
     let mut kv = KvCacheManager::new(e.num_kv_blocks, e.block_size, e.enable_prefix_caching);
-    let mut exec = CostModelExecutor::new(e.cost, e.noise, w.seed ^ 0xe8ec);
+    let max_len = match w.scheduler.max_model_len {
+        0 => e.num_kv_blocks * e.block_size,
+        n => n.min(e.num_kv_blocks * e.block_size),
+    };
+    let mut exec = CostModelExecutor::new(
+        e.cost,
+        e.noise,
+        w.seed ^ 0xe8ec,
+        e.block_size,
+        e.num_kv_blocks,
+        max_len,
+    );
     let mut token_rng = ChaCha8Rng::seed_from_u64(w.seed ^ 0x70c3);
     let eos: Arc<[u32]> = Arc::from(vec![EOS]);
     let mut records: Vec<RequestRecord> = reqs
@@ -124,8 +135,8 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
             }
             continue;
         }
-        let dt = exec.step_time(&plan.batch);
-        let step = exec.execute(&plan.batch, dt, |id| reqs[id as usize].output_tokens);
+        let dt = exec.step_time(&plan);
+        let step = exec.execute(&plan, dt, |id| reqs[id as usize].output_tokens)?;
         t += dt;
         steps += 1;
         let updates = sched.update_from_output(&plan, &step, &mut kv, t);

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::batch::{BatchInput, SampleInput, SeqInput, StepOutput};
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
+use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput, StepOutput};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -207,48 +207,47 @@ pub fn backend(model: &str, opts: CudaBackendOptions) -> anyhow::Result<CudaBack
     Ok(b)
 }
 
-/// A batch of one sequence (request 1): tokens `start..start + n` of `tokens` on `blocks`,
-/// greedy-sampled at output index `sample_index` if given.
-pub fn one_seq_batch(
-    tokens: &[u32],
+/// A step of one request decoding alone, through the executor's persistent input batch as the
+/// server runs it: `n` tokens from position `start`; the first step (`start` 0) sends the prompt
+/// and every block, later ones nothing but the count (the executor feeds back its own tokens).
+/// `drop`: a request the executor should forget first.
+pub fn one_seq_step(
+    id: u64,
+    prompt: &[u32],
     start: usize,
     n: usize,
     blocks: &[u32],
-    bs: usize,
-    sample_index: Option<usize>,
-) -> BatchInput {
-    let id = 1;
-    let (mut token_ids, mut positions, mut slot_mapping) = (Vec::new(), Vec::new(), Vec::new());
-    for pos in start..start + n {
-        token_ids.push(tokens[pos]);
-        positions.push(pos as u32);
-        slot_mapping.push(blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
-    }
-    let ctx = start + n;
-    let seq = SeqInput {
-        request_id: RequestId(id),
-        query_len: n,
-        context_len: ctx,
-        block_table: blocks[..ctx.div_ceil(bs)].to_vec(),
-        sample: sample_index.map(|i| SampleInput {
-            params: Arc::new(SamplingParams::greedy(1)),
-            seed: id,
-            output_index: i,
-        }),
-    };
-    BatchInput {
-        token_ids,
-        positions,
-        slot_mapping,
-        seqs: vec![seq],
+    drop: Option<u64>,
+) -> SchedulerOutput {
+    let new = (start == 0).then(|| NewRequestData {
+        token_ids: prompt.to_vec(),
+        num_prompt_tokens: prompt.len(),
+        params: Arc::new(SamplingParams::greedy(1)),
+        seed: id,
+    });
+    SchedulerOutput {
+        scheduled: vec![ScheduledRequest {
+            id: RequestId(id),
+            num_computed_tokens: start,
+            num_tokens: n,
+            sample: true,
+            new_block_ids: if start == 0 {
+                blocks.to_vec()
+            } else {
+                Vec::new()
+            },
+            new,
+        }],
+        finished_req_ids: drop.map(RequestId).into_iter().collect(),
+        ..SchedulerOutput::default()
     }
 }
 
-/// A step of `b` on `batch` (an empty batch runs nothing and samples nothing).
-pub fn execute(b: &mut CudaBackend, batch: &BatchInput) -> anyhow::Result<StepOutput> {
-    if batch.seqs.is_empty() {
+/// A step of `b` on `out` (an empty step runs nothing and samples nothing).
+pub fn execute(b: &mut CudaBackend, out: &SchedulerOutput) -> anyhow::Result<StepOutput> {
+    if out.is_empty() {
         Ok(Default::default())
     } else {
-        b.execute(batch)
+        b.execute(out)
     }
 }

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_batch};
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, for brook's defaults and
 /// then one setting changed at a time.
@@ -87,18 +87,17 @@ pub fn run(model: &str, input_len: usize, output_len: usize, quick: bool) -> any
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
-        let mut tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+        let prompt: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
         let blocks: Vec<u32> = (0..(input_len + output_len + 1).div_ceil(bs) as u32).collect();
-        let out = b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
-        // A step with launches skipped samples from garbage: keep its token in the vocabulary.
-        tokens.push(out.sampled[0].token.min(vocab - 1));
+        // A step with launches skipped samples from garbage: the backend keeps such tokens in
+        // the vocabulary when `skip` is set.
+        b.execute(&one_seq_step(1, &prompt, 0, input_len, &blocks, None))?;
         let mut steps = Vec::with_capacity(output_len);
         for i in 1..output_len {
-            let pos = tokens.len() - 1;
+            let pos = input_len + i - 1;
             let t0 = Instant::now();
-            let out = b.execute(&one_seq_batch(&tokens, pos, 1, &blocks, bs, Some(i)))?;
+            b.execute(&one_seq_step(1, &prompt, pos, 1, &blocks, None))?;
             steps.push(elapsed_ms(t0));
-            tokens.push(out.sampled[0].token.min(vocab - 1));
         }
         let warm = steps[8..].to_vec();
         let med = median(warm.clone());

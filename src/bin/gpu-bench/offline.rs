@@ -73,7 +73,7 @@ pub fn run(
     );
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv, now());
-        let step = execute(&mut b, &out.batch)?;
+        let step = execute(&mut b, &out)?;
         sched.update_from_output(&out, &step, &mut kv, now());
     }
     let started = Instant::now();
@@ -97,8 +97,12 @@ pub fn run(
     while sched.has_unfinished() {
         let out = sched.schedule(&mut kv, now());
         let t0 = Instant::now();
-        let step = execute(&mut b, &out.batch)?;
-        step_ms.push((out.batch.num_tokens(), out.batch.seqs.len(), elapsed_ms(t0)));
+        let step = execute(&mut b, &out)?;
+        step_ms.push((
+            out.total_num_scheduled_tokens(),
+            out.scheduled.len(),
+            elapsed_ms(t0),
+        ));
         for s in &step.sampled {
             generated += 1;
             first_token[s.request_id.0 as usize].get_or_insert(started.elapsed());

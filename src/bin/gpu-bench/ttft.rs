@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_batch};
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
 pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
@@ -28,8 +28,16 @@ pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
         let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
         let per = input_len.div_ceil(bs) as u32;
         let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
+        let last = rep.checked_sub(1).map(u64::from);
         let t0 = Instant::now();
-        b.execute(&one_seq_batch(&tokens, 0, input_len, &blocks, bs, Some(0)))?;
+        b.execute(&one_seq_step(
+            rep.into(),
+            &tokens,
+            0,
+            input_len,
+            &blocks,
+            last,
+        ))?;
         times.push(elapsed_ms(t0));
     }
     let med = median(times[1..].to_vec());

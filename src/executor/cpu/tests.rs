@@ -11,13 +11,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::executor::batch::{SampleInput, SeqInput};
 use crate::model::config::Architecture;
 use crate::model::reference::reference_greedy;
 use crate::model::testing::{write_test_model, RopeStyle, TestModelSpec};
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::argmax;
+use crate::step::SampleInput;
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -195,25 +195,13 @@ fn run_engine(backend: &mut CpuBackend, sc: &Scenario) -> Vec<SeqState> {
             while s.blocks.len() * bs < context_len {
                 s.blocks.push(blocks.alloc());
             }
-            for pos in s.computed..context_len {
-                batch.token_ids.push(s.token(pos));
-                batch.positions.push(pos as u32);
-                batch
-                    .slot_mapping
-                    .push(s.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
-            }
+            let tokens: Vec<u32> = (s.computed..context_len).map(|p| s.token(p)).collect();
             let sample = (context_len == s.known()).then(|| SampleInput {
                 params: greedy.clone(),
                 seed: 7,
                 output_index: s.generated.len(),
             });
-            batch.seqs.push(SeqInput {
-                request_id: s.id,
-                query_len: q,
-                context_len,
-                block_table: s.blocks.clone(),
-                sample,
-            });
+            batch.push_seq(s.id, &tokens, s.computed, &s.blocks, bs, sample);
         }
         if batch.num_decode_seqs() > 0 && batch.num_prefill_tokens() > 0 {
             mixed_steps += 1;
@@ -221,7 +209,7 @@ fn run_engine(backend: &mut CpuBackend, sc: &Scenario) -> Vec<SeqState> {
         let logits = backend.forward_logits(&batch).unwrap();
         assert_eq!(logits.len(), batch.num_sampled());
         // The sampling path on the same batch (it rewrites identical K/V) picks the argmax tokens.
-        let out = backend.execute(&batch).unwrap();
+        let out = backend.execute_batch(&batch).unwrap();
         assert_eq!(out.sampled.len(), logits.len());
         let mut rows = logits.into_iter().zip(out.sampled);
         for (seq_input, &(i, q)) in batch.seqs.iter().zip(&plan) {
@@ -361,25 +349,9 @@ fn one_seq_batch(
     bs: usize,
     sample: Option<SampleInput>,
 ) -> BatchInput {
-    let positions: Vec<u32> = (first_pos..first_pos + tokens.len())
-        .map(|p| p as u32)
-        .collect();
-    let slot_mapping = positions
-        .iter()
-        .map(|&p| block_table[p as usize / bs] * bs as u32 + p % bs as u32)
-        .collect();
-    BatchInput {
-        token_ids: tokens.to_vec(),
-        positions,
-        slot_mapping,
-        seqs: vec![SeqInput {
-            request_id: RequestId(id),
-            query_len: tokens.len(),
-            context_len: first_pos + tokens.len(),
-            block_table,
-            sample,
-        }],
-    }
+    let mut b = BatchInput::default();
+    b.push_seq(RequestId(id), tokens, first_pos, &block_table, bs, sample);
+    b
 }
 
 fn greedy_sample() -> Option<SampleInput> {
@@ -422,12 +394,12 @@ fn execute_samples_only_sequences_that_ask_and_seeds_reproduce() {
     };
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 300).collect();
     let chunk = one_seq_batch(9, &prompt[..12], 0, vec![2, 6], 16, None);
-    let out = backend.execute(&chunk).unwrap();
+    let out = backend.execute_batch(&chunk).unwrap();
     assert!(out.sampled.is_empty());
     let rest = one_seq_batch(9, &prompt[12..], 12, vec![2, 6], 16, sample(5));
     let logits = backend.forward_logits(&rest).unwrap();
-    let a = backend.execute(&rest).unwrap();
-    let b = backend.execute(&rest).unwrap();
+    let a = backend.execute_batch(&rest).unwrap();
+    let b = backend.execute_batch(&rest).unwrap();
     assert_eq!(a.sampled.len(), 1);
     assert_eq!(a.sampled[0].request_id, RequestId(9));
     assert_eq!(a.sampled[0].token, b.sampled[0].token);
@@ -444,13 +416,13 @@ fn rejects_invalid_batches_and_positions_past_the_context() {
     let mut backend = backend_for(dir.path(), 16, 8);
     let mut bad_slot = one_seq_batch(1, &[1, 2, 3], 0, vec![4], 16, greedy_sample());
     bad_slot.slot_mapping[1] = 0;
-    let err = backend.execute(&bad_slot).unwrap_err().to_string();
+    let err = backend.execute_batch(&bad_slot).unwrap_err().to_string();
     assert!(
         err.contains("invalid batch") && err.contains("slot mismatch"),
         "{err}"
     );
     let past = one_seq_batch(1, &[1], 32, vec![0, 1, 2], 16, greedy_sample());
-    let err = backend.execute(&past).unwrap_err().to_string();
+    let err = backend.execute_batch(&past).unwrap_err().to_string();
     assert!(err.contains("max_position_embeddings"), "{err}");
 }
 
@@ -478,4 +450,86 @@ fn kv_pool_is_sized_from_kv_cache_bytes() {
         .unwrap()
         .to_string();
     assert!(err.contains("holds no KV block"), "{err}");
+}
+
+/// The persistent path: a real scheduler's steps (diffs only after each request's first step)
+/// through `Backend::execute`, with a pool small enough to preempt and prompts that share a
+/// prefix, against the plain greedy decode of each prompt.
+#[test]
+fn scheduler_steps_through_the_input_batch_match_the_reference() {
+    use crate::kv::KvCacheManager;
+    use crate::scheduler::{Admission, NewRequest, Policy, Scheduler, SchedulerConfig};
+
+    let spec = TestModelSpec::default();
+    let dir = write_model(&spec);
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (bs, num_blocks, max_tokens) = (16, 9, 6);
+    let vocab = config.vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let shared: Vec<u32> = (0..33).map(|_| rng.random_range(0..vocab)).collect();
+    let prompts: Vec<Vec<u32>> = [40, 19, 61, 35, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut p: Vec<u32> = (0..len).map(|_| rng.random_range(0..vocab)).collect();
+            if i % 2 == 0 {
+                p.splice(..p.len().min(33), shared.iter().copied());
+            }
+            p
+        })
+        .collect();
+    for policy in [Policy::Fcfs, Policy::Adaptive] {
+        let mut backend = backend_for(dir.path(), bs, num_blocks);
+        let mut kv = KvCacheManager::new(num_blocks, bs, true);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            policy,
+            max_num_seqs: 4,
+            max_num_batched_tokens: 24,
+            max_model_len: config.max_position_embeddings,
+            long_prefill_token_threshold: 0,
+            ..SchedulerConfig::default()
+        });
+        let params = Arc::new(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(max_tokens)
+        });
+        for (i, p) in prompts.iter().enumerate() {
+            let req = NewRequest {
+                id: RequestId(i as u64),
+                prompt_token_ids: p.clone(),
+                params: params.clone(),
+                seed: i as u64,
+                eos_token_ids: Arc::from(vec![0u32]),
+            };
+            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
+        }
+        let mut outputs = vec![Vec::new(); prompts.len()];
+        let mut t = 0.0;
+        while sched.has_unfinished() {
+            let out = sched.schedule(&mut kv, t);
+            let step = if out.is_empty() {
+                StepOutput::default()
+            } else {
+                backend.execute(&out).unwrap()
+            };
+            t += 0.01;
+            for u in sched.update_from_output(&out, &step, &mut kv, t) {
+                outputs[u.id.0 as usize].extend(u.new_token_ids);
+            }
+            assert!(t < 100.0, "{policy:?}: no progress");
+        }
+        // `adaptive` keeps KV headroom and avoids preempting; `fcfs` runs into the pool's end.
+        if policy == Policy::Fcfs {
+            assert!(sched.num_preemptions() > 0, "no preemption");
+        }
+        assert!(
+            kv.prefix_cache_stats().hit_tokens > 0,
+            "{policy:?}: no prefix hit"
+        );
+        for (i, p) in prompts.iter().enumerate() {
+            let (want, _) = reference_greedy(&config, &weights, p, max_tokens).unwrap();
+            assert_eq!(outputs[i], want, "{policy:?}: request {i}");
+        }
+    }
 }

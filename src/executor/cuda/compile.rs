@@ -33,7 +33,16 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
+    (
+        "block_table",
+        include_str!("../../../kernels/block_table.cu"),
+    ),
 ];
+
+/// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu). A fact of the sources above, kept here
+/// (re-exported by `kernels`) so `device` can default to it without depending on `kernels`,
+/// which depends on `device`.
+pub const GEMV_MAX_M: usize = 4;
 
 /// Where compiled PTX is kept: `$BROOK_CACHE_DIR/ptx`, else `$XDG_CACHE_HOME/brook/ptx`, else
 /// `~/.cache/brook/ptx`; None when none can be named (then every start compiles).

@@ -105,7 +105,7 @@ impl Gpu {
             name,
             compute_capability,
             num_sms,
-            gemv_max_m: super::kernels::GEMV_MAX_M,
+            gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             pdl: compute_capability.0 >= 9,
             functions,

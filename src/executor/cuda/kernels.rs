@@ -158,8 +158,7 @@ pub struct GemvParams {
     pub split: i32,
 }
 
-/// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu).
-pub const GEMV_MAX_M: usize = 4;
+pub use super::compile::GEMV_MAX_M;
 
 /// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu), `split` of them per output row.
 pub const GEMV_WARPS: u32 = 8;
@@ -228,6 +227,15 @@ pub struct GemvQkvRopeParams {
 
 /// Query rows per prefill-attention CTA (`PF_BM` in prefill_attn.cu).
 pub const PREFILL_TILE: usize = 64;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockTableUpdateParams {
+    pub table: u64,
+    pub index: u64,
+    pub value: u64,
+    pub num_updates: i32,
+}
 
 /// One sampled sequence's parameters (`SampleArgs` in sample.cu).
 #[repr(C)]
@@ -498,6 +506,14 @@ pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
         (SAMPLE_THREADS, 1, 1),
         p,
     )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn block_table_update(gpu: &Gpu, p: &BlockTableUpdateParams) -> anyhow::Result<()> {
+    let n = p.num_updates.max(0) as u32;
+    let blocks = n.div_ceil(256).clamp(1, gpu.num_sms * 4);
+    gpu.launch("block_table_update", (blocks, 1, 1), (256, 1, 1), p)
 }
 
 /// # Safety

@@ -8,13 +8,20 @@
 //! - `prefill_gemm`: prefill attention for short contexts through cuBLAS (the flash kernel
 //!   takes the long ones)
 //! - `weights`: bf16 weights on the GPU (uploaded, or random for synthetic benchmarks)
-//! - `backend`: `CudaBackend`, the forward over a paged batch, CUDA graphs for decode
+//! - `options`: `CudaBackendOptions`
+//! - `backend`: `CudaBackend`: the persistent input batch, steps in, sampled tokens out
+//! - `forward`: weights, activations, KV pool and device block tables; one step's launches,
+//!   CUDA graphs for decode
+//! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
 pub mod backend;
 pub mod compile;
 pub mod device;
+mod forward;
 pub mod gemm;
 pub mod kernels;
+pub mod options;
 pub mod prefill_gemm;
+mod step_meta;
 pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions};

@@ -1,0 +1,58 @@
+//! The backends' options built from the engine config: the config is the one source of their
+//! defaults. Here rather than in `executor`, so the executor does not depend on the config
+//! (which holds the scheduler's config; the scheduler drives the executor).
+
+use super::Config;
+use crate::executor::cpu::CpuBackendOptions;
+use crate::executor::cuda::kernels::GEMV_MAX_M;
+use crate::executor::cuda::CudaBackendOptions;
+
+impl CpuBackendOptions {
+    /// The options `brook serve` runs with, from the engine config (the one source of their
+    /// defaults).
+    pub fn from_config(cfg: &Config, progress: bool) -> Self {
+        CpuBackendOptions {
+            block_size: cfg.cache.block_size,
+            kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
+            num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
+            progress,
+        }
+    }
+}
+
+/// The default config's options.
+impl Default for CpuBackendOptions {
+    fn default() -> Self {
+        Self::from_config(&Config::default(), true)
+    }
+}
+
+impl CudaBackendOptions {
+    /// The options `brook serve` runs with: the shared knobs from the engine config (the one
+    /// source of their defaults), the CUDA-only ones at their defaults here.
+    pub fn from_config(cfg: &Config, progress: bool) -> Self {
+        CudaBackendOptions {
+            device_ordinal: 0,
+            block_size: cfg.cache.block_size,
+            gpu_memory_utilization: cfg.cache.gpu_memory_utilization,
+            max_kv_cache_bytes: None,
+            max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+            max_num_seqs: cfg.scheduler.max_num_seqs,
+            max_model_len: cfg.scheduler.max_model_len,
+            cuda_graphs: true,
+            gemv_max_rows: GEMV_MAX_M,
+            gemv_split: 0,
+            fuse_decode: false,
+            pdl: true,
+            prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
+            progress,
+            skip: 0,
+        }
+    }
+}
+
+impl Default for CudaBackendOptions {
+    fn default() -> Self {
+        Self::from_config(&Config::default(), true)
+    }
+}

@@ -1,0 +1,90 @@
+//! Engine flags shared by `brook serve` and `brook bench`, applied over the config file.
+//! Kept apart from `cli` so the commands can use them without depending on the command line's
+//! root (which depends on every command).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::config::Config;
+
+/// Engine options shared by `serve` and `bench`; each overrides the config file.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Hugging Face model folder (default: the bundled demo model, models/demo-chat).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// TOML config file (see configs/brook.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// auto picks CUDA when a GPU is present, else CPU.
+    #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
+    pub device: Option<String>,
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// KV cache size for the CPU executor, in MiB.
+    #[arg(long)]
+    pub kv_cache_mib: Option<usize>,
+    /// Fraction of GPU memory for weights + KV (CUDA executor).
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// CPU executor threads (0 = all cores).
+    #[arg(long)]
+    pub cpu_threads: Option<usize>,
+    /// CUDA executor: longest context (tokens) whose prefill attention runs as cuBLAS GEMMs;
+    /// longer ones use the flash kernel (0 = flash only).
+    #[arg(long)]
+    pub prefill_gemm_max_len: Option<usize>,
+    /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
+    /// emergency mode).
+    #[arg(long, value_enum)]
+    pub policy: Option<crate::scheduler::Policy>,
+}
+
+impl EngineArgs {
+    /// The config file (or defaults) with these flags applied on top, validated.
+    pub fn resolve(&self) -> anyhow::Result<Config> {
+        let mut cfg = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let Some(m) = &self.model {
+            cfg.model.path = Some(m.clone());
+        }
+        if let Some(d) = &self.device {
+            cfg.model.device = d.clone();
+        }
+        let set = |slot: &mut usize, v: Option<usize>| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        set(&mut cfg.cache.block_size, self.block_size);
+        set(&mut cfg.scheduler.max_num_seqs, self.max_num_seqs);
+        set(
+            &mut cfg.scheduler.max_num_batched_tokens,
+            self.max_num_batched_tokens,
+        );
+        set(&mut cfg.scheduler.max_model_len, self.max_model_len);
+        set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
+        set(&mut cfg.model.cpu_threads, self.cpu_threads);
+        set(
+            &mut cfg.model.prefill_gemm_max_len,
+            self.prefill_gemm_max_len,
+        );
+        if let Some(p) = self.policy {
+            cfg.scheduler.policy = p;
+        }
+        if let Some(u) = self.gpu_memory_utilization {
+            cfg.cache.gpu_memory_utilization = u;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

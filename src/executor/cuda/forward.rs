@@ -1,0 +1,365 @@
+//! The GPU side of the CUDA backend: weights, activations, the paged KV pool, the persistent
+//! block tables, and one step's launches.
+//!
+//! A step: its metadata (`step_meta`) is uploaded with one copy, `block_table_update` brings the
+//! device block tables up to date from the entries that changed, then the forward is a fixed
+//! chain of launches on one stream:
+//!
+//! ```text
+//! embedding → per layer: add+RMSNorm → QKV GEMM → RoPE + KV write → decode attention (q_len 1)
+//!   and/or prefill attention (q_len > 1) → O GEMM → add+RMSNorm → gate|up GEMM → SiLU×up
+//!   → down GEMM; then add+RMSNorm at sampled rows only → lm_head GEMM (fp32 logits) → sampling
+//! ```
+//!
+//! Prefill attention takes two paths: sequences whose context is at most
+//! `prefill_gemm_max_len` keys go through cuBLAS (`prefill_gemm`), the rest through the flash
+//! kernel, whose tiles then cover only those. Both may serve one step.
+//!
+//! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
+//! on the bucket's first use; the table update runs before the replay, outside the graph.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+
+use super::device::{DevBuf, Gpu};
+use super::kernels::{self, BlockTableUpdateParams, SampleArgs, GEMV_MAX_M, PREFILL_TILE};
+use super::options::CudaBackendOptions;
+use super::prefill_gemm::{self, GemmScratch};
+use super::step_meta::{self, HostMeta, Layout, Limits, Step};
+use super::weights::GpuWeights;
+use crate::model::config::ModelConfig;
+use crate::step::{BatchInput, SampledToken};
+
+/// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
+const RESERVE_BYTES: usize = 1 << 30;
+
+const MAX_SPLITS: usize = 32;
+
+mod layers;
+
+struct Activations {
+    residual: DevBuf,
+    xn: DevBuf,
+    qkv: DevBuf,
+    q: DevBuf,
+    attn: DevBuf,
+    delta: DevBuf,
+    gate_up: DevBuf,
+    act: DevBuf,
+    head_in: DevBuf,
+    logits: DevBuf,
+    part_acc: DevBuf,
+    part_ml: DevBuf,
+    meta: DevBuf,
+    args: DevBuf,
+    out_tokens: DevBuf,
+    out_logprobs: DevBuf,
+}
+
+/// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
+/// its graphs and is itself used by one thread at a time (it is moved, never shared).
+struct DecodeGraph(CudaGraph);
+// SAFETY: see above; the graph is only launched by the backend's owner.
+unsafe impl Send for DecodeGraph {}
+
+pub(super) struct Forward {
+    pub cfg: ModelConfig,
+    pub opts: CudaBackendOptions,
+    pub weights: GpuWeights,
+    act: Activations,
+    inv_freq: DevBuf,
+    /// K and V of all layers: layer l's K at kv_base + 2 l · layer_bytes, its V after it.
+    kv: DevBuf,
+    kv_layer_bytes: usize,
+    /// `[max_seqs + 1, max_blocks]` block ids: row r is the persistent batch's row r (the last
+    /// row serves graph padding). Updated in place, never re-uploaded whole.
+    block_tables: DevBuf,
+    pub num_blocks: usize,
+    pub max_blocks: usize,
+    max_tokens: usize,
+    pub max_seqs: usize,
+    /// GEMM prefill path: its context limit (at most the longest context), scratch and the
+    /// scratch's capacities (key rows, score floats); no scratch when off.
+    gemm_max_len: usize,
+    gemm_scratch: Option<GemmScratch>,
+    gemm_keys: usize,
+    gemm_scores: usize,
+    /// Keyed by (batch bucket, decode splits): the split count is baked into the launches.
+    graphs: HashMap<(usize, usize), DecodeGraph>,
+    // Host buffers reused across steps.
+    host: HostMeta,
+    tokens_host: Vec<i32>,
+    logprobs_host: Vec<f32>,
+    // Declared last: dropped after every buffer above.
+    pub gpu: Gpu,
+}
+
+impl Forward {
+    pub fn new(
+        mut gpu: Gpu,
+        cfg: ModelConfig,
+        weights: GpuWeights,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
+        gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
+        gpu.gemv_split = opts.gemv_split;
+        gpu.pdl &= opts.pdl;
+        anyhow::ensure!(
+            opts.block_size > 0
+                && opts.max_num_seqs > 0
+                && opts.max_num_batched_tokens >= opts.max_num_seqs,
+            "invalid CUDA backend options {opts:?}"
+        );
+        let max_model_len = if opts.max_model_len == 0 {
+            cfg.max_position_embeddings
+        } else {
+            opts.max_model_len
+        };
+        let max_blocks = max_model_len.div_ceil(opts.block_size);
+        let max_seqs = opts.max_num_seqs;
+        let max_tokens = opts.max_num_batched_tokens;
+        let (d, hd, h) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
+        let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
+        // Block-table rows: one per sequence slot, and the padding row of a graph step.
+        let table_words = (max_seqs + 1) * max_blocks;
+        let meta_words = Layout::new(
+            max_tokens,
+            max_seqs + 1,
+            max_seqs,
+            max_tiles,
+            max_seqs,
+            max_seqs,
+            table_words,
+        )
+        .total;
+        let (bf, f4) = (2usize, 4usize);
+        let act = Activations {
+            residual: gpu.alloc(max_tokens * d * f4)?,
+            xn: gpu.alloc(max_tokens * d * bf)?,
+            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu).
+            qkv: gpu.alloc(max_tokens * qkv_dim * f4)?,
+            q: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
+            attn: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
+            delta: gpu.alloc(max_tokens * d * bf)?,
+            gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * f4)?,
+            act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
+            head_in: gpu.alloc(max_seqs * d * bf)?,
+            logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            part_acc: gpu.alloc(max_seqs * h * MAX_SPLITS * hd * f4)?,
+            part_ml: gpu.alloc(max_seqs * h * MAX_SPLITS * 2 * f4)?,
+            meta: gpu.alloc(meta_words * 4)?,
+            args: gpu.alloc(max_seqs * std::mem::size_of::<SampleArgs>())?,
+            out_tokens: gpu.alloc(max_seqs * 4)?,
+            out_logprobs: gpu.alloc(max_seqs * 4)?,
+        };
+        let inv: Vec<f32> = cfg
+            .rope
+            .inv_freqs(hd)
+            .into_iter()
+            .map(|f| f as f32)
+            .collect();
+        let inv_freq = gpu.alloc(inv.len() * 4)?;
+        gpu.upload(inv_freq.ptr(), &inv)?;
+        let gemm_max_len = opts.prefill_gemm_max_len.min(max_blocks * opts.block_size);
+        let (gemm_keys, gemm_scores) =
+            prefill_gemm::scratch_capacity(gemm_max_len, max_tokens, max_seqs, h);
+        let gemm_scratch = match gemm_keys {
+            0 => None,
+            _ => Some(GemmScratch::alloc(&gpu, gemm_keys, gemm_scores, h, hd)?),
+        };
+        // Zeroed: every entry is a valid block id, so padding reads stay in the pool.
+        let block_tables = gpu.alloc(table_words * 4)?;
+        gpu.memset(block_tables.ptr(), 0, table_words * 4)?;
+        gpu.sync()?;
+
+        // The KV pool takes what the utilisation target leaves after everything above.
+        let bytes_per_block = kv_bytes_per_block(&cfg, opts.block_size);
+        let (free, total) = gpu.mem_info()?;
+        let used = total - free;
+        let target = (total as f64 * opts.gpu_memory_utilization) as usize;
+        let mut kv_bytes = target.saturating_sub(used + RESERVE_BYTES);
+        if let Some(cap) = opts.max_kv_cache_bytes {
+            kv_bytes = kv_bytes.min(cap);
+        }
+        let num_blocks = kv_bytes / bytes_per_block;
+        anyhow::ensure!(
+            num_blocks > 0,
+            "no room for the KV cache: {:.1} GiB of {:.1} GiB in use after weights and activations, gpu_memory_utilization {}",
+            used as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            opts.gpu_memory_utilization
+        );
+        let kv = gpu.alloc(num_blocks * bytes_per_block)?;
+        let kv_layer_bytes = num_blocks * bytes_per_block / (2 * cfg.num_hidden_layers);
+        tracing::info!(
+            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
+            gpu.name,
+            weights.bytes() as f64 / (1u64 << 30) as f64,
+            num_blocks,
+            opts.block_size,
+            kv.bytes() as f64 / (1u64 << 30) as f64,
+            if opts.cuda_graphs { "on" } else { "off" },
+            gemm_max_len,
+            gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
+        );
+        Ok(Forward {
+            cfg,
+            opts,
+            weights,
+            act,
+            inv_freq,
+            kv,
+            kv_layer_bytes,
+            block_tables,
+            num_blocks,
+            max_blocks,
+            max_tokens,
+            max_seqs,
+            gemm_max_len,
+            gemm_scratch,
+            gemm_keys,
+            gemm_scores,
+            graphs: HashMap::new(),
+            host: HostMeta::default(),
+            tokens_host: Vec::new(),
+            logprobs_host: Vec::new(),
+            gpu,
+        })
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_tokens: self.max_tokens,
+            max_seqs: self.max_seqs,
+            max_blocks: self.max_blocks,
+            num_sms: self.gpu.num_sms,
+            num_heads: self.cfg.num_attention_heads,
+            num_kv_heads: self.cfg.num_key_value_heads,
+            gemm_max_len: self.gemm_max_len,
+            gemm_keys: self.gemm_keys,
+            gemm_scores: self.gemm_scores,
+        }
+    }
+
+    /// Runs `batch` (after the block-table `updates`, (index, block id) pairs): packs and
+    /// uploads its metadata, updates the tables, launches the forward (a decode graph when
+    /// `graphs` allows and the step is pure decode). Sampling results or logits are read after.
+    pub fn launch(
+        &mut self,
+        batch: &BatchInput,
+        updates: &[(u32, u32)],
+        graphs: bool,
+    ) -> anyhow::Result<Step> {
+        let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
+        let step = step_meta::pack(&self.limits(), batch, bucket, updates, &mut self.host)?;
+        self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
+        self.gpu.upload(self.act.args.ptr(), &self.host.args)?;
+        if step.nu > 0 {
+            let p = BlockTableUpdateParams {
+                table: self.block_tables.ptr(),
+                index: self.act.meta.at::<u32>(step.layout.table_index),
+                value: self.act.meta.at::<u32>(step.layout.table_value),
+                num_updates: step.nu as i32,
+            };
+            // SAFETY: pack() bounded every index by the table's rows and width.
+            unsafe { kernels::block_table_update(&self.gpu, &p)? };
+        }
+        match bucket {
+            Some(b) => {
+                let key = (b, step.splits);
+                if !self.graphs.contains_key(&key) {
+                    let graph = self.capture(&step)?;
+                    self.graphs.insert(key, graph);
+                }
+                self.graphs[&key]
+                    .0
+                    .launch()
+                    .context("launching a decode graph")?;
+            }
+            // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
+            None => unsafe { self.enqueue(&step)? },
+        }
+        Ok(step)
+    }
+
+    /// The tokens sampled by the last launch of `batch`, in seq order; waits for the stream.
+    pub fn sampled(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<SampledToken>> {
+        let ns = batch.num_sampled();
+        self.tokens_host.resize(ns, 0);
+        self.logprobs_host.resize(ns, 0.0);
+        // The first ns rows are the real sequences' (padding rows come after them).
+        // SAFETY: both buffers hold max_seqs >= ns entries; sync() completes the copies.
+        unsafe {
+            self.gpu
+                .download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
+            self.gpu
+                .download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
+        }
+        self.gpu.sync()?;
+        let vocab = self.cfg.vocab_size;
+        let garbage_ok = self.opts.skip != 0;
+        batch
+            .seqs
+            .iter()
+            .filter(|q| q.sample.is_some())
+            .zip(self.tokens_host.iter().zip(&self.logprobs_host))
+            .map(|(q, (&token, &logprob))| {
+                let mut token = token as u32;
+                if token as usize >= vocab {
+                    // NaN logits leave no argmax. With launches skipped (gpu-bench) the output
+                    // is meaningless anyway; otherwise the token would be fed back next step.
+                    anyhow::ensure!(
+                        garbage_ok,
+                        "{}: sampled token {token} is outside the vocabulary (non-finite logits?)",
+                        q.request_id
+                    );
+                    token = vocab as u32 - 1;
+                }
+                Ok(SampledToken {
+                    request_id: q.request_id,
+                    token,
+                    logprob,
+                })
+            })
+            .collect()
+    }
+
+    /// The fp32 logits of the last launch's `ns` sampled rows; waits for the stream.
+    pub fn logits(&self, ns: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+        let v = self.cfg.vocab_size;
+        let mut flat = vec![0f32; ns * v];
+        self.gpu.download(&mut flat, self.act.logits.ptr())?;
+        Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
+    }
+
+    fn k_cache(&self, layer: usize) -> u64 {
+        self.kv.ptr() + (2 * layer * self.kv_layer_bytes) as u64
+    }
+
+    fn v_cache(&self, layer: usize) -> u64 {
+        self.k_cache(layer) + self.kv_layer_bytes as u64
+    }
+
+    /// Captures the forward of `step` (its layout is the bucket's) into a graph.
+    fn capture(&self, step: &Step) -> anyhow::Result<DecodeGraph> {
+        let stream = &self.gpu.stream;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        // SAFETY: pack() sized the step; the metadata is uploaded before every launch.
+        let enqueued = unsafe { self.enqueue(step) };
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        enqueued.context("capturing a decode step")?;
+        let graph = graph
+            .context("instantiating a decode graph")?
+            .context("capture produced no graph")?;
+        Ok(DecodeGraph(graph))
+    }
+}
+
+/// Bytes of one KV block across all layers, K and V, bf16.
+pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
+    2 * cfg.num_hidden_layers * cfg.num_key_value_heads * block_size * cfg.head_dim * 2
+}

@@ -1,0 +1,285 @@
+//! The forward of one step as a chain of launches on the stream (see `forward`'s module docs):
+//! the same code runs eagerly and under CUDA-graph capture.
+
+use anyhow::Context;
+
+use super::Forward;
+use crate::executor::cuda::gemm::linear;
+use crate::executor::cuda::kernels::{self, *};
+use crate::executor::cuda::options::skip;
+use crate::executor::cuda::prefill_gemm::{self, GemmAttention};
+use crate::executor::cuda::step_meta::Step;
+
+impl Forward {
+    /// Enqueues the whole forward and sampling of `step` on the stream (also under capture).
+    ///
+    /// # Safety
+    /// `step` came from `step_meta::pack` into `self.host` (its counts fit the buffers) and its
+    /// metadata is uploaded (or will be, before a captured graph of it is launched).
+    pub(super) unsafe fn enqueue(&self, step: &Step) -> anyhow::Result<()> {
+        let c = &self.cfg;
+        let g = &self.gpu;
+        let a = &self.act;
+        let lay = &step.layout;
+        let m = |off: usize| a.meta.at::<u32>(off);
+        let (t, d, hd) = (step.t, c.hidden_size, c.head_dim);
+        let (h, kvh, inter) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.intermediate_size,
+        );
+        let qkv_dim = c.q_dim() + 2 * c.kv_dim();
+        let eps = c.rms_norm_eps as f32;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Few enough rows for the gemv kernels: their fused epilogues replace two launches.
+        let fused = self.opts.fuse_decode && t <= g.gemv_max_m && d % 8 == 0 && inter % 8 == 0;
+        let on = |kind: u32| self.opts.skip & kind == 0;
+        kernels::embedding(
+            g,
+            &EmbeddingParams {
+                table: self.weights.embed.ptr(),
+                tokens: m(lay.tokens),
+                out: a.residual.ptr(),
+                num_tokens: t as i32,
+                d: d as i32,
+            },
+        )?;
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let norm = AddRmsNormParams {
+                residual: a.residual.ptr(),
+                delta: if l == 0 { 0 } else { a.delta.ptr() },
+                weight: w.input_norm.ptr(),
+                rows: 0,
+                out: a.xn.ptr(),
+                num_rows: t as i32,
+                d: d as i32,
+                eps,
+            };
+            if on(skip::NORMS) {
+                kernels::add_rmsnorm(g, &norm)?;
+            }
+            if fused {
+                kernels::gemv_qkv_rope(
+                    g,
+                    &GemvQkvRopeParams {
+                        x: a.xn.ptr(),
+                        w: w.qkv.ptr(),
+                        positions: m(lay.positions),
+                        slots: m(lay.slots),
+                        inv_freq: self.inv_freq.ptr(),
+                        q_out: a.q.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        m: t as i32,
+                        k: d as i32,
+                        num_heads: h as i32,
+                        num_kv_heads: kvh as i32,
+                        head_dim: hd as i32,
+                        block_size: self.opts.block_size as i32,
+                        split: kernels::gemv_split(g, d),
+                    },
+                )?;
+            } else if on(skip::LINEAR) {
+                linear(g, a.xn.ptr(), w.qkv.ptr(), a.qkv.ptr(), t, qkv_dim, d, true)?;
+            }
+            if !fused && on(skip::ROPE) {
+                kernels::rope_kv(
+                    g,
+                    &RopeKvParams {
+                        qkv: a.qkv.ptr(),
+                        positions: m(lay.positions),
+                        slots: m(lay.slots),
+                        inv_freq: self.inv_freq.ptr(),
+                        q_out: a.q.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        num_tokens: t as i32,
+                        num_heads: h as i32,
+                        num_kv_heads: kvh as i32,
+                        head_dim: hd as i32,
+                        block_size: self.opts.block_size as i32,
+                    },
+                )?;
+            }
+            if step.nd > 0 && on(skip::ATTENTION) {
+                let p = PagedDecodeParams {
+                    q: a.q.ptr(),
+                    k_cache: self.k_cache(l),
+                    v_cache: self.v_cache(l),
+                    item_row: m(lay.dec_row),
+                    item_seq: m(lay.dec_seq),
+                    block_tables: self.block_tables.ptr(),
+                    context_lens: m(lay.ctx),
+                    out: a.attn.ptr(),
+                    part_acc: a.part_acc.ptr(),
+                    part_ml: a.part_ml.ptr(),
+                    num_items: step.nd as i32,
+                    num_heads: h as i32,
+                    num_kv_heads: kvh as i32,
+                    block_size: self.opts.block_size as i32,
+                    max_blocks: self.max_blocks as i32,
+                    num_splits: step.splits as i32,
+                    scale,
+                };
+                kernels::paged_decode(g, &p, hd)?;
+            }
+            if step.nt > 0 {
+                let p = PrefillAttnParams {
+                    q: a.q.ptr(),
+                    k_cache: self.k_cache(l),
+                    v_cache: self.v_cache(l),
+                    tile_seq: m(lay.tile_seq),
+                    tile_q0: m(lay.tile_q0),
+                    q_start: m(lay.q_start),
+                    q_len: m(lay.q_len),
+                    context_lens: m(lay.ctx),
+                    block_tables: self.block_tables.ptr(),
+                    out: a.attn.ptr(),
+                    num_tiles: step.nt as i32,
+                    num_heads: h as i32,
+                    num_kv_heads: kvh as i32,
+                    block_size: self.opts.block_size as i32,
+                    max_blocks: self.max_blocks as i32,
+                    scale,
+                };
+                kernels::prefill_attn(g, &p, hd)?;
+            }
+            if !self.host.gemm.is_empty() {
+                let scratch = self
+                    .gemm_scratch
+                    .as_ref()
+                    .context("GEMM prefill sequences planned without scratch")?;
+                prefill_gemm::gemm_attention(
+                    g,
+                    &GemmAttention {
+                        q: a.q.ptr(),
+                        out: a.attn.ptr(),
+                        k_cache: self.k_cache(l),
+                        v_cache: self.v_cache(l),
+                        q_lens: m(lay.q_len),
+                        context_lens: m(lay.ctx),
+                        block_tables: self.block_tables.ptr(),
+                        gemm_seq: m(lay.gemm_seq),
+                        gemm_key0: m(lay.gemm_key0),
+                        gemm_s0: m(lay.gemm_s0),
+                        k_buf: scratch.k.ptr(),
+                        v_buf: scratch.v.ptr(),
+                        scores: scratch.scores.ptr(),
+                        seqs: &self.host.gemm,
+                        num_heads: h,
+                        num_kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: self.opts.block_size,
+                        max_blocks: self.max_blocks,
+                        scale,
+                    },
+                )?;
+            }
+            if on(skip::LINEAR) {
+                linear(
+                    g,
+                    a.attn.ptr(),
+                    w.o.ptr(),
+                    a.delta.ptr(),
+                    t,
+                    d,
+                    c.q_dim(),
+                    false,
+                )?;
+            }
+            if on(skip::NORMS) {
+                kernels::add_rmsnorm(
+                    g,
+                    &AddRmsNormParams {
+                        delta: a.delta.ptr(),
+                        weight: w.post_norm.ptr(),
+                        ..norm
+                    },
+                )?;
+            }
+            if fused {
+                kernels::gemv_silu(
+                    g,
+                    &GemvSiluParams {
+                        x: a.xn.ptr(),
+                        w: w.gate_up.ptr(),
+                        out: a.act.ptr(),
+                        m: t as i32,
+                        inter: inter as i32,
+                        k: d as i32,
+                        split: kernels::gemv_split(g, d),
+                    },
+                )?;
+            } else if on(skip::LINEAR) {
+                linear(
+                    g,
+                    a.xn.ptr(),
+                    w.gate_up.ptr(),
+                    a.gate_up.ptr(),
+                    t,
+                    2 * inter,
+                    d,
+                    true,
+                )?;
+            }
+            if !fused && on(skip::SILU) {
+                kernels::silu_mul(
+                    g,
+                    &SiluMulParams {
+                        gate_up: a.gate_up.ptr(),
+                        out: a.act.ptr(),
+                        num_tokens: t as i32,
+                        inter: inter as i32,
+                    },
+                )?;
+            }
+            if on(skip::LINEAR) {
+                linear(
+                    g,
+                    a.act.ptr(),
+                    w.down.ptr(),
+                    a.delta.ptr(),
+                    t,
+                    d,
+                    inter,
+                    false,
+                )?;
+            }
+        }
+        if step.ns == 0 {
+            return Ok(());
+        }
+        let final_norm = AddRmsNormParams {
+            residual: a.residual.ptr(),
+            delta: a.delta.ptr(),
+            weight: self.weights.norm.ptr(),
+            rows: m(lay.sample_rows),
+            out: a.head_in.ptr(),
+            num_rows: step.ns as i32,
+            d: d as i32,
+            eps,
+        };
+        kernels::add_rmsnorm(g, &final_norm)?;
+        linear(
+            g,
+            a.head_in.ptr(),
+            self.weights.lm_head_ptr(),
+            a.logits.ptr(),
+            step.ns,
+            c.vocab_size,
+            d,
+            true,
+        )?;
+        kernels::sample(
+            g,
+            &SampleParams {
+                logits: a.logits.ptr(),
+                args: a.args.ptr(),
+                tokens: a.out_tokens.ptr(),
+                logprobs: a.out_logprobs.ptr(),
+                num_rows: step.ns as i32,
+                vocab: c.vocab_size as i32,
+            },
+        )
+    }
+}

@@ -1,0 +1,53 @@
+//! `CudaBackendOptions`: how the CUDA backend is sized and which paths it takes. Apart from
+//! `backend` so that `forward`, which `backend` drives, can read them without a cycle.
+
+#[derive(Debug, Clone)]
+pub struct CudaBackendOptions {
+    pub device_ordinal: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Fraction of the GPU's memory for weights, activations and the KV pool.
+    pub gpu_memory_utilization: f64,
+    /// Caps the KV pool below what `gpu_memory_utilization` allows (tests, co-located runs).
+    pub max_kv_cache_bytes: Option<usize>,
+    /// Activations are sized for this many tokens per step (the scheduler's token budget).
+    pub max_num_batched_tokens: usize,
+    /// Most sequences per step (the scheduler's `max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// Longest sequence: the width of the block tables. 0: the model's max_position_embeddings.
+    pub max_model_len: usize,
+    /// Replay pure-decode steps from CUDA graphs.
+    pub cuda_graphs: bool,
+    /// Linear layers of at most this many rows run on brook's `gemv` kernel instead of cuBLAS
+    /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
+    pub gemv_max_rows: usize,
+    /// Warps per output row of every gemv (1, 2, 4 or 8); 0 (default): chosen per shape by
+    /// `kernels::gemv_split`. For benchmarks.
+    pub gemv_split: usize,
+    /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
+    /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
+    /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
+    pub fuse_decode: bool,
+    /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
+    /// the kernel before them drains, streaming their weights early.
+    pub pdl: bool,
+    /// Prefill sequences whose context (cached prefix + chunk) has at most this many tokens run
+    /// attention as cuBLAS GEMMs with a causal softmax kernel; longer ones on the flash kernel
+    /// (0: flash only). Its scratch is sized at start; a step's GEMM sequences that do not fit
+    /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
+    pub prefill_gemm_max_len: usize,
+    pub progress: bool,
+    /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
+    /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
+    pub skip: u32,
+}
+
+/// Bits of `CudaBackendOptions::skip`.
+pub mod skip {
+    pub const NORMS: u32 = 1;
+    pub const ROPE: u32 = 2;
+    pub const ATTENTION: u32 = 4;
+    pub const SILU: u32 = 8;
+    /// The layers' linear projections (not the LM head).
+    pub const LINEAR: u32 = 16;
+}

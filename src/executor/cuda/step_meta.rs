@@ -1,0 +1,282 @@
+//! One CUDA step's integer metadata: everything the kernels read besides the weights, the KV
+//! cache and the block tables, packed on the host into one buffer (reused across steps) and
+//! uploaded with one copy.
+//!
+//! Per-sequence tables (`context_lens`, `q_start`, `q_len`) are indexed by the sequence's row in
+//! the persistent batch (`SeqInput::row`), the same index as its row of the persistent device
+//! block tables, so a kernel's "sequence" is a row and nothing needs re-packing when rows are not
+//! all in the step. The block tables themselves stay on the device; a step carries only their
+//! changed entries, scattered by `block_table_update` before the forward.
+//!
+//! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph: their
+//! layout depends only on the bucket (`w = bucket + 1` rows, the last a padding row of context
+//! 1), so a graph's pointers stay valid and a replay needs only the metadata copy before it.
+
+use anyhow::ensure;
+
+use super::kernels::{decode_splits, SampleArgs, PREFILL_TILE};
+use super::prefill_gemm::{GemmPlanner, GemmSeq};
+use crate::step::BatchInput;
+
+/// Batch sizes decode graphs are captured for; a step is padded up to the next one.
+pub(super) const GRAPH_BUCKETS: &[usize] = &[
+    1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
+];
+
+/// Offsets (in u32 words) of the metadata sections; a function of the step's counts only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Layout {
+    pub tokens: usize,
+    pub positions: usize,
+    pub slots: usize,
+    pub ctx: usize,
+    pub q_start: usize,
+    pub q_len: usize,
+    pub dec_row: usize,
+    pub dec_seq: usize,
+    pub tile_seq: usize,
+    pub tile_q0: usize,
+    pub gemm_seq: usize,
+    pub gemm_key0: usize,
+    pub gemm_s0: usize,
+    pub sample_rows: usize,
+    pub table_index: usize,
+    pub table_value: usize,
+    pub total: usize,
+}
+
+impl Layout {
+    /// Sections for `t` tokens, `w` rows, `nd` decode items, `nt` flash tiles, `ng` GEMM-path
+    /// sequences, `ns` sampled rows, then `nu` block-table updates: last, because a captured
+    /// graph never reads them and their count must not move what it reads.
+    pub fn new(t: usize, w: usize, nd: usize, nt: usize, ng: usize, ns: usize, nu: usize) -> Self {
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let o = at;
+            at += n;
+            o
+        };
+        let mut l = Layout {
+            tokens: take(t),
+            positions: take(t),
+            slots: take(t),
+            ctx: take(w),
+            q_start: take(w),
+            q_len: take(w),
+            dec_row: take(nd),
+            dec_seq: take(nd),
+            tile_seq: take(nt),
+            tile_q0: take(nt),
+            gemm_seq: take(ng),
+            gemm_key0: take(ng),
+            gemm_s0: take(ng),
+            sample_rows: take(ns),
+            table_index: take(nu),
+            table_value: take(nu),
+            total: 0,
+        };
+        l.total = at;
+        l
+    }
+}
+
+/// What packing needs to know of the backend.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    /// Blocks per device block-table row (its stride).
+    pub max_blocks: usize,
+    pub num_sms: u32,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub gemm_max_len: usize,
+    pub gemm_keys: usize,
+    pub gemm_scores: usize,
+}
+
+/// One step's shape; its metadata is in `HostMeta`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Step {
+    pub t: usize,
+    pub nd: usize,
+    pub nt: usize,
+    pub ns: usize,
+    pub nu: usize,
+    pub splits: usize,
+    pub layout: Layout,
+}
+
+/// Host buffers reused across steps (no allocation once they reached a step's size).
+#[derive(Debug, Default)]
+pub(super) struct HostMeta {
+    pub meta: Vec<u32>,
+    pub args: Vec<SampleArgs>,
+    /// Prefill sequences on the GEMM path, with their scratch offsets.
+    pub gemm: Vec<GemmSeq>,
+}
+
+/// The bucket a pure-decode step is padded to for its CUDA graph, or None (graphs off, a step
+/// with prefill, or none fits). The bucket covers the sequences and the rows they read.
+pub(super) fn graph_bucket(batch: &BatchInput, graphs: bool, max_seqs: usize) -> Option<usize> {
+    let pure_decode = batch
+        .seqs
+        .iter()
+        .all(|q| q.query_len == 1 && q.sample.is_some());
+    if !graphs || !pure_decode || batch.seqs.is_empty() {
+        return None;
+    }
+    let rows = batch.seqs.iter().map(|q| q.row + 1).max().unwrap_or(0);
+    let need = batch.seqs.len().max(rows);
+    GRAPH_BUCKETS
+        .iter()
+        .copied()
+        .find(|&b| b >= need && b <= max_seqs)
+}
+
+/// Packs `batch` (and the block-table `updates`, (index, block id) pairs) into `host`. With
+/// `pad_to` (a graph bucket) the step is padded with dummy decodes (row `pad_to`, context 1, no
+/// K/V write, greedy) so that its layout is the bucket's.
+pub(super) fn pack(
+    lim: &Limits,
+    batch: &BatchInput,
+    pad_to: Option<usize>,
+    updates: &[(u32, u32)],
+    host: &mut HostMeta,
+) -> anyhow::Result<Step> {
+    let real_s = batch.seqs.len();
+    let s = pad_to.unwrap_or(real_s);
+    let t = batch.num_tokens() + (s - real_s);
+    ensure!(
+        t <= lim.max_tokens,
+        "step has {t} tokens; the CUDA backend was sized for {}",
+        lim.max_tokens
+    );
+    ensure!(
+        s <= lim.max_seqs,
+        "step has {s} sequences; the CUDA backend was sized for {}",
+        lim.max_seqs
+    );
+    let rows = batch.seqs.iter().map(|q| q.row + 1).max().unwrap_or(0);
+    ensure!(
+        rows <= lim.max_seqs,
+        "step reads block-table row {}; the CUDA backend has {} rows",
+        rows - 1,
+        lim.max_seqs
+    );
+    let w = pad_to.map_or(rows, |b| b + 1);
+    ensure!(w >= rows, "bucket {w} does not cover row {rows}");
+    // Prefill sequences go to the GEMM path while they are short enough and its scratch lasts;
+    // the flash kernel's tiles cover the rest.
+    let mut planner = GemmPlanner::new(
+        lim.gemm_max_len,
+        lim.num_heads,
+        lim.gemm_keys,
+        lim.gemm_scores,
+    );
+    host.gemm.clear();
+    let (mut nd, mut nt, mut row0, mut max_context) = (s - real_s, 0, 0, 1);
+    for q in &batch.seqs {
+        ensure!(
+            batch.block_table(q).len() <= lim.max_blocks,
+            "{}: {} blocks; max_model_len allows {}",
+            q.request_id,
+            batch.block_table(q).len(),
+            lim.max_blocks
+        );
+        if q.query_len == 1 {
+            nd += 1;
+        } else {
+            match planner.place(q.row, row0, q.query_len, q.context_len) {
+                Some(g) => host.gemm.push(g),
+                None => nt += q.query_len.div_ceil(PREFILL_TILE),
+            }
+        }
+        row0 += q.query_len;
+        max_context = max_context.max(q.context_len);
+    }
+    let ns = batch.num_sampled() + (s - real_s);
+    let layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, updates.len());
+    let meta = &mut host.meta;
+    meta.clear();
+    meta.resize(layout.total, 0);
+    host.args.clear();
+    let n = batch.num_tokens();
+    meta[layout.tokens..layout.tokens + n].copy_from_slice(&batch.token_ids);
+    meta[layout.positions..layout.positions + n].copy_from_slice(&batch.positions);
+    meta[layout.slots..layout.slots + n].copy_from_slice(&batch.slot_mapping);
+    let (mut dec, mut tile, mut samp, mut start, mut next_gemm) = (0, 0, 0, 0, 0);
+    for q in &batch.seqs {
+        let r = q.row;
+        meta[layout.ctx + r] = q.context_len as u32;
+        meta[layout.q_start + r] = start as u32;
+        meta[layout.q_len + r] = q.query_len as u32;
+        if q.query_len == 1 {
+            meta[layout.dec_row + dec] = start as u32;
+            meta[layout.dec_seq + dec] = r as u32;
+            dec += 1;
+        } else if host.gemm.get(next_gemm).is_some_and(|g| g.seq == r) {
+            next_gemm += 1;
+        } else {
+            for q0 in (0..q.query_len).step_by(PREFILL_TILE) {
+                meta[layout.tile_seq + tile] = r as u32;
+                meta[layout.tile_q0 + tile] = q0 as u32;
+                tile += 1;
+            }
+        }
+        if let Some(smp) = &q.sample {
+            meta[layout.sample_rows + samp] = (start + q.query_len - 1) as u32;
+            samp += 1;
+            let p = &smp.params;
+            host.args.push(SampleArgs {
+                seed: smp.seed,
+                output_index: smp.output_index as u64,
+                temperature: p.temperature,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                top_k: p.top_k.min(i32::MAX as usize) as i32,
+            });
+        }
+        start += q.query_len;
+    }
+    for (k, g) in host.gemm.iter().enumerate() {
+        meta[layout.gemm_seq + k] = g.seq as u32;
+        meta[layout.gemm_key0 + k] = g.key0 as u32;
+        meta[layout.gemm_s0 + k] = g.s0 as u32;
+    }
+    // Padding: one dummy token per dummy sequence, at position 0, never written (slot
+    // u32::MAX), reading block 0 of the padding row (every table entry is a valid block).
+    if let Some(pad_row) = pad_to.filter(|_| s > real_s) {
+        meta[layout.ctx + pad_row] = 1;
+        meta[layout.q_start + pad_row] = start as u32;
+        meta[layout.q_len + pad_row] = 1;
+        for row in start..start + (s - real_s) {
+            meta[layout.slots + row] = u32::MAX;
+            meta[layout.dec_row + dec] = row as u32;
+            meta[layout.dec_seq + dec] = pad_row as u32;
+            dec += 1;
+            meta[layout.sample_rows + samp] = row as u32;
+            samp += 1;
+            host.args.push(SampleArgs::default());
+        }
+    }
+    for (k, &(index, value)) in updates.iter().enumerate() {
+        meta[layout.table_index + k] = index;
+        meta[layout.table_value + k] = value;
+    }
+    // The kernel derives each split's length from the context at run time, so a graph captured
+    // for a split count serves every context; graphs are keyed by it.
+    let splits = decode_splits(lim.num_sms, nd, lim.num_kv_heads, max_context);
+    Ok(Step {
+        t,
+        nd,
+        nt,
+        ns,
+        nu: updates.len(),
+        splits,
+        layout,
+    })
+}
+
+#[cfg(test)]
+mod tests;

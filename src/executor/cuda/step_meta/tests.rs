@@ -1,0 +1,332 @@
+//! The packed metadata read back the way the kernels read it (rows, per-row tables, the device
+//! block tables after the step's updates), for steps built by the persistent input batch: rows
+//! not all in the step, rows moved by a drop, GEMM and flash prefill, graph padding. CPU only.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::executor::cuda::prefill_gemm::scratch_capacity;
+use crate::executor::input_batch::InputBatch;
+use crate::request::RequestId;
+use crate::sampling::params::SamplingParams;
+use crate::step::{NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
+
+const BS: usize = 16;
+const NUM_BLOCKS: usize = 64;
+
+fn limits() -> Limits {
+    let (gemm_keys, gemm_scores) = scratch_capacity(64, 256, 8, 4);
+    Limits {
+        max_tokens: 256,
+        max_seqs: 8,
+        max_blocks: 12,
+        num_sms: 132,
+        num_heads: 4,
+        num_kv_heads: 2,
+        gemm_max_len: 64,
+        gemm_keys,
+        gemm_scores,
+    }
+}
+
+fn new_req(id: u64, prompt: usize, n: usize, blocks: Vec<u32>) -> ScheduledRequest {
+    ScheduledRequest {
+        id: RequestId(id),
+        num_computed_tokens: 0,
+        num_tokens: n,
+        sample: n == prompt,
+        new_block_ids: blocks,
+        new: Some(NewRequestData {
+            token_ids: (0..prompt as u32).map(|t| t + 100 * id as u32).collect(),
+            num_prompt_tokens: prompt,
+            params: Arc::new(SamplingParams::greedy(4)),
+            seed: id,
+        }),
+    }
+}
+
+fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {
+    ScheduledRequest {
+        id: RequestId(id),
+        num_computed_tokens: computed,
+        num_tokens: n,
+        sample,
+        new_block_ids: blocks,
+        new: None,
+    }
+}
+
+/// The emulated device: block tables (max_seqs + 1 rows, zeroed at start) and what a step's
+/// kernels would read.
+struct Device {
+    table: Vec<u32>,
+}
+
+impl Device {
+    fn new(lim: &Limits) -> Self {
+        Device {
+            table: vec![0; (lim.max_seqs + 1) * lim.max_blocks],
+        }
+    }
+
+    /// `block_table_update`, from the packed metadata.
+    fn apply_updates(&mut self, step: &Step, meta: &[u32]) {
+        let l = &step.layout;
+        for k in 0..step.nu {
+            self.table[meta[l.table_index + k] as usize] = meta[l.table_value + k];
+        }
+    }
+
+    /// What the kernels of one step read, checked against the batch.
+    fn check_reads(&self, lim: &Limits, step: &Step, host: &HostMeta, b: &BatchInput) {
+        let (l, m) = (&step.layout, &host.meta);
+        let n = b.num_tokens();
+        assert_eq!(&m[l.tokens..l.tokens + n], &b.token_ids[..]);
+        assert_eq!(&m[l.positions..l.positions + n], &b.positions[..]);
+        assert_eq!(&m[l.slots..l.slots + n], &b.slot_mapping[..]);
+        let table = |row: usize, ctx: usize| -> Vec<u32> {
+            self.table[row * lim.max_blocks..][..ctx.div_ceil(BS)].to_vec()
+        };
+        // Every sequence is read through its row: its context, first query row, length and
+        // block table, by whichever kernel serves it.
+        let mut start = 0;
+        let mut seen = 0;
+        for q in &b.seqs {
+            let r = q.row;
+            assert_eq!(m[l.ctx + r] as usize, q.context_len, "{}", q.request_id);
+            assert_eq!(m[l.q_start + r] as usize, start);
+            assert_eq!(m[l.q_len + r] as usize, q.query_len);
+            assert_eq!(
+                table(r, q.context_len),
+                b.block_table(q)[..q.context_len.div_ceil(BS)]
+            );
+            let served = if q.query_len == 1 {
+                (0..step.nd)
+                    .any(|k| m[l.dec_seq + k] as usize == r && m[l.dec_row + k] as usize == start)
+            } else {
+                let tiles = (0..step.nt)
+                    .filter(|&k| m[l.tile_seq + k] as usize == r)
+                    .count();
+                let gemm = host
+                    .gemm
+                    .iter()
+                    .filter(|g| g.seq == r && g.q_start == start)
+                    .count();
+                let gemm_meta = (0..host.gemm.len())
+                    .filter(|&k| m[l.gemm_seq + k] as usize == r)
+                    .count();
+                assert_eq!(gemm, gemm_meta);
+                (tiles == q.query_len.div_ceil(PREFILL_TILE) && gemm == 0)
+                    || (tiles == 0 && gemm == 1)
+            };
+            assert!(served, "{} is served exactly once", q.request_id);
+            start += q.query_len;
+            seen += 1;
+        }
+        assert_eq!(seen, b.seqs.len());
+        // Sampled rows: each sampling sequence's last token, in order, then the padding.
+        let want: Vec<u32> = b
+            .seqs
+            .iter()
+            .scan(0, |end, q| {
+                *end += q.query_len;
+                Some((q.sample.is_some(), *end as u32 - 1))
+            })
+            .filter_map(|(s, row)| s.then_some(row))
+            .collect();
+        assert_eq!(&m[l.sample_rows..l.sample_rows + want.len()], &want[..]);
+        assert_eq!(host.args.len(), step.ns);
+    }
+}
+
+/// Applies `out` to the input batch and packs it the way the backend does; checks the reads.
+fn run(
+    ib: &mut InputBatch,
+    dev: &mut Device,
+    out: &SchedulerOutput,
+    graphs: bool,
+) -> (Step, Option<usize>) {
+    let lim = limits();
+    ib.update(out).unwrap();
+    let mut updates = Vec::new();
+    ib.drain_table_changes(|r, c, id| updates.push(((r * lim.max_blocks + c) as u32, id)));
+    let b = ib.batch();
+    let bucket = graph_bucket(b, graphs, lim.max_seqs);
+    let mut host = HostMeta::default();
+    let step = pack(&lim, b, bucket, &updates, &mut host).unwrap();
+    dev.apply_updates(&step, &host.meta);
+    dev.check_reads(&lim, &step, &host, b);
+    if let Some(bk) = bucket {
+        let l = &step.layout;
+        // The layout is the bucket's, whatever the real batch and the updates.
+        assert_eq!(*l, Layout::new(bk, bk + 1, bk, 0, 0, bk, step.nu));
+        for k in b.seqs.len()..bk {
+            assert_eq!(host.meta[l.dec_seq + k] as usize, bk);
+            let tok = host.meta[l.dec_row + k] as usize;
+            assert_eq!(host.meta[l.slots + tok], u32::MAX);
+        }
+        assert_eq!((host.meta[l.ctx + bk], host.meta[l.q_len + bk]), (1, 1));
+        assert!((dev.table[bk * lim.max_blocks] as usize) < NUM_BLOCKS);
+    }
+    let sampled = b
+        .seqs
+        .iter()
+        .filter(|q| q.sample.is_some())
+        .map(|q| SampledToken {
+            request_id: q.request_id,
+            token: 7,
+            logprob: 0.0,
+        })
+        .collect();
+    ib.record(&StepOutput {
+        sampled,
+        elapsed: std::time::Duration::ZERO,
+    })
+    .unwrap();
+    (step, bucket)
+}
+
+fn step(scheduled: Vec<ScheduledRequest>, finished: &[u64]) -> SchedulerOutput {
+    SchedulerOutput {
+        scheduled,
+        finished_req_ids: finished.iter().map(|&i| RequestId(i)).collect(),
+        ..SchedulerOutput::default()
+    }
+}
+
+#[test]
+fn kernels_read_every_sequence_through_its_row_across_steps() {
+    let lim = limits();
+    let mut ib = InputBatch::new(BS, NUM_BLOCKS, lim.max_blocks).track_table_changes();
+    let mut dev = Device::new(&lim);
+    // A 40-token chunk (GEMM path), a whole 5-token prompt, a 1-token prompt (a decode item),
+    // a 100-token prompt (flash tiles).
+    let (s, _) = run(
+        &mut ib,
+        &mut dev,
+        &step(
+            vec![
+                new_req(1, 70, 40, vec![3, 9, 4]),
+                new_req(2, 5, 5, vec![11]),
+                new_req(3, 1, 1, vec![20]),
+                new_req(4, 100, 100, vec![30, 31, 32, 33, 34, 35, 36]),
+            ],
+            &[],
+        ),
+        true,
+    );
+    assert_eq!((s.nd, s.nt), (1, 2));
+    // Request 2 finished: request 4 moves into its row; 1 finishes its prompt; 3 decodes.
+    let (s, _) = run(
+        &mut ib,
+        &mut dev,
+        &step(
+            vec![
+                cached(3, 1, 1, true, vec![]),
+                cached(1, 40, 30, true, vec![5, 6]),
+                cached(4, 100, 1, true, vec![]),
+            ],
+            &[2],
+        ),
+        true,
+    );
+    assert_eq!(s.nd, 2);
+    // Pure decode, rows 0..3 all in: a graph step padded to bucket 4.
+    let (_, bucket) = run(
+        &mut ib,
+        &mut dev,
+        &step(
+            vec![
+                cached(1, 70, 1, true, vec![]),
+                cached(3, 2, 1, true, vec![]),
+                cached(4, 101, 1, true, vec![]),
+            ],
+            &[],
+        ),
+        true,
+    );
+    assert_eq!(bucket, Some(4));
+    // Only request 3, in row 2: the bucket covers the rows read, not just the sequences.
+    let (_, bucket) = run(
+        &mut ib,
+        &mut dev,
+        &step(vec![cached(3, 3, 1, true, vec![])], &[]),
+        true,
+    );
+    assert_eq!(bucket, Some(4));
+    // Request 1 finished (request 3 moves into row 0). Without graphs the per-row tables are
+    // as wide as the rows read: request 4 is in row 1.
+    let (s, bucket) = run(
+        &mut ib,
+        &mut dev,
+        &step(vec![cached(4, 102, 1, true, vec![])], &[1]),
+        false,
+    );
+    assert_eq!((bucket, s.layout.q_start - s.layout.ctx), (None, 2));
+}
+
+#[test]
+fn graph_buckets_cover_sequences_and_rows() {
+    let mut b = BatchInput::default();
+    let greedy = || {
+        Some(crate::step::SampleInput {
+            params: Arc::new(SamplingParams::greedy(1)),
+            seed: 0,
+            output_index: 0,
+        })
+    };
+    b.push_seq(RequestId(1), &[1], 3, &[0], BS, greedy());
+    assert_eq!(graph_bucket(&b, true, 8), Some(1));
+    b.seqs[0].row = 5;
+    assert_eq!(graph_bucket(&b, true, 8), Some(8));
+    assert_eq!(graph_bucket(&b, true, 4), None);
+    assert_eq!(graph_bucket(&b, false, 8), None);
+    b.seqs[0].row = 0;
+    b.push_seq(RequestId(2), &[1, 2], 0, &[1], BS, greedy());
+    assert_eq!(
+        graph_bucket(&b, true, 8),
+        None,
+        "a prefill runs without a graph"
+    );
+}
+
+#[test]
+fn layout_sections_are_disjoint_and_depend_on_counts_only() {
+    let l = Layout::new(10, 3, 2, 1, 2, 3, 4);
+    assert_eq!(l.tokens, 0);
+    assert_eq!(l.positions, 10);
+    assert_eq!(l.ctx, 30);
+    assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
+    assert_eq!(l.sample_rows, 30 + 9 + 4 + 2 + 6);
+    assert_eq!(l.table_index, l.sample_rows + 3);
+    assert_eq!(l.total, l.table_index + 8);
+    assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 4), l);
+    // Updates come last: a decode graph's sections do not move with their count.
+    let (a, b) = (
+        Layout::new(4, 5, 4, 0, 0, 4, 0),
+        Layout::new(4, 5, 4, 0, 0, 4, 9),
+    );
+    assert_eq!(
+        (a.sample_rows, a.table_index),
+        (b.sample_rows, b.table_index)
+    );
+}
+
+#[test]
+fn oversized_steps_are_refused() {
+    let lim = limits();
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    b.push_seq(RequestId(1), &[1], 0, &[0], BS, None);
+    b.seqs[0].row = 8;
+    let e = pack(&lim, &b, None, &[], &mut host)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 8"), "{e}");
+    let mut b = BatchInput::default();
+    b.push_seq(RequestId(1), &[1], 0, &[0; 13], BS, None);
+    let e = pack(&lim, &b, None, &[], &mut host)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("13 blocks"), "{e}");
+}

@@ -1,0 +1,312 @@
+//! The executor's persistent input batch (vLLM v1's `InputBatch`): one row per request the
+//! executor holds, with its tokens so far, sampling state and block table. Each step applies the
+//! scheduler's diffs (`SchedulerOutput`: drops, new requests, tokens scheduled, appended blocks)
+//! and builds the flat `BatchInput` the forward runs, reusing its buffers; after the forward the
+//! tokens the executor sampled are appended to their rows (`record`), so the scheduler never
+//! sends them back.
+//!
+//! Rows stay dense (0..len): a dropped row takes the last one's place. Block tables are only
+//! rewritten for new rows and moved rows and otherwise appended to; `drain_table_changes` hands
+//! the changed entries to a backend that mirrors the tables on a device.
+//!
+//! Every diff is checked against what the executor holds; a mismatch is an error naming the
+//! request (a scheduler bug), never silently wrong K/V.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, ensure};
+
+use crate::request::RequestId;
+use crate::sampling::params::SamplingParams;
+use crate::step::{BatchInput, BlockTables, SampleInput, SchedulerOutput, SeqInput, StepOutput};
+
+/// `changed_from` of a row whose table is in sync.
+const CLEAN: usize = usize::MAX;
+
+#[derive(Debug)]
+struct Row {
+    id: RequestId,
+    /// Prompt, then the output so far (what the scheduler knows, plus at most the tokens
+    /// sampled in the last step, which it may not have kept).
+    tokens: Vec<u32>,
+    num_prompt: usize,
+    params: Arc<SamplingParams>,
+    seed: u64,
+}
+
+#[derive(Debug)]
+pub struct InputBatch {
+    block_size: usize,
+    num_kv_blocks: usize,
+    max_blocks_per_seq: usize,
+    rows: Vec<Row>,
+    index: HashMap<RequestId, usize>,
+    /// The flat batch of the last step; its `block_tables` are the persistent tables.
+    batch: BatchInput,
+    /// Per row, the last step (`steps`) that scheduled it: a request twice in a step is an error.
+    scheduled_in: Vec<u64>,
+    steps: u64,
+    /// Whether changes are recorded for `drain_table_changes` (a backend mirroring the tables).
+    track_changes: bool,
+    /// Per row: the first block-table column changed since the last drain (`CLEAN`: none).
+    changed_from: Vec<usize>,
+    changed_rows: Vec<usize>,
+}
+
+impl InputBatch {
+    /// Rows hold up to `max_blocks_per_seq` blocks (the longest sequence) of ids below
+    /// `num_kv_blocks`.
+    pub fn new(block_size: usize, num_kv_blocks: usize, max_blocks_per_seq: usize) -> Self {
+        InputBatch {
+            block_size,
+            num_kv_blocks,
+            max_blocks_per_seq,
+            rows: Vec::new(),
+            index: HashMap::new(),
+            batch: BatchInput {
+                block_tables: BlockTables::with_width(max_blocks_per_seq),
+                ..BatchInput::default()
+            },
+            scheduled_in: Vec::new(),
+            steps: 0,
+            track_changes: false,
+            changed_from: Vec::new(),
+            changed_rows: Vec::new(),
+        }
+    }
+
+    /// Records block-table changes for `drain_table_changes`, which the owner must then call
+    /// every step (a backend that mirrors the tables on a device).
+    pub fn track_table_changes(mut self) -> Self {
+        self.track_changes = true;
+        self
+    }
+
+    /// Requests held (rows in use).
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.index.contains_key(&id)
+    }
+
+    /// The tokens held for `id`.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        self.index.get(&id).map(|&r| self.rows[r].tokens.as_slice())
+    }
+
+    /// The flat batch built by the last `update`.
+    pub fn batch(&self) -> &BatchInput {
+        &self.batch
+    }
+
+    /// Applies `step` (drops first, then each scheduled request's state or diff) and builds the
+    /// flat batch, in the step's order. The batch satisfies `BatchInput::validate` by
+    /// construction (every diff is checked here). On an error it is unusable for this step.
+    pub fn update(&mut self, step: &SchedulerOutput) -> anyhow::Result<&BatchInput> {
+        self.steps += 1;
+        for &id in step.finished_req_ids.iter().chain(&step.preempted) {
+            self.remove(id);
+        }
+        let b = &mut self.batch;
+        b.token_ids.clear();
+        b.positions.clear();
+        b.slot_mapping.clear();
+        b.seqs.clear();
+        for s in &step.scheduled {
+            let row = match &s.new {
+                Some(new) => {
+                    ensure!(
+                        !self.index.contains_key(&s.id),
+                        "{}: sent as new, but the executor holds it",
+                        s.id
+                    );
+                    ensure!(
+                        new.num_prompt_tokens <= new.token_ids.len(),
+                        "{}: {} prompt tokens of {}",
+                        s.id,
+                        new.num_prompt_tokens,
+                        new.token_ids.len()
+                    );
+                    let r = self.rows.len();
+                    self.rows.push(Row {
+                        id: s.id,
+                        tokens: new.token_ids.clone(),
+                        num_prompt: new.num_prompt_tokens,
+                        params: new.params.clone(),
+                        seed: new.seed,
+                    });
+                    self.index.insert(s.id, r);
+                    self.batch.block_tables.set_row(r, &[]);
+                    r
+                }
+                None => match self.index.get(&s.id) {
+                    Some(&r) => r,
+                    None => bail!(
+                        "{}: scheduled, but the executor holds no state for it",
+                        s.id
+                    ),
+                },
+            };
+            self.append_blocks(row, s.id, &s.new_block_ids)?;
+            self.push_seq(row, s.num_computed_tokens, s.num_tokens, s.sample)?;
+        }
+        Ok(&self.batch)
+    }
+
+    /// Appends the step's sampled tokens to their rows.
+    pub fn record(&mut self, out: &StepOutput) -> anyhow::Result<()> {
+        for s in &out.sampled {
+            let Some(&r) = self.index.get(&s.request_id) else {
+                bail!(
+                    "{}: sampled, but the executor holds no state for it",
+                    s.request_id
+                );
+            };
+            self.rows[r].tokens.push(s.token);
+        }
+        Ok(())
+    }
+
+    /// Calls `f(row, column, block id)` for every block-table entry changed since the last
+    /// drain, then treats the tables as in sync.
+    pub fn drain_table_changes(&mut self, mut f: impl FnMut(usize, usize, u32)) {
+        for r in self.changed_rows.drain(..) {
+            if r < self.rows.len() {
+                let row = self.batch.block_tables.row(r);
+                for (c, &id) in row.iter().enumerate().skip(self.changed_from[r]) {
+                    f(r, c, id);
+                }
+            }
+            self.changed_from[r] = CLEAN;
+        }
+    }
+
+    /// Every held row's whole table counts as changed (its mirror was overwritten).
+    pub fn mark_all_changed(&mut self) {
+        for r in 0..self.rows.len() {
+            self.mark_changed(r, 0);
+        }
+    }
+
+    fn mark_changed(&mut self, r: usize, from: usize) {
+        if !self.track_changes {
+            return;
+        }
+        if self.changed_from.len() <= r {
+            self.changed_from.resize(r + 1, CLEAN);
+        }
+        if self.changed_from[r] == CLEAN {
+            self.changed_rows.push(r);
+        }
+        self.changed_from[r] = self.changed_from[r].min(from);
+    }
+
+    /// Drops `id`'s row (unknown ids are a no-op); the last row moves into its place.
+    fn remove(&mut self, id: RequestId) {
+        let Some(r) = self.index.remove(&id) else {
+            return;
+        };
+        let last = self.rows.len() - 1;
+        self.rows.swap_remove(r);
+        if r != last {
+            self.batch.block_tables.copy_row(last, r);
+            self.index.insert(self.rows[r].id, r);
+            self.mark_changed(r, 0);
+        }
+        self.batch.block_tables.truncate(last);
+        if let Some(c) = self.changed_from.get_mut(last) {
+            *c = CLEAN;
+        }
+    }
+
+    fn append_blocks(&mut self, r: usize, id: RequestId, blocks: &[u32]) -> anyhow::Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        if let Some(b) = blocks.iter().find(|&&b| b as usize >= self.num_kv_blocks) {
+            bail!(
+                "{id}: block {b} is outside the pool of {}",
+                self.num_kv_blocks
+            );
+        }
+        let have = self.batch.block_tables.row(r).len();
+        ensure!(
+            have + blocks.len() <= self.max_blocks_per_seq,
+            "{id}: {} blocks exceed the longest sequence ({} blocks)",
+            have + blocks.len(),
+            self.max_blocks_per_seq
+        );
+        self.batch.block_tables.append(r, blocks);
+        self.mark_changed(r, have);
+        Ok(())
+    }
+
+    /// Adds row `r`'s tokens `computed..computed + n` to the flat batch.
+    fn push_seq(
+        &mut self,
+        r: usize,
+        computed: usize,
+        n: usize,
+        sample: bool,
+    ) -> anyhow::Result<()> {
+        let bs = self.block_size;
+        let row = &mut self.rows[r];
+        let end = computed + n;
+        ensure!(n > 0, "{}: scheduled with no tokens", row.id);
+        if self.scheduled_in.len() <= r {
+            self.scheduled_in.resize(r + 1, 0);
+        }
+        ensure!(
+            self.scheduled_in[r] != self.steps,
+            "{}: scheduled twice in one step",
+            row.id
+        );
+        self.scheduled_in[r] = self.steps;
+        // Sampling ends the known tokens: any the executor appended beyond were not kept.
+        if sample && row.tokens.len() > end {
+            row.tokens.truncate(end);
+        }
+        ensure!(
+            row.tokens.len() >= end && (sample || row.tokens.len() > end),
+            "{}: tokens {computed}..{end} scheduled (sample: {sample}), the executor holds {}",
+            row.id,
+            row.tokens.len()
+        );
+        let b = &mut self.batch;
+        let table = b.block_tables.row(r);
+        ensure!(
+            table.len() * bs >= end,
+            "{}: {} blocks do not cover {end} tokens",
+            row.id,
+            table.len()
+        );
+        b.token_ids.extend_from_slice(&row.tokens[computed..end]);
+        for pos in computed..end {
+            b.positions.push(pos as u32);
+            b.slot_mapping
+                .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+        }
+        b.seqs.push(SeqInput {
+            request_id: row.id,
+            row: r,
+            query_len: n,
+            context_len: end,
+            sample: sample.then(|| SampleInput {
+                params: row.params.clone(),
+                seed: row.seed,
+                output_index: end - row.num_prompt,
+            }),
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,263 @@
+//! InputBatch against hand-written step sequences. The scheduler tests run it under randomized
+//! load (preemptions, aborts, prefix hits) through their fake executor, against a reference.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::step::{NewRequestData, SampledToken, ScheduledRequest};
+
+const BS: usize = 4;
+
+fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRequest {
+    let sample = n == tokens.len();
+    ScheduledRequest {
+        id: RequestId(id),
+        num_computed_tokens: 0,
+        num_tokens: n,
+        sample,
+        new_block_ids: blocks,
+        new: Some(NewRequestData {
+            num_prompt_tokens: tokens.len(),
+            token_ids: tokens,
+            params: Arc::new(SamplingParams::greedy(8)),
+            seed: 100 + id,
+        }),
+    }
+}
+
+fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {
+    ScheduledRequest {
+        id: RequestId(id),
+        num_computed_tokens: computed,
+        num_tokens: n,
+        sample,
+        new_block_ids: blocks,
+        new: None,
+    }
+}
+
+fn step(scheduled: Vec<ScheduledRequest>) -> SchedulerOutput {
+    SchedulerOutput {
+        scheduled,
+        ..SchedulerOutput::default()
+    }
+}
+
+fn sampled(pairs: &[(u64, u32)]) -> StepOutput {
+    StepOutput {
+        sampled: pairs
+            .iter()
+            .map(|&(id, token)| SampledToken {
+                request_id: RequestId(id),
+                token,
+                logprob: 0.0,
+            })
+            .collect(),
+        elapsed: std::time::Duration::ZERO,
+    }
+}
+
+/// The table entries a device mirror would hold after applying every drained change.
+fn apply_changes(ib: &mut InputBatch, mirror: &mut Vec<Vec<u32>>) {
+    ib.drain_table_changes(|r, c, id| {
+        if mirror.len() <= r {
+            mirror.resize(r + 1, Vec::new());
+        }
+        if mirror[r].len() <= c {
+            mirror[r].resize(c + 1, u32::MAX);
+        }
+        mirror[r][c] = id;
+    });
+}
+
+fn assert_mirror(ib: &InputBatch, mirror: &[Vec<u32>]) {
+    assert!(mirror.len() >= ib.len());
+    for (r, dev) in mirror.iter().enumerate().take(ib.len()) {
+        let host = ib.batch().block_tables.row(r);
+        assert_eq!(&dev[..host.len()], host, "row {r}");
+    }
+}
+
+#[test]
+fn new_request_then_decodes_carry_only_diffs() {
+    let mut ib = InputBatch::new(BS, 16, 8);
+    let b = ib
+        .update(&step(vec![new_req(
+            1,
+            vec![10, 11, 12, 13, 14],
+            vec![3, 7],
+            5,
+        )]))
+        .unwrap();
+    assert_eq!(b.token_ids, vec![10, 11, 12, 13, 14]);
+    assert_eq!(b.positions, vec![0, 1, 2, 3, 4]);
+    assert_eq!(b.slot_mapping, vec![12, 13, 14, 15, 28]);
+    let s = &b.seqs[0];
+    assert_eq!((s.row, s.query_len, s.context_len), (0, 5, 5));
+    let smp = s.sample.as_ref().unwrap();
+    assert_eq!((smp.seed, smp.output_index), (101, 0));
+    ib.record(&sampled(&[(1, 99)])).unwrap();
+
+    // The decode carries no tokens: the executor feeds back the one it sampled.
+    let b = ib
+        .update(&step(vec![cached(1, 5, 1, true, vec![])]))
+        .unwrap();
+    assert_eq!(
+        (b.token_ids.clone(), b.positions.clone()),
+        (vec![99], vec![5])
+    );
+    assert_eq!(b.slot_mapping, vec![29]);
+    assert_eq!(b.seqs[0].sample.as_ref().unwrap().output_index, 1);
+    ib.record(&sampled(&[(1, 98)])).unwrap();
+    ib.update(&step(vec![cached(1, 6, 1, true, vec![])]))
+        .unwrap();
+    ib.record(&sampled(&[(1, 97)])).unwrap();
+    // Position 8 needs a third block: the step appends it.
+    let b = ib
+        .update(&step(vec![cached(1, 7, 1, true, vec![5])]))
+        .unwrap();
+    assert_eq!(b.block_table(&b.seqs[0]), &[3, 7, 5]);
+    assert_eq!(b.slot_mapping, vec![31]);
+    assert_eq!(
+        ib.tokens(RequestId(1)).unwrap(),
+        &[10, 11, 12, 13, 14, 99, 98, 97]
+    );
+}
+
+#[test]
+fn chunked_prefill_samples_only_at_the_end() {
+    let mut ib = InputBatch::new(BS, 16, 8);
+    let prompt: Vec<u32> = (0..10).collect();
+    let b = ib
+        .update(&step(vec![new_req(1, prompt, vec![0, 1], 6)]))
+        .unwrap();
+    assert!(b.seqs[0].sample.is_none());
+    ib.record(&sampled(&[])).unwrap();
+    let b = ib
+        .update(&step(vec![cached(1, 6, 4, true, vec![2])]))
+        .unwrap();
+    assert_eq!(b.token_ids, vec![6, 7, 8, 9]);
+    assert_eq!(b.positions, vec![6, 7, 8, 9]);
+    assert_eq!(b.seqs[0].sample.as_ref().unwrap().output_index, 0);
+}
+
+#[test]
+fn a_dropped_row_is_filled_by_the_last_and_the_mirror_follows() {
+    let mut ib = InputBatch::new(BS, 32, 8).track_table_changes();
+    let mut mirror = Vec::new();
+    ib.update(&step(vec![
+        new_req(1, vec![1; 3], vec![1], 3),
+        new_req(2, vec![2; 5], vec![2, 3], 5),
+        new_req(3, vec![3; 6], vec![4, 5], 6),
+    ]))
+    .unwrap();
+    apply_changes(&mut ib, &mut mirror);
+    assert_mirror(&ib, &mirror);
+    ib.record(&sampled(&[(1, 11), (2, 12), (3, 13)])).unwrap();
+
+    // Request 1 finished: request 3 moves into row 0, whose whole table is resent.
+    let mut out = step(vec![
+        cached(2, 5, 1, true, vec![]),
+        cached(3, 6, 1, true, vec![]),
+    ]);
+    out.finished_req_ids = vec![RequestId(1)];
+    ib.update(&out).unwrap();
+    assert_eq!(ib.len(), 2);
+    let b = ib.batch();
+    assert_eq!((b.seqs[0].row, b.seqs[1].row), (1, 0));
+    assert_eq!(b.token_ids, vec![12, 13]);
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(changes, vec![(0, 0, 4), (0, 1, 5)]);
+    mirror[0] = vec![4, 5];
+    assert_mirror(&ib, &mirror);
+
+    // Only appended entries after that.
+    ib.record(&sampled(&[(2, 22), (3, 23)])).unwrap();
+    ib.update(&step(vec![
+        cached(2, 6, 1, true, vec![]),
+        cached(3, 7, 1, true, vec![6]),
+    ]))
+    .unwrap();
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(changes, vec![(0, 2, 6)]);
+    assert!(!ib.contains(RequestId(1)));
+}
+
+#[test]
+fn a_preempted_request_comes_back_whole_in_a_fresh_row() {
+    let mut ib = InputBatch::new(BS, 32, 8);
+    ib.update(&step(vec![new_req(1, vec![5; 4], vec![1], 4)]))
+        .unwrap();
+    ib.record(&sampled(&[(1, 40)])).unwrap();
+    let mut out = step(vec![]);
+    out.preempted = vec![RequestId(1)];
+    ib.update(&out).unwrap();
+    assert!(ib.is_empty());
+    // Resumed: prompt and output so far, a prefix hit of one block, new blocks.
+    let mut resumed = new_req(1, vec![5, 5, 5, 5, 40], vec![1, 9], 1);
+    resumed.num_computed_tokens = 4;
+    resumed.sample = true;
+    resumed.new.as_mut().unwrap().num_prompt_tokens = 4;
+    let b = ib.update(&step(vec![resumed])).unwrap();
+    assert_eq!(
+        (b.token_ids.clone(), b.positions.clone()),
+        (vec![40], vec![4])
+    );
+    assert_eq!(b.slot_mapping, vec![36]);
+    assert_eq!(b.seqs[0].sample.as_ref().unwrap().output_index, 1);
+}
+
+#[test]
+fn a_token_the_scheduler_did_not_keep_is_dropped() {
+    let mut ib = InputBatch::new(BS, 16, 8);
+    ib.update(&step(vec![new_req(1, vec![1, 2, 3], vec![0], 3)]))
+        .unwrap();
+    ib.record(&sampled(&[(1, 50)])).unwrap();
+    // The scheduler lost that token: it recomputes position 2 and samples again.
+    let b = ib
+        .update(&step(vec![cached(1, 2, 1, true, vec![])]))
+        .unwrap();
+    assert_eq!(b.token_ids, vec![3]);
+    assert_eq!(ib.tokens(RequestId(1)).unwrap(), &[1, 2, 3]);
+}
+
+#[test]
+fn inconsistent_diffs_are_errors_naming_the_request() {
+    let err = |ib: &mut InputBatch, s: SchedulerOutput| ib.update(&s).unwrap_err().to_string();
+    let mut ib = InputBatch::new(BS, 16, 4);
+    assert!(err(&mut ib, step(vec![cached(7, 0, 1, true, vec![0])])).contains("req-7"));
+    ib.update(&step(vec![new_req(1, vec![1, 2, 3], vec![0], 3)]))
+        .unwrap();
+    let e = err(&mut ib, step(vec![new_req(1, vec![1], vec![1], 1)]));
+    assert!(e.contains("holds it"), "{e}");
+    // Tokens the executor does not have (its sampled token was never recorded).
+    let e = err(&mut ib, step(vec![cached(1, 3, 1, true, vec![])]));
+    assert!(e.contains("executor holds 3"), "{e}");
+    let e = err(&mut ib, step(vec![cached(1, 0, 3, false, vec![])]));
+    assert!(e.contains("sample: false"), "{e}");
+    let e = err(&mut ib, step(vec![cached(1, 0, 0, true, vec![])]));
+    assert!(e.contains("no tokens"), "{e}");
+    let e = err(&mut ib, step(vec![new_req(2, vec![1], vec![16], 1)]));
+    assert!(e.contains("outside the pool"), "{e}");
+    let e = err(&mut ib, step(vec![new_req(3, vec![1; 9], vec![1], 9)]));
+    assert!(e.contains("do not cover"), "{e}");
+    let e = err(
+        &mut ib,
+        step(vec![new_req(4, vec![1], vec![1, 2, 3, 4, 5], 1)]),
+    );
+    assert!(e.contains("exceed"), "{e}");
+    assert!(ib.record(&sampled(&[(9, 1)])).is_err());
+    let mut ib = InputBatch::new(BS, 16, 4);
+    ib.update(&step(vec![new_req(1, vec![1, 2, 3], vec![0], 2)]))
+        .unwrap();
+    let e = err(
+        &mut ib,
+        step(vec![
+            cached(1, 2, 1, true, vec![]),
+            cached(1, 2, 1, true, vec![]),
+        ]),
+    );
+    assert!(e.contains("twice"), "{e}");
+}

@@ -1,0 +1,379 @@
+//! The `adaptive` policy: every decode first (preempting the lowest-priority request not yet in
+//! the step when blocks run out), then prefill candidates lane by lane, each fused into the step
+//! only when `policy::should_merge` allows it (see `scheduler::policy`).
+
+use std::collections::HashSet;
+
+use super::{Scheduler, StepPlan};
+use crate::kv::KvCacheManager;
+use crate::request::RequestId;
+use crate::scheduler::policy::{
+    should_merge, Candidate, Lane, MergeContext, MergeDecision, MergeReason, StepDraft,
+};
+use crate::scheduler::request::{Request, Status};
+use crate::scheduler::RequestClass;
+
+/// Candidate slots in the order a step serves them. Slot 0 holds medium and long requests
+/// promoted for their own TTFT deadline (`overdue`).
+const NUM_SLOTS: usize = 5;
+
+fn lane_slot(lane: Lane) -> usize {
+    match lane {
+        Lane::FastLane => 1,
+        Lane::Resumed => 2,
+        Lane::Normal => 3,
+        Lane::LongStream | Lane::Decode => 4,
+    }
+}
+
+/// Candidates by slot; within one, running (older) before waiting, each in queue order. The
+/// bool: already running.
+type Lanes = [Vec<(RequestId, bool)>; NUM_SLOTS];
+
+/// What the prefill passes of one step carry from one candidate to the next.
+struct MergeState {
+    /// The step so far, and with its decodes only (a waiting short prompt's own step).
+    draft: StepDraft,
+    decode_only: StepDraft,
+    /// KV blocks new admissions may still take (`kv_headroom`).
+    headroom: f64,
+    /// How much longer this step may get before a waiting short prompt misses its TTFT.
+    short_slack_ms: f64,
+    /// Long-prompt tokens left under `long_prefill_budget`.
+    long_left: usize,
+    max_len: usize,
+    /// Waiting requests that joined the step (they leave the waiting queue at the end).
+    admitted_now: HashSet<RequestId>,
+}
+
+/// Whether the walk over a lane goes on.
+enum Next {
+    Candidate,
+    Lane,
+}
+
+impl Scheduler {
+    /// The adaptive step: every decode, then prefill candidates lane by lane through
+    /// `should_merge`.
+    pub(super) fn schedule_adaptive(
+        &mut self,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        now: f64,
+    ) {
+        let paused_before = plan.preempted.len();
+        let draft = self.schedule_decodes(plan, kv);
+        // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
+        let admit = plan.preempted.len() == paused_before;
+        let lanes = self.candidate_lanes(admit, now);
+        let mut st = MergeState {
+            draft,
+            decode_only: draft,
+            headroom: self.kv_headroom(kv),
+            short_slack_ms: f64::INFINITY,
+            long_left: self.cfg.classes.long_prefill_budget,
+            max_len: self.max_len(kv),
+            admitted_now: HashSet::new(),
+        };
+        for (slot, lane_ids) in lanes.iter().enumerate() {
+            for &(id, is_running) in lane_ids {
+                if plan.budget == 0 {
+                    self.stats.count_merge(MergeReason::TokenBudget);
+                    break;
+                }
+                if let Next::Lane = self.consider(&mut st, plan, kv, now, slot, id, is_running) {
+                    break;
+                }
+            }
+        }
+        if !st.admitted_now.is_empty() {
+            self.waiting.retain(|id| !st.admitted_now.contains(id));
+        }
+    }
+
+    /// Running requests with prompt left, then (when `admit`) waiting ones, by slot.
+    fn candidate_lanes(&self, admit: bool, now: f64) -> Lanes {
+        let mut lanes: Lanes = Default::default();
+        for &id in &self.running {
+            let r = &self.requests[&id];
+            if r.num_uncomputed() > 1 {
+                let lane = Lane::of_prefill(r.class);
+                let slot = if self.overdue(r, now) {
+                    0
+                } else {
+                    lane_slot(lane)
+                };
+                lanes[slot].push((id, true));
+            }
+        }
+        if admit {
+            // Paused requests wait while emergency mode lasts and others run; with nothing
+            // running a pause frees nothing, and the engine must not idle with work queued.
+            let hold_paused = self.monitor.in_emergency() && !self.running.is_empty();
+            for &id in &self.waiting {
+                let r = &self.requests[&id];
+                if r.paused && hold_paused {
+                    continue;
+                }
+                let slot = if r.num_output_tokens() > 0 {
+                    lane_slot(Lane::Resumed)
+                } else if self.overdue(r, now) {
+                    0
+                } else {
+                    lane_slot(Lane::of_prefill(r.class))
+                };
+                lanes[slot].push((id, false));
+            }
+        }
+        lanes
+    }
+
+    /// Free blocks above the watermark, less what the running requests are expected to grow
+    /// into, scaled by `kv_threshold`: what new admissions may take.
+    fn kv_headroom(&self, kv: &KvCacheManager) -> f64 {
+        let watermark = (self.cfg.merge.kv_watermark * kv.num_blocks() as f64).ceil();
+        let reserved: usize = self
+            .running
+            .iter()
+            .map(|id| self.expected_growth_blocks(*id, kv))
+            .sum();
+        (kv.num_free_blocks() as f64 - watermark - reserved as f64).max(0.0)
+            * self.cfg.merge.kv_threshold
+    }
+
+    /// One prefill candidate: merged into the step, or left for a later one.
+    #[allow(clippy::too_many_arguments)]
+    fn consider(
+        &mut self,
+        st: &mut MergeState,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        now: f64,
+        slot: usize,
+        id: RequestId,
+        is_running: bool,
+    ) -> Next {
+        let lane = if slot == lane_slot(Lane::Resumed) {
+            Lane::Resumed
+        } else {
+            Lane::of_prefill(self.requests[&id].class)
+        };
+        if !is_running && self.drop_unschedulable(id, st.max_len, plan, kv) {
+            return Next::Candidate;
+        }
+        if lane == Lane::LongStream && st.long_left == 0 {
+            self.stats.count_merge(MergeReason::LongBudget);
+            // The promoted slot mixes classes: a medium request behind may still fit.
+            return if slot == 0 {
+                Next::Candidate
+            } else {
+                Next::Lane
+            };
+        }
+        let req = &self.requests[&id];
+        let num_computed = if is_running {
+            req.num_computed
+        } else {
+            kv.get_computed_blocks(id, &req.tokens)
+        };
+        let cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
+        let decision = self.decide(st, plan, kv, id, &cand, is_running);
+        if decision.reason.merged() {
+            self.take(st, plan, id, &cand, decision.tokens, is_running);
+        } else if lane == Lane::FastLane && !is_running {
+            self.note_short_slack(st, id, num_computed, now);
+        }
+        Next::Candidate
+    }
+
+    /// What a request asks of this step in its lane.
+    fn candidate(
+        &self,
+        req: &Request,
+        lane: Lane,
+        is_running: bool,
+        num_computed: usize,
+        long_left: usize,
+        kv: &KvCacheManager,
+    ) -> Candidate {
+        let uncomputed = req.num_tokens() - num_computed;
+        let wanted = match lane {
+            Lane::FastLane | Lane::Decode => uncomputed,
+            Lane::Resumed | Lane::Normal => self.capped_chunk(uncomputed),
+            Lane::LongStream => uncomputed.min(long_left),
+        };
+        // The fast lane admits a prompt whole, unless it exceeds the whole step budget (a small
+        // budget with a large short_below): then it is chunked like the rest.
+        let min_tokens = if lane == Lane::FastLane && wanted <= self.cfg.max_num_batched_tokens {
+            wanted
+        } else {
+            // Never more than a whole step's budget, or nothing could ever fit.
+            wanted.min(
+                self.cfg
+                    .merge
+                    .min_chunk_tokens
+                    .clamp(1, self.cfg.max_num_batched_tokens.max(1)),
+            )
+        };
+        let kv_blocks_needed = if is_running {
+            0
+        } else {
+            let growth = self.expected_remaining_output(req);
+            (req.num_tokens() + growth).div_ceil(kv.block_size()) - num_computed / kv.block_size()
+        };
+        Candidate {
+            lane,
+            num_computed,
+            wanted,
+            min_tokens,
+            kv_blocks_needed,
+        }
+    }
+
+    /// `should_merge`, then the blocks for what it grants; counted and logged.
+    fn decide(
+        &mut self,
+        st: &MergeState,
+        plan: &StepPlan,
+        kv: &mut KvCacheManager,
+        id: RequestId,
+        cand: &Candidate,
+        is_running: bool,
+    ) -> MergeDecision {
+        let ctx = MergeContext {
+            token_budget_left: plan.budget,
+            seq_available: is_running || self.running.len() < self.cfg.max_num_seqs,
+            kv_headroom_blocks: st.headroom,
+            running_is_empty: self.running.is_empty(),
+            short_ttft_slack_ms: if cand.lane == Lane::FastLane {
+                f64::INFINITY
+            } else {
+                st.short_slack_ms
+            },
+        };
+        let mut decision = should_merge(&self.cost, &self.cfg.merge, &st.draft, cand, &ctx);
+        if decision.reason.merged()
+            && kv
+                .allocate_slots(id, cand.num_computed, decision.tokens)
+                .is_none()
+        {
+            decision.reason = MergeReason::KvAllocation;
+        }
+        self.stats.count_merge(decision.reason);
+        tracing::debug!(
+            %id,
+            lane = cand.lane.as_str(),
+            reason = decision.reason.as_str(),
+            wanted = cand.wanted,
+            tokens = decision.tokens,
+            "merge decision"
+        );
+        decision
+    }
+
+    /// A short prompt left waiting runs in the next step: what this step may still add is
+    /// bounded by its TTFT deadline, less its own prefill step after this one.
+    fn note_short_slack(&self, st: &mut MergeState, id: RequestId, num_computed: usize, now: f64) {
+        let req = &self.requests[&id];
+        let mut alone = st.decode_only.features;
+        alone.add_seq(req.num_tokens() - num_computed, req.num_tokens());
+        let deadline_ms = (req.arrival - now) * 1e3 + self.cfg.slo.short.ttft_ms;
+        st.short_slack_ms = st
+            .short_slack_ms
+            .min(deadline_ms - self.cost.predict_ms(&alone));
+    }
+
+    /// Adds a merged candidate's `tokens` to the step; a waiting one starts running.
+    fn take(
+        &mut self,
+        st: &mut MergeState,
+        plan: &mut StepPlan,
+        id: RequestId,
+        cand: &Candidate,
+        tokens: usize,
+        is_running: bool,
+    ) {
+        st.draft.add_prefill(cand.num_computed, tokens);
+        plan.scheduled.push((id, tokens));
+        plan.budget -= tokens;
+        if cand.lane == Lane::LongStream {
+            st.long_left = st.long_left.saturating_sub(tokens);
+        }
+        if !is_running {
+            st.headroom = (st.headroom - cand.kv_blocks_needed as f64).max(0.0);
+            st.admitted_now.insert(id);
+            self.start_running(id, cand.num_computed, plan);
+        }
+    }
+
+    /// Allocates every decode's slot, preempting the lowest-priority running request not yet in
+    /// the step when blocks run out.
+    fn schedule_decodes(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) -> StepDraft {
+        let mut draft = StepDraft::new();
+        let mut in_step: HashSet<RequestId> = HashSet::with_capacity(self.running.len() + 8);
+        let decodes: Vec<RequestId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.requests[id].num_uncomputed() == 1)
+            .collect();
+        for id in decodes {
+            if plan.budget == 0 {
+                self.stats.count_merge(MergeReason::TokenBudget);
+                break;
+            }
+            if self.requests[&id].status != Status::Running {
+                continue; // preempted as a victim of an earlier decode
+            }
+            let num_computed = self.requests[&id].num_computed;
+            let mut fits = true;
+            while kv.allocate_slots(id, num_computed, 1).is_none() {
+                let victim = self.pick_victim(&in_step).unwrap_or(id);
+                self.running.retain(|&r| r != victim);
+                self.preempt(victim, kv);
+                plan.preempted.push(victim);
+                if victim == id {
+                    fits = false;
+                    break;
+                }
+            }
+            if !fits {
+                continue;
+            }
+            let req = &self.requests[&id];
+            let target = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
+            draft.add_decode(num_computed + 1, target);
+            plan.scheduled.push((id, 1));
+            plan.budget -= 1;
+            in_step.insert(id);
+        }
+        draft
+    }
+
+    /// The running request to preempt first: the longest class, then the latest admitted,
+    /// among those not in the step yet.
+    fn pick_victim(&self, in_step: &HashSet<RequestId>) -> Option<RequestId> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| !in_step.contains(id))
+            .max_by_key(|&(i, id)| (self.requests[id].class, i))
+            .map(|(_, id)| *id)
+    }
+
+    /// A medium or long request that has waited `merge.promote_after` of its TTFT SLO without a
+    /// first token and can still meet it (adaptive): it goes ahead of the fast lane. One that can
+    /// no longer make it is not promoted: serving lost causes first would make others late too.
+    fn overdue(&self, req: &Request, now: f64) -> bool {
+        if req.class == RequestClass::Short || req.num_output_tokens() > 0 {
+            return false;
+        }
+        let slo_ms = self.cfg.slo.of(req.class).ttft_ms;
+        let waited_ms = (now - req.arrival) * 1e3;
+        if waited_ms < self.cfg.merge.promote_after * slo_ms {
+            return false;
+        }
+        let per_step = self.prefill_budget(req.class);
+        waited_ms + self.prefill_ms(req.num_uncomputed(), per_step) <= slo_ms
+    }
+}

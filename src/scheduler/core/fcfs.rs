@@ -1,0 +1,66 @@
+//! The `fcfs` policy: one token budget; the running requests in order (a decode or the next
+//! prompt chunk each, preempting from the back when blocks run out), then the waiting queue in
+//! arrival order while `max_num_seqs` allows. See the module docs of `core`.
+
+use super::{Scheduler, StepPlan};
+use crate::kv::KvCacheManager;
+
+impl Scheduler {
+    pub(super) fn schedule_fcfs(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
+        self.schedule_running(plan, kv);
+        // As in vLLM: memory was short enough to preempt, so admit nothing new this step.
+        if plan.preempted.is_empty() {
+            self.schedule_waiting(plan, kv);
+        }
+    }
+
+    /// Each running request's next tokens; preempts from the back when blocks run out.
+    fn schedule_running(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
+        let mut i = 0;
+        'running: while i < self.running.len() && plan.budget > 0 {
+            let id = self.running[i];
+            let req = &self.requests[&id];
+            let num_computed = req.num_computed;
+            let num_new = self.chunk_size(req.num_uncomputed(), plan.budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            while kv.allocate_slots(id, num_computed, num_new).is_none() {
+                // Victims come from the back, behind `i`, so nothing scheduled so far is undone.
+                let victim = self.running.pop().expect("running holds at least `id`");
+                self.preempt(victim, kv);
+                plan.preempted.push(victim);
+                if victim == id {
+                    break 'running;
+                }
+            }
+            plan.scheduled.push((id, num_new));
+            plan.budget -= num_new;
+            i += 1;
+        }
+    }
+
+    /// Waiting requests in order while budget, sequence slots and blocks last; never preempts.
+    fn schedule_waiting(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
+        let max_len = self.max_len(kv);
+        while plan.budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            if self.drop_unschedulable(id, max_len, plan, kv) {
+                continue;
+            }
+            let req = &self.requests[&id];
+            let num_computed = kv.get_computed_blocks(id, &req.tokens);
+            let num_new = self.chunk_size(req.num_tokens() - num_computed, plan.budget);
+            if kv.allocate_slots(id, num_computed, num_new).is_none() {
+                break;
+            }
+            self.waiting.pop_front();
+            self.start_running(id, num_computed, plan);
+            plan.scheduled.push((id, num_new));
+            plan.budget -= num_new;
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The per-step data exchanged by the scheduler and the executor, and nothing else: a neutral
+//! module that depends only on leaf data modules (`request`, `sampling::params`), so the
+//! scheduler and the executor both depend on it and never on each other.
+//!
+//! One step:
+//! ```text
+//! Scheduler::schedule ──SchedulerOutput──▶ executor: InputBatch::update ─▶ BatchInput ─▶ forward
+//!      ▲                 (diffs: new requests once,        (persistent rows: tokens so far,
+//!      │                  then tokens scheduled, new        block tables; flat token_ids,
+//!      │                  blocks; ids to drop)              positions, slot_mapping built once)
+//!      └──── update_from_output ◀──StepOutput── sampling (the executor appends its own tokens)
+//!                 └──▶ RequestUpdate per request (to the actor / output processing)
+//! ```
+//!
+//! - [`SchedulerOutput`]: what one `schedule()` plans. A request's prompt, sampling parameters,
+//!   seed and block ids go to the executor once ([`NewRequestData`], again after a preemption);
+//!   afterwards each step carries per request only the tokens scheduled and the blocks appended
+//!   ([`ScheduledRequest`]), plus the ids the executor must drop.
+//! - [`BatchInput`]: the flattened batch a forward runs, built by the executor.
+//! - [`StepOutput`]: the sampled tokens and the step's time.
+//! - [`RequestUpdate`]: what `update_from_output` reports for a request.
+//!
+//! Where later work goes, without another redesign:
+//! - Speculative decoding: a `ScheduledRequest` gains the draft tokens to verify (its
+//!   `num_tokens` becomes 1 + k, positions `num_computed_tokens..`); the executor returns
+//!   several `SampledToken`s for such a request (consecutive entries of `StepOutput::sampled`)
+//!   and `RequestUpdate::new_token_ids` already holds several. Rejected drafts need no message:
+//!   the next step's `num_computed_tokens` (and `sample`) tell the executor where the request's
+//!   known tokens end, and it trims what it appended beyond that.
+//! - KV memory tier: step-level block copy lists on `SchedulerOutput` (swap in, swap out,
+//!   copy-on-write pairs), applied by the executor before the forward, beside the drops.
+pub mod batch;
+pub mod output;
+pub mod scheduler_output;
+pub mod update;
+
+pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput};
+pub use output::{SampledToken, StepOutput};
+pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
+pub use update::RequestUpdate;

@@ -1,0 +1,83 @@
+//! What one `schedule()` hands to the executor: per scheduled request only what changed since
+//! the executor last saw it (as vLLM v1's `NewRequestData` / `CachedRequestData`), plus the ids
+//! it must forget. The executor keeps everything else (tokens so far, block tables) itself.
+
+use std::sync::Arc;
+
+use crate::request::{FinishReason, RequestId};
+use crate::sampling::params::SamplingParams;
+
+/// The plan of one engine step.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOutput {
+    /// The requests computed this step, in batch order.
+    pub scheduled: Vec<ScheduledRequest>,
+    /// Requests the executor holds that have ended (finished, aborted) since the last step it
+    /// ran, and requests preempted in steps it never saw: it drops them before this step.
+    pub finished_req_ids: Vec<RequestId>,
+    /// Requests preempted by recompute in this step (back in the waiting queue, blocks freed);
+    /// the executor drops them too. Their tokens and blocks come again, whole, on resumption.
+    pub preempted: Vec<RequestId>,
+    /// Requests in a batch for the first time (their queueing time ends here).
+    pub admitted: Vec<RequestId>,
+    /// Requests finished without running, e.g. longer than the model's context; removed and
+    /// freed already, reported by `update_from_output`. The executor never saw them.
+    pub finished_early: Vec<(RequestId, FinishReason)>,
+    /// Tokens of prompt chunks in the batch, recomputed ones included (metrics, cost model).
+    pub num_prefill_tokens: usize,
+    /// Sequences in the batch that decode one token.
+    pub num_decode_seqs: usize,
+}
+
+/// One request's part of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledRequest {
+    pub id: RequestId,
+    /// Tokens with K/V in the cache before this step: this step's first position.
+    pub num_computed_tokens: usize,
+    /// Tokens computed this step: a prompt chunk, or 1 for a decode.
+    pub num_tokens: usize,
+    /// This step reaches the end of the request's known tokens, so it samples the next one. The
+    /// known tokens are then exactly `num_computed_tokens + num_tokens`: the executor drops any
+    /// it appended that the scheduler did not keep.
+    pub sample: bool,
+    /// Blocks appended to the request's block table since the executor last saw it, in position
+    /// order; with `new`, the whole table.
+    pub new_block_ids: Vec<u32>,
+    /// The request's full state, when the executor does not hold it: its first step, and its
+    /// first step after a preemption (the executor dropped it then).
+    pub new: Option<NewRequestData>,
+}
+
+/// Everything the executor keeps about a request besides its blocks, sent once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRequestData {
+    /// All known tokens: the prompt, then (resumed after a preemption) the output so far.
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    pub params: Arc<SamplingParams>,
+    /// `params.seed`, or the one drawn at admission.
+    pub seed: u64,
+}
+
+impl SchedulerOutput {
+    /// (request, tokens scheduled) in batch order.
+    pub fn num_scheduled_tokens(&self) -> impl Iterator<Item = (RequestId, usize)> + '_ {
+        self.scheduled.iter().map(|s| (s.id, s.num_tokens))
+    }
+
+    pub fn total_num_scheduled_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_tokens).sum()
+    }
+
+    /// Requests that sample a token this step.
+    pub fn num_sampled(&self) -> usize {
+        self.scheduled.iter().filter(|s| s.sample).count()
+    }
+
+    /// Nothing for the executor to run (`update_from_output` may still report early finishes;
+    /// the ids to drop wait for the next step that runs).
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}

@@ -1,0 +1,18 @@
+//! What `update_from_output` reports for each request after a step.
+
+use crate::request::{FinishReason, RequestId};
+
+/// The change to one request after a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestUpdate {
+    pub id: RequestId,
+    /// Tokens generated this step: 0 or 1 today; a Vec so speculative decoding can add several.
+    /// An eos or stop token that ended the request is included; the output processor decides
+    /// whether to show it.
+    pub new_token_ids: Vec<u32>,
+    pub finished: Option<FinishReason>,
+    /// Tokens with K/V in the cache after the step.
+    pub num_computed_tokens: usize,
+    /// Tokens generated so far, this step's included.
+    pub num_output_tokens: usize,
+}

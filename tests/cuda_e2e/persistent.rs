@@ -1,0 +1,132 @@
+//! The CUDA backend on the path `brook serve` runs: steps from a real scheduler.
+
+use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::kv::KvCacheManager;
+use brook::model::reference::reference_logits;
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use brook::step::StepOutput;
+
+use super::*;
+
+/// The serving path: a real scheduler's steps through `Backend::execute` (requests sent whole
+/// once, then per-step diffs; the backend feeds back its own sampled tokens and updates its
+/// device block tables in place), with a pool small enough to preempt, rows moving as requests
+/// finish, and prompts sharing a prefix; on decode graphs and eagerly. Every generated token
+/// must be the CPU reference's greedy choice given the same prefix (teacher-forced), away from
+/// near ties.
+#[test]
+fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .layers(3);
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(11);
+    let vocab = config.vocab_size as u32;
+    let shared: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
+    let prompts: Vec<Vec<u32>> = (0..10)
+        .map(|i| {
+            let mut p: Vec<u32> = (0..r.random_range(20..90))
+                .map(|_| r.random_range(0..vocab))
+                .collect();
+            if i % 2 == 0 {
+                let n = p.len().min(shared.len());
+                p[..n].copy_from_slice(&shared[..n]);
+            }
+            p
+        })
+        .collect();
+    let max_tokens = 12;
+    for graphs in [true, false] {
+        let mut gpu = CudaBackend::from_weights(
+            config.clone(),
+            &weights,
+            CudaBackendOptions {
+                max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
+                max_num_batched_tokens: 256,
+                max_num_seqs: 8,
+                cuda_graphs: graphs,
+                progress: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let num_blocks = gpu.info().num_kv_blocks;
+        let mut kv = KvCacheManager::new(num_blocks, BLOCK, true);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len: config.max_position_embeddings,
+            long_prefill_token_threshold: 0,
+            ..SchedulerConfig::default()
+        });
+        let params = Arc::new(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(max_tokens)
+        });
+        for (i, p) in prompts.iter().enumerate() {
+            let req = NewRequest {
+                id: RequestId(i as u64),
+                prompt_token_ids: p.clone(),
+                params: params.clone(),
+                seed: 0,
+                eos_token_ids: Arc::from(vec![0u32]),
+            };
+            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
+        }
+        let mut outputs = vec![Vec::new(); prompts.len()];
+        let mut t = 0.0;
+        while sched.has_unfinished() {
+            let out = sched.schedule(&mut kv, t);
+            let step = if out.is_empty() {
+                StepOutput::default()
+            } else {
+                gpu.execute(&out).unwrap()
+            };
+            t += 0.01;
+            for u in sched.update_from_output(&out, &step, &mut kv, t) {
+                outputs[u.id.0 as usize].extend(u.new_token_ids);
+            }
+            assert!(t < 100.0, "no progress");
+        }
+        assert!(
+            sched.num_preemptions() > 0,
+            "graphs {graphs}: no preemption"
+        );
+        assert!(
+            kv.prefix_cache_stats().hit_tokens > 0,
+            "graphs {graphs}: no prefix hit"
+        );
+        let mut tally = Tally::default();
+        for (p, out) in prompts.iter().zip(&outputs) {
+            assert_eq!(out.len(), max_tokens);
+            let seq: Vec<u32> = p.iter().chain(out).copied().collect();
+            let logits = reference_logits(&config, &weights, &seq).unwrap();
+            for (k, &token) in out.iter().enumerate() {
+                let row: Vec<f32> = logits.get(p.len() - 1 + k).unwrap().to_vec1().unwrap();
+                tally.compared += 1;
+                if argmax(&row).0 != token {
+                    if top2_gap(&row) < NEAR_TIE {
+                        tally.near_tie_mismatches += 1;
+                    } else {
+                        tally.mismatches += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("persistent batch, graphs {graphs}: {tally:?}");
+        assert_eq!(tally.mismatches, 0, "graphs {graphs}: {tally:?}");
+        assert!(
+            tally.near_tie_mismatches * 20 <= tally.compared,
+            "graphs {graphs}: {tally:?}"
+        );
+    }
+}
