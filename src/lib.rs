@@ -22,6 +22,7 @@ pub mod serve;
 pub mod server;
 pub mod session;
 pub mod simulate;
+pub mod spec;
 pub mod step;
 pub mod tokenizer;
 #[cfg(test)]

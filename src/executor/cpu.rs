@@ -1,19 +1,31 @@
 //! The CPU backend: the Llama-family forward on candle (f32) over a paged KV pool, then per-request
 //! sampling. It lives on the executor's thread; with `num_threads` set it runs its GEMMs and
 //! attention on a rayon pool of its own, so it does not compete with other rayon users.
+//!
+//! Speculative decoding: with a proposer (`load_speculative`: n-gram lookup, or a draft model
+//! whose K/V shares the target's block ids, `draft.rs`) a step first proposes drafts for the
+//! requests the scheduler gave draft positions, then runs the target over their k + 1
+//! positions and verifies on the host (`executor::verify`).
+
+pub mod draft;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::InputBatch;
+use crate::executor::verify::{HostSampler, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
-use crate::sampling::sampler::Sampler;
-use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput};
+use crate::spec::ngram::NgramProposer;
+use crate::spec::{Proposer, SpecConfig, SpecMethod};
+use crate::step::{BatchInput, SchedulerOutput, StepOutput};
+
+use self::draft::CpuDraft;
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -30,18 +42,48 @@ pub struct CpuBackendOptions {
 pub struct CpuBackend {
     model: LlamaModel,
     kv: KvPool,
-    threads: Option<rayon::ThreadPool>,
-    sampler: Sampler,
+    threads: Option<Arc<rayon::ThreadPool>>,
+    sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
+    /// Speculative decoding's proposer, when the engine speculates.
+    proposer: Option<Box<dyn Proposer>>,
+    /// Bytes of one KV block: the target's, plus the draft model's when there is one.
+    bytes_per_block: usize,
+    drafts: StepDrafts,
+}
+
+/// A draft model loaded next to the target (`--speculative draft`).
+pub struct DraftParts {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
 }
 
 impl CpuBackend {
     /// Loads the Hugging Face model folder `dir` and allocates the KV pool.
     pub fn load(dir: &Path, opts: CpuBackendOptions) -> anyhow::Result<Self> {
+        Self::load_speculative(dir, opts, &SpecConfig::default())
+    }
+
+    /// As `load`, with the proposer `spec` asks for (a draft model is loaded from
+    /// `spec.draft_model`; its compatibility with the target is the caller's to check,
+    /// `spec::compat`).
+    pub fn load_speculative(
+        dir: &Path,
+        opts: CpuBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let weights = load_weights(dir, &config, opts.progress)?;
-        Self::from_parts(config, weights, &opts)
+        let draft = match (spec.method, &spec.draft_model) {
+            (SpecMethod::Draft, Some(d)) => {
+                let config = ModelConfig::from_dir(d)?;
+                let weights = load_weights(d, &config, opts.progress)?;
+                Some(DraftParts { config, weights })
+            }
+            _ => None,
+        };
+        Self::from_parts_speculative(config, weights, &opts, spec, draft)
     }
 
     pub fn from_parts(
@@ -49,8 +91,27 @@ impl CpuBackend {
         weights: ModelWeights,
         opts: &CpuBackendOptions,
     ) -> anyhow::Result<Self> {
+        Self::from_parts_speculative(config, weights, opts, &SpecConfig::default(), None)
+    }
+
+    /// From weights in memory, with `spec`'s proposer (`draft`: the draft model, for
+    /// `SpecMethod::Draft`).
+    pub fn from_parts_speculative(
+        config: ModelConfig,
+        weights: ModelWeights,
+        opts: &CpuBackendOptions,
+        spec: &SpecConfig,
+        draft: Option<DraftParts>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(opts.block_size > 0, "block_size must be positive");
-        let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size);
+        anyhow::ensure!(
+            (spec.method == SpecMethod::Draft) == draft.is_some(),
+            "a draft model goes with --speculative draft, and only with it"
+        );
+        let draft_bytes = draft
+            .as_ref()
+            .map_or(0, |d| KvPool::bytes_per_block(&d.config, opts.block_size));
+        let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size) + draft_bytes;
         let num_blocks = opts.kv_cache_bytes / bytes_per_block;
         anyhow::ensure!(
             num_blocks > 0,
@@ -67,13 +128,13 @@ impl CpuBackend {
         }
         let threads = match opts.num_threads {
             None => None,
-            Some(n) => Some(
+            Some(n) => Some(Arc::new(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
                     .thread_name(|i| format!("brook-cpu-{i}"))
                     .build()
                     .context("building the CPU executor's thread pool")?,
-            ),
+            )),
         };
         let kv = KvPool::new(&config, num_blocks, opts.block_size);
         // A sequence is at most the model's context, and holds at most the whole pool.
@@ -84,12 +145,28 @@ impl CpuBackend {
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
         let model = LlamaModel::new(config, weights)?;
+        let proposer: Option<Box<dyn Proposer>> = match (spec.method, draft) {
+            (SpecMethod::Off, _) => None,
+            (SpecMethod::Ngram, _) => Some(Box::new(NgramProposer::new(
+                spec.ngram_min,
+                spec.ngram_max,
+            ))),
+            (SpecMethod::Draft, Some(d)) => {
+                let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
+                let model = LlamaModel::new(d.config, d.weights)?;
+                Some(Box::new(CpuDraft::new(model, kv, threads.clone())))
+            }
+            (SpecMethod::Draft, None) => unreachable!("checked above"),
+        };
         Ok(CpuBackend {
             model,
             kv,
             threads,
-            sampler: Sampler::new(),
+            sampler: HostSampler::new(),
             input,
+            proposer,
+            bytes_per_block,
+            drafts: StepDrafts::default(),
         })
     }
 
@@ -97,25 +174,44 @@ impl CpuBackend {
         self.model.config()
     }
 
-    /// Runs the batch and returns the logits of each sampled sequence, in seq order.
+    /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, self.threads.as_ref(), batch)?;
+        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
-    /// batch of `execute`.
+    /// batch of `execute` (drafts in it are verified as point-mass proposals).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
-        let CpuBackend {
-            model,
-            kv,
-            threads,
-            sampler,
-            ..
-        } = self;
-        run(model, kv, threads.as_ref(), sampler, batch, start)
+        let (logits, vocab) =
+            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
+        self.drafts.clear();
+        for s in batch.seqs.iter().filter(|s| s.num_drafts > 0) {
+            self.drafts.ids.push(s.request_id);
+            self.drafts.proposals.push(Default::default());
+        }
+        let mut out = StepOutput::default();
+        let drafts = hand_built_drafts(batch, &mut self.drafts);
+        self.sampler
+            .sample_batch(batch, &logits, vocab, drafts, &mut out);
+        out.elapsed = start.elapsed();
+        Ok(out)
     }
+}
+
+/// The proposals of a hand-built batch: its drafts, taken from its token ids.
+fn hand_built_drafts<'a>(batch: &BatchInput, d: &'a mut StepDrafts) -> &'a StepDrafts {
+    let mut end = 0;
+    let mut next = 0;
+    for s in &batch.seqs {
+        end += s.query_len;
+        if s.num_drafts > 0 {
+            d.proposals[next].tokens = batch.token_ids[end - s.num_drafts..end].to_vec();
+            next += 1;
+        }
+    }
+    d
 }
 
 /// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
@@ -139,44 +235,13 @@ fn forward_flat(
     ))
 }
 
-/// Forward, then one token per sampling sequence.
-fn run(
-    model: &LlamaModel,
-    kv: &mut KvPool,
-    threads: Option<&rayon::ThreadPool>,
-    sampler: &mut Sampler,
-    batch: &BatchInput,
-    start: Instant,
-) -> anyhow::Result<StepOutput> {
-    let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-    let sampling = batch
-        .seqs
-        .iter()
-        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)));
-    let sampled = sampling
-        .zip(logits.chunks(vocab))
-        .map(|((request_id, s), row)| {
-            let out = sampler.sample(row, &s.params, s.seed, s.output_index);
-            SampledToken {
-                request_id,
-                token: out.token,
-                logprob: out.logprob,
-            }
-        })
-        .collect();
-    Ok(StepOutput {
-        sampled,
-        elapsed: start.elapsed(),
-    })
-}
-
 impl Backend for CpuBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             device: "cpu".into(),
             num_kv_blocks: self.kv.num_blocks(),
             block_size: self.kv.block_size(),
-            bytes_per_block: KvPool::bytes_per_block(self.model.config(), self.kv.block_size()),
+            bytes_per_block: self.bytes_per_block,
         }
     }
 
@@ -188,9 +253,30 @@ impl Backend for CpuBackend {
             threads,
             sampler,
             input,
+            proposer,
+            drafts,
+            ..
         } = self;
-        let batch = input.update(step)?;
-        let out = run(model, kv, threads.as_ref(), sampler, batch, start)?;
+        input.apply(step)?;
+        let mut out = StepOutput::default();
+        drafts.clear();
+        if let Some(p) = proposer {
+            for &id in step.finished_req_ids.iter().chain(&step.preempted) {
+                p.forget(id);
+            }
+            let reqs = input.propose_requests();
+            if !reqs.is_empty() {
+                let t = Instant::now();
+                let stats = p.propose(&reqs, &mut drafts.proposals)?;
+                drafts.ids.extend(reqs.iter().map(|r| r.id));
+                out.spec.elapsed = t.elapsed();
+                (out.spec.passes, out.spec.tokens) = (stats.passes, stats.tokens);
+            }
+        }
+        let batch = input.build(&drafts.proposals)?;
+        let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
+        sampler.sample_batch(batch, &logits, vocab, drafts, &mut out);
+        out.elapsed = start.elapsed();
         input.record(&out)?;
         Ok(out)
     }

@@ -20,6 +20,8 @@ pub struct RawSamplingParams {
     pub stop: Option<Vec<String>>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
+    /// false opts this request out of speculative decoding (the server's `--speculative`).
+    pub speculative: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +38,10 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Whether the request may be decoded speculatively when the server speculates (it never
+    /// changes the output distribution; off, a seeded request's tokens never depend on the
+    /// speculation depth the load allows).
+    pub speculative: bool,
 }
 
 pub const DEFAULT_MAX_TOKENS: usize = 256;
@@ -54,6 +60,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            speculative: true,
         }
     }
 }
@@ -157,6 +164,7 @@ impl SamplingParams {
             stop,
             stop_token_ids,
             ignore_eos: raw.ignore_eos.unwrap_or(false),
+            speculative: raw.speculative.unwrap_or(true),
         })
     }
 }

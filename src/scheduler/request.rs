@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
+use crate::scheduler::spec::Acceptance;
 use crate::scheduler::RequestClass;
 use crate::validation::ValidRequest;
 
@@ -66,6 +67,12 @@ pub(crate) struct Request {
     /// Blocks of its table the executor holds, or None when the executor holds no state for
     /// it (never sent yet, or dropped at a preemption): its next step sends everything.
     pub executor_blocks: Option<usize>,
+    /// Blocks were released after rejected drafts since the executor last saw the request:
+    /// its next step tells it to cut its table to `executor_blocks` first.
+    pub executor_cut: bool,
+    /// Speculative decoding: the request's acceptance estimate; None when it may not speculate
+    /// (the engine does not, or it opted out).
+    pub spec: Option<Acceptance>,
 }
 
 impl Request {
@@ -86,6 +93,8 @@ impl Request {
             status: Status::Waiting,
             ever_scheduled: false,
             executor_blocks: None,
+            executor_cut: false,
+            spec: None,
         }
     }
 

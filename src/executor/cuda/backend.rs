@@ -116,6 +116,7 @@ impl CudaBackend {
         Ok(StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            ..StepOutput::default()
         })
     }
 
@@ -176,6 +177,7 @@ impl CudaBackend {
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            ..StepOutput::default()
         };
         self.input.record(&out)?;
         Ok(out)

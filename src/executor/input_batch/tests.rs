@@ -14,8 +14,10 @@ fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRe
         id: RequestId(id),
         num_computed_tokens: 0,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: Some(NewRequestData {
             num_prompt_tokens: tokens.len(),
@@ -31,8 +33,10 @@ fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) ->
         id: RequestId(id),
         num_computed_tokens: computed,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: None,
     }
@@ -56,6 +60,7 @@ fn sampled(pairs: &[(u64, u32)]) -> StepOutput {
             })
             .collect(),
         elapsed: std::time::Duration::ZERO,
+        ..StepOutput::default()
     }
 }
 

@@ -34,8 +34,12 @@ impl Scheduler {
             };
         }
         self.stats.accepted[class.index()] += 1;
+        let request_id = req.id;
         self.waiting.push_back(req.id);
-        self.requests.insert(req.id, Request::new(req, class, now));
+        let spec = self.spec_for_new(req.params.speculative);
+        let mut request = Request::new(req, class, now);
+        request.spec = spec;
+        self.requests.insert(request_id, request);
         Admission::Accepted
     }
 
