@@ -30,6 +30,7 @@ use crate::model::synthetic::{synthetic_config, synthetic_host_weights};
 use crate::request::{RequestId, StreamEvent};
 use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, Submit};
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::spec::{compat, SpecMethod};
 use crate::tokenizer::Tokenizer;
 use crate::validation::{
     GenerateRequest, ModelDefaults, ValidRequest, Validation, ValidationLimits,
@@ -167,14 +168,26 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     }
     // Checked before the weights load, so a bad default fails fast.
     let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
+    let spec = &cfg.speculative;
+    if let Some(draft_dir) = spec
+        .draft_model
+        .as_deref()
+        .filter(|_| spec.method == SpecMethod::Draft)
+    {
+        check_draft(cfg, model_dir, &model_cfg, &tokenizer, draft_dir)?;
+    }
     let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::load(
-            model_dir,
-            CudaBackendOptions::from_config(cfg, progress),
-        )?),
-        Device::Cpu(_) => Box::new(CpuBackend::load(
+        Device::Cuda => {
+            refuse_cuda_speculation(cfg)?;
+            Box::new(CudaBackend::load(
+                model_dir,
+                CudaBackendOptions::from_config(cfg, progress),
+            )?)
+        }
+        Device::Cpu(_) => Box::new(CpuBackend::load_speculative(
             model_dir,
             CpuBackendOptions::from_config(cfg, progress),
+            spec,
         )?),
     };
     let model = ModelSource {
@@ -197,18 +210,27 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
     let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::synthetic(
-            model_cfg.clone(),
-            seed,
-            CudaBackendOptions::from_config(cfg, false),
-        )?),
+        Device::Cuda => {
+            refuse_cuda_speculation(cfg)?;
+            Box::new(CudaBackend::synthetic(
+                model_cfg.clone(),
+                seed,
+                CudaBackendOptions::from_config(cfg, false),
+            )?)
+        }
         Device::Cpu(why) => {
+            anyhow::ensure!(
+                cfg.speculative.method != SpecMethod::Draft,
+                "--speculative draft needs a model folder (a --synthetic model has no draft)"
+            );
             let weights = synthetic_host_weights(name, &model_cfg, seed)
                 .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
-            Box::new(CpuBackend::from_parts(
+            Box::new(CpuBackend::from_parts_speculative(
                 model_cfg.clone(),
                 weights,
                 &CpuBackendOptions::from_config(cfg, false),
+                &cfg.speculative,
+                None,
             )?)
         }
     };
@@ -219,6 +241,53 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
         config: model_cfg,
     };
     Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
+}
+
+/// The CUDA executor does not verify drafts yet (it returns logits at one position per
+/// sequence): refuse rather than serve without what was asked for.
+fn refuse_cuda_speculation(cfg: &Config) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !cfg.speculative.enabled(),
+        "--speculative {} is not implemented on the CUDA executor yet; use --device cpu, or \
+         --speculative off",
+        cfg.speculative.method.as_str()
+    );
+    Ok(())
+}
+
+/// Refuses a draft model that cannot draft for the target (`spec::compat`), before any weight
+/// is loaded.
+fn check_draft(
+    cfg: &Config,
+    target_dir: &Path,
+    target: &ModelConfig,
+    target_tokenizer: &Tokenizer,
+    draft_dir: &Path,
+) -> anyhow::Result<()> {
+    let draft = ModelConfig::from_dir(draft_dir)
+        .map_err(|e| anyhow::anyhow!("draft model {}: {e}", draft_dir.display()))?;
+    let draft_tokenizer = if draft_dir.join("tokenizer.json").is_file() {
+        Some(Tokenizer::from_dir(draft_dir)?)
+    } else {
+        None
+    };
+    compat::check(&compat::Pair {
+        target_dir,
+        target,
+        target_tokenizer: Some(target_tokenizer),
+        draft_dir,
+        draft: &draft,
+        draft_tokenizer: draft_tokenizer.as_ref(),
+        max_model_len: resolve_max_model_len(cfg, target),
+    })
+}
+
+/// The engine's context: the configured one within the model's.
+fn resolve_max_model_len(cfg: &Config, model: &ModelConfig) -> usize {
+    match cfg.scheduler.max_model_len {
+        0 => model.max_position_embeddings,
+        n => n.min(model.max_position_embeddings),
+    }
 }
 
 /// What the actors need to know about the model besides its backend.
@@ -240,10 +309,7 @@ fn start_actors(
 ) -> EngineCore {
     let backend_info = backend.info();
     let model_cfg = &model.config;
-    let max_model_len = match cfg.scheduler.max_model_len {
-        0 => model_cfg.max_position_embeddings,
-        n => n.min(model_cfg.max_position_embeddings),
-    };
+    let max_model_len = resolve_max_model_len(cfg, model_cfg);
     let metrics = Arc::new(Metrics::new());
     metrics
         .kv_blocks_total
@@ -270,7 +336,8 @@ fn start_actors(
     let core = Scheduler::new(SchedulerConfig {
         max_model_len,
         ..cfg.scheduler.clone()
-    });
+    })
+    .with_speculation(cfg.speculative.clone());
     let limits = ValidationLimits {
         // One output token must still fit in the context window and in the KV pool.
         max_prompt_tokens: max_model_len

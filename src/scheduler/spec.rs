@@ -282,6 +282,14 @@ impl DepthChoice {
         marginal_ms: 0.0,
     };
 
+    /// Every request that may speculate gets `cap` drafts (`adaptive = false`).
+    pub fn fixed(cap: usize) -> DepthChoice {
+        DepthChoice {
+            cap,
+            ..DepthChoice::NONE
+        }
+    }
+
     /// Drafts for a request of per-token acceptance `alpha`: the j-th is worth it while its
     /// expected gain α^j pays one more position at the step's rate.
     pub fn depth_for(&self, alpha: f64) -> usize {

@@ -37,6 +37,9 @@ pub struct SpecConfig {
     pub draft_model: Option<PathBuf>,
     /// Most draft tokens per request and step: the ceiling of the adaptive depth k.
     pub max_depth: usize,
+    /// Choose each step's depth by the cost model and acceptance (true), or always give
+    /// `max_depth` within the pressure and emergency rules (false: benchmarks, tests).
+    pub adaptive: bool,
     /// N-gram lookup: the longest and shortest suffix matched, in tokens (longest first).
     pub ngram_max: usize,
     pub ngram_min: usize,
@@ -56,6 +59,7 @@ impl Default for SpecConfig {
             method: SpecMethod::Off,
             draft_model: None,
             max_depth: 4,
+            adaptive: true,
             ngram_max: 4,
             ngram_min: 2,
             max_kv_usage: 0.6,

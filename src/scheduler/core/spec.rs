@@ -93,7 +93,10 @@ impl Scheduler {
             tracing::debug!(ceiling = why.as_str(), max, usage, "speculation depth ceiling");
         }
         let s = &self.spec;
-        self.spec.choice = spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, max);
+        self.spec.choice = match s.cfg.adaptive {
+            true => spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, max),
+            false => DepthChoice::fixed(max),
+        };
     }
 
     /// Draft positions for decode `id` this step: its acceptance against the step's plan, and
