@@ -55,13 +55,15 @@ pub struct EngineInfo {
     pub max_model_len: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Speculative decoding: off, ngram or draft (with the draft model's folder).
+    pub speculative: String,
 }
 
 impl EngineInfo {
     pub fn summary(&self) -> String {
         let b = &self.backend;
         format!(
-            "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}",
+            "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}\nspeculative decoding: {}",
             self.model_name,
             self.num_parameters as f64 / 1e6,
             self.source,
@@ -73,6 +75,7 @@ impl EngineInfo {
             self.max_num_seqs,
             self.max_num_batched_tokens,
             self.max_model_len,
+            self.speculative,
         )
     }
 }
@@ -357,6 +360,10 @@ fn start_actors(
         max_model_len,
         max_num_seqs: cfg.scheduler.max_num_seqs,
         max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+        speculative: match (&cfg.speculative.method, &cfg.speculative.draft_model) {
+            (SpecMethod::Draft, Some(d)) => format!("draft ({})", d.display()),
+            (m, _) => m.as_str().to_owned(),
+        },
     };
     EngineCore {
         scheduler,

@@ -172,3 +172,22 @@ fn a_seeded_sampled_request_gives_the_same_tokens_every_run() {
     assert_eq!(a.outputs, b.outputs);
     assert!(a.drafts > 0 && a.accepted > 0, "{} / {}", a.accepted, a.drafts);
 }
+
+#[test]
+fn seeded_sampling_with_ngram_lookup_gives_the_tokens_of_no_speculation() {
+    let cases = goldens();
+    let prompts: Vec<Vec<u32>> = cases.iter().take(4).map(|c| c.0.clone()).collect();
+    let params: Vec<SamplingParams> = prompts
+        .iter()
+        .map(|_| SamplingParams {
+            temperature: 0.8,
+            max_tokens: 40,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let off = run(spec(SpecMethod::Off, 1), &prompts, &params, 5);
+    let ngram = run(spec(SpecMethod::Ngram, 3), &prompts, &params, 5);
+    assert_eq!(ngram.outputs, off.outputs);
+    assert!(ngram.drafts > 0, "nothing was verified");
+}

@@ -10,7 +10,9 @@
 //!   rejection is replaced by a sample of the normalised residual max(0, p_j − q_j); after k
 //!   accepted drafts the bonus token is sampled from p_k. A proposer without a model (n-gram
 //!   lookup) proposes deterministically: q_j is a point mass on d_j, so d_j is accepted with
-//!   probability p_j(d_j) and the residual is p_j without d_j.
+//!   probability p_j(d_j) and the residual is p_j without d_j — which is what keeping the plain
+//!   sampler's own draw when it equals d_j gives, so that is how it is done: with a seed, the
+//!   tokens are those of decoding without speculation, whatever the depth.
 //!
 //! Randomness: every draw comes from the request's (seed, output index) ChaCha stream, like the
 //! plain sampler's (`sampler::draw_uniform`), at a fixed word offset per role (`Role`): the
@@ -147,19 +149,29 @@ impl RejectionSampler {
                 }
                 continue;
             }
-            filtered_dense(&mut self.sampler, logits_j, params, &mut self.p);
             let q_row = match q {
-                DraftProbs::PointMass => None,
-                DraftProbs::Dense(rows) => Some(&rows[j * vocab..(j + 1) * vocab]),
+                DraftProbs::PointMass => {
+                    // Accept with probability p(d), else the residual p without d: exactly the
+                    // plain sampler's draw at this index, kept when it equals the draft. So a
+                    // deterministic proposer changes no seeded token, at any depth.
+                    let x = self.sampler.sample(logits_j, params, seed, output_index + j);
+                    out.push(x);
+                    if x.token != d {
+                        return j;
+                    }
+                    continue;
+                }
+                DraftProbs::Dense(rows) => &rows[j * vocab..(j + 1) * vocab],
             };
-            let q_d = q_row.map_or(1.0, |q| q[d as usize]);
+            filtered_dense(&mut self.sampler, logits_j, params, &mut self.p);
+            let q_d = q_row[d as usize];
             let u = draw(seed, output_index + j, Role::Accept);
             // u < p/q without the division (q_d may be tiny).
             if u * q_d < self.p[d as usize] {
                 out.push(with_logprob(logits_j, d));
                 continue;
             }
-            residual(&self.p, q_row, d, &mut self.residual);
+            residual(&self.p, Some(q_row), d, &mut self.residual);
             let u = draw(seed, output_index + j, Role::Residual);
             // p == q leaves no residual mass, but then nothing is rejected; rounding aside.
             let token = sample_dense(&self.residual, u).unwrap_or_else(|| {
