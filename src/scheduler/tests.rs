@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod harness;
+mod spec;
 mod window;
 
 use std::collections::HashMap;

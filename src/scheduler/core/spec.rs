@@ -15,8 +15,10 @@ use crate::step::{DraftOutcome, SchedulerOutput, StepOutput};
 
 /// Engine-wide acceptance weight per verification (slower than a request's own).
 const ENGINE_EMA: f64 = 0.02;
-/// How fast a request whose depth fell to 0 drifts back toward the engine's acceptance.
-const RELAX: f64 = 0.05;
+/// How fast a request whose depth fell to 0 drifts back toward an optimistic acceptance, per
+/// step: slow, so that a request whose drafts always fail retries about one step in 25 (a few
+/// percent of wasted verification) rather than every other step.
+const RELAX: f64 = 0.01;
 
 /// What the core keeps for speculation.
 #[derive(Debug)]
@@ -29,8 +31,9 @@ pub(crate) struct SpecState {
     pub stats: SpecStats,
     /// Acceptance over every request's verifications.
     pub engine: Acceptance,
-    /// This step's depth plan.
+    /// This step's depth plan, and the ceiling the rules allowed (before the cost model).
     pub choice: DepthChoice,
+    ceiling: usize,
     /// Depths given this step to decodes that could speculate, and how many such decodes.
     depth_sum: usize,
     depth_seqs: usize,
@@ -44,6 +47,7 @@ impl SpecState {
             stats: SpecStats::default(),
             engine: Acceptance::new(cfg.acceptance_prior),
             choice: DepthChoice::NONE,
+            ceiling: 0,
             depth_sum: 0,
             depth_seqs: 0,
             cfg,
@@ -60,6 +64,7 @@ impl Scheduler {
     /// Chooses this step's depth plan from the running decodes, before they are walked.
     pub(super) fn plan_speculation(&mut self, kv: &KvCacheManager) {
         self.spec.choice = DepthChoice::NONE;
+        self.spec.ceiling = 0;
         (self.spec.depth_sum, self.spec.depth_seqs) = (0, 0);
         if !self.spec.cfg.enabled() {
             return;
@@ -89,6 +94,7 @@ impl Scheduler {
             self.spec.target.samples(),
         );
         self.spec.stats.steps_by_ceiling[why.index()] += 1;
+        self.spec.ceiling = max;
         if why != Ceiling::Normal {
             tracing::debug!(ceiling = why.as_str(), max, usage, "speculation depth ceiling");
         }
@@ -103,14 +109,17 @@ impl Scheduler {
     /// never a token past `max_tokens`, the context (`max_len`) or the budget left.
     pub(super) fn draft_depth(&mut self, id: RequestId, budget: usize, max_len: usize) -> usize {
         let choice = self.spec.choice;
-        let engine_rate = self.spec.engine.rate();
+        let allowed = self.spec.ceiling > 0;
+        // Optimistic: a request held at depth 0 by its estimate (or by a cap its estimate
+        // pulled to 0) is tried again, and falls back at once if it still fails.
+        let retry_rate = self.spec.engine.rate().max(self.spec.cfg.acceptance_prior);
         let req = self.requests.get_mut(&id).expect("a decode is known");
         let Some(acc) = req.spec.as_mut() else {
             return 0;
         };
         let mut k = choice.depth_for(acc.rate());
-        if choice.cap > 0 && k == 0 {
-            acc.relax(engine_rate, RELAX);
+        if allowed && k == 0 {
+            acc.relax(retry_rate, RELAX);
         }
         // The step appends at most k + 1 tokens.
         let left = req
