@@ -277,6 +277,13 @@ impl Backend for CpuBackend {
         let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
         sampler.sample_batch(batch, &logits, vocab, drafts, &mut out);
         out.elapsed = start.elapsed();
+        tracing::trace!(
+            tokens = batch.num_tokens(),
+            drafts = batch.num_drafts(),
+            propose_ms = out.spec.elapsed.as_secs_f64() * 1e3,
+            step_ms = out.elapsed.as_secs_f64() * 1e3,
+            "cpu step"
+        );
         input.record(&out)?;
         Ok(out)
     }
