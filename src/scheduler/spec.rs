@@ -321,11 +321,13 @@ pub fn choose_depth(
     if ceiling == 0 || n == 0 {
         return DepthChoice::NONE;
     }
-    let step_ms = |k: usize| {
-        let mut f = *decodes;
-        f.prefill_tokens += (k * n) as f64;
-        target.predict_ms(&f) + draft.predict_ms(k, k * n)
-    };
+    // A verification row is a query row through every layer: it costs at least what a
+    // decode's row does, whatever the fit's split between prefill and decode (an online fit
+    // over steps of one shape can put the prefill coefficient at 0; measured on the CPU).
+    let c = target.coefficients();
+    let row_ms = c.per_prefill_token_ms.max(c.per_decode_seq_ms);
+    let base_ms = target.predict_ms(decodes);
+    let step_ms = |k: usize| base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n);
     let rate = |k: usize| {
         let tokens = others as f64 + alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>();
         tokens / step_ms(k).max(1e-6)
@@ -340,7 +342,7 @@ pub fn choose_depth(
     DepthChoice {
         cap: best,
         rate: best_rate,
-        marginal_ms: target.coefficients().per_prefill_token_ms + draft.per_token_ms(),
+        marginal_ms: row_ms + draft.per_token_ms(),
     }
 }
 

@@ -103,6 +103,16 @@ impl Scheduler {
             true => spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, max),
             false => DepthChoice::fixed(max),
         };
+        tracing::trace!(
+            cap = self.spec.choice.cap,
+            decodes = decodes.decode_seqs,
+            alpha_mean = alphas.iter().sum::<f64>() / alphas.len() as f64,
+            per_row_ms = self.spec.target.coefficients().per_prefill_token_ms,
+            draft_pass_ms = self.spec.draft.per_pass_ms(),
+            draft_token_ms = self.spec.draft.per_token_ms(),
+            step0_ms = self.spec.target.predict_ms(&decodes),
+            "speculation plan"
+        );
     }
 
     /// Draft positions for decode `id` this step: its acceptance against the step's plan, and

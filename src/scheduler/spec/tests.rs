@@ -96,6 +96,21 @@ fn a_large_compute_bound_batch_does_not_speculate() {
 }
 
 #[test]
+fn a_verification_row_costs_at_least_a_decode_row() {
+    // A fit that put the prefill coefficient at 0 (steps of one shape): rows still cost what
+    // a decode does, so a large batch does not speculate.
+    let t = CostModel::new(CostCoefficients {
+        base_ms: 2.0,
+        per_prefill_token_ms: 0.0,
+        per_decode_seq_ms: 1.0,
+        per_kv_token_ms: 0.0,
+        per_prefill_attn_pair_ms: 0.0,
+    });
+    let d = DraftCost::default();
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 4).cap, 0);
+}
+
+#[test]
 fn a_memory_bound_gpu_speculates_at_batch_64_too() {
     // The H200 prior for a 7B model: rows are cheap against the weights' read.
     let t = CostModel::new(CostCoefficients::default());
