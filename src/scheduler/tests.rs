@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod harness;
+mod slack;
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
