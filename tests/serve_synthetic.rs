@@ -108,3 +108,18 @@ async fn synthetic_serve_refuses_a_prompt_past_its_context() {
     c.close().await;
     handle.stop(false).await;
 }
+
+#[test]
+fn the_gpu_long_tail_config_has_the_seeds_classes_and_slos() {
+    // scripts/slo-gpu.sh serves with it on the H200: a typo would only show there.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("configs/gpu-longtail.toml");
+    let cfg = brook::config::Config::from_file(&path).unwrap();
+    let s = &cfg.scheduler;
+    assert_eq!((s.classes.short_below, s.classes.long_above), (128, 8192));
+    assert_eq!((s.slo.short.ttft_ms, s.slo.short.itl_ms), (300.0, 50.0));
+    assert_eq!(s.slo.long.ttft_ms, 5000.0);
+    assert!(cfg.server.max_connections >= 4096);
+    // The 16k preset's context holds the longest document with its template and output.
+    let shape = brook::model::synthetic::synthetic_config("llama-2-7b-16k").unwrap();
+    assert!(shape.max_position_embeddings >= 16_000 + 64 + 128);
+}
