@@ -101,7 +101,7 @@ fn monitor_estimates_how_long_emergency_periods_last() {
     // exit_hold_s 2 s; ITL SLO of the long class 50 ms.
     let mut m = SloMonitor::new(monitor_cfg(), SloConfig::default());
     assert_eq!(m.expected_duration_s(), 2.0, "before any period ended");
-    let mut period = |m: &mut SloMonitor, start: f64, calm_at: f64| {
+    let period = |m: &mut SloMonitor, start: f64, calm_at: f64| {
         for i in 0..20 {
             m.record(RequestClass::Long, SloMetric::Itl, start, 80.0 + i as f64);
         }
