@@ -185,7 +185,12 @@ async fn workload(
             PromptKind::Repeat => REPEAT_PHRASE.min(args.input_len),
         };
         let phrase: Vec<u32> = (0..distinct).map(|_| rng.random_range(0..vocab)).collect();
-        phrase.iter().copied().cycle().take(args.input_len).collect()
+        phrase
+            .iter()
+            .copied()
+            .cycle()
+            .take(args.input_len)
+            .collect()
     };
     let next_seed = std::cell::Cell::new(args.seed);
     let submit = |prompt_token_ids: Vec<u32>, max_tokens: usize| -> anyhow::Result<_> {

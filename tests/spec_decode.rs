@@ -132,7 +132,10 @@ fn check_greedy_goldens(method: SpecMethod, max_depth: usize) -> Run {
     for (i, (got, (_, want))) in r.outputs.iter().zip(&cases).enumerate() {
         assert_eq!(got, want, "case {i}: speculative greedy output differs");
     }
-    assert!(r.drafts > 0, "nothing was verified: the test tested nothing");
+    assert!(
+        r.drafts > 0,
+        "nothing was verified: the test tested nothing"
+    );
     r
 }
 
@@ -170,7 +173,12 @@ fn a_seeded_sampled_request_gives_the_same_tokens_every_run() {
     let a = run(spec(SpecMethod::Draft, 3), &prompts, &params, 11);
     let b = run(spec(SpecMethod::Draft, 3), &prompts, &params, 11);
     assert_eq!(a.outputs, b.outputs);
-    assert!(a.drafts > 0 && a.accepted > 0, "{} / {}", a.accepted, a.drafts);
+    assert!(
+        a.drafts > 0 && a.accepted > 0,
+        "{} / {}",
+        a.accepted,
+        a.drafts
+    );
 }
 
 #[test]

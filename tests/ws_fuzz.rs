@@ -253,6 +253,7 @@ fn raw_params() -> impl Strategy<Value = RawSamplingParams> {
                     stop,
                     stop_token_ids,
                     ignore_eos,
+                    speculative: None,
                 }
             },
         )

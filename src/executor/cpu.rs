@@ -46,6 +46,8 @@ pub struct CpuBackend {
     sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
+    /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
+    sample_vocab: usize,
     /// Speculative decoding's proposer, when the engine speculates.
     proposer: Option<Box<dyn Proposer>>,
     /// Bytes of one KV block: the target's, plus the draft model's when there is one.
@@ -144,13 +146,13 @@ impl CpuBackend {
             .min(num_blocks);
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
+        let sample_vocab = config.vocab_size;
         let model = LlamaModel::new(config, weights)?;
         let proposer: Option<Box<dyn Proposer>> = match (spec.method, draft) {
             (SpecMethod::Off, _) => None,
-            (SpecMethod::Ngram, _) => Some(Box::new(NgramProposer::new(
-                spec.ngram_min,
-                spec.ngram_max,
-            ))),
+            (SpecMethod::Ngram, _) => {
+                Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max)))
+            }
             (SpecMethod::Draft, Some(d)) => {
                 let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
                 let model = LlamaModel::new(d.config, d.weights)?;
@@ -164,10 +166,19 @@ impl CpuBackend {
             threads,
             sampler: HostSampler::new(),
             input,
+            sample_vocab,
             proposer,
             bytes_per_block,
             drafts: StepDrafts::default(),
         })
+    }
+
+    /// Samples only ids below `n` (at most the vocabulary): a synthetic model served with a
+    /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
+    /// The other logits are masked out, log-probabilities included (as the CUDA sampler does).
+    pub fn sample_below(mut self, n: usize) -> Self {
+        self.sample_vocab = n.clamp(1, self.model.config().vocab_size);
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -176,7 +187,8 @@ impl CpuBackend {
 
     /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
+        let (flat, vocab) =
+            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
@@ -194,7 +206,7 @@ impl CpuBackend {
         let mut out = StepOutput::default();
         let drafts = hand_built_drafts(batch, &mut self.drafts);
         self.sampler
-            .sample_batch(batch, &logits, vocab, drafts, &mut out);
+            .sample_batch(batch, &logits, vocab, self.sample_vocab, drafts, &mut out);
         out.elapsed = start.elapsed();
         Ok(out)
     }
@@ -253,6 +265,7 @@ impl Backend for CpuBackend {
             threads,
             sampler,
             input,
+            sample_vocab,
             proposer,
             drafts,
             ..
@@ -275,7 +288,7 @@ impl Backend for CpuBackend {
         }
         let batch = input.build(&drafts.proposals)?;
         let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
-        sampler.sample_batch(batch, &logits, vocab, drafts, &mut out);
+        sampler.sample_batch(batch, &logits, vocab, *sample_vocab, drafts, &mut out);
         out.elapsed = start.elapsed();
         tracing::trace!(
             tokens = batch.num_tokens(),

@@ -70,6 +70,8 @@ pub struct HostSampler {
     sampler: Sampler,
     rejection: RejectionSampler,
     verified: Vec<Sampled>,
+    /// Rows cut to the sampled vocabulary.
+    narrow: Vec<f32>,
 }
 
 impl HostSampler {
@@ -79,16 +81,20 @@ impl HostSampler {
 
     /// Samples every sampling sequence of `batch` from `logits` (`[batch.num_logit_rows(),
     /// vocab]`, rows in seq order), verifying the drafts of those that carry them, into `out`
-    /// (`sampled`, and `spec.drafts` for each sequence of `drafts`).
+    /// (`sampled`, and `spec.drafts` for each sequence of `drafts`). Only ids below
+    /// `sample_vocab` (≤ `vocab`) are drawn: the first `sample_vocab` logits of each row.
     pub fn sample_batch(
         &mut self,
         batch: &BatchInput,
         logits: &[f32],
         vocab: usize,
+        sample_vocab: usize,
         drafts: &StepDrafts,
         out: &mut StepOutput,
     ) {
         debug_assert_eq!(logits.len(), batch.num_logit_rows() * vocab);
+        debug_assert!(sample_vocab > 0 && sample_vocab <= vocab);
+        let mut narrow = std::mem::take(&mut self.narrow);
         let (mut rows, mut end) = (0, 0);
         let mut cursor = drafts.cursor();
         for seq in &batch.seqs {
@@ -96,12 +102,22 @@ impl HostSampler {
             let proposal = cursor.next_for(seq);
             let Some(s) = &seq.sample else { continue };
             let n = seq.num_drafts + 1;
-            let seq_logits = &logits[rows * vocab..(rows + n) * vocab];
+            let mut seq_logits = &logits[rows * vocab..(rows + n) * vocab];
             rows += n;
+            if sample_vocab < vocab {
+                // Each row cut to its first `sample_vocab` logits (a synthetic model whose
+                // tokenizer is smaller than its vocabulary).
+                narrow.clear();
+                for row in seq_logits.chunks(vocab) {
+                    narrow.extend_from_slice(&row[..sample_vocab]);
+                }
+                seq_logits = &narrow;
+            }
             // The drafts are the last tokens of the sequence's query.
             let drafts = &batch.token_ids[end - seq.num_drafts..end];
-            self.sample_seq(seq, s, seq_logits, vocab, drafts, proposal, out);
+            self.sample_seq(seq, s, seq_logits, sample_vocab, drafts, proposal, out);
         }
+        self.narrow = narrow;
     }
 
     /// One sequence: a plain sample, or the verification of its drafts.
@@ -125,7 +141,9 @@ impl HostSampler {
             })
         };
         let Some(p) = proposal else {
-            let x = self.sampler.sample(logits, &s.params, s.seed, s.output_index);
+            let x = self
+                .sampler
+                .sample(logits, &s.params, s.seed, s.output_index);
             return push(out, &x);
         };
         let k = drafts.len();

@@ -285,7 +285,11 @@ fn logit_rows(batch: &BatchInput) -> impl Iterator<Item = usize> + '_ {
     let mut end = 0usize;
     batch.seqs.iter().flat_map(move |s| {
         end += s.query_len;
-        let n = if s.sample.is_some() { s.num_drafts + 1 } else { 0 };
+        let n = if s.sample.is_some() {
+            s.num_drafts + 1
+        } else {
+            0
+        };
         end - n..end
     })
 }

@@ -154,7 +154,9 @@ impl RejectionSampler {
                     // Accept with probability p(d), else the residual p without d: exactly the
                     // plain sampler's draw at this index, kept when it equals the draft. So a
                     // deterministic proposer changes no seeded token, at any depth.
-                    let x = self.sampler.sample(logits_j, params, seed, output_index + j);
+                    let x = self
+                        .sampler
+                        .sample(logits_j, params, seed, output_index + j);
                     out.push(x);
                     if x.token != d {
                         return j;
@@ -181,10 +183,7 @@ impl RejectionSampler {
             return j;
         }
         // Every draft accepted: the bonus token, an ordinary sample at its index.
-        out.push(
-            self.sampler
-                .sample(row(k), params, seed, output_index + k),
-        );
+        out.push(self.sampler.sample(row(k), params, seed, output_index + k));
         k
     }
 }

@@ -381,7 +381,10 @@ impl Scheduler {
                 }
             };
             debug_assert!(sent <= table.len(), "{id}: block table shrank while held");
-            debug_assert!(drafts == 0 || (num_new == 1 && sample), "{id}: drafts off a decode");
+            debug_assert!(
+                drafts == 0 || (num_new == 1 && sample),
+                "{id}: drafts off a decode"
+            );
             let truncate_blocks_to = (req.executor_cut && new.is_none()).then_some(sent);
             req.executor_blocks = Some(table.len());
             req.executor_cut = false;
@@ -521,7 +524,10 @@ impl Scheduler {
             (true, false) => {
                 // Beyond the known token, one accepted draft per token after the first.
                 let accepted = tokens.len() - 1;
-                debug_assert!(accepted <= s.num_draft_tokens, "{id}: more tokens than drafts");
+                debug_assert!(
+                    accepted <= s.num_draft_tokens,
+                    "{id}: more tokens than drafts"
+                );
                 for &t in &tokens[..tokens.len().min(s.num_draft_tokens + 1)] {
                     req.tokens.push(t);
                     new_token_ids.push(t);
@@ -532,18 +538,17 @@ impl Scheduler {
                 }
                 req.num_computed += new_token_ids.len() - 1;
                 if monitor_on {
-                    let (metric, since) = match req.last_token_at {
-                        None => (SloMetric::Ttft, req.arrival),
-                        Some(last) => (SloMetric::Itl, last),
+                    // The ITL SLO is on a request's mean gap (what the ITL guard keeps and the
+                    // attainment counts), so the monitor watches each request's mean so far,
+                    // not single gaps, which the guard lets run long where slack was banked.
+                    let (metric, value_ms) = match req.first_token_at {
+                        None => (SloMetric::Ttft, (now - req.arrival) * 1e3),
+                        Some(first) => {
+                            let gaps = req.num_output_tokens().saturating_sub(1).max(1);
+                            (SloMetric::Itl, (now - first) * 1e3 / gaps as f64)
+                        }
                     };
-                    // Several tokens at once: the mean gap per token (the first token's TTFT is
-                    // its own).
-                    let per = match metric {
-                        SloMetric::Ttft => 1.0,
-                        SloMetric::Itl => new_token_ids.len() as f64,
-                    };
-                    self.monitor
-                        .record(req.class, metric, now, (now - since) * 1e3 / per);
+                    self.monitor.record(req.class, metric, now, value_ms);
                 }
                 req.first_token_at.get_or_insert(now);
                 req.last_token_at = Some(now);

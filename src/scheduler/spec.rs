@@ -130,7 +130,10 @@ pub fn ceiling(
     } else if fit_steps < MIN_FIT_STEPS {
         (0, Ceiling::Warmup)
     } else if emergency {
-        (cfg.max_depth.min(cfg.emergency_max_depth), Ceiling::Emergency)
+        (
+            cfg.max_depth.min(cfg.emergency_max_depth),
+            Ceiling::Emergency,
+        )
     } else {
         (cfg.max_depth, Ceiling::Normal)
     }

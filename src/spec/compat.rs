@@ -23,7 +23,11 @@ pub struct Pair<'a> {
 /// its KV block tables; else the reason.
 pub fn check(p: &Pair) -> anyhow::Result<()> {
     let (t, d) = (p.target_dir.display(), p.draft_dir.display());
-    let refuse = |why: String| Err(anyhow::anyhow!("draft model {d} cannot draft for {t}: {why}"));
+    let refuse = |why: String| {
+        Err(anyhow::anyhow!(
+            "draft model {d} cannot draft for {t}: {why}"
+        ))
+    };
     if p.draft.vocab_size != p.target.vocab_size {
         return refuse(format!(
             "its vocabulary has {} ids, the target's {}",
@@ -88,7 +92,9 @@ mod tests {
     use super::*;
 
     fn demo(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("models")
+            .join(name)
     }
 
     fn load(dir: &Path) -> (ModelConfig, Tokenizer) {

@@ -18,7 +18,9 @@ fn unit(parts: impl Hash) -> f32 {
 
 /// The toy target: logits in [-2, 2) from a hash of the context.
 fn target_logits(ctx: &[u32]) -> Vec<f32> {
-    (0..VOCAB).map(|t| unit((ctx, t, "p")) * 4.0 - 2.0).collect()
+    (0..VOCAB)
+        .map(|t| unit((ctx, t, "p")) * 4.0 - 2.0)
+        .collect()
 }
 
 /// The toy draft: correlated with the target, but not equal to it.
@@ -102,7 +104,13 @@ fn speculative_three(
             residual,
         );
         assert_eq!(verified.len(), accepted + 1);
-        assert_eq!(&verified[..accepted].iter().map(|s| s.token).collect::<Vec<_>>()[..], &drafts[..accepted]);
+        assert_eq!(
+            &verified[..accepted]
+                .iter()
+                .map(|s| s.token)
+                .collect::<Vec<_>>()[..],
+            &drafts[..accepted]
+        );
         for s in verified {
             ctx.push(s.token);
             out.push(s.token);
@@ -189,9 +197,15 @@ fn wrong_residual(p: &[f32], _q: Option<&[f32]>, _d: u32, out: &mut Vec<f32>) {
 #[test]
 fn sampled_drafts_give_the_target_distribution_and_a_wrong_residual_does_not() {
     let (stat, crit) = statistic(Proposer::Sampled, exact_residual);
-    assert!(stat < crit, "exact residual: chi-square {stat:.1} >= {crit:.1}");
+    assert!(
+        stat < crit,
+        "exact residual: chi-square {stat:.1} >= {crit:.1}"
+    );
     let (bad, crit) = statistic(Proposer::Sampled, wrong_residual);
-    assert!(bad > crit, "wrong residual passed: chi-square {bad:.1} < {crit:.1}");
+    assert!(
+        bad > crit,
+        "wrong residual passed: chi-square {bad:.1} < {crit:.1}"
+    );
 }
 
 #[test]
@@ -232,10 +246,23 @@ fn greedy_accepts_while_drafts_equal_the_argmax_then_corrects() {
     let mut rs = RejectionSampler::new();
     let run = |rs: &mut RejectionSampler, drafts: &[u32]| {
         let mut out = Vec::new();
-        let n = rs.verify(&logits, VOCAB, drafts, DraftProbs::PointMass, &greedy, 1, 0, &mut out);
+        let n = rs.verify(
+            &logits,
+            VOCAB,
+            drafts,
+            DraftProbs::PointMass,
+            &greedy,
+            1,
+            0,
+            &mut out,
+        );
         (n, out.iter().map(|s| s.token).collect::<Vec<_>>())
     };
-    assert_eq!(run(&mut rs, &[2, 4]), (2, vec![2, 4, 1]), "all accepted, bonus");
+    assert_eq!(
+        run(&mut rs, &[2, 4]),
+        (2, vec![2, 4, 1]),
+        "all accepted, bonus"
+    );
     assert_eq!(run(&mut rs, &[2, 5]), (1, vec![2, 4]), "second corrected");
     assert_eq!(run(&mut rs, &[0, 4]), (0, vec![2]), "first corrected");
 }
@@ -256,7 +283,9 @@ fn same_seed_same_tokens_and_draws_differ_by_role() {
 fn a_rejection_never_returns_the_rejected_point_mass_draft() {
     // p puts 0.5 on token 0; a point-mass draft of token 0 is rejected half the time, and the
     // residual then excludes it.
-    let logits = [0.0f32, -30.0, 0.0, -30.0, -30.0, -30.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    let logits = [
+        0.0f32, -30.0, 0.0, -30.0, -30.0, -30.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+    ];
     let p = SamplingParams {
         temperature: 1.0,
         ..SamplingParams::default()
@@ -265,9 +294,22 @@ fn a_rejection_never_returns_the_rejected_point_mass_draft() {
     let mut rejected = 0;
     for seed in 0..2000 {
         let mut out = Vec::new();
-        if rs.verify(&logits, VOCAB, &[0], DraftProbs::PointMass, &p, seed, 0, &mut out) == 0 {
+        if rs.verify(
+            &logits,
+            VOCAB,
+            &[0],
+            DraftProbs::PointMass,
+            &p,
+            seed,
+            0,
+            &mut out,
+        ) == 0
+        {
             rejected += 1;
-            assert_eq!(out[0].token, 2, "the residual holds token 2 only (up to e^-30)");
+            assert_eq!(
+                out[0].token, 2,
+                "the residual holds token 2 only (up to e^-30)"
+            );
         }
     }
     assert!((800..1200).contains(&rejected), "{rejected}");

@@ -58,7 +58,8 @@ impl SpecState {
 impl Scheduler {
     /// The acceptance estimate a new request starts with; None when it may not speculate.
     pub(super) fn spec_for_new(&self, opted_in: bool) -> Option<Acceptance> {
-        (self.spec.cfg.enabled() && opted_in).then(|| Acceptance::new(self.spec.cfg.acceptance_prior))
+        (self.spec.cfg.enabled() && opted_in)
+            .then(|| Acceptance::new(self.spec.cfg.acceptance_prior))
     }
 
     /// Chooses this step's depth plan from the running decodes, before they are walked.
@@ -96,7 +97,12 @@ impl Scheduler {
         self.spec.stats.steps_by_ceiling[why.index()] += 1;
         self.spec.ceiling = max;
         if why != Ceiling::Normal {
-            tracing::debug!(ceiling = why.as_str(), max, usage, "speculation depth ceiling");
+            tracing::debug!(
+                ceiling = why.as_str(),
+                max,
+                usage,
+                "speculation depth ceiling"
+            );
         }
         let s = &self.spec;
         self.spec.choice = match s.cfg.adaptive {

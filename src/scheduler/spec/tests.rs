@@ -130,7 +130,10 @@ fn depth_falls_with_acceptance() {
     assert!(ks[0] > ks[2], "{ks:?}");
     assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
     // Nobody may speculate: no depth.
-    assert_eq!(choose_depth(&t, &d, &decodes(4), &[], 4, 4), DepthChoice::NONE);
+    assert_eq!(
+        choose_depth(&t, &d, &decodes(4), &[], 4, 4),
+        DepthChoice::NONE
+    );
 }
 
 #[test]
@@ -142,7 +145,9 @@ fn acceptance_estimates_the_per_token_rate_whatever_the_depth() {
     for _ in 0..4000 {
         let mut acc = 0;
         while acc < 4 {
-            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             if (rng >> 33) % 2 == 0 {
                 break;
             }

@@ -72,7 +72,10 @@ fn run(accept: impl Fn(usize) -> usize + Copy, steps: u32) -> Vec<usize> {
         }
         // Rollback: never a block past the known tokens.
         let held = kv.block_table(RequestId(1)).len();
-        assert!(held <= usize::div_ceil(known, BLOCK_SIZE), "step {n}: {held} blocks, {known} tokens");
+        assert!(
+            held <= usize::div_ceil(known, BLOCK_SIZE),
+            "step {n}: {held} blocks, {known} tokens"
+        );
     }
     depths
 }
