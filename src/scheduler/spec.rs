@@ -324,11 +324,16 @@ pub fn choose_depth(
     if ceiling == 0 || n == 0 {
         return DepthChoice::NONE;
     }
-    // A verification row is a query row through every layer: it costs at least what a
-    // decode's row does, whatever the fit's split between prefill and decode (an online fit
-    // over steps of one shape can put the prefill coefficient at 0; measured on the CPU).
+    // A verification row is a query row through every layer: with several decodes it costs
+    // at least what a decode's row does, whatever the fit's split between prefill and decode
+    // (an online fit over steps of one shape can put the prefill coefficient at 0; measured on
+    // the CPU at batch 64). With one decode the fit cannot tell the per-decode cost from the
+    // step's base, so there the prefill coefficient alone prices a row.
     let c = target.coefficients();
-    let row_ms = c.per_prefill_token_ms.max(c.per_decode_seq_ms);
+    let row_ms = match decodes.decode_seqs > 1.0 {
+        true => c.per_prefill_token_ms.max(c.per_decode_seq_ms),
+        false => c.per_prefill_token_ms,
+    };
     let base_ms = target.predict_ms(decodes);
     let step_ms = |k: usize| base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n);
     let rate = |k: usize| {
