@@ -215,7 +215,7 @@ pub fn filtered_dense(
 /// has no mass.
 pub fn sample_dense(weights: &[f32], u: f32) -> Option<u32> {
     let total: f32 = weights.iter().sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return None;
     }
     let mut target = u * total;

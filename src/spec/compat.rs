@@ -49,7 +49,7 @@ pub fn check(p: &Pair) -> anyhow::Result<()> {
         );
     }
     match (p.target_tokenizer, p.draft_tokenizer) {
-        (Some(a), Some(b)) => same_tokenizer(a, b).or_else(|why| refuse(why)),
+        (Some(a), Some(b)) => same_tokenizer(a, b).or_else(&refuse),
         (None, None) => Ok(()),
         (Some(_), None) => refuse("it has no tokenizer.json, the target does".into()),
         (None, Some(_)) => refuse("it has a tokenizer.json, the target does not".into()),
