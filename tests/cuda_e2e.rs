@@ -41,6 +41,10 @@ mod persistent;
 #[path = "cuda_e2e/block_table.rs"]
 mod block_table;
 
+/// Penalties, logit bias and logprobs on that path (device token counts).
+#[path = "cuda_e2e/penalties.rs"]
+mod penalties;
+
 fn have_gpu() -> bool {
     let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match brook::executor::cuda::probe() {
