@@ -4,6 +4,7 @@
 //! random messages split into random fragment sequences with control frames between them, fed
 //! both as frames and as masked bytes in random read chunks, must come out whole or with the
 //! right close code.
+//! (Over 600 lines: the parser, validation and reassembly properties share these generators.)
 mod common;
 
 use actix_http::ws::{Frame, Item, OpCode, Parser};

@@ -1,5 +1,7 @@
 //! Parameter structs of `kernels/*.cu` (field for field, `#[repr(C)]`) and their launches.
 //! Pointers are raw device addresses (`u64`); shapes are in the .cu files' comments.
+//! Over 600 lines on purpose: one mirror struct and one launch per kernel, all alike and
+//! checked together against the C layout (`param_structs_match_the_c_layout`).
 
 use super::device::Gpu;
 
