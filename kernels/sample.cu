@@ -16,9 +16,11 @@
 // their bits): 31 passes of block reductions, no sort, no scratch memory. Ties at a threshold
 // are all kept (the CPU sampler breaks them by token id). The draw u = hash(seed, output_index)
 // is then placed on the kept mass in token-id order, so a token depends only on its own logits,
-// counts, seed and output index, never on the batch.
+// counts, seed and output index, never on the batch. Only the first `vocab` logits of a row are
+// read: the rest (ids a smaller tokenizer cannot decode) are masked out, the log-probability
+// included; rows of logits, work and counts are `stride` (the model's vocabulary) apart.
 //
-// Token counts (`counts`, one row per persistent batch row, [rows, vocab] u32): bit 31 says the
+// Token counts (`counts`, one row per persistent batch row, [rows, stride] u32): bit 31 says the
 // prompt holds the id, bits 0..30 count it in the output. The host sends their changes (a new
 // request's prompt and output, tokens it took back, rows moved); this kernel counts each token it
 // samples for a row with penalties, so a step needs no host round trip.
@@ -45,17 +47,18 @@ struct SampleEdit {   // added to one token's logit (-inf: masked); tokens disti
 };
 
 struct SampleParams {
-  const float* logits;      // [num_rows, vocab]
+  const float* logits;      // [num_rows, stride]; ids [0, vocab) are sampled
   const SampleArgs* args;   // [num_rows]
   int* tokens;              // [num_rows]
   float* logprobs;          // [num_rows]  log-probability under the unmodified distribution
   const SampleEdit* edits;  // [sum of num_edits]
-  u32* counts;              // [count rows, vocab]  see above
-  float* work;              // [num_rows, vocab]  processed logits (rows with edits or penalties)
+  u32* counts;              // [count rows, stride]  see above
+  float* work;              // [num_rows, stride]  processed logits (rows with edits or penalties)
   int* top_ids;             // [num_rows, SAMPLE_MAX_TOP]  most likely first
   float* top_logprobs;      // [num_rows, SAMPLE_MAX_TOP]
   int num_rows;
-  int vocab;
+  int vocab;                // ids sampled: the model's vocabulary, or fewer (a tokenizer's)
+  int stride;               // logits per row (the model's vocabulary), >= vocab
 };
 
 #define SAMPLE_THREADS 1024
@@ -218,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(SampleParams
   __shared__ int s_pick;
   const int r = blockIdx.x, tid = threadIdx.x;
   const int vocab = p.vocab;
-  const float* raw = p.logits + (size_t)r * vocab;
+  const float* raw = p.logits + (size_t)r * p.stride;
   const SampleArgs a = p.args[r];
 
   // The model's distribution: max, first argmax, log-partition.
@@ -245,9 +248,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(SampleParams
   const float* row = raw;
   float mx = raw_max;
   int argmax = raw_argmax;
-  u32* counts = a.counts_row >= 0 ? p.counts + (size_t)a.counts_row * vocab : nullptr;
+  u32* counts = a.counts_row >= 0 ? p.counts + (size_t)a.counts_row * p.stride : nullptr;
   if (a.num_edits > 0 || counts != nullptr) {
-    float* w = p.work + (size_t)r * vocab;
+    float* w = p.work + (size_t)r * p.stride;
     for (int i = tid; i < vocab; i += blockDim.x) w[i] = penalize(raw[i], counts ? counts[i] : 0u, a);
     __syncthreads();
     for (int e = tid; e < a.num_edits; e += blockDim.x) {

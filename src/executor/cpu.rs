@@ -34,6 +34,8 @@ pub struct CpuBackend {
     sampler: Sampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
+    /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
+    sample_vocab: usize,
 }
 
 impl CpuBackend {
@@ -83,6 +85,7 @@ impl CpuBackend {
             .min(num_blocks);
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
+        let sample_vocab = config.vocab_size;
         let model = LlamaModel::new(config, weights)?;
         Ok(CpuBackend {
             model,
@@ -90,7 +93,16 @@ impl CpuBackend {
             threads,
             sampler: Sampler::new(),
             input,
+            sample_vocab,
         })
+    }
+
+    /// Samples only ids below `n` (at most the vocabulary): a synthetic model served with a
+    /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
+    /// The other logits are masked out, log-probabilities included (as the CUDA sampler does).
+    pub fn sample_below(mut self, n: usize) -> Self {
+        self.sample_vocab = n.clamp(1, self.model.config().vocab_size);
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -112,9 +124,22 @@ impl CpuBackend {
             kv,
             threads,
             sampler,
+            sample_vocab,
             ..
         } = self;
-        run(model, kv, threads.as_ref(), sampler, batch, |_| None, start)
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
+        run(
+            model,
+            kv,
+            threads.as_ref(),
+            sampling,
+            batch,
+            |_| None,
+            start,
+        )
     }
 }
 
@@ -139,25 +164,32 @@ fn forward_flat(
     ))
 }
 
+/// The sampler and the ids it may draw (the first `vocab` of a row).
+struct Sampling<'a> {
+    sampler: &'a mut Sampler,
+    vocab: usize,
+}
+
 /// Forward, then one token per sampling sequence; `counts(row)` gives the token counts of a
 /// request with penalties.
 fn run<'a>(
     model: &LlamaModel,
     kv: &mut KvPool,
     threads: Option<&rayon::ThreadPool>,
-    sampler: &mut Sampler,
+    sampling: Sampling<'_>,
     batch: &BatchInput,
     counts: impl Fn(usize) -> Option<&'a TokenCounts>,
     start: Instant,
 ) -> anyhow::Result<StepOutput> {
     let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-    let sampling = batch
+    let Sampling { sampler, vocab: n } = sampling;
+    let sampled = batch
         .seqs
         .iter()
         .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, s.row, x)));
     let mut out = StepOutput::default();
-    for ((request_id, row, s), logits) in sampling.zip(logits.chunks(vocab)) {
-        let p = &s.params;
+    for ((request_id, row, s), logits) in sampled.zip(logits.chunks(vocab)) {
+        let (p, logits) = (&s.params, &logits[..n]);
         let got = sampler.sample(logits, p, s.seed, s.output_index, counts(row));
         out.sampled.push(SampledToken {
             request_id,
@@ -191,14 +223,19 @@ impl Backend for CpuBackend {
             threads,
             sampler,
             input,
+            sample_vocab,
         } = self;
         input.update(step)?;
         let (batch, held) = (input.batch(), &*input);
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
         let out = run(
             model,
             kv,
             threads.as_ref(),
-            sampler,
+            sampling,
             batch,
             |row| held.counts(row),
             start,

@@ -69,13 +69,18 @@ impl TokenCounts {
     }
 
     /// Applies the penalties to the ids seen, in place; O(distinct ids seen), not O(vocab).
+    /// Ids past `logits` (a sampled range narrower than the model's vocabulary) are skipped.
     pub fn apply_penalties(&self, logits: &mut [f32], p: &SamplingParams) {
         for (&t, &n) in &self.output {
-            logits[t as usize] = penalize(logits[t as usize], n, true, p);
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = penalize(*l, n, true, p);
+            }
         }
         if p.repetition_penalty != 1.0 {
             for &t in self.prompt.iter().filter(|t| !self.output.contains_key(t)) {
-                logits[t as usize] = penalize(logits[t as usize], 0, true, p);
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = penalize(*l, 0, true, p);
+                }
             }
         }
     }
@@ -110,12 +115,17 @@ pub fn process_logits(
 ) {
     out.clear();
     out.extend_from_slice(logits);
+    // Ids past the sampled range (a tokenizer smaller than the model) cannot be drawn anyway.
     for &(t, b) in &params.logit_bias {
-        out[t as usize] += b;
+        if let Some(l) = out.get_mut(t as usize) {
+            *l += b;
+        }
     }
     if params.masks_stop_ids(output_index) {
         for &t in &params.min_tokens_blocked {
-            out[t as usize] = f32::NEG_INFINITY;
+            if let Some(l) = out.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
         }
     }
     if let Some(c) = counts.filter(|_| params.has_penalties()) {

@@ -318,7 +318,10 @@ pub struct SampleParams {
     pub top_ids: u64,
     pub top_logprobs: u64,
     pub num_rows: i32,
+    /// Ids sampled: the first `vocab` logits of each row.
     pub vocab: i32,
+    /// Logits per row, >= `vocab`.
+    pub stride: i32,
 }
 
 /// `delta` that sets a count's prompt bit (`COUNT_PROMPT` in sample.cu).
@@ -596,6 +599,12 @@ pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.vocab > 0 && p.vocab <= p.stride,
+        "sample: vocab {} must be in 1..=stride {}",
+        p.vocab,
+        p.stride
+    );
     gpu.launch(
         "sample",
         (p.num_rows as u32, 1, 1),
@@ -685,7 +694,7 @@ mod tests {
     fn param_structs_match_the_c_layout() {
         // C pads a struct to its largest member's alignment; the Rust mirrors must agree.
         assert_eq!(std::mem::size_of::<SampleArgs>(), 64);
-        assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 2 * 4);
+        assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<SampleCountsUpdateParams>(), 2 * 8 + 8);
         assert_eq!(std::mem::size_of::<SampleCountsMoveParams>(), 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 8 * 4);

@@ -300,7 +300,8 @@ impl Forward {
                 top_ids: a.top_ids.ptr(),
                 top_logprobs: a.top_logprobs.ptr(),
                 num_rows: step.ns as i32,
-                vocab: c.vocab_size as i32,
+                vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
+                stride: c.vocab_size as i32,
             },
         )
     }
