@@ -150,6 +150,23 @@ fn penalties_and_bias_on_known_values() {
     assert_eq!(processed(&l, &rep, &counts, 0), vec![4.0, -0.5, 0.5, 1.0]);
 }
 
+/// A sampled range narrower than the model's vocabulary (`serve --synthetic` with a smaller
+/// tokenizer): bias, mask and penalty ids past it are skipped, the rest still apply.
+#[test]
+fn edits_past_the_sampled_range_are_skipped() {
+    let l = vec![2.0, -1.0, 0.5];
+    let counts = TokenCounts::new(&[0, 7], &[1, 9]);
+    let p = params(|p| {
+        p.repetition_penalty = 2.0;
+        p.frequency_penalty = 1.0;
+        p.logit_bias = vec![(2, 1.0), (5, 100.0)];
+        p.min_tokens = 1;
+        p.min_tokens_blocked = vec![6];
+    });
+    // 0: 2 / 2. 1: -1 x 2 - 1. 2: 0.5 + 1.
+    assert_eq!(processed(&l, &p, &counts, 0), vec![1.0, -3.0, 1.5]);
+}
+
 #[test]
 fn penalties_and_bias_match_the_reference_on_random_histories() {
     let mut r = ChaCha8Rng::seed_from_u64(5);
