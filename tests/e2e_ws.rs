@@ -346,13 +346,12 @@ async fn adaptive_policy_serves_mixed_lengths() {
     }
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#),
-        "{m}"
+    assert_metric_lines(
+        &m,
+        &[
+            r#"brook:scheduler_accepted_total{class="long"} 1"#,
+            r#"brook:scheduler_accepted_total{class="short"} 2"#,
+        ],
     );
     server.stop().await;
 }
