@@ -10,7 +10,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr, SyncArbiter};
 use tokio::sync::mpsc;
@@ -18,17 +18,19 @@ use tokio::sync::mpsc;
 use crate::chat::ChatTemplate;
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::executor::actor::ExecutorActor;
+use crate::executor::actor::{BackendFactory, ExecutorActor};
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
 use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
+use crate::health::Health;
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::config::{GenerationConfig, ModelConfig};
 use crate::model::synthetic::{synthetic_config, synthetic_host_weights};
+use crate::output::Backlog;
 use crate::request::{RequestId, StreamEvent};
-use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, Submit};
+use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Submit};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 use crate::validation::{
@@ -83,6 +85,8 @@ pub struct EngineCore {
     pub scheduler: Addr<SchedulerActor>,
     pub kv: Addr<KvActor>,
     pub metrics: Arc<Metrics>,
+    /// Serving, draining, stalled or failed (`health`): /health, the edge and admission read it.
+    pub health: Arc<Health>,
     pub info: EngineInfo,
     pub limits: SessionLimits,
     validation: Validation,
@@ -102,12 +106,23 @@ impl EngineCore {
     /// Hands a validated request to the scheduler; every event for it arrives on the returned
     /// channel (`overloaded` included).
     pub fn submit(&self, req: ValidRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
+        self.submit_from(req, None)
+    }
+
+    /// [`EngineCore::submit`] for a socket: its output counts against the socket's `backlog`
+    /// (unread bytes, bounded; see `output::backlog`).
+    pub fn submit_from(
+        &self,
+        req: ValidRequest,
+        backlog: Option<Arc<Backlog>>,
+    ) -> (RequestId, mpsc::Receiver<StreamEvent>) {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
         self.scheduler.do_send(Submit {
             id,
             request: req,
             tx,
+            backlog,
             arrival: Instant::now(),
         });
         (id, rx)
@@ -150,8 +165,22 @@ pub fn default_model_dir() -> Option<PathBuf> {
     .find(|p| p.join("config.json").is_file())
 }
 
+/// Wraps every backend the engine builds, the first and any rebuilt after a panic: the fault
+/// injection tests (tests/common/faults.rs) wrap it in a backend that fails on purpose.
+pub type BackendWrap = Arc<dyn Fn(Box<dyn Backend>) -> Box<dyn Backend> + Send + Sync>;
+
 /// Loads the model folder and starts the actors. Must run inside an actix `System`.
 pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Arc<EngineHandle>> {
+    start_wrapped(cfg, model_dir, progress, None)
+}
+
+/// [`start`], with `wrap` around the backend (see [`BackendWrap`]).
+pub fn start_wrapped(
+    cfg: &Config,
+    model_dir: &Path,
+    progress: bool,
+    wrap: Option<BackendWrap>,
+) -> anyhow::Result<Arc<EngineHandle>> {
     let model_cfg = ModelConfig::from_dir(model_dir)?;
     // Parsed once: the tokenizer takes its bos/eos ids, validation its sampling defaults.
     let gen = GenerationConfig::from_dir(model_dir)?;
@@ -167,16 +196,28 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     }
     // Checked before the weights load, so a bad default fails fast.
     let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
-    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::load(
-            model_dir,
-            CudaBackendOptions::from_config(cfg, progress),
-        )?),
-        Device::Cpu(_) => Box::new(CpuBackend::load(
-            model_dir,
-            CpuBackendOptions::from_config(cfg, progress),
-        )?),
+    let device = pick_device(cfg, &model_cfg)?;
+    let load = {
+        let (cfg, dir) = (cfg.clone(), model_dir.to_path_buf());
+        // A rebuild after a panic shows no progress bar.
+        let mut progress = progress;
+        move || -> anyhow::Result<Box<dyn Backend>> {
+            let backend: Box<dyn Backend> = match &device {
+                Device::Cuda => Box::new(CudaBackend::load(
+                    &dir,
+                    CudaBackendOptions::from_config(&cfg, progress),
+                )?),
+                Device::Cpu(_) => Box::new(CpuBackend::load(
+                    &dir,
+                    CpuBackendOptions::from_config(&cfg, progress),
+                )?),
+            };
+            progress = false;
+            Ok(backend)
+        }
     };
+    let mut factory = wrapped(load, wrap);
+    let backend = factory()?;
     let model = ModelSource {
         name: model_dir
             .file_name()
@@ -186,7 +227,13 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         defaults,
         config: model_cfg,
     };
-    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()), chat);
+    let core = start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        Some(tokenizer.clone()),
+        chat,
+    );
     Ok(Arc::new(EngineHandle { core, tokenizer }))
 }
 
@@ -196,29 +243,44 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
 /// inside an actix `System`.
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
-    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::synthetic(
-            model_cfg.clone(),
-            seed,
-            CudaBackendOptions::from_config(cfg, false),
-        )?),
-        Device::Cpu(why) => {
-            let weights = synthetic_host_weights(name, &model_cfg, seed)
-                .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
-            Box::new(CpuBackend::from_parts(
-                model_cfg.clone(),
-                weights,
-                &CpuBackendOptions::from_config(cfg, false),
-            )?)
-        }
-    };
+    let device = pick_device(cfg, &model_cfg)?;
+    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
+    let mut factory = wrapped(
+        move || -> anyhow::Result<Box<dyn Backend>> {
+            let (cfg, model_cfg) = (&cfg2, &model_cfg2);
+            Ok(match &device {
+                Device::Cuda => Box::new(CudaBackend::synthetic(
+                    model_cfg.clone(),
+                    seed,
+                    CudaBackendOptions::from_config(cfg, false),
+                )?),
+                Device::Cpu(why) => {
+                    let weights = synthetic_host_weights(&name2, model_cfg, seed)
+                        .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
+                    Box::new(CpuBackend::from_parts(
+                        model_cfg.clone(),
+                        weights,
+                        &CpuBackendOptions::from_config(cfg, false),
+                    )?)
+                }
+            })
+        },
+        None,
+    );
+    let backend = factory()?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
         defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
         config: model_cfg,
     };
-    Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
+    Ok(Arc::new(start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        None,
+        None,
+    )))
 }
 
 /// What the actors need to know about the model besides its backend.
@@ -229,12 +291,27 @@ struct ModelSource {
     defaults: ModelDefaults,
 }
 
-/// Starts the KV, executor and scheduler actors around a loaded backend. The scheduler
-/// detokenizes with `tokenizer` when there is one, else streams token counts only.
+/// `load`, then `wrap` around what it built.
+fn wrapped(
+    mut load: impl FnMut() -> anyhow::Result<Box<dyn Backend>> + Send + 'static,
+    wrap: Option<BackendWrap>,
+) -> BackendFactory {
+    Box::new(move || {
+        let backend = load()?;
+        Ok(match &wrap {
+            Some(w) => w(backend),
+            None => backend,
+        })
+    })
+}
+
+/// Starts the KV, executor and scheduler actors around a loaded backend and the factory that
+/// rebuilds it after a panic. The scheduler detokenizes with `tokenizer` when there is one, else
+/// streams token counts only.
 fn start_actors(
     cfg: &Config,
     model: ModelSource,
-    backend: Box<dyn Backend>,
+    (backend, factory): (Box<dyn Backend>, BackendFactory),
     tokenizer: Option<Arc<Tokenizer>>,
     chat: Option<ChatTemplate>,
 ) -> EngineCore {
@@ -255,14 +332,12 @@ fn start_actors(
         cfg.cache.enable_prefix_caching,
     )));
     let kv_addr = KvActor::new(kv.clone()).start();
-    let backend_cell = parking_lot::Mutex::new(Some(backend));
+    let backend_cell = parking_lot::Mutex::new(Some((backend, factory)));
     let executor = SyncArbiter::start(1, move || {
-        ExecutorActor::new(
-            backend_cell
-                .lock()
-                .take()
-                .expect("one executor thread takes the backend once"),
-        )
+        let (backend, factory) = (backend_cell.lock())
+            .take()
+            .expect("one executor thread takes the backend once");
+        ExecutorActor::new(backend, factory)
     });
     let core = Scheduler::new(SchedulerConfig {
         max_model_len,
@@ -277,7 +352,17 @@ fn start_actors(
         vocab_size: model_cfg.vocab_size,
     };
     let validation = Validation::new(tokenizer.clone(), chat, model.defaults, limits);
-    let scheduler = SchedulerActor::new(core, kv, executor, tokenizer, metrics.clone()).start();
+    let health = Arc::new(Health::default());
+    let step_timeout = (cfg.scheduler.step_timeout_s > 0.0)
+        .then(|| Duration::from_secs_f64(cfg.scheduler.step_timeout_s));
+    let parts = SchedulerParts {
+        kv,
+        tokenizer,
+        metrics: metrics.clone(),
+        health: health.clone(),
+        step_timeout,
+    };
+    let scheduler = SchedulerActor::new(core, executor, parts).start();
     let info = EngineInfo {
         model_name: model.name,
         source: model.source,
@@ -292,6 +377,7 @@ fn start_actors(
         scheduler,
         kv: kv_addr,
         metrics,
+        health,
         info,
         limits: SessionLimits {
             max_requests_per_connection: cfg.server.max_requests_per_connection,
@@ -303,6 +389,7 @@ fn start_actors(
 }
 
 /// Where the backend runs; `Cpu` says why (for messages).
+#[derive(Debug, Clone)]
 enum Device {
     Cuda,
     Cpu(String),

@@ -30,6 +30,13 @@ pub enum EngineError {
     RateLimited { retry_after_ms: u64 },
     #[error("internal error: {0}")]
     Internal(String),
+    /// The server is draining (SIGTERM): it takes no new requests.
+    #[error("the server is shutting down and takes no new requests; retry elsewhere or later")]
+    ShuttingDown,
+    /// The client did not read its socket: `unread_bytes` of output waited for it, over the
+    /// limit (`server.max_unread_bytes`).
+    #[error("slow consumer: {unread_bytes} bytes of output were not read from the socket (limit {limit}); its requests are cancelled")]
+    SlowConsumer { unread_bytes: usize, limit: usize },
 }
 
 impl EngineError {
@@ -51,6 +58,11 @@ impl EngineError {
             },
             EngineError::Unavailable("x".into()),
             EngineError::Internal("x".into()),
+            EngineError::ShuttingDown,
+            EngineError::SlowConsumer {
+                unread_bytes: 2,
+                limit: 1,
+            },
         ]
     }
 
@@ -66,6 +78,8 @@ impl EngineError {
             EngineError::Unavailable(_) => "unavailable",
             EngineError::RateLimited { .. } => "rate_limited",
             EngineError::Internal(_) => "internal",
+            EngineError::ShuttingDown => "shutting_down",
+            EngineError::SlowConsumer { .. } => "slow_consumer",
         }
     }
 
@@ -82,9 +96,12 @@ impl EngineError {
             | EngineError::DuplicateId(_)
             | EngineError::UnknownId(_) => 400,
             EngineError::PromptTooLong { .. } => 413,
-            EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => 429,
+            // A client that does not read its stream is asked to slow down, as for a rate.
+            EngineError::Overloaded { .. }
+            | EngineError::RateLimited { .. }
+            | EngineError::SlowConsumer { .. } => 429,
             EngineError::Internal(_) => 500,
-            EngineError::Unavailable(_) => 503,
+            EngineError::Unavailable(_) | EngineError::ShuttingDown => 503,
         }
     }
 
@@ -149,6 +166,8 @@ mod tests {
                 ("overloaded", 429),
                 ("unavailable", 503),
                 ("internal", 500),
+                ("shutting_down", 503),
+                ("slow_consumer", 429),
             ]
         );
     }

@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// Serve /metrics and the dashboard stream without the API key.
     #[arg(long)]
     pub public_metrics: bool,
+    /// On SIGTERM or Ctrl-C, seconds the requests in flight get to finish before they end with
+    /// `shutting_down` (new ones get it at once); then the server exits 0.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<f64>,
 }
 
 /// The model folder to serve: the flag or config, else the bundled demo model.
@@ -66,6 +70,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cfg.server.max_connections = n;
     }
     cfg.server.public_metrics |= args.public_metrics;
+    if let Some(t) = args.shutdown_timeout {
+        cfg.server.shutdown_timeout_s = t;
+    }
     cfg.validate()?;
     let model_dir = resolve_model(&cfg)?;
     let system = actix::System::new();
@@ -77,7 +84,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
         }
         eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
-        server.await?;
-        Ok::<(), anyhow::Error>(())
+        let timeout = std::time::Duration::from_secs_f64(cfg.server.shutdown_timeout_s);
+        crate::server::shutdown::serve_until_signalled(engine, server, timeout).await
     })
 }

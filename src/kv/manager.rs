@@ -227,6 +227,17 @@ impl KvCacheManager {
         }
     }
 
+    /// Forgets every cached prefix: the K/V they name is gone (the backend was rebuilt with a
+    /// fresh pool). Requests still holding blocks keep them, but none of their blocks is found
+    /// by a lookup any more. Returns how many blocks were registered.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for entry in self.reqs.values_mut() {
+            entry.num_cached_blocks = 0;
+            entry.hits.clear();
+        }
+        self.pool.forget_cached()
+    }
+
     /// `req`'s physical blocks in position order (empty when it holds none).
     pub fn block_table(&self, req: RequestId) -> &[u32] {
         self.reqs.get(&req).map_or(&[], |e| &e.blocks)
@@ -373,6 +384,24 @@ mod tests {
         let prompt = tokens(21, 3 * BS);
         admit(&mut kv, 1, &prompt).unwrap();
         assert_eq!(kv.get_computed_blocks(RequestId(2), &prompt), 2 * BS);
+    }
+
+    #[test]
+    fn a_reset_prefix_cache_finds_nothing_and_keeps_the_pool_consistent() {
+        let mut kv = manager(16);
+        let prompt = tokens(11, 18);
+        assert_eq!(admit(&mut kv, 1, &prompt), Some(0));
+        assert_eq!(admit(&mut kv, 2, &prompt), Some(16));
+        kv.free(RequestId(1));
+        assert_eq!(kv.reset_prefix_cache(), 4);
+        assert_eq!(kv.usage().cached_blocks, 0);
+        kv.check_invariants().unwrap();
+        // Neither a new request nor the one still holding the blocks registers stale K/V.
+        assert_eq!(admit(&mut kv, 3, &prompt), Some(0));
+        kv.free(RequestId(2));
+        kv.free(RequestId(3));
+        assert_eq!(kv.usage().used_blocks, 0);
+        kv.check_invariants().unwrap();
     }
 
     #[test]
