@@ -256,6 +256,7 @@ impl OutputProcessor {
             .map(|(&id, _)| id)
             .collect();
         let unread_bytes = backlog.bytes();
+        self.metrics.slow_consumers.inc();
         tracing::warn!(
             requests = ids.len(),
             unread_bytes,
