@@ -110,9 +110,37 @@ async fn a_panic_rebuilds_the_backend_and_forgets_its_prefix_cache() {
 }
 
 #[actix_rt::test]
-async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
+async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
     let plan = FaultPlan::new();
     plan.shrink_rebuilt();
+    let server = start(test_config(), &plan).await;
+    let metrics = || async { http_get(&server.url("/metrics")).await };
+    let before = metric(&metrics().await, "brook:kv_cache_blocks_total");
+    let mut c = Client::connect(&server).await;
+    plan.arm(1, Fault::Panic);
+    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    let m = wait_idle(&server).await;
+    assert_eq!(
+        metric(&m, "brook:kv_cache_blocks_total"),
+        (before as usize / 2) as f64
+    );
+    assert_eq!(health(&server).await.0, 200);
+    let after = run(&mut c, "b", "Hello", 5).await;
+    assert_eq!(
+        terminal(&after)["usage"]["completion_tokens"],
+        5,
+        "{after:?}"
+    );
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
+    let plan = FaultPlan::new();
+    plan.fail_rebuild();
     let server = start(test_config(), &plan).await;
     let mut c = Client::connect(&server).await;
     plan.arm(1, Fault::Panic);
@@ -123,7 +151,10 @@ async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "failed");
     assert!(
-        body["reason"].as_str().unwrap().contains("KV blocks"),
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be built again"),
         "{body}"
     );
     // New requests get a clear error; the socket and the HTTP side keep working.

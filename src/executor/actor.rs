@@ -3,11 +3,11 @@
 //!
 //! Panics stop here (`catch_unwind` around each step): a backend that panicked is in an unknown
 //! state (half-applied diffs, buffers mid-update), so it is dropped and rebuilt from the
-//! factory, and the step answers [`StepError::Panicked`]; the scheduler fails the step's
-//! requests, re-queues the others for recompute and clears the prefix cache (the new backend's
-//! KV pool holds nothing). When the rebuild fails, or gives a smaller KV pool than the one the
-//! block manager hands out, every later step answers [`StepError::Unavailable`] and /health
-//! reports the engine failed: only a restart helps then.
+//! factory, and the step answers [`StepError::Panicked`] with the new pool's size; the
+//! scheduler fails the step's requests, re-queues the others for recompute and clears the
+//! prefix cache (the new backend's KV pool holds nothing), resizing the block manager if the
+//! new pool differs (a GPU's free memory may). When the rebuild fails, every later step answers
+//! [`StepError::Unavailable`] and /health reports the engine failed: only a restart helps then.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use actix::{Actor, Handler, Message, SyncContext};
 
-use crate::executor::backend::{Backend, BackendInfo};
+use crate::executor::backend::Backend;
 use crate::step::{SchedulerOutput, StepOutput};
 
 /// Builds the backend: at start and after a panic. Runs on the executor thread.
@@ -24,8 +24,8 @@ pub type BackendFactory = Box<dyn FnMut() -> anyhow::Result<Box<dyn Backend>> + 
 pub struct ExecutorActor {
     backend: Option<Box<dyn Backend>>,
     factory: BackendFactory,
-    /// The first backend's geometry: a rebuilt one must offer at least its KV blocks.
-    info: BackendInfo,
+    /// Tokens per KV block of the first backend: block ids mean nothing with another size.
+    block_size: usize,
     /// Why no backend is left, once a rebuild failed.
     failed: Option<String>,
 }
@@ -33,15 +33,16 @@ pub struct ExecutorActor {
 impl ExecutorActor {
     pub fn new(backend: Box<dyn Backend>, factory: BackendFactory) -> Self {
         ExecutorActor {
-            info: backend.info(),
+            block_size: backend.info().block_size,
             backend: Some(backend),
             factory,
             failed: None,
         }
     }
 
-    /// Drops the poisoned backend (its drop may panic too) and builds a new one.
-    fn rebuild(&mut self) -> Result<(), String> {
+    /// Drops the poisoned backend (its drop may panic too) and builds a new one; returns its
+    /// KV pool's size in blocks.
+    fn rebuild(&mut self) -> Result<usize, String> {
         let old = self.backend.take();
         if catch_unwind(AssertUnwindSafe(move || drop(old))).is_err() {
             tracing::error!("the poisoned backend panicked while being dropped");
@@ -49,15 +50,15 @@ impl ExecutorActor {
         let built = catch_unwind(AssertUnwindSafe(|| (self.factory)()))
             .map_err(|p| format!("rebuilding the backend panicked: {}", panic_message(&*p)))?
             .map_err(|e| format!("rebuilding the backend failed: {e:#}"))?;
-        let (new, old) = (built.info(), &self.info);
-        if new.block_size != old.block_size || new.num_kv_blocks < old.num_kv_blocks {
+        let info = built.info();
+        if info.block_size != self.block_size || info.num_kv_blocks == 0 {
             return Err(format!(
-                "the rebuilt backend has {} KV blocks of {} tokens, the engine hands out {} of {}",
-                new.num_kv_blocks, new.block_size, old.num_kv_blocks, old.block_size
+                "the rebuilt backend has {} KV blocks of {} tokens; the engine's blocks hold {}",
+                info.num_kv_blocks, info.block_size, self.block_size
             ));
         }
         self.backend = Some(built);
-        Ok(())
+        Ok(info.num_kv_blocks)
     }
 }
 
@@ -70,8 +71,9 @@ impl Actor for ExecutorActor {
 pub enum StepError {
     /// The backend returned an error; its state is intact (the step's drops were applied).
     Failed(String),
-    /// The backend panicked and was rebuilt: it holds no requests and an empty KV pool.
-    Panicked(String),
+    /// The backend panicked and was rebuilt: it holds no requests and an empty KV pool of
+    /// `kv_blocks` blocks.
+    Panicked { message: String, kv_blocks: usize },
     /// No backend: a rebuild failed. Every step fails from now on.
     Unavailable(String),
 }
@@ -81,7 +83,7 @@ impl StepError {
     pub fn kind(&self) -> &'static str {
         match self {
             StepError::Failed(_) => "error",
-            StepError::Panicked(_) | StepError::Unavailable(_) => "panic",
+            StepError::Panicked { .. } | StepError::Unavailable(_) => "panic",
         }
     }
 }
@@ -90,8 +92,11 @@ impl std::fmt::Display for StepError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StepError::Failed(e) => write!(f, "engine step failed: {e}"),
-            StepError::Panicked(e) => {
-                write!(f, "engine step panicked ({e}); the backend was rebuilt")
+            StepError::Panicked { message, .. } => {
+                write!(
+                    f,
+                    "engine step panicked ({message}); the backend was rebuilt"
+                )
             }
             StepError::Unavailable(e) => write!(f, "no engine backend: {e}"),
         }
@@ -121,7 +126,10 @@ impl Handler<ExecuteStep> for ExecutorActor {
                 let what = panic_message(&*payload);
                 tracing::error!("backend panicked in a step: {what}; rebuilding it");
                 match self.rebuild() {
-                    Ok(()) => Err(StepError::Panicked(what)),
+                    Ok(kv_blocks) => Err(StepError::Panicked {
+                        message: what,
+                        kv_blocks,
+                    }),
                     Err(why) => {
                         tracing::error!("{why}; the engine cannot run steps any more");
                         let why = format!("the backend panicked ({what}); {why}");

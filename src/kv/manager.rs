@@ -238,6 +238,17 @@ impl KvCacheManager {
         self.pool.forget_cached()
     }
 
+    /// A new pool of `num_blocks` (the backend was rebuilt with another size). No request may
+    /// hold blocks; the prefix-cache counters carry on.
+    pub fn resize_pool(&mut self, num_blocks: usize) {
+        assert!(
+            self.reqs.values().all(|e| e.blocks.is_empty()),
+            "resizing the KV pool while requests hold blocks"
+        );
+        self.reqs.clear();
+        self.pool = BlockPool::new(num_blocks);
+    }
+
     /// `req`'s physical blocks in position order (empty when it holds none).
     pub fn block_table(&self, req: RequestId) -> &[u32] {
         self.reqs.get(&req).map_or(&[], |e| &e.blocks)

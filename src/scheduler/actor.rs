@@ -11,8 +11,8 @@
 //!
 //! Failed steps (see `executor::actor`): an error or a panic fails the step's requests with
 //! `internal`; after a panic the backend was rebuilt, so the other running requests are
-//! re-queued to recompute and the prefix cache is cleared; with no backend left the engine
-//! reports itself failed and fails everything. A step deadline (`scheduler.step_timeout_s`) is
+//! re-queued to recompute and the prefix cache is cleared (the block manager resized if the new
+//! pool differs); with no backend left the engine reports itself failed and fails everything. A step deadline (`scheduler.step_timeout_s`) is
 //! one timer armed per step and cancelled when the step returns (no polling): past it the
 //! engine is *stalled*: every request ends with `internal`, new ones are refused with
 //! `unavailable`, and blocks stay unallocated until the step returns (it may still write them),
@@ -205,10 +205,18 @@ impl SchedulerActor {
         self.apply(done);
         match &e {
             StepError::Failed(_) => {}
-            StepError::Panicked(_) => {
+            &StepError::Panicked { kv_blocks, .. } => {
                 let mut kv = self.kv.lock();
                 let requeued = self.core.executor_lost(&mut kv);
                 let forgotten = kv.reset_prefix_cache();
+                if kv_blocks != kv.num_blocks() {
+                    tracing::warn!(
+                        "the rebuilt backend's KV pool has {kv_blocks} blocks, not {}",
+                        kv.num_blocks()
+                    );
+                    kv.resize_pool(kv_blocks);
+                }
+                gauges::sync_all(&self.metrics, &self.core, &kv);
                 tracing::warn!(
                     requeued,
                     forgotten,

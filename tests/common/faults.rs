@@ -29,9 +29,10 @@ pub struct FaultPlan {
     steps: AtomicU64,
     /// (step number, counted from 1 over every backend built, fault): fires once.
     armed: Mutex<Option<(u64, Fault)>>,
-    /// Backends built after the first report a KV pool smaller than the engine's, so a rebuild
-    /// after a panic is refused and the engine is left with none.
+    /// Backends built after the first report half the KV pool (and use only that part).
     shrink_rebuilt: AtomicBool,
+    /// Building a backend after the first panics: a rebuild fails.
+    fail_rebuild: AtomicBool,
     built: AtomicU64,
     fired: AtomicU64,
 }
@@ -51,6 +52,10 @@ impl FaultPlan {
         self.shrink_rebuilt.store(true, Ordering::SeqCst);
     }
 
+    pub fn fail_rebuild(&self) {
+        self.fail_rebuild.store(true, Ordering::SeqCst);
+    }
+
     /// Faults injected so far.
     pub fn fired(&self) -> u64 {
         self.fired.load(Ordering::SeqCst)
@@ -66,6 +71,9 @@ impl FaultPlan {
         let plan = self.clone();
         Arc::new(move |inner| {
             let n = plan.built.fetch_add(1, Ordering::SeqCst) + 1;
+            if n > 1 && plan.fail_rebuild.load(Ordering::SeqCst) {
+                panic!("injected fault: the backend cannot be built again");
+            }
             let shrink = n > 1 && plan.shrink_rebuilt.load(Ordering::SeqCst);
             Box::new(FaultyBackend {
                 inner,
