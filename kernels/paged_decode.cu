@@ -1,12 +1,20 @@
 // Paged decode attention (one query token per sequence), GQA and split-K (flash-decoding).
 //
-// One CTA per (split, kv head, item) handles the G = num_heads / num_kv_heads query heads that
-// share the kv head, so each K/V row is read once for all of them. HD/8 lanes share a token (16 B
-// of K and of V per lane, coalesced), a warp covers 32/(HD/8) tokens per step, and every lane keeps
-// U steps of loads in flight. Each split keeps an online softmax; when num_splits > 1 the partial
-// results go to part_acc/part_ml and `paged_decode_reduce` merges them. The split length is
-// ceil(context / num_splits), computed here from the context length, so one launch shape serves
-// any context (what CUDA-graph replay needs).
+// Compiled per model shape (Gpu::load_attention): HD (head dim, a multiple of 8 up to 256) and
+// GROUP (query heads per kv head, any count) come in as NVRTC defines, so every loop below has
+// compile-time bounds and a model's kernel is exactly as specialised as a hand-written one.
+//
+// One CTA per (split, kv head and group slice, item) handles GC of the GROUP query heads that
+// share the kv head (all of them up to 8; larger groups are cut into ceil(GROUP / 8) equal slices,
+// whose CTAs read the same K/V rows, from L2 after the first), so each K/V row is read once for
+// all of its heads. HD/8 lanes share a token (16 B of K and of V per lane, coalesced), rounded up
+// to a power of two (idle lanes for HD 80 or 96), a warp covers 32/LANES tokens per step, and
+// every lane keeps U steps of loads in flight. Each split keeps an online softmax; when
+// num_splits > 1 the partial results go to part_acc/part_ml and `paged_decode_reduce` merges them.
+// The split length is ceil(keys / num_splits), computed here from the context length, so one
+// launch shape serves any context (what CUDA-graph replay needs). With a sliding window the keys
+// are the last `window` positions; blocks before them may be freed (block id -1) and are never
+// read.
 struct PagedDecodeParams {
   const bf16* q;            // [num_tokens, num_heads, HD]
   const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
@@ -24,14 +32,26 @@ struct PagedDecodeParams {
   int block_size;
   int max_blocks;
   int num_splits;
+  int window;               // sliding window in keys; 0: the whole context
   float scale;              // softmax scale, 1/sqrt(HD)
 };
 
+#ifndef HD
+#error "paged_decode.cu is compiled with -DHD=<head dim> -DGROUP=<query heads per kv head>"
+#endif
+// Query heads per CTA and CTAs per kv head (DECODE_GROUP_CTAS mirrors this in kernels.rs).
+#define DECODE_GC_MAX 8
+#define DECODE_GROUP_CTAS ((GROUP + DECODE_GC_MAX - 1) / DECODE_GC_MAX)
+#define DECODE_GC ((GROUP + DECODE_GROUP_CTAS - 1) / DECODE_GROUP_CTAS)
+
 #define DECODE_WARPS 4
 
-template <int HD, int G>
+// HD is the -DHD define; G the query heads per CTA (DECODE_GC).
+template <int G>
 __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
-  constexpr int LANES = HD / 8;   // lanes per token
+  constexpr int USED = HD / 8;    // lanes that hold a slice of the head
+  constexpr int LANES = USED <= 2 ? 2 : USED <= 4 ? 4 : USED <= 8 ? 8 : USED <= 16 ? 16 : 32;
+  static_assert(HD % 8 == 0 && USED <= 32, "HD must be a multiple of 8, at most 256");
   constexpr int TPW = 32 / LANES; // tokens per warp step
   constexpr int NS = DECODE_WARPS * TPW;  // independent softmax states per CTA
   constexpr int U = 4;            // steps in flight per lane
@@ -40,20 +60,27 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __shared__ float s_l[NS][G];
 
   pdl_trigger();  // the O projection may start streaming its weights
-  const int split = blockIdx.x, kh = blockIdx.y, item = blockIdx.z;
+  const int split = blockIdx.x, item = blockIdx.z;
+  const int kh = blockIdx.y / DECODE_GROUP_CTAS;
+  const int h0 = kh * GROUP + (blockIdx.y % DECODE_GROUP_CTAS) * G;  // this CTA's first head
+  const int gn = min(G, (kh + 1) * GROUP - h0);                        // and its head count
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int sub = lane / LANES, dl = lane % LANES;
+  const bool active = dl < USED;
   const int seq = p.item_seq[item], row = p.item_row[item];
   const int ctx = p.context_lens[seq];
-  const int per = (ctx + p.num_splits - 1) / p.num_splits;
-  const int begin = split * per, end = min(ctx, begin + per);
+  const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
+  const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
+  const int begin = first + split * per, end = min(ctx, begin + per);
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
 
   float q[G][8];
   const float qs = p.scale * LOG2E;
 #pragma unroll
   for (int g = 0; g < G; g++) {
-    const uint4 v = *(const uint4*)(p.q + ((size_t)row * p.num_heads + kh * G + g) * HD + dl * 8);
+    const uint4 v = active && g < gn
+                        ? *(const uint4*)(p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * 8)
+                        : make_uint4(0, 0, 0, 0);
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 4; e++) {
@@ -79,7 +106,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
     for (int u = 0; u < U; u++) {
       const int j = base + sub + u * STEP;
       valid[u] = j < end;
-      if (valid[u]) {
+      if (valid[u] && active) {
         const size_t o = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
                                    p.block_size, HD) + dl * 8;
         kv[u] = *(const uint4*)(p.k_cache + o);
@@ -124,15 +151,17 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   const int state = warp * TPW + sub;
 #pragma unroll
   for (int g = 0; g < G; g++) {
+    if (active) {
 #pragma unroll
-    for (int e = 0; e < 8; e++) s_acc[state][g][dl * 8 + e] = acc[g][e];
+      for (int e = 0; e < 8; e++) s_acc[state][g][dl * 8 + e] = acc[g][e];
+    }
     if (dl == 0) {
       s_m[state][g] = m[g];
       s_l[state][g] = l[g];
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
     const int g = idx / HD, d = idx % HD;
     float mx = NEG_INF;
 #pragma unroll
@@ -146,7 +175,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
         A += s_acc[s][g][d] * w;
       }
     }
-    const int h = kh * G + g;
+    const int h = h0 + g;
     if (p.num_splits == 1) {
       p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
     } else {
@@ -160,28 +189,15 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   }
 }
 
-#define PAGED_DECODE(HD, G)                                                          \
-  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32)                    \
-      paged_decode_hd##HD##_g##G(PagedDecodeParams p) {                              \
-    paged_decode_impl<HD, G>(p);                                                     \
-  }
-PAGED_DECODE(64, 1)
-PAGED_DECODE(64, 2)
-PAGED_DECODE(64, 3)
-PAGED_DECODE(64, 4)
-PAGED_DECODE(64, 6)
-PAGED_DECODE(64, 8)
-PAGED_DECODE(128, 1)
-PAGED_DECODE(128, 2)
-PAGED_DECODE(128, 3)
-PAGED_DECODE(128, 4)
-PAGED_DECODE(128, 6)
-PAGED_DECODE(128, 8)
+// grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32
+extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_decode(PagedDecodeParams p) {
+  paged_decode_impl<DECODE_GC>(p);
+}
 
-// Merges the splits of each (item, head). grid: (num_heads, num_items), block: head_dim.
+// Merges the splits of each (item, head). grid: (num_heads, num_items), block: HD.
 extern "C" __global__ void paged_decode_reduce(PagedDecodeParams p) {
   pdl_trigger();
-  const int h = blockIdx.x, item = blockIdx.y, d = threadIdx.x, hd = blockDim.x;
+  const int h = blockIdx.x, item = blockIdx.y, d = threadIdx.x, hd = HD;
   const size_t base = ((size_t)item * p.num_heads + h) * p.num_splits;
   float mx = NEG_INF;
   for (int s = 0; s < p.num_splits; s++) mx = fmaxf(mx, p.part_ml[(base + s) * 2]);

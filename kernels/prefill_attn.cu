@@ -7,7 +7,13 @@
 // as mma A-fragments; each 64-key tile of K and V is staged in shared memory row-major; S = QK^T
 // stays in registers, and its accumulator layout is reused as the A-fragment of P for O += PV
 // (V's B-fragments come from ldmatrix.trans). Query i of a sequence sits at position
-// context_len - q_len + i and sees keys 0..position.
+// context_len - q_len + i and sees keys 0..position, or, under a sliding window, the last
+// `window` of them (the blocks before the tile's first visible key may be freed: block id -1, never
+// read).
+//
+// Compiled per head dim (Gpu::load_attention, -DHD=<head dim>, a multiple of 16 up to 256); the
+// GQA group is a run-time value (one CTA per query head). Key tiles are 64 keys, 32 for HD > 128
+// (K and V tiles must fit the 48 KB of static shared memory).
 struct PrefillAttnParams {
   const bf16* q;            // [num_tokens, num_heads, HD]
   const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
@@ -24,11 +30,15 @@ struct PrefillAttnParams {
   int num_kv_heads;
   int block_size;
   int max_blocks;
+  int window;               // sliding window in keys; 0: the whole context
   float scale;
 };
 
+#ifndef HD
+#error "prefill_attn.cu is compiled with -DHD=<head dim>"
+#endif
 #define PF_BM 64
-#define PF_BN 64
+#define PF_BN (HD > 128 ? 32 : 64)
 
 __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
   asm volatile(
@@ -38,8 +48,9 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int HD>
+// HD is the -DHD define.
 __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
+  static_assert(HD % 16 == 0 && HD <= 256, "HD must be a multiple of 16, at most 256");
   constexpr int KP = HD + 8;  // padded row (bf16): 16-byte aligned rows, conflict-free reads
   __shared__ __align__(16) bf16 Ks[PF_BN * KP];
   __shared__ __align__(16) bf16 Vs[PF_BN * KP];
@@ -78,15 +89,20 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 
   const int last_q = min(q0 + PF_BM, qlen) - 1;
   const int kv_end = first_pos + last_q + 1;  // keys 0..kv_end-1 are seen by some row here
+  // The first key any row here sees (the tile's first query's window start), and that row's
+  // and this thread's rows' first keys.
+  const int win = p.window > 0 ? p.window : 1 << 30;
+  const int kv_begin = max(0, first_pos + q0 - win + 1);
+  const int lo_a = pos_a - win + 1, lo_b = pos_b - win + 1;
 
-  for (int kv0 = 0; kv0 < kv_end; kv0 += PF_BN) {
+  for (int kv0 = kv_begin / PF_BN * PF_BN; kv0 < kv_end; kv0 += PF_BN) {
     __syncthreads();  // the previous tile's shared-memory reads are done
     constexpr int CHUNKS = PF_BN * HD / 8;
     for (int c = threadIdx.x; c < CHUNKS; c += blockDim.x) {
       const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
       const int key = kv0 + j;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (key < kv_end) {
+      if (key >= kv_begin && key < kv_end) {
         const size_t off = kv_offset(bt[key / p.block_size], kh, key % p.block_size,
                                      p.num_kv_heads, p.block_size, HD) + d8;
         kv = *(const uint4*)(p.k_cache + off);
@@ -108,15 +124,16 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
         mma_bf16(s[nt], qf[kk], *(const u32*)(krow + kk * 16), *(const u32*)(krow + kk * 16 + 8));
       }
     }
-    // Causal mask (key <= position also keeps keys < context), scale into the log2 domain.
+    // Causal mask (key <= position also keeps keys < context) and window, scale into the log2
+    // domain.
     float mx_a = m_a, mx_b = m_b;
 #pragma unroll
     for (int nt = 0; nt < PF_BN / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int key = kv0 + nt * 8 + tig * 2 + e;
-        s[nt][e] = key <= pos_a ? s[nt][e] * sl2 : NEG_INF;
-        s[nt][2 + e] = key <= pos_b ? s[nt][2 + e] * sl2 : NEG_INF;
+        s[nt][e] = key <= pos_a && key >= lo_a ? s[nt][e] * sl2 : NEG_INF;
+        s[nt][2 + e] = key <= pos_b && key >= lo_b ? s[nt][2 + e] * sl2 : NEG_INF;
         mx_a = fmaxf(mx_a, s[nt][e]);
         mx_b = fmaxf(mx_b, s[nt][2 + e]);
       }
@@ -125,17 +142,19 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
     mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-    // Key 0 is in the first tile and visible to every row, so the maxima are finite from here.
-    const float corr_a = exp2f(m_a - mx_a), corr_b = exp2f(m_b - mx_b);
+    // Under a window a row may see no key of the first tiles: its max stays -inf, and the base
+    // 0 keeps exp2f(-inf - base) = 0 (rather than NaN) until its first key comes.
+    const float base_a = mx_a == NEG_INF ? 0.f : mx_a, base_b = mx_b == NEG_INF ? 0.f : mx_b;
+    const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
     m_a = mx_a;
     m_b = mx_b;
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int nt = 0; nt < PF_BN / 8; nt++) {
-      s[nt][0] = exp2f(s[nt][0] - m_a);
-      s[nt][1] = exp2f(s[nt][1] - m_a);
-      s[nt][2] = exp2f(s[nt][2] - m_b);
-      s[nt][3] = exp2f(s[nt][3] - m_b);
+      s[nt][0] = exp2f(s[nt][0] - base_a);
+      s[nt][1] = exp2f(s[nt][1] - base_a);
+      s[nt][2] = exp2f(s[nt][2] - base_b);
+      s[nt][3] = exp2f(s[nt][3] - base_b);
       sum_a += s[nt][0] + s[nt][1];
       sum_b += s[nt][2] + s[nt][3];
     }
@@ -191,9 +210,6 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 }
 
 // grid: (num_tiles, num_heads), block: 128
-extern "C" __global__ void __launch_bounds__(128) prefill_attn_hd64(PrefillAttnParams p) {
-  prefill_attn_impl<64>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) prefill_attn_hd128(PrefillAttnParams p) {
-  prefill_attn_impl<128>(p);
+extern "C" __global__ void __launch_bounds__(128) prefill_attn(PrefillAttnParams p) {
+  prefill_attn_impl(p);
 }

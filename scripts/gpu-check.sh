@@ -24,7 +24,7 @@ build)
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
     set -e
     cargo build --release --bin gpu-bench --bin brook
-    mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --test cuda_ws --no-run --message-format=json 2>/dev/null |
+    mapfile -t tests < <(cargo test --release --test cuda_kernels --test cuda_e2e --test cuda_models --test cuda_ws --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -52,6 +52,8 @@ device)
     export BROOK_CACHE_DIR=/tmp/brook-cache BROOK_REQUIRE_GPU=1 RUST_LOG=${RUST_LOG:-warn}
     demo=$(cd "$here/../.." && pwd)/models/demo-chat
     [ -f "$demo/config.json" ] && export BROOK_E2E_MODEL=$demo
+    # Fixtures (tiny checkpoints with transformers goldens) from the repository copy there.
+    export BROOK_REPO_DIR=$(cd "$here/../.." && pwd)
     echo "commit $(cat COMMIT 2>/dev/null) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$out/summary.txt"
     status=0
     step() { # name command...: runs, logs to $out/log.txt, records pass/fail and seconds
@@ -72,6 +74,7 @@ device)
     if [ "$what" = all ] || [ "$what" = tests ]; then
         step kernels ./cuda_kernels --test-threads=1
         step e2e ./cuda_e2e --test-threads=1 --nocapture
+        step models ./cuda_models --test-threads=1 --nocapture
         step websocket ./cuda_ws --test-threads=1 --nocapture
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
@@ -88,6 +91,18 @@ device)
             --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 8192
         step "brook bench 1x128/256" bench_json --synthetic llama-2-7b --device cuda \
             --num-prompts 1 --input-len 128 --output-len 256
+        # Model families (issue 16): Qwen2.5-7B (7 query heads per kv head, q/k/v bias) and
+        # Llama-3-8B, decode batch 1 and offline 512x128/128, in gpu-bench and through the actors.
+        for model in qwen2.5-7b llama-3-8b; do
+            for args in "decode --model $model --quick" \
+                "offline --model $model --num-prompts 512 --input-len 128 --output-len 128"; do
+                step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
+            done
+            step "brook bench $model 512x128/128" bench_json --synthetic "$model" --device cuda \
+                --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 8192
+            step "brook bench $model 1x128/256" bench_json --synthetic "$model" --device cuda \
+                --num-prompts 1 --input-len 128 --output-len 256
+        done
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

@@ -326,11 +326,14 @@ fn start_actors(
         .kv_blocks_total
         .set(backend_info.num_kv_blocks as i64);
 
-    let kv: KvHandle = Arc::new(parking_lot::Mutex::new(KvCacheManager::new(
-        backend_info.num_kv_blocks,
-        backend_info.block_size,
-        cfg.cache.enable_prefix_caching,
-    )));
+    let kv: KvHandle = Arc::new(parking_lot::Mutex::new(
+        KvCacheManager::new(
+            backend_info.num_kv_blocks,
+            backend_info.block_size,
+            cfg.cache.enable_prefix_caching,
+        )
+        .with_sliding_window(model_cfg.sliding_window),
+    ));
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some((backend, factory)));
     let executor = SyncArbiter::start(1, move || {
@@ -396,23 +399,35 @@ enum Device {
 }
 
 /// `--device auto` (the default) takes the GPU when the CUDA driver loads, reports one and the
-/// kernels support the model, else the CPU; `--device cuda` fails with the reason when it cannot.
+/// CUDA executor runs the model, else the CPU: quietly when there is no GPU, with a loud warning
+/// when there is one that cannot run this model. `--device cuda` fails with the reason when it
+/// cannot.
 fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
     match cfg.model.device.as_str() {
         "cuda" => {
             cuda::probe()
                 .map_err(|e| anyhow::anyhow!("--device cuda: {e}; use --device cpu or auto"))?;
+            cuda::backend::check_supported(model).map_err(|e| {
+                anyhow::anyhow!(
+                    "--device cuda: the GPU cannot run this model: {e}; use --device cpu or auto"
+                )
+            })?;
             Ok(Device::Cuda)
         }
-        "auto" => match cuda::probe()
-            .map_err(|e| format!("no CUDA device ({e})"))
-            .and_then(|()| cuda::backend::check_supported(model).map_err(|e| e.to_string()))
-        {
-            Ok(()) => Ok(Device::Cuda),
-            Err(why) => {
-                tracing::info!("{why}; running on the CPU");
-                Ok(Device::Cpu(format!("--device auto: {why}")))
+        "auto" => match cuda::probe() {
+            Err(e) => {
+                tracing::info!("no CUDA device ({e}); running on the CPU");
+                Ok(Device::Cpu(format!("--device auto: no CUDA device ({e})")))
             }
+            Ok(()) => match cuda::backend::check_supported(model) {
+                Ok(()) => Ok(Device::Cuda),
+                Err(why) => {
+                    tracing::warn!(
+                        "A GPU is present but the CUDA executor cannot run this model: {why}. FALLING BACK TO THE CPU executor, which is far slower; --device cuda would refuse, --device cpu silences this warning"
+                    );
+                    Ok(Device::Cpu(format!("--device auto: {why}")))
+                }
+            },
         },
         _ => Ok(Device::Cpu("--device cpu".into())),
     }

@@ -17,7 +17,7 @@ use brook::executor::backend::Backend;
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::executor::cuda::device::DevBuf;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
-use brook::model::config::{ModelConfig, WeightDType};
+use brook::model::config::{Architecture, ModelConfig, WeightDType};
 use brook::model::loader::load_weights;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -399,6 +399,84 @@ fn cuda_matches_cpu_mixed_prefill_paths() {
         .intermediate_size(384)
         .seed(12);
     check_model_with(spec, 40, 12, 70);
+}
+
+/// Qwen2.5-7B's grouping (7 query heads per kv head) with its q/k/v biases and tied embeddings.
+#[test]
+fn cuda_matches_cpu_qwen2_bias_group7() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Qwen2)
+        .hidden_size(256)
+        .heads(14, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .tied(true)
+        .seed(21);
+    check_model(spec, 40);
+}
+
+/// Qwen3's q/k head norms, at Qwen2.5-14B's grouping (5) and head_dim 128.
+#[test]
+fn cuda_matches_cpu_qwen3_qk_norm_group5() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Qwen3)
+        .hidden_size(256)
+        .heads(10, 2)
+        .head_dim(128)
+        .intermediate_size(384)
+        .seed(22);
+    check_model(spec, 64);
+}
+
+/// Phi-3: fused checkpoint tensors, head_dim 96, a sliding window shorter than most prompts.
+#[test]
+fn cuda_matches_cpu_phi3_hd96_sliding_window() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Phi3)
+        .hidden_size(384)
+        .heads(4, 4)
+        .head_dim(96)
+        .intermediate_size(512)
+        .sliding_window(Some(50))
+        .seed(23);
+    check_model(spec, 40);
+}
+
+/// Mistral's sliding window on both prefill paths (the GEMM path takes contexts within the
+/// window) and in decode, with decode on the gemv kernels.
+#[test]
+fn cuda_matches_cpu_mistral_sliding_window() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Mistral)
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .sliding_window(Some(37))
+        .seed(24);
+    check_model_with(spec.clone(), 30, 12, 0);
+    check_model_with(spec.clone(), 30, 12, usize::MAX);
+    check_model_with(spec, 30, 3, 0);
+}
+
+/// head_dim 80 and 256, and 16 query heads per kv head (two decode CTAs per kv head).
+#[test]
+fn cuda_matches_cpu_hd80_and_hd256_group16() {
+    let hd80 = TestModelSpec::default()
+        .hidden_size(320)
+        .heads(4, 2)
+        .head_dim(80)
+        .intermediate_size(512)
+        .seed(25);
+    check_model(hd80, 40);
+    let hd256 = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(16, 1)
+        .head_dim(256)
+        .intermediate_size(512)
+        .layers(1)
+        .seed(26);
+    check_model(hd256, 64);
 }
 
 /// `BROOK_E2E_MODEL` (the demo model on the device): 32 prompts, 32 greedy tokens each.

@@ -1,4 +1,4 @@
-//! The CPU backend: the Llama forward on candle (f32) over a paged KV pool, then per-request
+//! The CPU backend: the Llama-family forward on candle (f32) over a paged KV pool, then per-request
 //! sampling. It lives on the executor's thread; with `num_threads` set it runs its GEMMs and
 //! attention on a rayon pool of its own, so it does not compete with other rayon users.
 
@@ -81,13 +81,15 @@ impl CpuBackend {
             .max_position_embeddings
             .div_ceil(opts.block_size)
             .min(num_blocks);
+        let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
+            .with_sliding_window(config.sliding_window);
         let model = LlamaModel::new(config, weights)?;
         Ok(CpuBackend {
             model,
             kv,
             threads,
             sampler: Sampler::new(),
-            input: InputBatch::new(opts.block_size, num_blocks, max_blocks),
+            input,
         })
     }
 
@@ -125,6 +127,7 @@ fn forward_flat(
 ) -> anyhow::Result<(Vec<f32>, usize)> {
     batch
         .validate(kv.block_size(), kv.num_blocks())
+        .and_then(|()| batch.validate_window(kv.block_size(), model.config().sliding_window))
         .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
     let logits = match threads {
         Some(pool) => pool.install(|| model.forward(batch, kv))?,

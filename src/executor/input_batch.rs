@@ -6,8 +6,10 @@
 //! sends them back.
 //!
 //! Rows stay dense (0..len): a dropped row takes the last one's place. Block tables are only
-//! rewritten for new rows and moved rows and otherwise appended to; `drain_table_changes` hands
-//! the changed entries to a backend that mirrors the tables on a device.
+//! rewritten for new rows and moved rows and otherwise appended to, except under a sliding
+//! window, where leading entries become `NULL_BLOCK` as the scheduler reports them freed
+//! (`ScheduledRequest::num_freed_blocks`); `drain_table_changes` hands the changed entries to a
+//! backend that mirrors the tables on a device.
 //!
 //! Every diff is checked against what the executor holds; a mismatch is an error naming the
 //! request (a scheduler bug), never silently wrong K/V.
@@ -19,7 +21,9 @@ use anyhow::{bail, ensure};
 
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
-use crate::step::{BatchInput, BlockTables, SampleInput, SchedulerOutput, SeqInput, StepOutput};
+use crate::step::{
+    BatchInput, BlockTables, SampleInput, SchedulerOutput, SeqInput, StepOutput, NULL_BLOCK,
+};
 
 /// `changed_from` of a row whose table is in sync.
 const CLEAN: usize = usize::MAX;
@@ -33,6 +37,8 @@ struct Row {
     num_prompt: usize,
     params: Arc<SamplingParams>,
     seed: u64,
+    /// Leading block-table entries freed behind the sliding window (`NULL_BLOCK`).
+    num_freed: usize,
 }
 
 #[derive(Debug)]
@@ -40,6 +46,9 @@ pub struct InputBatch {
     block_size: usize,
     num_kv_blocks: usize,
     max_blocks_per_seq: usize,
+    /// The model's attention window (None: full attention), against which freed blocks are
+    /// checked: a query must never see one.
+    sliding_window: Option<usize>,
     rows: Vec<Row>,
     index: HashMap<RequestId, usize>,
     /// The flat batch of the last step; its `block_tables` are the persistent tables.
@@ -50,7 +59,11 @@ pub struct InputBatch {
     /// Whether changes are recorded for `drain_table_changes` (a backend mirroring the tables).
     track_changes: bool,
     /// Per row: the first block-table column changed since the last drain (`CLEAN`: none).
+    /// Entries from there to the row's end are sent.
     changed_from: Vec<usize>,
+    /// Per row: the first column nulled since the last drain (`CLEAN`: none). Entries from there
+    /// to the row's `num_freed` are sent (up to `changed_from`, which covers the rest).
+    nulled_from: Vec<usize>,
     changed_rows: Vec<usize>,
 }
 
@@ -62,6 +75,7 @@ impl InputBatch {
             block_size,
             num_kv_blocks,
             max_blocks_per_seq,
+            sliding_window: None,
             rows: Vec::new(),
             index: HashMap::new(),
             batch: BatchInput {
@@ -72,8 +86,16 @@ impl InputBatch {
             steps: 0,
             track_changes: false,
             changed_from: Vec::new(),
+            nulled_from: Vec::new(),
             changed_rows: Vec::new(),
         }
+    }
+
+    /// The model attends to its last `window` positions only (None: all of them), so the
+    /// scheduler may free blocks behind it.
+    pub fn with_sliding_window(mut self, window: Option<usize>) -> Self {
+        self.sliding_window = window;
+        self
     }
 
     /// Records block-table changes for `drain_table_changes`, which the owner must then call
@@ -141,6 +163,7 @@ impl InputBatch {
                         num_prompt: new.num_prompt_tokens,
                         params: new.params.clone(),
                         seed: new.seed,
+                        num_freed: 0,
                     });
                     self.index.insert(s.id, r);
                     self.batch.block_tables.set_row(r, &[]);
@@ -154,7 +177,8 @@ impl InputBatch {
                     ),
                 },
             };
-            self.append_blocks(row, s.id, &s.new_block_ids)?;
+            self.append_blocks(row, s.id, &s.new_block_ids, s.num_freed_blocks)?;
+            self.free_leading(row, s.id, s.num_freed_blocks)?;
             self.push_seq(row, s.num_computed_tokens, s.num_tokens, s.sample)?;
         }
         Ok(&self.batch)
@@ -180,11 +204,17 @@ impl InputBatch {
         for r in self.changed_rows.drain(..) {
             if r < self.rows.len() {
                 let row = self.batch.block_tables.row(r);
-                for (c, &id) in row.iter().enumerate().skip(self.changed_from[r]) {
+                let from = self.changed_from[r];
+                let nulled = self.nulled_from[r]..self.rows[r].num_freed.min(from);
+                for c in nulled {
+                    f(r, c, row[c]);
+                }
+                for (c, &id) in row.iter().enumerate().skip(from) {
                     f(r, c, id);
                 }
             }
             self.changed_from[r] = CLEAN;
+            self.nulled_from[r] = CLEAN;
         }
     }
 
@@ -196,16 +226,30 @@ impl InputBatch {
     }
 
     fn mark_changed(&mut self, r: usize, from: usize) {
+        if self.touch(r) {
+            self.changed_from[r] = self.changed_from[r].min(from);
+        }
+    }
+
+    fn mark_nulled(&mut self, r: usize, from: usize) {
+        if self.touch(r) {
+            self.nulled_from[r] = self.nulled_from[r].min(from);
+        }
+    }
+
+    /// Lists row `r` among the changed ones; false when changes are not tracked.
+    fn touch(&mut self, r: usize) -> bool {
         if !self.track_changes {
-            return;
+            return false;
         }
         if self.changed_from.len() <= r {
             self.changed_from.resize(r + 1, CLEAN);
+            self.nulled_from.resize(r + 1, CLEAN);
         }
-        if self.changed_from[r] == CLEAN {
+        if self.changed_from[r] == CLEAN && self.nulled_from[r] == CLEAN {
             self.changed_rows.push(r);
         }
-        self.changed_from[r] = self.changed_from[r].min(from);
+        true
     }
 
     /// Drops `id`'s row (unknown ids are a no-op); the last row moves into its place.
@@ -223,20 +267,41 @@ impl InputBatch {
         self.batch.block_tables.truncate(last);
         if let Some(c) = self.changed_from.get_mut(last) {
             *c = CLEAN;
+            self.nulled_from[last] = CLEAN;
         }
     }
 
-    fn append_blocks(&mut self, r: usize, id: RequestId, blocks: &[u32]) -> anyhow::Result<()> {
+    /// Appends `blocks` to row `r`; a `NULL_BLOCK` among them must fall below `num_freed` (the
+    /// step's count of freed leading entries).
+    fn append_blocks(
+        &mut self,
+        r: usize,
+        id: RequestId,
+        blocks: &[u32],
+        num_freed: usize,
+    ) -> anyhow::Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        if let Some(b) = blocks.iter().find(|&&b| b as usize >= self.num_kv_blocks) {
-            bail!(
-                "{id}: block {b} is outside the pool of {}",
-                self.num_kv_blocks
-            );
-        }
         let have = self.batch.block_tables.row(r).len();
+        for (c, &b) in (have..).zip(blocks) {
+            if b == NULL_BLOCK {
+                ensure!(
+                    c < num_freed,
+                    "{id}: freed block at column {c}, past its {num_freed} freed blocks"
+                );
+            } else if b as usize >= self.num_kv_blocks {
+                bail!(
+                    "{id}: block {b} is outside the pool of {}",
+                    self.num_kv_blocks
+                );
+            } else {
+                ensure!(
+                    c >= num_freed,
+                    "{id}: block {b} at column {c}, among its {num_freed} freed blocks"
+                );
+            }
+        }
         ensure!(
             have + blocks.len() <= self.max_blocks_per_seq,
             "{id}: {} blocks exceed the longest sequence ({} blocks)",
@@ -245,6 +310,28 @@ impl InputBatch {
         );
         self.batch.block_tables.append(r, blocks);
         self.mark_changed(r, have);
+        Ok(())
+    }
+
+    /// Row `r`'s first `num_freed` entries become `NULL_BLOCK` (the KV manager freed them behind
+    /// the sliding window). Freed entries only ever grow, and lie within the table.
+    fn free_leading(&mut self, r: usize, id: RequestId, num_freed: usize) -> anyhow::Result<()> {
+        let had = self.rows[r].num_freed;
+        if num_freed == had {
+            return Ok(());
+        }
+        ensure!(
+            num_freed > had,
+            "{id}: {num_freed} freed blocks, but {had} were freed before"
+        );
+        let len = self.batch.block_tables.row(r).len();
+        ensure!(
+            num_freed <= len,
+            "{id}: {num_freed} freed blocks of a table of {len}"
+        );
+        self.batch.block_tables.fill(r, had..num_freed, NULL_BLOCK);
+        self.rows[r].num_freed = num_freed;
+        self.mark_nulled(r, had);
         Ok(())
     }
 
@@ -279,6 +366,25 @@ impl InputBatch {
             row.id,
             row.tokens.len()
         );
+        // Every key the first query sees (and so every key of the step) lies past the freed
+        // blocks; then no token is written into one either.
+        match self.sliding_window {
+            None => ensure!(
+                row.num_freed == 0,
+                "{}: {} freed blocks under full attention",
+                row.id,
+                row.num_freed
+            ),
+            Some(w) => {
+                let visible_from = (computed + 1).saturating_sub(w);
+                ensure!(
+                    row.num_freed * bs <= visible_from,
+                    "{}: {} freed blocks, but the attention window of position {computed} starts at {visible_from}",
+                    row.id,
+                    row.num_freed
+                );
+            }
+        }
         let b = &mut self.batch;
         let table = b.block_tables.row(r);
         ensure!(

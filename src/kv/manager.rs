@@ -10,11 +10,20 @@
 //! backend may run sequences in parallel). Here a block is registered by
 //! [`KvCacheManager::cache_computed_blocks`], once the step that filled it has completed, so a hit
 //! always reads finished K/V.
+//!
+//! Sliding-window models (`with_sliding_window`): a block every future query of a request sees
+//! past (all its positions before the window of the next token to compute) goes back to the pool
+//! when the request next allocates, like vLLM's `SlidingWindowManager.remove_skipped_blocks`. Its
+//! table entry becomes [`NULL_BLOCK`], which keeps positions at their index; backends never read
+//! it (attention starts at the window), and `BatchInput::validate_window` allows it only there.
+//! Freed entries are always a prefix of the table; its length (`num_freed_blocks`) is how the
+//! scheduler tells the executor, whose copy of the table it changes (`ScheduledRequest`).
 
 use std::collections::HashMap;
 
 use crate::kv::block_pool::{BlockHash, BlockId, BlockPool};
 use crate::request::RequestId;
+pub use crate::step::NULL_BLOCK;
 
 /// Block usage for metrics (`kv_cache_usage_perc`, blocks used / total).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,6 +79,15 @@ struct ReqBlocks {
     hits: Vec<BlockId>,
     /// Prompt length of the last lookup, for the stats, counted when the allocation succeeds.
     queried_tokens: usize,
+    /// Leading entries of `blocks` freed behind the sliding window (`NULL_BLOCK`).
+    num_freed: usize,
+}
+
+/// Leading blocks of a request whose every position lies before the window of its next query:
+/// with `num_computed` tokens in the cache, the next query sits at position `num_computed` and
+/// sees keys `num_computed + 1 - window ..= num_computed`, and so does every later query.
+pub fn blocks_outside_window(num_computed: usize, window: usize, block_size: usize) -> usize {
+    (num_computed + 1).saturating_sub(window) / block_size
 }
 
 #[derive(Debug)]
@@ -77,6 +95,8 @@ pub struct KvCacheManager {
     pool: BlockPool,
     block_size: usize,
     enable_prefix_caching: bool,
+    /// Attention window of the model, in tokens; None: full attention.
+    sliding_window: Option<usize>,
     reqs: HashMap<RequestId, ReqBlocks>,
     stats: PrefixCacheStats,
 }
@@ -93,9 +113,20 @@ impl KvCacheManager {
             pool: BlockPool::new(num_blocks),
             block_size,
             enable_prefix_caching,
+            sliding_window: None,
             reqs: HashMap::new(),
             stats: PrefixCacheStats::default(),
         }
+    }
+
+    /// Frees blocks that fall wholly outside a model's attention window (see the module doc).
+    pub fn with_sliding_window(mut self, window: Option<usize>) -> Self {
+        assert!(
+            window != Some(0),
+            "a sliding window holds at least one token"
+        );
+        self.sliding_window = window;
+        self
     }
 
     pub fn block_size(&self) -> usize {
@@ -157,6 +188,14 @@ impl KvCacheManager {
     ) -> Option<usize> {
         let bs = self.block_size;
         let entry = self.reqs.entry(req).or_default();
+        if let Some(window) = self.sliding_window {
+            // Before counting free blocks, so the freed ones serve this very allocation.
+            let outside = blocks_outside_window(num_computed, window, bs).min(entry.blocks.len());
+            for b in &mut entry.blocks[entry.num_freed.min(outside)..outside] {
+                self.pool.release(std::mem::replace(b, NULL_BLOCK));
+            }
+            entry.num_freed = entry.num_freed.max(outside);
+        }
         let num_hits = if entry.blocks.is_empty() {
             entry.hits.len().min(num_computed / bs)
         } else {
@@ -211,7 +250,10 @@ impl KvCacheManager {
         }
         extend_hashes(&mut entry.hashes, tokens, num_full, bs);
         for i in entry.num_cached_blocks..num_full {
-            self.pool.cache(entry.blocks[i], entry.hashes[i]);
+            // A block freed out of the window before it was registered stays unregistered.
+            if entry.blocks[i] != NULL_BLOCK {
+                self.pool.cache(entry.blocks[i], entry.hashes[i]);
+            }
         }
         entry.num_cached_blocks = num_full;
     }
@@ -221,7 +263,7 @@ impl KvCacheManager {
     /// share. Unknown ids are a no-op.
     pub fn free(&mut self, req: RequestId) {
         if let Some(entry) = self.reqs.remove(&req) {
-            for &block in entry.blocks.iter().rev() {
+            for &block in entry.blocks.iter().rev().filter(|&&b| b != NULL_BLOCK) {
                 self.pool.release(block);
             }
         }
@@ -249,9 +291,16 @@ impl KvCacheManager {
         self.pool = BlockPool::new(num_blocks);
     }
 
-    /// `req`'s physical blocks in position order (empty when it holds none).
+    /// `req`'s physical blocks in position order (empty when it holds none); [`NULL_BLOCK`] for
+    /// blocks freed out of the sliding window.
     pub fn block_table(&self, req: RequestId) -> &[u32] {
         self.reqs.get(&req).map_or(&[], |e| &e.blocks)
+    }
+
+    /// Leading entries of `req`'s block table freed out of the sliding window (all
+    /// [`NULL_BLOCK`], and no other entry is); 0 under full attention.
+    pub fn num_freed_blocks(&self, req: RequestId) -> usize {
+        self.reqs.get(&req).map_or(0, |e| e.num_freed)
     }
 
     pub fn usage(&self) -> KvUsage {
@@ -277,8 +326,20 @@ impl KvCacheManager {
         self.pool.check_invariants()?;
         let mut refs = vec![0u32; self.pool.num_blocks()];
         for (id, entry) in &self.reqs {
+            let nulls = entry.blocks.iter().filter(|&&b| b == NULL_BLOCK).count();
+            let prefix = entry
+                .blocks
+                .iter()
+                .take_while(|&&b| b == NULL_BLOCK)
+                .count();
+            if nulls != prefix || prefix != entry.num_freed {
+                return Err(format!(
+                    "{id}: {nulls} freed entries, {prefix} leading, {} counted",
+                    entry.num_freed
+                ));
+            }
             let mut seen = std::collections::HashSet::new();
-            for &b in &entry.blocks {
+            for &b in entry.blocks.iter().filter(|&&b| b != NULL_BLOCK) {
                 if !seen.insert(b) {
                     return Err(format!("{id}: block {b} twice in its table"));
                 }
@@ -308,236 +369,4 @@ fn extend_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], num_full: usize, b
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
-
-    const BS: usize = 4;
-
-    fn manager(num_blocks: usize) -> KvCacheManager {
-        KvCacheManager::new(num_blocks, BS, true)
-    }
-
-    fn tokens(seed: u64, n: usize) -> Vec<u32> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|_| rng.random_range(3..32_000)).collect()
-    }
-
-    /// Admits `req` like the scheduler does: lookup, allocate the rest, then (the step ran)
-    /// register the computed blocks. Returns the cache hit in tokens.
-    fn admit(kv: &mut KvCacheManager, req: u64, toks: &[u32]) -> Option<usize> {
-        let id = RequestId(req);
-        let hit = kv.get_computed_blocks(id, toks);
-        kv.allocate_slots(id, hit, toks.len() - hit)?;
-        kv.cache_computed_blocks(id, toks, toks.len());
-        Some(hit)
-    }
-
-    #[test]
-    fn allocation_covers_tokens_and_grows_by_blocks() {
-        let mut kv = manager(10);
-        let id = RequestId(7);
-        assert_eq!(kv.allocate_slots(id, 0, 9), Some(3));
-        assert_eq!(kv.block_table(id).len(), 3);
-        // Tokens 9..12 fit in the third block.
-        assert_eq!(kv.allocate_slots(id, 9, 3), Some(0));
-        assert_eq!(kv.allocate_slots(id, 12, 1), Some(1));
-        assert_eq!(kv.block_table(id).len(), 4);
-        assert_eq!(kv.usage().used_blocks, 4);
-        kv.check_invariants().unwrap();
-        kv.free(id);
-        assert_eq!(kv.usage().used_blocks, 0);
-        assert!(kv.block_table(id).is_empty());
-        kv.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn out_of_blocks_returns_none_and_allocates_nothing() {
-        let mut kv = manager(5);
-        let a = RequestId(1);
-        let b = RequestId(2);
-        assert!(kv.allocate_slots(a, 0, 13).is_some());
-        assert_eq!(kv.allocate_slots(b, 0, 5), None);
-        assert!(kv.block_table(b).is_empty());
-        assert_eq!(kv.allocate_slots(a, 13, 8), None);
-        assert_eq!(kv.block_table(a).len(), 4);
-        assert_eq!(kv.usage().used_blocks, 4);
-        kv.check_invariants().unwrap();
-        kv.free(a);
-        kv.free(b);
-        assert_eq!(kv.usage().used_blocks, 0);
-    }
-
-    #[test]
-    fn identical_prefix_hits_the_same_blocks() {
-        let mut kv = manager(16);
-        let prompt = tokens(11, 18);
-        assert_eq!(admit(&mut kv, 1, &prompt), Some(0));
-        let shared = prompt[..13].to_vec();
-        let mut other = shared.clone();
-        other.extend(tokens(12, 6));
-        assert_eq!(admit(&mut kv, 2, &other), Some(12));
-        let (ta, tb) = (kv.block_table(RequestId(1)), kv.block_table(RequestId(2)));
-        assert_eq!(ta[..3], tb[..3]);
-        assert_ne!(ta[3], tb[3]);
-        assert!(ta[..3].iter().all(|&b| kv.pool().ref_count(b) == 2));
-        let stats = kv.prefix_cache_stats();
-        assert_eq!(stats.requests, 2);
-        assert_eq!(stats.queried_tokens, (prompt.len() + other.len()) as u64);
-        assert_eq!(stats.hit_tokens, 12);
-        kv.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn lookup_never_covers_the_whole_prompt() {
-        let mut kv = manager(8);
-        let prompt = tokens(21, 3 * BS);
-        admit(&mut kv, 1, &prompt).unwrap();
-        assert_eq!(kv.get_computed_blocks(RequestId(2), &prompt), 2 * BS);
-    }
-
-    #[test]
-    fn a_reset_prefix_cache_finds_nothing_and_keeps_the_pool_consistent() {
-        let mut kv = manager(16);
-        let prompt = tokens(11, 18);
-        assert_eq!(admit(&mut kv, 1, &prompt), Some(0));
-        assert_eq!(admit(&mut kv, 2, &prompt), Some(16));
-        kv.free(RequestId(1));
-        assert_eq!(kv.reset_prefix_cache(), 4);
-        assert_eq!(kv.usage().cached_blocks, 0);
-        kv.check_invariants().unwrap();
-        // Neither a new request nor the one still holding the blocks registers stale K/V.
-        assert_eq!(admit(&mut kv, 3, &prompt), Some(0));
-        kv.free(RequestId(2));
-        kv.free(RequestId(3));
-        assert_eq!(kv.usage().used_blocks, 0);
-        kv.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn same_block_after_a_different_prefix_misses() {
-        let mut kv = manager(16);
-        let tail = tokens(31, 2 * BS);
-        let mut a = tokens(32, BS);
-        a.extend(&tail);
-        let mut b = tokens(33, BS);
-        b.extend(&tail);
-        b.push(9);
-        admit(&mut kv, 1, &a).unwrap();
-        assert_eq!(kv.get_computed_blocks(RequestId(2), &b), 0);
-    }
-
-    #[test]
-    fn freed_prefix_is_reused_until_evicted() {
-        let mut kv = manager(6);
-        let prompt = tokens(41, 3 * BS + 2);
-        admit(&mut kv, 1, &prompt).unwrap();
-        let table = kv.block_table(RequestId(1)).to_vec();
-        kv.free(RequestId(1));
-        assert_eq!(kv.usage().used_blocks, 0);
-        assert_eq!(kv.usage().cached_blocks, 3);
-        // Freed tail first: the partial last block, then the cached ones from the back.
-        let free = kv.pool().free_list();
-        assert_eq!(
-            free[free.len() - 4..],
-            [table[3], table[2], table[1], table[0]]
-        );
-
-        assert_eq!(admit(&mut kv, 2, &prompt), Some(3 * BS));
-        assert_eq!(kv.block_table(RequestId(2))[..3], table[..3]);
-        kv.free(RequestId(2));
-
-        // A request with another prompt needing every block evicts them all.
-        let other = tokens(42, 6 * BS);
-        assert_eq!(admit(&mut kv, 3, &other), Some(0));
-        kv.free(RequestId(3));
-        assert_eq!(kv.get_computed_blocks(RequestId(4), &prompt), 0);
-        kv.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn failed_allocation_does_not_take_the_hit_blocks() {
-        let mut kv = manager(5);
-        let prompt = tokens(51, 2 * BS + 1);
-        admit(&mut kv, 1, &prompt).unwrap();
-        kv.free(RequestId(1));
-        // Another request holds 3 blocks; 2 are free and both hold the cached prefix.
-        let filler = RequestId(9);
-        kv.allocate_slots(filler, 0, 3 * BS).unwrap();
-        let mut longer = prompt[..2 * BS].to_vec();
-        longer.extend(tokens(52, 3 * BS));
-        let hit = kv.get_computed_blocks(RequestId(2), &longer);
-        assert_eq!(hit, 2 * BS);
-        assert_eq!(
-            kv.allocate_slots(RequestId(2), hit, longer.len() - hit),
-            None
-        );
-        assert!(kv.block_table(RequestId(2)).is_empty());
-        assert_eq!(kv.num_free_blocks(), 2);
-        kv.check_invariants().unwrap();
-        assert_eq!(
-            kv.prefix_cache_stats().requests,
-            1,
-            "failed admission is not counted"
-        );
-    }
-
-    #[test]
-    fn disabled_prefix_caching_never_hits() {
-        let mut kv = KvCacheManager::new(8, BS, false);
-        let prompt = tokens(61, 10);
-        admit(&mut kv, 1, &prompt).unwrap();
-        kv.free(RequestId(1));
-        assert_eq!(kv.get_computed_blocks(RequestId(2), &prompt), 0);
-        assert_eq!(kv.usage().cached_blocks, 0);
-    }
-
-    #[test]
-    fn random_admit_grow_free_keeps_counts_exact() {
-        let mut rng = ChaCha8Rng::seed_from_u64(71);
-        let mut kv = manager(40);
-        let prefixes: Vec<Vec<u32>> = (0..3).map(|i| tokens(100 + i, 3 * BS)).collect();
-        let mut live: Vec<(RequestId, Vec<u32>)> = Vec::new();
-        for step in 0..2000u64 {
-            match rng.random_range(0..3) {
-                0 => {
-                    let mut toks = prefixes[rng.random_range(0..3)].clone();
-                    toks.truncate(rng.random_range(1..=3 * BS));
-                    toks.extend(tokens(step, rng.random_range(1..20)));
-                    if admit(&mut kv, step, &toks).is_some() {
-                        live.push((RequestId(step), toks));
-                    } else {
-                        kv.free(RequestId(step));
-                    }
-                }
-                1 if !live.is_empty() => {
-                    let i = rng.random_range(0..live.len());
-                    let (id, toks) = &mut live[i];
-                    let n = toks.len();
-                    toks.push(rng.random_range(3..32_000));
-                    if kv.allocate_slots(*id, n, 1).is_some() {
-                        kv.cache_computed_blocks(*id, toks, n + 1);
-                    } else {
-                        toks.pop();
-                    }
-                }
-                _ if !live.is_empty() => {
-                    let (id, _) = live.swap_remove(rng.random_range(0..live.len()));
-                    kv.free(id);
-                }
-                _ => {}
-            }
-            kv.check_invariants().unwrap();
-            for (id, toks) in &live {
-                assert!(kv.block_table(*id).len() * BS >= toks.len());
-            }
-        }
-        for (id, _) in live.drain(..) {
-            kv.free(id);
-        }
-        assert_eq!(kv.usage().used_blocks, 0);
-        assert!(kv.prefix_cache_stats().hit_tokens > 0);
-        kv.check_invariants().unwrap();
-    }
-}
+mod tests;

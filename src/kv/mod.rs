@@ -8,4 +8,4 @@ pub mod block_pool;
 pub mod manager;
 
 pub use block_pool::{BlockHash, BlockId, BlockPool};
-pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats};
+pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats, NULL_BLOCK};

@@ -1,4 +1,5 @@
-//! `config.json` and `generation_config.json` of a Hugging Face Llama-family checkpoint.
+//! `config.json` and `generation_config.json` of a Hugging Face checkpoint of the Llama family
+//! (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3; the differences are in `model::arch`).
 //!
 //! Fields are read as transformers writes them, including both RoPE spellings: the classic
 //! top-level `rope_theta` + `rope_scaling`, and the transformers-5 `rope_parameters` block (which
@@ -13,28 +14,7 @@ use serde::Deserialize;
 
 use crate::model::ModelError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Mistral,
-}
-
-impl Architecture {
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Mistral => "MistralForCausalLM",
-        }
-    }
-
-    fn from_hf_name(name: &str) -> Option<Self> {
-        match name {
-            "LlamaForCausalLM" => Some(Architecture::Llama),
-            "MistralForCausalLM" => Some(Architecture::Mistral),
-            _ => None,
-        }
-    }
-}
+pub use crate::model::arch::Architecture;
 
 /// Storage dtype of a checkpoint's weights (`torch_dtype` / `dtype`). Compute is always f32 on CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +59,7 @@ impl WeightDType {
 }
 
 /// How RoPE frequencies are rescaled for long context.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// `rope_type: "default"` or no scaling block.
     None,
@@ -92,23 +72,48 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Phi-3's `longrope` (alias `su`) within its original context: every frequency divided by
+    /// its `short_factor`, and cos/sin multiplied by `attention_factor`. transformers switches to
+    /// `long_factor` once a sequence passes `original_max_position_embeddings`; brook serves only
+    /// up to there (the config's context is clamped, with a warning), where this is exact.
+    LongRope {
+        short_factor: Vec<f64>,
+        attention_factor: f64,
+    },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RopeConfig {
     pub theta: f64,
     pub scaling: RopeScaling,
 }
 
 impl RopeConfig {
+    /// Factor on cos and sin (longrope's attention scaling; 1 for the others).
+    pub fn attention_factor(&self) -> f64 {
+        match self.scaling {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
     /// Inverse frequencies of the `head_dim / 2` rotated pairs, scaling applied; the same formulas
     /// as transformers' `ROPE_INIT_FUNCTIONS`, computed in f64.
     pub fn inv_freqs(&self, head_dim: usize) -> Vec<f64> {
+        debug_assert!(
+            !matches!(&self.scaling, RopeScaling::LongRope { short_factor, .. } if short_factor.len() != head_dim / 2),
+            "longrope factors were checked against head_dim at parse"
+        );
         let base =
             (0..head_dim / 2).map(|i| 1.0 / self.theta.powf((2 * i) as f64 / head_dim as f64));
         match self.scaling {
             RopeScaling::None => base.collect(),
             RopeScaling::Linear { factor } => base.map(|f| f / factor).collect(),
+            RopeScaling::LongRope {
+                ref short_factor, ..
+            } => base.zip(short_factor).map(|(f, s)| f / s).collect(),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -148,21 +153,27 @@ pub struct ModelConfig {
     pub num_key_value_heads: usize,
     /// Explicit `head_dim`, else `hidden_size / num_attention_heads`.
     pub head_dim: usize,
-    /// The longest context brook serves. For a Mistral config whose `sliding_window` is smaller
-    /// than `max_position_embeddings`, this is clamped to the window: within it, full causal
-    /// attention equals sliding-window attention, so the model is served exactly (just shorter).
+    /// The longest context brook serves: config.json's, except under longrope, where it is
+    /// clamped to `original_max_position_embeddings` (see `RopeScaling::LongRope`).
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
-    /// Bias on q/k/v/o projections.
-    pub attention_bias: bool,
-    /// Bias on gate/up/down projections.
+    /// Bias on the q, k and v projections (Qwen2 always; Llama and Qwen3 under `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the o projection (Llama and Qwen3 under `attention_bias`).
+    pub o_bias: bool,
+    /// Bias on gate/up/down projections (Llama's `mlp_bias`).
     pub mlp_bias: bool,
+    /// RMSNorm over each query and key head before RoPE, with weights `q_norm`/`k_norm` of
+    /// `[head_dim]` (Qwen3).
+    pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` as a number or a list; empty when absent.
     pub eos_token_ids: Vec<u32>,
     pub torch_dtype: Option<WeightDType>,
-    /// As written in config.json (see `max_position_embeddings`).
+    /// Sliding-window attention: a query at position p sees keys p - w + 1 ..= p (transformers'
+    /// `kv_idx > q_idx - sliding_window`). `None` when the family does not use the field (Llama;
+    /// Qwen without `use_sliding_window`) or the window covers the whole context.
     pub sliding_window: Option<usize>,
     pub rope: RopeConfig,
 }
@@ -203,7 +214,13 @@ struct RawConfig {
     eos_token_id: Option<TokenIds>,
     torch_dtype: Option<String>,
     dtype: Option<String>,
-    sliding_window: Option<usize>,
+    /// Outer None: the key is absent (the family's default applies); inner None: `null`.
+    #[serde(default, deserialize_with = "present")]
+    sliding_window: Option<Option<usize>>,
+    use_sliding_window: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
     hidden_act: Option<String>,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRope>,
@@ -222,6 +239,27 @@ struct RawRope {
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<usize>,
     partial_rotary_factor: Option<f64>,
+    short_factor: Option<Vec<f64>>,
+    long_factor: Option<Vec<f64>>,
+    attention_factor: Option<f64>,
+}
+
+/// Deserializes a key that is present (as a value or `null`) to `Some`; absent keys get
+/// `#[serde(default)]`'s `None`.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// What a RoPE block's scaling needs from the rest of config.json.
+struct RopeContext {
+    head_dim: usize,
+    max_position_embeddings: usize,
+    /// Top-level `original_max_position_embeddings` (Phi-3 writes it there).
+    original_max_position_embeddings: Option<usize>,
 }
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
@@ -229,7 +267,7 @@ const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_RMS_NORM_EPS: f64 = 1e-6;
 
 impl RawRope {
-    fn scaling(&self, block: &str) -> Result<RopeScaling, ModelError> {
+    fn scaling(&self, block: &str, ctx: &RopeContext) -> Result<RopeScaling, ModelError> {
         let kind = self
             .rope_type
             .as_deref()
@@ -274,9 +312,61 @@ impl RawRope {
                 }
                 Ok(scaling)
             }
+            "longrope" | "su" => self.longrope(block, ctx),
             other => Err(ModelError::unsupported(format!("{block}.rope_type"), other)),
         }
     }
+
+    /// transformers' `_compute_longrope_parameters` at sequence lengths within the original
+    /// context: the short factors, and the attention factor from the context ratio.
+    fn longrope(&self, block: &str, ctx: &RopeContext) -> Result<RopeScaling, ModelError> {
+        let short_factor = self.short_factor.clone().ok_or_else(|| {
+            ModelError::Invalid(format!("{block}.short_factor is required for longrope"))
+        })?;
+        let half = ctx.head_dim / 2;
+        for (name, f) in [
+            ("short_factor", Some(&short_factor)),
+            ("long_factor", self.long_factor.as_ref()),
+        ] {
+            if let Some(f) = f.filter(|f| f.len() != half) {
+                return Err(ModelError::Invalid(format!(
+                    "{block}.{name} has {} entries; head_dim {} needs {half}",
+                    f.len(),
+                    ctx.head_dim
+                )));
+            }
+        }
+        if short_factor.iter().any(|&f| !(f.is_finite() && f > 0.0)) {
+            return Err(ModelError::Invalid(format!(
+                "{block}.short_factor must be positive"
+            )));
+        }
+        // Phi-3 keeps the pretrained context in original_max_position_embeddings; without a
+        // `factor`, the scale is the ratio of the two contexts (transformers 5).
+        let original = ctx
+            .original_max_position_embeddings
+            .or(self.original_max_position_embeddings)
+            .unwrap_or(ctx.max_position_embeddings);
+        let factor = self
+            .factor
+            .unwrap_or(ctx.max_position_embeddings as f64 / original as f64);
+        let attention_factor = match self.attention_factor {
+            Some(a) => a,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+        };
+        Ok(RopeScaling::LongRope {
+            short_factor,
+            attention_factor,
+        })
+    }
+}
+
+/// The context longrope is served within (see `RopeScaling::LongRope`).
+fn longrope_original_context(raw: &RawConfig) -> Option<usize> {
+    let block = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref())?;
+    raw.original_max_position_embeddings
+        .or(block.original_max_position_embeddings)
 }
 
 impl ModelConfig {
@@ -296,15 +386,11 @@ impl ModelConfig {
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(archs), _) if !archs.is_empty() => Architecture::from_hf_name(&archs[0])
                 .ok_or_else(|| ModelError::UnknownArchitecture(archs.join(",")))?,
-            (_, Some(model_type)) => match model_type.as_str() {
-                "llama" => Architecture::Llama,
-                "mistral" => Architecture::Mistral,
-                other => {
-                    return Err(ModelError::UnknownArchitecture(format!(
-                        "model_type {other}"
-                    )))
-                }
-            },
+            (_, Some(model_type)) => {
+                Architecture::from_model_type(model_type).ok_or_else(|| {
+                    ModelError::UnknownArchitecture(format!("model_type {model_type}"))
+                })?
+            }
             _ => {
                 return Err(ModelError::UnknownArchitecture(
                     "<none: config.json has no architectures>".into(),
@@ -314,30 +400,9 @@ impl ModelConfig {
         if let Some(act) = raw.hidden_act.as_deref().filter(|&a| a != "silu") {
             return Err(ModelError::unsupported("hidden_act", act));
         }
-        let rope = match (&raw.rope_parameters, &raw.rope_scaling) {
-            // transformers 5 writes rope_parameters and may keep the legacy keys beside it; the
-            // block is authoritative.
-            (Some(params), _) => RopeConfig {
-                theta: params
-                    .rope_theta
-                    .or(raw.rope_theta)
-                    .unwrap_or(DEFAULT_ROPE_THETA),
-                scaling: params.scaling("rope_parameters")?,
-            },
-            (None, Some(scaling)) => RopeConfig {
-                theta: raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
-                scaling: scaling.scaling("rope_scaling")?,
-            },
-            (None, None) => RopeConfig {
-                theta: raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
-                scaling: RopeScaling::None,
-            },
-        };
-        let torch_dtype = match (raw.dtype.as_deref(), raw.torch_dtype.as_deref()) {
-            (Some(d), _) => Some(WeightDType::from_hf_name("dtype", d)?),
-            (None, Some(d)) => Some(WeightDType::from_hf_name("torch_dtype", d)?),
-            (None, None) => None,
-        };
+        if let Some(p) = raw.partial_rotary_factor.filter(|&p| p != 1.0) {
+            return Err(ModelError::unsupported("partial_rotary_factor", p));
+        }
         let num_attention_heads = raw.num_attention_heads;
         let num_key_value_heads = raw.num_key_value_heads.unwrap_or(num_attention_heads);
         if num_attention_heads == 0
@@ -351,10 +416,55 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / num_attention_heads);
-        let max_position_embeddings = match raw.sliding_window {
-            Some(w) if w < raw.max_position_embeddings => w,
-            _ => raw.max_position_embeddings,
+        let rope_ctx = RopeContext {
+            head_dim,
+            max_position_embeddings: raw.max_position_embeddings,
+            original_max_position_embeddings: raw.original_max_position_embeddings,
         };
+        let rope = match (&raw.rope_parameters, &raw.rope_scaling) {
+            // transformers 5 writes rope_parameters and may keep the legacy keys beside it; the
+            // block is authoritative.
+            (Some(params), _) => RopeConfig {
+                theta: params
+                    .rope_theta
+                    .or(raw.rope_theta)
+                    .unwrap_or(DEFAULT_ROPE_THETA),
+                scaling: params.scaling("rope_parameters", &rope_ctx)?,
+            },
+            (None, Some(scaling)) => RopeConfig {
+                theta: raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
+                scaling: scaling.scaling("rope_scaling", &rope_ctx)?,
+            },
+            (None, None) => RopeConfig {
+                theta: raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
+                scaling: RopeScaling::None,
+            },
+        };
+        let torch_dtype = match (raw.dtype.as_deref(), raw.torch_dtype.as_deref()) {
+            (Some(d), _) => Some(WeightDType::from_hf_name("dtype", d)?),
+            (None, Some(d)) => Some(WeightDType::from_hf_name("torch_dtype", d)?),
+            (None, None) => None,
+        };
+        let mut max_position_embeddings = raw.max_position_embeddings;
+        if let RopeScaling::LongRope { .. } = rope.scaling {
+            if let Some(orig) =
+                longrope_original_context(&raw).filter(|&o| o < max_position_embeddings)
+            {
+                tracing::warn!(
+                    "longrope: serving up to original_max_position_embeddings {orig} of max_position_embeddings {max_position_embeddings} (the long_factor frequencies past it are not implemented)"
+                );
+                max_position_embeddings = orig;
+            }
+        }
+        let sliding_window = architecture
+            .sliding_window(
+                raw.sliding_window,
+                raw.use_sliding_window,
+                raw.layer_types.as_deref(),
+            )?
+            .filter(|&w| w < max_position_embeddings);
+        let attention_bias = raw.attention_bias.unwrap_or(false);
+        let biases = architecture.biases(attention_bias, raw.mlp_bias.unwrap_or(false));
         let config = ModelConfig {
             architecture,
             vocab_size: raw.vocab_size,
@@ -367,12 +477,14 @@ impl ModelConfig {
             max_position_embeddings,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(DEFAULT_RMS_NORM_EPS),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(false),
-            mlp_bias: raw.mlp_bias.unwrap_or(false),
+            qkv_bias: biases.qkv,
+            o_bias: biases.o,
+            mlp_bias: biases.mlp,
+            qk_norm: architecture.qk_norm(),
             bos_token_id: raw.bos_token_id,
             eos_token_ids: token_ids(raw.eos_token_id),
             torch_dtype,
-            sliding_window: raw.sliding_window,
+            sliding_window,
             rope,
         };
         config.validate()?;
@@ -405,6 +517,11 @@ impl ModelConfig {
             ));
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
+        if self.sliding_window == Some(0) {
+            return Err(ModelError::Invalid(
+                "sliding_window must be positive".into(),
+            ));
+        }
         if !positive(self.rms_norm_eps) || !positive(self.rope.theta) {
             return Err(ModelError::Invalid(format!(
                 "rms_norm_eps {} and rope theta {} must be positive",
@@ -440,13 +557,11 @@ impl ModelConfig {
     /// Parameters in the checkpoint (a tied lm_head is not counted twice).
     pub fn num_parameters(&self) -> usize {
         let (h, i) = (self.hidden_size, self.intermediate_size);
-        // q, k, v and o all carry a bias under attention_bias (as in transformers' LlamaAttention).
-        let attn_bias = if self.attention_bias {
-            self.q_dim() + 2 * self.kv_dim() + h
-        } else {
-            0
-        };
-        let attn = h * self.q_dim() + 2 * h * self.kv_dim() + self.q_dim() * h + attn_bias;
+        let attn_bias = usize::from(self.qkv_bias) * (self.q_dim() + 2 * self.kv_dim())
+            + usize::from(self.o_bias) * h;
+        let qk_norm = usize::from(self.qk_norm) * 2 * self.head_dim;
+        let attn =
+            h * self.q_dim() + 2 * h * self.kv_dim() + self.q_dim() * h + attn_bias + qk_norm;
         let mlp = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
         let layer = attn + mlp + 2 * h;
         let embed = self.vocab_size * h;
@@ -597,7 +712,7 @@ mod tests {
         );
         assert_eq!(c.eos_token_ids, vec![2]);
         assert_eq!(c.torch_dtype, Some(WeightDType::BF16));
-        assert!(!c.tie_word_embeddings && !c.attention_bias && !c.mlp_bias);
+        assert!(!c.tie_word_embeddings && !c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.qk_norm);
     }
 
     #[test]
@@ -787,7 +902,7 @@ mod tests {
     }
 
     #[test]
-    fn mistral_sliding_window_clamps_the_context() {
+    fn mistral_sliding_window_is_kept_not_clamped() {
         let windowed = parse(&with(|m| {
             m.insert("architectures".into(), json!(["MistralForCausalLM"]));
             m.insert("sliding_window".into(), json!(1024));
@@ -795,13 +910,152 @@ mod tests {
         .unwrap();
         assert_eq!(
             (windowed.max_position_embeddings, windowed.sliding_window),
-            (1024, Some(1024))
+            (4096, Some(1024))
         );
         let null = parse(&with(|m| {
+            m.insert("architectures".into(), json!(["MistralForCausalLM"]));
             m.insert("sliding_window".into(), Value::Null);
         }))
         .unwrap();
-        assert_eq!(null.max_position_embeddings, 4096);
+        assert_eq!(null.sliding_window, None);
+        // A window covering the whole context is no window.
+        let wide = parse(&with(|m| {
+            m.insert("architectures".into(), json!(["MistralForCausalLM"]));
+            m.insert("sliding_window".into(), json!(4096));
+        }))
+        .unwrap();
+        assert_eq!(wide.sliding_window, None);
+        let zero = parse(&with(|m| {
+            m.insert("architectures".into(), json!(["MistralForCausalLM"]));
+            m.insert("sliding_window".into(), json!(0));
+        }));
+        assert!(zero.unwrap_err().to_string().contains("sliding_window"));
+        // Llama has no window, whatever the file says.
+        let llama = parse(&with(|m| {
+            m.insert("sliding_window".into(), json!(1024));
+        }))
+        .unwrap();
+        assert_eq!(llama.sliding_window, None);
+    }
+
+    /// Qwen2.5-7B-Instruct's config.json (transformers 4 spelling).
+    fn qwen25_7b() -> Value {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584,
+            "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 32768,
+            "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+            "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": true,
+            "use_sliding_window": false, "vocab_size": 152064
+        })
+    }
+
+    #[test]
+    fn qwen2_has_qkv_bias_and_no_window_unless_asked() {
+        let c = parse(&qwen25_7b()).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen2);
+        assert!(c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.qk_norm);
+        assert_eq!(
+            (c.head_dim, c.num_attention_heads / c.num_key_value_heads),
+            (128, 7)
+        );
+        assert_eq!((c.sliding_window, c.max_position_embeddings), (None, 32768));
+        assert!(
+            (c.num_parameters() as f64 / 1e9 - 7.62).abs() < 0.01,
+            "{}",
+            c.num_parameters()
+        );
+        let mut sw = qwen25_7b();
+        sw["use_sliding_window"] = json!(true);
+        let err = parse(&sw).unwrap_err().to_string();
+        assert!(err.contains("use_sliding_window"), "{err}");
+    }
+
+    #[test]
+    fn qwen3_has_qk_norm_and_explicit_head_dim() {
+        // Qwen3-0.6B's shape.
+        let mut v = qwen25_7b();
+        let m = v.as_object_mut().unwrap();
+        for (k, x) in [
+            ("architectures", json!(["Qwen3ForCausalLM"])),
+            ("model_type", json!("qwen3")),
+            ("hidden_size", json!(1024)),
+            ("intermediate_size", json!(3072)),
+            ("num_attention_heads", json!(16)),
+            ("num_key_value_heads", json!(8)),
+            ("head_dim", json!(128)),
+            ("attention_bias", json!(false)),
+            ("tie_word_embeddings", json!(true)),
+            ("vocab_size", json!(151936)),
+            ("num_hidden_layers", json!(28)),
+        ] {
+            m.insert(k.into(), x);
+        }
+        let c = parse(&v).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3);
+        assert!(c.qk_norm && !c.qkv_bias && !c.o_bias);
+        assert_eq!((c.q_dim(), c.hidden_size), (2048, 1024));
+        assert!(
+            (c.num_parameters() as f64 / 1e9 - 0.596).abs() < 0.001,
+            "{}",
+            c.num_parameters()
+        );
+    }
+
+    /// Phi-3.5-mini-instruct's config.json, factors shortened to a 16-dim head.
+    fn phi35(short: Value, long: Value) -> Value {
+        json!({
+            "architectures": ["Phi3ForCausalLM"], "bos_token_id": 1, "eos_token_id": 32000,
+            "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 8192,
+            "max_position_embeddings": 131072, "model_type": "phi3", "num_attention_heads": 4,
+            "num_hidden_layers": 32, "num_key_value_heads": 4, "original_max_position_embeddings": 4096,
+            "pad_token_id": 32000, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"long_factor": long, "short_factor": short, "type": "longrope"},
+            "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "vocab_size": 32064
+        })
+    }
+
+    #[test]
+    fn phi3_longrope_serves_the_original_context_with_short_factors() {
+        let short: Vec<f64> = (0..8).map(|i| 1.0 + i as f64 * 0.1).collect();
+        let c = parse(&phi35(json!(short), json!(vec![4.0; 8]))).unwrap();
+        assert_eq!(c.architecture, Architecture::Phi3);
+        assert_eq!(c.max_position_embeddings, 4096);
+        // The window (262144) is past the served context: no window.
+        assert_eq!(c.sliding_window, None);
+        let factor = (1.0 + (131072f64 / 4096.0).ln() / 4096f64.ln()).sqrt();
+        assert!((c.rope.attention_factor() - factor).abs() < 1e-12);
+        let plain = RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        }
+        .inv_freqs(16);
+        for (i, f) in c.rope.inv_freqs(16).iter().enumerate() {
+            assert!((f - plain[i] / short[i]).abs() < 1e-15);
+        }
+        // The "su" alias, and the factor count checked against head_dim.
+        let mut su = phi35(json!(short), json!(vec![4.0; 8]));
+        su["rope_scaling"]["type"] = json!("su");
+        assert!(matches!(
+            parse(&su).unwrap().rope.scaling,
+            RopeScaling::LongRope { .. }
+        ));
+        let err = parse(&phi35(json!(vec![1.0; 7]), json!(vec![4.0; 8]))).unwrap_err();
+        assert!(
+            err.to_string().contains("short_factor has 7 entries"),
+            "{err}"
+        );
+        // Phi-4-mini's partial rotary factor is refused by name.
+        let mut partial = phi35(json!(short), json!(vec![4.0; 8]));
+        partial["partial_rotary_factor"] = json!(0.75);
+        let err = parse(&partial).unwrap_err().to_string();
+        assert!(
+            err.contains("partial_rotary_factor") && err.contains("0.75"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The checkpoint in the CUDA executor's bf16 layout, streamed tensor by tensor: each tensor is
 //! converted to bf16 on its own (bf16 kept as is, f16 and f32 rounded to nearest even, exactly
 //! what candle's `to_dtype` does) and placed at its rows in a fused matrix: q|k|v into one `qkv`,
-//! gate|up into one `gate_up`. The whole model never exists in f32, nor in bf16 on the host.
+//! gate|up into one `gate_up` (Phi-3 checkpoints store them fused already), q|k|v biases into one
+//! `qkv_bias`. The whole model never exists in f32, nor in bf16 on the host.
 
 use std::path::Path;
 
@@ -22,6 +23,11 @@ pub enum Fused {
     InputNorm(usize),
     /// `[(heads + 2 * kv_heads) * head_dim, hidden]`: q, k, v rows in that order.
     Qkv(usize),
+    /// `[(heads + 2 * kv_heads) * head_dim]`: q, k, v biases (only when `qkv_bias`).
+    QkvBias(usize),
+    /// `[head_dim]`: Qwen3's RMSNorm weights of each query / key head (only when `qk_norm`).
+    QNorm(usize),
+    KNorm(usize),
     /// `[hidden, heads * head_dim]`
     O(usize),
     /// `[hidden]`
@@ -44,6 +50,8 @@ impl Fused {
             Fused::Embed | Fused::LmHead => v * h,
             Fused::InputNorm(_) | Fused::PostNorm(_) | Fused::Norm => h,
             Fused::Qkv(_) => (cfg.q_dim() + 2 * cfg.kv_dim()) * h,
+            Fused::QkvBias(_) => cfg.q_dim() + 2 * cfg.kv_dim(),
+            Fused::QNorm(_) | Fused::KNorm(_) => cfg.head_dim,
             Fused::O(_) => h * cfg.q_dim(),
             Fused::GateUp(_) => 2 * i * h,
             Fused::Down(_) => h * i,
@@ -62,6 +70,12 @@ impl Fused {
                 Fused::GateUp(l),
                 Fused::Down(l),
             ]);
+            if cfg.qkv_bias {
+                out.push(Fused::QkvBias(l));
+            }
+            if cfg.qk_norm {
+                out.extend([Fused::QNorm(l), Fused::KNorm(l)]);
+            }
         }
         out.push(Fused::Norm);
         if untied_head {
@@ -72,8 +86,8 @@ impl Fused {
 }
 
 /// Where the checkpoint tensor `name` lands: its fused tensor and the element offset of its
-/// first row there. `None` for names outside the model (and for biases, which the layout has
-/// no room for).
+/// first row there. `None` for names outside the model (and for o and MLP biases, which the
+/// layout has no room for).
 pub fn placement(cfg: &ModelConfig, name: &str) -> Option<(Fused, usize)> {
     let h = cfg.hidden_size;
     match name {
@@ -88,14 +102,20 @@ pub fn placement(cfg: &ModelConfig, name: &str) -> Option<(Fused, usize)> {
     if l >= cfg.num_hidden_layers {
         return None;
     }
+    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
     Some(match part {
         "input_layernorm.weight" => (Fused::InputNorm(l), 0),
-        "self_attn.q_proj.weight" => (Fused::Qkv(l), 0),
-        "self_attn.k_proj.weight" => (Fused::Qkv(l), cfg.q_dim() * h),
-        "self_attn.v_proj.weight" => (Fused::Qkv(l), (cfg.q_dim() + cfg.kv_dim()) * h),
+        "self_attn.q_proj.weight" | "self_attn.qkv_proj.weight" => (Fused::Qkv(l), 0),
+        "self_attn.k_proj.weight" => (Fused::Qkv(l), q * h),
+        "self_attn.v_proj.weight" => (Fused::Qkv(l), (q + kv) * h),
+        "self_attn.q_proj.bias" | "self_attn.qkv_proj.bias" => (Fused::QkvBias(l), 0),
+        "self_attn.k_proj.bias" => (Fused::QkvBias(l), q),
+        "self_attn.v_proj.bias" => (Fused::QkvBias(l), q + kv),
+        "self_attn.q_norm.weight" => (Fused::QNorm(l), 0),
+        "self_attn.k_norm.weight" => (Fused::KNorm(l), 0),
         "self_attn.o_proj.weight" => (Fused::O(l), 0),
         "post_attention_layernorm.weight" => (Fused::PostNorm(l), 0),
-        "mlp.gate_proj.weight" => (Fused::GateUp(l), 0),
+        "mlp.gate_proj.weight" | "mlp.gate_up_proj.weight" => (Fused::GateUp(l), 0),
         "mlp.up_proj.weight" => (Fused::GateUp(l), cfg.intermediate_size * h),
         "mlp.down_proj.weight" => (Fused::Down(l), 0),
         _ => return None,
@@ -113,8 +133,8 @@ pub fn load_bf16(
     mut sink: impl FnMut(Fused, usize, &[bf16]) -> anyhow::Result<()>,
 ) -> anyhow::Result<bool> {
     anyhow::ensure!(
-        !cfg.attention_bias && !cfg.mlp_bias,
-        "the fused bf16 layout has no room for attention or MLP biases"
+        !cfg.o_bias && !cfg.mlp_bias,
+        "the fused bf16 layout has no room for o-projection or MLP biases"
     );
     for_each_tensor(dir, cfg, progress, |name, raw| {
         let (fused, offset) = placement(cfg, name)
@@ -202,6 +222,14 @@ mod tests {
                 bf(&[x.gate_proj.weight(), x.up_proj.weight()]),
             );
             out.insert(Fused::Down(l), bf(&[x.down_proj.weight()]));
+            if let (Some(q), Some(k), Some(v)) = (x.q_proj.bias(), x.k_proj.bias(), x.v_proj.bias())
+            {
+                out.insert(Fused::QkvBias(l), bf(&[q, k, v]));
+            }
+            if let (Some(q), Some(k)) = (&x.q_norm, &x.k_norm) {
+                out.insert(Fused::QNorm(l), bf(&[q]));
+                out.insert(Fused::KNorm(l), bf(&[k]));
+            }
         }
         out.insert(Fused::Norm, bf(&[&w.norm]));
         if !w.lm_head_tied {
@@ -254,6 +282,27 @@ mod tests {
         let sharded = TestModelSpec::default().heads(4, 4).shards(3).seed(12);
         assert!(!check(written(&sharded).path()));
         assert!(check(written(&TestModelSpec::default().tied(true)).path()));
+    }
+
+    /// Every family's layout: Phi-3's fused qkv_proj / gate_up_proj land in place, Qwen2's q/k/v
+    /// biases in `QkvBias`, Qwen3's head norms in `QNorm`/`KNorm` (the transformers checkpoints of
+    /// tests/fixtures/models).
+    #[test]
+    fn every_family_streams_to_the_f32_paths_values() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        for (family, tied) in [
+            ("llama3", false),
+            ("mistral", false),
+            ("qwen2", true),
+            ("qwen3", true),
+            ("phi3", false),
+        ] {
+            assert_eq!(check(&fixtures.join(family)), tied, "{family}");
+        }
+        let cfg = ModelConfig::from_dir(&fixtures.join("qwen2")).unwrap();
+        assert!(Fused::all(&cfg, false).contains(&Fused::QkvBias(1)));
+        let cfg = ModelConfig::from_dir(&fixtures.join("qwen3")).unwrap();
+        assert!(Fused::all(&cfg, false).contains(&Fused::KNorm(0)));
     }
 
     #[test]

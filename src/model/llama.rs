@@ -1,12 +1,15 @@
-//! The Llama/Mistral forward over one flattened, paged batch (see `step::batch`): the path
-//! the CPU executor runs every engine step.
+//! The Llama-family forward (every `model::arch` family: biases, Qwen3's q/k norms, sliding
+//! windows, longrope) over one flattened, paged batch (see `step::batch`): the path the CPU
+//! executor runs every engine step.
 //!
 //! Projections and the MLP are candle f32 GEMMs over all of the batch's tokens at once
 //! (`[num_tokens, hidden] × Wᵀ`), whatever mix of prefill chunks and decodes they come from.
 //! Attention is plain Rust, parallel over (token, head) with rayon: each query token attends to
 //! positions `0..=its position` of its own sequence, reading K/V through the sequence's block
 //! table. That covers the prefix cached by earlier steps and this step's own chunk alike, because
-//! the chunk's K/V is written into the pool (at `slot_mapping`) before attention reads it.
+//! the chunk's K/V is written into the pool (at `slot_mapping`) before attention reads it. Under a
+//! sliding window a token attends to its last `window` positions only; the blocks before them
+//! may have been freed (`step::NULL_BLOCK` in the table) and are never read.
 //!
 //! q/k/v and gate/up are fused into one weight each at load (as vLLM does), so a layer runs four
 //! GEMMs: qkv, o, gate_up, down.
@@ -73,6 +76,8 @@ struct LayerParams {
     /// gate and up projections stacked: `[2 * intermediate, hidden]`.
     gate_up_proj: Linear,
     down_proj: Linear,
+    /// Qwen3's per-head RMSNorm weights, `[head_dim]` each.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 pub struct LlamaModel {
@@ -81,7 +86,8 @@ pub struct LlamaModel {
     layers: Vec<LayerParams>,
     norm: Tensor,
     lm_head: Linear,
-    /// `cos(pos · inv_freq[i])` and `sin(…)`, `[max_position_embeddings, head_dim / 2]`.
+    /// `cos(pos · inv_freq[i])` and `sin(…)` (times longrope's attention factor),
+    /// `[max_position_embeddings, head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
 }
@@ -112,6 +118,10 @@ impl LlamaModel {
         } = weights;
         let mut fused = Vec::with_capacity(layers.len());
         for l in layers {
+            let qk_norm = match (&l.q_norm, &l.k_norm) {
+                (Some(q), Some(k)) => Some((q.to_vec1::<f32>()?, k.to_vec1::<f32>()?)),
+                _ => None,
+            };
             fused.push(LayerParams {
                 input_layernorm: l.input_layernorm,
                 qkv_proj: stack(&[&l.q_proj, &l.k_proj, &l.v_proj])?,
@@ -119,18 +129,20 @@ impl LlamaModel {
                 post_attention_layernorm: l.post_attention_layernorm,
                 gate_up_proj: stack(&[&l.gate_proj, &l.up_proj])?,
                 down_proj: l.down_proj,
+                qk_norm,
             });
         }
         let half = config.head_dim / 2;
         let inv_freqs = config.rope.inv_freqs(config.head_dim);
+        let mscale = config.rope.attention_factor();
         let mut rope_cos = Vec::with_capacity(config.max_position_embeddings * half);
         let mut rope_sin = Vec::with_capacity(config.max_position_embeddings * half);
         for pos in 0..config.max_position_embeddings {
             for &f in &inv_freqs {
                 // Angles in f64: at long positions f32 products lose the low bits of the phase.
                 let angle = pos as f64 * f;
-                rope_cos.push(angle.cos() as f32);
-                rope_sin.push(angle.sin() as f32);
+                rope_cos.push((angle.cos() * mscale) as f32);
+                rope_sin.push((angle.sin() * mscale) as f32);
             }
         }
         Ok(LlamaModel {
@@ -194,7 +206,7 @@ impl LlamaModel {
                 .forward(&h)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
-            self.rope_and_store(&mut qkv, batch, kv, layer_idx);
+            self.rope_and_store(&mut qkv, batch, kv, layer_idx, layer.qk_norm.as_ref());
             let mut attn = vec![0f32; n * q_dim];
             paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
             let attn = Tensor::from_vec(attn, (n, q_dim), &Device::Cpu)?;
@@ -215,13 +227,22 @@ impl LlamaModel {
         Ok(self.lm_head.forward(&last)?)
     }
 
-    /// Rotates each token's q and k heads (in the fused `[num_tokens, q | k | v]` rows) by its
-    /// position, then copies k and v into the pool at the token's slot.
-    fn rope_and_store(&self, qkv: &mut [f32], batch: &BatchInput, kv: &mut KvPool, layer: usize) {
+    /// Normalises each q and k head when the model has q/k norms (Qwen3), rotates the q and k
+    /// heads (in the fused `[num_tokens, q | k | v]` rows) by the token's position, then copies k
+    /// and v into the pool at the token's slot.
+    fn rope_and_store(
+        &self,
+        qkv: &mut [f32],
+        batch: &BatchInput,
+        kv: &mut KvPool,
+        layer: usize,
+        qk_norm: Option<&(Vec<f32>, Vec<f32>)>,
+    ) {
         let c = &self.config;
         let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
         let row_len = q_dim + 2 * kv_dim;
         let half = hd / 2;
+        let eps = c.rms_norm_eps as f32;
         qkv.par_chunks_mut(row_len)
             .zip(batch.positions.par_iter())
             .for_each(|(row, &pos)| {
@@ -229,7 +250,12 @@ impl LlamaModel {
                 let sin = &self.rope_sin[pos as usize * half..][..half];
                 // q heads then k heads: both rotated the same way (transformers' rotate_half layout:
                 // pair i is (x[i], x[i + head_dim/2])).
-                for head in row[..q_dim + kv_dim].chunks_exact_mut(hd) {
+                for (h, head) in row[..q_dim + kv_dim].chunks_exact_mut(hd).enumerate() {
+                    if let Some((qn, kn)) = qk_norm {
+                        let w = if h * hd < q_dim { qn } else { kn };
+                        let inv = (dot(head, head) / hd as f32 + eps).sqrt().recip();
+                        head.iter_mut().zip(w).for_each(|(x, w)| *x *= inv * w);
+                    }
                     let (x1, x2) = head.split_at_mut(half);
                     for i in 0..half {
                         let (a, b) = (x1[i], x2[i]);
@@ -300,6 +326,7 @@ fn paged_attention(
     let group = heads / c.num_key_value_heads;
     let bs = kv.block_size;
     let scale = 1.0 / (hd as f32).sqrt();
+    let window = c.sliding_window.unwrap_or(usize::MAX);
     let (k_cache, v_cache) = (&kv.k[layer][..], &kv.v[layer][..]);
     out.par_chunks_mut(hd)
         .enumerate()
@@ -308,30 +335,25 @@ fn paged_attention(
             let (pos, block_table) = plan.tokens[t];
             let q = &qkv[t * row_len + h * hd..][..hd];
             let head_off = (h / group) * hd;
-            let ctx = pos + 1;
+            // Keys first..=pos: the whole prefix, or the last `window` positions.
+            let (first, ctx) = ((pos + 1).saturating_sub(window), pos + 1);
+            let slot = |j: usize| block_table[j / bs] as usize * bs + j % bs;
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for (b, &block) in block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
-                let first_slot = block as usize * bs;
-                for off in 0..bs.min(ctx - b * bs) {
-                    let k = &k_cache[(first_slot + off) * kv_dim + head_off..][..hd];
-                    let s = dot(q, k) * scale;
-                    max = max.max(s);
-                    scores.push(s);
-                }
+            for j in first..ctx {
+                let k = &k_cache[slot(j) * kv_dim + head_off..][..hd];
+                let s = dot(q, k) * scale;
+                max = max.max(s);
+                scores.push(s);
             }
             let mut sum = 0.0;
             o.fill(0.0);
-            for (b, &block) in block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
-                let first_slot = block as usize * bs;
-                let n = bs.min(ctx - b * bs);
-                for (off, s) in scores[b * bs..b * bs + n].iter().enumerate() {
-                    let p = (s - max).exp();
-                    sum += p;
-                    let v = &v_cache[(first_slot + off) * kv_dim + head_off..][..hd];
-                    for (o, &v) in o.iter_mut().zip(v) {
-                        *o += p * v;
-                    }
+            for (j, s) in (first..ctx).zip(scores.iter()) {
+                let p = (s - max).exp();
+                sum += p;
+                let v = &v_cache[slot(j) * kv_dim + head_off..][..hd];
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o += p * v;
                 }
             }
             let inv = 1.0 / sum;

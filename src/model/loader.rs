@@ -1,4 +1,4 @@
-//! Weights of a Llama-family checkpoint: `model.safetensors`, or shards listed by
+//! Weights of a Llama-family checkpoint (every `model::arch` family): `model.safetensors`, or shards listed by
 //! `model.safetensors.index.json`, in bf16, f16 or f32, converted to f32 candle tensors on the CPU.
 //!
 //! Shards are read one at a time, so peak memory is the f32 weights plus one shard. Tensors the
@@ -30,6 +30,9 @@ pub struct LayerWeights {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// `[head_dim]` RMSNorm weights on each query / key head (Qwen3), else None.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
 }
 
 /// All weights in f32; every `Linear` weight is `[out_features, in_features]` as in PyTorch.
@@ -69,20 +72,41 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![h]);
         add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
-        let linears = [
-            ("self_attn.q_proj", q, h, config.attention_bias),
-            ("self_attn.k_proj", kv, h, config.attention_bias),
-            ("self_attn.v_proj", kv, h, config.attention_bias),
-            ("self_attn.o_proj", h, q, config.attention_bias),
-            ("mlp.gate_proj", i, h, config.mlp_bias),
-            ("mlp.up_proj", i, h, config.mlp_bias),
-            ("mlp.down_proj", h, i, config.mlp_bias),
-        ];
-        for (name, out, inp, bias) in linears {
+        let (ab, ob, mb) = (config.qkv_bias, config.o_bias, config.mlp_bias);
+        let linears: &[(&str, usize, usize, bool)] = if config.architecture.fused_checkpoint() {
+            // Phi-3: q|k|v and gate|up stored as one matrix each (split at load, `from_tensors`).
+            &[
+                ("self_attn.qkv_proj", q + 2 * kv, h, ab),
+                ("self_attn.o_proj", h, q, ob),
+                ("mlp.gate_up_proj", 2 * i, h, mb),
+                ("mlp.down_proj", h, i, mb),
+            ]
+        } else {
+            &[
+                ("self_attn.q_proj", q, h, ab),
+                ("self_attn.k_proj", kv, h, ab),
+                ("self_attn.v_proj", kv, h, ab),
+                ("self_attn.o_proj", h, q, ob),
+                ("mlp.gate_proj", i, h, mb),
+                ("mlp.up_proj", i, h, mb),
+                ("mlp.down_proj", h, i, mb),
+            ]
+        };
+        for &(name, out, inp, bias) in linears {
             add(format!("{p}.{name}.weight"), vec![out, inp]);
             if bias {
                 add(format!("{p}.{name}.bias"), vec![out]);
             }
+        }
+        if config.qk_norm {
+            add(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![config.head_dim],
+            );
+            add(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![config.head_dim],
+            );
         }
     }
     add("model.norm.weight".into(), vec![h]);
@@ -297,14 +321,35 @@ impl ModelWeights {
                 };
                 Ok(Linear::new(w, b))
             };
-            let (ab, mb) = (config.attention_bias, config.mlp_bias);
-            let q_proj = linear("self_attn.q_proj", ab)?;
-            let k_proj = linear("self_attn.k_proj", ab)?;
-            let v_proj = linear("self_attn.v_proj", ab)?;
-            let o_proj = linear("self_attn.o_proj", ab)?;
-            let gate_proj = linear("mlp.gate_proj", mb)?;
-            let up_proj = linear("mlp.up_proj", mb)?;
+            let (ab, ob, mb) = (config.qkv_bias, config.o_bias, config.mlp_bias);
+            let (q_proj, k_proj, v_proj, gate_proj, up_proj) =
+                if config.architecture.fused_checkpoint() {
+                    let (q, kv, i) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+                    let qkv = linear("self_attn.qkv_proj", ab)?;
+                    let gate_up = linear("mlp.gate_up_proj", mb)?;
+                    let [q_proj, k_proj, v_proj] =
+                        split_rows(&qkv, [(0, q), (q, kv), (q + kv, kv)])?;
+                    let [gate_proj, up_proj] = split_rows(&gate_up, [(0, i), (i, i)])?;
+                    (q_proj, k_proj, v_proj, gate_proj, up_proj)
+                } else {
+                    (
+                        linear("self_attn.q_proj", ab)?,
+                        linear("self_attn.k_proj", ab)?,
+                        linear("self_attn.v_proj", ab)?,
+                        linear("mlp.gate_proj", mb)?,
+                        linear("mlp.up_proj", mb)?,
+                    )
+                };
+            let o_proj = linear("self_attn.o_proj", ob)?;
             let down_proj = linear("mlp.down_proj", mb)?;
+            let (q_norm, k_norm) = if config.qk_norm {
+                (
+                    Some(take(format!("{p}.self_attn.q_norm.weight"))?),
+                    Some(take(format!("{p}.self_attn.k_norm.weight"))?),
+                )
+            } else {
+                (None, None)
+            };
             layers.push(LayerWeights {
                 input_layernorm: take(format!("{p}.input_layernorm.weight"))?,
                 q_proj,
@@ -315,6 +360,8 @@ impl ModelWeights {
                 gate_proj,
                 up_proj,
                 down_proj,
+                q_norm,
+                k_norm,
             });
         }
         let norm = take("model.norm.weight".into())?;
@@ -331,6 +378,32 @@ impl ModelWeights {
             lm_head_tied,
         })
     }
+}
+
+/// Row ranges `(first, count)` of a fused linear layer as layers of their own (bias split alike).
+fn split_rows<const N: usize>(
+    fused: &Linear,
+    ranges: [(usize, usize); N],
+) -> Result<[Linear; N], ModelError> {
+    let part = |(start, len): (usize, usize)| -> candle_core::Result<Linear> {
+        let w = fused.weight().narrow(0, start, len)?.contiguous()?;
+        let b = match fused.bias() {
+            Some(b) => Some(b.narrow(0, start, len)?.contiguous()?),
+            None => None,
+        };
+        Ok(Linear::new(w, b))
+    };
+    let parts = ranges
+        .into_iter()
+        .map(part)
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(|e| ModelError::Tensor {
+            name: "fused projection".into(),
+            source: e,
+        })?;
+    Ok(parts
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N ranges give N parts")))
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Model loading and the CPU forward: Hugging Face config and safetensors checkpoints of the
-//! Llama family (Llama, Mistral), the paged batched forward the CPU executor runs, the plain
+//! Llama family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3: `arch`), the paged batched forward the CPU executor runs, the plain
 //! forward the tests compare it with, the checkpoint streamed as bf16 into the CUDA executor's
 //! fused layout, a writer of small random-weight test checkpoints, and the shapes of synthetic
 //! (random-weight) benchmark models.
 
+pub mod arch;
 pub mod config;
 pub mod fused;
 pub mod llama;
@@ -33,7 +34,7 @@ pub enum ModelError {
     },
     #[error("cannot parse {}: {message}", path.display())]
     Parse { path: PathBuf, message: String },
-    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM)")]
+    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM)")]
     UnknownArchitecture(String),
     #[error("unsupported value for {field}: {value}")]
     Unsupported { field: String, value: String },

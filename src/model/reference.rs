@@ -1,4 +1,4 @@
-//! The test oracle: a plain Llama forward of one sequence, unbatched and unpaged, over all of its
+//! The test oracle: a plain Llama-family forward of one sequence, unbatched and unpaged, over all of its
 //! positions at once with full causal attention, written with candle tensor ops as directly as the
 //! transformers code reads. It shares only the weights (`ModelWeights`) and the RoPE frequency
 //! formula with the engine's paged forward (`llama.rs`), not its attention, its fused projections
@@ -25,7 +25,7 @@ pub fn reference_logits(
     );
     let eps = config.rms_norm_eps;
     let (cos, sin) = rope_tables(config, n)?;
-    let mask = causal_mask(n)?;
+    let mask = causal_mask(n, config.sliding_window.unwrap_or(usize::MAX))?;
     let mut x = w
         .embed_tokens
         .index_select(&Tensor::new(tokens, &dev)?, 0)?;
@@ -34,8 +34,14 @@ pub fn reference_logits(
         // [heads, n, head_dim]
         let heads =
             |t: Tensor, count: usize| t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous();
-        let q = rope(&heads(linear(&h, &layer.q_proj)?, nh)?, &cos, &sin)?;
-        let k = rope(&heads(linear(&h, &layer.k_proj)?, nkv)?, &cos, &sin)?;
+        // Qwen3 normalises each head before RoPE.
+        let head_norm = |t: Tensor, w: &Option<Tensor>| match w {
+            Some(w) => rms_norm(&t, w, eps),
+            None => Ok(t),
+        };
+        let q = head_norm(heads(linear(&h, &layer.q_proj)?, nh)?, &layer.q_norm)?;
+        let k = head_norm(heads(linear(&h, &layer.k_proj)?, nkv)?, &layer.k_norm)?;
+        let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
         let v = heads(linear(&h, &layer.v_proj)?, nkv)?;
         let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         let scores =
@@ -93,11 +99,12 @@ fn softmax(x: &Tensor) -> candle_core::Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// `[n, n]`: 0 on and below the diagonal, -inf above.
-fn causal_mask(n: usize) -> candle_core::Result<Tensor> {
+/// `[n, n]`: 0 where key j is visible to query i (i - window < j <= i), -inf elsewhere.
+fn causal_mask(n: usize, window: usize) -> candle_core::Result<Tensor> {
     let m: Vec<f32> = (0..n * n)
-        .map(|i| {
-            if i % n > i / n {
+        .map(|idx| {
+            let (i, j) = (idx / n, idx % n);
+            if j > i || i - j >= window {
                 f32::NEG_INFINITY
             } else {
                 0.0
@@ -107,14 +114,16 @@ fn causal_mask(n: usize) -> candle_core::Result<Tensor> {
     Tensor::from_vec(m, (n, n), &Device::Cpu)
 }
 
-/// cos and sin of `pos · inv_freq`, `[n, head_dim]` with the half-table repeated (rotate_half form).
+/// cos and sin of `pos · inv_freq` (times the attention factor of longrope), `[n, head_dim]` with
+/// the half-table repeated (rotate_half form).
 fn rope_tables(config: &ModelConfig, n: usize) -> candle_core::Result<(Tensor, Tensor)> {
     let inv = config.rope.inv_freqs(config.head_dim);
+    let mscale = config.rope.attention_factor();
     let angles: Vec<f64> = (0..n)
         .flat_map(|p| inv.iter().chain(&inv).map(move |f| p as f64 * f))
         .collect();
     let table = |f: fn(f64) -> f64| {
-        let v: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
+        let v: Vec<f32> = angles.iter().map(|&a| (f(a) * mscale) as f32).collect();
         Tensor::from_vec(v, (n, config.head_dim), &Device::Cpu)
     };
     Ok((table(f64::cos)?, table(f64::sin)?))

@@ -13,27 +13,101 @@ use crate::model::config::ModelConfig;
 use crate::model::loader::{expected_tensors, ModelWeights};
 
 /// Names `synthetic_config` knows, smallest first.
-pub const SYNTHETIC_MODELS: &[&str] = &["tiny", "tinyllama-1.1b", "llama-2-7b", "llama-3-8b"];
+pub const SYNTHETIC_MODELS: &[&str] = &[
+    "tiny",
+    "tinyllama-1.1b",
+    "phi-3-mini",
+    "llama-2-7b",
+    "qwen2.5-7b",
+    "llama-3-8b",
+    "qwen2.5-14b",
+];
 
 /// Shapes whose random weights are generated on the host and run on the CPU executor; the
 /// others are billions of parameters, which only make sense on a GPU.
 pub const CPU_SYNTHETIC_MODELS: &[&str] = &["tiny"];
 
 pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
-    // (hidden, intermediate, layers, heads, kv heads, vocab, max positions, rope theta)
-    let (h, i, l, heads, kv, vocab, max_pos, theta) = match name {
-        // GQA (2 query heads per kv head) at head_dim 64, which the CUDA kernels also support.
-        "tiny" => (256, 688, 4, 4, 2, 2048, 2048, 10000.0),
-        "tinyllama-1.1b" => (2048, 5632, 22, 32, 4, 32000, 2048, 10000.0),
-        "llama-2-7b" => (4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
-        "llama-3-8b" => (4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
+    // (architecture, hidden, intermediate, layers, heads, kv heads, vocab, max positions, theta)
+    let (arch, h, i, l, heads, kv, vocab, max_pos, theta) = match name {
+        // GQA (2 query heads per kv head) at head_dim 64, small enough for the CPU.
+        "tiny" => ("LlamaForCausalLM", 256, 688, 4, 4, 2, 2048, 2048, 10000.0),
+        "tinyllama-1.1b" => (
+            "LlamaForCausalLM",
+            2048,
+            5632,
+            22,
+            32,
+            4,
+            32000,
+            2048,
+            10000.0,
+        ),
+        // head_dim 96, MHA (Phi-3-mini-4k-instruct; its 2047-token window is kept).
+        "phi-3-mini" => (
+            "Phi3ForCausalLM",
+            3072,
+            8192,
+            32,
+            32,
+            32,
+            32064,
+            4096,
+            10000.0,
+        ),
+        "llama-2-7b" => (
+            "LlamaForCausalLM",
+            4096,
+            11008,
+            32,
+            32,
+            32,
+            32000,
+            4096,
+            10000.0,
+        ),
+        // 7 query heads per kv head, q/k/v biases.
+        "qwen2.5-7b" => (
+            "Qwen2ForCausalLM",
+            3584,
+            18944,
+            28,
+            28,
+            4,
+            152064,
+            32768,
+            1e6,
+        ),
+        "llama-3-8b" => (
+            "LlamaForCausalLM",
+            4096,
+            14336,
+            32,
+            32,
+            8,
+            128256,
+            8192,
+            500000.0,
+        ),
+        // 5 query heads per kv head.
+        "qwen2.5-14b" => (
+            "Qwen2ForCausalLM",
+            5120,
+            13824,
+            48,
+            40,
+            8,
+            152064,
+            32768,
+            1e6,
+        ),
         other => anyhow::bail!(
             "unknown synthetic model {other:?}; known: {}",
             SYNTHETIC_MODELS.join(", ")
         ),
     };
-    let json = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
+    let mut json = serde_json::json!({
+        "architectures": [arch],
         "hidden_size": h,
         "intermediate_size": i,
         "num_hidden_layers": l,
@@ -48,6 +122,9 @@ pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
         "eos_token_id": 2,
         "torch_dtype": "bfloat16",
     });
+    if arch == "Phi3ForCausalLM" {
+        json["sliding_window"] = serde_json::json!(2047);
+    }
     Ok(ModelConfig::from_json_str(&json.to_string())?)
 }
 
@@ -118,6 +195,31 @@ mod tests {
         assert!((t.num_parameters() as f64 / 1e9 - 1.10).abs() < 0.01);
         let l3 = synthetic_config("llama-3-8b").unwrap();
         assert!((l3.num_parameters() as f64 / 1e9 - 8.03).abs() < 0.01);
+        let q = synthetic_config("qwen2.5-7b").unwrap();
+        assert!(q.qkv_bias);
+        assert_eq!(
+            (q.head_dim, q.num_attention_heads / q.num_key_value_heads),
+            (128, 7)
+        );
+        assert!(
+            (q.num_parameters() as f64 / 1e9 - 7.62).abs() < 0.01,
+            "{}",
+            q.num_parameters()
+        );
+        let q14 = synthetic_config("qwen2.5-14b").unwrap();
+        assert_eq!(q14.num_attention_heads / q14.num_key_value_heads, 5);
+        assert!(
+            (q14.num_parameters() as f64 / 1e9 - 14.77).abs() < 0.01,
+            "{}",
+            q14.num_parameters()
+        );
+        let phi = synthetic_config("phi-3-mini").unwrap();
+        assert_eq!((phi.head_dim, phi.sliding_window), (96, Some(2047)));
+        assert!(
+            (phi.num_parameters() as f64 / 1e9 - 3.82).abs() < 0.01,
+            "{}",
+            phi.num_parameters()
+        );
         let err = synthetic_config("gpt-2").unwrap_err().to_string();
         assert!(SYNTHETIC_MODELS.iter().all(|n| err.contains(n)), "{err}");
     }

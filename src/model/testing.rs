@@ -72,7 +72,11 @@ pub struct TestModelSpec {
     /// frequencies that tiny head dims and short test sequences exercise).
     pub llama3_rope: bool,
     pub tie_word_embeddings: bool,
+    /// `attention_bias` in config.json: q/k/v/o biases for Llama and Qwen3 (Qwen2 has q/k/v
+    /// biases whatever it says; see `model::arch`).
     pub attention_bias: bool,
+    /// `sliding_window` (Mistral and Phi-3 use it).
+    pub sliding_window: Option<usize>,
     pub dtype: WeightDType,
     pub seed: u64,
     /// 1: `model.safetensors`; more: that many shards plus `model.safetensors.index.json`.
@@ -96,6 +100,7 @@ impl Default for TestModelSpec {
             llama3_rope: false,
             tie_word_embeddings: false,
             attention_bias: false,
+            sliding_window: None,
             dtype: WeightDType::BF16,
             seed: 0,
             shards: 1,
@@ -158,6 +163,10 @@ impl TestModelSpec {
         self.attention_bias = on;
         self
     }
+    pub fn sliding_window(mut self, window: Option<usize>) -> Self {
+        self.sliding_window = window;
+        self
+    }
     pub fn dtype(mut self, dtype: WeightDType) -> Self {
         self.dtype = dtype;
         self
@@ -174,10 +183,7 @@ impl TestModelSpec {
     /// config.json for this spec, given the tokenizer's special token ids.
     pub fn config_json(&self, vocab_size: usize, bos: u32, eos: u32) -> serde_json::Value {
         let arch = self.architecture.hf_name();
-        let model_type = match self.architecture {
-            Architecture::Llama => "llama",
-            Architecture::Mistral => "mistral",
-        };
+        let model_type = self.architecture.model_type();
         let scaling = if self.llama3_rope {
             json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64})
@@ -205,9 +211,7 @@ impl TestModelSpec {
             "torch_dtype": self.dtype.hf_name(),
         });
         let m = c.as_object_mut().expect("config is an object");
-        if self.architecture == Architecture::Mistral {
-            m.insert("sliding_window".into(), serde_json::Value::Null);
-        }
+        m.insert("sliding_window".into(), json!(self.sliding_window));
         match self.rope_style {
             RopeStyle::Classic => {
                 m.insert("rope_theta".into(), json!(self.rope_theta));

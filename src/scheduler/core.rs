@@ -320,9 +320,9 @@ impl Scheduler {
             .min(kv.num_blocks() * kv.block_size())
     }
 
-    /// The step as the executor sees it: per scheduled request the tokens to compute and the
-    /// blocks appended since it last saw the request, its whole state when it holds none; the
-    /// ids it must drop.
+    /// The step as the executor sees it: per scheduled request the tokens to compute, the
+    /// blocks appended since it last saw the request (its whole state when it holds none) and
+    /// how many leading blocks the sliding window has freed; the ids it must drop.
     fn build_output(&mut self, plan: StepPlan, kv: &KvCacheManager) -> SchedulerOutput {
         let mut scheduled = Vec::with_capacity(plan.scheduled.len());
         let (mut num_prefill_tokens, mut num_decode_seqs) = (0, 0);
@@ -359,6 +359,7 @@ impl Scheduler {
                 num_tokens: num_new,
                 sample,
                 new_block_ids: table.get(sent..).unwrap_or_default().to_vec(),
+                num_freed_blocks: kv.num_freed_blocks(id),
                 new,
             });
         }

@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod harness;
+mod window;
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -509,7 +510,9 @@ fn a_missing_sampled_token_is_recomputed() {
 /// Many requests, random lengths, shared prefixes, arrivals over time, random aborts (some
 /// while a step is in flight), and a KV pool far smaller than the load.
 /// Returns (preemptions, prefix-cache hit tokens, emergency pauses).
-fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
+/// Random arrivals, aborts and scripted eos under tight blocks; returns (preemptions, prefix-hit
+/// tokens, emergency pauses, most blocks freed behind the window in one table).
+fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64, u64, usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cfg = SchedulerConfig {
         policy,
@@ -549,7 +552,7 @@ fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
         ..SchedulerConfig::default()
     };
     let num_blocks = rng.random_range(12..40);
-    let mut e = Engine::new(cfg, num_blocks);
+    let mut e = Engine::with_window(cfg, num_blocks, window);
     let prefixes: Vec<Vec<u32>> = (0..3).map(|i| random_tokens(seed * 10 + i, 20)).collect();
     let num_requests = 60;
     let mut next_id = 1;
@@ -612,6 +615,7 @@ fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
         e.sched.num_preemptions(),
         e.kv.prefix_cache_stats().hit_tokens,
         e.sched.stats().emergency_pauses,
+        e.max_freed,
     )
 }
 
@@ -619,7 +623,7 @@ fn randomized_run(seed: u64, policy: Policy) -> (u64, u64, u64) {
 fn randomized_load_with_aborts_keeps_invariants() {
     let (mut preemptions, mut hits) = (0, 0);
     for seed in 1..=24 {
-        let (p, h, _) = randomized_run(seed, Policy::Fcfs);
+        let (p, h, _, _) = randomized_run(seed, Policy::Fcfs, None);
         preemptions += p;
         hits += h;
     }
@@ -634,7 +638,7 @@ fn randomized_load_with_aborts_keeps_invariants() {
 fn randomized_load_with_aborts_keeps_invariants_adaptive() {
     let (mut preemptions, mut hits, mut pauses) = (0, 0, 0);
     for seed in 1..=24 {
-        let (p, h, z) = randomized_run(seed, Policy::Adaptive);
+        let (p, h, z, _) = randomized_run(seed, Policy::Adaptive, None);
         preemptions += p;
         hits += h;
         pauses += z;

@@ -12,12 +12,18 @@
 //!
 //! Rows are the executor's persistent slots: a request keeps its row from step to step, so its
 //! block table is written once and then only appended to (the CUDA backend mirrors the rows on
-//! the device and uploads only what changed).
+//! the device and uploads only what changed) — except under a sliding window, where leading
+//! entries whose blocks were freed behind the window become [`NULL_BLOCK`].
 
 use std::sync::Arc;
 
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
+
+/// The block-table entry of a block the KV manager freed because it lies wholly before the
+/// sliding window of every later query of its sequence. It keeps positions at their index;
+/// attention never reads it (`BatchInput::validate_window`), and no token is written to it.
+pub const NULL_BLOCK: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 pub struct SeqInput {
@@ -94,6 +100,16 @@ impl BlockTables {
         self.lens[r] = n + ids.len();
     }
 
+    /// Entries `cols` of row `r` (within its length) become `id`.
+    pub fn fill(&mut self, r: usize, cols: std::ops::Range<usize>, id: u32) {
+        assert!(
+            cols.end <= self.row(r).len(),
+            "columns {cols:?} past row {r}"
+        );
+        let at = r * self.width;
+        self.ids[at + cols.start..at + cols.end].fill(id);
+    }
+
     /// Row `to` becomes a copy of row `from`.
     pub fn copy_row(&mut self, from: usize, to: usize) {
         let n = self.row(from).len();
@@ -165,9 +181,10 @@ impl BatchInput {
         self.token_ids.extend_from_slice(tokens);
         for pos in first_pos..first_pos + tokens.len() {
             self.positions.push(pos as u32);
-            let slot = block_table.get(pos / block_size).map_or(u32::MAX, |&b| {
-                b * block_size as u32 + (pos % block_size) as u32
-            });
+            let slot = match block_table.get(pos / block_size) {
+                Some(&b) if b != NULL_BLOCK => b * block_size as u32 + (pos % block_size) as u32,
+                _ => u32::MAX,
+            };
             self.slot_mapping.push(slot);
         }
         self.seqs.push(SeqInput {
@@ -243,12 +260,21 @@ impl BatchInput {
                     s.request_id, s.context_len
                 ));
             }
-            if let Some(b) = table.iter().find(|&&b| b as usize >= num_blocks) {
+            if let Some(b) = table
+                .iter()
+                .find(|&&b| b as usize >= num_blocks && b != NULL_BLOCK)
+            {
                 return Err(format!("{}: block {b} out of range", s.request_id));
             }
             let first_pos = s.context_len - s.query_len;
             for i in 0..s.query_len {
                 let pos = first_pos + i;
+                if table[pos / block_size] == NULL_BLOCK {
+                    return Err(format!(
+                        "{}: position {pos} is written into a freed block",
+                        s.request_id
+                    ));
+                }
                 if self.positions[start + i] as usize != pos {
                     return Err(format!(
                         "{}: position mismatch at token {}",
@@ -266,6 +292,32 @@ impl BatchInput {
                 }
             }
             start += s.query_len;
+        }
+        Ok(())
+    }
+}
+
+impl BatchInput {
+    /// Checks that freed blocks ([`NULL_BLOCK`]) lie wholly before the attention window of each
+    /// sequence's first query (so attention never reads them): anywhere under full attention
+    /// (`window` None) is an error.
+    pub fn validate_window(&self, block_size: usize, window: Option<usize>) -> Result<(), String> {
+        for s in &self.seqs {
+            let table = self.block_table(s);
+            let Some(last_null) = table.iter().rposition(|&b| b == NULL_BLOCK) else {
+                continue;
+            };
+            let first_pos = s.context_len - s.query_len;
+            let visible_from = match window {
+                Some(w) => (first_pos + 1).saturating_sub(w),
+                None => 0,
+            };
+            if (last_null + 1) * block_size > visible_from {
+                return Err(format!(
+                    "{}: freed block {last_null} holds positions the attention window (from {visible_from}) reads",
+                    s.request_id
+                ));
+            }
         }
         Ok(())
     }
@@ -303,5 +355,24 @@ mod tests {
         assert!(b.validate(4, 3).unwrap_err().contains("out of range"));
         b.seqs[1].row = 0;
         assert!(b.validate(4, 4).unwrap_err().contains("used twice"));
+    }
+
+    #[test]
+    fn freed_blocks_are_valid_only_behind_the_window() {
+        // Blocks of 4; a decode at position 9 (window 6 sees 4..=9) after block 0 was freed.
+        let mut b = BatchInput::default();
+        b.push_seq(RequestId(1), &[5], 9, &[NULL_BLOCK, 2, 3], 4, None);
+        assert_eq!(b.validate(4, 4), Ok(()));
+        assert_eq!(b.validate_window(4, Some(6)), Ok(()));
+        // A wider window reads position 3, in the freed block; full attention reads it all.
+        assert!(b
+            .validate_window(4, Some(7))
+            .unwrap_err()
+            .contains("freed block 0"));
+        assert!(b.validate_window(4, None).is_err());
+        // No token is written into a freed block, whatever the window.
+        let mut w = BatchInput::default();
+        w.push_seq(RequestId(2), &[5], 1, &[NULL_BLOCK], 4, None);
+        assert!(w.validate(4, 4).unwrap_err().contains("freed block"));
     }
 }

@@ -15,7 +15,9 @@
 //! - [`SchedulerOutput`]: what one `schedule()` plans. A request's prompt, sampling parameters,
 //!   seed and block ids go to the executor once ([`NewRequestData`], again after a preemption);
 //!   afterwards each step carries per request only the tokens scheduled and the blocks appended
-//!   ([`ScheduledRequest`]), plus the ids the executor must drop.
+//!   ([`ScheduledRequest`]), plus the ids the executor must drop. Sliding-window models also
+//!   carry how many leading blocks were freed behind the window: those table entries become
+//!   [`NULL_BLOCK`] (the one diff that rewrites existing entries).
 //! - [`BatchInput`]: the flattened batch a forward runs, built by the executor.
 //! - [`StepOutput`]: the sampled tokens and the step's time.
 //! - [`RequestUpdate`]: what `update_from_output` reports for a request.
@@ -34,7 +36,7 @@ pub mod output;
 pub mod scheduler_output;
 pub mod update;
 
-pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput};
+pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
 pub use output::{SampledToken, StepOutput};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

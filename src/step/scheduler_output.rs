@@ -42,8 +42,16 @@ pub struct ScheduledRequest {
     /// it appended that the scheduler did not keep.
     pub sample: bool,
     /// Blocks appended to the request's block table since the executor last saw it, in position
-    /// order; with `new`, the whole table.
+    /// order; with `new`, the whole table. An entry below `num_freed_blocks` may be
+    /// [`NULL_BLOCK`](super::NULL_BLOCK).
     pub new_block_ids: Vec<u32>,
+    /// Sliding-window models: how many leading entries of the request's block table the KV
+    /// manager has freed (they lie before the window of every later query) and now hold
+    /// `NULL_BLOCK`. A running total that never decreases while the executor holds the request
+    /// (0 under full attention): the executor sets its entries below it to `NULL_BLOCK`. This is
+    /// the one diff that changes existing entries rather than appending; it travels as a count
+    /// because freed entries are always a prefix.
+    pub num_freed_blocks: usize,
     /// The request's full state, when the executor does not hold it: its first step, and its
     /// first step after a preemption (the executor dropped it then).
     pub new: Option<NewRequestData>,

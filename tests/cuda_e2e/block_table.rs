@@ -1,8 +1,10 @@
 //! `block_table_update` against its CPU reference: random distinct indices into a poisoned
-//! table (0xff bytes), random block ids; every entry must match, updated or untouched.
+//! table (0xab bytes), random block ids and `NULL_BLOCK` (entries freed behind a sliding
+//! window); every entry must match, updated or untouched.
 
 use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{block_table_update, BlockTableUpdateParams};
+use brook::step::NULL_BLOCK;
 use rand::seq::SliceRandom;
 
 use super::*;
@@ -21,10 +23,13 @@ fn block_table_update_scatters_exactly_the_updates() {
         index.shuffle(&mut r);
         index.truncate(num_updates);
         let value: Vec<u32> = (0..num_updates)
-            .map(|_| r.random_range(0..50_000))
+            .map(|_| match r.random_bool(0.1) {
+                true => NULL_BLOCK,
+                false => r.random_range(0..50_000),
+            })
             .collect();
         let table = g.alloc(n * 4).unwrap();
-        g.memset(table.ptr(), 0xff, n * 4).unwrap();
+        g.memset(table.ptr(), 0xab, n * 4).unwrap();
         let (ib, vb) = (
             g.alloc(num_updates * 4).unwrap(),
             g.alloc(num_updates * 4).unwrap(),
@@ -42,7 +47,7 @@ fn block_table_update_scatters_exactly_the_updates() {
         unsafe { block_table_update(&g, &p).unwrap() };
         let mut got = vec![0u32; n];
         g.download(&mut got, table.ptr()).unwrap();
-        let mut want = vec![u32::MAX; n];
+        let mut want = vec![0xabab_abab_u32; n];
         for (&i, &v) in index.iter().zip(&value) {
             want[i as usize] = v;
         }

@@ -16,15 +16,36 @@ use super::*;
 /// near ties.
 #[test]
 fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
-    if !have_gpu() {
-        return;
-    }
     let spec = TestModelSpec::default()
         .hidden_size(256)
         .heads(8, 2)
         .head_dim(64)
         .intermediate_size(512)
         .layers(3);
+    check_scheduler_steps(spec);
+}
+
+/// The same under a sliding window of 24 keys (Mistral): the KV manager frees blocks behind
+/// it, the scheduler reports them by count and the device tables take `NULL_BLOCK` there
+/// (`block_table_update`), which no kernel may read.
+#[test]
+fn cuda_scheduler_steps_free_blocks_behind_a_sliding_window() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Mistral)
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .layers(3)
+        .sliding_window(Some(24))
+        .seed(31);
+    check_scheduler_steps(spec);
+}
+
+fn check_scheduler_steps(spec: TestModelSpec) {
+    if !have_gpu() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let config = ModelConfig::from_dir(dir.path()).unwrap();
@@ -60,7 +81,9 @@ fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
         )
         .unwrap();
         let num_blocks = gpu.info().num_kv_blocks;
-        let mut kv = KvCacheManager::new(num_blocks, BLOCK, true);
+        let mut kv =
+            KvCacheManager::new(num_blocks, BLOCK, true).with_sliding_window(config.sliding_window);
+        let mut most_freed = 0;
         let mut sched = Scheduler::new(SchedulerConfig {
             max_num_seqs: 8,
             max_num_batched_tokens: 64,
@@ -86,6 +109,9 @@ fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
         let mut t = 0.0;
         while sched.has_unfinished() {
             let out = sched.schedule(&mut kv, t);
+            for s in &out.scheduled {
+                most_freed = most_freed.max(s.num_freed_blocks);
+            }
             let step = if out.is_empty() {
                 StepOutput::default()
             } else {
@@ -97,10 +123,14 @@ fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
             }
             assert!(t < 100.0, "no progress");
         }
-        assert!(
-            sched.num_preemptions() > 0,
-            "graphs {graphs}: no preemption"
-        );
+        match config.sliding_window {
+            // Each request holds a window's blocks at most, so the pool need not preempt.
+            Some(w) => assert!(most_freed > 0, "graphs {graphs}: window {w} freed nothing"),
+            None => assert!(
+                sched.num_preemptions() > 0,
+                "graphs {graphs}: no preemption"
+            ),
+        }
         assert!(
             kv.prefix_cache_stats().hit_tokens > 0,
             "graphs {graphs}: no prefix hit"

@@ -117,3 +117,29 @@ fn prefill_rows_check_covers_every_query_and_head() {
         assert_close(&format!("one key, head {h}"), &want[o..o + hd], &v, 1e-6);
     }
 }
+
+#[test]
+fn window_reference_ignores_keys_before_the_window_and_freed_blocks() {
+    let mut r = rng(9);
+    let (seqs, window) = ([(40usize, 100usize), (7, 7)], 30);
+    let full = PrefillBatch::random(&mut r, 16, 4, 2, &seqs);
+    let mut windowed = PrefillBatch::random(&mut rng(9), 16, 4, 2, &seqs);
+    // Sequence 0's first query (position 60) sees 31..=60: blocks 0 (0..16) is freed, block 1
+    // (16..32) holds key 31 and stays.
+    assert_eq!(windowed.with_window(window), 1);
+    assert_eq!(windowed.paged.bt[0], -1);
+    let (a, b) = (full.reference(), windowed.reference());
+    let e = full.row_elems();
+    // Sequence 1 (7 keys, inside the window) is unchanged; sequence 0's rows differ.
+    assert_eq!(full.rows_of(&a, &[1]), windowed.rows_of(&b, &[1]));
+    assert_ne!(a[..e], b[..e]);
+    // The last row of sequence 0 (position 99) sees 70..=99: the same as a window over a cache
+    // whose earlier keys were never written.
+    let q: Vec<f32> = full.q[39 * e..39 * e + 16]
+        .iter()
+        .map(|x| x.to_f32())
+        .collect();
+    let want = full.paged.attend_window_ref(&q, 0, 0, 100, 30, 0.25);
+    assert_eq!(&b[39 * e..39 * e + 16], &want[..]);
+    assert_ne!(want, full.paged.attend_window_ref(&q, 0, 0, 100, 0, 0.25));
+}

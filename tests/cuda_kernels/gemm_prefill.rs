@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use crate::harness::{assert_close, gpu, poisoned, read_bf16, rng};
+use crate::harness::{assert_close, attention_gpu, poisoned, read_bf16, rng};
 use crate::paged::{PrefillBatch, PrefillRun};
 
 /// `seqs`: (query tokens, context); `on_flash`: the sequences the flash kernel takes, the GEMM
@@ -16,7 +16,9 @@ fn check_gemm_prefill(
     seqs: &[(usize, usize)],
     on_flash: &[usize],
 ) {
-    let Some(g) = gpu() else { return };
+    let Some(g) = attention_gpu(head_dim, heads / kv_heads) else {
+        return;
+    };
     let b = PrefillBatch::random(&mut rng(seed), head_dim, heads, kv_heads, seqs);
     let run = PrefillRun::new(&g, &b);
     let on_gemm: Vec<usize> = (0..seqs.len()).filter(|s| !on_flash.contains(s)).collect();

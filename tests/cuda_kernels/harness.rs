@@ -22,6 +22,14 @@ pub fn gpu() -> Option<Gpu> {
     }
 }
 
+/// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`).
+pub fn attention_gpu(head_dim: usize, group: usize) -> Option<Gpu> {
+    let mut g = gpu()?;
+    g.load_attention(head_dim, group)
+        .unwrap_or_else(|e| panic!("attention kernels hd{head_dim} g{group}: {e:#}"));
+    Some(g)
+}
+
 /// `gpu()` and a random source seeded with `seed`, for a test that draws its inputs once.
 pub fn setup(seed: u64) -> Option<(Gpu, ChaCha8Rng)> {
     Some((gpu()?, rng(seed)))

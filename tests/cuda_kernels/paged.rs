@@ -107,10 +107,26 @@ impl Paged {
         self.bt[s * self.max_blocks + j / bs] as usize * bs + j % bs
     }
 
-    /// Softmax attention of one query row over keys 0..n of sequence `s` on kv head `kh`, in f64.
-    pub fn attend_ref(&self, q: &[f32], s: usize, kh: usize, n: usize, scale: f64) -> Vec<f32> {
-        let scores: Vec<f64> = (0..n)
-            .map(|j| {
+    /// Softmax attention of one query row over keys 0..n of sequence `s` on kv head `kh`, in
+    /// f64; over the last `window` of them only when `window` > 0.
+    pub fn attend_window_ref(
+        &self,
+        q: &[f32],
+        s: usize,
+        kh: usize,
+        n: usize,
+        window: usize,
+        scale: f64,
+    ) -> Vec<f32> {
+        let first = if window == 0 {
+            0
+        } else {
+            n.saturating_sub(window)
+        };
+        let keys: Vec<usize> = (first..n).collect();
+        let scores: Vec<f64> = keys
+            .iter()
+            .map(|&j| {
                 q.iter()
                     .zip(self.cache.k_row(self.slot(s, j), kh))
                     .map(|(a, b)| *a as f64 * b.to_f32() as f64)
@@ -122,12 +138,21 @@ impl Paged {
         let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let z: f64 = w.iter().sum();
         let mut out = vec![0f64; self.cache.layout.head_dim];
-        for (j, wj) in w.iter().enumerate() {
+        for (&j, wj) in keys.iter().zip(&w) {
             for (o, v) in out.iter_mut().zip(self.cache.v_row(self.slot(s, j), kh)) {
                 *o += wj / z * v.to_f32() as f64;
             }
         }
         out.into_iter().map(|x| x as f32).collect()
+    }
+
+    /// Marks freed (-1, as `kv::NULL_BLOCK` reaches the kernels) every block of sequence `s`
+    /// that lies wholly before key `first_visible`, as the KV manager frees blocks behind a
+    /// sliding window: a kernel that read one would fault or read garbage. Returns how many.
+    pub fn free_before(&mut self, s: usize, first_visible: usize) -> usize {
+        let n = first_visible / self.cache.layout.block_size;
+        self.bt[s * self.max_blocks..][..n].fill(-1);
+        n
     }
 
     /// The cache, block tables and context lengths on the device.
@@ -154,6 +179,8 @@ pub struct DevPaged {
 pub struct PrefillBatch {
     pub heads: usize,
     pub seqs: Vec<(usize, usize)>,
+    /// Sliding window in keys; 0: none (the GEMM path takes only 0).
+    pub window: usize,
     pub paged: Paged,
     pub q: Vec<bf16>,
     /// First token row of each sequence.
@@ -185,10 +212,24 @@ impl PrefillBatch {
         PrefillBatch {
             heads,
             seqs: seqs.to_vec(),
+            window: 0,
             q: rand_bf16(r, t * heads * head_dim, 1.0),
             paged,
             q_start,
         }
+    }
+
+    /// Attention limited to the last `window` keys of each query, with the blocks wholly before
+    /// each sequence's first query's window freed. Returns how many blocks were freed.
+    pub fn with_window(&mut self, window: usize) -> usize {
+        self.window = window;
+        let mut freed = 0;
+        for (s, &(qlen, c)) in self.seqs.iter().enumerate() {
+            freed += self
+                .paged
+                .free_before(s, (c - qlen + 1).saturating_sub(window));
+        }
+        freed
     }
 
     pub fn layout(&self) -> KvLayout {
@@ -220,11 +261,12 @@ impl PrefillBatch {
             for i in 0..qlen {
                 for h in 0..self.heads {
                     let o = ((self.q_start[s] + i) * self.heads + h) * hd;
-                    let want = self.paged.attend_ref(
+                    let want = self.paged.attend_window_ref(
                         &qf[o..o + hd],
                         s,
                         h / self.group(),
                         c - qlen + i + 1,
+                        self.window,
                         self.scale() as f64,
                     );
                     out[o..o + hd].copy_from_slice(&want);
@@ -320,6 +362,7 @@ impl<'a> PrefillRun<'a> {
             num_kv_heads: layout.kv_heads as i32,
             block_size: layout.block_size as i32,
             max_blocks: self.b.paged.max_blocks as i32,
+            window: self.b.window as i32,
             scale: self.b.scale(),
         };
         unsafe { kernels::prefill_attn(self.g, &p, layout.head_dim).unwrap() };
@@ -329,6 +372,7 @@ impl<'a> PrefillRun<'a> {
     /// The whole GEMM path on `seqs`, with scratch placed by the backend's planner and poisoned.
     pub fn gemm(&self, seqs: &[usize], out: &DevBuf) {
         let (b, layout) = (self.b, self.b.layout());
+        assert_eq!(b.window, 0, "the GEMM path serves no sliding window");
         let mut planner = GemmPlanner::new(usize::MAX, b.heads, usize::MAX, usize::MAX);
         let placed: Vec<GemmSeq> = seqs
             .iter()

@@ -1,24 +1,85 @@
-//! `rope_kv`: RoPE on Q and K from the fp32 QKV rows, K and V written to the paged cache.
+//! `rope_kv`: RoPE on Q and K from the fp32 QKV rows, K and V written to the paged cache; with
+//! the per-family extras first (q/k/v bias, RMSNorm of each q and k head, longrope's scale).
 
 use brook::executor::cuda::kernels::{self, RopeKvParams};
 use brook::model::config::RopeScaling;
+use half::bf16;
+use rand_chacha::ChaCha8Rng;
 
-use crate::harness::{dev, gpu, inv_freqs, rand_f32, rng};
+use crate::harness::{dev, gpu, inv_freqs, rand_bf16, rand_f32, rng, to_f32};
 use crate::paged::KvLayout;
 use crate::qkv_write::{QkvDev, QkvWrite};
 
-#[test]
-fn rope_kv_rotates_and_writes_the_cache() {
-    let Some(g) = gpu() else { return };
-    for (seed, head_dim, heads, kv_heads, llama3) in [
-        (40u64, 128usize, 6usize, 2usize, false),
-        (41, 64, 4, 4, true),
-    ] {
-        let mut r = rng(seed);
+/// One rope_kv launch; each test overrides the knobs it is about.
+#[derive(Clone)]
+struct Rope {
+    seed: u64,
+    head_dim: usize,
+    heads: usize,
+    kv_heads: usize,
+    llama3: bool,
+    bias: bool,
+    qk_norm: bool,
+    rope_scale: f32,
+}
+
+impl Default for Rope {
+    fn default() -> Self {
+        Rope {
+            seed: 40,
+            head_dim: 128,
+            heads: 6,
+            kv_heads: 2,
+            llama3: false,
+            bias: false,
+            qk_norm: false,
+            rope_scale: 1.0,
+        }
+    }
+}
+
+const EPS: f32 = 1e-6;
+
+impl Rope {
+    /// What the kernel should rotate: the rows with bias added, q and k heads normalised and
+    /// scaled by `rope_scale` (RoPE is linear, so scaling before it equals scaling cos and sin);
+    /// V rows with their bias.
+    fn transformed(&self, qkv: &[f32], bias: &[f32], qn: &[f32], kn: &[f32], t: usize) -> Vec<f32> {
+        let hd = self.head_dim;
+        let width = (self.heads + 2 * self.kv_heads) * hd;
+        let mut out = qkv.to_vec();
+        for row in out.chunks_mut(width).take(t) {
+            for (h, head) in row.chunks_mut(hd).enumerate() {
+                if self.bias {
+                    head.iter_mut()
+                        .zip(&bias[h * hd..])
+                        .for_each(|(x, b)| *x += b);
+                }
+                if h >= self.heads + self.kv_heads {
+                    continue; // v: bias only
+                }
+                if self.qk_norm {
+                    let ms = head.iter().map(|&x| x as f64 * x as f64).sum::<f64>() / hd as f64;
+                    let inv = 1.0 / (ms + EPS as f64).sqrt();
+                    let w = if h < self.heads { qn } else { kn };
+                    head.iter_mut()
+                        .zip(w)
+                        .for_each(|(x, w)| *x = (*x as f64 * inv * *w as f64) as f32);
+                }
+                head.iter_mut().for_each(|x| *x *= self.rope_scale);
+            }
+        }
+        out
+    }
+
+    fn run(&self) {
+        let Some(g) = gpu() else { return };
+        let mut r: ChaCha8Rng = rng(self.seed);
+        let (hd, heads, kv_heads) = (self.head_dim, self.heads, self.kv_heads);
         let (t, bs, num_blocks) = (29, 16, 40);
-        let width = (heads + 2 * kv_heads) * head_dim;
+        let width = (heads + 2 * kv_heads) * hd;
         let qkv = rand_f32(&mut r, t * width, 2.0);
-        let scaling = match llama3 {
+        let scaling = match self.llama3 {
             true => RopeScaling::Llama3 {
                 factor: 8.0,
                 low_freq_factor: 1.0,
@@ -30,28 +91,115 @@ fn rope_kv_rotates_and_writes_the_cache() {
         let layout = KvLayout {
             kv_heads,
             block_size: bs,
-            head_dim,
+            head_dim: hd,
         };
-        let inv = inv_freqs(500000.0, scaling, head_dim);
+        let inv = inv_freqs(500000.0, scaling, hd);
         let mut write = QkvWrite::random(&mut r, (t, 5000, num_blocks), heads, layout, inv);
         write.slots[3] = u32::MAX; // padding token: no cache write
+        let bias = rand_bf16(&mut r, width, 0.5);
+        // Norm weights around 1, distinct for q and k.
+        let qn: Vec<bf16> = rand_f32(&mut r, hd, 0.3)
+            .iter()
+            .map(|x| bf16::from_f32(1.0 + x))
+            .collect();
+        let kn: Vec<bf16> = rand_f32(&mut r, hd, 0.3)
+            .iter()
+            .map(|x| bf16::from_f32(1.0 - x))
+            .collect();
+        let (bias_b, qn_b, kn_b) = (dev(&g, &bias), dev(&g, &qn), dev(&g, &kn));
         let (qb, d) = (dev(&g, &qkv), QkvDev::new(&g, &write, num_blocks));
         let p = RopeKvParams {
             qkv: qb.ptr(),
             positions: d.positions.ptr(),
             slots: d.slots.ptr(),
             inv_freq: d.inv_freq.ptr(),
+            qkv_bias: if self.bias { bias_b.ptr() } else { 0 },
+            q_norm: if self.qk_norm { qn_b.ptr() } else { 0 },
+            k_norm: if self.qk_norm { kn_b.ptr() } else { 0 },
             q_out: d.q_out.ptr(),
             k_cache: d.k_cache.ptr(),
             v_cache: d.v_cache.ptr(),
             num_tokens: t as i32,
             num_heads: heads as i32,
             num_kv_heads: kv_heads as i32,
-            head_dim: head_dim as i32,
+            head_dim: hd as i32,
             block_size: bs as i32,
+            eps: EPS,
+            rope_scale: self.rope_scale,
         };
         unsafe { kernels::rope_kv(&g, &p).unwrap() };
-        // V is stored as its input rounded to bf16, bit for bit.
-        d.check(&g, "rope", &write, &qkv, true);
+        let plain = !self.bias && !self.qk_norm && self.rope_scale == 1.0;
+        let want = self.transformed(&qkv, &to_f32(&bias), &to_f32(&qn), &to_f32(&kn), t);
+        // V is stored as its input (plus bias) rounded to bf16; bit for bit without a bias.
+        let what = format!(
+            "rope hd{hd} bias {} qk_norm {} scale {}",
+            self.bias, self.qk_norm, self.rope_scale
+        );
+        d.check(&g, &what, &write, &want, plain);
     }
+}
+
+#[test]
+fn rope_kv_rotates_and_writes_the_cache() {
+    Rope::default().run();
+    Rope {
+        seed: 41,
+        head_dim: 64,
+        heads: 4,
+        kv_heads: 4,
+        llama3: true,
+        ..Rope::default()
+    }
+    .run();
+}
+
+#[test]
+fn rope_kv_every_head_dim() {
+    // 80 and 96 take 64 threads of which 40 / 48 hold a pair; 256 takes 128.
+    for (i, head_dim) in [80, 96, 256].into_iter().enumerate() {
+        Rope {
+            seed: 42 + i as u64,
+            head_dim,
+            ..Rope::default()
+        }
+        .run();
+    }
+}
+
+#[test]
+fn rope_kv_adds_the_qkv_bias() {
+    Rope {
+        seed: 45,
+        bias: true,
+        ..Rope::default()
+    }
+    .run();
+}
+
+#[test]
+fn rope_kv_normalises_q_and_k_heads() {
+    for (i, head_dim) in [128, 80].into_iter().enumerate() {
+        Rope {
+            seed: 46 + i as u64,
+            head_dim,
+            qk_norm: true,
+            ..Rope::default()
+        }
+        .run();
+    }
+}
+
+#[test]
+fn rope_kv_bias_norm_and_longrope_scale_together() {
+    Rope {
+        seed: 48,
+        head_dim: 96,
+        heads: 7,
+        kv_heads: 1,
+        bias: true,
+        qk_norm: true,
+        rope_scale: 1.19,
+        ..Rope::default()
+    }
+    .run();
 }

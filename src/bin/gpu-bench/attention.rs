@@ -10,20 +10,27 @@ use serde_json::json;
 
 use crate::common::{emit, random_bf16, time_ms, upload, AttnShape, CausalPrefill};
 
-/// Paged decode attention at Llama-2-7B's head shape (32 heads, 32 kv heads, head_dim 128), one
-/// layer; bytes = K and V read once + Q + output. Several disjoint caches are rotated so small
+/// Paged decode attention at the head shapes of Llama-2-7B (32 heads, 32 kv heads, head_dim
+/// 128), Qwen2.5-7B (28 / 4 / 128) and Phi-3-mini (32 / 32 / 96), one layer; bytes = K and V read
+/// once + Q + output. Several disjoint caches are rotated so small
 /// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts.
 pub fn run() -> anyhow::Result<()> {
-    let gpu = Gpu::open(0)?;
-    let shape = AttnShape {
-        heads: 32,
-        kv_heads: 32,
-        head_dim: 128,
-        block_size: 16,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(1);
-    paged_decode(&gpu, &shape, &mut rng)?;
-    prefill(&gpu, &shape, &mut rng)
+    let mut gpu = Gpu::open(0)?;
+    // Llama-2-7B (MHA, head_dim 128) first, as before; then Qwen2.5-7B's 7 query heads per kv
+    // head and Phi-3-mini's head_dim 96.
+    for (heads, kv_heads, head_dim) in [(32, 32, 128), (28, 4, 128), (32, 32, 96)] {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim,
+            block_size: 16,
+        };
+        gpu.load_attention(head_dim, heads / kv_heads)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        paged_decode(&gpu, &shape, &mut rng)?;
+        prefill(&gpu, &shape, &mut rng)?;
+    }
+    Ok(())
 }
 
 fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
@@ -80,6 +87,7 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
                 block_size: bs as i32,
                 max_blocks: blocks_per_seq as i32,
                 num_splits: splits as i32,
+                window: 0,
                 scale: shape.scale(),
             };
             // SAFETY: every buffer above matches the shapes in the params.

@@ -182,6 +182,7 @@ impl CausalPrefill {
             num_kv_heads: shape.kv_heads as i32,
             block_size: shape.block_size as i32,
             max_blocks: self.blocks_per_seq as i32,
+            window: 0,
             scale: shape.scale(),
         }
     }
@@ -231,6 +232,7 @@ pub fn one_seq_step(
             num_computed_tokens: start,
             num_tokens: n,
             sample: true,
+            num_freed_blocks: 0,
             new_block_ids: if start == 0 {
                 blocks.to_vec()
             } else {

@@ -39,7 +39,9 @@ pub fn run(
     let info = b.info();
     let vocab = b.config().vocab_size as u32;
     let max_model_len = b.config().max_position_embeddings;
-    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
+    // As the engine builds it: a windowed model (phi-3-mini) frees blocks behind its window.
+    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true)
+        .with_sliding_window(b.config().sliding_window);
     let mut sched = Scheduler::new(SchedulerConfig {
         max_num_seqs,
         max_num_batched_tokens,

@@ -17,7 +17,7 @@ use crate::common::{emit, time_ms, upload, AttnShape, CausalPrefill};
 /// and on the flash kernel, timed with CUDA events (median of many runs). Each point also
 /// checks that the two outputs agree.
 pub fn run(models: &[String]) -> anyhow::Result<()> {
-    let gpu = Gpu::open(0)?;
+    let mut gpu = Gpu::open(0)?;
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     const LENS: [usize; 8] = [16, 32, 64, 128, 256, 512, 1024, 2048];
     for model in models {
@@ -28,6 +28,10 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
             head_dim: cfg.head_dim,
             block_size: 16,
         };
+        gpu.load_attention(
+            cfg.head_dim,
+            cfg.num_attention_heads / cfg.num_key_value_heads,
+        )?;
         // Batch 32 too (up to 16k tokens a step), as the GEMM path's launches grow per sequence.
         for batch in [1usize, 8, 32] {
             let mut points = Vec::new();

@@ -322,6 +322,77 @@ fn paged_engine_matches_reference_mistral() {
 }
 
 #[test]
+fn paged_engine_matches_reference_mistral_sliding_window() {
+    // Prompts of up to 65 tokens against a window of 12: most queries see part of their context.
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Mistral)
+        .sliding_window(Some(12));
+    assert_engine_matches_reference(&spec, &Scenario::default());
+}
+
+#[test]
+fn paged_engine_matches_reference_qwen2_qkv_bias() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Qwen2)
+        .tied(true);
+    assert_engine_matches_reference(&spec, &Scenario::default());
+}
+
+#[test]
+fn paged_engine_matches_reference_qwen3_qk_norm() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Qwen3)
+        .heads(6, 2)
+        .head_dim(24);
+    assert_engine_matches_reference(&spec, &Scenario::default());
+}
+
+#[test]
+fn paged_engine_matches_reference_phi3_fused_with_window() {
+    let spec = TestModelSpec::default()
+        .architecture(Architecture::Phi3)
+        .sliding_window(Some(20));
+    assert_engine_matches_reference(&spec, &Scenario::default());
+}
+
+#[test]
+fn freed_blocks_behind_the_window_are_accepted_only_there() {
+    let dir = write_model(
+        &TestModelSpec::default()
+            .architecture(Architecture::Mistral)
+            .sliding_window(Some(8)),
+    );
+    let mut backend = backend_for(dir.path(), 4, 16);
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 31 + 5) % 300).collect();
+    let table = vec![3, 9, 1, 7];
+    let first = one_seq_batch(1, &prompt, 0, table.clone(), 4, None);
+    backend.forward_logits(&first).unwrap();
+    // Position 12 sees 5..=12: block 0 (0..4) may be freed, block 1 (4..8) may not.
+    let mut freed = table.clone();
+    freed[0] = crate::step::NULL_BLOCK;
+    let ok = one_seq_batch(1, &[42], 12, freed.clone(), 4, greedy_sample());
+    let reference = one_seq_batch(1, &[42], 12, table, 4, greedy_sample());
+    assert_eq!(
+        backend.forward_logits(&ok).unwrap(),
+        backend.forward_logits(&reference).unwrap()
+    );
+    freed[1] = crate::step::NULL_BLOCK;
+    let bad = one_seq_batch(1, &[42], 12, freed, 4, greedy_sample());
+    let err = backend.forward_logits(&bad).unwrap_err().to_string();
+    assert!(err.contains("freed block 1"), "{err}");
+    // Without a window no block may be freed.
+    let dir = write_model(&TestModelSpec::default());
+    let mut full = backend_for(dir.path(), 4, 16);
+    let mut t = vec![3, 9, 1, 7];
+    t[0] = crate::step::NULL_BLOCK;
+    let err = full
+        .forward_logits(&one_seq_batch(1, &[42], 12, t, 4, greedy_sample()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("freed block 0"), "{err}");
+}
+
+#[test]
 fn paged_engine_matches_reference_odd_block_size() {
     let sc = Scenario {
         block_size: 5,

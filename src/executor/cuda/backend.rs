@@ -1,4 +1,7 @@
-//! `CudaBackend`: the Llama forward on the GPU, behind the `Backend` trait.
+//! `CudaBackend`: the Llama-family forward (every `model::arch` family: q/k/v biases and Qwen3's
+//! q/k head norms inside `rope_kv`, sliding windows in both attention kernels, any head size and
+//! GQA group through kernels compiled for the model's shape) on the GPU for one flattened paged
+//! batch.
 //!
 //! It keeps the requests in flight in a persistent input batch (`executor::input_batch`): each
 //! step applies the scheduler's diffs, builds the flat token arrays once, and hands the forward
@@ -72,6 +75,7 @@ impl CudaBackend {
     ) -> anyhow::Result<Self> {
         let fwd = Forward::new(gpu, cfg, weights, opts)?;
         let input = InputBatch::new(fwd.opts.block_size, fwd.num_blocks, fwd.max_blocks)
+            .with_sliding_window(fwd.cfg.sliding_window)
             .track_table_changes();
         Ok(CudaBackend {
             fwd,
@@ -118,8 +122,10 @@ impl CudaBackend {
     /// `updates` := every table entry of a hand-built batch. It overwrites the rows of the
     /// requests in flight, so their tables go up whole with the next `execute`.
     fn whole_tables(&mut self, batch: &BatchInput) -> anyhow::Result<()> {
+        let bs = self.fwd.opts.block_size;
         batch
-            .validate(self.fwd.opts.block_size, self.fwd.num_blocks)
+            .validate(bs, self.fwd.num_blocks)
+            .and_then(|()| batch.validate_window(bs, self.fwd.cfg.sliding_window))
             .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
         self.updates.clear();
         let width = self.fwd.max_blocks;
@@ -200,25 +206,59 @@ impl Backend for CudaBackend {
     }
 }
 
-/// Refuses models the kernels do not cover, with the reason.
+/// Refuses models the CUDA executor cannot run, with the reason (the engine then falls back to
+/// the CPU with a warning, or refuses under `--device cuda`).
 pub fn check_supported(cfg: &ModelConfig) -> anyhow::Result<()> {
     let group = cfg.num_attention_heads / cfg.num_key_value_heads;
     anyhow::ensure!(
         kernels::attention_supported(cfg.head_dim, group),
-        "the CUDA attention kernels support head_dim 64 or 128 and 1, 2, 3, 4, 6 or 8 query heads per kv head; this model has head_dim {} and {group}",
+        "the CUDA attention kernels take head_dim a multiple of 16 from 16 to 256; this model has head_dim {}",
         cfg.head_dim
     );
     anyhow::ensure!(
-        !cfg.attention_bias && !cfg.mlp_bias,
-        "the CUDA executor does not support attention or MLP biases yet"
+        !cfg.o_bias && !cfg.mlp_bias,
+        "the CUDA executor has no o-projection or MLP biases (this {} config sets {})",
+        cfg.architecture.hf_name(),
+        if cfg.mlp_bias {
+            "mlp_bias"
+        } else {
+            "attention_bias"
+        }
     );
     anyhow::ensure!(
-        cfg.hidden_size <= 8192 && cfg.hidden_size % 8 == 0 && cfg.head_dim % 8 == 0,
+        cfg.hidden_size <= 8192 && cfg.hidden_size % 8 == 0,
         "the RMSNorm kernel takes hidden sizes up to 8192 that are a multiple of 8; this model has {}",
         cfg.hidden_size
     );
-    if let Some(w) = cfg.sliding_window {
-        tracing::warn!("sliding_window {w} is ignored by the CUDA executor: attention covers the whole context");
-    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_supported_takes_every_family_and_names_what_it_refuses() {
+        use crate::model::synthetic::{synthetic_config, SYNTHETIC_MODELS};
+        for name in SYNTHETIC_MODELS {
+            check_supported(&synthetic_config(name).unwrap()).unwrap();
+        }
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        for family in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+            check_supported(&ModelConfig::from_dir(&fixtures.join(family)).unwrap()).unwrap();
+        }
+        let mut c = synthetic_config("llama-2-7b").unwrap();
+        c.o_bias = true;
+        let err = check_supported(&c).unwrap_err().to_string();
+        assert!(err.contains("attention_bias"), "{err}");
+        let mut c = synthetic_config("llama-2-7b").unwrap();
+        c.head_dim = 72;
+        let err = check_supported(&c).unwrap_err().to_string();
+        assert!(err.contains("head_dim 72"), "{err}");
+        let mut c = synthetic_config("llama-2-7b").unwrap();
+        c.hidden_size = 12288;
+        let err = check_supported(&c).unwrap_err().to_string();
+        assert!(err.contains("12288"), "{err}");
+    }
 }

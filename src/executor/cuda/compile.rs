@@ -11,20 +11,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
-/// (module name, source) for every kernel file.
+/// (module name, source) for every kernel file that does not depend on the model's shape; all
+/// are compiled when the GPU is opened.
 pub const SOURCES: &[(&str, &str)] = &[
     ("embedding", include_str!("../../../kernels/embedding.cu")),
     ("rmsnorm", include_str!("../../../kernels/rmsnorm.cu")),
     ("rope_kv", include_str!("../../../kernels/rope_kv.cu")),
     ("silu_mul", include_str!("../../../kernels/silu_mul.cu")),
-    (
-        "paged_decode",
-        include_str!("../../../kernels/paged_decode.cu"),
-    ),
-    (
-        "prefill_attn",
-        include_str!("../../../kernels/prefill_attn.cu"),
-    ),
     ("kv_gather", include_str!("../../../kernels/kv_gather.cu")),
     (
         "causal_softmax",
@@ -43,6 +36,26 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// (re-exported by `kernels`) so `device` can default to it without depending on `kernels`,
 /// which depends on `device`.
 pub const GEMV_MAX_M: usize = 4;
+
+/// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and
+/// `-DGROUP=<query heads per kv head>` (decode) by `Gpu::load_attention`: compile-time loop
+/// bounds for any head size and group, without a list of instantiations.
+pub const PAGED_DECODE: (&str, &str) = (
+    "paged_decode",
+    include_str!("../../../kernels/paged_decode.cu"),
+);
+pub const PREFILL_ATTN: (&str, &str) = (
+    "prefill_attn",
+    include_str!("../../../kernels/prefill_attn.cu"),
+);
+
+/// Head dims and GQA groups the attention kernels compile for (`Gpu::load_attention`): the flash
+/// prefill kernel's tensor-core steps need head_dim % 16 == 0, and the decode kernel's lanes hold
+/// head_dim / 8 ≤ 32 slices of a head; any group (query heads per kv head). A fact of the
+/// sources above, kept here (re-exported by `kernels`) for the same reason as `GEMV_MAX_M`.
+pub fn attention_supported(head_dim: usize, group: usize) -> bool {
+    head_dim % 16 == 0 && (16..=256).contains(&head_dim) && group >= 1
+}
 
 /// Where compiled PTX is kept: `$BROOK_CACHE_DIR/ptx`, else `$XDG_CACHE_HOME/brook/ptx`, else
 /// `~/.cache/brook/ptx`; None when none can be named (then every start compiles).
@@ -68,14 +81,27 @@ fn fnv1a(parts: &[&str]) -> u64 {
     h
 }
 
-fn options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+fn options(arch: &str, defines: &[(&str, usize)]) -> Vec<String> {
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    opts
 }
 
 /// PTX of module `name` for `arch` (e.g. "compute_90"), from the cache or freshly compiled.
 /// Returns whether it came from the cache, for logging.
 pub fn ptx_for(name: &str, src: &str, arch: &str) -> anyhow::Result<(Ptx, bool)> {
-    let opts = options(arch);
+    ptx_with(name, src, arch, &[])
+}
+
+/// `ptx_for` with preprocessor defines (the shaped attention kernels); they are part of the
+/// cache key.
+pub fn ptx_with(
+    name: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, usize)],
+) -> anyhow::Result<(Ptx, bool)> {
+    let opts = options(arch, defines);
     let key = fnv1a(&[COMMON, src, arch, &opts.join(" ")]);
     let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
     if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
@@ -90,11 +116,11 @@ pub fn ptx_for(name: &str, src: &str, arch: &str) -> anyhow::Result<(Ptx, bool)>
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, compile_opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             anyhow::anyhow!(
-                "NVRTC failed on kernels/{name}.cu:\n{}",
+                "NVRTC failed on kernels/{name}.cu {defines:?}:\n{}",
                 log.to_string_lossy()
             )
         }
-        other => anyhow::anyhow!("NVRTC failed on kernels/{name}.cu: {other:?}"),
+        other => anyhow::anyhow!("NVRTC failed on kernels/{name}.cu {defines:?}: {other:?}"),
     })?;
     if let Some(p) = &path {
         // A cache that cannot be written only costs the next start a compile.
@@ -145,12 +171,45 @@ mod tests {
                 assert!(cached, "{name}: second compile should hit the cache");
             }
         }
+        // The shaped attention kernels over the head sizes brook's families use and group sizes
+        // with odd slices (5, 7) and two CTAs per kv head (12, 16), for sm_90.
+        for hd in [64, 80, 96, 128, 256] {
+            let (name, src) = PREFILL_ATTN;
+            let (ptx, _) = ptx_with(name, src, "compute_90", &[("HD", hd)])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry prefill_attn"), "hd {hd}");
+            for group in [1, 5, 7, 12, 16] {
+                let (name, src) = PAGED_DECODE;
+                let (ptx, _) = ptx_with(name, src, "compute_90", &[("HD", hd), ("GROUP", group)])
+                    .unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(
+                    ptx.to_src().contains(".entry paged_decode"),
+                    "hd {hd} g {group}"
+                );
+            }
+        }
+        let (_, cached) = ptx_with(
+            PAGED_DECODE.0,
+            PAGED_DECODE.1,
+            "compute_90",
+            &[("HD", 64), ("GROUP", 1)],
+        )
+        .unwrap();
+        let (_, other) = ptx_with(
+            PAGED_DECODE.0,
+            PAGED_DECODE.1,
+            "compute_90",
+            &[("HD", 64), ("GROUP", 2)],
+        )
+        .unwrap();
+        assert!(cached, "a shape compiled above comes from the cache");
+        assert!(!other, "another shape is compiled under its own key");
     }
 
     #[test]
     fn every_kernel_source_is_embedded() {
         assert!(COMMON.contains("bf2f"));
-        for (name, src) in SOURCES {
+        for (name, src) in SOURCES.iter().chain([&PAGED_DECODE, &PREFILL_ATTN]) {
             assert!(
                 src.contains("extern \"C\" __global__"),
                 "{name} has no kernel"

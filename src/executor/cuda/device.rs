@@ -119,6 +119,50 @@ impl Gpu {
             .unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
     }
 
+    pub fn has_function(&self, name: &str) -> bool {
+        self.functions.contains_key(name)
+    }
+
+    /// Compiles (or takes from the PTX cache) and loads the attention kernels for one model
+    /// shape: `paged_decode_hd{H}_g{G}` and `paged_decode_reduce_hd{H}_g{G}` (kernels/
+    /// paged_decode.cu with `-DHD=H -DGROUP=G`) and `prefill_attn_hd{H}` (`-DHD=H`). Idempotent.
+    pub fn load_attention(&mut self, head_dim: usize, group: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            compile::attention_supported(head_dim, group),
+            "no attention kernels for head_dim {head_dim} (a multiple of 16 from 16 to 256) and {group} query heads per kv head"
+        );
+        let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
+        let shaped = [
+            (
+                compile::PAGED_DECODE,
+                vec![("HD", head_dim), ("GROUP", group)],
+                format!("_hd{head_dim}_g{group}"),
+            ),
+            (
+                compile::PREFILL_ATTN,
+                vec![("HD", head_dim)],
+                format!("_hd{head_dim}"),
+            ),
+        ];
+        for ((name, src), defines, suffix) in shaped {
+            if self.functions.contains_key(&format!("{name}{suffix}")) {
+                continue;
+            }
+            let (ptx, _) = compile::ptx_with(name, src, &arch, &defines)?;
+            let module = self
+                .ctx
+                .load_module(ptx)
+                .with_context(|| format!("loading kernels/{name}.cu {defines:?}"))?;
+            for f in kernel_names(src) {
+                let func = module
+                    .load_function(&f)
+                    .with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
+                self.functions.insert(format!("{f}{suffix}"), func);
+            }
+        }
+        Ok(())
+    }
+
     /// Uninitialised device memory.
     pub fn alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
         alloc_on(&self.stream, bytes)
@@ -299,8 +343,7 @@ fn load_kernels(
     Ok(functions)
 }
 
-/// Names of the `extern "C" __global__` functions in a source, including those a macro stamps
-/// out (`PAGED_DECODE(128, 4)` → `paged_decode_hd128_g4`).
+/// Names of the `extern "C" __global__` functions in a source.
 fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
@@ -308,14 +351,7 @@ fn kernel_names(src: &str) -> Vec<String> {
         if line.starts_with("#define") || line.ends_with('\\') {
             continue; // macro bodies
         }
-        if let Some(rest) = line.strip_prefix("PAGED_DECODE(") {
-            let args: Vec<&str> = rest
-                .trim_end_matches(')')
-                .split(',')
-                .map(str::trim)
-                .collect();
-            names.push(format!("paged_decode_hd{}_g{}", args[0], args[1]));
-        } else if let Some(rest) = line.strip_prefix("extern \"C\" __global__ void ") {
+        if let Some(rest) = line.strip_prefix("extern \"C\" __global__ void ") {
             // Skip `__launch_bounds__(...)`; the name is the identifier before the next '('.
             let rest = match rest.strip_prefix("__launch_bounds__(") {
                 Some(r) => r.split_once(')').map(|(_, r)| r).unwrap_or(""),
@@ -342,6 +378,7 @@ mod tests {
     fn kernel_names_are_found_in_every_source() {
         let all: Vec<String> = compile::SOURCES
             .iter()
+            .chain([&compile::PAGED_DECODE, &compile::PREFILL_ATTN])
             .flat_map(|(_, s)| kernel_names(s))
             .collect();
         for want in [
@@ -349,10 +386,9 @@ mod tests {
             "add_rmsnorm",
             "rope_kv",
             "silu_mul",
-            "paged_decode_hd128_g8",
-            "paged_decode_hd64_g1",
+            "paged_decode",
             "paged_decode_reduce",
-            "prefill_attn_hd128",
+            "prefill_attn",
             "kv_gather",
             "causal_softmax",
             "sample",

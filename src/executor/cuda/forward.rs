@@ -17,6 +17,11 @@
 //!
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
 //! on the bucket's first use; the table update runs before the replay, outside the graph.
+//!
+//! Model families: `rope_kv` adds q/k/v biases (Qwen2) and normalises q and k heads (Qwen3)
+//! before RoPE (cos/sin times longrope's attention factor); both attention kernels, compiled for
+//! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
+//! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
 
 use std::collections::HashMap;
 
@@ -104,6 +109,10 @@ impl Forward {
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
+        gpu.load_attention(
+            cfg.head_dim,
+            cfg.num_attention_heads / cfg.num_key_value_heads,
+        )?;
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         gpu.gemv_split = opts.gemv_split;
         gpu.pdl &= opts.pdl;
@@ -164,7 +173,12 @@ impl Forward {
             .collect();
         let inv_freq = gpu.alloc(inv.len() * 4)?;
         gpu.upload(inv_freq.ptr(), &inv)?;
-        let gemm_max_len = opts.prefill_gemm_max_len.min(max_blocks * opts.block_size);
+        // Only contexts within the sliding window take the GEMM path: there the window masks
+        // nothing, and no block of the context has been freed (kv_gather reads them all).
+        let gemm_max_len = opts
+            .prefill_gemm_max_len
+            .min(max_blocks * opts.block_size)
+            .min(cfg.sliding_window.unwrap_or(usize::MAX));
         let (gemm_keys, gemm_scores) =
             prefill_gemm::scratch_capacity(gemm_max_len, max_tokens, max_seqs, h);
         let gemm_scratch = match gemm_keys {

@@ -35,6 +35,11 @@ pub struct RopeKvParams {
     pub positions: u64,
     pub slots: u64,
     pub inv_freq: u64,
+    /// 0: no q/k/v bias.
+    pub qkv_bias: u64,
+    /// 0: no q/k head norm (then `k_norm` is 0 too).
+    pub q_norm: u64,
+    pub k_norm: u64,
     pub q_out: u64,
     pub k_cache: u64,
     pub v_cache: u64,
@@ -43,6 +48,9 @@ pub struct RopeKvParams {
     pub num_kv_heads: i32,
     pub head_dim: i32,
     pub block_size: i32,
+    pub eps: f32,
+    /// Factor on cos and sin (longrope's attention factor; 1 otherwise).
+    pub rope_scale: f32,
 }
 
 #[repr(C)]
@@ -73,6 +81,8 @@ pub struct PagedDecodeParams {
     pub block_size: i32,
     pub max_blocks: i32,
     pub num_splits: i32,
+    /// Sliding window in keys; 0: the whole context.
+    pub window: i32,
     pub scale: f32,
 }
 
@@ -94,6 +104,8 @@ pub struct PrefillAttnParams {
     pub num_kv_heads: i32,
     pub block_size: i32,
     pub max_blocks: i32,
+    /// Sliding window in keys; 0: the whole context.
+    pub window: i32,
     pub scale: f32,
 }
 
@@ -158,7 +170,7 @@ pub struct GemvParams {
     pub split: i32,
 }
 
-pub use super::compile::GEMV_MAX_M;
+pub use super::compile::{attention_supported, GEMV_MAX_M};
 
 /// Warps per CTA of the gemv kernels (`GEMV_WARPS` in gemv.cu), `split` of them per output row.
 pub const GEMV_WARPS: u32 = 8;
@@ -273,9 +285,13 @@ pub struct FillParams {
 const SAMPLE_THREADS: u32 = 1024;
 const DECODE_THREADS: u32 = 128;
 
-/// Head dims and GQA group sizes the attention kernels are instantiated for.
-pub fn attention_supported(head_dim: usize, group: usize) -> bool {
-    matches!(head_dim, 64 | 128) && matches!(group, 1 | 2 | 3 | 4 | 6 | 8)
+/// Most query heads one decode CTA serves (`DECODE_GC_MAX` in paged_decode.cu).
+const DECODE_GC_MAX: usize = 8;
+
+/// CTAs per kv head of the decode kernel (`DECODE_GROUP_CTAS`): groups over 8 heads are cut in
+/// equal slices.
+pub fn decode_group_ctas(group: usize) -> usize {
+    group.div_ceil(DECODE_GC_MAX)
 }
 
 /// # Safety
@@ -299,7 +315,8 @@ pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()>
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
     let heads = (p.num_heads + p.num_kv_heads) as u32;
-    let threads = (p.head_dim as u32 / 2).max(32);
+    // Whole warps: the head norm reduces over the block.
+    let threads = (p.head_dim as u32 / 2).next_multiple_of(32);
     gpu.launch(
         "rope_kv",
         (p.num_tokens as u32, heads, 1),
@@ -329,16 +346,16 @@ pub unsafe fn paged_decode(
     head_dim: usize,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
-    anyhow::ensure!(
-        attention_supported(head_dim, group),
-        "no decode attention kernel for head_dim {head_dim}, group {group}"
-    );
     let name = format!("paged_decode_hd{head_dim}_g{group}");
+    anyhow::ensure!(
+        gpu.has_function(&name),
+        "no decode attention kernel for head_dim {head_dim}, group {group}: Gpu::load_attention({head_dim}, {group}) was not called"
+    );
     gpu.launch(
         &name,
         (
             p.num_splits as u32,
-            p.num_kv_heads as u32,
+            (p.num_kv_heads as usize * decode_group_ctas(group)) as u32,
             p.num_items as u32,
         ),
         (DECODE_THREADS, 1, 1),
@@ -346,7 +363,7 @@ pub unsafe fn paged_decode(
     )?;
     if p.num_splits > 1 {
         gpu.launch(
-            "paged_decode_reduce",
+            &format!("paged_decode_reduce_hd{head_dim}_g{group}"),
             (p.num_heads as u32, p.num_items as u32, 1),
             (head_dim as u32, 1, 1),
             p,
@@ -380,13 +397,13 @@ pub unsafe fn prefill_attn(
     p: &PrefillAttnParams,
     head_dim: usize,
 ) -> anyhow::Result<()> {
-    let group = (p.num_heads / p.num_kv_heads) as usize;
+    let name = format!("prefill_attn_hd{head_dim}");
     anyhow::ensure!(
-        attention_supported(head_dim, group),
-        "no prefill attention kernel for head_dim {head_dim}, group {group}"
+        gpu.has_function(&name),
+        "no prefill attention kernel for head_dim {head_dim}: Gpu::load_attention was not called for it"
     );
     gpu.launch(
-        &format!("prefill_attn_hd{head_dim}"),
+        &name,
         (p.num_tiles as u32, p.num_heads as u32, 1),
         (128, 1, 1),
         p,
@@ -539,6 +556,24 @@ mod tests {
     }
 
     #[test]
+    fn attention_covers_every_family_head_dim_and_group() {
+        for hd in [64, 80, 96, 128, 256] {
+            for group in 1..=16 {
+                assert!(attention_supported(hd, group), "hd {hd} g {group}");
+            }
+        }
+        assert!(!attention_supported(72, 1) && !attention_supported(512, 1));
+        assert!(!attention_supported(128, 0));
+        // Up to 8 heads a CTA, larger groups in equal slices (mirrors paged_decode.cu).
+        let slices = |g: usize| (decode_group_ctas(g), g.div_ceil(decode_group_ctas(g)));
+        assert_eq!(slices(7), (1, 7));
+        assert_eq!(slices(8), (1, 8));
+        assert_eq!(slices(9), (2, 5));
+        assert_eq!(slices(16), (2, 8));
+        assert_eq!(slices(24), (3, 8));
+    }
+
+    #[test]
     fn gemv_split_shares_only_long_rows() {
         for (k, split) in [
             (384, 1),
@@ -556,7 +591,9 @@ mod tests {
     fn param_structs_match_the_c_layout() {
         // C pads a struct to its largest member's alignment; the Rust mirrors must agree.
         assert_eq!(std::mem::size_of::<SampleArgs>(), 32);
-        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 10 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
         assert_eq!(

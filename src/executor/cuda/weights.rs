@@ -30,6 +30,10 @@ pub struct LayerWeights {
     pub gate_up: DevBuf,
     /// [hidden, intermediate]
     pub down: DevBuf,
+    /// [(heads + 2 * kv_heads) * head_dim]: q, k, v biases (Qwen2).
+    pub qkv_bias: Option<DevBuf>,
+    /// [head_dim] each: RMSNorm weights of the q and k heads (Qwen3).
+    pub qk_norm: Option<(DevBuf, DevBuf)>,
 }
 
 pub struct GpuWeights {
@@ -55,6 +59,8 @@ impl GpuWeights {
                 + l.post_norm.bytes()
                 + l.gate_up.bytes()
                 + l.down.bytes()
+                + l.qkv_bias.as_ref().map_or(0, DevBuf::bytes)
+                + l.qk_norm.as_ref().map_or(0, |(q, k)| q.bytes() + k.bytes())
         };
         self.embed.bytes()
             + self.norm.bytes()
@@ -100,6 +106,10 @@ impl GpuWeights {
                 post_norm: take(Fused::PostNorm(l)),
                 gate_up: take(Fused::GateUp(l)),
                 down: take(Fused::Down(l)),
+                qkv_bias: cfg.qkv_bias.then(|| take(Fused::QkvBias(l))),
+                qk_norm: cfg
+                    .qk_norm
+                    .then(|| (take(Fused::QNorm(l)), take(Fused::KNorm(l)))),
             })
             .collect();
         Ok(GpuWeights {
@@ -136,10 +146,22 @@ impl GpuWeights {
             }
             Ok(buf)
         };
+        anyhow::ensure!(
+            !cfg.o_bias && !cfg.mlp_bias,
+            "the CUDA executor has no o-projection or MLP biases"
+        );
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
             layers.push(
                 (|| -> anyhow::Result<LayerWeights> {
+                    let qkv_bias = match (l.q_proj.bias(), l.k_proj.bias(), l.v_proj.bias()) {
+                        (Some(q), Some(k), Some(v)) => Some(up(&[q, k, v])?),
+                        _ => None,
+                    };
+                    let qk_norm = match (&l.q_norm, &l.k_norm) {
+                        (Some(q), Some(k)) => Some((up(&[q])?, up(&[k])?)),
+                        _ => None,
+                    };
                     Ok(LayerWeights {
                         input_norm: up(&[&l.input_layernorm])?,
                         qkv: up(&[l.q_proj.weight(), l.k_proj.weight(), l.v_proj.weight()])?,
@@ -147,6 +169,8 @@ impl GpuWeights {
                         post_norm: up(&[&l.post_attention_layernorm])?,
                         gate_up: up(&[l.gate_proj.weight(), l.up_proj.weight()])?,
                         down: up(&[l.down_proj.weight()])?,
+                        qkv_bias,
+                        qk_norm,
                     })
                 })()
                 .with_context(|| format!("uploading layer {i}"))?,
@@ -198,6 +222,14 @@ impl GpuWeights {
                 post_norm: fill(h, 0.0, 1.0)?,
                 gate_up: fill(2 * i * h, a, 0.0)?,
                 down: fill(h * i, a, 0.0)?,
+                qkv_bias: match cfg.qkv_bias {
+                    true => Some(fill(qkv_rows, a, 0.0)?),
+                    false => None,
+                },
+                qk_norm: match cfg.qk_norm {
+                    true => Some((fill(cfg.head_dim, 0.0, 1.0)?, fill(cfg.head_dim, 0.0, 1.0)?)),
+                    false => None,
+                },
             });
         }
         let out = GpuWeights {
@@ -218,7 +250,13 @@ impl GpuWeights {
 /// Bytes of the bf16 weights of `cfg`.
 pub fn param_bytes(cfg: &ModelConfig, untied_head: bool) -> usize {
     let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let layer = 2 * h + (cfg.q_dim() + 2 * cfg.kv_dim()) * h + h * cfg.q_dim() + 3 * i * h;
+    let qkv = cfg.q_dim() + 2 * cfg.kv_dim();
+    let layer = 2 * h
+        + qkv * h
+        + h * cfg.q_dim()
+        + 3 * i * h
+        + usize::from(cfg.qkv_bias) * qkv
+        + usize::from(cfg.qk_norm) * 2 * cfg.head_dim;
     2 * (v * h * (1 + usize::from(untied_head)) + h + cfg.num_hidden_layers * layer)
 }
 

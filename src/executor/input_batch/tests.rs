@@ -15,6 +15,7 @@ fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRe
         num_computed_tokens: 0,
         num_tokens: n,
         sample,
+        num_freed_blocks: 0,
         new_block_ids: blocks,
         new: Some(NewRequestData {
             num_prompt_tokens: tokens.len(),
@@ -31,6 +32,7 @@ fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) ->
         num_computed_tokens: computed,
         num_tokens: n,
         sample,
+        num_freed_blocks: 0,
         new_block_ids: blocks,
         new: None,
     }
@@ -260,4 +262,140 @@ fn inconsistent_diffs_are_errors_naming_the_request() {
         ]),
     );
     assert!(e.contains("twice"), "{e}");
+}
+
+/// `s` with `n` leading blocks freed behind the sliding window.
+fn freed(mut s: ScheduledRequest, n: usize) -> ScheduledRequest {
+    s.num_freed_blocks = n;
+    s
+}
+
+#[test]
+fn blocks_freed_behind_the_window_become_null_here_and_on_the_mirror() {
+    // Window 6, blocks of 4: the query at position p sees p-5..=p. Request 2 holds row 0,
+    // request 1 row 1.
+    let mut ib = InputBatch::new(BS, 32, 8)
+        .with_sliding_window(Some(6))
+        .track_table_changes();
+    let mut mirror = Vec::new();
+    ib.update(&step(vec![
+        new_req(2, vec![2; 2], vec![9], 2),
+        new_req(1, vec![1; 9], vec![3, 7, 5], 9),
+    ]))
+    .unwrap();
+    apply_changes(&mut ib, &mut mirror);
+    ib.record(&sampled(&[(2, 12), (1, 11)])).unwrap();
+
+    // Position 9 sees 4..=9: block 0 was freed. Only that entry changes.
+    let b = ib
+        .update(&step(vec![
+            freed(cached(1, 9, 1, true, vec![]), 1),
+            cached(2, 2, 1, true, vec![]),
+        ]))
+        .unwrap();
+    assert_eq!(b.block_table(&b.seqs[0]), &[NULL_BLOCK, 7, 5]);
+    assert_eq!(b.slot_mapping, vec![21, 38]);
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(changes, vec![(1, 0, NULL_BLOCK)]);
+    mirror[1][0] = NULL_BLOCK;
+    assert_mirror(&ib, &mirror);
+    ib.record(&sampled(&[(1, 21), (2, 22)])).unwrap();
+
+    // The same count again changes nothing; a step may free and append at once.
+    for (pos, token) in [(10, 31), (11, 41)] {
+        ib.update(&step(vec![freed(cached(1, pos, 1, true, vec![]), 1)]))
+            .unwrap();
+        ib.record(&sampled(&[(1, token)])).unwrap();
+    }
+    ib.update(&step(vec![freed(cached(1, 12, 1, true, vec![6]), 1)]))
+        .unwrap();
+    ib.record(&sampled(&[(1, 51)])).unwrap();
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(changes, vec![(1, 3, 6)]);
+    mirror[1].push(6);
+    let b = ib
+        .update(&step(vec![freed(cached(1, 13, 1, true, vec![2]), 2)]))
+        .unwrap();
+    assert_eq!(
+        b.block_table(&b.seqs[0]),
+        &[NULL_BLOCK, NULL_BLOCK, 5, 6, 2]
+    );
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(changes, vec![(1, 1, NULL_BLOCK), (1, 4, 2)]);
+    mirror[1][1] = NULL_BLOCK;
+    mirror[1].push(2);
+    assert_mirror(&ib, &mirror);
+    ib.record(&sampled(&[(1, 61)])).unwrap();
+
+    // Request 2 ends: request 1 moves into row 0, freed entries included.
+    let mut out = step(vec![freed(cached(1, 14, 1, true, vec![]), 2)]);
+    out.finished_req_ids = vec![RequestId(2)];
+    let b = ib.update(&out).unwrap();
+    assert_eq!(b.seqs[0].row, 0);
+    let mut changes = Vec::new();
+    ib.drain_table_changes(|r, c, id| changes.push((r, c, id)));
+    assert_eq!(
+        changes,
+        vec![
+            (0, 0, NULL_BLOCK),
+            (0, 1, NULL_BLOCK),
+            (0, 2, 5),
+            (0, 3, 6),
+            (0, 4, 2)
+        ]
+    );
+}
+
+#[test]
+fn freed_blocks_inconsistent_with_the_window_are_errors() {
+    let err = |ib: &mut InputBatch, s: SchedulerOutput| ib.update(&s).unwrap_err().to_string();
+    let window = |w| {
+        let mut ib = InputBatch::new(BS, 32, 8).with_sliding_window(w);
+        ib.update(&step(vec![new_req(1, vec![1; 9], vec![3, 7, 5], 9)]))
+            .unwrap();
+        ib.record(&sampled(&[(1, 11)])).unwrap();
+        ib
+    };
+    // Position 9 under window 6 sees 4..=9: two freed blocks would hide position 4..=7.
+    let e = err(
+        &mut window(Some(6)),
+        step(vec![freed(cached(1, 9, 1, true, vec![]), 2)]),
+    );
+    assert!(e.contains("window of position 9 starts at 4"), "{e}");
+    // Full attention frees nothing.
+    let e = err(
+        &mut window(None),
+        step(vec![freed(cached(1, 9, 1, true, vec![]), 1)]),
+    );
+    assert!(
+        e.contains("req-1: 1 freed blocks under full attention"),
+        "{e}"
+    );
+    // More freed blocks than the table holds.
+    let e = err(
+        &mut window(Some(1)),
+        step(vec![freed(cached(1, 9, 1, true, vec![]), 4)]),
+    );
+    assert!(e.contains("of a table of 3"), "{e}");
+    // Freed blocks never come back.
+    let mut ib = window(Some(6));
+    ib.update(&step(vec![freed(cached(1, 9, 1, true, vec![]), 1)]))
+        .unwrap();
+    ib.record(&sampled(&[(1, 12)])).unwrap();
+    let e = err(&mut ib, step(vec![cached(1, 10, 1, true, vec![])]));
+    assert!(e.contains("1 were freed before"), "{e}");
+    // Appended entries: NULL_BLOCK only among the freed ones, real blocks only past them.
+    let e = err(
+        &mut window(Some(1)),
+        step(vec![freed(cached(1, 9, 1, true, vec![NULL_BLOCK]), 2)]),
+    );
+    assert!(e.contains("freed block at column 3"), "{e}");
+    let mut ib = InputBatch::new(BS, 32, 8).with_sliding_window(Some(2));
+    let mut resumed = freed(new_req(2, vec![1; 9], vec![NULL_BLOCK, 4, 5], 1), 2);
+    resumed.num_computed_tokens = 8;
+    let e = err(&mut ib, step(vec![resumed]));
+    assert!(e.contains("block 4 at column 1"), "{e}");
 }

@@ -6,10 +6,18 @@
 //! applied to its persistent rows, its own sampled tokens appended), and it reads K/V through
 //! block tables mirrored the way the CUDA backend mirrors them on the device (only the drained
 //! changes applied), so a lost diff or a missed table change shows up as wrong output.
+//!
+//! With a sliding window the fake model reads only the last `window` positions (and so does
+//! the reference); the KV manager frees blocks behind it, and a read of a freed block fails.
 
 use super::*;
 use crate::executor::input_batch::InputBatch;
-use crate::step::SampledToken;
+use crate::step::{SampledToken, NULL_BLOCK};
+
+/// The positions a query at `pos` reads: all before it, or the last `window`.
+pub(super) fn visible(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
+    (pos + 1).saturating_sub(window.unwrap_or(usize::MAX))..pos + 1
+}
 
 /// The fake model's next token after `context`: never a reserved id.
 pub(super) fn next_token(context: &[u32]) -> u32 {
@@ -26,18 +34,23 @@ pub(super) struct FakeModel {
     /// Token id whose K/V each slot holds.
     pub(super) slots: Vec<Option<u32>>,
     pub(super) script: Script,
+    /// Sliding window in positions (None: full attention).
+    pub(super) window: Option<usize>,
     pub(super) input: InputBatch,
     /// Block tables by row as a device mirror holds them: only drained changes applied.
     pub(super) mirror: Vec<Vec<u32>>,
 }
 
 impl FakeModel {
-    pub(super) fn new(num_blocks: usize) -> Self {
+    pub(super) fn new(num_blocks: usize, window: Option<usize>) -> Self {
         FakeModel {
             num_blocks,
             slots: vec![None; num_blocks * BLOCK_SIZE],
             script: Script::new(),
-            input: InputBatch::new(BLOCK_SIZE, num_blocks, num_blocks).track_table_changes(),
+            window,
+            input: InputBatch::new(BLOCK_SIZE, num_blocks, num_blocks)
+                .with_sliding_window(window)
+                .track_table_changes(),
             mirror: Vec::new(),
         }
     }
@@ -61,7 +74,17 @@ impl FakeModel {
             mirror[r][c] = id;
         });
         let batch = self.input.batch();
+        for s in &batch.seqs {
+            let host = batch.block_table(s);
+            assert_eq!(
+                &self.mirror[s.row][..host.len()],
+                host,
+                "mirror of row {}",
+                s.row
+            );
+        }
         batch.validate(BLOCK_SIZE, self.num_blocks).unwrap();
+        batch.validate_window(BLOCK_SIZE, self.window).unwrap();
         let mut starts = Vec::with_capacity(batch.seqs.len());
         let mut start = 0;
         for s in &batch.seqs {
@@ -75,9 +98,11 @@ impl FakeModel {
             }
             let Some(sample) = &s.sample else { continue };
             let table = &self.mirror[s.row];
-            let context: Vec<u32> = (0..s.context_len)
+            let context: Vec<u32> = visible(s.context_len - 1, self.window)
                 .map(|p| {
-                    let slot = table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                    let block = table[p / BLOCK_SIZE];
+                    assert_ne!(block, NULL_BLOCK, "attention read a freed block");
+                    let slot = block as usize * BLOCK_SIZE + p % BLOCK_SIZE;
                     self.slots[slot].expect("attention read an unwritten slot")
                 })
                 .collect();
@@ -107,6 +132,7 @@ pub(super) fn reference(
     req: &NewRequest,
     script: &Script,
     max_len: usize,
+    window: Option<usize>,
 ) -> (Vec<u32>, FinishReason) {
     if req.prompt_token_ids.len() > max_len {
         return (Vec::new(), FinishReason::Length);
@@ -117,7 +143,7 @@ pub(super) fn reference(
         let t = script
             .get(&(req.id, out.len()))
             .copied()
-            .unwrap_or_else(|| next_token(&tokens));
+            .unwrap_or_else(|| next_token(&tokens[visible(tokens.len() - 1, window)]));
         tokens.push(t);
         out.push(t);
         if tokens.len() >= max_len || out.len() >= req.params.max_tokens {
@@ -143,21 +169,33 @@ pub(super) struct Engine {
     /// Simulated seconds: `schedule` runs at `t`, the step's results come back at `t + step_s`.
     pub(super) t: f64,
     pub(super) step_s: f64,
+    /// Most leading blocks freed behind the sliding window that one step reported.
+    pub(super) max_freed: usize,
 }
 
 impl Engine {
     pub(super) fn new(cfg: SchedulerConfig, num_blocks: usize) -> Self {
+        Self::with_window(cfg, num_blocks, None)
+    }
+
+    /// A model that attends to its last `window` positions (None: all).
+    pub(super) fn with_window(
+        cfg: SchedulerConfig,
+        num_blocks: usize,
+        window: Option<usize>,
+    ) -> Self {
         Engine {
             sched: Scheduler::new(cfg.clone()),
             cfg,
-            kv: KvCacheManager::new(num_blocks, BLOCK_SIZE, true),
-            model: FakeModel::new(num_blocks),
+            kv: KvCacheManager::new(num_blocks, BLOCK_SIZE, true).with_sliding_window(window),
+            model: FakeModel::new(num_blocks, window),
             requests: HashMap::new(),
             outputs: HashMap::new(),
             finished: HashMap::new(),
             steps: 0,
             t: 0.0,
             step_s: 0.01,
+            max_freed: 0,
         }
     }
 
@@ -200,6 +238,8 @@ impl Engine {
                 assert_eq!(new.seed, self.requests[&s.id].seed);
                 assert!(Arc::ptr_eq(&new.params, &self.requests[&s.id].params));
             }
+            assert_eq!(s.num_freed_blocks, self.kv.num_freed_blocks(s.id));
+            self.max_freed = self.max_freed.max(s.num_freed_blocks);
             // Only blocks a sequence owns alone are written.
             let table = self.kv.block_table(s.id);
             for pos in s.num_computed_tokens..end {
@@ -256,7 +296,8 @@ impl Engine {
             let known = self.known_tokens(s.id);
             let table = self.kv.block_table(s.id);
             let end = s.num_computed_tokens + s.num_tokens;
-            for (p, want) in known.iter().enumerate().take(end) {
+            let freed = self.kv.num_freed_blocks(s.id) * BLOCK_SIZE;
+            for (p, want) in known.iter().enumerate().take(end).skip(freed) {
                 let slot = table[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
                 assert_eq!(self.model.slots[slot], Some(*want), "{}: K/V at {p}", s.id);
             }
@@ -325,7 +366,7 @@ impl Engine {
             if got == Some(FinishReason::Cancelled) {
                 continue;
             }
-            let (want, reason) = reference(req, &self.model.script, max_len);
+            let (want, reason) = reference(req, &self.model.script, max_len, self.model.window);
             assert_eq!(
                 self.outputs.get(id).cloned().unwrap_or_default(),
                 want,

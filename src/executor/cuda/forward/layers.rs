@@ -4,6 +4,7 @@
 use anyhow::Context;
 
 use super::Forward;
+use crate::executor::cuda::device::DevBuf;
 use crate::executor::cuda::gemm::linear;
 use crate::executor::cuda::kernels::{self, *};
 use crate::executor::cuda::options::skip;
@@ -31,8 +32,17 @@ impl Forward {
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (hd as f32).sqrt();
-        // Few enough rows for the gemv kernels: their fused epilogues replace two launches.
-        let fused = self.opts.fuse_decode && t <= g.gemv_max_m && d % 8 == 0 && inter % 8 == 0;
+        let window = c.sliding_window.unwrap_or(0).min(i32::MAX as usize) as i32;
+        let rope_scale = c.rope.attention_factor() as f32;
+        // Few enough rows for the gemv kernels: their fused epilogues replace two launches (the
+        // QKV one has no bias, head norm or RoPE scale).
+        let fused = self.opts.fuse_decode
+            && t <= g.gemv_max_m
+            && d % 8 == 0
+            && inter % 8 == 0
+            && !c.qkv_bias
+            && !c.qk_norm
+            && rope_scale == 1.0;
         let on = |kind: u32| self.opts.skip & kind == 0;
         kernels::embedding(
             g,
@@ -90,6 +100,9 @@ impl Forward {
                         positions: m(lay.positions),
                         slots: m(lay.slots),
                         inv_freq: self.inv_freq.ptr(),
+                        qkv_bias: w.qkv_bias.as_ref().map_or(0, DevBuf::ptr),
+                        q_norm: w.qk_norm.as_ref().map_or(0, |(q, _)| q.ptr()),
+                        k_norm: w.qk_norm.as_ref().map_or(0, |(_, k)| k.ptr()),
                         q_out: a.q.ptr(),
                         k_cache: self.k_cache(l),
                         v_cache: self.v_cache(l),
@@ -98,6 +111,8 @@ impl Forward {
                         num_kv_heads: kvh as i32,
                         head_dim: hd as i32,
                         block_size: self.opts.block_size as i32,
+                        eps,
+                        rope_scale,
                     },
                 )?;
             }
@@ -119,6 +134,7 @@ impl Forward {
                     block_size: self.opts.block_size as i32,
                     max_blocks: self.max_blocks as i32,
                     num_splits: step.splits as i32,
+                    window,
                     scale,
                 };
                 kernels::paged_decode(g, &p, hd)?;
@@ -140,6 +156,7 @@ impl Forward {
                     num_kv_heads: kvh as i32,
                     block_size: self.opts.block_size as i32,
                     max_blocks: self.max_blocks as i32,
+                    window,
                     scale,
                 };
                 kernels::prefill_attn(g, &p, hd)?;

@@ -35,6 +35,7 @@ fn new_req(id: u64, prompt: usize, n: usize, blocks: Vec<u32>) -> ScheduledReque
         num_computed_tokens: 0,
         num_tokens: n,
         sample: n == prompt,
+        num_freed_blocks: 0,
         new_block_ids: blocks,
         new: Some(NewRequestData {
             token_ids: (0..prompt as u32).map(|t| t + 100 * id as u32).collect(),
@@ -51,6 +52,7 @@ fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) ->
         num_computed_tokens: computed,
         num_tokens: n,
         sample,
+        num_freed_blocks: 0,
         new_block_ids: blocks,
         new: None,
     }
