@@ -230,7 +230,7 @@ fn a_lost_executor_re_queues_its_requests_and_they_recompute_the_same_tokens() {
     // The backend was rebuilt: its rows and its K/V are gone, and so must the prefix cache be.
     assert_eq!(e.sched.executor_lost(&mut e.kv), 2);
     e.kv.reset_prefix_cache();
-    e.model = FakeModel::new(64);
+    e.model = FakeModel::new(64, None);
     assert_eq!((e.sched.num_running(), e.sched.num_waiting()), (0, 2));
     assert_eq!(e.kv.usage().used_blocks, 0);
     e.check();
