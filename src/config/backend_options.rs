@@ -46,6 +46,7 @@ impl CudaBackendOptions {
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             progress,
+            sample_vocab_size: 0,
             skip: 0,
         }
     }

@@ -295,7 +295,8 @@ impl Forward {
                 tokens: a.out_tokens.ptr(),
                 logprobs: a.out_logprobs.ptr(),
                 num_rows: step.ns as i32,
-                vocab: c.vocab_size as i32,
+                vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
+                stride: c.vocab_size as i32,
             },
         )
     }
