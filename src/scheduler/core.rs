@@ -139,6 +139,23 @@ impl Scheduler {
         true
     }
 
+    /// The executor lost every request's state (its backend was rebuilt after a panic): each
+    /// running request goes back to the front of the queue to recompute, as after a preemption
+    /// (in the same order), and drops pending for the old backend are moot. Returns how many.
+    pub fn executor_lost(&mut self, kv: &mut KvCacheManager) -> usize {
+        self.executor_drops.clear();
+        let running = std::mem::take(&mut self.running);
+        for &id in running.iter().rev() {
+            self.preempt(id, kv);
+        }
+        running.len()
+    }
+
+    /// Every request the core holds, running or waiting.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
