@@ -43,6 +43,10 @@ mod persistent;
 #[path = "cuda_e2e/block_table.rs"]
 mod block_table;
 
+/// Penalties, logit bias and logprobs on that path (device token counts).
+#[path = "cuda_e2e/penalties.rs"]
+mod penalties;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {

@@ -193,7 +193,8 @@ impl CpuBackend {
     }
 
     /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
-    /// batch of `execute` (drafts in it are verified as point-mass proposals).
+    /// batch of `execute` (drafts in it are verified as point-mass proposals; penalties see no
+    /// earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
         let (logits, vocab) =
@@ -205,8 +206,15 @@ impl CpuBackend {
         }
         let mut out = StepOutput::default();
         let drafts = hand_built_drafts(batch, &mut self.drafts);
-        self.sampler
-            .sample_batch(batch, &logits, vocab, self.sample_vocab, drafts, &mut out);
+        self.sampler.sample_batch(
+            batch,
+            &logits,
+            vocab,
+            self.sample_vocab,
+            drafts,
+            |_| None,
+            &mut out,
+        );
         out.elapsed = start.elapsed();
         Ok(out)
     }
@@ -286,9 +294,19 @@ impl Backend for CpuBackend {
                 (out.spec.passes, out.spec.tokens) = (stats.passes, stats.tokens);
             }
         }
-        let batch = input.build(&drafts.proposals)?;
+        input.build(&drafts.proposals)?;
+        let (batch, held) = (input.batch(), &*input);
         let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
-        sampler.sample_batch(batch, &logits, vocab, *sample_vocab, drafts, &mut out);
+        let counts = |row| held.counts(row);
+        sampler.sample_batch(
+            batch,
+            &logits,
+            vocab,
+            *sample_vocab,
+            drafts,
+            counts,
+            &mut out,
+        );
         out.elapsed = start.elapsed();
         tracing::trace!(
             tokens = batch.num_tokens(),

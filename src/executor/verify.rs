@@ -7,9 +7,9 @@
 
 use crate::request::RequestId;
 use crate::sampling::rejection::{DraftProbs, RejectionSampler};
-use crate::sampling::sampler::{Sampled, Sampler};
+use crate::sampling::sampler::{Sampled, Sampler, TokenCounts};
 use crate::spec::Proposal;
-use crate::step::{BatchInput, DraftOutcome, SampledToken, SeqInput, StepOutput};
+use crate::step::{BatchInput, DraftOutcome, SampledToken, SeqInput, StepOutput, TopLogprobs};
 
 /// The proposals of a step, by request, in step order (the requests that had draft positions;
 /// a proposal may hold no token).
@@ -83,13 +83,17 @@ impl HostSampler {
     /// vocab]`, rows in seq order), verifying the drafts of those that carry them, into `out`
     /// (`sampled`, and `spec.drafts` for each sequence of `drafts`). Only ids below
     /// `sample_vocab` (≤ `vocab`) are drawn: the first `sample_vocab` logits of each row.
-    pub fn sample_batch(
+    /// `counts(row)` gives the token counts of the request in input-batch row `row` when it has
+    /// penalties; requests that asked for logprobs get their top list in `out.top_logprobs`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_batch<'c>(
         &mut self,
         batch: &BatchInput,
         logits: &[f32],
         vocab: usize,
         sample_vocab: usize,
         drafts: &StepDrafts,
+        counts: impl Fn(usize) -> Option<&'c TokenCounts>,
         out: &mut StepOutput,
     ) {
         debug_assert_eq!(logits.len(), batch.num_logit_rows() * vocab);
@@ -115,7 +119,17 @@ impl HostSampler {
             }
             // The drafts are the last tokens of the sequence's query.
             let drafts = &batch.token_ids[end - seq.num_drafts..end];
-            self.sample_seq(seq, s, seq_logits, sample_vocab, drafts, proposal, out);
+            let counts = counts(seq.row);
+            self.sample_seq(
+                seq,
+                s,
+                seq_logits,
+                sample_vocab,
+                drafts,
+                proposal,
+                counts,
+                out,
+            );
         }
         self.narrow = narrow;
     }
@@ -130,6 +144,7 @@ impl HostSampler {
         vocab: usize,
         drafts: &[u32],
         proposal: Option<&Proposal>,
+        counts: Option<&TokenCounts>,
         out: &mut StepOutput,
     ) {
         let id = seq.request_id;
@@ -143,9 +158,20 @@ impl HostSampler {
         let Some(p) = proposal else {
             let x = self
                 .sampler
-                .sample(logits, &s.params, s.seed, s.output_index);
-            return push(out, &x);
+                .sample(logits, &s.params, s.seed, s.output_index, counts);
+            push(out, &x);
+            if let Some(k) = s.params.logprobs {
+                let top = self.sampler.top_logprobs(logits, k);
+                out.top_logprobs.push(TopLogprobs {
+                    request_id: id,
+                    top,
+                });
+            }
+            return;
         };
+        // Verification samples the plain distribution at each position: the scheduler gives
+        // drafts only to requests without penalties, bias, min_tokens or logprobs.
+        debug_assert!(s.params.may_speculate(), "{id}: drafts it may not have");
         let k = drafts.len();
         debug_assert_eq!(drafts, &p.tokens[..k]);
         let q = if p.probs.is_empty() {

@@ -290,6 +290,28 @@ impl KvCacheManager {
         released
     }
 
+    /// Forgets every cached prefix: the K/V they name is gone (the backend was rebuilt with a
+    /// fresh pool). Requests still holding blocks keep them, but none of their blocks is found
+    /// by a lookup any more. Returns how many blocks were registered.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for entry in self.reqs.values_mut() {
+            entry.num_cached_blocks = 0;
+            entry.hits.clear();
+        }
+        self.pool.forget_cached()
+    }
+
+    /// A new pool of `num_blocks` (the backend was rebuilt with another size). No request may
+    /// hold blocks; the prefix-cache counters carry on.
+    pub fn resize_pool(&mut self, num_blocks: usize) {
+        assert!(
+            self.reqs.values().all(|e| e.blocks.is_empty()),
+            "resizing the KV pool while requests hold blocks"
+        );
+        self.reqs.clear();
+        self.pool = BlockPool::new(num_blocks);
+    }
+
     /// `req`'s physical blocks in position order (empty when it holds none); [`NULL_BLOCK`] for
     /// blocks freed out of the sliding window.
     pub fn block_table(&self, req: RequestId) -> &[u32] {

@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 
+use super::backlog::Backlog;
 use super::text::TextOutput;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::step::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidRequest;
@@ -17,11 +18,15 @@ use crate::validation::ValidRequest;
 /// One request's stream and what is known about it beside the core.
 struct RequestState {
     tx: mpsc::Sender<StreamEvent>,
+    /// Its socket's unread output, when it has one (a WebSocket session's requests).
+    backlog: Option<Arc<Backlog>>,
     /// Detokenizer and stop strings; `None` on an engine without a tokenizer (counts only).
     text: Option<TextOutput>,
     /// Text (and its token count) not sent yet: the reader was slow, or it is this step's.
     pending_text: String,
     pending_tokens: usize,
+    /// Log-probabilities of the pending tokens (requests that asked; else stays empty).
+    pending_logprobs: Vec<TokenLogprobs>,
     prompt_tokens: usize,
     completion_tokens: usize,
     arrival: Instant,
@@ -32,14 +37,32 @@ struct RequestState {
 
 impl RequestState {
     /// Whether a delta is due: text to send, or, with no text to wait for, tokens to count.
+    /// Log-probabilities wait with their tokens' text, except at the end (`finish`), where a
+    /// token without text (eos) still gets its entry.
     fn has_pending(&self) -> bool {
         !self.pending_text.is_empty() || (self.text.is_none() && self.pending_tokens > 0)
+    }
+
+    /// New text for the client; true when it pushed the socket's unread output past its limit.
+    fn push_text(&mut self, text: &str) -> bool {
+        self.pending_text.push_str(text);
+        self.backlog
+            .as_ref()
+            .is_some_and(|b| b.produced(text.len()))
+    }
+
+    /// The request leaves without its pending text being sent: the socket will never take it.
+    fn discard_pending(&self) {
+        if let Some(b) = &self.backlog {
+            b.taken(self.pending_text.len());
+        }
     }
 
     fn take_delta(&mut self) -> StreamEvent {
         StreamEvent::Delta {
             text: std::mem::take(&mut self.pending_text),
             tokens: std::mem::take(&mut self.pending_tokens),
+            logprobs: std::mem::take(&mut self.pending_logprobs),
         }
     }
 }
@@ -110,18 +133,20 @@ impl OutputProcessor {
     /// The text side of a new request (before the core takes its prompt); `None` without a
     /// tokenizer.
     pub fn text_output(&self, req: &ValidRequest) -> Option<TextOutput> {
-        let stop = &req.params().stop;
-        (self.tokenizer.as_ref()).map(|tok| TextOutput::new(tok, req.prompt_token_ids(), stop))
+        let p = req.params();
+        (self.tokenizer.as_ref())
+            .map(|tok| TextOutput::new(tok, req.prompt_token_ids(), &p.stop, p.min_tokens))
     }
 
     /// A request the core accepted: tracks it and sends `Started`. `text` comes from
-    /// [`OutputProcessor::text_output`].
+    /// [`OutputProcessor::text_output`]; `backlog` is its socket's unread output, if any.
     pub fn add_request(
         &mut self,
         id: RequestId,
         prompt_tokens: usize,
         text: Option<TextOutput>,
         tx: mpsc::Sender<StreamEvent>,
+        backlog: Option<Arc<Backlog>>,
         arrival: Instant,
     ) {
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
@@ -131,9 +156,11 @@ impl OutputProcessor {
             id,
             RequestState {
                 tx,
+                backlog,
                 text,
                 pending_text: String::new(),
                 pending_tokens: 0,
+                pending_logprobs: Vec::new(),
                 prompt_tokens,
                 completion_tokens: 0,
                 arrival,
@@ -162,6 +189,7 @@ impl OutputProcessor {
         suspend_non_core: bool,
     ) -> Processed {
         let mut done = Processed::default();
+        let mut over_limit: Vec<Arc<Backlog>> = Vec::new();
         for u in updates {
             let Some(r) = self.requests.get_mut(&u.id) else {
                 continue; // cancelled or aborted while the step ran
@@ -182,20 +210,25 @@ impl OutputProcessor {
                 r.last_token_at = Some(now);
                 r.completion_tokens += n;
                 r.pending_tokens += n;
+                r.pending_logprobs.extend(u.logprobs.iter().cloned());
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
             let mut by_stop_string = false;
+            let mut tripped = false;
             if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
                 let out = text.push_tokens(tok, &u.new_token_ids);
-                r.pending_text.push_str(&out.text);
                 by_stop_string = out.stopped_by_string;
+                let mut new_text = out.text;
                 if u.finished.is_some() && !by_stop_string {
                     // Text held back (a partial stop string, an incomplete character) goes
                     // out now; it may still complete a stop string.
-                    let rest = text.finish(tok);
+                    new_text.push_str(&text.finish(tok));
                     by_stop_string = text.is_stopped();
-                    r.pending_text.push_str(&rest);
                 }
+                tripped = r.push_text(&new_text);
+            }
+            if tripped {
+                over_limit.extend(r.backlog.clone());
             }
             let reason = if by_stop_string {
                 // The core has not finished it unless its own reason came in the same step.
@@ -210,13 +243,45 @@ impl OutputProcessor {
                 Some(reason) => self.finish(u.id, reason, now, &mut done),
                 None => {
                     if !flush(r) {
+                        r.discard_pending();
                         self.requests.remove(&u.id);
                         done.aborted.push(u.id);
                     }
                 }
             }
         }
+        for b in over_limit {
+            self.fail_slow_consumer(&b, &mut done);
+        }
         done
+    }
+
+    /// A socket passed its unread-output limit: every request of it ends with `slow_consumer`
+    /// (its session closes the socket when it gets to run; see `output::backlog`).
+    fn fail_slow_consumer(&mut self, backlog: &Arc<Backlog>, done: &mut Processed) {
+        let ids: Vec<RequestId> = (self.requests.iter())
+            .filter(|(_, r)| r.backlog.as_ref().is_some_and(|b| Arc::ptr_eq(b, backlog)))
+            .map(|(&id, _)| id)
+            .collect();
+        let unread_bytes = backlog.bytes();
+        self.metrics.slow_consumers.inc();
+        tracing::warn!(
+            requests = ids.len(),
+            unread_bytes,
+            "slow consumer: cancelling a socket's requests"
+        );
+        for id in ids {
+            let err = EngineError::SlowConsumer {
+                unread_bytes,
+                limit: backlog.limit(),
+            };
+            self.fail(id, err, done);
+        }
+    }
+
+    /// Every request tracked (the caller fails them all: a stalled engine, a drain's deadline).
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
     }
 
     /// The client cancelled: held text, then `done` / `cancelled`. Unknown ids (finished
@@ -227,7 +292,8 @@ impl OutputProcessor {
         };
         if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
             let rest = text.finish(tok);
-            r.pending_text.push_str(&rest);
+            // Past the limit or not, the socket asked for this: its cancel is served.
+            let _ = r.push_text(&rest);
         }
         self.finish(id, FinishReason::Cancelled, now, done);
         done.aborted.push(id);
@@ -235,7 +301,8 @@ impl OutputProcessor {
 
     /// The client went away: forget the request, no events.
     pub fn abort(&mut self, id: RequestId, done: &mut Processed) {
-        if self.requests.remove(&id).is_some() {
+        if let Some(r) = self.requests.remove(&id) {
+            r.discard_pending();
             done.aborted.push(id);
         }
     }
@@ -243,6 +310,7 @@ impl OutputProcessor {
     /// The engine failed the request: text so far is dropped, `err` is its terminal event.
     pub fn fail(&mut self, id: RequestId, err: EngineError, done: &mut Processed) {
         if let Some(r) = self.requests.remove(&id) {
+            r.discard_pending();
             send_terminal(r.tx, vec![StreamEvent::Error(err)], done);
             done.aborted.push(id);
         }
@@ -267,7 +335,7 @@ impl OutputProcessor {
             m.queue_time.observe(secs(s - r.arrival));
         }
         let mut events = Vec::with_capacity(2);
-        if r.has_pending() {
+        if r.has_pending() || !r.pending_logprobs.is_empty() {
             events.push(r.take_delta());
         }
         events.push(StreamEvent::Done {
@@ -294,10 +362,15 @@ fn flush(r: &mut RequestState) -> bool {
     let delta = r.take_delta();
     match r.tx.try_send(delta) {
         Ok(()) => true,
-        Err(TrySendError::Full(StreamEvent::Delta { text, tokens })) => {
+        Err(TrySendError::Full(StreamEvent::Delta {
+            text,
+            tokens,
+            logprobs,
+        })) => {
             // Slow reader: keep the text (and count) and merge it into the next delta.
             r.pending_text = text;
             r.pending_tokens = tokens;
+            r.pending_logprobs = logprobs;
             true
         }
         Err(TrySendError::Full(_)) => unreachable!("only deltas are flushed"),

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::text::TextOutput;
-use super::{OutputProcessor, Processed};
+use super::{Backlog, OutputProcessor, Processed};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::scheduler::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_fixture::TokFixture;
@@ -38,8 +38,8 @@ impl Harness {
         let prompt = tok.encode("Hello", true).unwrap();
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
         let t0 = Instant::now();
-        let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop));
-        out.add_request(ID, prompt.len(), text, tx, t0);
+        let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop, 0));
+        out.add_request(ID, prompt.len(), text, tx, None, t0);
         Harness {
             out,
             metrics,
@@ -56,9 +56,20 @@ impl Harness {
 
     /// One step's update for the request, at `ms` after arrival.
     fn step(&mut self, ids: &[u32], finished: Option<FinishReason>, ms: u64) -> Processed {
+        self.step_with_logprobs(ids, Vec::new(), finished, ms)
+    }
+
+    fn step_with_logprobs(
+        &mut self,
+        ids: &[u32],
+        logprobs: Vec<TokenLogprobs>,
+        finished: Option<FinishReason>,
+        ms: u64,
+    ) -> Processed {
         let u = RequestUpdate {
             id: ID,
             new_token_ids: ids.to_vec(),
+            logprobs,
             finished,
             num_computed_tokens: 0,
             num_output_tokens: 0,
@@ -242,6 +253,7 @@ fn emergency_mode_skips_inter_token_latency_only() {
     let u = |ids: &[u32]| RequestUpdate {
         id: ID,
         new_token_ids: ids.to_vec(),
+        logprobs: Vec::new(),
         finished: None,
         num_computed_tokens: 0,
         num_output_tokens: 0,
@@ -275,6 +287,44 @@ fn slow_reader_gets_merged_deltas_and_loses_nothing() {
     assert_eq!(text_of(&all), text);
     assert_eq!(tokens_of(&all), ids.len());
     assert_eq!(done_of(&all).1.completion_tokens, ids.len());
+}
+
+#[test]
+fn logprobs_travel_with_their_tokens_through_merged_deltas() {
+    // As the slow reader above, with log-probabilities: one entry per token, in order.
+    let mut h = Harness::new(&[], 2, true);
+    let ids = h.ids("the quick brown fox jumps");
+    let lp = |i: usize, id: u32| TokenLogprobs {
+        token: id,
+        logprob: -(i as f32),
+        top: vec![(id, -(i as f32)), (7, -9.0)],
+    };
+    let mut blocked = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let last = i + 1 == ids.len();
+        let finished = last.then_some(FinishReason::Length);
+        let done = h.step_with_logprobs(&[id], vec![lp(i, id)], finished, i as u64);
+        blocked.extend(done.blocked.into_iter().flat_map(|b| b.events));
+        if i == 1 {
+            h.drain(); // a reader that reads now and then
+        }
+    }
+    let mut evs = h.drain();
+    evs.extend(blocked);
+    let got: Vec<TokenLogprobs> = evs
+        .iter()
+        .flat_map(|e| match e {
+            StreamEvent::Delta {
+                logprobs, tokens, ..
+            } => {
+                assert_eq!(logprobs.len(), *tokens, "{e:?}");
+                logprobs.clone()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    let want: Vec<TokenLogprobs> = (1..ids.len()).map(|i| lp(i, ids[i])).collect();
+    assert_eq!(got, want);
 }
 
 #[test]
@@ -364,7 +414,7 @@ fn without_a_tokenizer_deltas_count_tokens() {
     let deltas: Vec<(String, usize)> = evs
         .iter()
         .filter_map(|e| match e {
-            StreamEvent::Delta { text, tokens } => Some((text.clone(), *tokens)),
+            StreamEvent::Delta { text, tokens, .. } => Some((text.clone(), *tokens)),
             _ => None,
         })
         .collect();
@@ -373,4 +423,82 @@ fn without_a_tokenizer_deltas_count_tokens() {
         [(String::new(), 1), (String::new(), 2), (String::new(), 1)]
     );
     assert_eq!(done_of(&evs).1.completion_tokens, 4);
+}
+
+/// A socket that stops taking its output: once its unread text passes the limit, every request
+/// of that socket ends with `slow_consumer` (and goes back to the core), another socket's
+/// request carries on, and the bytes the socket took or that were dropped leave the count.
+#[test]
+fn a_socket_past_its_unread_limit_loses_all_its_requests_and_only_those() {
+    let tok = Arc::new(TokFixture::default().build());
+    let metrics = Arc::new(Metrics::new());
+    let mut out = OutputProcessor::new(Some(tok.clone()), metrics.clone());
+    let t0 = Instant::now();
+    let prompt = tok.encode("Hello", true).unwrap();
+    let slow = Backlog::new(40, metrics.ws_unread_bytes.clone());
+    let fine = Backlog::new(40, metrics.ws_unread_bytes.clone());
+    let mut rxs = Vec::new();
+    for (i, b) in [&slow, &slow, &fine].into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(2);
+        let text = TextOutput::new(&tok, &prompt, &[], 0);
+        out.add_request(
+            RequestId(i as u64),
+            prompt.len(),
+            Some(text),
+            tx,
+            Some(b.clone()),
+            t0,
+        );
+        rxs.push(rx);
+    }
+    let word = tok.encode(" fox", false).unwrap();
+    let step = |out: &mut OutputProcessor, ids: &[u64]| {
+        let updates: Vec<RequestUpdate> = (ids.iter())
+            .map(|&i| RequestUpdate {
+                id: RequestId(i),
+                new_token_ids: word.clone(),
+                logprobs: Vec::new(),
+                finished: None,
+                num_computed_tokens: 0,
+                num_output_tokens: 0,
+            })
+            .collect();
+        out.process(&updates, t0, false)
+    };
+    // The fine socket reads every step; the slow one never does.
+    let mut tripped_at = None;
+    for n in 1..=20 {
+        let done = step(&mut out, &[0, 1, 2]);
+        while let Ok(ev) = rxs[2].try_recv() {
+            if let StreamEvent::Delta { text, .. } = ev {
+                fine.taken(text.len());
+            }
+        }
+        if !done.aborted.is_empty() {
+            let mut aborted = done.aborted.clone();
+            aborted.sort();
+            assert_eq!(aborted, [RequestId(0), RequestId(1)]);
+            tripped_at = Some(n);
+            break;
+        }
+    }
+    // 2 requests x 4 bytes a step: past 40 bytes in the 6th step.
+    assert_eq!(tripped_at, Some(6));
+    assert!(slow.is_tripped() && !fine.is_tripped());
+    assert!(out.contains(RequestId(2)) && !out.contains(RequestId(0)));
+    for rx in &mut rxs[..2] {
+        let mut evs = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            evs.push(ev);
+        }
+        // Started and one delta filled the channel; the error waits for room (blocked).
+        assert!(matches!(
+            evs[..],
+            [StreamEvent::Started { .. }, StreamEvent::Delta { .. }]
+        ));
+    }
+    let done = step(&mut out, &[0, 1, 2]);
+    assert!(done.aborted.is_empty(), "the fine socket's request goes on");
+    // Pending text of the failed requests was dropped: only the two queued deltas are unread.
+    assert_eq!(slow.bytes(), 8, "{}", slow.bytes());
 }

@@ -18,6 +18,10 @@
 //! plain sampler's (`sampler::draw_uniform`), at a fixed word offset per role (`Role`): the
 //! token at output index i depends on the seed, the logits and the drafts, never on the batch.
 //! The bonus token is an ordinary `Sampler::sample` at its index.
+//!
+//! p_j is the plain distribution: no penalties, logit bias or min_tokens mask (they would change
+//! per position with the accepted drafts). Requests with those, or with logprobs, are never
+//! given drafts (`SamplingParams::may_speculate`), so verification needs no token counts.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -156,7 +160,7 @@ impl RejectionSampler {
                     // deterministic proposer changes no seeded token, at any depth.
                     let x = self
                         .sampler
-                        .sample(logits_j, params, seed, output_index + j);
+                        .sample(logits_j, params, seed, output_index + j, None);
                     out.push(x);
                     if x.token != d {
                         return j;
@@ -183,7 +187,10 @@ impl RejectionSampler {
             return j;
         }
         // Every draft accepted: the bonus token, an ordinary sample at its index.
-        out.push(self.sampler.sample(row(k), params, seed, output_index + k));
+        out.push(
+            self.sampler
+                .sample(row(k), params, seed, output_index + k, None),
+        );
         k
     }
 }

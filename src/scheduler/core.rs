@@ -30,6 +30,9 @@
 //! every one to `update_from_output` (with a default `StepOutput` when it was empty) before the
 //! next `schedule`. Aborts and finishes may come at any time; a step's results for a request
 //! that is gone are dropped, and the executor is told to drop it with the next step it runs.
+//!
+//! Past 600 lines since speculation and logprobs met in `update_from_output`/`fold`: the loop
+//! and its result folding share the step's bookkeeping; the policies are in core/ already.
 
 mod adaptive;
 mod emergency;
@@ -43,7 +46,7 @@ mod spec;
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv::KvCacheManager;
-use crate::request::{FinishReason, RequestId};
+use crate::request::{FinishReason, RequestId, TokenLogprobs};
 use crate::scheduler::cost_model::{CostCoefficients, CostModel, StepFeatures};
 use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
@@ -174,6 +177,23 @@ impl Scheduler {
         kv.free(id);
         tracing::debug!(%id, reason = reason.as_str(), "request finished outside a step");
         true
+    }
+
+    /// The executor lost every request's state (its backend was rebuilt after a panic): each
+    /// running request goes back to the front of the queue to recompute, as after a preemption
+    /// (in the same order), and drops pending for the old backend are moot. Returns how many.
+    pub fn executor_lost(&mut self, kv: &mut KvCacheManager) -> usize {
+        self.executor_drops.clear();
+        let running = std::mem::take(&mut self.running);
+        for &id in running.iter().rev() {
+            self.preempt(id, kv);
+        }
+        running.len()
+    }
+
+    /// Every request the core holds, running or waiting.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
     }
 
     pub fn num_running(&self) -> usize {
@@ -445,17 +465,20 @@ impl Scheduler {
                 .map(|&(id, reason)| RequestUpdate {
                     id,
                     new_token_ids: Vec::new(),
+                    logprobs: Vec::new(),
                     finished: Some(reason),
                     num_computed_tokens: 0,
                     num_output_tokens: 0,
                 }),
         );
+        let mut tops = step.top_logprobs.iter();
         let mut any_finished = false;
         let mut at = 0;
         let mut drafts = step.spec.drafts.iter();
         let mut tokens = Vec::new();
         for s in &out.scheduled {
             tokens.clear();
+            let mut logprobs = Vec::new();
             if s.sample {
                 // Each sampling request's tokens are consecutive, in step order; looked up by
                 // id if they are not where expected.
@@ -471,6 +494,22 @@ impl Scheduler {
                 let n = run.iter().take_while(|t| t.request_id == s.id).count();
                 tokens.extend(run[..n].iter().map(|t| t.token));
                 at = start + n;
+                // Log-probabilities, for requests that asked: each token's own and its top
+                // list (in the same order, among those requests only). Such requests get no
+                // drafts (`SamplingParams::may_speculate`): one token each.
+                let wants_logprobs =
+                    (self.requests.get(&s.id)).is_some_and(|r| r.params.logprobs.is_some());
+                for t in run[..n].iter().filter(|_| wants_logprobs) {
+                    let top = match tops.next() {
+                        Some(x) if x.request_id == s.id => Some(x),
+                        _ => step.top_logprobs.iter().find(|x| x.request_id == s.id),
+                    };
+                    logprobs.push(TokenLogprobs {
+                        token: t.token,
+                        logprob: t.logprob,
+                        top: top.map(|x| x.top.clone()).unwrap_or_default(),
+                    });
+                }
             }
             let outcome = match s.num_draft_tokens {
                 0 => None,
@@ -480,7 +519,7 @@ impl Scheduler {
                     .or_else(|| step.spec.drafts.iter().find(|d| d.request_id == s.id))
                     .copied(),
             };
-            if let Some(u) = self.fold(s, &tokens, outcome, kv, now, max_len) {
+            if let Some(u) = self.fold(s, &tokens, logprobs, outcome, kv, now, max_len) {
                 any_finished |= u.finished.is_some();
                 updates.push(u);
             }
@@ -497,10 +536,12 @@ impl Scheduler {
     /// after one that ends the request), the request freed when it finished (the caller drops
     /// it from `running`). None with nothing to report: a prefill chunk, or a request that is
     /// gone or not in the state the step assumed.
+    #[allow(clippy::too_many_arguments)]
     fn fold(
         &mut self,
         s: &ScheduledRequest,
         tokens: &[u32],
+        mut logprobs: Vec<TokenLogprobs>,
         drafts: Option<DraftOutcome>,
         kv: &mut KvCacheManager,
         now: f64,
@@ -570,6 +611,11 @@ impl Scheduler {
         }
         let update = RequestUpdate {
             id,
+            // One per token kept (none past a token that ended the request).
+            logprobs: {
+                logprobs.truncate(new_token_ids.len());
+                logprobs
+            },
             new_token_ids,
             finished,
             num_computed_tokens: req.num_computed,

@@ -1,12 +1,15 @@
 //! The HTTP side: `/` and `/dashboard` (the page), `/static/…`, `/health`, `/metrics`, the
-//! dashboard's event stream and the `/v1/ws` upgrade, behind the edge's gate (auth.rs: API key
-//! and origins; edge.rs: connection count and refusals).
+//! dashboard's event stream, the `/v1/ws` upgrade, and the OpenAI-compatible API (`openai/`:
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/models`), behind the edge's gate (auth.rs:
+//! API key and origins; edge.rs: connection count and refusals).
 pub mod assets;
 pub mod auth;
 pub mod dashboard;
 pub mod edge;
 pub mod edge_error;
 pub mod http;
+pub mod openai;
+pub mod shutdown;
 
 use std::sync::Arc;
 
@@ -32,9 +35,16 @@ pub fn configure(
             .route("/health", web::get().to(http::health))
             .route("/metrics", web::get().to(http::metrics))
             .route("/v1/ws", web::get().to(edge::ws_route))
+            .route("/v1/chat/completions", web::post().to(openai::chat))
+            .route("/v1/completions", web::post().to(openai::completions))
+            .route("/v1/models", web::get().to(openai::models))
+            .route("/v1/models/{model}", web::get().to(openai::model))
             .default_service(web::to(http::not_found));
     }
 }
+
+/// Seconds the HTTP workers wait for open connections once the server stops (after a drain).
+pub const STOP_GRACE_S: u64 = 2;
 
 /// Binds `server.host:server.port` (port 0: any free one) and returns the running server and
 /// its port; the caller awaits the server. Starts the dashboard's producer (one per server,
@@ -52,6 +62,13 @@ pub fn bind(
             .configure(configure(engine.clone(), edge.clone()))
     })
     .workers(2)
+    .on_connect(crate::session::socket::on_connect(
+        server.socket_send_buffer_bytes,
+    ))
+    // SIGTERM and Ctrl-C drain the engine first (serve.rs), then stop the server; by then
+    // sockets have closed themselves, so the workers' grace only covers stuck ones.
+    .disable_signals()
+    .shutdown_timeout(STOP_GRACE_S)
     .bind((server.host.as_str(), server.port))?;
     let port = http
         .addrs()

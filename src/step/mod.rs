@@ -40,6 +40,6 @@ pub mod scheduler_output;
 pub mod update;
 
 pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
-pub use output::{DraftOutcome, SampledToken, SpecOutput, StepOutput};
+pub use output::{DraftOutcome, SampledToken, SpecOutput, StepOutput, TopLogprobs};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

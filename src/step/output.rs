@@ -15,6 +15,18 @@ pub struct StepOutput {
     pub elapsed: Duration,
     /// Speculative decoding: what the proposer did (empty without drafts).
     pub spec: SpecOutput,
+    /// One entry per sampled token whose request asked for log-probabilities
+    /// (`params.logprobs`), in `sampled` order; empty otherwise (no allocation). Such requests
+    /// are never given drafts (`SamplingParams::may_speculate`), so each has one token a step.
+    pub top_logprobs: Vec<TopLogprobs>,
+}
+
+/// The most likely tokens at one sampled position, as (id, log-probability), most likely first;
+/// `params.logprobs` of them (none for `Some(0)`: the sampled token's own is in `SampledToken`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprobs {
+    pub request_id: RequestId,
+    pub top: Vec<(u32, f32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

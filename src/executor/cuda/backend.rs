@@ -17,7 +17,7 @@ use super::forward::Forward;
 use super::kernels;
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::input_batch::InputBatch;
+use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
 use crate::step::{BatchInput, SchedulerOutput, StepOutput};
@@ -31,6 +31,8 @@ pub struct CudaBackend {
     input: InputBatch,
     /// This step's block-table changes, (row · max_blocks + column, block id); reused.
     updates: Vec<(u32, u32)>,
+    /// This step's token-count changes (requests with penalties); reused.
+    count_ops: Vec<CountOp>,
 }
 
 impl CudaBackend {
@@ -76,11 +78,13 @@ impl CudaBackend {
         let fwd = Forward::new(gpu, cfg, weights, opts)?;
         let input = InputBatch::new(fwd.opts.block_size, fwd.num_blocks, fwd.max_blocks)
             .with_sliding_window(fwd.cfg.sliding_window)
-            .track_table_changes();
+            .track_table_changes()
+            .track_counts_on_device();
         Ok(CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
+            count_ops: Vec::new(),
         })
     }
 
@@ -101,21 +105,23 @@ impl CudaBackend {
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        let step = self.fwd.launch(batch, &self.updates, false)?;
+        let step = self.fwd.launch(batch, &self.updates, false, false)?;
         self.fwd.logits(step.ns)
     }
 
     /// Runs a batch built by hand (tests, benchmarks): forward and sampling, on a decode graph
-    /// when it is pure decode, outside the persistent input batch of `execute`.
+    /// when it is pure decode, outside the persistent input batch of `execute` (which holds the
+    /// token counts, so penalties are refused here).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        self.fwd.launch(batch, &self.updates, true)?;
-        let sampled = self.fwd.sampled(batch)?;
+        self.fwd.launch(batch, &self.updates, true, false)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         Ok(StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
             ..StepOutput::default()
         })
     }
@@ -171,12 +177,17 @@ impl CudaBackend {
                 r + 1
             );
         }
+        self.count_ops.clear();
+        let ops = &mut self.count_ops;
+        self.input.drain_count_ops(|op| ops.push(op));
+        self.fwd.apply_count_ops(&self.count_ops)?;
         let batch = self.input.batch();
-        self.fwd.launch(batch, &self.updates, true)?;
-        let sampled = self.fwd.sampled(batch)?;
+        self.fwd.launch(batch, &self.updates, true, true)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
             ..StepOutput::default()
         };
         self.input.record(&out)?;
@@ -201,8 +212,10 @@ impl Backend for CudaBackend {
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let res = self.step(step);
         if res.is_err() {
-            // The drained table changes may not have reached the device: send every row again.
+            // The drained table and count changes may not have reached the device (and the
+            // sampler may have counted tokens never recorded): send every row again.
             self.input.mark_all_changed();
+            self.input.recount_all();
         }
         res
     }

@@ -19,7 +19,7 @@ pub struct GenerationConfig {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub max_new_tokens: Option<usize>,
-    /// Read so it can be reported; brook's sampler has no repetition penalty yet.
+    /// The default repetition penalty (`validation::ModelDefaults`).
     pub repetition_penalty: Option<f32>,
 }
 

@@ -221,7 +221,9 @@ fn point_mass_drafts_give_exactly_the_plain_samplers_tokens() {
     for seed in 0..3000u64 {
         let mut ctx = PROMPT.to_vec();
         for i in 0..3 {
-            let t = sampler.sample(&target_logits(&ctx), &p, seed, i).token;
+            let t = sampler
+                .sample(&target_logits(&ctx), &p, seed, i, None)
+                .token;
             differ_from_draft += (t != argmax(&draft_logits(&ctx)).0) as usize;
             n += 1;
             ctx.push(t);

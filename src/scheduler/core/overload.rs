@@ -36,7 +36,7 @@ impl Scheduler {
         self.stats.accepted[class.index()] += 1;
         let request_id = req.id;
         self.waiting.push_back(req.id);
-        let spec = self.spec_for_new(req.params.speculative);
+        let spec = self.spec_for_new(req.params.may_speculate());
         let mut request = Request::new(req, class, now);
         request.spec = spec;
         self.requests.insert(request_id, request);

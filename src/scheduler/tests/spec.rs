@@ -44,22 +44,32 @@ fn spec_cfg() -> SpecConfig {
     }
 }
 
-fn long_request(id: u64, max_tokens: usize) -> NewRequest {
-    NewRequest {
-        params: Arc::new(SamplingParams {
-            max_tokens,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        }),
-        ..request(id)
+fn long_params(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
     }
 }
 
 /// Runs `steps` steps of one request; returns the draft positions each step reserved.
 fn run(accept: impl Fn(usize) -> usize + Copy, steps: u32) -> Vec<usize> {
+    run_with(long_params(400), accept, steps)
+}
+
+/// `run`, for a request with `params`.
+fn run_with(
+    params: SamplingParams,
+    accept: impl Fn(usize) -> usize + Copy,
+    steps: u32,
+) -> Vec<usize> {
     let mut core = Scheduler::new(config()).with_speculation(spec_cfg());
     let mut kv = KvCacheManager::new(256, BLOCK_SIZE, true);
-    core.add_request(long_request(1, 400), 0.0);
+    let req = NewRequest {
+        params: Arc::new(params),
+        ..request(1)
+    };
+    core.add_request(req, 0.0);
     let mut depths = Vec::new();
     let mut known = 13;
     for n in 0..steps {
@@ -96,4 +106,48 @@ fn a_request_whose_drafts_always_fail_backs_off_and_is_retried() {
     assert!(spec_steps(50..400) < 100, "{depths:?}");
     // ...but it is tried again now and then, not held at 0 for good.
     assert!(spec_steps(200..400) > 0, "{depths:?}");
+}
+
+#[test]
+fn requests_with_penalties_bias_min_tokens_or_logprobs_never_get_drafts() {
+    // Every draft accepted: a plain request speculates at full depth...
+    assert!(run_with(long_params(100), |k| k, 40).contains(&4));
+    // ...one with any of these never does (verification samples the plain distribution).
+    let base = long_params(100);
+    let cases = [
+        SamplingParams {
+            presence_penalty: 0.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            frequency_penalty: -0.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            repetition_penalty: 1.2,
+            ..base.clone()
+        },
+        SamplingParams {
+            logit_bias: vec![(7, 3.0)],
+            ..base.clone()
+        },
+        SamplingParams {
+            min_tokens: 5,
+            min_tokens_blocked: vec![2],
+            ..base.clone()
+        },
+        SamplingParams {
+            logprobs: Some(0),
+            ..base.clone()
+        },
+        SamplingParams {
+            speculative: false,
+            ..base.clone()
+        },
+    ];
+    for p in cases {
+        assert!(!p.may_speculate(), "{p:?}");
+        let depths = run_with(p.clone(), |k| k, 40);
+        assert!(depths.iter().all(|&k| k == 0), "{p:?}: {depths:?}");
+    }
 }
