@@ -45,6 +45,11 @@ impl CudaBackendOptions {
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
+            pinned_io: false,
+            lookahead: false,
+            decode_ctas_per_sm: 0,
+            decode_merge_inline: false,
+            step_timing: false,
             progress,
             skip: 0,
         }

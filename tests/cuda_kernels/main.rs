@@ -24,3 +24,4 @@ mod rmsnorm;
 mod rope_kv;
 mod sample;
 mod silu_mul;
+mod step_io;

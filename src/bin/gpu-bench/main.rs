@@ -33,7 +33,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    Attention,
+    Attention {
+        /// Paged decode attention only (every split rule and merge), not the prefill kernel.
+        #[arg(long)]
+        decode_only: bool,
+    },
     GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
     /// batch 1, 8 and 32; then the length from which the flash kernel wins.
@@ -80,7 +84,7 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     brook::logging::init();
     match Cli::parse().cmd {
-        Cmd::Attention => attention::run(),
+        Cmd::Attention { decode_only } => attention::run(decode_only),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::Decode {

@@ -10,7 +10,7 @@
 //! `forward_logits`, which upload their whole tables.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::device::Gpu;
 use super::forward::Forward;
@@ -23,6 +23,7 @@ use crate::model::loader::ModelWeights;
 use crate::step::{BatchInput, SchedulerOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
+pub use super::lookahead::LookaheadStats;
 pub use super::options::{skip, CudaBackendOptions};
 
 pub struct CudaBackend {
@@ -31,6 +32,29 @@ pub struct CudaBackend {
     input: InputBatch,
     /// This step's block-table changes, (row · max_blocks + column, block id); reused.
     updates: Vec<(u32, u32)>,
+    /// The last `execute`'s timing (`CudaBackendOptions::step_timing`).
+    timing: Option<StepTiming>,
+}
+
+/// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    /// The GPU's global timer (ns) at the start of the step's first kernel and the end of its
+    /// last (stamped by `kernels/stamp.cu` inside the step). The gap between one step's end and
+    /// the next one's start is the time the GPU waited for the host.
+    pub gpu_start_ns: u64,
+    pub gpu_end_ns: u64,
+    /// Host: applying the plan to the persistent batch and collecting the table changes.
+    pub prepare: Duration,
+    /// Host: packing, copies, table update and graph launch (with lookahead, also launching the
+    /// predicted next step); zero work when the step launched ahead was kept.
+    pub launch: Duration,
+    /// Host: waiting for the sampled tokens and reading them.
+    pub wait: Duration,
+    /// The whole `execute`.
+    pub total: Duration,
+    /// The step was the one launched ahead (lookahead hit).
+    pub kept_ahead: bool,
 }
 
 impl CudaBackend {
@@ -81,7 +105,18 @@ impl CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
+            timing: None,
         })
+    }
+
+    /// The last `execute`'s timing, with `step_timing` on.
+    pub fn last_timing(&self) -> Option<StepTiming> {
+        self.timing
+    }
+
+    /// What lookahead decode has done so far.
+    pub fn lookahead_stats(&self) -> LookaheadStats {
+        self.fwd.lookahead_stats
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -171,13 +206,34 @@ impl CudaBackend {
             );
         }
         let batch = self.input.batch();
-        self.fwd.launch(batch, &self.updates, true)?;
+        let prepared = Instant::now();
+        let hits = self.fwd.lookahead_stats.hits;
+        if self.fwd.opts.lookahead {
+            self.fwd.launch_or_keep(batch, &self.updates)?;
+            // Behind this step, before waiting for it: the step expected next.
+            self.fwd.launch_ahead(batch)?;
+        } else {
+            self.fwd.launch(batch, &self.updates, true)?;
+        }
+        let launched = Instant::now();
         let sampled = self.fwd.sampled(batch)?;
+        let waited = Instant::now();
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
         };
         self.input.record(&out)?;
+        if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
+            self.timing = Some(StepTiming {
+                gpu_start_ns,
+                gpu_end_ns,
+                prepare: prepared - started,
+                launch: launched - prepared,
+                wait: waited - launched,
+                total: started.elapsed(),
+                kept_ahead: self.fwd.lookahead_stats.hits > hits,
+            });
+        }
         Ok(out)
     }
 }
@@ -201,6 +257,8 @@ impl Backend for CudaBackend {
         if res.is_err() {
             // The drained table changes may not have reached the device: send every row again.
             self.input.mark_all_changed();
+            // A step launched ahead was predicted from a step that failed.
+            self.fwd.drop_ahead();
         }
         res
     }

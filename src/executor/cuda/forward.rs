@@ -18,6 +18,10 @@
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
 //! on the bucket's first use; the table update runs before the replay, outside the graph.
 //!
+//! The copies to and from the host are in `io` (pageable, or pinned and double-buffered). With
+//! lookahead (`lookahead` module docs) a predicted next step is launched behind the current one
+//! before the host waits, its input tokens fed on the device (`feed_tokens`).
+//!
 //! Model families: `rope_kv` adds q/k/v biases (Qwen2) and normalises q and k heads (Qwen3)
 //! before RoPE (cos/sin times longrope's attention factor); both attention kernels, compiled for
 //! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
@@ -30,19 +34,25 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
-use super::kernels::{self, BlockTableUpdateParams, SampleArgs, GEMV_MAX_M, PREFILL_TILE};
+use super::kernels::{
+    self, decode_group_ctas, decode_splits_filled, BlockTableUpdateParams, FeedTokensParams,
+    GEMV_MAX_M, PREFILL_TILE,
+};
+use super::lookahead::{self, LookaheadStats};
 use super::options::CudaBackendOptions;
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::step::{BatchInput, SampledToken};
+use io::{out_bytes, out_logprobs, read_outputs, PinnedIo, OUT_TOKENS};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
 const RESERVE_BYTES: usize = 1 << 30;
 
 const MAX_SPLITS: usize = 32;
 
+mod io;
 mod layers;
 
 struct Activations {
@@ -58,10 +68,25 @@ struct Activations {
     logits: DevBuf,
     part_acc: DevBuf,
     part_ml: DevBuf,
+    /// Arrival counters of the in-kernel split merge (`decode_merge_inline`), zero between launches.
+    decode_counters: DevBuf,
     meta: DevBuf,
-    args: DevBuf,
-    out_tokens: DevBuf,
-    out_logprobs: DevBuf,
+    /// The step's outputs: timing stamps, sampled tokens, log-probabilities (`io`).
+    out: DevBuf,
+}
+
+/// A launched step whose outputs `sampled` reads: its pinned stage (None: pageable) and its
+/// sampled rows (padding included).
+#[derive(Debug, Clone, Copy)]
+struct Launched {
+    stage: Option<usize>,
+    ns: usize,
+}
+
+/// A step launched ahead (lookahead): the batch predicted for the next plan, and its launch.
+struct Ahead {
+    batch: BatchInput,
+    launched: Launched,
 }
 
 /// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
@@ -98,6 +123,19 @@ pub(super) struct Forward {
     host: HostMeta,
     tokens_host: Vec<i32>,
     logprobs_host: Vec<f32>,
+    /// Pinned staging (`pinned_io` or `lookahead`); None: pageable copies.
+    io: Option<PinnedIo>,
+    /// The launch `sampled` reads next.
+    cur: Option<Launched>,
+    /// Lookahead: the step launched ahead of the plan, if any, and what it was fed (the last
+    /// step's samples as `feed_tokens` wrote them).
+    ahead: Option<Ahead>,
+    fed: Vec<u32>,
+    /// A spare prediction buffer (kept to reuse its allocations).
+    spare: BatchInput,
+    pub lookahead_stats: LookaheadStats,
+    /// GPU stamps (start, end) of the last step read by `sampled` (`step_timing`).
+    pub last_stamps: Option<(u64, u64)>,
     // Declared last: dropped after every buffer above.
     pub gpu: Gpu,
 }
@@ -146,6 +184,27 @@ impl Forward {
         )
         .total;
         let (bf, f4) = (2usize, 4usize);
+        // Decode split partials: (item, split) pairs of the largest decode step the split rule
+        // allows, and one arrival counter per (item, kv head slice) for the in-kernel merge.
+        let group = h / cfg.num_key_value_heads;
+        let partials = match opts.decode_ctas_per_sm {
+            0 => max_seqs * MAX_SPLITS,
+            c => (1..=max_seqs)
+                .map(|n| {
+                    let splits = decode_splits_filled(
+                        gpu.num_sms,
+                        c,
+                        n,
+                        cfg.num_key_value_heads,
+                        group,
+                        max_blocks * opts.block_size,
+                    );
+                    n * splits
+                })
+                .max()
+                .unwrap_or(1),
+        };
+        let counters = max_seqs * cfg.num_key_value_heads * decode_group_ctas(group);
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
@@ -158,12 +217,18 @@ impl Forward {
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
             head_in: gpu.alloc(max_seqs * d * bf)?,
             logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
-            part_acc: gpu.alloc(max_seqs * h * MAX_SPLITS * hd * f4)?,
-            part_ml: gpu.alloc(max_seqs * h * MAX_SPLITS * 2 * f4)?,
+            part_acc: gpu.alloc(partials * h * hd * f4)?,
+            part_ml: gpu.alloc(partials * h * 2 * f4)?,
+            decode_counters: gpu.alloc(counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
-            args: gpu.alloc(max_seqs * std::mem::size_of::<SampleArgs>())?,
-            out_tokens: gpu.alloc(max_seqs * 4)?,
-            out_logprobs: gpu.alloc(max_seqs * 4)?,
+            out: gpu.alloc(out_bytes(max_seqs))?,
+        };
+        gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
+        // Stamps read before any step wrote them are zero, not garbage.
+        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs))?;
+        let io = match opts.pinned_io || opts.lookahead {
+            true => Some(PinnedIo::new(&gpu, meta_words, max_seqs)?),
+            false => None,
         };
         let inv: Vec<f32> = cfg
             .rope
@@ -241,6 +306,13 @@ impl Forward {
             host: HostMeta::default(),
             tokens_host: Vec::new(),
             logprobs_host: Vec::new(),
+            io,
+            cur: None,
+            ahead: None,
+            fed: Vec::new(),
+            spare: BatchInput::default(),
+            lookahead_stats: LookaheadStats::default(),
+            last_stamps: None,
             gpu,
         })
     }
@@ -253,6 +325,7 @@ impl Forward {
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
             num_kv_heads: self.cfg.num_key_value_heads,
+            decode_ctas_per_sm: self.opts.decode_ctas_per_sm,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
             gemm_scores: self.gemm_scores,
@@ -262,16 +335,102 @@ impl Forward {
     /// Runs `batch` (after the block-table `updates`, (index, block id) pairs): packs and
     /// uploads its metadata, updates the tables, launches the forward (a decode graph when
     /// `graphs` allows and the step is pure decode). Sampling results or logits are read after.
+    /// A step launched ahead (lookahead) is left to finish unused.
     pub fn launch(
         &mut self,
         batch: &BatchInput,
         updates: &[(u32, u32)],
         graphs: bool,
     ) -> anyhow::Result<Step> {
+        self.drop_ahead();
+        self.launch_step(batch, updates, graphs, false)
+    }
+
+    /// Lookahead: runs `batch`, the scheduler's plan, as the step launched ahead when it is
+    /// exactly that step (and the plan changes no block table), else launches it.
+    pub fn launch_or_keep(
+        &mut self,
+        batch: &BatchInput,
+        updates: &[(u32, u32)],
+    ) -> anyhow::Result<()> {
+        if let Some(ahead) = self.ahead.take() {
+            let keep = updates.is_empty() && lookahead::matches(&ahead.batch, batch, &self.fed);
+            self.spare = ahead.batch;
+            if keep {
+                self.lookahead_stats.hits += 1;
+                self.cur = Some(ahead.launched);
+                return Ok(());
+            }
+            self.lookahead_stats.misses += 1;
+        }
+        self.launch_step(batch, updates, true, false)?;
+        Ok(())
+    }
+
+    /// Lookahead: launches the step predicted to follow `batch` (launched last) behind it, its
+    /// input tokens fed on the device from `batch`'s samples. `sampled` still reads `batch`'s.
+    pub fn launch_ahead(&mut self, batch: &BatchInput) -> anyhow::Result<()> {
+        let mut pred = std::mem::take(&mut self.spare);
+        let max_context = self.max_blocks * self.opts.block_size;
+        if !lookahead::predict(batch, self.opts.block_size, max_context, &mut pred) {
+            self.lookahead_stats.unpredictable += 1;
+            self.spare = pred;
+            return Ok(());
+        }
+        let cur = self.cur;
+        let res = self.launch_step(&pred, &[], true, true);
+        let launched = std::mem::replace(&mut self.cur, cur);
+        res?;
+        self.lookahead_stats.launched += 1;
+        self.ahead = Some(Ahead {
+            batch: pred,
+            launched: launched.context("a launch records itself")?,
+        });
+        Ok(())
+    }
+
+    /// Forgets the step launched ahead, if any: it finishes on the stream, unused (harmless:
+    /// see `lookahead`).
+    pub fn drop_ahead(&mut self) {
+        if let Some(a) = self.ahead.take() {
+            self.lookahead_stats.misses += 1;
+            self.spare = a.batch;
+        }
+    }
+
+    /// `launch` without the lookahead bookkeeping; `feed`: the input tokens of `batch` (one per
+    /// sequence) are the last launch's samples, copied on the device after the upload.
+    fn launch_step(
+        &mut self,
+        batch: &BatchInput,
+        updates: &[(u32, u32)],
+        graphs: bool,
+        feed: bool,
+    ) -> anyhow::Result<Step> {
         let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
         let step = step_meta::pack(&self.limits(), batch, bucket, updates, &mut self.host)?;
-        self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
-        self.gpu.upload(self.act.args.ptr(), &self.host.args)?;
+        let stage = match self.io.as_mut() {
+            Some(io) => {
+                let k = io.take()?;
+                io.upload(k, &self.gpu, self.act.meta.ptr(), &self.host.meta)?;
+                Some(k)
+            }
+            None => {
+                self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
+                None
+            }
+        };
+        if feed {
+            let p = FeedTokensParams {
+                sampled: self.act.out.ptr() + OUT_TOKENS as u64,
+                tokens: self.act.meta.at::<u32>(step.layout.tokens),
+                n: batch.seqs.len() as i32,
+                vocab: self.cfg.vocab_size as i32,
+            };
+            // SAFETY: the last launch sampled at least as many rows as `batch` has sequences
+            // (each of them), and its tokens section holds one per sequence.
+            unsafe { kernels::feed_tokens(&self.gpu, &p)? };
+        }
         if step.nu > 0 {
             let p = BlockTableUpdateParams {
                 table: self.block_tables.ptr(),
@@ -297,24 +456,59 @@ impl Forward {
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
         }
+        if let (Some(io), Some(k)) = (self.io.as_mut(), stage) {
+            io.download(k, &self.gpu, self.act.out.ptr(), out_bytes(step.ns))?;
+        }
+        self.cur = Some(Launched { stage, ns: step.ns });
         Ok(step)
     }
 
-    /// The tokens sampled by the last launch of `batch`, in seq order; waits for the stream.
+    /// The tokens sampled by the last launch of `batch`, in seq order; waits for them.
     pub fn sampled(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<SampledToken>> {
         let ns = batch.num_sampled();
+        let cur = self.cur.context("no step was launched")?;
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
         // The first ns rows are the real sequences' (padding rows come after them).
-        // SAFETY: both buffers hold max_seqs >= ns entries; sync() completes the copies.
-        unsafe {
-            self.gpu
-                .download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
-            self.gpu
-                .download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
-        }
-        self.gpu.sync()?;
+        let stamps = match (cur.stage, self.io.as_ref()) {
+            (Some(k), Some(io)) => {
+                let words = io.wait(k)?;
+                read_outputs(
+                    words,
+                    cur.ns,
+                    &mut self.tokens_host,
+                    &mut self.logprobs_host,
+                )
+            }
+            _ => {
+                let out = self.act.out.ptr();
+                let mut stamps = [0u64; 2];
+                // SAFETY: the output buffer holds cur.ns >= ns rows; sync() completes the copies.
+                unsafe {
+                    self.gpu
+                        .download_async(&mut self.tokens_host, out + OUT_TOKENS as u64)?;
+                    self.gpu.download_async(
+                        &mut self.logprobs_host,
+                        out + out_logprobs(cur.ns) as u64,
+                    )?;
+                    if self.opts.step_timing {
+                        self.gpu.download_async(&mut stamps, out)?;
+                    }
+                }
+                self.gpu.sync()?;
+                (stamps[0], stamps[1])
+            }
+        };
+        self.last_stamps = self.opts.step_timing.then_some(stamps);
         let vocab = self.cfg.vocab_size;
+        if self.opts.lookahead {
+            self.fed.clear();
+            self.fed.extend(
+                self.tokens_host
+                    .iter()
+                    .map(|&t| lookahead::fed_token(t, vocab)),
+            );
+        }
         let garbage_ok = self.opts.skip != 0;
         batch
             .seqs

@@ -23,6 +23,7 @@ fn limits() -> Limits {
         num_sms: 132,
         num_heads: 4,
         num_kv_heads: 2,
+        decode_ctas_per_sm: 0,
         gemm_max_len: 64,
         gemm_keys,
         gemm_scores,
@@ -138,6 +139,16 @@ impl Device {
             .collect();
         assert_eq!(&m[l.sample_rows..l.sample_rows + want.len()], &want[..]);
         assert_eq!(host.args.len(), step.ns);
+        // The sampling arguments, as the sample kernel reads them.
+        for (k, a) in host.args.iter().enumerate() {
+            let w = &m[l.args + k * ARG_WORDS..l.args + (k + 1) * ARG_WORDS];
+            assert_eq!(w[0] as u64 | (w[1] as u64) << 32, a.seed);
+            assert_eq!(w[2] as u64 | (w[3] as u64) << 32, a.output_index);
+            assert_eq!(f32::from_bits(w[4]), a.temperature);
+            assert_eq!(f32::from_bits(w[5]), a.top_p);
+            assert_eq!(f32::from_bits(w[6]), a.min_p);
+            assert_eq!(w[7] as i32, a.top_k);
+        }
     }
 }
 
@@ -300,8 +311,16 @@ fn layout_sections_are_disjoint_and_depend_on_counts_only() {
     assert_eq!(l.ctx, 30);
     assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
     assert_eq!(l.sample_rows, 30 + 9 + 4 + 2 + 6);
-    assert_eq!(l.table_index, l.sample_rows + 3);
+    // 51 + 3 = 54 words: the arguments start on that even word, 8 words each.
+    assert_eq!(l.args, l.sample_rows + 3);
+    assert_eq!(l.args % 2, 0);
+    assert_eq!(l.table_index, l.args + 3 * ARG_WORDS);
     assert_eq!(l.total, l.table_index + 8);
+    assert_eq!(
+        Layout::new(10, 3, 2, 1, 2, 2, 4).args % 2,
+        0,
+        "odd offset padded"
+    );
     assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 4), l);
     // Updates come last: a decode graph's sections do not move with their count.
     let (a, b) = (
@@ -309,8 +328,8 @@ fn layout_sections_are_disjoint_and_depend_on_counts_only() {
         Layout::new(4, 5, 4, 0, 0, 4, 9),
     );
     assert_eq!(
-        (a.sample_rows, a.table_index),
-        (b.sample_rows, b.table_index)
+        (a.sample_rows, a.args, a.table_index),
+        (b.sample_rows, b.args, b.table_index)
     );
 }
 
