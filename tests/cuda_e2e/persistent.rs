@@ -159,10 +159,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         match config.sliding_window {
             // Each request holds a window's blocks at most, so the pool need not preempt.
             Some(w) => assert!(most_freed > 0, "{name}: window {w} freed nothing"),
-            None => assert!(
-                sched.num_preemptions() > 0,
-                "{name}: no preemption"
-            ),
+            None => assert!(sched.num_preemptions() > 0, "{name}: no preemption"),
         }
         assert!(
             kv.prefix_cache_stats().hit_tokens > 0,

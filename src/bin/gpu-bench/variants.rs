@@ -41,7 +41,10 @@ pub const VARIANTS: &[&str] = &[
 /// `base` with the switches of variant `name` (see `VARIANTS`); "all" is lookahead (with its
 /// pinned I/O), fill4 splits and the in-kernel merge together. The step stamps are on except
 /// for "untimed"; `offline` turns them off again.
-pub fn variant_options(name: &str, base: &CudaBackendOptions) -> anyhow::Result<CudaBackendOptions> {
+pub fn variant_options(
+    name: &str,
+    base: &CudaBackendOptions,
+) -> anyhow::Result<CudaBackendOptions> {
     let mut o = CudaBackendOptions {
         step_timing: true,
         ..base.clone()
@@ -91,7 +94,10 @@ pub fn run(
     batch: usize,
     variants: &[String],
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(output_len > 16 && batch > 0, "output_len > 16 and batch > 0");
+    anyhow::ensure!(
+        output_len > 16 && batch > 0,
+        "output_len > 16 and batch > 0"
+    );
     let max_len = input_lens.iter().max().copied().unwrap_or(0) + output_len + 16;
     let base = CudaBackendOptions {
         max_num_seqs: batch.max(8),
@@ -112,7 +118,9 @@ pub fn run(
         );
         for (k, &input_len) in input_lens.iter().enumerate() {
             let first_id = (k * batch) as u64;
-            one_run(&mut b, model, name, input_len, output_len, batch, first_id, max_len)?;
+            one_run(
+                &mut b, model, name, input_len, output_len, batch, first_id, max_len,
+            )?;
         }
     }
     Ok(())
@@ -167,7 +175,8 @@ fn one_run(
     while sched.has_unfinished() {
         let t0 = Instant::now();
         let out = sched.schedule(&mut kv, now());
-        let pure_decode = !out.is_empty() && out.total_num_scheduled_tokens() == out.scheduled.len();
+        let pure_decode =
+            !out.is_empty() && out.total_num_scheduled_tokens() == out.scheduled.len();
         let step = execute(b, &out)?;
         generated += step.sampled.len();
         sched.update_from_output(&out, &step, &mut kv, now());
@@ -177,7 +186,10 @@ fn one_run(
             steps.clear(); // only the decode steps after the last prefill chunk count
         }
     }
-    anyhow::ensure!(generated == batch * output_len, "generated {generated} tokens");
+    anyhow::ensure!(
+        generated == batch * output_len,
+        "generated {generated} tokens"
+    );
     anyhow::ensure!(steps.len() > 8, "{} decode steps", steps.len());
     let steps = &steps[8..];
     let ms: Vec<f64> = steps.iter().map(|s| s.0).collect();
