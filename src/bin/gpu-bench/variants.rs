@@ -116,10 +116,23 @@ pub fn run(
             "{model} [{name}]: ready in {:.1} s",
             started.elapsed().as_secs_f64()
         );
+        // One scheduler, KV manager and clock for every context: the finished requests of one
+        // run reach the backend with the next run's first step.
+        let info = b.info();
+        let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: batch,
+            max_num_batched_tokens: 8192,
+            max_model_len: max_len,
+            long_prefill_token_threshold: 0,
+            ..Default::default()
+        });
+        let clock = Instant::now();
         for (k, &input_len) in input_lens.iter().enumerate() {
             let first_id = (k * batch) as u64;
+            let state = (&mut sched, &mut kv, clock);
             one_run(
-                &mut b, model, name, input_len, output_len, batch, first_id, max_len,
+                &mut b, state, model, name, input_len, output_len, batch, first_id,
             )?;
         }
     }
@@ -127,30 +140,20 @@ pub fn run(
 }
 
 /// `batch` requests of `input_len` random tokens decoding `output_len` tokens each (greedy,
-/// ignore_eos) through a fresh scheduler and KV manager; figures over the pure-decode steps after
-/// the first 8 (graph capture).
+/// ignore_eos) through `state`'s scheduler and KV manager (time: seconds since its clock);
+/// figures over the pure-decode steps after the first 8 (graph capture).
 #[allow(clippy::too_many_arguments)]
 fn one_run(
     b: &mut CudaBackend,
+    (sched, kv, clock): (&mut Scheduler, &mut KvCacheManager, Instant),
     model: &str,
     name: &str,
     input_len: usize,
     output_len: usize,
     batch: usize,
     first_id: u64,
-    max_len: usize,
 ) -> anyhow::Result<()> {
-    let info = b.info();
     let vocab = b.config().vocab_size as u32;
-    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
-    let mut sched = Scheduler::new(SchedulerConfig {
-        max_num_seqs: batch,
-        max_num_batched_tokens: 8192,
-        max_model_len: max_len,
-        long_prefill_token_threshold: 0,
-        ..Default::default()
-    });
-    let clock = Instant::now();
     let now = || clock.elapsed().as_secs_f64();
     let mut rng = ChaCha8Rng::seed_from_u64(7 + first_id);
     let params = Arc::new(SamplingParams {
@@ -174,12 +177,12 @@ fn one_run(
     let mut generated = 0;
     while sched.has_unfinished() {
         let t0 = Instant::now();
-        let out = sched.schedule(&mut kv, now());
+        let out = sched.schedule(kv, now());
         let pure_decode =
             !out.is_empty() && out.total_num_scheduled_tokens() == out.scheduled.len();
         let step = execute(b, &out)?;
         generated += step.sampled.len();
-        sched.update_from_output(&out, &step, &mut kv, now());
+        sched.update_from_output(&out, &step, kv, now());
         if pure_decode {
             steps.push((elapsed_ms(t0), b.last_timing()));
         } else {

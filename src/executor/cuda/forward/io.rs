@@ -166,6 +166,16 @@ impl PinnedIo {
     }
 }
 
+impl Drop for PinnedIo {
+    /// A step may still be copying into a stage (a lookahead step nobody waited for): its memory
+    /// is freed only once the copy is done. Runs before the stages' fields are dropped.
+    fn drop(&mut self) {
+        for s in &self.stages {
+            let _ = s.done.synchronize();
+        }
+    }
+}
+
 /// Reads a step's outputs from `words` (the output buffer's layout, `ns` rows of which the first
 /// `tokens.len()` are wanted): tokens, log-probabilities, and the (start, end) stamps.
 pub(super) fn read_outputs(
