@@ -7,7 +7,9 @@
 // pattern (positive floats order like their bits): 31 passes of block reductions, no sort, no
 // scratch memory. Ties at a threshold are all kept (the CPU sampler breaks them by token id).
 // The draw u = hash(seed, output_index) is then placed on the kept mass in token-id order, so a
-// token depends only on its own logits, seed and output index, never on the batch.
+// token depends only on its own logits, seed and output index, never on the batch. Only the
+// first `vocab` logits of a row are read: the rest (ids a smaller tokenizer cannot decode) are
+// masked out, the log-probability included.
 struct SampleArgs {   // one per sampled sequence
   u64 seed;
   u64 output_index;
@@ -18,12 +20,13 @@ struct SampleArgs {   // one per sampled sequence
 };
 
 struct SampleParams {
-  const float* logits;      // [num_rows, vocab]
+  const float* logits;      // [num_rows, stride]; ids [0, vocab) are sampled
   const SampleArgs* args;   // [num_rows]
   int* tokens;              // [num_rows]
   float* logprobs;          // [num_rows]  log-probability under the unmodified distribution
   int num_rows;
-  int vocab;
+  int vocab;                // ids sampled: the model's vocabulary, or fewer (a tokenizer's)
+  int stride;               // logits per row (the model's vocabulary), >= vocab
 };
 
 #define SAMPLE_THREADS 1024
@@ -58,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(SampleParams
   __shared__ float s_scan[SAMPLE_THREADS];
   __shared__ int s_pick;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const float* row = p.logits + (size_t)r * p.vocab;
+  const float* row = p.logits + (size_t)r * p.stride;
   const SampleArgs a = p.args[r];
 
   // Max and argmax (lowest id among equal maxima, as the CPU sampler).

@@ -51,6 +51,7 @@ impl CudaBackendOptions {
             decode_merge_inline: false,
             step_timing: false,
             progress,
+            sample_vocab_size: 0,
             skip: 0,
         }
     }

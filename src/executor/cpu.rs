@@ -34,6 +34,8 @@ pub struct CpuBackend {
     sampler: Sampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
+    /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
+    sample_vocab: usize,
 }
 
 impl CpuBackend {
@@ -83,6 +85,7 @@ impl CpuBackend {
             .min(num_blocks);
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
+        let sample_vocab = config.vocab_size;
         let model = LlamaModel::new(config, weights)?;
         Ok(CpuBackend {
             model,
@@ -90,7 +93,16 @@ impl CpuBackend {
             threads,
             sampler: Sampler::new(),
             input,
+            sample_vocab,
         })
+    }
+
+    /// Samples only ids below `n` (at most the vocabulary): a synthetic model served with a
+    /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
+    /// The other logits are masked out, log-probabilities included (as the CUDA sampler does).
+    pub fn sample_below(mut self, n: usize) -> Self {
+        self.sample_vocab = n.clamp(1, self.model.config().vocab_size);
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -112,9 +124,14 @@ impl CpuBackend {
             kv,
             threads,
             sampler,
+            sample_vocab,
             ..
         } = self;
-        run(model, kv, threads.as_ref(), sampler, batch, start)
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
+        run(model, kv, threads.as_ref(), sampling, batch, start)
     }
 }
 
@@ -139,24 +156,30 @@ fn forward_flat(
     ))
 }
 
+/// The sampler and the ids it may draw (the first `vocab` of a row).
+struct Sampling<'a> {
+    sampler: &'a mut Sampler,
+    vocab: usize,
+}
+
 /// Forward, then one token per sampling sequence.
 fn run(
     model: &LlamaModel,
     kv: &mut KvPool,
     threads: Option<&rayon::ThreadPool>,
-    sampler: &mut Sampler,
+    sampling: Sampling<'_>,
     batch: &BatchInput,
     start: Instant,
 ) -> anyhow::Result<StepOutput> {
     let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-    let sampling = batch
+    let Sampling { sampler, vocab: n } = sampling;
+    let sampled = batch
         .seqs
         .iter()
-        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)));
-    let sampled = sampling
+        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)))
         .zip(logits.chunks(vocab))
         .map(|((request_id, s), row)| {
-            let out = sampler.sample(row, &s.params, s.seed, s.output_index);
+            let out = sampler.sample(&row[..n], &s.params, s.seed, s.output_index);
             SampledToken {
                 request_id,
                 token: out.token,
@@ -188,9 +211,14 @@ impl Backend for CpuBackend {
             threads,
             sampler,
             input,
+            sample_vocab,
         } = self;
         let batch = input.update(step)?;
-        let out = run(model, kv, threads.as_ref(), sampler, batch, start)?;
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
+        let out = run(model, kv, threads.as_ref(), sampling, batch, start)?;
         input.record(&out)?;
         Ok(out)
     }

@@ -447,12 +447,17 @@ impl Scheduler {
                 new_token_ids.push(t);
                 finished = req.check_stop(max_len);
                 if monitor_on {
-                    let (metric, since) = match req.last_token_at {
-                        None => (SloMetric::Ttft, req.arrival),
-                        Some(last) => (SloMetric::Itl, last),
+                    // The ITL SLO is on a request's mean gap (what the ITL guard keeps and the
+                    // attainment counts), so the monitor watches each request's mean so far,
+                    // not single gaps, which the guard lets run long where slack was banked.
+                    let (metric, value_ms) = match req.first_token_at {
+                        None => (SloMetric::Ttft, (now - req.arrival) * 1e3),
+                        Some(first) => {
+                            let gaps = req.num_output_tokens().saturating_sub(1).max(1);
+                            (SloMetric::Itl, (now - first) * 1e3 / gaps as f64)
+                        }
                     };
-                    self.monitor
-                        .record(req.class, metric, now, (now - since) * 1e3);
+                    self.monitor.record(req.class, metric, now, value_ms);
                 }
                 req.first_token_at.get_or_insert(now);
                 req.last_token_at = Some(now);

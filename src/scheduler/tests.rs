@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod harness;
+mod slack;
 mod window;
 
 use std::collections::HashMap;

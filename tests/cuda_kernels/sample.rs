@@ -22,6 +22,17 @@ fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
 
 /// Runs the sampler kernel on `rows` of logits; returns (tokens, logprobs).
 fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Vec<i32>, Vec<f32>) {
+    run_sample_strided(g, logits, vocab, vocab, args)
+}
+
+/// The same over rows of `stride` logits, of which the first `vocab` are sampled.
+fn run_sample_strided(
+    g: &Gpu,
+    logits: &[f32],
+    vocab: usize,
+    stride: usize,
+    args: &[SampleArgs],
+) -> (Vec<i32>, Vec<f32>) {
     let n = args.len();
     let (lb, ab) = (dev(g, logits), dev(g, args));
     let (tb, pb) = (poisoned::<i32>(g, n), poisoned::<f32>(g, n));
@@ -32,6 +43,7 @@ fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Ve
         logprobs: pb.ptr(),
         num_rows: n as i32,
         vocab: vocab as i32,
+        stride: stride as i32,
     };
     unsafe { kernels::sample(g, &p).unwrap() };
     (read(g, &tb, n), read(g, &pb, n))
@@ -161,4 +173,55 @@ fn sampling_follows_the_filtered_distribution() {
         .map(|t| counts[t])
         .sum();
     assert_eq!(outside, 0, "tokens outside the filtered set were drawn");
+}
+
+#[test]
+fn sampling_reads_only_the_first_vocab_ids_of_wider_rows() {
+    let Some((g, mut r)) = setup(62) else { return };
+    // A 32000-wide row (Llama-2's LM head) sampled as a 4096-id tokenizer's vocabulary; the
+    // masked tail holds the largest logits, so reading any of it changes the result.
+    let (vocab, stride) = (4096, 32000);
+    let variants = [
+        SamplingParams::greedy(1),
+        filtered((1.0, 0, 1.0, 0.0)),
+        filtered((0.8, 40, 0.9, 0.05)),
+    ];
+    let rows = variants.len() * 4;
+    let mut logits = rand_f32(&mut r, rows * stride, 3.0);
+    for row in logits.chunks_mut(stride) {
+        row[vocab..].iter_mut().for_each(|x| *x += 50.0);
+    }
+    let args: Vec<SampleArgs> = (0..rows)
+        .map(|i| sample_args(&variants[i % variants.len()], 77 + i as u64, i as u64))
+        .collect();
+    let (tokens, logprobs) = run_sample_strided(&g, &logits, vocab, stride, &args);
+    let mut sampler = Sampler::new();
+    let mut want_logprobs = Vec::with_capacity(rows);
+    for i in 0..rows {
+        let p = &variants[i % variants.len()];
+        let row = &logits[i * stride..i * stride + vocab];
+        let tok = tokens[i] as usize;
+        assert!(tok < vocab, "row {i}: token {tok} is past the sampled ids");
+        want_logprobs.push(log_softmax_at(row, tok));
+        let (top, m) = argmax(row);
+        if p.is_greedy() {
+            assert_eq!(tok as u32, top, "row {i}: greedy");
+        } else {
+            let kept: Vec<u32> = sampler
+                .filtered_probs(row, p, m)
+                .iter()
+                .map(|c| c.0)
+                .collect();
+            assert!(
+                kept.contains(&(tok as u32)),
+                "row {i}: token {tok} not kept"
+            );
+        }
+    }
+    assert_max_abs(
+        "logprob over the sampled ids",
+        &logprobs,
+        &want_logprobs,
+        1e-3,
+    );
 }

@@ -280,7 +280,10 @@ pub struct SampleParams {
     pub tokens: u64,
     pub logprobs: u64,
     pub num_rows: i32,
+    /// Ids sampled: the first `vocab` logits of each row.
     pub vocab: i32,
+    /// Logits per row, >= `vocab`.
+    pub stride: i32,
 }
 
 #[repr(C)]
@@ -529,6 +532,12 @@ pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.vocab > 0 && p.vocab <= p.stride,
+        "sample: vocab {} must be in 1..=stride {}",
+        p.vocab,
+        p.stride
+    );
     gpu.launch(
         "sample",
         (p.num_rows as u32, 1, 1),

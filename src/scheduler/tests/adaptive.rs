@@ -12,7 +12,7 @@ use crate::scheduler::slo::SloMetric;
 
 /// Adaptive, small shapes: short < 8 tokens, long > 40, 8 long tokens per step; emergency
 /// mode and early rejection off (their own tests turn them on).
-fn adaptive() -> SchedulerConfig {
+pub(super) fn adaptive() -> SchedulerConfig {
     SchedulerConfig {
         policy: Policy::Adaptive,
         classes: ClassConfig {
@@ -33,7 +33,7 @@ fn adaptive() -> SchedulerConfig {
 }
 
 /// 5 ms a step, 1 ms per prefill token and per decode: steps whose cost is easy to reason about.
-fn coarse_cost() -> CostCoefficients {
+pub(super) fn coarse_cost() -> CostCoefficients {
     CostCoefficients {
         base_ms: 5.0,
         per_prefill_token_ms: 1.0,
@@ -308,7 +308,7 @@ fn kv_horizon_keeps_admissions_from_overcommitting_memory() {
     e.assert_matches_reference();
 }
 
-fn monitor_cfg() -> EmergencyConfig {
+pub(super) fn monitor_cfg() -> EmergencyConfig {
     EmergencyConfig {
         window_s: 10.0,
         min_samples: 5,
@@ -420,7 +420,7 @@ fn monitor_evaluates_at_most_every_interval() {
 
 /// Adaptive with emergency mode on: a 15 ms short TTFT SLO that 50 ms steps break, evaluated
 /// every step over a short window.
-fn emergency_config() -> SchedulerConfig {
+pub(super) fn emergency_config() -> SchedulerConfig {
     SchedulerConfig {
         slo: SloConfig {
             short: ClassSlo {

@@ -322,7 +322,8 @@ impl Forward {
                 tokens: a.out.ptr() + OUT_TOKENS as u64,
                 logprobs: a.out.ptr() + out_logprobs(step.ns) as u64,
                 num_rows: step.ns as i32,
-                vocab: c.vocab_size as i32,
+                vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
+                stride: c.vocab_size as i32,
             },
         )
     }
