@@ -11,8 +11,8 @@
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18
 #                                       perf18 (issue 18, about 5 min): the decode attention and
-#                                       step-pipeline kernel tests, the serving-path GPU test of
-#                                       every switch, then each switch timed against the default
+#                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
+#                                       serving-path one runs every switch), then each switch timed against the default
 #                                       (attention --decode-only, decode-variants, offline
 #                                       300x1000/1000 default vs all) into $OUT/perf18.jsonl
 #
@@ -111,7 +111,11 @@ device)
     fi
     if [ "$what" = perf18 ]; then
         step "kernels paged_decode step_io" timeout 150 ./cuda_kernels --test-threads=1 paged_decode step_io
-        step "e2e serving path, every switch" timeout 90 ./cuda_e2e --test-threads=1 --nocapture cuda_scheduler_steps
+        # The whole CUDA-vs-CPU suite: the default path changed too (sampling arguments inside the
+        # step metadata, one output buffer); the serving-path test runs every switch.
+        step "e2e (serving path: every switch)" timeout 120 ./cuda_e2e --test-threads=1 --nocapture
+        step models timeout 60 ./cuda_models --test-threads=1 --nocapture
+        step websocket timeout 60 ./cuda_ws --nocapture
         : >"$out/perf18.jsonl"
         for args in "attention --decode-only" "decode-variants --model llama-2-7b" \
             "offline --model llama-2-7b --num-prompts 300 --input-len 1000 --output-len 1000 --variants untimed,all"; do
