@@ -110,7 +110,9 @@ device)
         done
     fi
     if [ "$what" = perf18 ]; then
-        step "kernels paged_decode step_io" timeout 150 ./cuda_kernels --test-threads=1 paged_decode step_io
+        # `sample` also selects sample_penalties (the sampler now reads its arguments and logit
+        # edits from the step metadata and writes into the one output buffer).
+        step "kernels paged_decode step_io sample" timeout 150 ./cuda_kernels --test-threads=1 paged_decode step_io sample
         # The whole CUDA-vs-CPU suite: the default path changed too (sampling arguments inside the
         # step metadata, one output buffer); the serving-path test runs every switch.
         step "e2e (serving path: every switch)" timeout 120 ./cuda_e2e --test-threads=1 --nocapture

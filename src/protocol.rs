@@ -7,16 +7,20 @@ use serde_json::{Map, Value};
 
 use crate::chat::parse_messages;
 use crate::error::EngineError;
-use crate::request::{FinishReason, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::sampling::params::RawSamplingParams;
+use crate::tokenizer::Tokenizer;
 use crate::validation::{GenerateRequest, PromptInput};
 
 pub const MAX_ID_LEN: usize = 256;
 
 #[derive(Debug, Clone)]
 pub enum ClientFrame {
-    Generate(GenerateFrame),
-    Cancel { id: String },
+    /// Boxed: the sampling params make it large beside `Cancel`.
+    Generate(Box<GenerateFrame>),
+    Cancel {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -134,7 +138,11 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                     return Err(invalid(Some(id), "missing field `prompt` or `messages`"))
                 }
             };
-            Ok(ClientFrame::Generate(GenerateFrame { id, input, params }))
+            Ok(ClientFrame::Generate(Box::new(GenerateFrame {
+                id,
+                input,
+                params,
+            })))
         }
         "cancel" => {
             let raw: RawCancel = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
@@ -149,6 +157,44 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
     }
 }
 
+/// One token's log-probability in a `delta` frame, and its `top` alternatives.
+#[derive(Debug, Serialize)]
+pub struct LogprobFrame {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<TopLogprobFrame>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprobFrame {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+}
+
+/// A token id's text: its decode with special tokens kept (empty without a tokenizer).
+pub fn token_text(tok: Option<&Tokenizer>, id: u32) -> String {
+    tok.map(|t| t.decode(&[id], false)).unwrap_or_default()
+}
+
+impl LogprobFrame {
+    fn new(l: &TokenLogprobs, tok: Option<&Tokenizer>) -> Self {
+        LogprobFrame {
+            id: l.token,
+            token: token_text(tok, l.token),
+            logprob: l.logprob,
+            top: (l.top.iter())
+                .map(|&(id, logprob)| TopLogprobFrame {
+                    id,
+                    token: token_text(tok, id),
+                    logprob,
+                })
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum ServerFrame<'a> {
@@ -160,6 +206,9 @@ pub enum ServerFrame<'a> {
         id: &'a str,
         text: &'a str,
         tokens: usize,
+        /// Requests with `params.logprobs` only: one entry per token counted.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<LogprobFrame>,
     },
     Done {
         id: &'a str,
@@ -186,16 +235,22 @@ impl<'a> ServerFrame<'a> {
         }
     }
 
-    pub fn from_event(id: &'a str, ev: &'a StreamEvent) -> Self {
+    /// `tok` spells out the tokens of log-probabilities (empty strings without one).
+    pub fn from_event(id: &'a str, ev: &'a StreamEvent, tok: Option<&Tokenizer>) -> Self {
         match ev {
             StreamEvent::Started { prompt_tokens } => ServerFrame::Started {
                 id,
                 prompt_tokens: *prompt_tokens,
             },
-            StreamEvent::Delta { text, tokens } => ServerFrame::Delta {
+            StreamEvent::Delta {
+                text,
+                tokens,
+                logprobs,
+            } => ServerFrame::Delta {
                 id,
                 text,
                 tokens: *tokens,
+                logprobs: logprobs.iter().map(|l| LogprobFrame::new(l, tok)).collect(),
             },
             StreamEvent::Done {
                 finish_reason,
@@ -248,7 +303,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(f, ClientFrame::Generate(GenerateFrame { input: PromptInput::Messages(ref m), .. }) if m.len() == 1)
+            matches!(f, ClientFrame::Generate(ref g) if matches!(g.input, PromptInput::Messages(ref m) if m.len() == 1))
         );
         let c = parse_client_frame(r#"{"type":"cancel","id":"a"}"#).unwrap();
         assert!(matches!(c, ClientFrame::Cancel { ref id } if id == "a"));
@@ -321,10 +376,31 @@ mod tests {
         let ev = StreamEvent::Delta {
             text: "hé".into(),
             tokens: 2,
+            logprobs: Vec::new(),
         };
         assert_eq!(
-            ServerFrame::from_event("r1", &ev).to_json(),
+            ServerFrame::from_event("r1", &ev, None).to_json(),
             r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#
+        );
+        let tok = crate::tokenizer_fixture::TokFixture::default().build();
+        let hi = tok.encode("hi", false).unwrap()[0];
+        let ev = StreamEvent::Delta {
+            text: "hi".into(),
+            tokens: 1,
+            logprobs: vec![TokenLogprobs {
+                token: hi,
+                logprob: -0.5,
+                top: vec![(hi, -0.5)],
+            }],
+        };
+        let j: Value =
+            serde_json::from_str(&ServerFrame::from_event("r1", &ev, Some(&tok)).to_json())
+                .unwrap();
+        let text = tok.decode(&[hi], false);
+        assert_eq!(
+            j["logprobs"],
+            serde_json::json!([{"id": hi, "token": text, "logprob": -0.5,
+                                "top": [{"id": hi, "token": text, "logprob": -0.5}]}])
         );
         let e = EngineError::Overloaded {
             reason: "queue full".into(),
@@ -347,7 +423,7 @@ mod tests {
             },
         };
         let j: Value =
-            serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
+            serde_json::from_str(&ServerFrame::from_event("r", &done, None).to_json()).unwrap();
         assert_eq!(j["finish_reason"], "length");
         assert_eq!(j["usage"]["completion_tokens"], 4);
         assert_eq!(j["timing"]["ttft_ms"], 2.0);

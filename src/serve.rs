@@ -127,7 +127,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if cfg.server.api_key.is_some() {
             eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
         }
-        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
+        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", cfg.server.host);
         server.await?;
         Ok::<(), anyhow::Error>(())
     })

@@ -346,13 +346,12 @@ async fn adaptive_policy_serves_mixed_lengths() {
     }
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#),
-        "{m}"
+    assert_metric_lines(
+        &m,
+        &[
+            r#"brook:scheduler_accepted_total{class="long"} 1"#,
+            r#"brook:scheduler_accepted_total{class="short"} 2"#,
+        ],
     );
     server.stop().await;
 }
@@ -389,7 +388,12 @@ async fn generation_config_defaults_reach_requests() {
     };
     let v = engine.validate(req(own)).unwrap();
     assert_eq!((v.params().temperature, v.params().top_k), (0.25, 3));
-    assert_eq!(engine.validation().defaults().repetition_penalty, Some(1.3));
+    // Applied as the default penalty (the sampler has one).
+    assert_eq!(
+        engine.validation().defaults().sampling.repetition_penalty,
+        1.3
+    );
+    assert_eq!(v.params().repetition_penalty, 1.3);
     // The eos ids of generation_config.json end generation.
     let eos = &engine.validation().defaults().eos_token_ids;
     for t in gen["eos_token_id"].as_array().unwrap() {

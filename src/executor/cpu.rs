@@ -12,8 +12,8 @@ use crate::executor::input_batch::InputBatch;
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
-use crate::sampling::sampler::Sampler;
-use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput};
+use crate::sampling::sampler::{Sampler, TokenCounts};
+use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput, TopLogprobs};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -116,7 +116,7 @@ impl CpuBackend {
     }
 
     /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
-    /// batch of `execute`.
+    /// batch of `execute` (so penalties see no earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
         let CpuBackend {
@@ -131,7 +131,15 @@ impl CpuBackend {
             sampler,
             vocab: *sample_vocab,
         };
-        run(model, kv, threads.as_ref(), sampling, batch, start)
+        run(
+            model,
+            kv,
+            threads.as_ref(),
+            sampling,
+            batch,
+            |_| None,
+            start,
+        )
     }
 }
 
@@ -162,13 +170,15 @@ struct Sampling<'a> {
     vocab: usize,
 }
 
-/// Forward, then one token per sampling sequence.
-fn run(
+/// Forward, then one token per sampling sequence; `counts(row)` gives the token counts of a
+/// request with penalties.
+fn run<'a>(
     model: &LlamaModel,
     kv: &mut KvPool,
     threads: Option<&rayon::ThreadPool>,
     sampling: Sampling<'_>,
     batch: &BatchInput,
+    counts: impl Fn(usize) -> Option<&'a TokenCounts>,
     start: Instant,
 ) -> anyhow::Result<StepOutput> {
     let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
@@ -176,21 +186,23 @@ fn run(
     let sampled = batch
         .seqs
         .iter()
-        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)))
-        .zip(logits.chunks(vocab))
-        .map(|((request_id, s), row)| {
-            let out = sampler.sample(&row[..n], &s.params, s.seed, s.output_index);
-            SampledToken {
-                request_id,
-                token: out.token,
-                logprob: out.logprob,
-            }
-        })
-        .collect();
-    Ok(StepOutput {
-        sampled,
-        elapsed: start.elapsed(),
-    })
+        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, s.row, x)));
+    let mut out = StepOutput::default();
+    for ((request_id, row, s), logits) in sampled.zip(logits.chunks(vocab)) {
+        let (p, logits) = (&s.params, &logits[..n]);
+        let got = sampler.sample(logits, p, s.seed, s.output_index, counts(row));
+        out.sampled.push(SampledToken {
+            request_id,
+            token: got.token,
+            logprob: got.logprob,
+        });
+        if let Some(k) = p.logprobs {
+            let top = sampler.top_logprobs(logits, k);
+            out.top_logprobs.push(TopLogprobs { request_id, top });
+        }
+    }
+    out.elapsed = start.elapsed();
+    Ok(out)
 }
 
 impl Backend for CpuBackend {
@@ -213,12 +225,21 @@ impl Backend for CpuBackend {
             input,
             sample_vocab,
         } = self;
-        let batch = input.update(step)?;
+        input.update(step)?;
+        let (batch, held) = (input.batch(), &*input);
         let sampling = Sampling {
             sampler,
             vocab: *sample_vocab,
         };
-        let out = run(model, kv, threads.as_ref(), sampling, batch, start)?;
+        let out = run(
+            model,
+            kv,
+            threads.as_ref(),
+            sampling,
+            batch,
+            |row| held.counts(row),
+            start,
+        )?;
         input.record(&out)?;
         Ok(out)
     }

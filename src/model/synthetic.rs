@@ -41,92 +41,25 @@ pub fn synthetic_config_with_vocab(
     tokenizer_vocab: usize,
 ) -> anyhow::Result<ModelConfig> {
     // (architecture, hidden, intermediate, layers, heads, kv heads, vocab, max positions, theta)
+    const LLAMA: &str = "LlamaForCausalLM";
+    const QWEN2: &str = "Qwen2ForCausalLM";
+    const PHI3: &str = "Phi3ForCausalLM";
     let (arch, h, i, l, heads, kv, vocab, max_pos, theta) = match name {
         // GQA (2 query heads per kv head) at head_dim 64, small enough for the CPU.
-        "tiny" => ("LlamaForCausalLM", 256, 688, 4, 4, 2, 2048, 2048, 10000.0),
-        "tinyllama-1.1b" => (
-            "LlamaForCausalLM",
-            2048,
-            5632,
-            22,
-            32,
-            4,
-            32000,
-            2048,
-            10000.0,
-        ),
+        "tiny" => (LLAMA, 256, 688, 4, 4, 2, 2048, 2048, 10000.0),
+        "tinyllama-1.1b" => (LLAMA, 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0),
         // head_dim 96, MHA (Phi-3-mini-4k-instruct; its 2047-token window is kept).
-        "phi-3-mini" => (
-            "Phi3ForCausalLM",
-            3072,
-            8192,
-            32,
-            32,
-            32,
-            32064,
-            4096,
-            10000.0,
-        ),
-        "llama-2-7b" => (
-            "LlamaForCausalLM",
-            4096,
-            11008,
-            32,
-            32,
-            32,
-            32000,
-            4096,
-            10000.0,
-        ),
+        "phi-3-mini" => (PHI3, 3072, 8192, 32, 32, 32, 32064, 4096, 10000.0),
+        "llama-2-7b" => (LLAMA, 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
         // Llama-2-7B's shapes with a 20k context, so documents of 8-16k tokens fit with their
         // chat template and output (the long-context serving benchmark, scripts/slo-gpu.sh).
         // Same parameters: the context length changes only the block tables and RoPE positions.
-        "llama-2-7b-16k" => (
-            "LlamaForCausalLM",
-            4096,
-            11008,
-            32,
-            32,
-            32,
-            32000,
-            20480,
-            10000.0,
-        ),
+        "llama-2-7b-16k" => (LLAMA, 4096, 11008, 32, 32, 32, 32000, 20480, 10000.0),
         // 7 query heads per kv head, q/k/v biases.
-        "qwen2.5-7b" => (
-            "Qwen2ForCausalLM",
-            3584,
-            18944,
-            28,
-            28,
-            4,
-            152064,
-            32768,
-            1e6,
-        ),
-        "llama-3-8b" => (
-            "LlamaForCausalLM",
-            4096,
-            14336,
-            32,
-            32,
-            8,
-            128256,
-            8192,
-            500000.0,
-        ),
+        "qwen2.5-7b" => (QWEN2, 3584, 18944, 28, 28, 4, 152064, 32768, 1e6),
+        "llama-3-8b" => (LLAMA, 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
         // 5 query heads per kv head.
-        "qwen2.5-14b" => (
-            "Qwen2ForCausalLM",
-            5120,
-            13824,
-            48,
-            40,
-            8,
-            152064,
-            32768,
-            1e6,
-        ),
+        "qwen2.5-14b" => (QWEN2, 5120, 13824, 48, 40, 8, 152064, 32768, 1e6),
         other => anyhow::bail!(
             "unknown synthetic model {other:?}; known: {}",
             SYNTHETIC_MODELS.join(", ")
@@ -148,7 +81,7 @@ pub fn synthetic_config_with_vocab(
         "eos_token_id": 2,
         "torch_dtype": "bfloat16",
     });
-    if arch == "Phi3ForCausalLM" {
+    if arch == PHI3 {
         json["sliding_window"] = serde_json::json!(2047);
     }
     Ok(ModelConfig::from_json_str(&json.to_string())?)

@@ -8,7 +8,9 @@
 //! The fake model, the reference decode and the `Engine` that runs them are in `harness.rs`.
 
 mod adaptive;
+mod admission;
 mod harness;
+mod merge;
 mod slack;
 mod window;
 

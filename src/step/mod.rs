@@ -37,6 +37,6 @@ pub mod scheduler_output;
 pub mod update;
 
 pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
-pub use output::{SampledToken, StepOutput};
+pub use output::{SampledToken, StepOutput, TopLogprobs};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

@@ -23,5 +23,6 @@ mod prefill_attn;
 mod rmsnorm;
 mod rope_kv;
 mod sample;
+mod sample_penalties;
 mod silu_mul;
 mod step_io;

@@ -2,14 +2,14 @@
 //! sampler, with draws fixed by (seed, output index).
 
 use brook::executor::cuda::device::Gpu;
-use brook::executor::cuda::kernels::{self, SampleArgs, SampleParams};
+use brook::executor::cuda::kernels::{self, SampleArgs, SampleEdit, SampleParams, SAMPLE_MAX_TOP};
 use brook::sampling::params::SamplingParams;
 use brook::sampling::sampler::{argmax, Sampler};
 use rand::Rng;
 
 use crate::harness::{assert_max_abs, dev, poisoned, rand_f32, read, setup};
 
-fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
+pub fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
     SampleArgs {
         seed,
         output_index: index,
@@ -17,15 +17,40 @@ fn sample_args(p: &SamplingParams, seed: u64, index: u64) -> SampleArgs {
         top_p: p.top_p,
         min_p: p.min_p,
         top_k: p.top_k as i32,
+        presence: p.presence_penalty,
+        frequency: p.frequency_penalty,
+        repetition: p.repetition_penalty,
+        num_logprobs: p.logprobs.unwrap_or(0) as i32,
+        ..SampleArgs::default()
     }
 }
 
-/// Runs the sampler kernel on `rows` of logits; returns (tokens, logprobs).
-fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Vec<i32>, Vec<f32>) {
-    run_sample_strided(g, logits, vocab, vocab, args)
+/// What one run of the kernel wrote: tokens, logprobs, the processed rows (`work`), the top
+/// log-probabilities (ids and values, `SAMPLE_MAX_TOP` per row) and the token counts after.
+pub struct SampleOut {
+    pub tokens: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub work: Vec<f32>,
+    pub top_ids: Vec<i32>,
+    pub top_logprobs: Vec<f32>,
+    pub counts: Vec<u32>,
 }
 
-/// The same over rows of `stride` logits, of which the first `vocab` are sampled.
+/// Runs the sampler kernel on `rows` of logits with `edits` and token `counts` (rows of
+/// `vocab`); every output buffer is poisoned before.
+pub fn run_sample_full(
+    g: &Gpu,
+    logits: &[f32],
+    vocab: usize,
+    args: &[SampleArgs],
+    edits: &[SampleEdit],
+    counts: &[u32],
+) -> SampleOut {
+    run_sample_impl(g, logits, vocab, vocab, args, edits, counts)
+}
+
+/// The sampler over rows of `stride` logits, of which the first `vocab` are sampled; returns
+/// (tokens, logprobs).
 fn run_sample_strided(
     g: &Gpu,
     logits: &[f32],
@@ -33,20 +58,58 @@ fn run_sample_strided(
     stride: usize,
     args: &[SampleArgs],
 ) -> (Vec<i32>, Vec<f32>) {
+    let out = run_sample_impl(g, logits, vocab, stride, args, &[], &[]);
+    (out.tokens, out.logprobs)
+}
+
+fn run_sample_impl(
+    g: &Gpu,
+    logits: &[f32],
+    vocab: usize,
+    stride: usize,
+    args: &[SampleArgs],
+    edits: &[SampleEdit],
+    counts: &[u32],
+) -> SampleOut {
     let n = args.len();
     let (lb, ab) = (dev(g, logits), dev(g, args));
+    let eb = dev(g, &[edits, &[SampleEdit::default()]].concat());
+    let cb = dev(g, &[counts, &[0]].concat());
     let (tb, pb) = (poisoned::<i32>(g, n), poisoned::<f32>(g, n));
+    let wb = poisoned::<f32>(g, n * stride);
+    let (ib, vb) = (
+        poisoned::<i32>(g, n * SAMPLE_MAX_TOP),
+        poisoned::<f32>(g, n * SAMPLE_MAX_TOP),
+    );
     let p = SampleParams {
         logits: lb.ptr(),
         args: ab.ptr(),
         tokens: tb.ptr(),
         logprobs: pb.ptr(),
+        edits: eb.ptr(),
+        counts: cb.ptr(),
+        work: wb.ptr(),
+        top_ids: ib.ptr(),
+        top_logprobs: vb.ptr(),
         num_rows: n as i32,
         vocab: vocab as i32,
         stride: stride as i32,
     };
     unsafe { kernels::sample(g, &p).unwrap() };
-    (read(g, &tb, n), read(g, &pb, n))
+    SampleOut {
+        tokens: read(g, &tb, n),
+        logprobs: read(g, &pb, n),
+        work: read(g, &wb, n * stride),
+        top_ids: read(g, &ib, n * SAMPLE_MAX_TOP),
+        top_logprobs: read(g, &vb, n * SAMPLE_MAX_TOP),
+        counts: read(g, &cb, counts.len()),
+    }
+}
+
+/// Runs the sampler kernel on `rows` of logits; returns (tokens, logprobs).
+fn run_sample(g: &Gpu, logits: &[f32], vocab: usize, args: &[SampleArgs]) -> (Vec<i32>, Vec<f32>) {
+    let out = run_sample_full(g, logits, vocab, args, &[], &[]);
+    (out.tokens, out.logprobs)
 }
 
 /// Sampling with (temperature, top_k, top_p, min_p), the rest default.
@@ -60,7 +123,7 @@ fn filtered((temperature, top_k, top_p, min_p): (f32, usize, f32, f32)) -> Sampl
     }
 }
 
-fn log_softmax_at(logits: &[f32], t: usize) -> f32 {
+pub fn log_softmax_at(logits: &[f32], t: usize) -> f32 {
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let z: f64 = logits.iter().map(|l| (*l as f64 - m).exp()).sum();
     (logits[t] as f64 - m - z.ln()) as f32

@@ -474,7 +474,7 @@ fn execute_samples_only_sequences_that_ask_and_seeds_reproduce() {
     assert_eq!(a.sampled.len(), 1);
     assert_eq!(a.sampled[0].request_id, RequestId(9));
     assert_eq!(a.sampled[0].token, b.sampled[0].token);
-    let direct = Sampler::new().sample(&logits[0], &params, 5, 0);
+    let direct = Sampler::new().sample(&logits[0], &params, 5, 0, None);
     assert_eq!(
         (a.sampled[0].token, a.sampled[0].logprob),
         (direct.token, direct.logprob)

@@ -17,7 +17,7 @@ use super::forward::Forward;
 use super::kernels;
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::input_batch::InputBatch;
+use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
 use crate::step::{BatchInput, SchedulerOutput, StepOutput};
@@ -34,6 +34,8 @@ pub struct CudaBackend {
     updates: Vec<(u32, u32)>,
     /// The last `execute`'s timing (`CudaBackendOptions::step_timing`).
     timing: Option<StepTiming>,
+    /// This step's token-count changes (requests with penalties); reused.
+    count_ops: Vec<CountOp>,
 }
 
 /// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
@@ -46,8 +48,9 @@ pub struct StepTiming {
     pub gpu_end_ns: u64,
     /// Host: applying the plan to the persistent batch and collecting the table changes.
     pub prepare: Duration,
-    /// Host: packing, copies, table update and graph launch (with lookahead, also launching the
-    /// predicted next step); zero work when the step launched ahead was kept.
+    /// Host: token-count updates, packing, copies, table update and graph launch (with
+    /// lookahead, also launching the predicted next step); no forward launch when the step
+    /// launched ahead was kept.
     pub launch: Duration,
     /// Host: waiting for the sampled tokens and reading them.
     pub wait: Duration,
@@ -100,12 +103,14 @@ impl CudaBackend {
         let fwd = Forward::new(gpu, cfg, weights, opts)?;
         let input = InputBatch::new(fwd.opts.block_size, fwd.num_blocks, fwd.max_blocks)
             .with_sliding_window(fwd.cfg.sliding_window)
-            .track_table_changes();
+            .track_table_changes()
+            .track_counts_on_device();
         Ok(CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
             timing: None,
+            count_ops: Vec::new(),
         })
     }
 
@@ -136,21 +141,23 @@ impl CudaBackend {
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        let step = self.fwd.launch(batch, &self.updates, false)?;
+        let step = self.fwd.launch(batch, &self.updates, false, false)?;
         self.fwd.logits(step.ns)
     }
 
     /// Runs a batch built by hand (tests, benchmarks): forward and sampling, on a decode graph
-    /// when it is pure decode, outside the persistent input batch of `execute`.
+    /// when it is pure decode, outside the persistent input batch of `execute` (which holds the
+    /// token counts, so penalties are refused here).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        self.fwd.launch(batch, &self.updates, true)?;
-        let sampled = self.fwd.sampled(batch)?;
+        self.fwd.launch(batch, &self.updates, true, false)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         Ok(StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
         })
     }
 
@@ -205,22 +212,30 @@ impl CudaBackend {
                 r + 1
             );
         }
-        let batch = self.input.batch();
         let prepared = Instant::now();
+        self.count_ops.clear();
+        let ops = &mut self.count_ops;
+        self.input.drain_count_ops(|op| ops.push(op));
+        self.fwd.apply_count_ops(&self.count_ops)?;
+        let batch = self.input.batch();
         let hits = self.fwd.lookahead_stats.hits;
         if self.fwd.opts.lookahead {
-            self.fwd.launch_or_keep(batch, &self.updates)?;
+            // The count changes were enqueued behind a step launched ahead: never keep it then.
+            let counts_changed = !self.count_ops.is_empty();
+            self.fwd
+                .launch_or_keep(batch, &self.updates, counts_changed)?;
             // Behind this step, before waiting for it: the step expected next.
             self.fwd.launch_ahead(batch)?;
         } else {
-            self.fwd.launch(batch, &self.updates, true)?;
+            self.fwd.launch(batch, &self.updates, true, true)?;
         }
         let launched = Instant::now();
-        let sampled = self.fwd.sampled(batch)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         let waited = Instant::now();
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
         };
         self.input.record(&out)?;
         if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
@@ -255,8 +270,10 @@ impl Backend for CudaBackend {
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let res = self.step(step);
         if res.is_err() {
-            // The drained table changes may not have reached the device: send every row again.
+            // The drained table and count changes may not have reached the device (and the
+            // sampler may have counted tokens never recorded): send every row again.
             self.input.mark_all_changed();
+            self.input.recount_all();
             // A step launched ahead was predicted from a step that failed.
             self.fwd.drop_ahead();
         }

@@ -18,9 +18,10 @@
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
 //! on the bucket's first use; the table update runs before the replay, outside the graph.
 //!
-//! The copies to and from the host are in `io` (pageable, or pinned and double-buffered). With
-//! lookahead (`lookahead` module docs) a predicted next step is launched behind the current one
-//! before the host waits, its input tokens fed on the device (`feed_tokens`).
+//! The copies to and from the host are in `io` (pageable, or pinned and double-buffered); the
+//! device-kept token counts of requests with penalties in `counts`. With lookahead
+//! (`lookahead` module docs) a predicted next step is launched behind the current one before
+//! the host waits, its input tokens fed on the device (`feed_tokens`).
 //!
 //! Model families: `rope_kv` adds q/k/v biases (Qwen2) and normalises q and k heads (Qwen3)
 //! before RoPE (cos/sin times longrope's attention factor); both attention kernels, compiled for
@@ -35,8 +36,8 @@ use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
-    self, decode_group_ctas, decode_splits_filled, BlockTableUpdateParams, FeedTokensParams,
-    GEMV_MAX_M, PREFILL_TILE,
+    self, decode_group_ctas, decode_splits_filled, BlockTableUpdateParams, CountUpdate,
+    FeedTokensParams, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
 use super::lookahead::{self, LookaheadStats};
 use super::options::CudaBackendOptions;
@@ -44,14 +45,23 @@ use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
-use crate::step::{BatchInput, SampledToken};
-use io::{out_bytes, out_logprobs, read_outputs, PinnedIo, OUT_TOKENS};
+use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
+use crate::step::{BatchInput, SampledToken, TopLogprobs};
+use io::{out_bytes, read_outputs, read_top, wants_top, PinnedIo, OUT_TOKENS};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
 const RESERVE_BYTES: usize = 1 << 30;
 
 const MAX_SPLITS: usize = 32;
 
+/// Logit edits one sampled row may need: its bias, its stop ids and the model's eos ids.
+const MAX_EDITS_PER_ROW: usize = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + 64;
+
+/// Token-count updates sent per launch of `sample_counts_update` (a long prompt takes several).
+const COUNT_UPDATE_CHUNK: usize = 1 << 16;
+
+mod ahead;
+mod counts;
 mod io;
 mod layers;
 
@@ -71,16 +81,24 @@ struct Activations {
     /// Arrival counters of the in-kernel split merge (`decode_merge_inline`), zero between launches.
     decode_counters: DevBuf,
     meta: DevBuf,
-    /// The step's outputs: timing stamps, sampled tokens, log-probabilities (`io`).
+    /// The step's outputs: timing stamps, sampled tokens, log-probabilities, top
+    /// log-probabilities (`io`).
     out: DevBuf,
+    /// The sampler's processed logits (rows with logit edits or penalties).
+    work: DevBuf,
+    /// Token counts of requests with penalties, `[max_seqs, vocab]` (see sample.cu), and the
+    /// staging buffer of their updates.
+    counts: DevBuf,
+    count_updates: DevBuf,
 }
 
-/// A launched step whose outputs `sampled` reads: its pinned stage (None: pageable) and its
-/// sampled rows (padding included).
+/// A launched step whose outputs `sampled` reads: its pinned stage (None: pageable), its
+/// sampled rows (padding included) and whether its top log-probabilities were copied back.
 #[derive(Debug, Clone, Copy)]
 struct Launched {
     stage: Option<usize>,
     ns: usize,
+    top: bool,
 }
 
 /// A step launched ahead (lookahead): the batch predicted for the next plan, and its launch.
@@ -123,6 +141,11 @@ pub(super) struct Forward {
     host: HostMeta,
     tokens_host: Vec<i32>,
     logprobs_host: Vec<f32>,
+    top_ids_host: Vec<i32>,
+    top_logprobs_host: Vec<f32>,
+    count_updates_host: Vec<CountUpdate>,
+    /// The pageable copy of the step's outputs (without `pinned_io`).
+    out_host: Vec<u32>,
     /// Pinned staging (`pinned_io` or `lookahead`); None: pageable copies.
     io: Option<PinnedIo>,
     /// The launch `sampled` reads next.
@@ -180,6 +203,7 @@ impl Forward {
             max_tiles,
             max_seqs,
             max_seqs,
+            max_seqs * MAX_EDITS_PER_ROW,
             table_words,
         )
         .total;
@@ -221,15 +245,25 @@ impl Forward {
             part_ml: gpu.alloc(partials * h * 2 * f4)?,
             decode_counters: gpu.alloc(counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
-            out: gpu.alloc(out_bytes(max_seqs))?,
+            out: gpu.alloc(out_bytes(max_seqs, true))?,
+            work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
+            count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         // Stamps read before any step wrote them are zero, not garbage.
-        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs))?;
+        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs, true))?;
         let io = match opts.pinned_io || opts.lookahead {
             true => Some(PinnedIo::new(&gpu, meta_words, max_seqs)?),
             false => None,
         };
+        anyhow::ensure!(
+            max_seqs * cfg.vocab_size <= u32::MAX as usize,
+            "max_num_seqs {max_seqs} x vocab {} token counts exceed 32-bit indices",
+            cfg.vocab_size
+        );
+        // A row's counts are cleared when a request with penalties takes it; zero them anyway.
+        gpu.memset(act.counts.ptr(), 0, act.counts.bytes())?;
         let inv: Vec<f32> = cfg
             .rope
             .inv_freqs(hd)
@@ -306,6 +340,10 @@ impl Forward {
             host: HostMeta::default(),
             tokens_host: Vec::new(),
             logprobs_host: Vec::new(),
+            top_ids_host: Vec::new(),
+            top_logprobs_host: Vec::new(),
+            count_updates_host: Vec::new(),
+            out_host: Vec::new(),
             io,
             cur: None,
             ahead: None,
@@ -329,73 +367,25 @@ impl Forward {
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
             gemm_scores: self.gemm_scores,
+            max_edits: self.max_seqs * MAX_EDITS_PER_ROW,
         }
     }
 
     /// Runs `batch` (after the block-table `updates`, (index, block id) pairs): packs and
     /// uploads its metadata, updates the tables, launches the forward (a decode graph when
     /// `graphs` allows and the step is pure decode). Sampling results or logits are read after.
+    /// `counts`: the device holds the token counts of the batch's rows (the persistent batch,
+    /// kept by `apply_count_ops`); a batch built by hand has none, so penalties are refused.
     /// A step launched ahead (lookahead) is left to finish unused.
     pub fn launch(
         &mut self,
         batch: &BatchInput,
         updates: &[(u32, u32)],
         graphs: bool,
+        counts: bool,
     ) -> anyhow::Result<Step> {
         self.drop_ahead();
-        self.launch_step(batch, updates, graphs, false)
-    }
-
-    /// Lookahead: runs `batch`, the scheduler's plan, as the step launched ahead when it is
-    /// exactly that step (and the plan changes no block table), else launches it.
-    pub fn launch_or_keep(
-        &mut self,
-        batch: &BatchInput,
-        updates: &[(u32, u32)],
-    ) -> anyhow::Result<()> {
-        if let Some(ahead) = self.ahead.take() {
-            let keep = updates.is_empty() && lookahead::matches(&ahead.batch, batch, &self.fed);
-            self.spare = ahead.batch;
-            if keep {
-                self.lookahead_stats.hits += 1;
-                self.cur = Some(ahead.launched);
-                return Ok(());
-            }
-            self.lookahead_stats.misses += 1;
-        }
-        self.launch_step(batch, updates, true, false)?;
-        Ok(())
-    }
-
-    /// Lookahead: launches the step predicted to follow `batch` (launched last) behind it, its
-    /// input tokens fed on the device from `batch`'s samples. `sampled` still reads `batch`'s.
-    pub fn launch_ahead(&mut self, batch: &BatchInput) -> anyhow::Result<()> {
-        let mut pred = std::mem::take(&mut self.spare);
-        let max_context = self.max_blocks * self.opts.block_size;
-        if !lookahead::predict(batch, self.opts.block_size, max_context, &mut pred) {
-            self.lookahead_stats.unpredictable += 1;
-            self.spare = pred;
-            return Ok(());
-        }
-        let cur = self.cur;
-        let res = self.launch_step(&pred, &[], true, true);
-        let launched = std::mem::replace(&mut self.cur, cur);
-        res?;
-        self.lookahead_stats.launched += 1;
-        self.ahead = Some(Ahead {
-            batch: pred,
-            launched: launched.context("a launch records itself")?,
-        });
-        Ok(())
-    }
-
-    /// Forgets the step launched ahead, if any: it finishes on the stream, unused (harmless:
-    /// see `lookahead`).
-    pub fn drop_ahead(&mut self) {
-        if let Some(a) = self.ahead.take() {
-            self.lookahead_stats.misses += 1;
-            self.spare = a.batch;
-        }
+        self.launch_step(batch, updates, graphs, counts, false)
     }
 
     /// `launch` without the lookahead bookkeeping; `feed`: the input tokens of `batch` (one per
@@ -405,10 +395,19 @@ impl Forward {
         batch: &BatchInput,
         updates: &[(u32, u32)],
         graphs: bool,
+        counts: bool,
         feed: bool,
     ) -> anyhow::Result<Step> {
         let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
-        let step = step_meta::pack(&self.limits(), batch, bucket, updates, &mut self.host)?;
+        let step = step_meta::pack(
+            &self.limits(),
+            batch,
+            bucket,
+            updates,
+            counts,
+            &mut self.host,
+        )?;
+        // One upload: the metadata holds the sampling arguments and logit edits too.
         let stage = match self.io.as_mut() {
             Some(io) => {
                 let k = io.take()?;
@@ -456,50 +455,67 @@ impl Forward {
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
         }
+        // The top log-probabilities are copied back only for a step that has rows asking.
+        let top = wants_top(batch);
         if let (Some(io), Some(k)) = (self.io.as_mut(), stage) {
-            io.download(k, &self.gpu, self.act.out.ptr(), out_bytes(step.ns))?;
+            io.download(k, &self.gpu, self.act.out.ptr(), out_bytes(step.ns, top))?;
         }
-        self.cur = Some(Launched { stage, ns: step.ns });
+        self.cur = Some(Launched {
+            stage,
+            ns: step.ns,
+            top,
+        });
         Ok(step)
     }
 
-    /// The tokens sampled by the last launch of `batch`, in seq order; waits for them.
-    pub fn sampled(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<SampledToken>> {
+    /// The tokens sampled by the last launch of `batch`, in seq order, and the top
+    /// log-probabilities of the rows that asked; waits for them.
+    pub fn sampled(
+        &mut self,
+        batch: &BatchInput,
+    ) -> anyhow::Result<(Vec<SampledToken>, Vec<TopLogprobs>)> {
         let ns = batch.num_sampled();
         let cur = self.cur.context("no step was launched")?;
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
+        let top = wants_top(batch);
+        anyhow::ensure!(
+            cur.top || !top,
+            "the step launched had no top log-probabilities"
+        );
+        let top_len = if top { ns * SAMPLE_MAX_TOP } else { 0 };
+        self.top_ids_host.resize(top_len, -1);
+        self.top_logprobs_host.resize(top_len, 0.0);
         // The first ns rows are the real sequences' (padding rows come after them).
-        let stamps = match (cur.stage, self.io.as_ref()) {
-            (Some(k), Some(io)) => {
-                let words = io.wait(k)?;
-                read_outputs(
-                    words,
-                    cur.ns,
-                    &mut self.tokens_host,
-                    &mut self.logprobs_host,
-                )
-            }
+        let words = match (cur.stage, self.io.as_ref()) {
+            (Some(k), Some(io)) => io.wait(k)?,
             _ => {
-                let out = self.act.out.ptr();
-                let mut stamps = [0u64; 2];
-                // SAFETY: the output buffer holds cur.ns >= ns rows; sync() completes the copies.
-                unsafe {
-                    self.gpu
-                        .download_async(&mut self.tokens_host, out + OUT_TOKENS as u64)?;
-                    self.gpu.download_async(
-                        &mut self.logprobs_host,
-                        out + out_logprobs(cur.ns) as u64,
-                    )?;
-                    if self.opts.step_timing {
-                        self.gpu.download_async(&mut stamps, out)?;
-                    }
-                }
-                self.gpu.sync()?;
-                (stamps[0], stamps[1])
+                // One copy of the whole output buffer, pageable.
+                self.out_host
+                    .resize(out_bytes(cur.ns, cur.top).div_ceil(4), 0);
+                self.gpu.download(&mut self.out_host, self.act.out.ptr())?;
+                &self.out_host[..]
             }
         };
+        let stamps = read_outputs(
+            words,
+            cur.ns,
+            &mut self.tokens_host,
+            &mut self.logprobs_host,
+        );
+        read_top(
+            words,
+            cur.ns,
+            &mut self.top_ids_host,
+            &mut self.top_logprobs_host,
+        );
         self.last_stamps = self.opts.step_timing.then_some(stamps);
+        let tops = io::collect_top(
+            batch,
+            &self.top_ids_host,
+            &self.top_logprobs_host,
+            self.cfg.vocab_size,
+        );
         let vocab = self.cfg.vocab_size;
         if self.opts.lookahead {
             self.fed.clear();
@@ -533,7 +549,8 @@ impl Forward {
                     logprob,
                 })
             })
-            .collect()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|sampled| (sampled, tops))
     }
 
     /// The fp32 logits of the last launch's `ns` sampled rows; waits for the stream.

@@ -19,6 +19,13 @@
 //! real step writes for the same token. Its samples are overwritten by the next launch. What it
 //! costs is one step of GPU time whenever the prediction misses (a request that finishes or is
 //! preempted, one that joins, a new block, a block freed behind a sliding window).
+//!
+//! Not predicted: a step with a row that has penalties. The sampler bumps that row's device
+//! token counts with each token it samples, so an unused predicted step would leave a count of
+//! a token never emitted (and the count changes of the next plan are enqueued behind the step
+//! launched ahead, which therefore is never kept when there are any). Logit edits (bias,
+//! min_tokens mask: `step_meta` packs them from the predicted output index) and top
+//! log-probabilities (read from the kept step's own outputs) are predicted like the rest.
 
 use crate::step::{BatchInput, SampleInput, SeqInput, NULL_BLOCK};
 
@@ -26,7 +33,8 @@ use crate::step::{BatchInput, SampleInput, SeqInput, NULL_BLOCK};
 /// its next position with the next output index, in the same order and rows. Returns false (and
 /// leaves `out` unspecified) when that step cannot be foreseen: a sequence that does not sample,
 /// one whose table has no block for its next position (the scheduler must allocate one), one
-/// that reaches `max_tokens` or `max_context` with this step. Input tokens are placeholders (0):
+/// that reaches `max_tokens` or `max_context` with this step; or when it must not be run ahead:
+/// a sequence with penalties (see the module docs). Input tokens are placeholders (0):
 /// the device feeds the sampled ones. `out` has no block tables (the device keeps them).
 pub fn predict(
     batch: &BatchInput,
@@ -42,7 +50,7 @@ pub fn predict(
         return false;
     }
     for q in &batch.seqs {
-        let Some(s) = &q.sample else {
+        let Some(s) = q.sample.as_ref().filter(|s| !s.params.has_penalties()) else {
             return false;
         };
         let pos = q.context_len;
@@ -134,6 +142,15 @@ mod tests {
     const BS: usize = 4;
 
     fn new_req(id: u64, prompt: usize, blocks: Vec<u32>, max_tokens: usize) -> ScheduledRequest {
+        with_params(id, prompt, blocks, SamplingParams::greedy(max_tokens))
+    }
+
+    fn with_params(
+        id: u64,
+        prompt: usize,
+        blocks: Vec<u32>,
+        params: SamplingParams,
+    ) -> ScheduledRequest {
         ScheduledRequest {
             id: RequestId(id),
             num_computed_tokens: 0,
@@ -144,7 +161,7 @@ mod tests {
             new: Some(NewRequestData {
                 token_ids: (0..prompt as u32).map(|t| t + 10 * id as u32).collect(),
                 num_prompt_tokens: prompt,
-                params: Arc::new(SamplingParams::greedy(max_tokens)),
+                params: Arc::new(params),
                 seed: id,
             }),
         }
@@ -186,6 +203,7 @@ mod tests {
         ib.record(&StepOutput {
             sampled,
             elapsed: Default::default(),
+            top_logprobs: Vec::new(),
         })
         .unwrap();
         tokens.to_vec()
@@ -290,6 +308,50 @@ mod tests {
         ib.update(&step(vec![chunk], vec![])).unwrap();
         assert!(!predict(ib.batch(), BS, 32, &mut pred));
         assert!(!predict(&BatchInput::default(), BS, 32, &mut pred));
+    }
+
+    /// Penalties: never run ahead (the sampler counts on the device what it samples). Logit
+    /// bias, the min_tokens mask and top log-probabilities: predicted, the output index moved on.
+    #[test]
+    fn rows_with_penalties_are_not_predicted() {
+        let mut pred = BatchInput::default();
+        for (presence, frequency, repetition) in
+            [(0.5, 0.0, 1.0), (0.0, -0.2, 1.0), (0.0, 0.0, 1.1)]
+        {
+            let pen = SamplingParams {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                repetition_penalty: repetition,
+                ..SamplingParams::greedy(10)
+            };
+            let mut ib = InputBatch::new(BS, 64, 8);
+            ib.update(&step(
+                vec![
+                    new_req(1, 5, vec![3, 7], 10),
+                    with_params(2, 2, vec![9], pen),
+                ],
+                vec![],
+            ))
+            .unwrap();
+            assert!(!predict(ib.batch(), BS, 32, &mut pred));
+        }
+        let edited = SamplingParams {
+            logit_bias: vec![(3, 1.0)],
+            min_tokens: 4,
+            min_tokens_blocked: vec![2],
+            logprobs: Some(5),
+            ..SamplingParams::greedy(10)
+        };
+        let mut ib = InputBatch::new(BS, 64, 8);
+        ib.update(&step(
+            vec![with_params(1, 5, vec![3, 7], edited.clone())],
+            vec![],
+        ))
+        .unwrap();
+        assert!(predict(ib.batch(), BS, 32, &mut pred));
+        let s = pred.seqs[0].sample.as_ref().unwrap();
+        assert_eq!(*s.params, edited);
+        assert_eq!(s.output_index, 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One CUDA step's integer metadata: everything the kernels read besides the weights, the KV
-//! cache and the block tables (the sampling arguments included), packed on the host into one
-//! buffer (reused across steps) and uploaded with one copy.
+//! cache and the block tables (the sampling arguments and logit edits included), packed on the
+//! host into one buffer (reused across steps) and uploaded with one copy.
 //!
 //! Per-sequence tables (`context_lens`, `q_start`, `q_len`) are indexed by the sequence's row in
 //! the persistent batch (`SeqInput::row`), the same index as its row of the persistent device
@@ -14,8 +14,11 @@
 
 use anyhow::ensure;
 
-use super::kernels::{decode_splits, decode_splits_filled, SampleArgs, PREFILL_TILE};
+use super::kernels::{
+    decode_splits, decode_splits_filled, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
+};
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
+use crate::sampling::params::SamplingParams;
 use crate::step::BatchInput;
 
 /// Batch sizes decode graphs are captured for; a step is padded up to the next one.
@@ -40,8 +43,10 @@ pub(super) struct Layout {
     pub gemm_key0: usize,
     pub gemm_s0: usize,
     pub sample_rows: usize,
-    /// `SampleArgs` of each sampled row (8 words each, 8-byte aligned).
+    /// `SampleArgs` of each sampled row (`ARG_WORDS` each, 8-byte aligned).
     pub args: usize,
+    /// The sampled rows' `SampleEdit`s (two words each), `SampleArgs::edit_start` on.
+    pub edits: usize,
     pub table_index: usize,
     pub table_value: usize,
     pub total: usize,
@@ -49,10 +54,21 @@ pub(super) struct Layout {
 
 impl Layout {
     /// Sections for `t` tokens, `w` rows, `nd` decode items, `nt` flash tiles, `ng` GEMM-path
-    /// sequences, `ns` sampled rows and their sampling arguments, then `nu` block-table updates:
-    /// last, because a captured graph never reads them and their count must not move what it
-    /// reads.
-    pub fn new(t: usize, w: usize, nd: usize, nt: usize, ng: usize, ns: usize, nu: usize) -> Self {
+    /// sequences, `ns` sampled rows and their sampling arguments, `ne` logit edits, then `nu`
+    /// block-table updates: last, because a captured graph never reads them and their count must
+    /// not move what it reads. The edits' count varies from step to step under one graph too,
+    /// so only what follows them moves with it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        t: usize,
+        w: usize,
+        nd: usize,
+        nt: usize,
+        ng: usize,
+        ns: usize,
+        ne: usize,
+        nu: usize,
+    ) -> Self {
         let mut at = 0;
         let mut take = |n: usize| {
             let o = at;
@@ -75,6 +91,7 @@ impl Layout {
             gemm_s0: take(ng),
             sample_rows: take(ns),
             args: 0,
+            edits: 0,
             table_index: 0,
             table_value: 0,
             total: 0,
@@ -83,6 +100,8 @@ impl Layout {
         at += at % 2;
         l.args = at;
         at += ns * ARG_WORDS;
+        l.edits = at;
+        at += ne * EDIT_WORDS;
         l.table_index = at;
         l.table_value = at + nu;
         l.total = at + 2 * nu;
@@ -92,6 +111,9 @@ impl Layout {
 
 /// u32 words of one `SampleArgs` in the metadata.
 pub(super) const ARG_WORDS: usize = std::mem::size_of::<SampleArgs>() / 4;
+
+/// u32 words of one `SampleEdit` in the metadata.
+pub(super) const EDIT_WORDS: usize = std::mem::size_of::<SampleEdit>() / 4;
 
 /// `a` as the words the sample kernel reads (little-endian, the C layout of `SampleArgs`).
 fn arg_words(a: &SampleArgs) -> [u32; ARG_WORDS] {
@@ -104,6 +126,14 @@ fn arg_words(a: &SampleArgs) -> [u32; ARG_WORDS] {
         a.top_p.to_bits(),
         a.min_p.to_bits(),
         a.top_k as u32,
+        a.presence.to_bits(),
+        a.frequency.to_bits(),
+        a.repetition.to_bits(),
+        a.counts_row as u32,
+        a.edit_start as u32,
+        a.num_edits as u32,
+        a.num_logprobs as u32,
+        a.pad as u32,
     ]
 }
 
@@ -123,6 +153,8 @@ pub(super) struct Limits {
     pub gemm_max_len: usize,
     pub gemm_keys: usize,
     pub gemm_scores: usize,
+    /// Capacity of the sampler's logit-edit buffer (entries, all rows).
+    pub max_edits: usize,
 }
 
 impl Limits {
@@ -159,6 +191,8 @@ pub(super) struct Step {
 pub(super) struct HostMeta {
     pub meta: Vec<u32>,
     pub args: Vec<SampleArgs>,
+    /// The sampled rows' logit edits (bias, min_tokens mask), `SampleArgs::edit_start` on.
+    pub edits: Vec<SampleEdit>,
     /// Prefill sequences on the GEMM path, with their scratch offsets.
     pub gemm: Vec<GemmSeq>,
 }
@@ -181,14 +215,53 @@ pub(super) fn graph_bucket(batch: &BatchInput, graphs: bool, max_seqs: usize) ->
         .find(|&b| b >= need && b <= max_seqs)
 }
 
+/// Appends the logit edits of a row with `p` at output token `output_index` to `out`: the logit
+/// bias, and -inf for the ids the min_tokens mask blocks; one entry per id (both sorted, so a
+/// merge), as sample.cu requires.
+pub(super) fn logit_edits(p: &SamplingParams, output_index: usize, out: &mut Vec<SampleEdit>) {
+    let masked: &[u32] = match p.masks_stop_ids(output_index) {
+        true => &p.min_tokens_blocked,
+        false => &[],
+    };
+    let (mut b, mut m) = (p.logit_bias.iter().peekable(), masked.iter().peekable());
+    loop {
+        let e = match (b.peek(), m.peek()) {
+            (None, None) => break,
+            (Some(&&(t, v)), Some(&&mt)) if t < mt => {
+                b.next();
+                (t, v)
+            }
+            (Some(&&(t, _)), Some(&&mt)) if t == mt => {
+                b.next();
+                m.next();
+                (t, f32::NEG_INFINITY)
+            }
+            (_, Some(&&mt)) => {
+                m.next();
+                (mt, f32::NEG_INFINITY)
+            }
+            (Some(&&(t, v)), None) => {
+                b.next();
+                (t, v)
+            }
+        };
+        out.push(SampleEdit {
+            token: e.0 as i32,
+            value: e.1,
+        });
+    }
+}
+
 /// Packs `batch` (and the block-table `updates`, (index, block id) pairs) into `host`. With
 /// `pad_to` (a graph bucket) the step is padded with dummy decodes (row `pad_to`, context 1, no
-/// K/V write, greedy) so that its layout is the bucket's.
+/// K/V write, greedy) so that its layout is the bucket's. `counts`: the device holds token
+/// counts for the batch's rows (the persistent batch); without, penalties are refused.
 pub(super) fn pack(
     lim: &Limits,
     batch: &BatchInput,
     pad_to: Option<usize>,
     updates: &[(u32, u32)],
+    counts: bool,
     host: &mut HostMeta,
 ) -> anyhow::Result<Step> {
     let real_s = batch.seqs.len();
@@ -243,11 +316,13 @@ pub(super) fn pack(
         max_context = max_context.max(q.context_len);
     }
     let ns = batch.num_sampled() + (s - real_s);
-    let layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, updates.len());
+    // The edits' count is known once the rows are packed; nothing before them depends on it.
+    let mut layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, 0, updates.len());
     let meta = &mut host.meta;
     meta.clear();
     meta.resize(layout.total, 0);
     host.args.clear();
+    host.edits.clear();
     let n = batch.num_tokens();
     meta[layout.tokens..layout.tokens + n].copy_from_slice(&batch.token_ids);
     meta[layout.positions..layout.positions + n].copy_from_slice(&batch.positions);
@@ -275,6 +350,13 @@ pub(super) fn pack(
             meta[layout.sample_rows + samp] = (start + q.query_len - 1) as u32;
             samp += 1;
             let p = &smp.params;
+            ensure!(
+                counts || !p.has_penalties(),
+                "{}: penalties need the persistent batch's token counts",
+                q.request_id
+            );
+            let edit_start = host.edits.len();
+            logit_edits(p, smp.output_index, &mut host.edits);
             host.args.push(SampleArgs {
                 seed: smp.seed,
                 output_index: smp.output_index as u64,
@@ -282,6 +364,14 @@ pub(super) fn pack(
                 top_p: p.top_p,
                 min_p: p.min_p,
                 top_k: p.top_k.min(i32::MAX as usize) as i32,
+                presence: p.presence_penalty,
+                frequency: p.frequency_penalty,
+                repetition: p.repetition_penalty,
+                counts_row: if p.has_penalties() { r as i32 } else { -1 },
+                edit_start: edit_start as i32,
+                num_edits: (host.edits.len() - edit_start) as i32,
+                num_logprobs: p.logprobs.unwrap_or(0).min(SAMPLE_MAX_TOP) as i32,
+                pad: 0,
             });
         }
         start += q.query_len;
@@ -307,9 +397,30 @@ pub(super) fn pack(
             host.args.push(SampleArgs::default());
         }
     }
+    ensure!(
+        host.edits.len() <= lim.max_edits,
+        "step has {} logit edits; the CUDA sampler was sized for {}",
+        host.edits.len(),
+        lim.max_edits
+    );
+    layout = Layout::new(
+        t,
+        w,
+        nd,
+        nt,
+        host.gemm.len(),
+        ns,
+        host.edits.len(),
+        updates.len(),
+    );
+    meta.resize(layout.total, 0);
     for (k, a) in host.args.iter().enumerate() {
         let at = layout.args + k * ARG_WORDS;
         meta[at..at + ARG_WORDS].copy_from_slice(&arg_words(a));
+    }
+    for (k, e) in host.edits.iter().enumerate() {
+        let at = layout.edits + k * EDIT_WORDS;
+        meta[at..at + EDIT_WORDS].copy_from_slice(&[e.token as u32, e.value.to_bits()]);
     }
     for (k, &(index, value)) in updates.iter().enumerate() {
         meta[layout.table_index + k] = index;

@@ -121,6 +121,7 @@ impl FakeModel {
         let step = StepOutput {
             sampled,
             elapsed: std::time::Duration::ZERO,
+            top_logprobs: Vec::new(),
         };
         self.input.record(&step).unwrap();
         step

@@ -38,6 +38,7 @@ fn prefill_merged_after(decode_steps: usize, step_s: f64) -> usize {
 
 #[test]
 fn decodes_ahead_of_their_itl_pace_let_a_longer_step_through() {
+    // (Also the plain ITL trim: four decodes bound a merged prefill by their SLO.)
     // Just after their first token the decodes have no slack: 5 + 4 + n ≤ 45 → 36 tokens.
     assert_eq!(prefill_merged_after(0, 0.01), 36);
     // One 10 ms gap against 45 ms banks 35 ms: the whole prompt (49 ms) fits.

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 
-use super::io::{out_logprobs, OUT_TOKENS};
+use super::io::{out_logprobs, out_top_ids, out_top_logprobs, OUT_TOKENS};
 use super::Forward;
 use crate::executor::cuda::device::DevBuf;
 use crate::executor::cuda::gemm::linear;
@@ -321,6 +321,11 @@ impl Forward {
                 args: m(lay.args),
                 tokens: a.out.ptr() + OUT_TOKENS as u64,
                 logprobs: a.out.ptr() + out_logprobs(step.ns) as u64,
+                edits: m(lay.edits),
+                counts: a.counts.ptr(),
+                work: a.work.ptr(),
+                top_ids: a.out.ptr() + out_top_ids(step.ns) as u64,
+                top_logprobs: a.out.ptr() + out_top_logprobs(step.ns) as u64,
                 num_rows: step.ns as i32,
                 vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
                 stride: c.vocab_size as i32,

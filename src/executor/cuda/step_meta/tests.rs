@@ -9,7 +9,9 @@ use crate::executor::cuda::prefill_gemm::scratch_capacity;
 use crate::executor::input_batch::InputBatch;
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
-use crate::step::{NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
+use crate::step::{
+    NewRequestData, SampleInput, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput,
+};
 
 const BS: usize = 16;
 const NUM_BLOCKS: usize = 64;
@@ -27,6 +29,7 @@ fn limits() -> Limits {
         gemm_max_len: 64,
         gemm_keys,
         gemm_scores,
+        max_edits: 64,
     }
 }
 
@@ -148,7 +151,20 @@ impl Device {
             assert_eq!(f32::from_bits(w[5]), a.top_p);
             assert_eq!(f32::from_bits(w[6]), a.min_p);
             assert_eq!(w[7] as i32, a.top_k);
+            assert_eq!(f32::from_bits(w[8]), a.presence);
+            assert_eq!(f32::from_bits(w[9]), a.frequency);
+            assert_eq!(f32::from_bits(w[10]), a.repetition);
+            assert_eq!(w[11] as i32, a.counts_row);
+            assert_eq!(w[12] as i32, a.edit_start);
+            assert_eq!(w[13] as i32, a.num_edits);
+            assert_eq!(w[14] as i32, a.num_logprobs);
         }
+        // The logit edits, each row's from its `edit_start`.
+        for (k, e) in host.edits.iter().enumerate() {
+            let w = &m[l.edits + k * EDIT_WORDS..l.edits + (k + 1) * EDIT_WORDS];
+            assert_eq!((w[0] as i32, f32::from_bits(w[1])), (e.token, e.value));
+        }
+        assert_eq!(l.table_index, l.edits + host.edits.len() * EDIT_WORDS);
     }
 }
 
@@ -166,13 +182,19 @@ fn run(
     let b = ib.batch();
     let bucket = graph_bucket(b, graphs, lim.max_seqs);
     let mut host = HostMeta::default();
-    let step = pack(&lim, b, bucket, &updates, &mut host).unwrap();
+    let step = pack(&lim, b, bucket, &updates, true, &mut host).unwrap();
     dev.apply_updates(&step, &host.meta);
     dev.check_reads(&lim, &step, &host, b);
     if let Some(bk) = bucket {
         let l = &step.layout;
         // The layout is the bucket's, whatever the real batch and the updates.
-        assert_eq!(*l, Layout::new(bk, bk + 1, bk, 0, 0, bk, step.nu));
+        assert_eq!(
+            *l,
+            Layout::new(bk, bk + 1, bk, 0, 0, bk, host.edits.len(), step.nu)
+        );
+        // What the graph reads does not move with the edits' or the updates' count.
+        let bare = Layout::new(bk, bk + 1, bk, 0, 0, bk, 0, 0);
+        assert_eq!((l.args, l.edits), (bare.args, bare.edits));
         for k in b.seqs.len()..bk {
             assert_eq!(host.meta[l.dec_seq + k] as usize, bk);
             let tok = host.meta[l.dec_row + k] as usize;
@@ -194,6 +216,7 @@ fn run(
     ib.record(&StepOutput {
         sampled,
         elapsed: std::time::Duration::ZERO,
+        top_logprobs: Vec::new(),
     })
     .unwrap();
     (step, bucket)
@@ -305,32 +328,35 @@ fn graph_buckets_cover_sequences_and_rows() {
 
 #[test]
 fn layout_sections_are_disjoint_and_depend_on_counts_only() {
-    let l = Layout::new(10, 3, 2, 1, 2, 3, 4);
+    let l = Layout::new(10, 3, 2, 1, 2, 3, 5, 4);
     assert_eq!(l.tokens, 0);
     assert_eq!(l.positions, 10);
     assert_eq!(l.ctx, 30);
     assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
     assert_eq!(l.sample_rows, 30 + 9 + 4 + 2 + 6);
-    // 51 + 3 = 54 words: the arguments start on that even word, 8 words each.
+    // 51 + 3 = 54 words: the arguments start on that even word, ARG_WORDS each.
     assert_eq!(l.args, l.sample_rows + 3);
     assert_eq!(l.args % 2, 0);
-    assert_eq!(l.table_index, l.args + 3 * ARG_WORDS);
+    assert_eq!(ARG_WORDS, 16);
+    assert_eq!(l.edits, l.args + 3 * ARG_WORDS);
+    assert_eq!(l.table_index, l.edits + 5 * EDIT_WORDS);
     assert_eq!(l.total, l.table_index + 8);
     assert_eq!(
-        Layout::new(10, 3, 2, 1, 2, 2, 4).args % 2,
+        Layout::new(10, 3, 2, 1, 2, 2, 5, 4).args % 2,
         0,
         "odd offset padded"
     );
-    assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 4), l);
-    // Updates come last: a decode graph's sections do not move with their count.
+    assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 5, 4), l);
+    // Edits and updates come last: a decode graph's sections do not move with their counts.
     let (a, b) = (
-        Layout::new(4, 5, 4, 0, 0, 4, 0),
-        Layout::new(4, 5, 4, 0, 0, 4, 9),
+        Layout::new(4, 5, 4, 0, 0, 4, 0, 0),
+        Layout::new(4, 5, 4, 0, 0, 4, 7, 9),
     );
     assert_eq!(
-        (a.sample_rows, a.args, a.table_index),
-        (b.sample_rows, b.args, b.table_index)
+        (a.sample_rows, a.args, a.edits),
+        (b.sample_rows, b.args, b.edits)
     );
+    assert_eq!(b.table_index, a.table_index + 7 * EDIT_WORDS);
 }
 
 #[test]
@@ -340,14 +366,158 @@ fn oversized_steps_are_refused() {
     let mut b = BatchInput::default();
     b.push_seq(RequestId(1), &[1], 0, &[0], BS, None);
     b.seqs[0].row = 8;
-    let e = pack(&lim, &b, None, &[], &mut host)
+    let e = pack(&lim, &b, None, &[], true, &mut host)
         .unwrap_err()
         .to_string();
     assert!(e.contains("row 8"), "{e}");
     let mut b = BatchInput::default();
     b.push_seq(RequestId(1), &[1], 0, &[0; 13], BS, None);
-    let e = pack(&lim, &b, None, &[], &mut host)
+    let e = pack(&lim, &b, None, &[], true, &mut host)
         .unwrap_err()
         .to_string();
     assert!(e.contains("13 blocks"), "{e}");
+}
+
+fn sampled_with(params: SamplingParams, output_index: usize) -> Option<SampleInput> {
+    Some(SampleInput {
+        params: Arc::new(params),
+        seed: 9,
+        output_index,
+    })
+}
+
+#[test]
+fn logit_edits_merge_bias_and_the_min_tokens_mask() {
+    let p = SamplingParams {
+        logit_bias: vec![(2, 1.5), (5, -3.0), (9, 4.0)],
+        min_tokens: 3,
+        min_tokens_blocked: vec![1, 5, 11],
+        ..Default::default()
+    };
+    let edits = |index| {
+        let mut out = Vec::new();
+        logit_edits(&p, index, &mut out);
+        out.into_iter()
+            .map(|e| (e.token, e.value))
+            .collect::<Vec<_>>()
+    };
+    let inf = f32::NEG_INFINITY;
+    // Before min_tokens: one entry per id, a masked id stays masked whatever its bias.
+    assert_eq!(
+        edits(2),
+        vec![(1, inf), (2, 1.5), (5, inf), (9, 4.0), (11, inf)]
+    );
+    assert_eq!(edits(3), vec![(2, 1.5), (5, -3.0), (9, 4.0)]);
+}
+
+#[test]
+fn sample_args_carry_penalties_edits_and_logprobs() {
+    let lim = limits();
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    let pen = SamplingParams {
+        frequency_penalty: 0.5,
+        repetition_penalty: 1.2,
+        logit_bias: vec![(4, 2.0)],
+        logprobs: Some(30),
+        ..Default::default()
+    };
+    b.push_seq(
+        RequestId(1),
+        &[1],
+        0,
+        &[0],
+        BS,
+        sampled_with(SamplingParams::default(), 0),
+    );
+    b.push_seq(
+        RequestId(2),
+        &[1],
+        0,
+        &[1],
+        BS,
+        sampled_with(pen.clone(), 0),
+    );
+    pack(&lim, &b, None, &[], true, &mut host).unwrap();
+    let a = &host.args;
+    assert_eq!(
+        (a[0].counts_row, a[0].num_edits, a[0].num_logprobs),
+        (-1, 0, 0)
+    );
+    assert_eq!(
+        (a[1].counts_row, a[1].edit_start, a[1].num_edits),
+        (1, 0, 1)
+    );
+    assert_eq!((a[1].frequency, a[1].repetition), (0.5, 1.2));
+    assert_eq!(a[1].num_logprobs, SAMPLE_MAX_TOP as i32);
+    assert_eq!(
+        host.edits,
+        vec![SampleEdit {
+            token: 4,
+            value: 2.0
+        }]
+    );
+    // A hand-built batch has no device counts: penalties are refused, not ignored.
+    let e = pack(&lim, &b, None, &[], false, &mut host).unwrap_err();
+    assert!(e.to_string().contains("penalties"), "{e}");
+    // More edits than the buffer holds.
+    let big = SamplingParams {
+        logit_bias: (0..65).map(|t| (t, 1.0)).collect(),
+        ..Default::default()
+    };
+    let mut b = BatchInput::default();
+    b.push_seq(RequestId(3), &[1], 0, &[0], BS, sampled_with(big, 0));
+    let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
+    assert!(e.to_string().contains("logit edits"), "{e}");
+}
+
+/// A graph step whose rows have logit edits and which carries table updates: the arguments and
+/// edits sit where the bucket's graph reads them, the updates after the edits.
+#[test]
+fn edits_sit_between_the_arguments_and_the_table_updates() {
+    let lim = limits();
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    let biased = SamplingParams {
+        logit_bias: vec![(3, 0.5), (8, -1.0)],
+        min_tokens: 2,
+        min_tokens_blocked: vec![2],
+        presence_penalty: 0.25,
+        ..Default::default()
+    };
+    b.push_seq(RequestId(1), &[5], 3, &[0], BS, sampled_with(biased, 1));
+    b.push_seq(
+        RequestId(2),
+        &[6],
+        7,
+        &[1],
+        BS,
+        sampled_with(SamplingParams::default(), 4),
+    );
+    let updates = [(3, 40), (17, 41)];
+    let bucket = graph_bucket(&b, true, lim.max_seqs);
+    assert_eq!(bucket, Some(2));
+    let step = pack(&lim, &b, bucket, &updates, true, &mut host).unwrap();
+    let (l, m) = (&step.layout, &host.meta);
+    let bare = Layout::new(2, 3, 2, 0, 0, 2, 0, 0);
+    assert_eq!((l.args, l.edits), (bare.args, bare.edits));
+    // Row 0: the mask of id 2 and the two biases, in id order; row 1 none.
+    let edits: Vec<(i32, f32)> = (0..3)
+        .map(|k| {
+            (
+                m[l.edits + 2 * k] as i32,
+                f32::from_bits(m[l.edits + 2 * k + 1]),
+            )
+        })
+        .collect();
+    assert_eq!(edits, vec![(2, f32::NEG_INFINITY), (3, 0.5), (8, -1.0)]);
+    let args = |k: usize| &m[l.args + k * ARG_WORDS..l.args + (k + 1) * ARG_WORDS];
+    // Row 0 counts in its row 0, edits 0..3; row 1 none.
+    assert_eq!((args(0)[11], args(0)[12], args(0)[13]), (0, 0, 3));
+    assert_eq!(f32::from_bits(args(0)[8]), 0.25);
+    assert_eq!((args(1)[11] as i32, args(1)[13]), (-1, 0));
+    assert_eq!(l.table_index, l.edits + 3 * EDIT_WORDS);
+    assert_eq!(&m[l.table_index..l.table_index + 2], &[3, 17]);
+    assert_eq!(&m[l.table_value..l.table_value + 2], &[40, 41]);
+    assert_eq!(m.len(), l.total);
 }
