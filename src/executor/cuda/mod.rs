@@ -13,16 +13,19 @@
 //! - `forward`: weights, activations, KV pool and device block tables; one step's launches,
 //!   CUDA graphs for decode
 //! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
+//! - `lookahead`: which step to launch before the scheduler asks for it, and whether the plan
+//!   that arrives is that step (tested on the CPU)
 pub mod backend;
 pub mod compile;
 pub mod device;
 mod forward;
 pub mod gemm;
 pub mod kernels;
+mod lookahead;
 pub mod options;
 pub mod prefill_gemm;
 mod step_meta;
 pub mod weights;
 
-pub use backend::{skip, CudaBackend, CudaBackendOptions};
+pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};
