@@ -214,7 +214,8 @@ else:
     m["server_metrics"] = {}
     try:
         for l in open("$RUNS/$tag.metrics.txt"):
-            if l.startswith(("brook:scheduler_", "brook:num_preemptions_total", "brook:request_errors_total")):
+            if l.startswith(("brook:scheduler_", "brook:num_preemptions_total", "brook:request_errors_total",
+                             "brook:engine_step_duration_seconds_sum", "brook:engine_step_duration_seconds_count")):
                 k, v = l.rsplit(" ", 1)
                 m["server_metrics"][k] = float(v)
     except OSError:
@@ -257,7 +258,10 @@ below_target() { awk -v a="$1" -v t="$TARGET" 'BEGIN { exit !(a != "nan" && a <=
 device() {
     profile_defaults
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-    export BROOK_CACHE_DIR=${BROOK_CACHE_DIR:-/tmp/brook-cache} RUST_LOG=${RUST_LOG:-warn}
+    # The scheduler core's debug lines (every step's measured and predicted time with its shape,
+    # every merge decision) land in runs.tgz: ~1-2 MB a run before compression, what the
+    # simulator's H200 cost model is calibrated from. RUST_LOG=warn turns them off.
+    export BROOK_CACHE_DIR=${BROOK_CACHE_DIR:-/tmp/brook-cache} RUST_LOG=${RUST_LOG:-warn,brook::scheduler::core=debug}
     OUTDIR=${OUT:-$here/out}
     # Per-run files (server logs, /metrics, k6 summaries and output, meta) go to a work folder
     # and leave as ONE archive, $OUTDIR/runs.tgz, on any exit: the device tool returns at most 8
