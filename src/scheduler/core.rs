@@ -395,7 +395,25 @@ impl Scheduler {
         let max_len = self.max_len(kv);
         if !out.is_empty() {
             let f = StepFeatures::from_step(out);
-            self.cost.observe(&f, step.elapsed.as_secs_f64() * 1e3);
+            let measured_ms = step.elapsed.as_secs_f64() * 1e3;
+            // Measured against predicted per step shape: what calibrates `brook simulate` to a
+            // backend (issue 19: chunked prefill at long context is not linear on the GPU).
+            tracing::debug!(
+                measured_ms,
+                predicted_ms = self.cost.predict_ms(&f),
+                prefill_tokens = f.prefill_tokens,
+                attn_pairs = f.prefill_attn_pairs,
+                decode_seqs = f.decode_seqs,
+                kv_tokens = f.kv_tokens_read,
+                max_chunk = out
+                    .scheduled
+                    .iter()
+                    .map(|s| s.num_tokens)
+                    .max()
+                    .unwrap_or(0),
+                "step time"
+            );
+            self.cost.observe(&f, measured_ms);
         }
         let mut updates = Vec::with_capacity(out.num_sampled() + out.finished_early.len());
         updates.extend(

@@ -30,7 +30,7 @@ use serde::Deserialize;
 pub use self::admission::{Admission, OverloadReason};
 pub use self::class::RequestClass;
 pub use self::core::Scheduler;
-pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
+pub use self::cost_model::{prefill_pairs, CostCoefficients, CostModel, StepFeatures};
 pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
 pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};

@@ -84,6 +84,7 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
     let mut exec = CostModelExecutor::new(
         e.cost,
         e.noise,
+        e.prefill_attn_min_query,
         w.seed ^ 0xe8ec,
         e.block_size,
         e.num_kv_blocks,

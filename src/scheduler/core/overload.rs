@@ -5,6 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::estimates::prefill_ms_with;
 use super::Scheduler;
 use crate::scheduler::admission::Admission;
 use crate::scheduler::admission::OverloadReason;
@@ -58,7 +59,8 @@ impl Scheduler {
         }
         if self.cfg.policy == Policy::Adaptive && a.early_reject {
             // Lower bound: the prompts ahead of it in the lanes served before its own, then its
-            // own prefill, each step as large as the lane allows and nothing else running.
+            // own prefill, each step as large as the lane allows and nothing else running, at
+            // the cheaper of the fitted and the prior step costs.
             let ahead: usize = self
                 .waiting
                 .iter()
@@ -67,15 +69,15 @@ impl Scheduler {
                 .map(|r| r.num_tokens())
                 .sum();
             let own_budget = self.prefill_budget(class);
-            let c = self.cost.coefficients();
-            let bound_ms = self.prefill_ms(ahead, self.cfg.max_num_batched_tokens)
-                + self.prefill_ms(prompt_tokens, own_budget)
+            let c = self.optimistic_coefficients();
+            let own_ms = prefill_ms_with(&c, prompt_tokens, own_budget);
+            let bound_ms = prefill_ms_with(&c, ahead, self.cfg.max_num_batched_tokens)
+                + own_ms
                 + c.per_prefill_attn_pair_ms * (prompt_tokens * prompt_tokens) as f64 / 2.0;
             let slo_ms = self.cfg.slo.of(class).ttft_ms;
             if bound_ms > slo_ms {
                 return Some(OverloadReason::TtftUnreachable);
             }
-            let own_ms = self.prefill_ms(prompt_tokens, own_budget);
             if self.slot_wait_ms(class) + own_ms > slo_ms {
                 return Some(OverloadReason::SlotWait);
             }
