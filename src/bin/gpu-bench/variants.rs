@@ -29,6 +29,7 @@ use crate::common::{bench_options, elapsed_ms, emit, execute, median};
 pub const VARIANTS: &[&str] = &[
     "untimed",
     "default",
+    "split2",
     "pinned",
     "lookahead",
     "inline",
@@ -52,6 +53,11 @@ pub fn variant_options(
     match name {
         "untimed" => o.step_timing = false,
         "default" => {}
+        // The split rule and merge before call c: about 2 CTAs per SM, a separate merge launch.
+        "split2" => {
+            o.decode_ctas_per_sm = 0;
+            o.decode_merge_inline = false;
+        }
         "pinned" => o.pinned_io = true,
         "lookahead" => o.lookahead = true,
         "inline" => o.decode_merge_inline = true,
