@@ -155,6 +155,7 @@ async fn workload(
                 ignore_eos: Some(true),
                 ..Default::default()
             },
+            n: None,
         })?;
         let (_, rx) = engine.submit(req);
         Ok(actix::spawn(follow(rx)))

@@ -101,8 +101,11 @@ impl EngineCore {
 
     /// Hands a validated request to the scheduler; every event for it arrives on the returned
     /// channel (`overloaded` included).
+    /// A request with `n` choices takes the `n` ids from the one returned (choice `i` is
+    /// `id + i`, the scheduler's and the output processor's key); the client only ever names
+    /// the first.
     pub fn submit(&self, req: ValidRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
-        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = RequestId(self.next_id.fetch_add(req.n() as u64, Ordering::Relaxed));
         let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
         self.scheduler.do_send(Submit {
             id,
@@ -278,6 +281,7 @@ fn start_actors(
             .saturating_sub(1),
         max_model_len,
         vocab_size: model_cfg.vocab_size,
+        max_num_seqs: cfg.scheduler.max_num_seqs,
     };
     let validation = Validation::new(tokenizer.clone(), chat, model.defaults, limits);
     let scheduler = SchedulerActor::new(core, kv, executor, tokenizer, metrics.clone()).start();

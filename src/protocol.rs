@@ -24,6 +24,8 @@ pub struct GenerateFrame {
     pub id: String,
     pub input: PromptInput,
     pub params: RawSamplingParams,
+    /// Completions to generate (parallel sampling); None = 1.
+    pub n: Option<i64>,
 }
 
 /// The WS frame without its id is the neutral request `Validation::validate` takes.
@@ -32,6 +34,7 @@ impl From<GenerateFrame> for GenerateRequest {
         GenerateRequest {
             input: frame.input,
             params: frame.params,
+            n: frame.n,
         }
     }
 }
@@ -47,6 +50,7 @@ struct RawGenerate {
     prompt: Option<String>,
     messages: Option<Value>,
     params: Option<Map<String, Value>>,
+    n: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -134,7 +138,12 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                     return Err(invalid(Some(id), "missing field `prompt` or `messages`"))
                 }
             };
-            Ok(ClientFrame::Generate(GenerateFrame { id, input, params }))
+            Ok(ClientFrame::Generate(GenerateFrame {
+                id,
+                input,
+                params,
+                n: raw.n,
+            }))
         }
         "cancel" => {
             let raw: RawCancel = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;

@@ -150,12 +150,14 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                 stop: Some(vec!["x".into()]),
                 ..Default::default()
             },
+            n: None,
         };
         let e = engine.validate(with_stop).unwrap_err();
         assert!(e.to_string().contains("tokenizer"), "{e}");
         let text = GenerateRequest {
             input: PromptInput::Text("hello".into()),
             params: RawSamplingParams::default(),
+            n: None,
         };
         let e = engine.validate(text).unwrap_err();
         assert!(e.to_string().contains("token ids"), "{e}");
@@ -168,6 +170,7 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                     ignore_eos: Some(true),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, mut rx) = engine.submit(req);

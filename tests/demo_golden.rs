@@ -60,6 +60,7 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
             params: Arc::new(SamplingParams::greedy(n)),
             seed: 0,
             eos_token_ids: eos.clone(),
+            n: 1,
         };
         assert_eq!(core.add_request(req, 0.0), Admission::Accepted);
     }
@@ -155,6 +156,7 @@ async fn streamed_text_equals_the_decoded_golden_output() {
                     temperature: Some(0.0),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, rx) = engine.submit(req);

@@ -375,6 +375,7 @@ async fn generation_config_defaults_reach_requests() {
     let req = |params| GenerateRequest {
         input: PromptInput::Text("Hello".into()),
         params,
+        n: None,
     };
     let v = engine.validate(req(RawSamplingParams::default())).unwrap();
     assert_eq!((v.params().temperature, v.params().top_k), (0.25, 7));

@@ -58,6 +58,7 @@ async fn check(spec: TestModelSpec) {
                     ignore_eos: Some(true),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, rx) = engine.submit(req);

@@ -16,6 +16,20 @@ pub struct Sampled {
     pub logprob: f32,
 }
 
+/// The seed of choice `index` of a request with `n > 1` (parallel sampling): choice 0 keeps the
+/// request's seed, so `n = 1` is unchanged; the others get distinct streams, a function of
+/// (seed, index) alone, so a choice's tokens depend only on (seed, sample index, output index).
+pub fn sample_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    // SplitMix64's finalizer over the pair: distinct indices give unrelated seeds.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Reusable scratch so sampling does not allocate per token.
 #[derive(Debug, Default)]
 pub struct Sampler {
@@ -131,6 +145,15 @@ fn log_sum_exp(xs: &[f32], max: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_seeds_keep_choice_zero_and_differ_per_index() {
+        assert_eq!(sample_seed(42, 0), 42);
+        let seeds: std::collections::HashSet<u64> =
+            (0..64).map(|i| sample_seed(42, i)).collect();
+        assert_eq!(seeds.len(), 64);
+        assert_ne!(sample_seed(42, 1), sample_seed(43, 1));
+    }
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
         let mut p = SamplingParams {

@@ -68,6 +68,7 @@ pub fn run(
         }),
         seed: 0,
         eos_token_ids: eos.clone(),
+        n: 1,
     };
     anyhow::ensure!(
         matches!(sched.add_request(warm, now()), Admission::Accepted),
@@ -87,6 +88,7 @@ pub fn run(
             params: params.clone(),
             seed: i,
             eos_token_ids: eos.clone(),
+            n: 1,
         };
         let admitted = sched.add_request(req, now());
         anyhow::ensure!(

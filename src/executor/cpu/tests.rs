@@ -572,6 +572,7 @@ fn scheduler_steps_through_the_input_batch_match_the_reference() {
                 params: params.clone(),
                 seed: i as u64,
                 eos_token_ids: Arc::from(vec![0u32]),
+                n: 1,
             };
             assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
         }
