@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::error::EngineError;
 use crate::executor::actor::ExecutorActor;
 use crate::executor::backend::{Backend, BackendInfo};
+use crate::scheduler::SwapCost;
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
 use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
 use crate::kv::actor::{KvActor, KvHandle};
@@ -258,7 +259,8 @@ fn start_actors(
             backend_info.block_size,
             cfg.cache.enable_prefix_caching,
         )
-        .with_sliding_window(model_cfg.sliding_window),
+        .with_sliding_window(model_cfg.sliding_window)
+        .with_host_tier(backend_info.num_host_blocks),
     ));
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some(backend));
@@ -270,10 +272,21 @@ fn start_actors(
                 .expect("one executor thread takes the backend once"),
         )
     });
-    let core = Scheduler::new(SchedulerConfig {
+    let mut core = Scheduler::new(SchedulerConfig {
         max_model_len,
         ..cfg.scheduler.clone()
     });
+    if backend_info.num_host_blocks > 0 {
+        core.set_swap_cost(Some(SwapCost {
+            bytes_per_block: backend_info.bytes_per_block,
+            bytes_per_s: backend_info.copy_bytes_per_s,
+        }));
+        tracing::info!(
+            host_blocks = backend_info.num_host_blocks,
+            copy_gb_s = backend_info.copy_bytes_per_s / 1e9,
+            "KV host tier"
+        );
+    }
     let limits = ValidationLimits {
         // One output token must still fit in the context window and in the KV pool.
         max_prompt_tokens: max_model_len

@@ -177,6 +177,8 @@ fn run_both(
         kv_cache_bytes: 512 << 20,
         num_threads: None,
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();

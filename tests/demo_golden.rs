@@ -42,6 +42,8 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
         kv_cache_bytes: 64 << 20,
         num_threads: None,
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let info = backend.info();

@@ -16,6 +16,9 @@ impl CpuBackendOptions {
             kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
             num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
             progress,
+            host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
+            copy_bytes_per_s: (cfg.cache.swap_bandwidth_gbs > 0.0)
+                .then(|| cfg.cache.swap_bandwidth_gbs * 1e9),
         }
     }
 }

@@ -193,6 +193,8 @@ impl Backend for CudaBackend {
             num_kv_blocks: self.fwd.num_blocks,
             block_size: self.fwd.opts.block_size,
             bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size),
+            num_host_blocks: 0,
+            copy_bytes_per_s: 0.0,
         }
     }
 
