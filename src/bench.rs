@@ -253,7 +253,7 @@ async fn follow(mut rx: mpsc::Receiver<StreamEvent>) -> anyhow::Result<RequestSt
                 })
             }
             StreamEvent::Error(e) => anyhow::bail!("request failed: {e}"),
-            StreamEvent::Started { .. } => {}
+            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
         }
     }
     anyhow::bail!("a request's stream ended without a terminal event")

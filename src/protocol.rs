@@ -167,11 +167,22 @@ pub enum ServerFrame<'a> {
     },
     Delta {
         id: &'a str,
+        /// The choice (0 unless the request asked for `n > 1`).
+        index: usize,
         text: &'a str,
         tokens: usize,
     },
+    /// One choice of an `n > 1` request ended; others still run.
+    #[serde(rename = "choice_done")]
+    ChoiceDone {
+        id: &'a str,
+        index: usize,
+        finish_reason: FinishReason,
+        completion_tokens: usize,
+    },
     Done {
         id: &'a str,
+        index: usize,
         finish_reason: FinishReason,
         usage: Usage,
         timing: Timing,
@@ -201,17 +212,34 @@ impl<'a> ServerFrame<'a> {
                 id,
                 prompt_tokens: *prompt_tokens,
             },
-            StreamEvent::Delta { text, tokens } => ServerFrame::Delta {
+            StreamEvent::Delta {
+                index,
+                text,
+                tokens,
+            } => ServerFrame::Delta {
                 id,
+                index: *index,
                 text,
                 tokens: *tokens,
             },
+            StreamEvent::ChoiceDone {
+                index,
+                finish_reason,
+                completion_tokens,
+            } => ServerFrame::ChoiceDone {
+                id,
+                index: *index,
+                finish_reason: *finish_reason,
+                completion_tokens: *completion_tokens,
+            },
             StreamEvent::Done {
+                index,
                 finish_reason,
                 usage,
                 timing,
             } => ServerFrame::Done {
                 id,
+                index: *index,
                 finish_reason: *finish_reason,
                 usage: *usage,
                 timing: *timing,
@@ -328,12 +356,22 @@ mod tests {
     #[test]
     fn server_frames_serialize_as_documented() {
         let ev = StreamEvent::Delta {
+            index: 0,
             text: "hé".into(),
             tokens: 2,
         };
         assert_eq!(
             ServerFrame::from_event("r1", &ev).to_json(),
-            r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#
+            r#"{"type":"delta","id":"r1","index":0,"text":"hé","tokens":2}"#
+        );
+        let ev = StreamEvent::ChoiceDone {
+            index: 2,
+            finish_reason: FinishReason::Stop,
+            completion_tokens: 5,
+        };
+        assert_eq!(
+            ServerFrame::from_event("r1", &ev).to_json(),
+            r#"{"type":"choice_done","id":"r1","index":2,"finish_reason":"stop","completion_tokens":5}"#
         );
         let e = EngineError::Overloaded {
             reason: "queue full".into(),
@@ -344,6 +382,7 @@ mod tests {
         assert_eq!(j["code"], "overloaded");
         assert_eq!(j["retry_after_ms"], 250);
         let done = StreamEvent::Done {
+            index: 1,
             finish_reason: FinishReason::Length,
             usage: Usage {
                 prompt_tokens: 3,
@@ -358,6 +397,7 @@ mod tests {
         let j: Value =
             serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
         assert_eq!(j["finish_reason"], "length");
+        assert_eq!(j["index"], 1);
         assert_eq!(j["usage"]["completion_tokens"], 4);
         assert_eq!(j["timing"]["ttft_ms"], 2.0);
     }

@@ -177,7 +177,7 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
         let mut counted = 0;
         loop {
             match rx.recv().await.expect("stream ended early") {
-                StreamEvent::Delta { text, tokens } => {
+                StreamEvent::Delta { text, tokens, .. } => {
                     assert!(text.is_empty());
                     counted += tokens;
                 }

@@ -39,7 +39,7 @@ impl Harness {
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
         let t0 = Instant::now();
         let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop));
-        out.add_request(ID, prompt.len(), text, tx, t0);
+        out.add_request(ID, 1, prompt.len(), text, tx, t0);
         Harness {
             out,
             metrics,
@@ -104,6 +104,7 @@ fn done_of(evs: &[StreamEvent]) -> (FinishReason, Usage, Timing) {
             finish_reason,
             usage,
             timing,
+            ..
         }) => (*finish_reason, *usage, *timing),
         other => panic!("expected done last, got {other:?}"),
     }
@@ -364,7 +365,7 @@ fn without_a_tokenizer_deltas_count_tokens() {
     let deltas: Vec<(String, usize)> = evs
         .iter()
         .filter_map(|e| match e {
-            StreamEvent::Delta { text, tokens } => Some((text.clone(), *tokens)),
+            StreamEvent::Delta { text, tokens, .. } => Some((text.clone(), *tokens)),
             _ => None,
         })
         .collect();
@@ -373,4 +374,138 @@ fn without_a_tokenizer_deltas_count_tokens() {
         [(String::new(), 1), (String::new(), 2), (String::new(), 1)]
     );
     assert_eq!(done_of(&evs).1.completion_tokens, 4);
+}
+
+/// A request with `n` choices (ids `ID .. ID + n`) on a roomy channel, counting tokens only.
+fn group(n: usize, capacity: usize) -> (OutputProcessor, mpsc::Receiver<StreamEvent>, Instant) {
+    let mut out = OutputProcessor::new(None, Arc::new(Metrics::new()));
+    let (tx, rx) = mpsc::channel(capacity);
+    let t0 = Instant::now();
+    out.add_request(ID, n, 3, None, tx, t0);
+    (out, rx, t0)
+}
+
+fn update(id: u64, tokens: usize, finished: Option<FinishReason>) -> RequestUpdate {
+    RequestUpdate {
+        id: RequestId(id),
+        new_token_ids: vec![5; tokens],
+        finished,
+        num_computed_tokens: 0,
+        num_output_tokens: 0,
+    }
+}
+
+fn drain_rx(rx: &mut mpsc::Receiver<StreamEvent>) -> Vec<StreamEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+#[test]
+fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
+    let (mut out, mut rx, t0) = group(3, 64);
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let d = out.process(&[update(7, 1, None), update(8, 2, None)], at(10), false);
+    assert!(d.aborted.is_empty());
+    let d = out.process(
+        &[update(8, 1, Some(FinishReason::Stop)), update(9, 1, None)],
+        at(20),
+        false,
+    );
+    assert!(d.aborted.is_empty() && d.blocked.is_empty());
+    out.process(&[update(7, 1, Some(FinishReason::Length))], at(30), false);
+    out.process(&[update(9, 4, Some(FinishReason::Length))], at(40), false);
+    let evs = drain_rx(&mut rx);
+    let tokens = |i: usize| -> usize {
+        evs.iter()
+            .map(|e| match e {
+                StreamEvent::Delta { index, tokens, .. } if *index == i => *tokens,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!((tokens(0), tokens(1), tokens(2)), (2, 3, 5));
+    let choice_done: Vec<(usize, FinishReason, usize)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::ChoiceDone {
+                index,
+                finish_reason,
+                completion_tokens,
+            } => Some((*index, *finish_reason, *completion_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        choice_done,
+        [(1, FinishReason::Stop, 3), (0, FinishReason::Length, 2)]
+    );
+    assert_eq!(evs.iter().filter(|e| e.is_terminal()).count(), 1);
+    match evs.last() {
+        Some(StreamEvent::Done {
+            index,
+            usage,
+            timing,
+            ..
+        }) => {
+            assert_eq!(*index, 2);
+            assert_eq!(usage.completion_tokens, 10, "every choice counts");
+            assert_eq!(usage.prompt_tokens, 3);
+            assert_eq!(timing.ttft_ms, 10.0, "the first choice's first token");
+        }
+        other => panic!("expected done last, got {other:?}"),
+    }
+    assert!(out.is_empty());
+}
+
+#[test]
+fn cancelling_or_aborting_an_n_request_ends_every_choice() {
+    let (mut out, mut rx, t0) = group(2, 64);
+    let mut done = Processed::default();
+    out.cancel(ID, t0, &mut done);
+    assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
+    let evs = drain_rx(&mut rx);
+    assert!(matches!(evs.last(), Some(StreamEvent::Done { .. })), "{evs:?}");
+    assert!(out.is_empty());
+
+    let (mut out, _rx, _) = group(3, 64);
+    let mut done = Processed::default();
+    out.process(&[update(8, 1, Some(FinishReason::Stop))], t0, false);
+    out.abort(ID, &mut done);
+    assert_eq!(done.aborted, [RequestId(7), RequestId(9)]);
+    assert!(out.is_empty());
+
+    // A failed step naming one choice fails the request once, for all of them.
+    let (mut out, mut rx, _) = group(2, 64);
+    let mut done = Processed::default();
+    out.fail(RequestId(8), EngineError::Internal("boom".into()), &mut done);
+    assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
+    let evs = drain_rx(&mut rx);
+    assert_eq!(evs.iter().filter(|e| e.is_terminal()).count(), 1, "{evs:?}");
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_choice_that_ends_on_a_full_channel_is_held_before_the_done() {
+    // Room for Started and one more event.
+    let (mut out, mut rx, t0) = group(2, 2);
+    out.process(&[update(7, 1, None)], t0, false);
+    out.process(&[update(8, 1, Some(FinishReason::Stop))], t0, false);
+    let d = out.process(&[update(7, 1, Some(FinishReason::Length))], t0, false);
+    let mut evs = drain_rx(&mut rx);
+    for b in d.blocked {
+        evs.extend(b.events);
+    }
+    let kinds: Vec<&str> = evs
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Started { .. } => "started",
+            StreamEvent::Delta { .. } => "delta",
+            StreamEvent::ChoiceDone { .. } => "choice_done",
+            StreamEvent::Done { .. } => "done",
+            StreamEvent::Error(_) => "error",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["started", "delta", "delta", "choice_done", "delta", "done"]
+    );
 }

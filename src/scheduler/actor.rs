@@ -126,9 +126,10 @@ impl SchedulerActor {
     fn fail_step(&mut self, plan: &SchedulerOutput, e: &str, ctx: &mut Context<Self>) {
         tracing::error!("engine step failed: {e}");
         let mut done = Processed::default();
-        for s in &plan.scheduled {
+        // Requests whose blocks the step's copies were bringing back failed with it.
+        for id in plan.scheduled.iter().map(|s| s.id).chain(plan.loading.iter().copied()) {
             let err = EngineError::Internal(format!("engine step failed: {e}"));
-            self.output.fail(s.id, err, &mut done);
+            self.output.fail(id, err, &mut done);
         }
         self.apply(done);
         self.maybe_step(ctx);
@@ -144,6 +145,7 @@ impl Handler<Submit> for SchedulerActor {
 
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
         let prompt_tokens = msg.request.prompt_token_ids().len();
+        let n = msg.request.n();
         let text = self.output.text_output(&msg.request);
         let new = NewRequest::from_valid(msg.id, msg.request);
         let admission = self.core.add_request(new, self.secs(msg.arrival));
@@ -152,7 +154,7 @@ impl Handler<Submit> for SchedulerActor {
             return OutputProcessor::reject(&msg.tx, err);
         }
         self.output
-            .add_request(msg.id, prompt_tokens, text, msg.tx, msg.arrival);
+            .add_request(msg.id, n, prompt_tokens, text, msg.tx, msg.arrival);
         self.maybe_step(ctx);
     }
 }
