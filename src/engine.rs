@@ -260,7 +260,8 @@ fn start_actors(
             cfg.cache.enable_prefix_caching,
         )
         .with_sliding_window(model_cfg.sliding_window)
-        .with_host_tier(backend_info.num_host_blocks),
+        .with_host_tier(backend_info.num_host_blocks)
+        .with_block_bytes(backend_info.bytes_per_block),
     ));
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some(backend));

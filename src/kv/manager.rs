@@ -126,6 +126,8 @@ struct Mem {
     /// Copies planned since the last `take_copies`, in order.
     copies: Vec<BlockCopy>,
     stats: TierStats,
+    /// Bytes of one block, all layers (metrics only; 0 when not set).
+    block_bytes: usize,
 }
 
 impl Mem {
@@ -139,6 +141,7 @@ impl Mem {
             host,
             copies,
             stats,
+            ..
         } = self;
         if let Some(host) = host {
             for (block, hash) in device.drain_evicted() {
@@ -186,6 +189,7 @@ impl KvCacheManager {
                 host: None,
                 copies: Vec::new(),
                 stats: TierStats::default(),
+                block_bytes: 0,
             },
             block_size,
             enable_prefix_caching,

@@ -149,6 +149,16 @@ impl KvCacheManager {
         e.hits.len() * self.block_size
     }
 
+    /// Sets the bytes of one block across all layers, K and V (the copy metrics count bytes).
+    pub fn with_block_bytes(mut self, bytes: usize) -> Self {
+        self.mem.block_bytes = bytes;
+        self
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.mem.block_bytes
+    }
+
     pub fn has_host_tier(&self) -> bool {
         self.mem.host.is_some()
     }
@@ -212,6 +222,7 @@ impl KvCacheManager {
             host,
             copies,
             stats,
+            ..
         } = &mut self.mem;
         let host = host.as_mut().expect("swap_out_plan found a host tier");
         let hashes: Vec<Option<BlockHash>> = entry
