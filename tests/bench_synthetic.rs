@@ -186,6 +186,7 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                     break;
                 }
                 StreamEvent::Started { prompt_tokens } => assert_eq!(prompt_tokens, 5),
+                StreamEvent::ChoiceDone { .. } => panic!("n = 1 has no choice_done"),
                 StreamEvent::Error(e) => panic!("{e}"),
             }
         }

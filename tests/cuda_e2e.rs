@@ -41,6 +41,10 @@ mod persistent;
 #[path = "cuda_e2e/block_table.rs"]
 mod block_table;
 
+/// The KV memory tier: pinned host blocks, copies on the copy stream, swap and fork.
+#[path = "cuda_e2e/kv_tier.rs"]
+mod kv_tier;
+
 fn have_gpu() -> bool {
     let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
     match brook::executor::cuda::probe() {

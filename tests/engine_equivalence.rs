@@ -21,7 +21,7 @@ async fn collect_text(mut rx: tokio::sync::mpsc::Receiver<StreamEvent>) -> (Stri
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::Done { usage, .. } => return (text, usage.completion_tokens),
             StreamEvent::Error(e) => panic!("request failed: {e}"),
-            StreamEvent::Started { .. } => {}
+            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
         }
     }
     panic!("stream ended without a terminal event");

@@ -49,6 +49,7 @@ impl CudaBackendOptions {
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             progress,
+            host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
             skip: 0,
         }
     }

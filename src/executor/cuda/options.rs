@@ -37,6 +37,8 @@ pub struct CudaBackendOptions {
     /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
     pub prefill_gemm_max_len: usize,
     pub progress: bool,
+    /// KV host tier in pinned host memory, bytes (0: none; `executor::cuda::kv_tier`).
+    pub host_kv_cache_bytes: usize,
     /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
     /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
     pub skip: u32,
