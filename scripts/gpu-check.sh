@@ -52,6 +52,8 @@ device)
     export BROOK_CACHE_DIR=/tmp/brook-cache BROOK_REQUIRE_GPU=1 RUST_LOG=${RUST_LOG:-warn}
     demo=$(cd "$here/../.." && pwd)/models/demo-chat
     [ -f "$demo/config.json" ] && export BROOK_E2E_MODEL=$demo
+    # Fixtures (tiny checkpoints with transformers goldens) from the repository copy there.
+    export BROOK_REPO_DIR=$(cd "$here/../.." && pwd)
     echo "commit $(cat COMMIT 2>/dev/null) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$out/summary.txt"
     status=0
     step() { # name command...: runs, logs to $out/log.txt, records pass/fail and seconds

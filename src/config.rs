@@ -25,7 +25,8 @@ pub struct ServerConfig {
     pub host: String,
     pub port: u16,
     /// Largest WebSocket message, one frame or the sum of a fragmented message's frames; a
-    /// larger one closes the socket with code 1009. (`max_frame_bytes` is its former name.)
+    /// larger one closes the socket with code 1009. Also the largest OpenAI API body (413).
+    /// (`max_frame_bytes` is its former name.)
     #[serde(alias = "max_frame_bytes")]
     pub max_message_bytes: usize,
     /// Open WebSocket connections at most; beyond it an upgrade gets HTTP 503.

@@ -20,16 +20,18 @@ use crate::config::Config;
 use crate::error::EngineError;
 use crate::executor::actor::ExecutorActor;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::scheduler::SwapCost;
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
 use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::config::{GenerationConfig, ModelConfig};
-use crate::model::synthetic::{synthetic_config, synthetic_host_weights};
+use crate::model::synthetic::{
+    synthetic_config, synthetic_config_with_vocab, synthetic_host_weights,
+};
 use crate::request::{RequestId, StreamEvent};
 use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, Submit};
+use crate::scheduler::SwapCost;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 use crate::validation::{
@@ -200,22 +202,7 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
 /// inside an actix `System`.
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
-    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::synthetic(
-            model_cfg.clone(),
-            seed,
-            CudaBackendOptions::from_config(cfg, false),
-        )?),
-        Device::Cpu(why) => {
-            let weights = synthetic_host_weights(name, &model_cfg, seed)
-                .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
-            Box::new(CpuBackend::from_parts(
-                model_cfg.clone(),
-                weights,
-                &CpuBackendOptions::from_config(cfg, false),
-            )?)
-        }
-    };
+    let backend = synthetic_backend(cfg, name, &model_cfg, seed, model_cfg.vocab_size)?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
@@ -223,6 +210,73 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
         config: model_cfg,
     };
     Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
+}
+
+/// Starts the actors on random weights of the synthetic shape `name` with the tokenizer (and
+/// chat template, and generation_config.json if any) of the model folder `tokenizer_dir`: the
+/// whole server path (text in, chat template, detokenized text out) on a real shape without
+/// its checkpoint. Random weights give arbitrary ids, so the backend samples only the
+/// tokenizer's (`synthetic_config_with_vocab` widens a smaller shape vocabulary instead); the
+/// text is gibberish, and a request ends at eos as soon as one is drawn unless it sets
+/// `ignore_eos`. Must run inside an actix `System`.
+pub fn start_synthetic_with_tokenizer(
+    cfg: &Config,
+    name: &str,
+    seed: u64,
+    tokenizer_dir: &Path,
+) -> anyhow::Result<Arc<EngineHandle>> {
+    let gen = GenerationConfig::from_dir(tokenizer_dir)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir_with(tokenizer_dir, gen.as_ref())?);
+    let chat = ChatTemplate::from_tokenizer(&tokenizer)?;
+    let model_cfg = synthetic_config_with_vocab(name, tokenizer.vocab_size())?;
+    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
+    for id in &model_cfg.eos_token_ids {
+        if !eos.contains(id) {
+            eos.push(*id);
+        }
+    }
+    let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
+    let backend = synthetic_backend(cfg, name, &model_cfg, seed, tokenizer.vocab_size())?;
+    let model = ModelSource {
+        name: name.to_owned(),
+        source: format!(
+            "random weights (seed {seed}), tokenizer from {}",
+            tokenizer_dir.display()
+        ),
+        defaults,
+        config: model_cfg,
+    };
+    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()), chat);
+    Ok(Arc::new(EngineHandle { core, tokenizer }))
+}
+
+/// Random weights of `model_cfg` (the synthetic shape `name`) in a backend: generated on the
+/// GPU, or on the host for the CPU-sized shapes. Only ids below `sample_vocab` are sampled.
+fn synthetic_backend(
+    cfg: &Config,
+    name: &str,
+    model_cfg: &ModelConfig,
+    seed: u64,
+    sample_vocab: usize,
+) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match pick_device(cfg, model_cfg)? {
+        Device::Cuda => {
+            let opts = CudaBackendOptions {
+                sample_vocab_size: sample_vocab,
+                ..CudaBackendOptions::from_config(cfg, false)
+            };
+            Box::new(CudaBackend::synthetic(model_cfg.clone(), seed, opts)?)
+        }
+        Device::Cpu(why) => {
+            let weights = synthetic_host_weights(name, model_cfg, seed)
+                .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
+            let opts = CpuBackendOptions::from_config(cfg, false);
+            Box::new(
+                CpuBackend::from_parts(model_cfg.clone(), weights, &opts)?
+                    .sample_below(sample_vocab),
+            )
+        }
+    })
 }
 
 /// What the actors need to know about the model besides its backend.

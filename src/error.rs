@@ -28,6 +28,15 @@ pub enum EngineError {
     Unavailable(String),
     #[error("too many messages on this connection; retry after {retry_after_ms} ms")]
     RateLimited { retry_after_ms: u64 },
+    /// An HTTP API request without the server's API key (WebSocket upgrades are refused at
+    /// the edge instead, `EdgeError`).
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("the model `{0}` does not exist; GET /v1/models lists the served model")]
+    ModelNotFound(String),
+    /// An HTTP API body over `server.max_message_bytes`.
+    #[error("the request body is over {limit} bytes")]
+    PayloadTooLarge { limit: usize },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -51,6 +60,9 @@ impl EngineError {
             },
             EngineError::Unavailable("x".into()),
             EngineError::Internal("x".into()),
+            EngineError::Unauthorized("x".into()),
+            EngineError::ModelNotFound("x".into()),
+            EngineError::PayloadTooLarge { limit: 1 },
         ]
     }
 
@@ -66,6 +78,21 @@ impl EngineError {
             EngineError::Unavailable(_) => "unavailable",
             EngineError::RateLimited { .. } => "rate_limited",
             EngineError::Internal(_) => "internal",
+            EngineError::Unauthorized(_) => "unauthorized",
+            EngineError::ModelNotFound(_) => "model_not_found",
+            EngineError::PayloadTooLarge { .. } => "payload_too_large",
+        }
+    }
+
+    /// The `type` of the OpenAI-style error body of the `/v1/completions` family
+    /// (`{"error": {"message", "type", "param", "code"}}`, `code` being [`EngineError::code`]).
+    pub fn openai_type(&self) -> &'static str {
+        match self.http_status() {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            503 => "service_unavailable_error",
+            s if s >= 500 => "server_error",
+            _ => "invalid_request_error",
         }
     }
 
@@ -81,7 +108,9 @@ impl EngineError {
             | EngineError::InvalidRequest(_)
             | EngineError::DuplicateId(_)
             | EngineError::UnknownId(_) => 400,
-            EngineError::PromptTooLong { .. } => 413,
+            EngineError::Unauthorized(_) => 401,
+            EngineError::ModelNotFound(_) => 404,
+            EngineError::PromptTooLong { .. } | EngineError::PayloadTooLarge { .. } => 413,
             EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => 429,
             EngineError::Internal(_) => 500,
             EngineError::Unavailable(_) => 503,
@@ -149,6 +178,26 @@ mod tests {
                 ("overloaded", 429),
                 ("unavailable", 503),
                 ("internal", 500),
+                ("unauthorized", 401),
+                ("model_not_found", 404),
+                ("payload_too_large", 413),
+            ]
+        );
+        let types: Vec<&str> = errors.iter().map(EngineError::openai_type).collect();
+        assert_eq!(
+            types,
+            [
+                "invalid_request_error",
+                "invalid_request_error",
+                "invalid_request_error",
+                "invalid_request_error",
+                "invalid_request_error",
+                "rate_limit_error",
+                "service_unavailable_error",
+                "server_error",
+                "authentication_error",
+                "invalid_request_error",
+                "invalid_request_error",
             ]
         );
     }

@@ -7,16 +7,20 @@ use serde_json::{Map, Value};
 
 use crate::chat::parse_messages;
 use crate::error::EngineError;
-use crate::request::{FinishReason, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::sampling::params::RawSamplingParams;
+use crate::tokenizer::Tokenizer;
 use crate::validation::{GenerateRequest, PromptInput};
 
 pub const MAX_ID_LEN: usize = 256;
 
 #[derive(Debug, Clone)]
 pub enum ClientFrame {
-    Generate(GenerateFrame),
-    Cancel { id: String },
+    /// Boxed: the sampling params make it large beside `Cancel`.
+    Generate(Box<GenerateFrame>),
+    Cancel {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -138,12 +142,12 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                     return Err(invalid(Some(id), "missing field `prompt` or `messages`"))
                 }
             };
-            Ok(ClientFrame::Generate(GenerateFrame {
+            Ok(ClientFrame::Generate(Box::new(GenerateFrame {
                 id,
                 input,
                 params,
                 n: raw.n,
-            }))
+            })))
         }
         "cancel" => {
             let raw: RawCancel = from_object(obj, "").map_err(|m| invalid(id.clone(), m))?;
@@ -155,6 +159,44 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             id,
             format!("unknown frame type {other:?}; expected \"generate\" or \"cancel\""),
         )),
+    }
+}
+
+/// One token's log-probability in a `delta` frame, and its `top` alternatives.
+#[derive(Debug, Serialize)]
+pub struct LogprobFrame {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<TopLogprobFrame>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprobFrame {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+}
+
+/// A token id's text: its decode with special tokens kept (empty without a tokenizer).
+pub fn token_text(tok: Option<&Tokenizer>, id: u32) -> String {
+    tok.map(|t| t.decode(&[id], false)).unwrap_or_default()
+}
+
+impl LogprobFrame {
+    fn new(l: &TokenLogprobs, tok: Option<&Tokenizer>) -> Self {
+        LogprobFrame {
+            id: l.token,
+            token: token_text(tok, l.token),
+            logprob: l.logprob,
+            top: (l.top.iter())
+                .map(|&(id, logprob)| TopLogprobFrame {
+                    id,
+                    token: token_text(tok, id),
+                    logprob,
+                })
+                .collect(),
+        }
     }
 }
 
@@ -171,6 +213,9 @@ pub enum ServerFrame<'a> {
         index: usize,
         text: &'a str,
         tokens: usize,
+        /// Requests with `params.logprobs` only: one entry per token counted.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<LogprobFrame>,
     },
     /// One choice of an `n > 1` request ended; others still run.
     #[serde(rename = "choice_done")]
@@ -206,7 +251,8 @@ impl<'a> ServerFrame<'a> {
         }
     }
 
-    pub fn from_event(id: &'a str, ev: &'a StreamEvent) -> Self {
+    /// `tok` spells out the tokens of log-probabilities (empty strings without one).
+    pub fn from_event(id: &'a str, ev: &'a StreamEvent, tok: Option<&Tokenizer>) -> Self {
         match ev {
             StreamEvent::Started { prompt_tokens } => ServerFrame::Started {
                 id,
@@ -216,11 +262,13 @@ impl<'a> ServerFrame<'a> {
                 index,
                 text,
                 tokens,
+                logprobs,
             } => ServerFrame::Delta {
                 id,
                 index: *index,
                 text,
                 tokens: *tokens,
+                logprobs: logprobs.iter().map(|l| LogprobFrame::new(l, tok)).collect(),
             },
             StreamEvent::ChoiceDone {
                 index,
@@ -285,7 +333,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(f, ClientFrame::Generate(GenerateFrame { input: PromptInput::Messages(ref m), .. }) if m.len() == 1)
+            matches!(f, ClientFrame::Generate(ref g) if matches!(g.input, PromptInput::Messages(ref m) if m.len() == 1))
         );
         let c = parse_client_frame(r#"{"type":"cancel","id":"a"}"#).unwrap();
         assert!(matches!(c, ClientFrame::Cancel { ref id } if id == "a"));
@@ -359,9 +407,10 @@ mod tests {
             index: 0,
             text: "hé".into(),
             tokens: 2,
+            logprobs: Vec::new(),
         };
         assert_eq!(
-            ServerFrame::from_event("r1", &ev).to_json(),
+            ServerFrame::from_event("r1", &ev, None).to_json(),
             r#"{"type":"delta","id":"r1","index":0,"text":"hé","tokens":2}"#
         );
         let ev = StreamEvent::ChoiceDone {
@@ -370,8 +419,29 @@ mod tests {
             completion_tokens: 5,
         };
         assert_eq!(
-            ServerFrame::from_event("r1", &ev).to_json(),
+            ServerFrame::from_event("r1", &ev, None).to_json(),
             r#"{"type":"choice_done","id":"r1","index":2,"finish_reason":"stop","completion_tokens":5}"#
+        );
+        let tok = crate::tokenizer_fixture::TokFixture::default().build();
+        let hi = tok.encode("hi", false).unwrap()[0];
+        let ev = StreamEvent::Delta {
+            index: 0,
+            text: "hi".into(),
+            tokens: 1,
+            logprobs: vec![TokenLogprobs {
+                token: hi,
+                logprob: -0.5,
+                top: vec![(hi, -0.5)],
+            }],
+        };
+        let j: Value =
+            serde_json::from_str(&ServerFrame::from_event("r1", &ev, Some(&tok)).to_json())
+                .unwrap();
+        let text = tok.decode(&[hi], false);
+        assert_eq!(
+            j["logprobs"],
+            serde_json::json!([{"id": hi, "token": text, "logprob": -0.5,
+                                "top": [{"id": hi, "token": text, "logprob": -0.5}]}])
         );
         let e = EngineError::Overloaded {
             reason: "queue full".into(),
@@ -395,7 +465,7 @@ mod tests {
             },
         };
         let j: Value =
-            serde_json::from_str(&ServerFrame::from_event("r", &done).to_json()).unwrap();
+            serde_json::from_str(&ServerFrame::from_event("r", &done, None).to_json()).unwrap();
         assert_eq!(j["finish_reason"], "length");
         assert_eq!(j["index"], 1);
         assert_eq!(j["usage"]["completion_tokens"], 4);

@@ -46,6 +46,16 @@ pub struct Timing {
     pub total_ms: f64,
 }
 
+/// One output token's log-probabilities, for requests that ask (`params.logprobs`): the
+/// model's own distribution (raw logits, temperature 1), as vLLM and OpenAI report them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `params.logprobs` most likely tokens, (id, log-probability), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What flows from the scheduler to a session for one request, over a bounded channel.
 /// At most one `Delta` per engine step; exactly one terminal event (`Done` or `Error`).
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +68,9 @@ pub enum StreamEvent {
         index: usize,
         text: String,
         tokens: usize,
+        /// One entry per token this delta counts, for requests with `params.logprobs`; else
+        /// empty.
+        logprobs: Vec<TokenLogprobs>,
     },
     /// One choice of an `n > 1` request ended while others still run (not terminal).
     ChoiceDone {

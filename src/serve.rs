@@ -2,10 +2,12 @@
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValuesParser;
 use clap::Args;
 
 use crate::config::Config;
 use crate::engine_args::EngineArgs;
+use crate::model::synthetic::SYNTHETIC_MODELS;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -31,6 +33,30 @@ pub struct ServeArgs {
     /// Serve /metrics and the dashboard stream without the API key.
     #[arg(long)]
     pub public_metrics: bool,
+    /// Serve random weights of a known model's shapes instead of a model folder (generated on
+    /// the GPU; on the CPU only `tiny`), with the tokenizer of --tokenizer: the whole server on a
+    /// real shape without its checkpoint. The text is gibberish; send `ignore_eos` for full
+    /// lengths.
+    #[arg(long, value_name = "NAME", conflicts_with = "model",
+          value_parser = PossibleValuesParser::new(SYNTHETIC_MODELS))]
+    pub synthetic: Option<String>,
+    /// With --synthetic: the model folder whose tokenizer and chat template to use (default: the
+    /// bundled demo model, models/demo-chat). Only the tokenizer's ids are sampled.
+    #[arg(long, value_name = "DIR", requires = "synthetic")]
+    pub tokenizer: Option<PathBuf>,
+    /// With --synthetic: seed of the random weights (default 0).
+    #[arg(long, requires = "synthetic")]
+    pub seed: Option<u64>,
+}
+
+/// What `serve` loads: a model folder, or a synthetic shape with a tokenizer folder.
+enum Source {
+    Folder(PathBuf),
+    Synthetic {
+        name: String,
+        seed: u64,
+        tokenizer: PathBuf,
+    },
 }
 
 /// The model folder to serve: the flag or config, else the bundled demo model.
@@ -67,16 +93,41 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     cfg.server.public_metrics |= args.public_metrics;
     cfg.validate()?;
-    let model_dir = resolve_model(&cfg)?;
+    let source = match args.synthetic {
+        Some(name) => {
+            let tokenizer = match args.tokenizer {
+                Some(dir) => dir,
+                None => crate::engine::default_model_dir().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--synthetic needs a tokenizer: the bundled demo model (models/demo-chat) \
+                         was not found; pass --tokenizer DIR (a Hugging Face model folder)"
+                    )
+                })?,
+            };
+            Source::Synthetic {
+                name,
+                seed: args.seed.unwrap_or(0),
+                tokenizer,
+            }
+        }
+        None => Source::Folder(resolve_model(&cfg)?),
+    };
     let system = actix::System::new();
     system.block_on(async move {
-        let engine = crate::engine::start(&cfg, &model_dir, true)?;
+        let engine = match &source {
+            Source::Folder(dir) => crate::engine::start(&cfg, dir, true)?,
+            Source::Synthetic {
+                name,
+                seed,
+                tokenizer,
+            } => crate::engine::start_synthetic_with_tokenizer(&cfg, name, *seed, tokenizer)?,
+        };
         let (server, port) = crate::server::bind(engine.clone(), &cfg.server)?;
         eprintln!("{}", engine.info.summary());
         if cfg.server.api_key.is_some() {
             eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
         }
-        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, /health, /metrics)", cfg.server.host);
+        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", cfg.server.host);
         server.await?;
         Ok::<(), anyhow::Error>(())
     })

@@ -72,20 +72,25 @@ impl ValidRequest {
     pub fn into_parts(self) -> (Vec<u32>, SamplingParams, Arc<[u32]>) {
         (self.prompt_token_ids, self.params, self.eos_token_ids)
     }
+
+    /// The same request on another sample stream (`seed`; None: one drawn at admission): one
+    /// of a request's `n` choices. Every check still holds.
+    pub fn with_seed(&self, seed: Option<u64>) -> ValidRequest {
+        let mut r = self.clone();
+        r.params.seed = seed;
+        r
+    }
 }
 
 /// The model's own defaults, from generation_config.json (parsed once, at start).
 #[derive(Debug, Clone)]
 pub struct ModelDefaults {
-    /// brook's defaults overlaid with the model's temperature, top_p, top_k, min_p and
-    /// max_new_tokens (as `max_tokens`).
+    /// brook's defaults overlaid with the model's temperature, top_p, top_k, min_p,
+    /// repetition_penalty and max_new_tokens (as `max_tokens`).
     pub sampling: SamplingParams,
     /// Every id that ends generation: the tokenizer's eos, generation_config.json's and
     /// config.json's, without duplicates.
     pub eos_token_ids: Arc<[u32]>,
-    /// generation_config.json's value, recorded for when the sampler supports a repetition
-    /// penalty; not applied today.
-    pub repetition_penalty: Option<f32>,
 }
 
 impl ModelDefaults {
@@ -105,22 +110,15 @@ impl ModelDefaults {
                 top_p: g.top_p.map(f64::from),
                 top_k: g.top_k.map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
                 min_p: g.min_p.map(f64::from),
+                repetition_penalty: g.repetition_penalty.map(f64::from),
                 ..Default::default()
             },
         };
         let sampling = SamplingParams::from_raw(raw, &SamplingParams::default(), vocab_size)
             .map_err(|e| anyhow::anyhow!("generation_config.json has an unusable default: {e}"))?;
-        let repetition_penalty = gen.and_then(|g| g.repetition_penalty);
-        if let Some(p) = repetition_penalty.filter(|&p| p != 1.0) {
-            tracing::warn!(
-                "generation_config.json sets repetition_penalty {p}; brook's sampler has none yet, \
-                 so it is not applied"
-            );
-        }
         Ok(ModelDefaults {
             sampling,
             eos_token_ids: eos_token_ids.into(),
-            repetition_penalty,
         })
     }
 }
@@ -204,6 +202,8 @@ impl Validation {
         params.max_tokens = params
             .max_tokens
             .min(self.limits.max_model_len.saturating_sub(n).max(1));
+        params.min_tokens = params.min_tokens.min(params.max_tokens);
+        params.block_eos_before_min_tokens(&self.defaults.eos_token_ids);
         Ok(ValidRequest {
             prompt_token_ids,
             params,
@@ -496,7 +496,7 @@ mod tests {
             ..Default::default()
         }
         .build();
-        assert_eq!(v.defaults().repetition_penalty, Some(1.1));
+        assert_eq!(v.defaults().sampling.repetition_penalty, 1.1);
         // Unset: the model's defaults; min_p, which the model leaves out: brook's.
         let p = v.validate(tokens(&[5])).unwrap().params().clone();
         assert_eq!(

@@ -10,6 +10,8 @@
 //! models/demo-chat) when set. Without a GPU each test says so and returns; with
 //! `BROOK_REQUIRE_GPU=1` a missing GPU fails.
 
+mod gpu;
+use gpu::have_gpu;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -41,21 +43,13 @@ mod persistent;
 #[path = "cuda_e2e/block_table.rs"]
 mod block_table;
 
+/// Penalties, logit bias and logprobs on that path (device token counts).
+#[path = "cuda_e2e/penalties.rs"]
+mod penalties;
+
 /// The KV memory tier: pinned host blocks, copies on the copy stream, swap and fork.
 #[path = "cuda_e2e/kv_tier.rs"]
 mod kv_tier;
-
-fn have_gpu() -> bool {
-    let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match brook::executor::cuda::probe() {
-        Ok(()) => true,
-        Err(e) if required => panic!("BROOK_REQUIRE_GPU=1 but no GPU: {e}"),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-    }
-}
 
 const BLOCK: usize = 16;
 

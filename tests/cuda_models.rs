@@ -10,22 +10,12 @@
 
 mod goldens;
 
+mod gpu;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::model::config::ModelConfig;
 use brook::sampling::sampler::argmax;
-
-fn have_gpu() -> bool {
-    let required = std::env::var("BROOK_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match brook::executor::cuda::probe() {
-        Ok(()) => true,
-        Err(e) if required => panic!("BROOK_REQUIRE_GPU=1 but no GPU: {e}"),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-    }
-}
+use gpu::have_gpu;
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

@@ -346,13 +346,12 @@ async fn adaptive_policy_serves_mixed_lengths() {
     }
     c.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="long"} 1"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:scheduler_accepted_total{class="short"} 2"#),
-        "{m}"
+    assert_metric_lines(
+        &m,
+        &[
+            r#"brook:scheduler_accepted_total{class="long"} 1"#,
+            r#"brook:scheduler_accepted_total{class="short"} 2"#,
+        ],
     );
     server.stop().await;
 }
@@ -390,7 +389,12 @@ async fn generation_config_defaults_reach_requests() {
     };
     let v = engine.validate(req(own)).unwrap();
     assert_eq!((v.params().temperature, v.params().top_k), (0.25, 3));
-    assert_eq!(engine.validation().defaults().repetition_penalty, Some(1.3));
+    // Applied as the default penalty (the sampler has one).
+    assert_eq!(
+        engine.validation().defaults().sampling.repetition_penalty,
+        1.3
+    );
+    assert_eq!(v.params().repetition_penalty, 1.3);
     // The eos ids of generation_config.json end generation.
     let eos = &engine.validation().defaults().eos_token_ids;
     for t in gen["eos_token_id"].as_array().unwrap() {
@@ -418,13 +422,17 @@ async fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
     assert_eq!(g.iter().filter(|f| f["type"] == "choice_done").count(), 2);
     let done = terminal(g);
     assert_eq!(done["type"], "done", "{done}");
-    assert_eq!(done["usage"]["completion_tokens"], 27, "all three choices count");
+    assert_eq!(
+        done["usage"]["completion_tokens"], 27,
+        "all three choices count"
+    );
     let single = text(&frames["one"], 0);
     assert!(!single.is_empty());
     for i in 0..3 {
         assert_eq!(text(g, i), single, "choice {i}");
     }
-    c.send(json!({"type":"generate","id":"bad","prompt":"a","n":0})).await;
+    c.send(json!({"type":"generate","id":"bad","prompt":"a","n":0}))
+        .await;
     let f = c.recv().await.unwrap();
     assert_eq!(f["type"], "error");
     assert!(f["message"].as_str().unwrap().contains("`n`"), "{f}");

@@ -21,10 +21,10 @@ use brook::model::loader::load_weights;
 use brook::model::reference::reference_greedy;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
-use testing::{write_test_model, TestModelSpec};
 use brook::scheduler::{
     Admission, NewRequest, PreemptDecision, PreemptionMode, Scheduler, SchedulerConfig, SwapCost,
 };
+use testing::{write_test_model, TestModelSpec};
 
 const BLOCK: usize = 4;
 
@@ -189,7 +189,11 @@ fn a_full_host_tier_recomputes_and_the_output_is_unchanged() {
         "{st:?}"
     );
     for (id, p, max_new, _, _) in &reqs {
-        assert_eq!(r.out[id], reference(dir.path(), p, *max_new), "request {id}");
+        assert_eq!(
+            r.out[id],
+            reference(dir.path(), p, *max_new),
+            "request {id}"
+        );
     }
 }
 

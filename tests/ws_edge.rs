@@ -229,21 +229,14 @@ async fn framing_violations_close_with_their_codes_and_others_carry_on() {
     assert_eq!(terminal(&frames["keep"])["usage"]["completion_tokens"], 40);
     other.close().await;
     let m = wait_idle(&server).await;
-    assert!(
-        m.contains(r#"brook:websocket_closes_total{reason="protocol_error"} 4"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:websocket_closes_total{reason="message_too_big"} 4"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:websocket_closes_total{reason="invalid_utf8"} 3"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:websocket_closes_total{reason="binary_message"} 2"#),
-        "{m}"
+    assert_metric_lines(
+        &m,
+        &[
+            r#"brook:websocket_closes_total{reason="protocol_error"} 4"#,
+            r#"brook:websocket_closes_total{reason="message_too_big"} 4"#,
+            r#"brook:websocket_closes_total{reason="invalid_utf8"} 3"#,
+            r#"brook:websocket_closes_total{reason="binary_message"} 2"#,
+        ],
     );
     server.stop().await;
 }
@@ -396,13 +389,12 @@ async fn api_key_by_header_subprotocol_or_query() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let m = String::from_utf8(r.body().await.unwrap().to_vec()).unwrap();
-    assert!(
-        m.contains(r#"brook:websocket_rejected_total{reason="missing_api_key"} 1"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"brook:websocket_rejected_total{reason="wrong_api_key"} 3"#),
-        "{m}"
+    assert_metric_lines(
+        &m,
+        &[
+            r#"brook:websocket_rejected_total{reason="missing_api_key"} 1"#,
+            r#"brook:websocket_rejected_total{reason="wrong_api_key"} 3"#,
+        ],
     );
     server.stop().await;
 }

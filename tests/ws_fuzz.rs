@@ -4,6 +4,7 @@
 //! random messages split into random fragment sequences with control frames between them, fed
 //! both as frames and as masked bytes in random read chunks, must come out whole or with the
 //! right close code.
+//! (Over 600 lines: the parser, validation and reassembly properties share these generators.)
 mod common;
 
 use actix_http::ws::{Frame, Item, OpCode, Parser};
@@ -203,7 +204,7 @@ fn edge_f64(lo: f64, hi: f64) -> impl Strategy<Value = f64> {
 }
 
 fn raw_params() -> impl Strategy<Value = RawSamplingParams> {
-    (
+    let base = (
         opt(prop_oneof![
             select(vec![
                 0i64,
@@ -225,14 +226,41 @@ fn raw_params() -> impl Strategy<Value = RawSamplingParams> {
         opt(edge_f64(0.0, 1.0)),
         opt(any::<u64>()),
         opt(vec(prop_oneof!["\\PC{0,3}", "x{250,260}"], 0..18)),
-        opt(vec(
-            prop_oneof![0u32..(VOCAB as u32 + 2), any::<u32>()],
+        opt(prop_oneof![
+            vec(prop_oneof![0u32..(VOCAB as u32 + 2), any::<u32>()], 0..4),
+            vec(0u32..VOCAB as u32, 63..66),
+        ]),
+        opt(any::<bool>()),
+    );
+    // The penalties, logit bias, min_tokens and logprobs.
+    let more = (
+        opt(edge_f64(-2.0, 2.0)),
+        opt(edge_f64(-2.0, 2.0)),
+        opt(edge_f64(0.0, 100.0)),
+        opt(btree_map(
+            prop_oneof!["[0-9]{1,3}", "0[0-9]", " ?[a-z]", "[0-9]{10}"],
+            edge_f64(-100.0, 100.0),
             0..4,
         )),
-        opt(any::<bool>()),
-    )
-        .prop_map(
-            |(
+        opt(prop_oneof![
+            select(vec![0i64, 1, 16, 256, 257, -1]),
+            any::<i64>()
+        ]),
+        opt(prop_oneof![select(vec![0i64, 5, 20, 21, -1]), any::<i64>()]),
+    );
+    (base, more).prop_map(
+        |(
+            (max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos),
+            (
+                presence_penalty,
+                frequency_penalty,
+                repetition_penalty,
+                logit_bias,
+                min_tokens,
+                logprobs,
+            ),
+        )| {
+            RawSamplingParams {
                 max_tokens,
                 temperature,
                 top_p,
@@ -242,20 +270,15 @@ fn raw_params() -> impl Strategy<Value = RawSamplingParams> {
                 stop,
                 stop_token_ids,
                 ignore_eos,
-            )| {
-                RawSamplingParams {
-                    max_tokens,
-                    temperature,
-                    top_p,
-                    top_k,
-                    min_p,
-                    seed,
-                    stop,
-                    stop_token_ids,
-                    ignore_eos,
-                }
-            },
-        )
+                presence_penalty,
+                frequency_penalty,
+                repetition_penalty,
+                logit_bias,
+                min_tokens,
+                logprobs,
+            }
+        },
+    )
 }
 
 /// The documented rules, restated independently: which field (if any) must be refused.
@@ -277,6 +300,15 @@ fn first_bad_field(r: &RawSamplingParams) -> Option<&'static str> {
     if in_f(r.min_p, &|p| (0.0..=1.0).contains(&p)) {
         return Some("min_p");
     }
+    if in_f(r.presence_penalty, &|p| (-2.0..=2.0).contains(&p)) {
+        return Some("presence_penalty");
+    }
+    if in_f(r.frequency_penalty, &|p| (-2.0..=2.0).contains(&p)) {
+        return Some("frequency_penalty");
+    }
+    if in_f(r.repetition_penalty, &|p| p as f32 > 0.0 && p <= 100.0) {
+        return Some("repetition_penalty");
+    }
     if let Some(stop) = &r.stop {
         if stop.len() > 16 || stop.iter().any(|s| s.is_empty() || s.len() > 256) {
             return Some("stop");
@@ -284,9 +316,38 @@ fn first_bad_field(r: &RawSamplingParams) -> Option<&'static str> {
     }
     if r.stop_token_ids
         .as_ref()
-        .is_some_and(|ids| ids.iter().any(|&t| t as usize >= VOCAB))
+        .is_some_and(|ids| ids.len() > 64 || ids.iter().any(|&t| t as usize >= VOCAB))
     {
         return Some("stop_token_ids");
+    }
+    if let Some(bias) = &r.logit_bias {
+        let ids: Vec<Option<u32>> = bias
+            .keys()
+            .map(|k| {
+                k.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&t| (t as usize) < VOCAB)
+            })
+            .collect();
+        let mut distinct: Vec<u32> = ids.iter().flatten().copied().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if ids.iter().any(Option::is_none)
+            || bias
+                .values()
+                .any(|v| !(v.is_finite() && (-100.0..=100.0).contains(v)))
+            || distinct.len() < ids.len()
+        {
+            return Some("logit_bias");
+        }
+    }
+    let max_tokens = r.max_tokens.unwrap_or(256);
+    if r.min_tokens.is_some_and(|n| !(0..=max_tokens).contains(&n)) {
+        return Some("min_tokens");
+    }
+    if r.logprobs.is_some_and(|n| !(0..=20).contains(&n)) {
+        return Some("logprobs");
     }
     None
 }

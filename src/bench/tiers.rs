@@ -89,10 +89,7 @@ pub fn memory(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// `--multiturn`: returning users' TTFT with and without the host tier.
 pub fn multiturn(args: &BenchArgs) -> anyhow::Result<()> {
-    let name = args
-        .synthetic
-        .clone()
-        .unwrap_or_else(|| "tiny".to_string());
+    let name = args.synthetic.clone().unwrap_or_else(|| "tiny".to_string());
     let with_host = args.engine.resolve()?;
     anyhow::ensure!(
         with_host.cache.cpu_kv_cache_gib > 0.0,
@@ -136,7 +133,11 @@ async fn returning_ttft(
     let vocab = engine.info.vocab_size as u32;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let firsts: Vec<Vec<u32>> = (0..users)
-        .map(|_| (0..args.input_len).map(|_| rng.random_range(0..vocab)).collect())
+        .map(|_| {
+            (0..args.input_len)
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
         .collect();
     let turn = |prompt: Vec<u32>| -> anyhow::Result<_> {
         let req = engine.validate(GenerateRequest {

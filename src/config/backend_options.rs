@@ -18,7 +18,7 @@ impl CpuBackendOptions {
             progress,
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
             copy_bytes_per_s: (cfg.cache.swap_bandwidth_gbs > 0.0)
-                .then(|| cfg.cache.swap_bandwidth_gbs * 1e9),
+                .then_some(cfg.cache.swap_bandwidth_gbs * 1e9),
         }
     }
 }
@@ -50,6 +50,7 @@ impl CudaBackendOptions {
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             progress,
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
+            sample_vocab_size: 0,
             skip: 0,
         }
     }

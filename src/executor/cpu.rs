@@ -13,8 +13,8 @@ use crate::executor::kv_tier::{CpuHostTier, KvTier};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
-use crate::sampling::sampler::Sampler;
-use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput};
+use crate::sampling::sampler::{Sampler, TokenCounts};
+use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput, TopLogprobs};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -42,6 +42,8 @@ pub struct CpuBackend {
     input: InputBatch,
     /// The KV host tier, when configured.
     host: Option<CpuHostTier>,
+    /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
+    sample_vocab: usize,
 }
 
 impl CpuBackend {
@@ -96,6 +98,7 @@ impl CpuBackend {
             .min(num_blocks);
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
+        let sample_vocab = config.vocab_size;
         let model = LlamaModel::new(config, weights)?;
         Ok(CpuBackend {
             model,
@@ -104,7 +107,16 @@ impl CpuBackend {
             sampler: Sampler::new(),
             input,
             host,
+            sample_vocab,
         })
+    }
+
+    /// Samples only ids below `n` (at most the vocabulary): a synthetic model served with a
+    /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
+    /// The other logits are masked out, log-probabilities included (as the CUDA sampler does).
+    pub fn sample_below(mut self, n: usize) -> Self {
+        self.sample_vocab = n.clamp(1, self.model.config().vocab_size);
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -128,7 +140,7 @@ impl CpuBackend {
     }
 
     /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
-    /// batch of `execute`.
+    /// batch of `execute` (so penalties see no earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
         let CpuBackend {
@@ -136,9 +148,22 @@ impl CpuBackend {
             kv,
             threads,
             sampler,
+            sample_vocab,
             ..
         } = self;
-        run(model, kv, threads.as_ref(), sampler, batch, start)
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
+        run(
+            model,
+            kv,
+            threads.as_ref(),
+            sampling,
+            batch,
+            |_| None,
+            start,
+        )
     }
 }
 
@@ -163,35 +188,45 @@ fn forward_flat(
     ))
 }
 
-/// Forward, then one token per sampling sequence.
-fn run(
+/// The sampler and the ids it may draw (the first `vocab` of a row).
+struct Sampling<'a> {
+    sampler: &'a mut Sampler,
+    vocab: usize,
+}
+
+/// Forward, then one token per sampling sequence; `counts(row)` gives the token counts of a
+/// request with penalties.
+fn run<'a>(
     model: &LlamaModel,
     kv: &mut KvPool,
     threads: Option<&rayon::ThreadPool>,
-    sampler: &mut Sampler,
+    sampling: Sampling<'_>,
     batch: &BatchInput,
+    counts: impl Fn(usize) -> Option<&'a TokenCounts>,
     start: Instant,
 ) -> anyhow::Result<StepOutput> {
     let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-    let sampling = batch
+    let Sampling { sampler, vocab: n } = sampling;
+    let sampled = batch
         .seqs
         .iter()
-        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, x)));
-    let sampled = sampling
-        .zip(logits.chunks(vocab))
-        .map(|((request_id, s), row)| {
-            let out = sampler.sample(row, &s.params, s.seed, s.output_index);
-            SampledToken {
-                request_id,
-                token: out.token,
-                logprob: out.logprob,
-            }
-        })
-        .collect();
-    Ok(StepOutput {
-        sampled,
-        elapsed: start.elapsed(),
-    })
+        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, s.row, x)));
+    let mut out = StepOutput::default();
+    for ((request_id, row, s), logits) in sampled.zip(logits.chunks(vocab)) {
+        let (p, logits) = (&s.params, &logits[..n]);
+        let got = sampler.sample(logits, p, s.seed, s.output_index, counts(row));
+        out.sampled.push(SampledToken {
+            request_id,
+            token: got.token,
+            logprob: got.logprob,
+        });
+        if let Some(k) = p.logprobs {
+            let top = sampler.top_logprobs(logits, k);
+            out.top_logprobs.push(TopLogprobs { request_id, top });
+        }
+    }
+    out.elapsed = start.elapsed();
+    Ok(out)
 }
 
 impl Backend for CpuBackend {
@@ -215,6 +250,7 @@ impl Backend for CpuBackend {
             sampler,
             input,
             host,
+            sample_vocab,
         } = self;
         if !step.kv_copies.is_empty() {
             match host {
@@ -223,8 +259,21 @@ impl Backend for CpuBackend {
                 None => CpuHostTier::apply_on_device(kv, &step.kv_copies)?,
             }
         }
-        let batch = input.update(step)?;
-        let out = run(model, kv, threads.as_ref(), sampler, batch, start)?;
+        input.update(step)?;
+        let (batch, held) = (input.batch(), &*input);
+        let sampling = Sampling {
+            sampler,
+            vocab: *sample_vocab,
+        };
+        let out = run(
+            model,
+            kv,
+            threads.as_ref(),
+            sampling,
+            batch,
+            |row| held.counts(row),
+            start,
+        )?;
         input.record(&out)?;
         Ok(out)
     }

@@ -13,6 +13,12 @@
 //!
 //! Every diff is checked against what the executor holds; a mismatch is an error naming the
 //! request (a scheduler bug), never silently wrong K/V.
+//!
+//! Requests with penalties need their token counts at every sampling step. They are kept
+//! incrementally, never rebuilt per step: on the host (`TokenCounts` in the row, updated as
+//! tokens are recorded or trimmed) for the CPU backend, or, for a backend that keeps them on its
+//! device (`track_counts_on_device`), as a log of [`CountOp`]s — row moved, row cleared, counts
+//! changed — that it drains each step (the sampling kernel itself counts what it samples).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +27,7 @@ use anyhow::{bail, ensure};
 
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
+use crate::sampling::sampler::TokenCounts;
 use crate::step::{
     BatchInput, BlockTables, SampleInput, SchedulerOutput, SeqInput, StepOutput, NULL_BLOCK,
 };
@@ -37,8 +44,25 @@ struct Row {
     num_prompt: usize,
     params: Arc<SamplingParams>,
     seed: u64,
+    /// Host-kept counts of a request with penalties (CPU backend); None otherwise.
+    counts: Option<TokenCounts>,
     /// Leading block-table entries freed behind the sliding window (`NULL_BLOCK`).
     num_freed: usize,
+}
+
+/// A change to the device-kept token counts of requests with penalties, in the order they must
+/// be applied (`InputBatch::drain_count_ops`). A row's counts hold, per token id, its
+/// occurrences in the output and whether the prompt holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountOp {
+    /// Row `to` takes row `from`'s counts (a dropped row's place is taken by the last one).
+    Move { from: usize, to: usize },
+    /// Row `row` starts from nothing (a new request).
+    Clear { row: usize },
+    /// `token` is in the prompt of the request in `row`.
+    Prompt { row: usize, token: u32 },
+    /// `token`'s output count in `row` changes by `delta`.
+    Add { row: usize, token: u32, delta: i32 },
 }
 
 #[derive(Debug)]
@@ -65,6 +89,10 @@ pub struct InputBatch {
     /// to the row's `num_freed` are sent (up to `changed_from`, which covers the rest).
     nulled_from: Vec<usize>,
     changed_rows: Vec<usize>,
+    /// Whether the counts of requests with penalties are kept on a device (`count_ops`) rather
+    /// than in the rows.
+    counts_on_device: bool,
+    count_ops: Vec<CountOp>,
 }
 
 impl InputBatch {
@@ -88,7 +116,58 @@ impl InputBatch {
             changed_from: Vec::new(),
             nulled_from: Vec::new(),
             changed_rows: Vec::new(),
+            counts_on_device: false,
+            count_ops: Vec::new(),
         }
+    }
+
+    /// The token counts of requests with penalties are kept by the owner's device, from the
+    /// ops it drains every step (`drain_count_ops`); the device counts each token it samples.
+    pub fn track_counts_on_device(mut self) -> Self {
+        self.counts_on_device = true;
+        self
+    }
+
+    /// The host-kept counts of the request in `row` (CPU backend; None without penalties).
+    pub fn counts(&self, row: usize) -> Option<&TokenCounts> {
+        self.rows.get(row).and_then(|r| r.counts.as_ref())
+    }
+
+    /// Calls `f` for every count change since the last drain, in order.
+    pub fn drain_count_ops(&mut self, mut f: impl FnMut(CountOp)) {
+        for op in self.count_ops.drain(..) {
+            f(op);
+        }
+    }
+
+    /// Every row with penalties is counted again from its tokens (its device counts were lost,
+    /// e.g. by a failed step); replaces the ops not drained yet.
+    pub fn recount_all(&mut self) {
+        self.count_ops.clear();
+        for r in 0..self.rows.len() {
+            self.count_row(r);
+        }
+    }
+
+    /// Device counts of row `r` from scratch: cleared, prompt ids, output tokens.
+    fn count_row(&mut self, r: usize) {
+        let row = &self.rows[r];
+        if !self.counts_on_device || !row.params.has_penalties() {
+            return;
+        }
+        let ops = &mut self.count_ops;
+        ops.push(CountOp::Clear { row: r });
+        let (prompt, output) = row.tokens.split_at(row.num_prompt);
+        ops.extend(
+            prompt
+                .iter()
+                .map(|&token| CountOp::Prompt { row: r, token }),
+        );
+        ops.extend(output.iter().map(|&token| CountOp::Add {
+            row: r,
+            token,
+            delta: 1,
+        }));
     }
 
     /// The model attends to its last `window` positions only (None: all of them), so the
@@ -157,15 +236,19 @@ impl InputBatch {
                         new.token_ids.len()
                     );
                     let r = self.rows.len();
+                    let (prompt, output) = new.token_ids.split_at(new.num_prompt_tokens);
+                    let host_counts = !self.counts_on_device && new.params.has_penalties();
                     self.rows.push(Row {
                         id: s.id,
                         tokens: new.token_ids.clone(),
                         num_prompt: new.num_prompt_tokens,
                         params: new.params.clone(),
                         seed: new.seed,
+                        counts: host_counts.then(|| TokenCounts::new(prompt, output)),
                         num_freed: 0,
                     });
                     self.index.insert(s.id, r);
+                    self.count_row(r);
                     self.batch.block_tables.set_row(r, &[]);
                     r
                 }
@@ -193,7 +276,11 @@ impl InputBatch {
                     s.request_id
                 );
             };
-            self.rows[r].tokens.push(s.token);
+            let row = &mut self.rows[r];
+            row.tokens.push(s.token);
+            if let Some(c) = &mut row.counts {
+                c.push_output(s.token);
+            }
         }
         Ok(())
     }
@@ -263,6 +350,9 @@ impl InputBatch {
             self.batch.block_tables.copy_row(last, r);
             self.index.insert(self.rows[r].id, r);
             self.mark_changed(r, 0);
+            if self.counts_on_device && self.rows[r].params.has_penalties() {
+                self.count_ops.push(CountOp::Move { from: last, to: r });
+            }
         }
         self.batch.block_tables.truncate(last);
         if let Some(c) = self.changed_from.get_mut(last) {
@@ -358,6 +448,18 @@ impl InputBatch {
         self.scheduled_in[r] = self.steps;
         // Sampling ends the known tokens: any the executor appended beyond were not kept.
         if sample && row.tokens.len() > end {
+            let from = end.max(row.num_prompt);
+            for &token in &row.tokens[from..] {
+                if let Some(c) = &mut row.counts {
+                    c.pop_output(token);
+                } else if self.counts_on_device && row.params.has_penalties() {
+                    self.count_ops.push(CountOp::Add {
+                        row: r,
+                        token,
+                        delta: -1,
+                    });
+                }
+            }
             row.tokens.truncate(end);
         }
         ensure!(

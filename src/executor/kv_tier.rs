@@ -209,6 +209,9 @@ mod tests {
             assert!(e.contains("block copy"), "{e}");
         }
         assert_eq!(dev.block_data(0), a);
-        assert!(t.host().block_data(1).iter().all(|x| x.is_nan()), "untouched");
+        assert!(
+            t.host().block_data(1).iter().all(|x| x.is_nan()),
+            "untouched"
+        );
     }
 }

@@ -395,7 +395,11 @@ mod tests {
         assert_eq!(alloc(&mut p, 1), vec![a[1]]);
         assert_eq!(p.drain_evicted().collect::<Vec<_>>(), vec![(a[1], h)]);
         assert_eq!(alloc(&mut p, 1), vec![a[0]]);
-        assert_eq!(p.drain_evicted().count(), 0, "an uncached block evicts nothing");
+        assert_eq!(
+            p.drain_evicted().count(),
+            0,
+            "an uncached block evicts nothing"
+        );
         let mut q = pool(1);
         let b = alloc(&mut q, 1);
         assert!(q.cache(b[0], h));

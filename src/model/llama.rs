@@ -76,7 +76,12 @@ impl KvPool {
     pub fn copy_block_between(from: &KvPool, src: usize, to: &mut KvPool, dst: usize) {
         let n = from.block_floats();
         debug_assert_eq!(n, to.block_floats());
-        for (f, t) in from.k.iter().zip(&mut to.k).chain(from.v.iter().zip(&mut to.v)) {
+        for (f, t) in from
+            .k
+            .iter()
+            .zip(&mut to.k)
+            .chain(from.v.iter().zip(&mut to.v))
+        {
             t[dst * n..(dst + 1) * n].copy_from_slice(&f[src * n..(src + 1) * n]);
         }
     }

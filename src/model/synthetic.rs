@@ -18,6 +18,7 @@ pub const SYNTHETIC_MODELS: &[&str] = &[
     "tinyllama-1.1b",
     "phi-3-mini",
     "llama-2-7b",
+    "llama-2-7b-16k",
     "qwen2.5-7b",
     "llama-3-8b",
     "qwen2.5-14b",
@@ -28,79 +29,37 @@ pub const SYNTHETIC_MODELS: &[&str] = &[
 pub const CPU_SYNTHETIC_MODELS: &[&str] = &["tiny"];
 
 pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
+    synthetic_config_with_vocab(name, 0)
+}
+
+/// The shape `name` served with a tokenizer of `tokenizer_vocab` ids: its vocabulary grows to
+/// the tokenizer's when that is larger, so every id a prompt can hold has an embedding (`tiny`'s
+/// 2048 under the demo tokenizer's 4096). A larger shape vocabulary stays as it is (the LM head's
+/// cost is part of the shape); the backend then samples only the tokenizer's ids.
+pub fn synthetic_config_with_vocab(
+    name: &str,
+    tokenizer_vocab: usize,
+) -> anyhow::Result<ModelConfig> {
     // (architecture, hidden, intermediate, layers, heads, kv heads, vocab, max positions, theta)
+    const LLAMA: &str = "LlamaForCausalLM";
+    const QWEN2: &str = "Qwen2ForCausalLM";
+    const PHI3: &str = "Phi3ForCausalLM";
     let (arch, h, i, l, heads, kv, vocab, max_pos, theta) = match name {
         // GQA (2 query heads per kv head) at head_dim 64, small enough for the CPU.
-        "tiny" => ("LlamaForCausalLM", 256, 688, 4, 4, 2, 2048, 2048, 10000.0),
-        "tinyllama-1.1b" => (
-            "LlamaForCausalLM",
-            2048,
-            5632,
-            22,
-            32,
-            4,
-            32000,
-            2048,
-            10000.0,
-        ),
+        "tiny" => (LLAMA, 256, 688, 4, 4, 2, 2048, 2048, 10000.0),
+        "tinyllama-1.1b" => (LLAMA, 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0),
         // head_dim 96, MHA (Phi-3-mini-4k-instruct; its 2047-token window is kept).
-        "phi-3-mini" => (
-            "Phi3ForCausalLM",
-            3072,
-            8192,
-            32,
-            32,
-            32,
-            32064,
-            4096,
-            10000.0,
-        ),
-        "llama-2-7b" => (
-            "LlamaForCausalLM",
-            4096,
-            11008,
-            32,
-            32,
-            32,
-            32000,
-            4096,
-            10000.0,
-        ),
+        "phi-3-mini" => (PHI3, 3072, 8192, 32, 32, 32, 32064, 4096, 10000.0),
+        "llama-2-7b" => (LLAMA, 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
+        // Llama-2-7B's shapes with a 20k context, so documents of 8-16k tokens fit with their
+        // chat template and output (the long-context serving benchmark, scripts/slo-gpu.sh).
+        // Same parameters: the context length changes only the block tables and RoPE positions.
+        "llama-2-7b-16k" => (LLAMA, 4096, 11008, 32, 32, 32, 32000, 20480, 10000.0),
         // 7 query heads per kv head, q/k/v biases.
-        "qwen2.5-7b" => (
-            "Qwen2ForCausalLM",
-            3584,
-            18944,
-            28,
-            28,
-            4,
-            152064,
-            32768,
-            1e6,
-        ),
-        "llama-3-8b" => (
-            "LlamaForCausalLM",
-            4096,
-            14336,
-            32,
-            32,
-            8,
-            128256,
-            8192,
-            500000.0,
-        ),
+        "qwen2.5-7b" => (QWEN2, 3584, 18944, 28, 28, 4, 152064, 32768, 1e6),
+        "llama-3-8b" => (LLAMA, 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
         // 5 query heads per kv head.
-        "qwen2.5-14b" => (
-            "Qwen2ForCausalLM",
-            5120,
-            13824,
-            48,
-            40,
-            8,
-            152064,
-            32768,
-            1e6,
-        ),
+        "qwen2.5-14b" => (QWEN2, 5120, 13824, 48, 40, 8, 152064, 32768, 1e6),
         other => anyhow::bail!(
             "unknown synthetic model {other:?}; known: {}",
             SYNTHETIC_MODELS.join(", ")
@@ -113,7 +72,7 @@ pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
         "num_hidden_layers": l,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
-        "vocab_size": vocab,
+        "vocab_size": vocab.max(tokenizer_vocab),
         "max_position_embeddings": max_pos,
         "rope_theta": theta,
         "rms_norm_eps": 1e-5,
@@ -122,7 +81,7 @@ pub fn synthetic_config(name: &str) -> anyhow::Result<ModelConfig> {
         "eos_token_id": 2,
         "torch_dtype": "bfloat16",
     });
-    if arch == "Phi3ForCausalLM" {
+    if arch == PHI3 {
         json["sliding_window"] = serde_json::json!(2047);
     }
     Ok(ModelConfig::from_json_str(&json.to_string())?)
@@ -222,6 +181,34 @@ mod tests {
         );
         let err = synthetic_config("gpt-2").unwrap_err().to_string();
         assert!(SYNTHETIC_MODELS.iter().all(|n| err.contains(n)), "{err}");
+    }
+
+    #[test]
+    fn the_16k_preset_is_llama_2_7b_with_a_longer_context() {
+        let base = synthetic_config("llama-2-7b").unwrap();
+        let long = synthetic_config("llama-2-7b-16k").unwrap();
+        assert!(long.max_position_embeddings >= 16384 + 2048);
+        assert_eq!(long.num_parameters(), base.num_parameters());
+        assert_eq!(
+            (long.hidden_size, long.num_hidden_layers, long.vocab_size),
+            (base.hidden_size, base.num_hidden_layers, base.vocab_size)
+        );
+    }
+
+    #[test]
+    fn a_larger_tokenizer_widens_the_vocabulary_a_smaller_one_does_not() {
+        assert_eq!(
+            synthetic_config_with_vocab("tiny", 4096)
+                .unwrap()
+                .vocab_size,
+            4096
+        );
+        assert_eq!(
+            synthetic_config_with_vocab("llama-2-7b", 4096)
+                .unwrap()
+                .vocab_size,
+            32000
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use super::text::TextOutput;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::step::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidRequest;
@@ -26,6 +26,8 @@ struct RequestState {
     /// Text (and its token count) not sent yet: the reader was slow, or it is this step's.
     pending_text: String,
     pending_tokens: usize,
+    /// Log-probabilities of the pending tokens (requests that asked; else stays empty).
+    pending_logprobs: Vec<TokenLogprobs>,
     prompt_tokens: usize,
     completion_tokens: usize,
     arrival: Instant,
@@ -36,6 +38,8 @@ struct RequestState {
 
 impl RequestState {
     /// Whether a delta is due: text to send, or, with no text to wait for, tokens to count.
+    /// Log-probabilities wait with their tokens' text, except at the end (`finish`), where a
+    /// token without text (eos) still gets its entry.
     fn has_pending(&self) -> bool {
         !self.pending_text.is_empty() || (self.text.is_none() && self.pending_tokens > 0)
     }
@@ -45,6 +49,7 @@ impl RequestState {
             index: self.index,
             text: std::mem::take(&mut self.pending_text),
             tokens: std::mem::take(&mut self.pending_tokens),
+            logprobs: std::mem::take(&mut self.pending_logprobs),
         }
     }
 }
@@ -129,8 +134,9 @@ impl OutputProcessor {
     /// The text side of a new request (before the core takes its prompt); `None` without a
     /// tokenizer.
     pub fn text_output(&self, req: &ValidRequest) -> Option<TextOutput> {
-        let stop = &req.params().stop;
-        (self.tokenizer.as_ref()).map(|tok| TextOutput::new(tok, req.prompt_token_ids(), stop))
+        let p = req.params();
+        (self.tokenizer.as_ref())
+            .map(|tok| TextOutput::new(tok, req.prompt_token_ids(), &p.stop, p.min_tokens))
     }
 
     /// A request the core accepted, with its `n` choices (ids `id .. id + n`): tracks them and
@@ -168,6 +174,7 @@ impl OutputProcessor {
                     index,
                     text: text.clone(),
                     pending_text: String::new(),
+                    pending_logprobs: Vec::new(),
                     pending_tokens: 0,
                     prompt_tokens,
                     completion_tokens: 0,
@@ -187,6 +194,7 @@ impl OutputProcessor {
                 text,
                 pending_text: String::new(),
                 pending_tokens: 0,
+                pending_logprobs: Vec::new(),
                 prompt_tokens,
                 completion_tokens: 0,
                 arrival,
@@ -235,6 +243,7 @@ impl OutputProcessor {
                 r.last_token_at = Some(now);
                 r.completion_tokens += n;
                 r.pending_tokens += n;
+                r.pending_logprobs.extend(u.logprobs.iter().cloned());
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
             let mut by_stop_string = false;
@@ -349,7 +358,7 @@ impl OutputProcessor {
             m.queue_time.observe(secs(s - r.arrival));
         }
         let mut events = Vec::with_capacity(2);
-        if r.has_pending() {
+        if r.has_pending() || !r.pending_logprobs.is_empty() {
             events.push(r.take_delta());
         }
         let Some(g) = self.groups.get_mut(&r.first) else {
@@ -425,10 +434,16 @@ fn flush(r: &mut RequestState) -> bool {
     let delta = r.take_delta();
     match r.tx.try_send(delta) {
         Ok(()) => true,
-        Err(TrySendError::Full(StreamEvent::Delta { text, tokens, .. })) => {
+        Err(TrySendError::Full(StreamEvent::Delta {
+            text,
+            tokens,
+            logprobs,
+            ..
+        })) => {
             // Slow reader: keep the text (and count) and merge it into the next delta.
             r.pending_text = text;
             r.pending_tokens = tokens;
+            r.pending_logprobs = logprobs;
             true
         }
         Err(TrySendError::Full(_)) => unreachable!("only deltas are flushed"),

@@ -11,7 +11,7 @@ use super::text::TextOutput;
 use super::{OutputProcessor, Processed};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, RequestId, StreamEvent, Timing, Usage};
+use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
 use crate::scheduler::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_fixture::TokFixture;
@@ -38,7 +38,7 @@ impl Harness {
         let prompt = tok.encode("Hello", true).unwrap();
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
         let t0 = Instant::now();
-        let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop));
+        let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop, 0));
         out.add_request(ID, 1, prompt.len(), text, tx, t0);
         Harness {
             out,
@@ -56,9 +56,20 @@ impl Harness {
 
     /// One step's update for the request, at `ms` after arrival.
     fn step(&mut self, ids: &[u32], finished: Option<FinishReason>, ms: u64) -> Processed {
+        self.step_with_logprobs(ids, Vec::new(), finished, ms)
+    }
+
+    fn step_with_logprobs(
+        &mut self,
+        ids: &[u32],
+        logprobs: Vec<TokenLogprobs>,
+        finished: Option<FinishReason>,
+        ms: u64,
+    ) -> Processed {
         let u = RequestUpdate {
             id: ID,
             new_token_ids: ids.to_vec(),
+            logprobs,
             finished,
             num_computed_tokens: 0,
             num_output_tokens: 0,
@@ -243,6 +254,7 @@ fn emergency_mode_skips_inter_token_latency_only() {
     let u = |ids: &[u32]| RequestUpdate {
         id: ID,
         new_token_ids: ids.to_vec(),
+        logprobs: Vec::new(),
         finished: None,
         num_computed_tokens: 0,
         num_output_tokens: 0,
@@ -276,6 +288,44 @@ fn slow_reader_gets_merged_deltas_and_loses_nothing() {
     assert_eq!(text_of(&all), text);
     assert_eq!(tokens_of(&all), ids.len());
     assert_eq!(done_of(&all).1.completion_tokens, ids.len());
+}
+
+#[test]
+fn logprobs_travel_with_their_tokens_through_merged_deltas() {
+    // As the slow reader above, with log-probabilities: one entry per token, in order.
+    let mut h = Harness::new(&[], 2, true);
+    let ids = h.ids("the quick brown fox jumps");
+    let lp = |i: usize, id: u32| TokenLogprobs {
+        token: id,
+        logprob: -(i as f32),
+        top: vec![(id, -(i as f32)), (7, -9.0)],
+    };
+    let mut blocked = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let last = i + 1 == ids.len();
+        let finished = last.then_some(FinishReason::Length);
+        let done = h.step_with_logprobs(&[id], vec![lp(i, id)], finished, i as u64);
+        blocked.extend(done.blocked.into_iter().flat_map(|b| b.events));
+        if i == 1 {
+            h.drain(); // a reader that reads now and then
+        }
+    }
+    let mut evs = h.drain();
+    evs.extend(blocked);
+    let got: Vec<TokenLogprobs> = evs
+        .iter()
+        .flat_map(|e| match e {
+            StreamEvent::Delta {
+                logprobs, tokens, ..
+            } => {
+                assert_eq!(logprobs.len(), *tokens, "{e:?}");
+                logprobs.clone()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    let want: Vec<TokenLogprobs> = (1..ids.len()).map(|i| lp(i, ids[i])).collect();
+    assert_eq!(got, want);
 }
 
 #[test]
@@ -392,6 +442,7 @@ fn update(id: u64, tokens: usize, finished: Option<FinishReason>) -> RequestUpda
         finished,
         num_computed_tokens: 0,
         num_output_tokens: 0,
+        logprobs: Vec::new(),
     }
 }
 
@@ -463,7 +514,10 @@ fn cancelling_or_aborting_an_n_request_ends_every_choice() {
     out.cancel(ID, t0, &mut done);
     assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
     let evs = drain_rx(&mut rx);
-    assert!(matches!(evs.last(), Some(StreamEvent::Done { .. })), "{evs:?}");
+    assert!(
+        matches!(evs.last(), Some(StreamEvent::Done { .. })),
+        "{evs:?}"
+    );
     assert!(out.is_empty());
 
     let (mut out, _rx, _) = group(3, 64);
@@ -476,7 +530,11 @@ fn cancelling_or_aborting_an_n_request_ends_every_choice() {
     // A failed step naming one choice fails the request once, for all of them.
     let (mut out, mut rx, _) = group(2, 64);
     let mut done = Processed::default();
-    out.fail(RequestId(8), EngineError::Internal("boom".into()), &mut done);
+    out.fail(
+        RequestId(8),
+        EngineError::Internal("boom".into()),
+        &mut done,
+    );
     assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
     let evs = drain_rx(&mut rx);
     assert_eq!(evs.iter().filter(|e| e.is_terminal()).count(), 1, "{evs:?}");

@@ -18,14 +18,18 @@ pub struct TextOutput {
     detok: IncrementalDetokenizer,
     /// None without stop strings, so text passes straight through without a copy.
     stop: Option<StopChecker>,
+    /// Stop strings are looked for only in text of tokens from the `min_tokens`-th on (vLLM
+    /// skips the check before); counts down to 0 as tokens arrive.
+    unchecked_tokens: usize,
 }
 
 impl TextOutput {
-    pub fn new(tok: &Tokenizer, prompt_ids: &[u32], stop: &[String]) -> Self {
+    pub fn new(tok: &Tokenizer, prompt_ids: &[u32], stop: &[String], min_tokens: usize) -> Self {
         let stop = StopChecker::new(stop);
         TextOutput {
             detok: IncrementalDetokenizer::new(tok, prompt_ids),
             stop: (!stop.is_empty()).then_some(stop),
+            unchecked_tokens: min_tokens,
         }
     }
 
@@ -42,7 +46,15 @@ impl TextOutput {
             };
         }
         let text = self.detok.push(tok, ids);
+        // Before min_tokens, text passes unchecked (a step's text is checked whole once it
+        // reaches min_tokens).
+        let unchecked = self.unchecked_tokens > ids.len();
+        self.unchecked_tokens = self.unchecked_tokens.saturating_sub(ids.len());
         match &mut self.stop {
+            _ if unchecked => TextUpdate {
+                text,
+                stopped_by_string: false,
+            },
             None => TextUpdate {
                 text,
                 stopped_by_string: false,
@@ -100,7 +112,7 @@ mod tests {
         rng: &mut impl Rng,
     ) -> (Vec<String>, bool) {
         let ids = tok.encode(text, false).unwrap();
-        let mut out = TextOutput::new(tok, prompt, stop);
+        let mut out = TextOutput::new(tok, prompt, stop, 0);
         let mut deltas = Vec::new();
         let mut rest = &ids[..];
         while !rest.is_empty() {
@@ -162,7 +174,7 @@ mod tests {
     #[test]
     fn special_tokens_never_reach_the_text() {
         let tok = TokFixture::default().build();
-        let mut out = TextOutput::new(&tok, &[0], &stops(&["zz"]));
+        let mut out = TextOutput::new(&tok, &[0], &stops(&["zz"]), 0);
         let mut text = String::new();
         for id in tok
             .encode("Hi there", false)
@@ -174,5 +186,27 @@ mod tests {
         }
         text += &out.finish(&tok);
         assert_eq!(text, "Hi there");
+    }
+
+    #[test]
+    fn stop_strings_wait_for_min_tokens() {
+        let tok = TokFixture::default().build();
+        let ids = tok.encode("ab STOP cd STOP ef", false).unwrap();
+        // Tokens up to the one that completes the first STOP; one more is min_tokens.
+        let first = (1..=ids.len())
+            .find(|&k| tok.decode(&ids[..k], true).contains("STOP"))
+            .unwrap();
+        let mut out = TextOutput::new(&tok, &[0], &stops(&["STOP"]), first + 1);
+        let mut text = String::new();
+        for &id in &ids {
+            let u = out.push_tokens(&tok, &[id]);
+            text += &u.text;
+            if u.stopped_by_string {
+                break;
+            }
+        }
+        // The first STOP came before min_tokens and stays in the text; the second stops it.
+        assert!(out.is_stopped());
+        assert_eq!(text, "ab STOP cd ");
     }
 }

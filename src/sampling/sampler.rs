@@ -1,8 +1,17 @@
-//! Token sampling from one row of logits: greedy, temperature, top-k, top-p, min-p, seeded.
+//! Token sampling from one row of logits: logit bias, the min_tokens mask and penalties
+//! (presence, frequency, repetition), then greedy or temperature with top-k, top-p and min-p,
+//! seeded; and log-probabilities (the sampled token's, the top k).
 //!
 //! The random draw for output token `i` of a request comes from a ChaCha stream keyed by
 //! (seed, i), so a seeded request gives the same tokens whatever shares its batch and after a
 //! preemption recomputes it.
+//!
+//! Processing order, as vLLM's: logit bias and the min_tokens mask (eos and stop ids at -inf
+//! while fewer than `min_tokens` tokens were generated), then the penalties, then temperature
+//! and the cuts. Log-probabilities are the model's own (raw logits, temperature 1), as vLLM
+//! reports them by default. kernels/sample.cu does the same on the GPU.
+
+use std::collections::{HashMap, HashSet};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -30,10 +39,119 @@ pub fn sample_seed(seed: u64, index: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// What the penalties need of a request's tokens, kept incrementally by its owner (one update
+/// per token, never a rescan): occurrences in the output, and which ids the prompt holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenCounts {
+    output: HashMap<u32, u32>,
+    prompt: HashSet<u32>,
+}
+
+impl TokenCounts {
+    pub fn new(prompt: &[u32], output: &[u32]) -> Self {
+        let mut c = TokenCounts {
+            output: HashMap::with_capacity(output.len().max(16)),
+            prompt: prompt.iter().copied().collect(),
+        };
+        for &t in output {
+            c.push_output(t);
+        }
+        c
+    }
+
+    pub fn push_output(&mut self, token: u32) {
+        *self.output.entry(token).or_insert(0) += 1;
+    }
+
+    /// Takes back an output token its owner dropped (a step result the scheduler did not keep).
+    pub fn pop_output(&mut self, token: u32) {
+        if let Some(n) = self.output.get_mut(&token) {
+            *n -= 1;
+            if *n == 0 {
+                self.output.remove(&token);
+            }
+        }
+    }
+
+    pub fn output_count(&self, token: u32) -> u32 {
+        self.output.get(&token).copied().unwrap_or(0)
+    }
+
+    /// In the prompt or the output: what the repetition penalty covers.
+    pub fn seen(&self, token: u32) -> bool {
+        self.prompt.contains(&token) || self.output.contains_key(&token)
+    }
+
+    /// Applies the penalties to the ids seen, in place; O(distinct ids seen), not O(vocab).
+    /// Ids past `logits` (a sampled range narrower than the model's vocabulary) are skipped.
+    pub fn apply_penalties(&self, logits: &mut [f32], p: &SamplingParams) {
+        for (&t, &n) in &self.output {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = penalize(*l, n, true, p);
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            for &t in self.prompt.iter().filter(|t| !self.output.contains_key(t)) {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = penalize(*l, 0, true, p);
+                }
+            }
+        }
+    }
+}
+
+/// One logit after the penalties: `n` occurrences in the output, `seen` in prompt or output.
+/// sample.cu's `penalize` computes the same, rounding step by step as here.
+pub fn penalize(logit: f32, n: u32, seen: bool, p: &SamplingParams) -> f32 {
+    let rp = p.repetition_penalty;
+    let l = if seen && rp != 1.0 {
+        if logit > 0.0 {
+            logit / rp
+        } else {
+            logit * rp
+        }
+    } else {
+        logit
+    };
+    let presence = if n > 0 { p.presence_penalty } else { 0.0 };
+    l - (p.frequency_penalty * n as f32 + presence)
+}
+
+/// The logits the draw uses, before temperature and the cuts, into `out`: `logits` with the
+/// logit bias added, the min_tokens mask applied (-inf) and then the penalties (over `counts`;
+/// none without). Only needed when `params.processes_logits(output_index)`.
+pub fn process_logits(
+    logits: &[f32],
+    params: &SamplingParams,
+    output_index: usize,
+    counts: Option<&TokenCounts>,
+    out: &mut Vec<f32>,
+) {
+    out.clear();
+    out.extend_from_slice(logits);
+    // Ids past the sampled range (a tokenizer smaller than the model) cannot be drawn anyway.
+    for &(t, b) in &params.logit_bias {
+        if let Some(l) = out.get_mut(t as usize) {
+            *l += b;
+        }
+    }
+    if params.masks_stop_ids(output_index) {
+        for &t in &params.min_tokens_blocked {
+            if let Some(l) = out.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    if let Some(c) = counts.filter(|_| params.has_penalties()) {
+        c.apply_penalties(out, params);
+    }
+}
+
 /// Reusable scratch so sampling does not allocate per token.
 #[derive(Debug, Default)]
 pub struct Sampler {
     candidates: Vec<(u32, f32)>,
+    work: Vec<f32>,
 }
 
 impl Sampler {
@@ -41,23 +159,51 @@ impl Sampler {
         Self::default()
     }
 
-    /// Samples one token. `logits` has the vocabulary's length.
+    /// Samples one token. `logits` has the vocabulary's length; `counts` holds the request's
+    /// tokens when it has penalties.
     pub fn sample(
         &mut self,
         logits: &[f32],
         params: &SamplingParams,
         seed: u64,
         output_index: usize,
+        counts: Option<&TokenCounts>,
     ) -> Sampled {
-        let (argmax, max_logit) = argmax(logits);
+        let (_, max_logit) = argmax(logits);
         let log_z = log_sum_exp(logits, max_logit);
-        if params.is_greedy() {
-            return Sampled {
-                token: argmax,
-                logprob: max_logit - log_z,
-            };
+        let mut work = std::mem::take(&mut self.work);
+        let row = if params.processes_logits(output_index) {
+            process_logits(logits, params, output_index, counts, &mut work);
+            // Everything masked cannot happen with valid params; sample the model's own then.
+            if argmax(&work).1 == f32::NEG_INFINITY {
+                logits
+            } else {
+                &work[..]
+            }
+        } else {
+            logits
+        };
+        let token = self.pick(row, params, seed, output_index);
+        self.work = work;
+        Sampled {
+            token,
+            logprob: logits[token as usize] - log_z,
         }
-        let probs = self.filtered_probs(logits, params, max_logit);
+    }
+
+    /// Greedy, or a draw over the filtered candidates of `row`.
+    fn pick(
+        &mut self,
+        row: &[f32],
+        params: &SamplingParams,
+        seed: u64,
+        output_index: usize,
+    ) -> u32 {
+        let (argmax, max_logit) = argmax(row);
+        if params.is_greedy() {
+            return argmax;
+        }
+        let probs = self.filtered_probs(row, params, max_logit);
         let u: f32 = draw_uniform(seed, output_index);
         let total: f32 = probs.iter().map(|c| c.1).sum();
         let mut target = u * total;
@@ -69,10 +215,28 @@ impl Sampler {
             }
             target -= p;
         }
-        Sampled {
-            token,
-            logprob: logits[token as usize] - log_z,
+        token
+    }
+
+    /// The `k` most likely tokens of `logits` (temperature 1), as (id, log-probability), most
+    /// likely first; equal logits in id order (as sample.cu).
+    pub fn top_logprobs(&mut self, logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+        let k = k.min(logits.len());
+        if k == 0 {
+            return Vec::new();
         }
+        let (_, max_logit) = argmax(logits);
+        let log_z = log_sum_exp(logits, max_logit);
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if k < cands.len() {
+            cands.select_nth_unstable_by(k - 1, desc);
+            cands.truncate(k);
+        }
+        cands.sort_unstable_by(desc);
+        cands.iter().map(|&(t, l)| (t, l - log_z)).collect()
     }
 
     /// Candidates after temperature, top-k, top-p and min-p, as (token, unnormalised prob),
@@ -143,97 +307,4 @@ fn log_sum_exp(xs: &[f32], max: f32) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sample_seeds_keep_choice_zero_and_differ_per_index() {
-        assert_eq!(sample_seed(42, 0), 42);
-        let seeds: std::collections::HashSet<u64> =
-            (0..64).map(|i| sample_seed(42, i)).collect();
-        assert_eq!(seeds.len(), 64);
-        assert_ne!(sample_seed(42, 1), sample_seed(43, 1));
-    }
-
-    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams {
-            temperature: 1.0,
-            ..Default::default()
-        };
-        f(&mut p);
-        p
-    }
-
-    fn logits() -> Vec<f32> {
-        // probs ∝ exp: token 3 highest, then 1, 4, 0, 2.
-        vec![0.0, 2.0, -1.0, 3.0, 1.0]
-    }
-
-    fn kept(p: &SamplingParams) -> Vec<u32> {
-        let l = logits();
-        let (_, m) = argmax(&l);
-        let mut s = Sampler::new();
-        let mut v: Vec<u32> = s.filtered_probs(&l, p, m).iter().map(|c| c.0).collect();
-        v.sort();
-        v
-    }
-
-    #[test]
-    fn greedy_picks_argmax() {
-        let mut s = Sampler::new();
-        let out = s.sample(&logits(), &SamplingParams::greedy(4), 1, 0);
-        assert_eq!(out.token, 3);
-        assert!(out.logprob < 0.0 && out.logprob > -1.0);
-    }
-
-    #[test]
-    fn top_k_keeps_k_best() {
-        assert_eq!(kept(&params(|p| p.top_k = 2)), vec![1, 3]);
-        assert_eq!(kept(&params(|p| p.top_k = 0)), vec![0, 1, 2, 3, 4]);
-    }
-
-    #[test]
-    fn top_p_keeps_smallest_prefix_reaching_p() {
-        // softmax of [0,2,-1,3,1]: token 3 ≈ 0.636, token 1 ≈ 0.234, token 4 ≈ 0.086.
-        assert_eq!(kept(&params(|p| p.top_p = 0.5)), vec![3]);
-        assert_eq!(kept(&params(|p| p.top_p = 0.8)), vec![1, 3]);
-        assert_eq!(kept(&params(|p| p.top_p = 0.9)), vec![1, 3, 4]);
-    }
-
-    #[test]
-    fn min_p_cuts_relative_to_top() {
-        // p(1)/p(3) = e^-1 ≈ 0.37, p(4)/p(3) = e^-2 ≈ 0.135.
-        assert_eq!(kept(&params(|p| p.min_p = 0.3)), vec![1, 3]);
-        assert_eq!(kept(&params(|p| p.min_p = 0.1)), vec![1, 3, 4]);
-    }
-
-    #[test]
-    fn seeded_sampling_is_reproducible_and_seed_dependent() {
-        let l: Vec<f32> = (0..64).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let p = params(|_| {});
-        let mut s = Sampler::new();
-        let run = |s: &mut Sampler, seed| {
-            (0..32)
-                .map(|i| s.sample(&l, &p, seed, i).token)
-                .collect::<Vec<_>>()
-        };
-        let a = run(&mut s, 7);
-        let b = run(&mut s, 7);
-        let c = run(&mut s, 8);
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-    }
-
-    #[test]
-    fn sampling_follows_the_distribution() {
-        let l = logits();
-        let p = params(|_| {});
-        let mut s = Sampler::new();
-        let n = 20_000;
-        let hits = (0..n)
-            .filter(|&i| s.sample(&l, &p, 99, i).token == 3)
-            .count();
-        let frac = hits as f64 / n as f64;
-        assert!((frac - 0.636).abs() < 0.02, "frac {frac}");
-    }
-}
+mod tests;

@@ -127,7 +127,12 @@ impl SchedulerActor {
         tracing::error!("engine step failed: {e}");
         let mut done = Processed::default();
         // Requests whose blocks the step's copies were bringing back failed with it.
-        for id in plan.scheduled.iter().map(|s| s.id).chain(plan.loading.iter().copied()) {
+        for id in plan
+            .scheduled
+            .iter()
+            .map(|s| s.id)
+            .chain(plan.loading.iter().copied())
+        {
             let err = EngineError::Internal(format!("engine step failed: {e}"));
             self.output.fail(id, err, &mut done);
         }

@@ -44,7 +44,7 @@ mod tiers;
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv::KvCacheManager;
-use crate::request::{FinishReason, RequestId};
+use crate::request::{FinishReason, RequestId, TokenLogprobs};
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
@@ -422,27 +422,41 @@ impl Scheduler {
                 .map(|&(id, reason)| RequestUpdate {
                     id,
                     new_token_ids: Vec::new(),
+                    logprobs: Vec::new(),
                     finished: Some(reason),
                     num_computed_tokens: 0,
                     num_output_tokens: 0,
                 }),
         );
         let mut sampled = step.sampled.iter();
+        let mut tops = step.top_logprobs.iter();
         let mut any_finished = false;
         for s in &out.scheduled {
             // Sampled tokens come in the order of the sampled requests; look up by id if not.
             let token = s
                 .sample
                 .then(|| match sampled.next() {
-                    Some(t) if t.request_id == s.id => Some(t.token),
-                    _ => step
-                        .sampled
-                        .iter()
-                        .find(|t| t.request_id == s.id)
-                        .map(|t| t.token),
+                    Some(t) if t.request_id == s.id => Some(t),
+                    _ => step.sampled.iter().find(|t| t.request_id == s.id),
                 })
                 .flatten();
-            if let Some(u) = self.fold(s, token, kv, now, max_len) {
+            // Log-probabilities, for requests that asked: the token's own and its top list
+            // (in the same order, among those requests only).
+            let wants_logprobs = token.is_some()
+                && (self.requests.get(&s.id)).is_some_and(|r| r.params.logprobs.is_some());
+            let logprobs = token.filter(|_| wants_logprobs).map(|t| {
+                let top = match tops.next() {
+                    Some(x) if x.request_id == s.id => Some(x),
+                    _ => step.top_logprobs.iter().find(|x| x.request_id == s.id),
+                };
+                TokenLogprobs {
+                    token: t.token,
+                    logprob: t.logprob,
+                    top: top.map(|x| x.top.clone()).unwrap_or_default(),
+                }
+            });
+            let token = token.map(|t| t.token);
+            if let Some(u) = self.fold(s, token, logprobs, kv, now, max_len) {
                 any_finished |= u.finished.is_some();
                 updates.push(u);
             }
@@ -462,6 +476,7 @@ impl Scheduler {
         &mut self,
         s: &ScheduledRequest,
         token: Option<u32>,
+        logprobs: Option<TokenLogprobs>,
         kv: &mut KvCacheManager,
         now: f64,
         max_len: usize,
@@ -469,9 +484,7 @@ impl Scheduler {
         let id = s.id;
         let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
         let req = self.requests.get_mut(&id)?;
-        if req.status != Status::Running
-            || req.loading
-            || req.num_computed != s.num_computed_tokens
+        if req.status != Status::Running || req.loading || req.num_computed != s.num_computed_tokens
         {
             return None;
         }
@@ -485,12 +498,17 @@ impl Scheduler {
                 new_token_ids.push(t);
                 finished = req.check_stop(max_len);
                 if monitor_on {
-                    let (metric, since) = match req.last_token_at {
-                        None => (SloMetric::Ttft, req.arrival),
-                        Some(last) => (SloMetric::Itl, last),
+                    // The ITL SLO is on a request's mean gap (what the ITL guard keeps and the
+                    // attainment counts), so the monitor watches each request's mean so far,
+                    // not single gaps, which the guard lets run long where slack was banked.
+                    let (metric, value_ms) = match req.first_token_at {
+                        None => (SloMetric::Ttft, (now - req.arrival) * 1e3),
+                        Some(first) => {
+                            let gaps = req.num_output_tokens().saturating_sub(1).max(1);
+                            (SloMetric::Itl, (now - first) * 1e3 / gaps as f64)
+                        }
                     };
-                    self.monitor
-                        .record(req.class, metric, now, (now - since) * 1e3);
+                    self.monitor.record(req.class, metric, now, value_ms);
                 }
                 req.first_token_at.get_or_insert(now);
                 req.last_token_at = Some(now);
@@ -507,6 +525,10 @@ impl Scheduler {
         }
         let update = RequestUpdate {
             id,
+            logprobs: logprobs
+                .filter(|_| !new_token_ids.is_empty())
+                .into_iter()
+                .collect(),
             new_token_ids,
             finished,
             num_computed_tokens: req.num_computed,

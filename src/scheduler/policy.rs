@@ -8,8 +8,9 @@
 //!    `kv_threshold` × the free blocks left after the watermark and the running requests' own
 //!    expected growth (so an admission does not buy a preemption later), and
 //! 2. latency: the step time predicted by the fitted [`CostModel`] after merging stays within the
-//!    tightest ITL SLO of the decodes in the step (× `itl_headroom`) and within the TTFT slack of
-//!    every short request still waiting outside the step.
+//!    ITL slack of every decode in the step (the time left before its next token would push its
+//!    mean inter-token latency over its SLO × `itl_headroom`, never less than that SLO × headroom
+//!    itself) and within the TTFT slack of every short request still waiting outside the step.
 //!
 //! A prefill that does not fit whole is trimmed to the largest chunk that does (not below
 //! `min_chunk_tokens`; short prompts are never split). Every decision carries a [`MergeReason`]
@@ -130,7 +131,8 @@ pub struct StepDraft {
     pub features: StepFeatures,
     /// Whether a prefill chunk is in the step already.
     pub has_prefill: bool,
-    /// Tightest ITL SLO × headroom over the decodes in the step, ms (infinite with none).
+    /// Tightest ITL slack over the decodes in the step, ms (infinite with none): how long the
+    /// step may take before one of them misses its mean-ITL SLO × headroom.
     pub itl_target_ms: f64,
 }
 

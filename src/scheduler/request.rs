@@ -165,21 +165,26 @@ impl Request {
     /// no stop ids or strings —, else one, since any token could end it.
     pub fn min_remaining_output(&self, max_len: usize) -> usize {
         let p = &self.params;
+        let by_len = max_len.saturating_sub(self.num_tokens());
         if p.ignore_eos && p.stop_token_ids.is_empty() && p.stop.is_empty() {
             let by_tokens = p.max_tokens.saturating_sub(self.num_output_tokens());
-            let by_len = max_len.saturating_sub(self.num_tokens());
             by_tokens.min(by_len).max(1)
         } else {
-            1
+            // Nothing but the length ends it before min_tokens.
+            let by_min = p.min_tokens.saturating_sub(self.num_output_tokens());
+            by_min.min(by_len).max(1)
         }
     }
 
     /// After a token was appended: why the request ends here, if it does. Length first, as vLLM
-    /// does, so a max_tokens-th token that is also eos reports `length`.
+    /// does, so a max_tokens-th token that is also eos reports `length`. Before `min_tokens`
+    /// tokens only the length ends it (the sampler masks eos and stop ids until then).
     pub fn check_stop(&self, max_len: usize) -> Option<FinishReason> {
         let last = *self.tokens.last()?;
         if self.tokens.len() >= max_len || self.num_output_tokens() >= self.params.max_tokens {
             Some(FinishReason::Length)
+        } else if self.num_output_tokens() < self.params.min_tokens {
+            None
         } else if (!self.params.ignore_eos && self.eos_token_ids.contains(&last))
             || self.params.stop_token_ids.contains(&last)
         {

@@ -2,7 +2,9 @@
 //! mode they drive (adaptive policy).
 //!
 //! Emergency mode starts when any class's P95 (of TTFT or ITL) exceeds that class's SLO, and
-//! ends once every P95 has stayed under `exit_ratio` × its SLO for `exit_hold_s`. Windows hold
+//! ends once every P95 has stayed under `exit_ratio` × its SLO for `exit_hold_s`. The monitor
+//! keeps a running estimate of how long a period lasts (entry to exit, so never less than
+//! `exit_hold_s`): the pause guard weighs a pause by it. Windows hold
 //! the last `window_s` seconds, at most `max_samples` samples each, so memory is bounded however
 //! many tokens flow.
 
@@ -11,6 +13,10 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::scheduler::{EmergencyConfig, RequestClass, SloConfig};
+
+/// Weight of the latest period in the running mean of emergency durations: periods are few (a
+/// handful a minute at most), so the estimate follows the recent ones.
+const DURATION_EMA_ALPHA: f64 = 0.5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,6 +62,10 @@ pub struct SloMonitor {
     /// While in emergency mode: since when every P95 has been under its exit bound.
     calm_since: Option<f64>,
     last_eval: Option<f64>,
+    /// When the current emergency period started.
+    entered_at: Option<f64>,
+    /// Running mean (EMA) of the periods' durations, seconds; None before one has ended.
+    mean_duration_s: Option<f64>,
     /// Last evaluated percentiles, [class][metric] (None: too few samples).
     last: [[Option<f64>; 2]; 3],
     scratch: Vec<f64>,
@@ -70,6 +80,8 @@ impl SloMonitor {
             emergency: false,
             calm_since: None,
             last_eval: None,
+            entered_at: None,
+            mean_duration_s: None,
             last: [[None; 2]; 3],
             scratch: Vec::new(),
         }
@@ -77,6 +89,14 @@ impl SloMonitor {
 
     pub fn in_emergency(&self) -> bool {
         self.emergency
+    }
+
+    /// How long an emergency period is expected to last, seconds: the running mean of the
+    /// periods that ended, and `exit_hold_s` (the least a period can last) before any did.
+    pub fn expected_duration_s(&self) -> f64 {
+        self.mean_duration_s
+            .unwrap_or(0.0)
+            .max(self.cfg.exit_hold_s)
     }
 
     pub fn record(&mut self, class: RequestClass, metric: SloMetric, now: f64, value_ms: f64) {
@@ -124,6 +144,7 @@ impl SloMonitor {
             if breach.is_some() {
                 self.emergency = true;
                 self.calm_since = None;
+                self.entered_at = Some(now);
             }
             return breach;
         }
@@ -135,6 +156,13 @@ impl SloMonitor {
         if now - since >= self.cfg.exit_hold_s {
             self.emergency = false;
             self.calm_since = None;
+            if let Some(start) = self.entered_at.take() {
+                let d = now - start;
+                self.mean_duration_s = Some(match self.mean_duration_s {
+                    Some(m) => m + DURATION_EMA_ALPHA * (d - m),
+                    None => d,
+                });
+            }
             return Some(EmergencyTransition::Left);
         }
         None

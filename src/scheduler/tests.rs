@@ -8,7 +8,10 @@
 //! The fake model, the reference decode and the `Engine` that runs them are in `harness.rs`.
 
 mod adaptive;
+mod admission;
 mod harness;
+mod merge;
+mod slack;
 mod tiers;
 mod window;
 
@@ -590,7 +593,9 @@ fn randomized_run_with(
             for i in 0..req.n {
                 if rng.random_bool(0.2) {
                     let choice = RequestId(req.id.0 + i as u64);
-                    e.model.script.insert((choice, rng.random_range(0..20)), EOS);
+                    e.model
+                        .script
+                        .insert((choice, rng.random_range(0..20)), EOS);
                 }
             }
             next_id += req.n as u64;

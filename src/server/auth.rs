@@ -97,6 +97,12 @@ impl Access {
         )
     }
 
+    /// The OpenAI-compatible HTTP API: behind the key when one is set, as
+    /// `Authorization: Bearer <key>` (what OpenAI clients send).
+    pub fn check_http_api(&self, req: &HttpRequest) -> Result<(), EdgeError> {
+        self.check_key(bearer(req))
+    }
+
     /// `/metrics`: behind the key when one is set, unless `public_metrics`.
     pub fn check_metrics(&self, req: &HttpRequest) -> Result<(), EdgeError> {
         if self.public_metrics {
@@ -184,6 +190,28 @@ mod tests {
             Access::from_config(&c).unwrap().check_metrics(&query),
             Ok(())
         );
+    }
+
+    #[test]
+    fn the_http_api_takes_the_key_as_a_bearer_header_only() {
+        let a = access(true, &[]);
+        let req = |h: Option<String>| {
+            let mut t = TestRequest::with_uri(&format!("/v1/completions?api_key={KEY}"));
+            if let Some(h) = h {
+                t = t.insert_header(("Authorization", h));
+            }
+            t.to_http_request()
+        };
+        assert_eq!(
+            a.check_http_api(&req(Some(format!("Bearer {KEY}")))),
+            Ok(())
+        );
+        assert_eq!(
+            a.check_http_api(&req(Some("Bearer wrong-key-0123456789".into()))),
+            Err(EdgeError::WrongKey)
+        );
+        assert_eq!(a.check_http_api(&req(None)), Err(EdgeError::MissingKey));
+        assert_eq!(access(false, &[]).check_http_api(&req(None)), Ok(()));
     }
 
     #[test]

@@ -47,5 +47,5 @@ pub async fn no_content() -> HttpResponse {
 
 pub async fn not_found() -> HttpResponse {
     HttpResponse::NotFound()
-        .json(json!({"error": "not_found", "message": "routes: GET /, /dashboard, /health, /metrics, /v1/ws, /v1/dashboard/stream"}))
+        .json(json!({"error": "not_found", "message": "routes: GET /, /dashboard, /health, /metrics, /v1/ws, /v1/dashboard/stream, /v1/models; POST /v1/chat/completions, /v1/completions"}))
 }

@@ -1,12 +1,14 @@
 //! The HTTP side: `/` and `/dashboard` (the page), `/static/…`, `/health`, `/metrics`, the
-//! dashboard's event stream and the `/v1/ws` upgrade, behind the edge's gate (auth.rs: API key
-//! and origins; edge.rs: connection count and refusals).
+//! dashboard's event stream, the `/v1/ws` upgrade, and the OpenAI-compatible API (`openai/`:
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/models`), behind the edge's gate (auth.rs:
+//! API key and origins; edge.rs: connection count and refusals).
 pub mod assets;
 pub mod auth;
 pub mod dashboard;
 pub mod edge;
 pub mod edge_error;
 pub mod http;
+pub mod openai;
 
 use std::sync::Arc;
 
@@ -32,6 +34,10 @@ pub fn configure(
             .route("/health", web::get().to(http::health))
             .route("/metrics", web::get().to(http::metrics))
             .route("/v1/ws", web::get().to(edge::ws_route))
+            .route("/v1/chat/completions", web::post().to(openai::chat))
+            .route("/v1/completions", web::post().to(openai::completions))
+            .route("/v1/models", web::get().to(openai::models))
+            .route("/v1/models/{model}", web::get().to(openai::model))
             .default_service(web::to(http::not_found));
     }
 }

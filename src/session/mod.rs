@@ -186,7 +186,7 @@ impl Session {
                     return self.send_error(ctx, Some(&g.id), &err);
                 }
                 let id: Arc<str> = Arc::from(g.id.as_str());
-                let prepared = match self.engine.validate(g.into()) {
+                let prepared = match self.engine.validate((*g).into()) {
                     Ok(p) => p,
                     Err(e) => return self.send_error(ctx, Some(&id), &e),
                 };
@@ -286,7 +286,10 @@ impl StreamHandler<Tagged> for Session {
         match &ev {
             // Streamed errors take the same exit as the session's own, where they are counted.
             StreamEvent::Error(err) => self.send_error(ctx, Some(&id), err),
-            _ => ctx.text(ServerFrame::from_event(&id, &ev).to_json()),
+            _ => {
+                let tok = Some(&*self.engine.tokenizer);
+                ctx.text(ServerFrame::from_event(&id, &ev, tok).to_json())
+            }
         }
     }
 

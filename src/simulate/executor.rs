@@ -79,6 +79,7 @@ impl CostModelExecutor {
         let out = StepOutput {
             sampled,
             elapsed: std::time::Duration::from_secs_f64(elapsed_s),
+            ..StepOutput::default()
         };
         self.input.record(&out)?;
         Ok(out)

@@ -40,6 +40,6 @@ pub mod update;
 
 pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
 pub use kv_copy::{BlockCopy, CopyKind};
-pub use output::{SampledToken, StepOutput};
+pub use output::{SampledToken, StepOutput, TopLogprobs};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

@@ -1,15 +1,17 @@
 //! What `update_from_output` reports for each request after a step.
 
-use crate::request::{FinishReason, RequestId};
+use crate::request::{FinishReason, RequestId, TokenLogprobs};
 
 /// The change to one request after a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RequestUpdate {
     pub id: RequestId,
     /// Tokens generated this step: 0 or 1 today; a Vec so speculative decoding can add several.
     /// An eos or stop token that ended the request is included; the output processor decides
     /// whether to show it.
     pub new_token_ids: Vec<u32>,
+    /// With `params.logprobs`: one entry per token of `new_token_ids`; else empty.
+    pub logprobs: Vec<TokenLogprobs>,
     pub finished: Option<FinishReason>,
     /// Tokens with K/V in the cache after the step.
     pub num_computed_tokens: usize,

@@ -262,6 +262,13 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .unwrap()
 }
 
+/// Asserts that the Prometheus text `m` holds each of `lines` (a sample with its value).
+pub fn assert_metric_lines(m: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(m.contains(line), "{line} missing from\n{m}");
+    }
+}
+
 /// Waits until /metrics shows no running or waiting requests and no KV blocks in use.
 pub async fn wait_idle(server: &TestServer) -> String {
     for _ in 0..200 {

@@ -18,7 +18,12 @@ fn small_spec() -> TestModelSpec {
         .layers(3)
 }
 
-fn backend(config: &ModelConfig, weights: &ModelWeightsAlias, device: usize, host: usize) -> CudaBackend {
+fn backend(
+    config: &ModelConfig,
+    weights: &ModelWeightsAlias,
+    device: usize,
+    host: usize,
+) -> CudaBackend {
     let per_block = kv_bytes_per_block(config, BLOCK);
     CudaBackend::from_weights(
         config.clone(),
@@ -70,8 +75,15 @@ fn cuda_kv_blocks_round_trip_device_host_device_bit_exactly() {
     assert_eq!(gpu.kv_block(5).unwrap(), data, "host -> device");
     gpu.copy_blocks(&[BlockCopy::on_device(5, 7)]).unwrap();
     assert_eq!(gpu.kv_block(7).unwrap(), data, "copy-on-write");
-    assert_eq!(gpu.kv_block(5).unwrap(), data, "the source is left as it was");
-    assert!(gpu.copy_blocks(&[BlockCopy::to_host(3, 8)]).is_err(), "host id out of range");
+    assert_eq!(
+        gpu.kv_block(5).unwrap(),
+        data,
+        "the source is left as it was"
+    );
+    assert!(
+        gpu.copy_blocks(&[BlockCopy::to_host(3, 8)]).is_err(),
+        "host id out of range"
+    );
 }
 
 /// Runs `prompts` (greedy, 16 new tokens) through a real scheduler on the GPU; returns the
@@ -83,8 +95,8 @@ fn run(
     mode: PreemptionMode,
 ) -> (Vec<Vec<u32>>, u64, u64) {
     let info = gpu.info();
-    let mut kv = KvCacheManager::new(info.num_kv_blocks, BLOCK, true)
-        .with_host_tier(info.num_host_blocks);
+    let mut kv =
+        KvCacheManager::new(info.num_kv_blocks, BLOCK, true).with_host_tier(info.num_host_blocks);
     let mut sched = Scheduler::new(SchedulerConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 64,
@@ -129,7 +141,11 @@ fn run(
         }
     }
     assert_eq!(kv.usage().used_blocks, 0, "device blocks leaked");
-    assert_eq!(kv.host_usage().map_or(0, |h| h.used_blocks), 0, "host blocks leaked");
+    assert_eq!(
+        kv.host_usage().map_or(0, |h| h.used_blocks),
+        0,
+        "host blocks leaked"
+    );
     let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
     (outputs, swaps, kv.tier_stats().cow_blocks)
 }

@@ -23,4 +23,5 @@ mod prefill_attn;
 mod rmsnorm;
 mod rope_kv;
 mod sample;
+mod sample_penalties;
 mod silu_mul;

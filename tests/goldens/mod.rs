@@ -41,8 +41,12 @@ pub struct Golden {
     pub cases: Vec<Case>,
 }
 
+/// `BROOK_REPO_DIR` when set (the GPU machine runs test binaries built elsewhere, from a copy of
+/// the repository), else the source tree the test was built from.
 pub fn dir(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("BROOK_REPO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf())
         .join("tests/fixtures/models")
         .join(family)
 }

@@ -21,7 +21,10 @@ pub fn run(model: &str, host_gib: f64) -> anyhow::Result<()> {
     opts.max_kv_cache_bytes = Some(2048 * per_block);
     let mut b = backend(model, opts)?;
     let host_blocks = b.info().num_host_blocks;
-    anyhow::ensure!(host_blocks >= 1024, "--host-gib too small: {host_blocks} blocks");
+    anyhow::ensure!(
+        host_blocks >= 1024,
+        "--host-gib too small: {host_blocks} blocks"
+    );
     println!(
         "{}",
         serde_json::json!({"figure": "swap_startup_measure", "model": model,
@@ -34,7 +37,10 @@ pub fn run(model: &str, host_gib: f64) -> anyhow::Result<()> {
             let out: Vec<BlockCopy> = (0..n)
                 .map(|i| BlockCopy::to_host(ids(i, 2) % 2048, ids(i, 3) % host_blocks as u32))
                 .collect();
-            let back: Vec<BlockCopy> = out.iter().map(|c| BlockCopy::to_device(c.dst, c.src)).collect();
+            let back: Vec<BlockCopy> = out
+                .iter()
+                .map(|c| BlockCopy::to_device(c.dst, c.src))
+                .collect();
             b.copy_blocks(&out)?;
             b.copy_blocks(&back)?;
             let reps = (4096 / n).clamp(3, 200);

@@ -476,7 +476,7 @@ fn execute_samples_only_sequences_that_ask_and_seeds_reproduce() {
     assert_eq!(a.sampled.len(), 1);
     assert_eq!(a.sampled[0].request_id, RequestId(9));
     assert_eq!(a.sampled[0].token, b.sampled[0].token);
-    let direct = Sampler::new().sample(&logits[0], &params, 5, 0);
+    let direct = Sampler::new().sample(&logits[0], &params, 5, 0, None);
     assert_eq!(
         (a.sampled[0].token, a.sampled[0].logprob),
         (direct.token, direct.logprob)
@@ -607,5 +607,42 @@ fn scheduler_steps_through_the_input_batch_match_the_reference() {
             let (want, _) = reference_greedy(&config, &weights, p, max_tokens).unwrap();
             assert_eq!(outputs[i], want, "{policy:?}: request {i}");
         }
+    }
+}
+
+#[test]
+fn sample_below_draws_only_ids_under_the_limit() {
+    let dir = write_model(&TestModelSpec::default());
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 300).collect();
+    let batch = |sample| one_seq_batch(3, &prompt, 0, vec![1], 16, sample);
+    let logits = backend_for(dir.path(), 16, 8)
+        .forward_logits(&batch(greedy_sample()))
+        .unwrap()
+        .remove(0);
+    // The limit cuts the unmasked argmax off: greedy then takes the best id below it, with its
+    // log-probability over the ids kept.
+    let (top, _) = argmax(&logits);
+    assert!(top > 0, "the test prompt's argmax is id 0");
+    // 340 of the test model's 417 ids: unmasked, a temperature-1 draw lands past it often.
+    let n = top as usize;
+    let mut backend = backend_for(dir.path(), 16, 8).sample_below(n);
+    let out = backend.execute_batch(&batch(greedy_sample())).unwrap();
+    let (want, m) = argmax(&logits[..n]);
+    let z: f32 = logits[..n].iter().map(|l| (l - m).exp()).sum();
+    assert_eq!(out.sampled[0].token, want);
+    assert!((out.sampled[0].logprob - (logits[want as usize] - m - z.ln())).abs() < 1e-4);
+    // Drawn at temperature 1, over many seeds: never an id at or past the limit.
+    let params = Arc::new(SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    });
+    for seed in 0..200 {
+        let sample = Some(SampleInput {
+            params: params.clone(),
+            seed,
+            output_index: 0,
+        });
+        let t = backend.execute_batch(&batch(sample)).unwrap().sampled[0].token;
+        assert!((t as usize) < n, "seed {seed}: token {t} >= {n}");
     }
 }

@@ -14,11 +14,11 @@ use std::time::Instant;
 
 use super::device::Gpu;
 use super::forward::Forward;
-use super::kv_tier::{CudaKvTier, KvLayout};
 use super::kernels;
+use super::kv_tier::{CudaKvTier, KvLayout};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
-use crate::executor::input_batch::InputBatch;
+use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
 use crate::step::{BatchInput, BlockCopy, SchedulerOutput, StepOutput};
@@ -34,6 +34,8 @@ pub struct CudaBackend {
     updates: Vec<(u32, u32)>,
     /// The KV host tier and the copy stream (copy-on-write needs it without a host tier too).
     tier: CudaKvTier,
+    /// This step's token-count changes (requests with penalties); reused.
+    count_ops: Vec<CountOp>,
 }
 
 impl CudaBackend {
@@ -91,12 +93,14 @@ impl CudaBackend {
         }
         let input = InputBatch::new(fwd.opts.block_size, fwd.num_blocks, fwd.max_blocks)
             .with_sliding_window(fwd.cfg.sliding_window)
-            .track_table_changes();
+            .track_table_changes()
+            .track_counts_on_device();
         Ok(CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
             tier,
+            count_ops: Vec::new(),
         })
     }
 
@@ -153,21 +157,23 @@ impl CudaBackend {
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        let step = self.fwd.launch(batch, &self.updates, false)?;
+        let step = self.fwd.launch(batch, &self.updates, false, false)?;
         self.fwd.logits(step.ns)
     }
 
     /// Runs a batch built by hand (tests, benchmarks): forward and sampling, on a decode graph
-    /// when it is pure decode, outside the persistent input batch of `execute`.
+    /// when it is pure decode, outside the persistent input batch of `execute` (which holds the
+    /// token counts, so penalties are refused here).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
-        self.fwd.launch(batch, &self.updates, true)?;
-        let sampled = self.fwd.sampled(batch)?;
+        self.fwd.launch(batch, &self.updates, true, false)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         Ok(StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
         })
     }
 
@@ -226,12 +232,17 @@ impl CudaBackend {
                 r + 1
             );
         }
+        self.count_ops.clear();
+        let ops = &mut self.count_ops;
+        self.input.drain_count_ops(|op| ops.push(op));
+        self.fwd.apply_count_ops(&self.count_ops)?;
         let batch = self.input.batch();
-        self.fwd.launch(batch, &self.updates, true)?;
-        let sampled = self.fwd.sampled(batch)?;
+        self.fwd.launch(batch, &self.updates, true, true)?;
+        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
+            top_logprobs,
         };
         self.input.record(&out)?;
         Ok(out)
@@ -257,8 +268,10 @@ impl Backend for CudaBackend {
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let res = self.step(step);
         if res.is_err() {
-            // The drained table changes may not have reached the device: send every row again.
+            // The drained table and count changes may not have reached the device (and the
+            // sampler may have counted tokens never recorded): send every row again.
             self.input.mark_all_changed();
+            self.input.recount_all();
         }
         res
     }

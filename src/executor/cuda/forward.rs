@@ -30,18 +30,29 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
-use super::kernels::{self, BlockTableUpdateParams, SampleArgs, GEMV_MAX_M, PREFILL_TILE};
+use super::kernels::{
+    self, BlockTableUpdateParams, CountUpdate, SampleArgs, SampleCountsMoveParams,
+    SampleCountsUpdateParams, SampleEdit, COUNT_PROMPT, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
+};
 use super::options::CudaBackendOptions;
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
+use crate::executor::input_batch::CountOp;
 use crate::model::config::ModelConfig;
-use crate::step::{BatchInput, SampledToken};
+use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
+use crate::step::{BatchInput, SampledToken, TopLogprobs};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
 const RESERVE_BYTES: usize = 1 << 30;
 
 const MAX_SPLITS: usize = 32;
+
+/// Logit edits one sampled row may need: its bias, its stop ids and the model's eos ids.
+const MAX_EDITS_PER_ROW: usize = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + 64;
+
+/// Token-count updates sent per launch of `sample_counts_update` (a long prompt takes several).
+const COUNT_UPDATE_CHUNK: usize = 1 << 16;
 
 mod layers;
 
@@ -62,6 +73,15 @@ struct Activations {
     args: DevBuf,
     out_tokens: DevBuf,
     out_logprobs: DevBuf,
+    /// The sampler's per-step logit edits, processed logits, top log-probabilities.
+    edits: DevBuf,
+    work: DevBuf,
+    top_ids: DevBuf,
+    top_logprobs: DevBuf,
+    /// Token counts of requests with penalties, `[max_seqs, vocab]` (see sample.cu), and the
+    /// staging buffer of their updates.
+    counts: DevBuf,
+    count_updates: DevBuf,
 }
 
 /// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
@@ -98,6 +118,9 @@ pub(super) struct Forward {
     host: HostMeta,
     tokens_host: Vec<i32>,
     logprobs_host: Vec<f32>,
+    top_ids_host: Vec<i32>,
+    top_logprobs_host: Vec<f32>,
+    count_updates_host: Vec<CountUpdate>,
     // Declared last: dropped after every buffer above.
     pub gpu: Gpu,
 }
@@ -164,7 +187,20 @@ impl Forward {
             args: gpu.alloc(max_seqs * std::mem::size_of::<SampleArgs>())?,
             out_tokens: gpu.alloc(max_seqs * 4)?,
             out_logprobs: gpu.alloc(max_seqs * 4)?,
+            edits: gpu.alloc(max_seqs * MAX_EDITS_PER_ROW * std::mem::size_of::<SampleEdit>())?,
+            work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            top_ids: gpu.alloc(max_seqs * SAMPLE_MAX_TOP * 4)?,
+            top_logprobs: gpu.alloc(max_seqs * SAMPLE_MAX_TOP * f4)?,
+            counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
+            count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
+        anyhow::ensure!(
+            max_seqs * cfg.vocab_size <= u32::MAX as usize,
+            "max_num_seqs {max_seqs} x vocab {} token counts exceed 32-bit indices",
+            cfg.vocab_size
+        );
+        // A row's counts are cleared when a request with penalties takes it; zero them anyway.
+        gpu.memset(act.counts.ptr(), 0, act.counts.bytes())?;
         let inv: Vec<f32> = cfg
             .rope
             .inv_freqs(hd)
@@ -241,6 +277,9 @@ impl Forward {
             host: HostMeta::default(),
             tokens_host: Vec::new(),
             logprobs_host: Vec::new(),
+            top_ids_host: Vec::new(),
+            top_logprobs_host: Vec::new(),
+            count_updates_host: Vec::new(),
             gpu,
         })
     }
@@ -256,22 +295,128 @@ impl Forward {
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
             gemm_scores: self.gemm_scores,
+            max_edits: self.max_seqs * MAX_EDITS_PER_ROW,
         }
+    }
+
+    /// Applies the token-count changes of requests with penalties, in order (the persistent
+    /// batch's `CountOp`s): row moves, clears, then the prompt marks and count changes, in
+    /// launches of at most `COUNT_UPDATE_CHUNK`.
+    pub fn apply_count_ops(&mut self, ops: &[CountOp]) -> anyhow::Result<()> {
+        let vocab = self.cfg.vocab_size;
+        let row_bytes = vocab * 4;
+        let mut pending = std::mem::take(&mut self.count_updates_host);
+        pending.clear();
+        let mut res = Ok(());
+        for op in ops {
+            let at = |row: usize, token: u32| (row * vocab + token as usize) as u32;
+            let update = match *op {
+                CountOp::Prompt { row, token } => Some(CountUpdate {
+                    index: at(row, token),
+                    delta: COUNT_PROMPT,
+                }),
+                CountOp::Add { row, token, delta } => Some(CountUpdate {
+                    index: at(row, token),
+                    delta,
+                }),
+                CountOp::Move { .. } | CountOp::Clear { .. } => None,
+            };
+            let row = match *op {
+                CountOp::Move { from, to } => from.max(to),
+                CountOp::Clear { row } | CountOp::Prompt { row, .. } | CountOp::Add { row, .. } => {
+                    row
+                }
+            };
+            if row >= self.max_seqs
+                || matches!(update, Some(u) if u.index as usize >= self.max_seqs * vocab)
+            {
+                res = Err(anyhow::anyhow!(
+                    "token counts of row {row} (token out of range?); the CUDA backend has {} rows of {vocab}",
+                    self.max_seqs
+                ));
+                break;
+            }
+            match (update, *op) {
+                (Some(u), _) => {
+                    pending.push(u);
+                    if pending.len() == COUNT_UPDATE_CHUNK {
+                        res = self.flush_count_updates(&mut pending);
+                    }
+                }
+                // Moves and clears order against the updates before them.
+                (None, CountOp::Move { from, to }) => {
+                    res = self.flush_count_updates(&mut pending).and_then(|()| {
+                        let p = SampleCountsMoveParams {
+                            counts: self.act.counts.ptr(),
+                            from: from as i32,
+                            to: to as i32,
+                            vocab: vocab as i32,
+                        };
+                        // SAFETY: both rows are below max_seqs (checked above).
+                        unsafe { kernels::sample_counts_move(&self.gpu, &p) }
+                    });
+                }
+                (None, _) => {
+                    res = self.flush_count_updates(&mut pending).and_then(|()| {
+                        let CountOp::Clear { row } = *op else {
+                            unreachable!("only moves and clears carry no update")
+                        };
+                        let ptr = self.act.counts.ptr() + (row * row_bytes) as u64;
+                        self.gpu.memset(ptr, 0, row_bytes)
+                    });
+                }
+            }
+            if res.is_err() {
+                break;
+            }
+        }
+        if res.is_ok() {
+            res = self.flush_count_updates(&mut pending);
+        }
+        self.count_updates_host = pending;
+        res
+    }
+
+    fn flush_count_updates(&mut self, pending: &mut Vec<CountUpdate>) -> anyhow::Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        // The upload is staged before it returns, so `pending` can be refilled at once.
+        self.gpu.upload(self.act.count_updates.ptr(), pending)?;
+        let p = SampleCountsUpdateParams {
+            counts: self.act.counts.ptr(),
+            updates: self.act.count_updates.ptr(),
+            num_updates: pending.len() as i32,
+        };
+        pending.clear();
+        // SAFETY: every index was checked against the counts' size by apply_count_ops.
+        unsafe { kernels::sample_counts_update(&self.gpu, &p) }
     }
 
     /// Runs `batch` (after the block-table `updates`, (index, block id) pairs): packs and
     /// uploads its metadata, updates the tables, launches the forward (a decode graph when
     /// `graphs` allows and the step is pure decode). Sampling results or logits are read after.
+    /// `counts`: the device holds the token counts of the batch's rows (the persistent batch,
+    /// kept by `apply_count_ops`); a batch built by hand has none, so penalties are refused.
     pub fn launch(
         &mut self,
         batch: &BatchInput,
         updates: &[(u32, u32)],
         graphs: bool,
+        counts: bool,
     ) -> anyhow::Result<Step> {
         let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
-        let step = step_meta::pack(&self.limits(), batch, bucket, updates, &mut self.host)?;
+        let step = step_meta::pack(
+            &self.limits(),
+            batch,
+            bucket,
+            updates,
+            counts,
+            &mut self.host,
+        )?;
         self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
         self.gpu.upload(self.act.args.ptr(), &self.host.args)?;
+        self.gpu.upload(self.act.edits.ptr(), &self.host.edits)?;
         if step.nu > 0 {
             let p = BlockTableUpdateParams {
                 table: self.block_tables.ptr(),
@@ -300,20 +445,56 @@ impl Forward {
         Ok(step)
     }
 
-    /// The tokens sampled by the last launch of `batch`, in seq order; waits for the stream.
-    pub fn sampled(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<SampledToken>> {
+    /// The tokens sampled by the last launch of `batch`, in seq order, and the top
+    /// log-probabilities of the rows that asked; waits for the stream.
+    pub fn sampled(
+        &mut self,
+        batch: &BatchInput,
+    ) -> anyhow::Result<(Vec<SampledToken>, Vec<TopLogprobs>)> {
         let ns = batch.num_sampled();
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
+        let wants_top = batch.seqs.iter().any(|q| {
+            q.sample
+                .as_ref()
+                .is_some_and(|s| s.params.logprobs > Some(0))
+        });
+        let top_len = if wants_top { ns * SAMPLE_MAX_TOP } else { 0 };
+        self.top_ids_host.resize(top_len, -1);
+        self.top_logprobs_host.resize(top_len, 0.0);
         // The first ns rows are the real sequences' (padding rows come after them).
-        // SAFETY: both buffers hold max_seqs >= ns entries; sync() completes the copies.
+        // SAFETY: the buffers hold max_seqs >= ns rows; sync() completes the copies.
         unsafe {
             self.gpu
                 .download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
             self.gpu
                 .download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
+            self.gpu
+                .download_async(&mut self.top_ids_host, self.act.top_ids.ptr())?;
+            self.gpu
+                .download_async(&mut self.top_logprobs_host, self.act.top_logprobs.ptr())?;
         }
         self.gpu.sync()?;
+        let mut tops = Vec::new();
+        for (i, q) in batch.seqs.iter().filter(|q| q.sample.is_some()).enumerate() {
+            let Some(k) = q.sample.as_ref().and_then(|s| s.params.logprobs) else {
+                continue;
+            };
+            // k > 0 means wants_top, so the row's entries were downloaded.
+            let at = i * SAMPLE_MAX_TOP..i * SAMPLE_MAX_TOP + k.min(SAMPLE_MAX_TOP);
+            let top = match k {
+                0 => Vec::new(),
+                _ => (self.top_ids_host[at.clone()].iter())
+                    .zip(&self.top_logprobs_host[at])
+                    .filter(|(&t, _)| t >= 0 && (t as usize) < self.cfg.vocab_size)
+                    .map(|(&t, &lp)| (t as u32, lp))
+                    .collect(),
+            };
+            tops.push(TopLogprobs {
+                request_id: q.request_id,
+                top,
+            });
+        }
         let vocab = self.cfg.vocab_size;
         let garbage_ok = self.opts.skip != 0;
         batch
@@ -339,7 +520,8 @@ impl Forward {
                     logprob,
                 })
             })
-            .collect()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|sampled| (sampled, tops))
     }
 
     /// The fp32 logits of the last launch's `ns` sampled rows; waits for the stream.

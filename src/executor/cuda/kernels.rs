@@ -1,5 +1,7 @@
 //! Parameter structs of `kernels/*.cu` (field for field, `#[repr(C)]`) and their launches.
 //! Pointers are raw device addresses (`u64`); shapes are in the .cu files' comments.
+//! Over 600 lines on purpose: one mirror struct and one launch per kernel, all alike and
+//! checked together against the C layout (`param_structs_match_the_c_layout`).
 
 use super::device::Gpu;
 
@@ -249,9 +251,10 @@ pub struct BlockTableUpdateParams {
     pub num_updates: i32,
 }
 
-/// One sampled sequence's parameters (`SampleArgs` in sample.cu).
+/// One sampled sequence's parameters (`SampleArgs` in sample.cu). The default is a greedy row
+/// with nothing else (graph padding).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct SampleArgs {
     pub seed: u64,
     pub output_index: u64,
@@ -259,7 +262,48 @@ pub struct SampleArgs {
     pub top_p: f32,
     pub min_p: f32,
     pub top_k: i32,
+    pub presence: f32,
+    pub frequency: f32,
+    pub repetition: f32,
+    /// Row of the token counts (penalties), or -1.
+    pub counts_row: i32,
+    pub edit_start: i32,
+    pub num_edits: i32,
+    pub num_logprobs: i32,
+    pub pad: i32,
 }
+
+impl Default for SampleArgs {
+    fn default() -> Self {
+        SampleArgs {
+            seed: 0,
+            output_index: 0,
+            temperature: 0.0,
+            top_p: 1.0,
+            min_p: 0.0,
+            top_k: 0,
+            presence: 0.0,
+            frequency: 0.0,
+            repetition: 1.0,
+            counts_row: -1,
+            edit_start: 0,
+            num_edits: 0,
+            num_logprobs: 0,
+            pad: 0,
+        }
+    }
+}
+
+/// A logit edit (`SampleEdit` in sample.cu): `value` added to `token`'s logit; -inf masks it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SampleEdit {
+    pub token: i32,
+    pub value: f32,
+}
+
+/// Top log-probabilities the kernel writes per row at most (`SAMPLE_MAX_TOP`).
+pub const SAMPLE_MAX_TOP: usize = 20;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -268,7 +312,45 @@ pub struct SampleParams {
     pub args: u64,
     pub tokens: u64,
     pub logprobs: u64,
+    pub edits: u64,
+    pub counts: u64,
+    pub work: u64,
+    pub top_ids: u64,
+    pub top_logprobs: u64,
     pub num_rows: i32,
+    /// Ids sampled: the first `vocab` logits of each row.
+    pub vocab: i32,
+    /// Logits per row, >= `vocab`.
+    pub stride: i32,
+}
+
+/// `delta` that sets a count's prompt bit (`COUNT_PROMPT` in sample.cu).
+pub const COUNT_PROMPT: i32 = i32::MIN;
+
+/// One change to the token counts (`CountUpdate` in sample.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountUpdate {
+    /// row · vocab + token.
+    pub index: u32,
+    /// Added to the output count, or `COUNT_PROMPT`.
+    pub delta: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SampleCountsUpdateParams {
+    pub counts: u64,
+    pub updates: u64,
+    pub num_updates: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SampleCountsMoveParams {
+    pub counts: u64,
+    pub from: i32,
+    pub to: i32,
     pub vocab: i32,
 }
 
@@ -517,12 +599,33 @@ pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.vocab > 0 && p.vocab <= p.stride,
+        "sample: vocab {} must be in 1..=stride {}",
+        p.vocab,
+        p.stride
+    );
     gpu.launch(
         "sample",
         (p.num_rows as u32, 1, 1),
         (SAMPLE_THREADS, 1, 1),
         p,
     )
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn sample_counts_update(gpu: &Gpu, p: &SampleCountsUpdateParams) -> anyhow::Result<()> {
+    let n = p.num_updates.max(0) as u32;
+    let blocks = n.div_ceil(256).clamp(1, gpu.num_sms * 4);
+    gpu.launch("sample_counts_update", (blocks, 1, 1), (256, 1, 1), p)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn sample_counts_move(gpu: &Gpu, p: &SampleCountsMoveParams) -> anyhow::Result<()> {
+    let blocks = (p.vocab.max(1) as u32).div_ceil(256).min(gpu.num_sms * 2);
+    gpu.launch("sample_counts_move", (blocks, 1, 1), (256, 1, 1), p)
 }
 
 /// # Safety
@@ -590,7 +693,10 @@ mod tests {
     #[test]
     fn param_structs_match_the_c_layout() {
         // C pads a struct to its largest member's alignment; the Rust mirrors must agree.
-        assert_eq!(std::mem::size_of::<SampleArgs>(), 32);
+        assert_eq!(std::mem::size_of::<SampleArgs>(), 64);
+        assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 3 * 4 + 4);
+        assert_eq!(std::mem::size_of::<SampleCountsUpdateParams>(), 2 * 8 + 8);
+        assert_eq!(std::mem::size_of::<SampleCountsMoveParams>(), 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);

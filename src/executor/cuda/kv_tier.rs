@@ -112,7 +112,8 @@ impl CudaKvTier {
                     // A run of n blocks is n host blocks apart per plane: one copy per block.
                     CopyKind::DeviceToHost => {
                         for i in 0..n {
-                            let at = self.host_ptr + (dst + i) * block_bytes + p * layout.plane_bytes;
+                            let at =
+                                self.host_ptr + (dst + i) * block_bytes + p * layout.plane_bytes;
                             // SAFETY: `at .. + plane_bytes` lies in `host` (ids checked), and
                             // pinned memory outlives the stream's work (`Drop` syncs).
                             let h = unsafe {
@@ -123,7 +124,8 @@ impl CudaKvTier {
                     }
                     CopyKind::HostToDevice => {
                         for i in 0..n {
-                            let at = self.host_ptr + (src + i) * block_bytes + p * layout.plane_bytes;
+                            let at =
+                                self.host_ptr + (src + i) * block_bytes + p * layout.plane_bytes;
                             // SAFETY: as above.
                             let h = unsafe {
                                 std::slice::from_raw_parts(at as *const u8, layout.plane_bytes)

@@ -39,9 +39,22 @@ pub struct CudaBackendOptions {
     pub progress: bool,
     /// KV host tier in pinned host memory, bytes (0: none; `executor::cuda::kv_tier`).
     pub host_kv_cache_bytes: usize,
+    /// Sample only ids below this (0: the whole vocabulary): a synthetic model served with a
+    /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
+    pub sample_vocab_size: usize,
     /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
     /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
     pub skip: u32,
+}
+
+impl CudaBackendOptions {
+    /// Ids sampled from a model of `vocab_size`: `sample_vocab_size` when set and smaller.
+    pub fn sampled_vocab(&self, vocab_size: usize) -> usize {
+        match self.sample_vocab_size {
+            0 => vocab_size,
+            n => n.min(vocab_size),
+        }
+    }
 }
 
 /// Bits of `CudaBackendOptions::skip`.

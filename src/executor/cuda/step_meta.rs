@@ -14,8 +14,9 @@
 
 use anyhow::ensure;
 
-use super::kernels::{decode_splits, SampleArgs, PREFILL_TILE};
+use super::kernels::{decode_splits, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP};
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
+use crate::sampling::params::SamplingParams;
 use crate::step::BatchInput;
 
 /// Batch sizes decode graphs are captured for; a step is padded up to the next one.
@@ -93,6 +94,8 @@ pub(super) struct Limits {
     pub gemm_max_len: usize,
     pub gemm_keys: usize,
     pub gemm_scores: usize,
+    /// Capacity of the sampler's logit-edit buffer (entries, all rows).
+    pub max_edits: usize,
 }
 
 /// One step's shape; its metadata is in `HostMeta`.
@@ -112,6 +115,8 @@ pub(super) struct Step {
 pub(super) struct HostMeta {
     pub meta: Vec<u32>,
     pub args: Vec<SampleArgs>,
+    /// The sampled rows' logit edits (bias, min_tokens mask), `SampleArgs::edit_start` on.
+    pub edits: Vec<SampleEdit>,
     /// Prefill sequences on the GEMM path, with their scratch offsets.
     pub gemm: Vec<GemmSeq>,
 }
@@ -134,14 +139,53 @@ pub(super) fn graph_bucket(batch: &BatchInput, graphs: bool, max_seqs: usize) ->
         .find(|&b| b >= need && b <= max_seqs)
 }
 
+/// Appends the logit edits of a row with `p` at output token `output_index` to `out`: the logit
+/// bias, and -inf for the ids the min_tokens mask blocks; one entry per id (both sorted, so a
+/// merge), as sample.cu requires.
+pub(super) fn logit_edits(p: &SamplingParams, output_index: usize, out: &mut Vec<SampleEdit>) {
+    let masked: &[u32] = match p.masks_stop_ids(output_index) {
+        true => &p.min_tokens_blocked,
+        false => &[],
+    };
+    let (mut b, mut m) = (p.logit_bias.iter().peekable(), masked.iter().peekable());
+    loop {
+        let e = match (b.peek(), m.peek()) {
+            (None, None) => break,
+            (Some(&&(t, v)), Some(&&mt)) if t < mt => {
+                b.next();
+                (t, v)
+            }
+            (Some(&&(t, _)), Some(&&mt)) if t == mt => {
+                b.next();
+                m.next();
+                (t, f32::NEG_INFINITY)
+            }
+            (_, Some(&&mt)) => {
+                m.next();
+                (mt, f32::NEG_INFINITY)
+            }
+            (Some(&&(t, v)), None) => {
+                b.next();
+                (t, v)
+            }
+        };
+        out.push(SampleEdit {
+            token: e.0 as i32,
+            value: e.1,
+        });
+    }
+}
+
 /// Packs `batch` (and the block-table `updates`, (index, block id) pairs) into `host`. With
 /// `pad_to` (a graph bucket) the step is padded with dummy decodes (row `pad_to`, context 1, no
-/// K/V write, greedy) so that its layout is the bucket's.
+/// K/V write, greedy) so that its layout is the bucket's. `counts`: the device holds token
+/// counts for the batch's rows (the persistent batch); without, penalties are refused.
 pub(super) fn pack(
     lim: &Limits,
     batch: &BatchInput,
     pad_to: Option<usize>,
     updates: &[(u32, u32)],
+    counts: bool,
     host: &mut HostMeta,
 ) -> anyhow::Result<Step> {
     let real_s = batch.seqs.len();
@@ -201,6 +245,7 @@ pub(super) fn pack(
     meta.clear();
     meta.resize(layout.total, 0);
     host.args.clear();
+    host.edits.clear();
     let n = batch.num_tokens();
     meta[layout.tokens..layout.tokens + n].copy_from_slice(&batch.token_ids);
     meta[layout.positions..layout.positions + n].copy_from_slice(&batch.positions);
@@ -228,6 +273,13 @@ pub(super) fn pack(
             meta[layout.sample_rows + samp] = (start + q.query_len - 1) as u32;
             samp += 1;
             let p = &smp.params;
+            ensure!(
+                counts || !p.has_penalties(),
+                "{}: penalties need the persistent batch's token counts",
+                q.request_id
+            );
+            let edit_start = host.edits.len();
+            logit_edits(p, smp.output_index, &mut host.edits);
             host.args.push(SampleArgs {
                 seed: smp.seed,
                 output_index: smp.output_index as u64,
@@ -235,6 +287,14 @@ pub(super) fn pack(
                 top_p: p.top_p,
                 min_p: p.min_p,
                 top_k: p.top_k.min(i32::MAX as usize) as i32,
+                presence: p.presence_penalty,
+                frequency: p.frequency_penalty,
+                repetition: p.repetition_penalty,
+                counts_row: if p.has_penalties() { r as i32 } else { -1 },
+                edit_start: edit_start as i32,
+                num_edits: (host.edits.len() - edit_start) as i32,
+                num_logprobs: p.logprobs.unwrap_or(0).min(SAMPLE_MAX_TOP) as i32,
+                pad: 0,
             });
         }
         start += q.query_len;
@@ -260,6 +320,12 @@ pub(super) fn pack(
             host.args.push(SampleArgs::default());
         }
     }
+    ensure!(
+        host.edits.len() <= lim.max_edits,
+        "step has {} logit edits; the CUDA sampler was sized for {}",
+        host.edits.len(),
+        lim.max_edits
+    );
     for (k, &(index, value)) in updates.iter().enumerate() {
         meta[layout.table_index + k] = index;
         meta[layout.table_value + k] = value;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::sampling::sampler::TokenCounts;
 use crate::step::{NewRequestData, SampledToken, ScheduledRequest};
 
 const BS: usize = 4;
@@ -56,6 +57,7 @@ fn sampled(pairs: &[(u64, u32)]) -> StepOutput {
             })
             .collect(),
         elapsed: std::time::Duration::ZERO,
+        top_logprobs: Vec::new(),
     }
 }
 
@@ -262,6 +264,146 @@ fn inconsistent_diffs_are_errors_naming_the_request() {
         ]),
     );
     assert!(e.contains("twice"), "{e}");
+}
+
+/// A request with penalties (frequency 0.5) and `tokens` as its prompt.
+fn new_penalized(id: u64, tokens: Vec<u32>, blocks: Vec<u32>) -> ScheduledRequest {
+    let mut s = new_req(id, tokens, blocks, 0);
+    s.num_tokens = s.new.as_ref().unwrap().token_ids.len();
+    s.sample = true;
+    let new = s.new.as_mut().unwrap();
+    new.params = Arc::new(SamplingParams {
+        frequency_penalty: 0.5,
+        ..SamplingParams::greedy(8)
+    });
+    s
+}
+
+const VOCAB: usize = 64;
+const PROMPT_BIT: u32 = 1 << 31;
+
+/// A device's counts as the CUDA backend keeps them: ops applied in order, and the sampler's
+/// own count of each token it samples for a row with penalties.
+struct CountMirror(Vec<Vec<u32>>);
+
+impl CountMirror {
+    fn apply(&mut self, ib: &mut InputBatch) {
+        let rows = &mut self.0;
+        ib.drain_count_ops(|op| {
+            let need = match op {
+                CountOp::Move { from, to } => from.max(to),
+                CountOp::Clear { row } | CountOp::Prompt { row, .. } | CountOp::Add { row, .. } => {
+                    row
+                }
+            };
+            if rows.len() <= need {
+                rows.resize(need + 1, vec![0xdead; VOCAB]);
+            }
+            match op {
+                CountOp::Move { from, to } => rows[to] = rows[from].clone(),
+                CountOp::Clear { row } => rows[row] = vec![0; VOCAB],
+                CountOp::Prompt { row, token } => rows[row][token as usize] |= PROMPT_BIT,
+                CountOp::Add { row, token, delta } => {
+                    let c = &mut rows[row][token as usize];
+                    *c = c.wrapping_add(delta as u32);
+                }
+            }
+        });
+    }
+
+    fn sampled(&mut self, ib: &InputBatch, out: &StepOutput) {
+        for s in &out.sampled {
+            let row = ib.index[&s.request_id];
+            if ib.rows[row].params.has_penalties() {
+                self.0[row][s.token as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Every held request with penalties: its counts (host or mirrored) are its tokens' counts.
+fn check_counts(ib: &InputBatch, mirror: Option<&CountMirror>) {
+    for (r, row) in ib.rows.iter().enumerate() {
+        let (prompt, output) = row.tokens.split_at(row.num_prompt);
+        if !row.params.has_penalties() {
+            assert!(ib.counts(r).is_none());
+            continue;
+        }
+        match mirror {
+            None => assert_eq!(
+                ib.counts(r),
+                Some(&TokenCounts::new(prompt, output)),
+                "row {r}"
+            ),
+            Some(m) => {
+                let mut want = vec![0u32; VOCAB];
+                prompt.iter().for_each(|&t| want[t as usize] |= PROMPT_BIT);
+                output.iter().for_each(|&t| want[t as usize] += 1);
+                assert_eq!(m.0[r], want, "row {r} ({})", row.id);
+            }
+        }
+    }
+}
+
+#[test]
+fn penalty_counts_follow_tokens_rows_trims_and_preemption() {
+    for device in [false, true] {
+        let mut ib = InputBatch::new(BS, 32, 8);
+        if device {
+            ib = ib.track_counts_on_device();
+        }
+        let mut mirror = CountMirror(Vec::new());
+        let mut run = |ib: &mut InputBatch, s: SchedulerOutput, toks: &[(u64, u32)]| {
+            ib.update(&s).unwrap();
+            mirror.apply(ib);
+            let out = sampled(toks);
+            if device {
+                mirror.sampled(ib, &out);
+            }
+            ib.record(&out).unwrap();
+            check_counts(ib, device.then_some(&mirror));
+        };
+        run(
+            &mut ib,
+            step(vec![
+                new_penalized(1, vec![1, 2, 3], vec![0, 5]),
+                new_req(2, vec![4, 5], vec![1], 2),
+                new_penalized(3, vec![6, 6, 7], vec![2, 6]),
+            ]),
+            &[(1, 10), (2, 11), (3, 12)],
+        );
+        run(
+            &mut ib,
+            step(vec![
+                cached(1, 3, 1, true, vec![]),
+                cached(2, 2, 1, true, vec![]),
+                cached(3, 3, 1, true, vec![]),
+            ]),
+            &[(1, 10), (2, 13), (3, 6)],
+        );
+        // Request 2 ends (request 3 moves into its row); request 1's last token was not kept.
+        let mut s = step(vec![
+            cached(1, 3, 1, true, vec![]),
+            cached(3, 4, 1, true, vec![]),
+        ]);
+        s.finished_req_ids = vec![RequestId(2)];
+        run(&mut ib, s, &[(1, 20), (3, 21)]);
+        assert_eq!(ib.tokens(RequestId(1)).unwrap(), &[1, 2, 3, 10, 20]);
+        // Request 1 is preempted and comes back whole: prompt and output.
+        let mut s = step(vec![cached(3, 5, 1, true, vec![])]);
+        s.preempted = vec![RequestId(1)];
+        run(&mut ib, s, &[(3, 12)]);
+        let mut back = new_penalized(1, vec![1, 2, 3, 10, 20], vec![3, 4]);
+        back.new.as_mut().unwrap().num_prompt_tokens = 3;
+        run(&mut ib, step(vec![back]), &[(1, 10)]);
+        if device {
+            // Device counts lost (a failed step): recounted from the rows' tokens.
+            mirror.0.iter_mut().for_each(|r| r.fill(0x5555));
+            ib.recount_all();
+            mirror.apply(&mut ib);
+            check_counts(&ib, Some(&mirror));
+        }
+    }
 }
 
 /// `s` with `n` leading blocks freed behind the sliding window.

@@ -63,7 +63,11 @@ impl Memory {
             if b == NULL_BLOCK {
                 continue;
             }
-            assert_eq!(self.device[b as usize * BS + p % BS], Some(t), "{id} at {p}");
+            assert_eq!(
+                self.device[b as usize * BS + p % BS],
+                Some(t),
+                "{id} at {p}"
+            );
         }
     }
 }
@@ -109,7 +113,10 @@ fn evicted_prefix_blocks_go_to_the_host_and_come_back() {
     mem.apply(&copies);
     mem.check(RequestId(3), kv.block_table(RequestId(3)), &a, 3 * BS);
     let stats = kv.prefix_cache_stats();
-    assert_eq!((stats.hit_tokens, stats.host_hit_tokens), (3 * BS as u64, 3 * BS as u64));
+    assert_eq!(
+        (stats.hit_tokens, stats.host_hit_tokens),
+        (3 * BS as u64, 3 * BS as u64)
+    );
     kv.check_invariants().unwrap();
 }
 
@@ -124,7 +131,10 @@ fn host_hits_can_be_refused_when_copying_costs_more() {
     assert_eq!(kv.get_computed_blocks(RequestId(3), &a), 3 * BS);
     assert_eq!(kv.drop_host_hits(RequestId(3)), 0);
     kv.allocate_slots(RequestId(3), 0, a.len()).unwrap();
-    assert!(kv.take_copies().iter().all(|c| c.kind != CopyKind::HostToDevice));
+    assert!(kv
+        .take_copies()
+        .iter()
+        .all(|c| c.kind != CopyKind::HostToDevice));
     kv.check_invariants().unwrap();
 }
 
@@ -242,7 +252,11 @@ fn fork_shares_full_blocks_and_copies_the_partial_one_on_write() {
         own.insert(id, toks);
     }
     assert_eq!(kv.tier_stats().cow_blocks, 2);
-    assert_eq!(kv.block_table(p), parent_table, "the parent keeps its table");
+    assert_eq!(
+        kv.block_table(p),
+        parent_table,
+        "the parent keeps its table"
+    );
     let last = (n - 1) / BS;
     for id in [c1, c2] {
         let t = kv.block_table(id);
@@ -334,7 +348,11 @@ fn random_tiers_keep_contents_and_counts_exact() {
                 }
             }
             _ => {
-                let pool = if rng.random_bool(0.5) { &mut live } else { &mut swapped };
+                let pool = if rng.random_bool(0.5) {
+                    &mut live
+                } else {
+                    &mut swapped
+                };
                 if let Some(&id) = pool.keys().next() {
                     pool.remove(&id);
                     kv.free(id);

@@ -64,7 +64,7 @@ impl Scheduler {
         now: f64,
     ) {
         let paused_before = plan.preempted.len();
-        let draft = self.schedule_decodes(plan, kv);
+        let draft = self.schedule_decodes(plan, kv, now);
         // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
         let admit = plan.preempted.len() == paused_before;
         let lanes = self.candidate_lanes(admit, now);
@@ -345,8 +345,14 @@ impl Scheduler {
     }
 
     /// Allocates every decode's slot, preempting the lowest-priority running request not yet in
-    /// the step when blocks run out.
-    fn schedule_decodes(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) -> StepDraft {
+    /// the step when blocks run out. Each decode bounds the step by its ITL slack
+    /// (`itl_step_bound_ms`).
+    fn schedule_decodes(
+        &mut self,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        now: f64,
+    ) -> StepDraft {
         let mut draft = StepDraft::new();
         let mut in_step: HashSet<RequestId> = HashSet::with_capacity(self.running.len() + 8);
         let decodes: Vec<RequestId> = self
@@ -381,14 +387,29 @@ impl Scheduler {
             if !fits {
                 continue;
             }
-            let req = &self.requests[&id];
-            let target = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
-            draft.add_decode(num_computed + 1, target);
+            let bound = self.itl_step_bound_ms(&self.requests[&id], now);
+            draft.add_decode(num_computed + 1, bound);
             plan.scheduled.push((id, 1));
             plan.budget -= 1;
             in_step.insert(id);
         }
         draft
+    }
+
+    /// How long a step that decodes `req` at `now` may take, ms: the time left to its deadline
+    /// for the next token under its mean-ITL SLO. The SLO is on the mean gap (× `itl_headroom`,
+    /// `s`), so with `n` tokens out since the first at `t1`, the next one keeps the mean within
+    /// it while it comes by `t1 + n·s`: a request whose steps ran faster than `s` has banked the
+    /// difference and can absorb a longer step (a large prefill chunk) without missing its SLO.
+    /// Never less than `s` itself, the old per-step cap: a request behind its pace (resumed
+    /// after a pause, or late already) then catches up by `itl_ms − s` a token instead of
+    /// holding every prefill out of the step.
+    fn itl_step_bound_ms(&self, req: &Request, now: f64) -> f64 {
+        let s = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
+        match req.first_token_at {
+            Some(first) => ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s),
+            None => s,
+        }
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,

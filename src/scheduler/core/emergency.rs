@@ -95,15 +95,16 @@ impl Scheduler {
         }
     }
 
-    /// Whether pausing `r` at `now` would by itself make it miss its SLO. A pause lasts at least
-    /// `exit_hold_s` (emergency mode holds that long once calm), then it recomputes what it has
+    /// Whether pausing `r` at `now` would by itself make it miss its SLO. A pause lasts as long
+    /// as the emergency period: the monitor's running estimate of how long periods have lasted
+    /// (`exit_hold_s`, the least one can last, before any ended); then it recomputes what it has
     /// and, if it has started, generates the output expected of it at `step_ms` a token: the
     /// TTFT it would reach, or else the mean ITL, against its class's SLO.
     fn pause_breaks_own_slo(&self, r: &Request, now: f64, step_ms: f64) -> bool {
         let slo = self.cfg.slo.of(r.class);
         let per_step = self.prefill_budget(r.class);
         let delay_ms =
-            self.cfg.emergency.exit_hold_s * 1e3 + self.prefill_ms(r.num_tokens(), per_step);
+            self.monitor.expected_duration_s() * 1e3 + self.prefill_ms(r.num_tokens(), per_step);
         let Some(first) = r.first_token_at else {
             return (now - r.arrival) * 1e3 + delay_ms > slo.ttft_ms;
         };

@@ -89,7 +89,9 @@ impl Scheduler {
         let host_blocks = kv.num_host_hit_blocks(id);
         if host_blocks > 0 {
             let tokens = host_blocks * kv.block_size();
-            let copy_ms = self.swap_cost.map_or(f64::INFINITY, |c| c.copy_ms(host_blocks));
+            let copy_ms = self
+                .swap_cost
+                .map_or(f64::INFINITY, |c| c.copy_ms(host_blocks));
             let c = self.cost.coefficients();
             // The linear part alone: the hit's attention pairs make computing dearer still.
             if copy_ms > tokens as f64 * c.per_prefill_token_ms {
@@ -128,7 +130,10 @@ impl Scheduler {
         if !kv.swap_in(id) {
             return false;
         }
-        let req = self.requests.get_mut(&id).expect("waiting requests are known");
+        let req = self
+            .requests
+            .get_mut(&id)
+            .expect("waiting requests are known");
         let computed = req.swapped_computed.take().expect("it was swapped");
         self.start_running(id, computed, plan);
         self.set_loading(id);
@@ -156,7 +161,10 @@ impl Scheduler {
             })
             .collect();
         for id in due {
-            let parent = self.requests.get_mut(&id).expect("running requests are known");
+            let parent = self
+                .requests
+                .get_mut(&id)
+                .expect("running requests are known");
             let n = std::mem::take(&mut parent.pending_fork);
             self.fork_reserved -= n;
             if parent.executor_blocks.take().is_some() {

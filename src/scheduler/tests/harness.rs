@@ -126,6 +126,7 @@ impl FakeModel {
         let step = StepOutput {
             sampled,
             elapsed: std::time::Duration::ZERO,
+            top_logprobs: Vec::new(),
         };
         self.input.record(&step).unwrap();
         step
@@ -139,7 +140,8 @@ impl FakeModel {
         for c in &out.kv_copies {
             let (s, d) = (c.src as usize * bs, c.dst as usize * bs);
             if self.host_slots.len() < (c.src.max(c.dst) as usize + 1) * bs {
-                self.host_slots.resize((c.src.max(c.dst) as usize + 1) * bs, None);
+                self.host_slots
+                    .resize((c.src.max(c.dst) as usize + 1) * bs, None);
             }
             let src: Vec<Option<u32>> = match c.kind {
                 CopyKind::HostToDevice => self.host_slots[s..s + bs].to_vec(),

@@ -55,7 +55,11 @@ fn a_swapped_request_resumes_where_it_stopped() {
             // Loading: its blocks come back in this step, it computes nothing in it.
             assert!(out.scheduled.iter().all(|s| s.id != RequestId(2)));
             let next = e.schedule();
-            let s = next.scheduled.iter().find(|s| s.id == RequestId(2)).unwrap();
+            let s = next
+                .scheduled
+                .iter()
+                .find(|s| s.id == RequestId(2))
+                .unwrap();
             // It goes on from where it stopped: a decode, not a recompute.
             assert_eq!(s.num_tokens, 1);
             assert!(s.new.is_some(), "the executor dropped it at the preemption");
@@ -204,7 +208,11 @@ fn n_choices_fork_the_prompt_blocks_and_copy_the_partial_one() {
     }
     e.add(req);
     let (out, updates) = e.step();
-    assert_eq!(scheduled(&out), vec![(10, 13)], "the prefill stops one token short");
+    assert_eq!(
+        scheduled(&out),
+        vec![(10, 13)],
+        "the prefill stops one token short"
+    );
     assert!(updates.is_empty());
     let parent_table = e.kv.block_table(RequestId(10)).to_vec();
     let (out, _) = e.step();
@@ -269,7 +277,11 @@ fn n_choices_hold_their_slots_from_admission() {
     e.add(req);
     e.add(request(50).max_tokens(2));
     let (out, _) = e.step();
-    assert_eq!(scheduled(&out), vec![(40, 19)], "the third slot is the choices'");
+    assert_eq!(
+        scheduled(&out),
+        vec![(40, 19)],
+        "the third slot is the choices'"
+    );
     e.run_to_completion();
     e.assert_matches_reference();
 }
@@ -298,7 +310,10 @@ fn randomized_load_with_a_host_tier_forks_and_swaps_keeps_invariants() {
                 totals.offloaded_blocks += st.offloaded_blocks;
                 totals.swap_in_blocks += st.swap_in_blocks;
             }
-            assert!(preemptions > 0 && totals.cow_blocks > 0, "{policy:?} {mode:?}");
+            assert!(
+                preemptions > 0 && totals.cow_blocks > 0,
+                "{policy:?} {mode:?}"
+            );
             assert!(totals.offloaded_blocks > 0, "{policy:?} {mode:?}");
             if bytes_per_s >= 1e9 {
                 assert!(totals.swap_in_blocks > 0, "{policy:?} {mode:?}: {totals:?}");

@@ -315,15 +315,17 @@ pub fn compute(w: &Window, seq: u64, t_ms: u64, fanout: Fanout) -> Option<Dashbo
             total_blocks: now.kv_blocks_total,
             usage: kv_usage,
         })
-        .chain((now.kv_host_blocks_total > 0).then(|| KvTier {
-            name: "host",
-            used_blocks: now.kv_host_blocks_used,
-            total_blocks: now.kv_host_blocks_total,
-            usage: ratio(
-                now.kv_host_blocks_used.max(0) as u64,
-                now.kv_host_blocks_total as u64,
-            )
-            .unwrap_or(0.0),
+        .chain((now.kv_host_blocks_total > 0).then(|| {
+            KvTier {
+                name: "host",
+                used_blocks: now.kv_host_blocks_used,
+                total_blocks: now.kv_host_blocks_total,
+                usage: ratio(
+                    now.kv_host_blocks_used.max(0) as u64,
+                    now.kv_host_blocks_total as u64,
+                )
+                .unwrap_or(0.0),
+            }
         }))
         .collect(),
         prefix_cache: PrefixCache {
@@ -411,7 +413,10 @@ mod tests {
         w.push(2.5, m.snapshot());
         let t = compute(&w, 7, 2_500, Fanout::default()).unwrap().kv_tiers;
         assert_eq!(t.len(), 2, "a host tier is the second entry");
-        assert_eq!((t[1].name, t[1].total_blocks, t[1].usage), ("host", 400, 0.25));
+        assert_eq!(
+            (t[1].name, t[1].total_blocks, t[1].usage),
+            ("host", 400, 0.25)
+        );
         // The 50 observations predate the oldest sample: nothing in the window.
         assert_eq!(s.ttft_ms, None);
         assert!(s.speculative.is_none());

@@ -294,8 +294,14 @@ impl Forward {
                 args: a.args.ptr(),
                 tokens: a.out_tokens.ptr(),
                 logprobs: a.out_logprobs.ptr(),
+                edits: a.edits.ptr(),
+                counts: a.counts.ptr(),
+                work: a.work.ptr(),
+                top_ids: a.top_ids.ptr(),
+                top_logprobs: a.top_logprobs.ptr(),
                 num_rows: step.ns as i32,
-                vocab: c.vocab_size as i32,
+                vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
+                stride: c.vocab_size as i32,
             },
         )
     }

@@ -9,7 +9,9 @@ use crate::executor::cuda::prefill_gemm::scratch_capacity;
 use crate::executor::input_batch::InputBatch;
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
-use crate::step::{NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
+use crate::step::{
+    NewRequestData, SampleInput, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput,
+};
 
 const BS: usize = 16;
 const NUM_BLOCKS: usize = 64;
@@ -26,6 +28,7 @@ fn limits() -> Limits {
         gemm_max_len: 64,
         gemm_keys,
         gemm_scores,
+        max_edits: 64,
     }
 }
 
@@ -155,7 +158,7 @@ fn run(
     let b = ib.batch();
     let bucket = graph_bucket(b, graphs, lim.max_seqs);
     let mut host = HostMeta::default();
-    let step = pack(&lim, b, bucket, &updates, &mut host).unwrap();
+    let step = pack(&lim, b, bucket, &updates, true, &mut host).unwrap();
     dev.apply_updates(&step, &host.meta);
     dev.check_reads(&lim, &step, &host, b);
     if let Some(bk) = bucket {
@@ -183,6 +186,7 @@ fn run(
     ib.record(&StepOutput {
         sampled,
         elapsed: std::time::Duration::ZERO,
+        top_logprobs: Vec::new(),
     })
     .unwrap();
     (step, bucket)
@@ -321,14 +325,107 @@ fn oversized_steps_are_refused() {
     let mut b = BatchInput::default();
     b.push_seq(RequestId(1), &[1], 0, &[0], BS, None);
     b.seqs[0].row = 8;
-    let e = pack(&lim, &b, None, &[], &mut host)
+    let e = pack(&lim, &b, None, &[], true, &mut host)
         .unwrap_err()
         .to_string();
     assert!(e.contains("row 8"), "{e}");
     let mut b = BatchInput::default();
     b.push_seq(RequestId(1), &[1], 0, &[0; 13], BS, None);
-    let e = pack(&lim, &b, None, &[], &mut host)
+    let e = pack(&lim, &b, None, &[], true, &mut host)
         .unwrap_err()
         .to_string();
     assert!(e.contains("13 blocks"), "{e}");
+}
+
+fn sampled_with(params: SamplingParams, output_index: usize) -> Option<SampleInput> {
+    Some(SampleInput {
+        params: Arc::new(params),
+        seed: 9,
+        output_index,
+    })
+}
+
+#[test]
+fn logit_edits_merge_bias_and_the_min_tokens_mask() {
+    let p = SamplingParams {
+        logit_bias: vec![(2, 1.5), (5, -3.0), (9, 4.0)],
+        min_tokens: 3,
+        min_tokens_blocked: vec![1, 5, 11],
+        ..Default::default()
+    };
+    let edits = |index| {
+        let mut out = Vec::new();
+        logit_edits(&p, index, &mut out);
+        out.into_iter()
+            .map(|e| (e.token, e.value))
+            .collect::<Vec<_>>()
+    };
+    let inf = f32::NEG_INFINITY;
+    // Before min_tokens: one entry per id, a masked id stays masked whatever its bias.
+    assert_eq!(
+        edits(2),
+        vec![(1, inf), (2, 1.5), (5, inf), (9, 4.0), (11, inf)]
+    );
+    assert_eq!(edits(3), vec![(2, 1.5), (5, -3.0), (9, 4.0)]);
+}
+
+#[test]
+fn sample_args_carry_penalties_edits_and_logprobs() {
+    let lim = limits();
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    let pen = SamplingParams {
+        frequency_penalty: 0.5,
+        repetition_penalty: 1.2,
+        logit_bias: vec![(4, 2.0)],
+        logprobs: Some(30),
+        ..Default::default()
+    };
+    b.push_seq(
+        RequestId(1),
+        &[1],
+        0,
+        &[0],
+        BS,
+        sampled_with(SamplingParams::default(), 0),
+    );
+    b.push_seq(
+        RequestId(2),
+        &[1],
+        0,
+        &[1],
+        BS,
+        sampled_with(pen.clone(), 0),
+    );
+    pack(&lim, &b, None, &[], true, &mut host).unwrap();
+    let a = &host.args;
+    assert_eq!(
+        (a[0].counts_row, a[0].num_edits, a[0].num_logprobs),
+        (-1, 0, 0)
+    );
+    assert_eq!(
+        (a[1].counts_row, a[1].edit_start, a[1].num_edits),
+        (1, 0, 1)
+    );
+    assert_eq!((a[1].frequency, a[1].repetition), (0.5, 1.2));
+    assert_eq!(a[1].num_logprobs, SAMPLE_MAX_TOP as i32);
+    assert_eq!(
+        host.edits,
+        vec![SampleEdit {
+            token: 4,
+            value: 2.0
+        }]
+    );
+    // A hand-built batch has no device counts: penalties are refused, not ignored.
+    let e = pack(&lim, &b, None, &[], false, &mut host).unwrap_err();
+    assert!(e.to_string().contains("penalties"), "{e}");
+    // More edits than the buffer holds.
+    let big = SamplingParams {
+        logit_bias: (0..65).map(|t| (t, 1.0)).collect(),
+        ..Default::default()
+    };
+    let mut b = BatchInput::default();
+    b.push_seq(RequestId(3), &[1], 0, &[0], BS, sampled_with(big, 0));
+    let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
+    assert!(e.to_string().contains("logit edits"), "{e}");
 }

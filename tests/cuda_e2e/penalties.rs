@@ -1,0 +1,152 @@
+//! The CUDA sampler's request features on the serving path: penalties over the device token
+//! counts (kept by the persistent batch's count ops through preemptions, row moves and prefix
+//! hits), logit bias and logprobs, against the CPU reference.
+
+use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::kv::KvCacheManager;
+use brook::model::reference::reference_logits;
+use brook::sampling::sampler::{process_logits, TokenCounts};
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use brook::step::StepOutput;
+
+use super::*;
+
+/// Greedy requests with presence, frequency and repetition penalties and a logit bias, through
+/// a real scheduler's steps (a pool small enough to preempt, so rows are dropped, moved and
+/// re-sent whole with their output). Every token must be the argmax of the CPU reference's
+/// logits after the same processing, given the same prefix (teacher-forced), away from near
+/// ties; every token has its logprobs with 3 alternatives, most likely first.
+#[test]
+fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let spec = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+        .layers(3);
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(12);
+    let vocab = config.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..10)
+        .map(|_| {
+            (0..r.random_range(20..90))
+                .map(|_| r.random_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    let max_tokens = 16;
+    // Half the requests with penalties (rows with and without counts interleave).
+    let params: Vec<Arc<SamplingParams>> = (0..prompts.len())
+        .map(|i| {
+            let mut p = SamplingParams {
+                ignore_eos: true,
+                logprobs: Some(3),
+                logit_bias: vec![(5, 0.5), (vocab - 1, -1.0)],
+                ..SamplingParams::greedy(max_tokens)
+            };
+            if i % 2 == 0 {
+                p.presence_penalty = 0.4;
+                p.frequency_penalty = 0.3;
+                p.repetition_penalty = 1.3;
+            }
+            Arc::new(p)
+        })
+        .collect();
+    for graphs in [true, false] {
+        let mut gpu = CudaBackend::from_weights(
+            config.clone(),
+            &weights,
+            CudaBackendOptions {
+                max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
+                max_num_batched_tokens: 256,
+                max_num_seqs: 8,
+                cuda_graphs: graphs,
+                progress: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut kv = KvCacheManager::new(gpu.info().num_kv_blocks, BLOCK, true);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len: config.max_position_embeddings,
+            long_prefill_token_threshold: 0,
+            ..SchedulerConfig::default()
+        });
+        for (i, p) in prompts.iter().enumerate() {
+            let req = NewRequest {
+                id: RequestId(i as u64),
+                prompt_token_ids: p.clone(),
+                params: params[i].clone(),
+                seed: 0,
+                eos_token_ids: Arc::from(vec![0u32]),
+                n: 1,
+            };
+            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
+        }
+        let mut outputs = vec![Vec::new(); prompts.len()];
+        let mut logprobs = vec![Vec::new(); prompts.len()];
+        let mut t = 0.0;
+        while sched.has_unfinished() {
+            let out = sched.schedule(&mut kv, t);
+            let step = if out.is_empty() {
+                StepOutput::default()
+            } else {
+                gpu.execute(&out).unwrap()
+            };
+            t += 0.01;
+            for u in sched.update_from_output(&out, &step, &mut kv, t) {
+                assert_eq!(u.logprobs.len(), u.new_token_ids.len());
+                outputs[u.id.0 as usize].extend(u.new_token_ids);
+                logprobs[u.id.0 as usize].extend(u.logprobs);
+            }
+            assert!(t < 100.0, "no progress");
+        }
+        assert!(
+            sched.num_preemptions() > 0,
+            "graphs {graphs}: no preemption"
+        );
+        let mut tally = Tally::default();
+        let mut processed = Vec::new();
+        for (i, (p, out)) in prompts.iter().zip(&outputs).enumerate() {
+            assert_eq!(out.len(), max_tokens);
+            let seq: Vec<u32> = p.iter().chain(out).copied().collect();
+            let logits = reference_logits(&config, &weights, &seq).unwrap();
+            for (k, &token) in out.iter().enumerate() {
+                let row: Vec<f32> = logits.get(p.len() - 1 + k).unwrap().to_vec1().unwrap();
+                let counts = TokenCounts::new(p, &out[..k]);
+                process_logits(&row, &params[i], k, Some(&counts), &mut processed);
+                tally.compared += 1;
+                if argmax(&processed).0 != token {
+                    if top2_gap(&processed) < NEAR_TIE {
+                        tally.near_tie_mismatches += 1;
+                    } else {
+                        tally.mismatches += 1;
+                        eprintln!("request {i} token {k}: {token} vs {}", argmax(&processed).0);
+                    }
+                }
+                let lp = &logprobs[i][k];
+                assert_eq!(lp.token, token);
+                assert_eq!(lp.top.len(), 3);
+                assert!(lp.top[0].1 >= lp.top[1].1 && lp.top[1].1 >= lp.top[2].1);
+                // The alternatives are the raw distribution's: its argmax leads, near ties aside.
+                if top2_gap(&row) >= NEAR_TIE {
+                    assert_eq!(lp.top[0].0, argmax(&row).0, "request {i} token {k}");
+                }
+            }
+        }
+        eprintln!("penalties on the persistent batch, graphs {graphs}: {tally:?}");
+        assert_eq!(tally.mismatches, 0, "graphs {graphs}: {tally:?}");
+        assert!(
+            tally.near_tie_mismatches * 20 <= tally.compared,
+            "graphs {graphs}: {tally:?}"
+        );
+    }
+}
