@@ -75,7 +75,7 @@ device)
         step kernels ./cuda_kernels --test-threads=1
         step e2e ./cuda_e2e --test-threads=1 --nocapture
         step models ./cuda_models --test-threads=1 --nocapture
-        step websocket ./cuda_ws --nocapture
+        step websocket ./cuda_ws --test-threads=1 --nocapture
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"

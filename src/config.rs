@@ -57,6 +57,19 @@ pub struct ServerConfig {
     /// Capacity of each request's event channel to its session (events, not tokens: deltas
     /// are merged while the channel is full, so this bounds memory without blocking the engine).
     pub stream_buffer: usize,
+    /// Output bytes a socket may leave unread (produced for its requests, not yet taken because
+    /// the client stopped reading); past it its requests end with `slow_consumer` and the
+    /// socket closes with 1008. Bounds a slow client's memory besides actix's ~32 KiB buffer.
+    pub max_unread_bytes: usize,
+    /// Seconds a socket past `max_unread_bytes` gets to take its error frames and close frame;
+    /// after that the connection is cut (a client that never reads holds no slot for ever).
+    pub slow_consumer_grace_s: f64,
+    /// SO_SNDBUF of accepted connections, bytes; 0 = the OS's (autotuned). A small one bounds
+    /// the kernel memory a client that stops reading holds.
+    pub socket_send_buffer_bytes: usize,
+    /// On SIGTERM or Ctrl-C: seconds the requests accepted before get to finish (new ones get
+    /// `shutting_down`); those left then end with `shutting_down`, and the process exits 0.
+    pub shutdown_timeout_s: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -114,6 +127,10 @@ impl Default for ServerConfig {
             public_metrics: false,
             api_key: None,
             stream_buffer: 16,
+            max_unread_bytes: 1 << 20,
+            slow_consumer_grace_s: 5.0,
+            socket_send_buffer_bytes: 0,
+            shutdown_timeout_s: 30.0,
         }
     }
 }
@@ -165,6 +182,13 @@ impl ServerConfig {
         secs("rate_limit_per_s", self.rate_limit_per_s)?;
         secs("idle_timeout_s", self.idle_timeout_s)?;
         secs("ping_interval_s", self.ping_interval_s)?;
+        secs("slow_consumer_grace_s", self.slow_consumer_grace_s)?;
+        secs("shutdown_timeout_s", self.shutdown_timeout_s)?;
+        anyhow::ensure!(
+            self.max_unread_bytes >= 1024,
+            "server.max_unread_bytes must be >= 1024, got {}",
+            self.max_unread_bytes
+        );
         anyhow::ensure!(
             self.rate_limit_per_s == 0.0 || self.rate_limit_burst >= 1,
             "server.rate_limit_burst must be >= 1 when rate_limit_per_s is set"

@@ -10,7 +10,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr, SyncArbiter};
 use tokio::sync::mpsc;
@@ -18,10 +18,11 @@ use tokio::sync::mpsc;
 use crate::chat::ChatTemplate;
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::executor::actor::ExecutorActor;
+use crate::executor::actor::{BackendFactory, ExecutorActor};
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
 use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
+use crate::health::Health;
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
 use crate::metrics::Metrics;
@@ -29,8 +30,9 @@ use crate::model::config::{GenerationConfig, ModelConfig};
 use crate::model::synthetic::{
     synthetic_config, synthetic_config_with_vocab, synthetic_host_weights,
 };
+use crate::output::Backlog;
 use crate::request::{RequestId, StreamEvent};
-use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, Submit};
+use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Submit};
 use crate::scheduler::SwapCost;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
@@ -86,6 +88,8 @@ pub struct EngineCore {
     pub scheduler: Addr<SchedulerActor>,
     pub kv: Addr<KvActor>,
     pub metrics: Arc<Metrics>,
+    /// Serving, draining, stalled or failed (`health`): /health, the edge and admission read it.
+    pub health: Arc<Health>,
     pub info: EngineInfo,
     pub limits: SessionLimits,
     validation: Validation,
@@ -108,12 +112,23 @@ impl EngineCore {
     /// `id + i`, the scheduler's and the output processor's key); the client only ever names
     /// the first.
     pub fn submit(&self, req: ValidRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
+        self.submit_from(req, None)
+    }
+
+    /// [`EngineCore::submit`] for a socket: its output counts against the socket's `backlog`
+    /// (unread bytes, bounded; see `output::backlog`).
+    pub fn submit_from(
+        &self,
+        req: ValidRequest,
+        backlog: Option<Arc<Backlog>>,
+    ) -> (RequestId, mpsc::Receiver<StreamEvent>) {
         let id = RequestId(self.next_id.fetch_add(req.n() as u64, Ordering::Relaxed));
         let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
         self.scheduler.do_send(Submit {
             id,
             request: req,
             tx,
+            backlog,
             arrival: Instant::now(),
         });
         (id, rx)
@@ -156,8 +171,22 @@ pub fn default_model_dir() -> Option<PathBuf> {
     .find(|p| p.join("config.json").is_file())
 }
 
+/// Wraps every backend the engine builds, the first and any rebuilt after a panic: the fault
+/// injection tests (tests/common/faults.rs) wrap it in a backend that fails on purpose.
+pub type BackendWrap = Arc<dyn Fn(Box<dyn Backend>) -> Box<dyn Backend> + Send + Sync>;
+
 /// Loads the model folder and starts the actors. Must run inside an actix `System`.
 pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<Arc<EngineHandle>> {
+    start_wrapped(cfg, model_dir, progress, None)
+}
+
+/// [`start`], with `wrap` around the backend (see [`BackendWrap`]).
+pub fn start_wrapped(
+    cfg: &Config,
+    model_dir: &Path,
+    progress: bool,
+    wrap: Option<BackendWrap>,
+) -> anyhow::Result<Arc<EngineHandle>> {
     let model_cfg = ModelConfig::from_dir(model_dir)?;
     // Parsed once: the tokenizer takes its bos/eos ids, validation its sampling defaults.
     let gen = GenerationConfig::from_dir(model_dir)?;
@@ -173,16 +202,28 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
     }
     // Checked before the weights load, so a bad default fails fast.
     let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
-    let backend: Box<dyn Backend> = match pick_device(cfg, &model_cfg)? {
-        Device::Cuda => Box::new(CudaBackend::load(
-            model_dir,
-            CudaBackendOptions::from_config(cfg, progress),
-        )?),
-        Device::Cpu(_) => Box::new(CpuBackend::load(
-            model_dir,
-            CpuBackendOptions::from_config(cfg, progress),
-        )?),
+    let device = pick_device(cfg, &model_cfg)?;
+    let load = {
+        let (cfg, dir) = (cfg.clone(), model_dir.to_path_buf());
+        // A rebuild after a panic shows no progress bar.
+        let mut progress = progress;
+        move || -> anyhow::Result<Box<dyn Backend>> {
+            let backend: Box<dyn Backend> = match &device {
+                Device::Cuda => Box::new(CudaBackend::load(
+                    &dir,
+                    CudaBackendOptions::from_config(&cfg, progress),
+                )?),
+                Device::Cpu(_) => Box::new(CpuBackend::load(
+                    &dir,
+                    CpuBackendOptions::from_config(&cfg, progress),
+                )?),
+            };
+            progress = false;
+            Ok(backend)
+        }
     };
+    let mut factory = wrapped(load, wrap);
+    let backend = factory()?;
     let model = ModelSource {
         name: model_dir
             .file_name()
@@ -192,7 +233,13 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
         defaults,
         config: model_cfg,
     };
-    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()), chat);
+    let core = start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        Some(tokenizer.clone()),
+        chat,
+    );
     Ok(Arc::new(EngineHandle { core, tokenizer }))
 }
 
@@ -202,14 +249,26 @@ pub fn start(cfg: &Config, model_dir: &Path, progress: bool) -> anyhow::Result<A
 /// inside an actix `System`.
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
-    let backend = synthetic_backend(cfg, name, &model_cfg, seed, model_cfg.vocab_size)?;
+    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
+    let vocab = model_cfg.vocab_size;
+    let mut factory = wrapped(
+        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
+        None,
+    );
+    let backend = factory()?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
         defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
         config: model_cfg,
     };
-    Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
+    Ok(Arc::new(start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        None,
+        None,
+    )))
 }
 
 /// Starts the actors on random weights of the synthetic shape `name` with the tokenizer (and
@@ -236,7 +295,13 @@ pub fn start_synthetic_with_tokenizer(
         }
     }
     let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
-    let backend = synthetic_backend(cfg, name, &model_cfg, seed, tokenizer.vocab_size())?;
+    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
+    let vocab = tokenizer.vocab_size();
+    let mut factory = wrapped(
+        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
+        None,
+    );
+    let backend = factory()?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!(
@@ -246,7 +311,13 @@ pub fn start_synthetic_with_tokenizer(
         defaults,
         config: model_cfg,
     };
-    let core = start_actors(cfg, model, backend, Some(tokenizer.clone()), chat);
+    let core = start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        Some(tokenizer.clone()),
+        chat,
+    );
     Ok(Arc::new(EngineHandle { core, tokenizer }))
 }
 
@@ -287,12 +358,27 @@ struct ModelSource {
     defaults: ModelDefaults,
 }
 
-/// Starts the KV, executor and scheduler actors around a loaded backend. The scheduler
-/// detokenizes with `tokenizer` when there is one, else streams token counts only.
+/// `load`, then `wrap` around what it built.
+fn wrapped(
+    mut load: impl FnMut() -> anyhow::Result<Box<dyn Backend>> + Send + 'static,
+    wrap: Option<BackendWrap>,
+) -> BackendFactory {
+    Box::new(move || {
+        let backend = load()?;
+        Ok(match &wrap {
+            Some(w) => w(backend),
+            None => backend,
+        })
+    })
+}
+
+/// Starts the KV, executor and scheduler actors around a loaded backend and the factory that
+/// rebuilds it after a panic. The scheduler detokenizes with `tokenizer` when there is one, else
+/// streams token counts only.
 fn start_actors(
     cfg: &Config,
     model: ModelSource,
-    backend: Box<dyn Backend>,
+    (backend, factory): (Box<dyn Backend>, BackendFactory),
     tokenizer: Option<Arc<Tokenizer>>,
     chat: Option<ChatTemplate>,
 ) -> EngineCore {
@@ -318,14 +404,12 @@ fn start_actors(
         .with_block_bytes(backend_info.bytes_per_block),
     ));
     let kv_addr = KvActor::new(kv.clone()).start();
-    let backend_cell = parking_lot::Mutex::new(Some(backend));
+    let backend_cell = parking_lot::Mutex::new(Some((backend, factory)));
     let executor = SyncArbiter::start(1, move || {
-        ExecutorActor::new(
-            backend_cell
-                .lock()
-                .take()
-                .expect("one executor thread takes the backend once"),
-        )
+        let (backend, factory) = (backend_cell.lock())
+            .take()
+            .expect("one executor thread takes the backend once");
+        ExecutorActor::new(backend, factory)
     });
     let mut core = Scheduler::new(SchedulerConfig {
         max_model_len,
@@ -352,7 +436,17 @@ fn start_actors(
         max_num_seqs: cfg.scheduler.max_num_seqs,
     };
     let validation = Validation::new(tokenizer.clone(), chat, model.defaults, limits);
-    let scheduler = SchedulerActor::new(core, kv, executor, tokenizer, metrics.clone()).start();
+    let health = Arc::new(Health::default());
+    let step_timeout = (cfg.scheduler.step_timeout_s > 0.0)
+        .then(|| Duration::from_secs_f64(cfg.scheduler.step_timeout_s));
+    let parts = SchedulerParts {
+        kv,
+        tokenizer,
+        metrics: metrics.clone(),
+        health: health.clone(),
+        step_timeout,
+    };
+    let scheduler = SchedulerActor::new(core, executor, parts).start();
     let info = EngineInfo {
         model_name: model.name,
         source: model.source,
@@ -367,6 +461,7 @@ fn start_actors(
         scheduler,
         kv: kv_addr,
         metrics,
+        health,
         info,
         limits: SessionLimits {
             max_requests_per_connection: cfg.server.max_requests_per_connection,
@@ -378,6 +473,7 @@ fn start_actors(
 }
 
 /// Where the backend runs; `Cpu` says why (for messages).
+#[derive(Debug, Clone)]
 enum Device {
     Cuda,
     Cpu(String),

@@ -39,6 +39,13 @@ pub enum EngineError {
     PayloadTooLarge { limit: usize },
     #[error("internal error: {0}")]
     Internal(String),
+    /// The server is draining (SIGTERM): it takes no new requests.
+    #[error("the server is shutting down and takes no new requests; retry elsewhere or later")]
+    ShuttingDown,
+    /// The client did not read its socket: `unread_bytes` of output waited for it, over the
+    /// limit (`server.max_unread_bytes`).
+    #[error("slow consumer: {unread_bytes} bytes of output were not read from the socket (limit {limit}); its requests are cancelled")]
+    SlowConsumer { unread_bytes: usize, limit: usize },
 }
 
 impl EngineError {
@@ -63,6 +70,11 @@ impl EngineError {
             EngineError::Unauthorized("x".into()),
             EngineError::ModelNotFound("x".into()),
             EngineError::PayloadTooLarge { limit: 1 },
+            EngineError::ShuttingDown,
+            EngineError::SlowConsumer {
+                unread_bytes: 2,
+                limit: 1,
+            },
         ]
     }
 
@@ -81,6 +93,8 @@ impl EngineError {
             EngineError::Unauthorized(_) => "unauthorized",
             EngineError::ModelNotFound(_) => "model_not_found",
             EngineError::PayloadTooLarge { .. } => "payload_too_large",
+            EngineError::ShuttingDown => "shutting_down",
+            EngineError::SlowConsumer { .. } => "slow_consumer",
         }
     }
 
@@ -111,9 +125,12 @@ impl EngineError {
             EngineError::Unauthorized(_) => 401,
             EngineError::ModelNotFound(_) => 404,
             EngineError::PromptTooLong { .. } | EngineError::PayloadTooLarge { .. } => 413,
-            EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => 429,
+            // A client that does not read its stream is asked to slow down, as for a rate.
+            EngineError::Overloaded { .. }
+            | EngineError::RateLimited { .. }
+            | EngineError::SlowConsumer { .. } => 429,
             EngineError::Internal(_) => 500,
-            EngineError::Unavailable(_) => 503,
+            EngineError::Unavailable(_) | EngineError::ShuttingDown => 503,
         }
     }
 
@@ -181,6 +198,8 @@ mod tests {
                 ("unauthorized", 401),
                 ("model_not_found", 404),
                 ("payload_too_large", 413),
+                ("shutting_down", 503),
+                ("slow_consumer", 429),
             ]
         );
         let types: Vec<&str> = errors.iter().map(EngineError::openai_type).collect();
@@ -198,6 +217,8 @@ mod tests {
                 "authentication_error",
                 "invalid_request_error",
                 "invalid_request_error",
+                "service_unavailable_error",
+                "rate_limit_error",
             ]
         );
     }

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod engine_args;
 pub mod error;
 pub mod executor;
+pub mod health;
 pub mod kv;
 pub mod logging;
 pub mod metrics;

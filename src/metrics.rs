@@ -32,6 +32,9 @@ pub struct Metrics {
     pub ws_connections: IntGauge,
     pub ws_rejected: IntCounterVec,
     pub ws_closes: IntCounterVec,
+    pub ws_unread_bytes: IntGauge,
+    pub slow_consumers: IntCounter,
+    pub step_failures: IntCounterVec,
     pub merge_decisions: IntCounterVec,
     pub overloaded: IntCounterVec,
     pub accepted: IntCounterVec,
@@ -179,6 +182,21 @@ impl Metrics {
                 "WebSocket connections closed by the server, by reason (client: answering the \
                  client's close).",
                 "reason",
+            ),
+            ws_unread_bytes: gauge(
+                "brook:websocket_unread_bytes",
+                "Output bytes produced for WebSocket clients that their sockets have not taken \
+                 yet (bounded per socket by server.max_unread_bytes).",
+            ),
+            slow_consumers: counter(
+                "brook:websocket_slow_consumers_total",
+                "Sockets whose unread output passed server.max_unread_bytes: their requests \
+                 were cancelled (slow_consumer).",
+            ),
+            step_failures: counter_vec(
+                "brook:engine_step_failures_total",
+                "Engine steps that failed, by kind (error, panic, timeout).",
+                "kind",
             ),
             merge_decisions: counter_vec(
                 "brook:scheduler_merge_decisions_total",

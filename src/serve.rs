@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Serve /metrics and the dashboard stream without the API key.
     #[arg(long)]
     pub public_metrics: bool,
+    /// On SIGTERM or Ctrl-C, seconds the requests in flight get to finish before they end with
+    /// `shutting_down` (new ones get it at once); then the server exits 0.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<f64>,
     /// Serve random weights of a known model's shapes instead of a model folder (generated on
     /// the GPU; on the CPU only `tiny`), with the tokenizer of --tokenizer: the whole server on a
     /// real shape without its checkpoint. The text is gibberish; send `ignore_eos` for full
@@ -92,6 +96,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cfg.server.max_connections = n;
     }
     cfg.server.public_metrics |= args.public_metrics;
+    if let Some(t) = args.shutdown_timeout {
+        cfg.server.shutdown_timeout_s = t;
+    }
     cfg.validate()?;
     let source = match args.synthetic {
         Some(name) => {
@@ -128,7 +135,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
         }
         eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", cfg.server.host);
-        server.await?;
-        Ok::<(), anyhow::Error>(())
+        let timeout = std::time::Duration::from_secs_f64(cfg.server.shutdown_timeout_s);
+        crate::server::shutdown::serve_until_signalled(engine, server, timeout).await
     })
 }

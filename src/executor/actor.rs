@@ -1,6 +1,17 @@
 //! The executor actor: owns the backend on its own thread (a one-thread `SyncArbiter`), so a
 //! forward pass never blocks the scheduler's or the sessions' event loops.
+//!
+//! Panics stop here (`catch_unwind` around each step): a backend that panicked is in an unknown
+//! state (half-applied diffs, buffers mid-update), so it is dropped and rebuilt from the
+//! factory, and the step answers [`StepError::Panicked`] with the new pool's size; the
+//! scheduler fails the step's requests, re-queues the others for recompute (swapped-out ones
+//! too: the KV host tier is the backend's memory, rebuilt with it) and clears the prefix cache
+//! in both tiers (the new backend's pools hold nothing), resizing the block manager's pools if
+//! the new ones differ (a GPU's free memory may). When the rebuild fails, every later step answers
+//! [`StepError::Unavailable`] and /health reports the engine failed: only a restart helps then.
 
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use actix::{Actor, Handler, Message, SyncContext};
@@ -8,13 +19,47 @@ use actix::{Actor, Handler, Message, SyncContext};
 use crate::executor::backend::Backend;
 use crate::step::{SchedulerOutput, StepOutput};
 
+/// Builds the backend: at start and after a panic. Runs on the executor thread.
+pub type BackendFactory = Box<dyn FnMut() -> anyhow::Result<Box<dyn Backend>> + Send>;
+
 pub struct ExecutorActor {
-    backend: Box<dyn Backend>,
+    backend: Option<Box<dyn Backend>>,
+    factory: BackendFactory,
+    /// Tokens per KV block of the first backend: block ids mean nothing with another size.
+    block_size: usize,
+    /// Why no backend is left, once a rebuild failed.
+    failed: Option<String>,
 }
 
 impl ExecutorActor {
-    pub fn new(backend: Box<dyn Backend>) -> Self {
-        ExecutorActor { backend }
+    pub fn new(backend: Box<dyn Backend>, factory: BackendFactory) -> Self {
+        ExecutorActor {
+            block_size: backend.info().block_size,
+            backend: Some(backend),
+            factory,
+            failed: None,
+        }
+    }
+
+    /// Drops the poisoned backend (its drop may panic too) and builds a new one; returns its
+    /// KV pool's and its host tier's sizes in blocks.
+    fn rebuild(&mut self) -> Result<(usize, usize), String> {
+        let old = self.backend.take();
+        if catch_unwind(AssertUnwindSafe(move || drop(old))).is_err() {
+            tracing::error!("the poisoned backend panicked while being dropped");
+        }
+        let built = catch_unwind(AssertUnwindSafe(|| (self.factory)()))
+            .map_err(|p| format!("rebuilding the backend panicked: {}", panic_message(&*p)))?
+            .map_err(|e| format!("rebuilding the backend failed: {e:#}"))?;
+        let info = built.info();
+        if info.block_size != self.block_size || info.num_kv_blocks == 0 {
+            return Err(format!(
+                "the rebuilt backend has {} KV blocks of {} tokens; the engine's blocks hold {}",
+                info.num_kv_blocks, info.block_size, self.block_size
+            ));
+        }
+        self.backend = Some(built);
+        Ok((info.num_kv_blocks, info.num_host_blocks))
     }
 }
 
@@ -22,18 +67,94 @@ impl Actor for ExecutorActor {
     type Context = SyncContext<Self>;
 }
 
+/// Why a step produced no output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepError {
+    /// The backend returned an error; its state is intact (the step's drops were applied).
+    Failed(String),
+    /// The backend panicked and was rebuilt: it holds no requests, an empty KV pool of
+    /// `kv_blocks` blocks and an empty KV host tier of `host_blocks` (0: none).
+    Panicked {
+        message: String,
+        kv_blocks: usize,
+        host_blocks: usize,
+    },
+    /// No backend: a rebuild failed. Every step fails from now on.
+    Unavailable(String),
+}
+
+impl StepError {
+    /// The label of `brook:engine_step_failures_total` (`timeout` is the scheduler's own).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StepError::Failed(_) => "error",
+            StepError::Panicked { .. } | StepError::Unavailable(_) => "panic",
+        }
+    }
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepError::Failed(e) => write!(f, "engine step failed: {e}"),
+            StepError::Panicked { message, .. } => {
+                write!(
+                    f,
+                    "engine step panicked ({message}); the backend was rebuilt"
+                )
+            }
+            StepError::Unavailable(e) => write!(f, "no engine backend: {e}"),
+        }
+    }
+}
+
 /// Run one engine step. The plan is shared (not copied) with the scheduler, which needs it
 /// again in `update_from_output`.
 pub struct ExecuteStep(pub Arc<SchedulerOutput>);
 
 impl Message for ExecuteStep {
-    type Result = Result<StepOutput, String>;
+    type Result = Result<StepOutput, StepError>;
 }
 
 impl Handler<ExecuteStep> for ExecutorActor {
-    type Result = Result<StepOutput, String>;
+    type Result = Result<StepOutput, StepError>;
 
     fn handle(&mut self, msg: ExecuteStep, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        self.backend.execute(&msg.0).map_err(|e| format!("{e:#}"))
+        let Some(backend) = self.backend.as_mut() else {
+            let why = self.failed.clone().unwrap_or_default();
+            return Err(StepError::Unavailable(why));
+        };
+        match catch_unwind(AssertUnwindSafe(|| backend.execute(&msg.0))) {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e)) => Err(StepError::Failed(format!("{e:#}"))),
+            Err(payload) => {
+                let what = panic_message(&*payload);
+                tracing::error!("backend panicked in a step: {what}; rebuilding it");
+                match self.rebuild() {
+                    Ok((kv_blocks, host_blocks)) => Err(StepError::Panicked {
+                        message: what,
+                        kv_blocks,
+                        host_blocks,
+                    }),
+                    Err(why) => {
+                        tracing::error!("{why}; the engine cannot run steps any more");
+                        let why = format!("the backend panicked ({what}); {why}");
+                        self.failed = Some(why.clone());
+                        Err(StepError::Unavailable(why))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The text a panic carried (`panic!` with a literal or a formatted message).
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
     }
 }

@@ -192,6 +192,15 @@ impl BlockPool {
         }
     }
 
+    /// Unregisters every cached block (free ones stay free, in LRU order); returns how many.
+    pub fn forget_cached(&mut self) -> usize {
+        let n = self.cached.len();
+        for (_, id) in self.cached.drain() {
+            self.blocks[id as usize].hash = None;
+        }
+        n
+    }
+
     fn unlink(&mut self, id: BlockId) {
         let Block { prev, next, .. } = self.blocks[id as usize];
         if prev == NIL {

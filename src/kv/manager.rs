@@ -143,13 +143,12 @@ impl Mem {
             stats,
             ..
         } = self;
-        if let Some(host) = host {
-            for (block, hash) in device.drain_evicted() {
-                if let Some(c) = host.offload(block, hash) {
-                    stats.offloaded_blocks += 1;
-                    stats.swap_out_blocks += 1;
-                    copies.push(c);
-                }
+        // Drained with or without a host tier (a rebuilt backend may have none any more).
+        for (block, hash) in device.drain_evicted() {
+            if let Some(c) = host.as_mut().and_then(|h| h.offload(block, hash)) {
+                stats.offloaded_blocks += 1;
+                stats.swap_out_blocks += 1;
+                copies.push(c);
             }
         }
     }
@@ -450,6 +449,37 @@ impl KvCacheManager {
         }
         if let Some(host) = &mut self.mem.host {
             host.free_swapped(req);
+        }
+    }
+
+    /// Forgets every cached prefix, in both tiers: the K/V they name is gone (the backend was
+    /// rebuilt with fresh pools), and so are the copies planned for the old one. Requests still
+    /// holding device blocks keep them, but none of their blocks is found by a lookup any more.
+    /// No request may be swapped out (its host copy is gone too: the caller frees it first).
+    /// Returns how many blocks were registered, both tiers.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for entry in self.reqs.values_mut() {
+            entry.num_cached_blocks = 0;
+            entry.hits.clear();
+        }
+        self.mem.copies.clear();
+        let host = self.mem.host.as_mut().map_or(0, |h| h.forget_cached());
+        self.mem.device.forget_cached() + host
+    }
+
+    /// A new device pool of `num_blocks` (the backend was rebuilt with another size). No
+    /// request may hold blocks; the prefix-cache counters carry on.
+    pub fn resize_pool(&mut self, num_blocks: usize) {
+        assert!(
+            self.reqs.values().all(|e| e.blocks.is_empty()),
+            "resizing the KV pool while requests hold blocks"
+        );
+        self.reqs.clear();
+        self.mem.copies.clear();
+        self.mem.device = BlockPool::new(num_blocks);
+        if self.mem.host.is_some() {
+            let device = std::mem::replace(&mut self.mem.device, BlockPool::new(0));
+            self.mem.device = device.track_evictions();
         }
     }
 

@@ -8,12 +8,14 @@
 //!   [`StreamEvent`](crate::request::StreamEvent)s sent to sessions, with the channel rules: at
 //!   most one delta per request per step; while a channel is full, text merges into the next
 //!   delta (bounded memory, the engine never blocks); a closed channel cancels; terminal events
-//!   always arrive.
+//!   always arrive;
+//! - [`backlog`]: output a socket has not taken yet, bounded per socket (`slow_consumer`).
 //!
 //! Pure and synchronous: time comes in as explicit `Instant`s, events go out with `try_send`,
 //! and whatever must reach the core (stop-string finishes, closed channels) or wait for room in
 //! a channel is returned to the caller (the scheduler actor) as a [`Processed`].
 
+pub mod backlog;
 pub mod detok;
 pub mod processor;
 pub mod stop;
@@ -21,4 +23,5 @@ pub mod stop;
 mod tests;
 pub mod text;
 
+pub use backlog::Backlog;
 pub use processor::{BlockedTerminal, OutputProcessor, Processed};

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 
+use super::backlog::Backlog;
 use super::text::TextOutput;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
@@ -21,6 +22,9 @@ struct RequestState {
     /// The request's first id (its choice 0) and this choice's index.
     first: RequestId,
     index: usize,
+    /// Its socket's unread output, when it has one (a WebSocket session's requests); the
+    /// choices of one request share it.
+    backlog: Option<Arc<Backlog>>,
     /// Detokenizer and stop strings; `None` on an engine without a tokenizer (counts only).
     text: Option<TextOutput>,
     /// Text (and its token count) not sent yet: the reader was slow, or it is this step's.
@@ -42,6 +46,21 @@ impl RequestState {
     /// token without text (eos) still gets its entry.
     fn has_pending(&self) -> bool {
         !self.pending_text.is_empty() || (self.text.is_none() && self.pending_tokens > 0)
+    }
+
+    /// New text for the client; true when it pushed the socket's unread output past its limit.
+    fn push_text(&mut self, text: &str) -> bool {
+        self.pending_text.push_str(text);
+        self.backlog
+            .as_ref()
+            .is_some_and(|b| b.produced(text.len()))
+    }
+
+    /// The request leaves without its pending text being sent: the socket will never take it.
+    fn discard_pending(&self) {
+        if let Some(b) = &self.backlog {
+            b.taken(self.pending_text.len());
+        }
     }
 
     fn take_delta(&mut self) -> StreamEvent {
@@ -140,7 +159,9 @@ impl OutputProcessor {
     }
 
     /// A request the core accepted, with its `n` choices (ids `id .. id + n`): tracks them and
-    /// sends `Started`. `text` comes from [`OutputProcessor::text_output`].
+    /// sends `Started`. `text` comes from [`OutputProcessor::text_output`]; `backlog` is its
+    /// socket's unread output, if any.
+    #[allow(clippy::too_many_arguments)] // one request's ids, size, text state and sinks
     pub fn add_request(
         &mut self,
         id: RequestId,
@@ -148,6 +169,7 @@ impl OutputProcessor {
         prompt_tokens: usize,
         text: Option<TextOutput>,
         tx: mpsc::Sender<StreamEvent>,
+        backlog: Option<Arc<Backlog>>,
         arrival: Instant,
     ) {
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
@@ -172,6 +194,7 @@ impl OutputProcessor {
                     tx: tx.clone(),
                     first: id,
                     index,
+                    backlog: backlog.clone(),
                     text: text.clone(),
                     pending_text: String::new(),
                     pending_logprobs: Vec::new(),
@@ -191,6 +214,7 @@ impl OutputProcessor {
                 tx,
                 first: id,
                 index: 0,
+                backlog,
                 text,
                 pending_text: String::new(),
                 pending_tokens: 0,
@@ -223,6 +247,7 @@ impl OutputProcessor {
         suspend_non_core: bool,
     ) -> Processed {
         let mut done = Processed::default();
+        let mut over_limit: Vec<Arc<Backlog>> = Vec::new();
         for u in updates {
             let Some(r) = self.requests.get_mut(&u.id) else {
                 continue; // cancelled or aborted while the step ran
@@ -247,17 +272,21 @@ impl OutputProcessor {
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
             let mut by_stop_string = false;
+            let mut tripped = false;
             if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
                 let out = text.push_tokens(tok, &u.new_token_ids);
-                r.pending_text.push_str(&out.text);
                 by_stop_string = out.stopped_by_string;
+                let mut new_text = out.text;
                 if u.finished.is_some() && !by_stop_string {
                     // Text held back (a partial stop string, an incomplete character) goes
                     // out now; it may still complete a stop string.
-                    let rest = text.finish(tok);
+                    new_text.push_str(&text.finish(tok));
                     by_stop_string = text.is_stopped();
-                    r.pending_text.push_str(&rest);
                 }
+                tripped = r.push_text(&new_text);
+            }
+            if tripped {
+                over_limit.extend(r.backlog.clone());
             }
             let reason = if by_stop_string {
                 // The core has not finished it unless its own reason came in the same step.
@@ -272,13 +301,47 @@ impl OutputProcessor {
                 Some(reason) => self.finish(u.id, reason, now, &mut done),
                 None => {
                     if !flush(r) {
+                        r.discard_pending();
                         self.requests.remove(&u.id);
                         done.aborted.push(u.id);
                     }
                 }
             }
         }
+        for b in over_limit {
+            self.fail_slow_consumer(&b, &mut done);
+        }
         done
+    }
+
+    /// A socket passed its unread-output limit: every request of it ends with `slow_consumer`
+    /// (its session closes the socket when it gets to run; see `output::backlog`).
+    fn fail_slow_consumer(&mut self, backlog: &Arc<Backlog>, done: &mut Processed) {
+        let ids: Vec<RequestId> = (self.requests.iter())
+            .filter(|(_, r)| r.backlog.as_ref().is_some_and(|b| Arc::ptr_eq(b, backlog)))
+            .map(|(&id, _)| id)
+            .collect();
+        let unread_bytes = backlog.bytes();
+        self.metrics.slow_consumers.inc();
+        tracing::warn!(
+            requests = ids.len(),
+            unread_bytes,
+            "slow consumer: cancelling a socket's requests"
+        );
+        // Failing one choice ends its siblings too; their ids are then gone (ignored).
+        for id in ids {
+            let err = EngineError::SlowConsumer {
+                unread_bytes,
+                limit: backlog.limit(),
+            };
+            self.fail(id, err, done);
+        }
+    }
+
+    /// Every request tracked, each choice's id (the caller fails them all: a stalled engine, a
+    /// drain's deadline; failing one choice ends its siblings, later ids are ignored).
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
     }
 
     /// The ids of `id`'s request still tracked: its choices (`id` is the first one).
@@ -304,7 +367,8 @@ impl OutputProcessor {
         };
         if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
             let rest = text.finish(tok);
-            r.pending_text.push_str(&rest);
+            // Past the limit or not, the socket asked for this: its cancel is served.
+            let _ = r.push_text(&rest);
         }
         self.finish(id, FinishReason::Cancelled, now, done);
         done.aborted.push(id);
@@ -313,11 +377,21 @@ impl OutputProcessor {
     /// The client went away (`id`: the request's first id): forget it, all its choices, no
     /// events.
     pub fn abort(&mut self, id: RequestId, done: &mut Processed) {
+        let mut backlog = None;
         for c in self.choices(id) {
-            self.requests.remove(&c);
+            let r = self.requests.remove(&c).expect("listed");
+            r.discard_pending();
+            backlog = r.backlog;
             done.aborted.push(c);
         }
-        self.groups.remove(&id);
+        // Ended choices' held text will not be sent either.
+        if let (Some(g), Some(b)) = (self.groups.remove(&id), backlog) {
+            for ev in g.held {
+                if let StreamEvent::Delta { text, .. } = ev {
+                    b.taken(text.len());
+                }
+            }
+        }
     }
 
     /// The engine failed a request (any of its choices' ids): text so far is dropped, `err` is
@@ -329,6 +403,7 @@ impl OutputProcessor {
         let mut tx = None;
         for c in self.choices(first) {
             let r = self.requests.remove(&c).expect("listed");
+            r.discard_pending();
             tx = Some(r.tx);
             done.aborted.push(c);
         }

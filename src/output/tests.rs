@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::text::TextOutput;
-use super::{OutputProcessor, Processed};
+use super::{Backlog, OutputProcessor, Processed};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
@@ -39,7 +39,7 @@ impl Harness {
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
         let t0 = Instant::now();
         let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop, 0));
-        out.add_request(ID, 1, prompt.len(), text, tx, t0);
+        out.add_request(ID, 1, prompt.len(), text, tx, None, t0);
         Harness {
             out,
             metrics,
@@ -431,7 +431,7 @@ fn group(n: usize, capacity: usize) -> (OutputProcessor, mpsc::Receiver<StreamEv
     let mut out = OutputProcessor::new(None, Arc::new(Metrics::new()));
     let (tx, rx) = mpsc::channel(capacity);
     let t0 = Instant::now();
-    out.add_request(ID, n, 3, None, tx, t0);
+    out.add_request(ID, n, 3, None, tx, None, t0);
     (out, rx, t0)
 }
 
@@ -566,4 +566,136 @@ fn a_choice_that_ends_on_a_full_channel_is_held_before_the_done() {
         kinds,
         ["started", "delta", "delta", "choice_done", "delta", "done"]
     );
+}
+
+/// The choices of an `n > 1` request share their socket's backlog: a trip fails the request
+/// once (one error for all choices), and an abort returns the text its ended choices held.
+#[test]
+fn n_choices_share_the_sockets_backlog() {
+    let tok = Arc::new(TokFixture::default().build());
+    let metrics = Arc::new(Metrics::new());
+    let prompt = tok.encode("Hello", true).unwrap();
+    let word = tok.encode(" fox", false).unwrap();
+    let upd = |id: u64, finished| RequestUpdate {
+        id: RequestId(id),
+        new_token_ids: word.clone(),
+        logprobs: Vec::new(),
+        finished,
+        num_computed_tokens: 0,
+        num_output_tokens: 0,
+    };
+    let t0 = Instant::now();
+    // Tripped: 3 choices x 4 bytes a step, past 20 bytes in the 2nd step.
+    let mut out = OutputProcessor::new(Some(tok.clone()), metrics.clone());
+    let b = Backlog::new(20, metrics.ws_unread_bytes.clone());
+    let (tx, mut rx) = mpsc::channel(64);
+    let text = TextOutput::new(&tok, &prompt, &[], 0);
+    out.add_request(ID, 3, prompt.len(), Some(text), tx, Some(b.clone()), t0);
+    let ids = [ID.0, ID.0 + 1, ID.0 + 2];
+    let step = |out: &mut OutputProcessor| {
+        let ups: Vec<RequestUpdate> = ids.iter().map(|&i| upd(i, None)).collect();
+        out.process(&ups, t0, false)
+    };
+    assert!(step(&mut out).aborted.is_empty());
+    let mut done = step(&mut out);
+    done.aborted.sort();
+    assert_eq!(done.aborted, ids.map(RequestId));
+    assert!(out.is_empty());
+    let evs = drain_rx(&mut rx);
+    let errors = evs
+        .iter()
+        .filter(|e| matches!(e, StreamEvent::Error(_)))
+        .count();
+    assert_eq!(errors, 1, "{evs:?}");
+
+    // Aborted: one choice ended on a full channel (its text held), then the client left.
+    let b = Backlog::new(1 << 20, metrics.ws_unread_bytes.clone());
+    let (tx, _rx) = mpsc::channel(2);
+    let text = TextOutput::new(&tok, &prompt, &[], 0);
+    out.add_request(ID, 2, prompt.len(), Some(text), tx, Some(b.clone()), t0);
+    out.process(&[upd(ID.0, None)], t0, false);
+    out.process(&[upd(ID.0 + 1, Some(FinishReason::Length))], t0, false);
+    assert!(b.bytes() > 4, "a delta queued, the rest pending or held");
+    let mut done = Processed::default();
+    out.abort(ID, &mut done);
+    assert_eq!(b.bytes(), 4, "only the queued delta is left unread");
+}
+
+/// A socket that stops taking its output: once its unread text passes the limit, every request
+/// of that socket ends with `slow_consumer` (and goes back to the core), another socket's
+/// request carries on, and the bytes the socket took or that were dropped leave the count.
+#[test]
+fn a_socket_past_its_unread_limit_loses_all_its_requests_and_only_those() {
+    let tok = Arc::new(TokFixture::default().build());
+    let metrics = Arc::new(Metrics::new());
+    let mut out = OutputProcessor::new(Some(tok.clone()), metrics.clone());
+    let t0 = Instant::now();
+    let prompt = tok.encode("Hello", true).unwrap();
+    let slow = Backlog::new(40, metrics.ws_unread_bytes.clone());
+    let fine = Backlog::new(40, metrics.ws_unread_bytes.clone());
+    let mut rxs = Vec::new();
+    for (i, b) in [&slow, &slow, &fine].into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(2);
+        let text = TextOutput::new(&tok, &prompt, &[], 0);
+        out.add_request(
+            RequestId(i as u64),
+            1,
+            prompt.len(),
+            Some(text),
+            tx,
+            Some(b.clone()),
+            t0,
+        );
+        rxs.push(rx);
+    }
+    let word = tok.encode(" fox", false).unwrap();
+    let step = |out: &mut OutputProcessor, ids: &[u64]| {
+        let updates: Vec<RequestUpdate> = (ids.iter())
+            .map(|&i| RequestUpdate {
+                id: RequestId(i),
+                new_token_ids: word.clone(),
+                logprobs: Vec::new(),
+                finished: None,
+                num_computed_tokens: 0,
+                num_output_tokens: 0,
+            })
+            .collect();
+        out.process(&updates, t0, false)
+    };
+    // The fine socket reads every step; the slow one never does.
+    let mut tripped_at = None;
+    for n in 1..=20 {
+        let done = step(&mut out, &[0, 1, 2]);
+        while let Ok(ev) = rxs[2].try_recv() {
+            if let StreamEvent::Delta { text, .. } = ev {
+                fine.taken(text.len());
+            }
+        }
+        if !done.aborted.is_empty() {
+            let mut aborted = done.aborted.clone();
+            aborted.sort();
+            assert_eq!(aborted, [RequestId(0), RequestId(1)]);
+            tripped_at = Some(n);
+            break;
+        }
+    }
+    // 2 requests x 4 bytes a step: past 40 bytes in the 6th step.
+    assert_eq!(tripped_at, Some(6));
+    assert!(slow.is_tripped() && !fine.is_tripped());
+    assert!(out.contains(RequestId(2)) && !out.contains(RequestId(0)));
+    for rx in &mut rxs[..2] {
+        let mut evs = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            evs.push(ev);
+        }
+        // Started and one delta filled the channel; the error waits for room (blocked).
+        assert!(matches!(
+            evs[..],
+            [StreamEvent::Started { .. }, StreamEvent::Delta { .. }]
+        ));
+    }
+    let done = step(&mut out, &[0, 1, 2]);
+    assert!(done.aborted.is_empty(), "the fine socket's request goes on");
+    // Pending text of the failed requests was dropped: only the two queued deltas are unread.
+    assert_eq!(slow.bytes(), 8, "{}", slow.bytes());
 }

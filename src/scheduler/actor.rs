@@ -8,19 +8,30 @@
 //! output processing may be in the step already in flight. Its blocks are freed at once, but
 //! only the next `schedule()` hands blocks out again, and that runs after the in-flight step
 //! has returned (one step at a time); the core drops that step's results for the gone request.
+//!
+//! Failed steps (see `executor::actor`): an error or a panic fails the step's requests with
+//! `internal`; after a panic the backend was rebuilt, so the other running requests are
+//! re-queued to recompute and the prefix cache is cleared (the block manager resized if the new
+//! pool differs); with no backend left the engine reports itself failed and fails everything. A step deadline (`scheduler.step_timeout_s`) is
+//! one timer armed per step and cancelled when the step returns (no polling): past it the
+//! engine is *stalled*: every request ends with `internal`, new ones are refused with
+//! `unavailable`, and blocks stay unallocated until the step returns (it may still write them),
+//! after which the engine serves again.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, WrapFuture};
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, SpawnHandle, WrapFuture};
+use tokio::sync::oneshot;
 
 use crate::error::EngineError;
-use crate::executor::actor::{ExecuteStep, ExecutorActor};
+use crate::executor::actor::{ExecuteStep, ExecutorActor, StepError};
+use crate::health::Health;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
 use crate::output::{OutputProcessor, Processed};
 use crate::request::FinishReason;
-pub use crate::scheduler::messages::{Abort, Cancel, Submit};
+pub use crate::scheduler::messages::{Abort, Cancel, FailAll, Submit, WhenIdle};
 use crate::scheduler::{gauges, NewRequest, Scheduler};
 use crate::step::{RequestUpdate, SchedulerOutput, StepOutput};
 use crate::tokenizer::Tokenizer;
@@ -31,27 +42,44 @@ pub struct SchedulerActor {
     executor: Addr<ExecutorActor>,
     output: OutputProcessor,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     in_flight: bool,
+    /// A step running past this long stalls the engine; `None`: no deadline.
+    step_timeout: Option<Duration>,
+    /// The running step's deadline timer.
+    deadline: Option<SpawnHandle>,
+    /// Set while a step runs past its deadline.
+    stalled: bool,
+    /// Drains waiting for the engine to run out of requests.
+    idle_waiters: Vec<oneshot::Sender<()>>,
     /// The core runs on seconds since this instant.
     epoch: Instant,
 }
 
+/// What the scheduler actor needs besides its core and the backend's address.
+pub struct SchedulerParts {
+    pub kv: KvHandle,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub step_timeout: Option<Duration>,
+}
+
 impl SchedulerActor {
     /// Without a tokenizer (synthetic models) deltas carry token counts only.
-    pub fn new(
-        core: Scheduler,
-        kv: KvHandle,
-        executor: Addr<ExecutorActor>,
-        tokenizer: Option<Arc<Tokenizer>>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(core: Scheduler, executor: Addr<ExecutorActor>, parts: SchedulerParts) -> Self {
         SchedulerActor {
-            output: OutputProcessor::new(tokenizer, metrics.clone()),
+            output: OutputProcessor::new(parts.tokenizer, parts.metrics.clone()),
             core,
-            kv,
+            kv: parts.kv,
             executor,
-            metrics,
+            metrics: parts.metrics,
+            health: parts.health,
             in_flight: false,
+            step_timeout: parts.step_timeout,
+            deadline: None,
+            stalled: false,
+            idle_waiters: Vec::new(),
             epoch: Instant::now(),
         }
     }
@@ -80,18 +108,31 @@ impl SchedulerActor {
             return self.maybe_step(ctx);
         }
         self.in_flight = true;
+        if let Some(timeout) = self.step_timeout {
+            let started = now;
+            let h = ctx.run_later(timeout, move |act, _| act.step_overdue(started, timeout));
+            self.deadline = Some(h);
+        }
         let plan = Arc::new(plan);
         let fut = self.executor.send(ExecuteStep(plan.clone()));
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
-            match res.map_err(|e| format!("executor unavailable: {e}")) {
-                Ok(Ok(step)) => {
+            if let Some(h) = act.deadline.take() {
+                ctx.cancel_future(h);
+            }
+            if std::mem::take(&mut act.stalled) {
+                tracing::warn!("the overdue engine step returned; serving again");
+                act.health.set_stalled(None);
+            }
+            let res = res.unwrap_or_else(|e| Err(StepError::Unavailable(e.to_string())));
+            match res {
+                Ok(step) => {
                     gauges::observe_step(&act.metrics, &act.core, &plan, &step);
                     let updates = act.fold(&plan, &step);
                     act.maybe_step(ctx); // the next step runs while this one's output is processed
                     act.emit(&updates);
                 }
-                Ok(Err(e)) | Err(e) => act.fail_step(&plan, &e, ctx),
+                Err(e) => act.fail_step(&plan, e, ctx),
             }
         }));
     }
@@ -121,10 +162,41 @@ impl SchedulerActor {
         for b in done.blocked {
             actix::spawn(b.deliver());
         }
+        if !self.core.has_unfinished() {
+            for w in self.idle_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
     }
 
-    fn fail_step(&mut self, plan: &SchedulerOutput, e: &str, ctx: &mut Context<Self>) {
-        tracing::error!("engine step failed: {e}");
+    /// Ends every request with `err` (`FailAll`, a stall, a backend that is gone).
+    fn fail_all(&mut self, err: &EngineError) {
+        let mut done = Processed::default();
+        for id in self.output.ids() {
+            self.output.fail(id, err.clone(), &mut done);
+        }
+        // The core holds nothing the processor does not; this is belt and braces.
+        let mut kv = self.kv.lock();
+        for id in self.core.request_ids() {
+            self.core.abort_request(id, &mut kv);
+        }
+        drop(kv);
+        self.apply(done);
+    }
+
+    fn fail_step(&mut self, plan: &SchedulerOutput, e: StepError, ctx: &mut Context<Self>) {
+        tracing::error!("{e}");
+        self.metrics
+            .step_failures
+            .with_label_values(&[e.kind()])
+            .inc();
+        // Requests the core ended while planning the step did not run: they end as planned.
+        let early = SchedulerOutput {
+            finished_early: plan.finished_early.clone(),
+            ..Default::default()
+        };
+        let early = self.fold(&early, &StepOutput::default());
+        self.emit(&early);
         let mut done = Processed::default();
         // Requests whose blocks the step's copies were bringing back failed with it.
         for id in plan
@@ -133,11 +205,71 @@ impl SchedulerActor {
             .map(|s| s.id)
             .chain(plan.loading.iter().copied())
         {
-            let err = EngineError::Internal(format!("engine step failed: {e}"));
-            self.output.fail(id, err, &mut done);
+            self.output
+                .fail(id, EngineError::Internal(e.to_string()), &mut done);
         }
         self.apply(done);
+        match &e {
+            StepError::Failed(_) => {}
+            &StepError::Panicked {
+                kv_blocks,
+                host_blocks,
+                ..
+            } => {
+                let mut kv = self.kv.lock();
+                let requeued = self.core.executor_lost(&mut kv);
+                let forgotten = kv.reset_prefix_cache();
+                if kv_blocks != kv.num_blocks() {
+                    tracing::warn!(
+                        "the rebuilt backend's KV pool has {kv_blocks} blocks, not {}",
+                        kv.num_blocks()
+                    );
+                    kv.resize_pool(kv_blocks);
+                }
+                if host_blocks != kv.num_host_blocks() {
+                    tracing::warn!(
+                        "the rebuilt backend's KV host tier has {host_blocks} blocks, not {}",
+                        kv.num_host_blocks()
+                    );
+                    kv.resize_host_tier(host_blocks);
+                }
+                gauges::sync_all(&self.metrics, &self.core, &kv);
+                tracing::warn!(
+                    requeued,
+                    forgotten,
+                    "backend rebuilt: requests re-queued to recompute, prefix cache cleared"
+                );
+            }
+            StepError::Unavailable(why) => {
+                self.health.set_failed(why.clone());
+                self.fail_all(&EngineError::Internal(e.to_string()));
+            }
+        }
         self.maybe_step(ctx);
+    }
+
+    /// The running step's deadline passed: the engine is stalled until it returns.
+    fn step_overdue(&mut self, started: Instant, timeout: Duration) {
+        self.deadline = None;
+        if !self.in_flight {
+            return;
+        }
+        tracing::error!(
+            "an engine step has run for {:.1} s, past its {:.1} s deadline: failing every request until it returns",
+            started.elapsed().as_secs_f64(),
+            timeout.as_secs_f64()
+        );
+        self.metrics
+            .step_failures
+            .with_label_values(&["timeout"])
+            .inc();
+        self.stalled = true;
+        self.health.set_stalled(Some(started));
+        let err = EngineError::Internal(format!(
+            "an engine step ran past its deadline of {:.1} s (scheduler.step_timeout_s)",
+            timeout.as_secs_f64()
+        ));
+        self.fail_all(&err);
     }
 }
 
@@ -149,6 +281,16 @@ impl Handler<Submit> for SchedulerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
+        if let Some(err) = self.health.admission_error() {
+            return OutputProcessor::reject(&msg.tx, err);
+        }
+        if let Some(b) = msg.backlog.as_ref().filter(|b| b.is_tripped()) {
+            let err = EngineError::SlowConsumer {
+                unread_bytes: b.bytes(),
+                limit: b.limit(),
+            };
+            return OutputProcessor::reject(&msg.tx, err);
+        }
         let prompt_tokens = msg.request.prompt_token_ids().len();
         let n = msg.request.n();
         let text = self.output.text_output(&msg.request);
@@ -158,8 +300,15 @@ impl Handler<Submit> for SchedulerActor {
             gauges::sync_scheduler(&self.metrics, &self.core);
             return OutputProcessor::reject(&msg.tx, err);
         }
-        self.output
-            .add_request(msg.id, n, prompt_tokens, text, msg.tx, msg.arrival);
+        self.output.add_request(
+            msg.id,
+            n,
+            prompt_tokens,
+            text,
+            msg.tx,
+            msg.backlog,
+            msg.arrival,
+        );
         self.maybe_step(ctx);
     }
 }
@@ -183,5 +332,32 @@ impl Handler<Abort> for SchedulerActor {
             self.output.abort(id, &mut done);
         }
         self.apply(done);
+    }
+}
+
+impl Handler<WhenIdle> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: WhenIdle, _ctx: &mut Context<Self>) {
+        if self.core.has_unfinished() {
+            self.idle_waiters.push(msg.0);
+        } else {
+            let _ = msg.0.send(());
+        }
+    }
+}
+
+impl Handler<FailAll> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FailAll, _ctx: &mut Context<Self>) {
+        if self.core.has_unfinished() {
+            tracing::warn!(
+                requests = self.core.request_ids().len(),
+                "ending the requests left: {}",
+                msg.0
+            );
+        }
+        self.fail_all(&msg.0);
     }
 }

@@ -49,7 +49,7 @@ use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
-use crate::scheduler::swap::SwapCost;
+use crate::scheduler::swap::{PreemptDecision, SwapCost};
 use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
 use crate::step::{NewRequestData, RequestUpdate, ScheduledRequest, SchedulerOutput, StepOutput};
 
@@ -168,6 +168,31 @@ impl Scheduler {
     /// Whether `id` is a request the core holds (waiting or running).
     pub fn is_known(&self, id: RequestId) -> bool {
         self.requests.contains_key(&id)
+    }
+
+    /// The executor lost every request's state (its backend was rebuilt after a panic, and with
+    /// it the KV host tier): each running request goes back to the front of the queue to
+    /// recompute, as after a preemption by recompute (in the same order; never a swap: the
+    /// device K/V is gone), swapped-out requests drop their host blocks and recompute too, and
+    /// drops pending for the old backend are moot. Returns how many were running.
+    pub fn executor_lost(&mut self, kv: &mut KvCacheManager) -> usize {
+        self.executor_drops.clear();
+        self.loading.clear();
+        let running = std::mem::take(&mut self.running);
+        for &id in running.iter().rev() {
+            self.preempt_as(id, kv, PreemptDecision::Recompute);
+        }
+        for (&id, req) in &mut self.requests {
+            if req.swapped_computed.take().is_some() {
+                kv.free(id);
+            }
+        }
+        running.len()
+    }
+
+    /// Every request the core holds, running or waiting.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
     }
 
     pub fn num_running(&self) -> usize {

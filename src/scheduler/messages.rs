@@ -1,10 +1,13 @@
-//! What sessions (through `EngineCore`) send the scheduler actor.
+//! What sessions (through `EngineCore`) and the server's shutdown send the scheduler actor.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::error::EngineError;
+use crate::output::Backlog;
 use crate::request::{RequestId, StreamEvent};
 use crate::validation::ValidRequest;
 
@@ -15,6 +18,8 @@ pub struct Submit {
     pub id: RequestId,
     pub request: ValidRequest,
     pub tx: mpsc::Sender<StreamEvent>,
+    /// The socket's unread output, for a WebSocket session's request.
+    pub backlog: Option<Arc<Backlog>>,
     pub arrival: Instant,
 }
 
@@ -31,3 +36,13 @@ pub struct Cancel {
 pub struct Abort {
     pub ids: Vec<RequestId>,
 }
+
+/// Answers on `0` once no request is left (at once when none is): a drain waits on it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WhenIdle(pub oneshot::Sender<()>);
+
+/// Ends every request with this error and frees its blocks (a drain's deadline passed).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FailAll(pub EngineError);

@@ -74,6 +74,10 @@ pub struct SchedulerConfig {
     /// Caps one request's prefill chunk per step so that a long prompt leaves budget to others;
     /// 0 turns the cap off. In `adaptive`, it caps the normal lane's chunks.
     pub long_prefill_token_threshold: usize,
+    /// An engine step running longer than this, in seconds, stalls the engine: every request
+    /// ends with `internal` and new ones get `unavailable` until the step returns. 0 = no
+    /// deadline. The scheduler actor's, not the core's: the core never sees a clock.
+    pub step_timeout_s: f64,
     pub policy: Policy,
     pub classes: ClassConfig,
     pub slo: SloConfig,
@@ -94,6 +98,7 @@ impl Default for SchedulerConfig {
             // 0 = the model's max_position_embeddings (resolved by the engine at start).
             max_model_len: 0,
             long_prefill_token_threshold: 512,
+            step_timeout_s: 60.0,
             policy: Policy::Fcfs,
             classes: ClassConfig::default(),
             slo: SloConfig::default(),
@@ -292,6 +297,9 @@ impl SchedulerConfig {
         }
         if self.max_model_len == 0 {
             return Err("max_model_len must be at least 1".into());
+        }
+        if !(self.step_timeout_s.is_finite() && self.step_timeout_s >= 0.0) {
+            return Err("step_timeout_s must be a number >= 0 (0 = no deadline)".into());
         }
         let c = &self.classes;
         if c.short_below > c.long_above + 1 {

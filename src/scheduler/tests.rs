@@ -225,6 +225,39 @@ fn preemption_recomputes_and_gives_the_same_tokens() {
 }
 
 #[test]
+fn a_lost_executor_re_queues_its_requests_and_they_recompute_the_same_tokens() {
+    let mut e = Engine::new(config(), 64);
+    e.add(request(1).prompt_len(9).max_tokens(12).ignore_eos());
+    e.add(request(2).prompt_len(10).max_tokens(12).ignore_eos());
+    for _ in 0..4 {
+        e.step();
+    }
+    // The backend was rebuilt: its rows and its K/V are gone, and so must the prefix cache be.
+    assert_eq!(e.sched.executor_lost(&mut e.kv), 2);
+    e.kv.reset_prefix_cache();
+    e.model = FakeModel::new(64, None);
+    assert_eq!((e.sched.num_running(), e.sched.num_waiting()), (0, 2));
+    assert_eq!(e.kv.usage().used_blocks, 0);
+    e.check();
+    // Each comes back whole (prompt and output so far), in its old order.
+    let (out, _) = e.step();
+    let sent: Vec<(u64, usize)> = (out.scheduled.iter())
+        .map(|s| (s.id.0, s.new.as_ref().map_or(0, |n| n.token_ids.len())))
+        .collect();
+    assert_eq!(sent.len(), 2);
+    for (&(id, n), want) in sent.iter().zip([1, 2]) {
+        assert_eq!(id, want);
+        assert!(n > 10, "{id}: {n} tokens resent");
+    }
+    assert!(
+        out.finished_req_ids.is_empty(),
+        "nothing to drop on a new backend"
+    );
+    e.run_to_completion();
+    e.assert_matches_reference();
+}
+
+#[test]
 fn a_request_that_cannot_grow_preempts_itself_when_last() {
     let mut e = Engine::new(config(), 6);
     // Request 2's prompt fills its blocks exactly, so its first decode needs a new one.

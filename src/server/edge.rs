@@ -38,6 +38,9 @@ pub async fn ws_route(
     edge: web::Data<Edge>,
 ) -> actix_web::Result<HttpResponse> {
     let gate = edge.access.check_ws(&req).and_then(|()| {
+        if engine.health.is_draining() {
+            return Err(EdgeError::ShuttingDown);
+        }
         edge.slots
             .try_acquire()
             .ok_or(EdgeError::TooManyConnections {

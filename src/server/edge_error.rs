@@ -10,7 +10,11 @@ pub enum EdgeError {
     MissingKey,
     WrongKey,
     OriginNotAllowed(String),
-    TooManyConnections { limit: usize },
+    TooManyConnections {
+        limit: usize,
+    },
+    /// The server is draining (SIGTERM): no new sockets.
+    ShuttingDown,
 }
 
 impl EdgeError {
@@ -18,7 +22,7 @@ impl EdgeError {
         match self {
             EdgeError::MissingKey | EdgeError::WrongKey => 401,
             EdgeError::OriginNotAllowed(_) => 403,
-            EdgeError::TooManyConnections { .. } => 503,
+            EdgeError::TooManyConnections { .. } | EdgeError::ShuttingDown => 503,
         }
     }
 
@@ -28,6 +32,7 @@ impl EdgeError {
             EdgeError::MissingKey | EdgeError::WrongKey => "unauthorized",
             EdgeError::OriginNotAllowed(_) => "origin_not_allowed",
             EdgeError::TooManyConnections { .. } => "too_many_connections",
+            EdgeError::ShuttingDown => "shutting_down",
         }
     }
 
@@ -38,6 +43,7 @@ impl EdgeError {
             EdgeError::WrongKey => "wrong_api_key",
             EdgeError::OriginNotAllowed(_) => "origin_not_allowed",
             EdgeError::TooManyConnections { .. } => "too_many_connections",
+            EdgeError::ShuttingDown => "shutting_down",
         }
     }
 
@@ -53,6 +59,7 @@ impl EdgeError {
             EdgeError::TooManyConnections { limit } => {
                 format!("{limit} WebSocket connections are open, the server's limit; retry later")
             }
+            EdgeError::ShuttingDown => crate::error::EngineError::ShuttingDown.to_string(),
         }
     }
 
@@ -67,7 +74,7 @@ impl EdgeError {
             EdgeError::TooManyConnections { .. } => {
                 resp.insert_header((header::RETRY_AFTER, "1"));
             }
-            EdgeError::OriginNotAllowed(_) => {}
+            EdgeError::OriginNotAllowed(_) | EdgeError::ShuttingDown => {}
         }
         resp.json(json!({"error": self.code(), "message": self.message()}))
     }

@@ -6,23 +6,37 @@ use serde_json::json;
 use super::edge::Edge;
 use crate::engine::EngineHandle;
 use crate::error::EngineError;
+use crate::health::Status;
 use crate::kv::actor::GetKvUsage;
 
-/// An engine that cannot answer is `unavailable` (503, through `EngineError`'s `ResponseError`).
+/// 200 `"status":"ok"` while serving; 503 with `"status"` `draining` (SIGTERM), `stalled` (a
+/// step past its deadline) or `failed` (no backend), and a `reason`, so load balancers stop
+/// sending work. An engine that cannot answer is `unavailable` (503, through `EngineError`'s
+/// `ResponseError`).
 pub async fn health(engine: web::Data<EngineHandle>) -> Result<HttpResponse, EngineError> {
     let u = engine.kv.send(GetKvUsage).await.map_err(|e| {
         let err = EngineError::Unavailable(format!("KV manager: {e}"));
         engine.metrics.count_error(&err);
         err
     })?;
-    Ok(HttpResponse::Ok().json(json!({
-        "status": "ok",
+    let status = engine.health.status();
+    let mut body = json!({
+        "status": status.label(),
         "model": engine.info.model_name,
         "device": engine.info.backend.device,
         "max_model_len": engine.info.max_model_len,
         "kv_blocks_used": u.used_blocks,
         "kv_blocks_total": u.total_blocks,
-    })))
+    });
+    if status.is_serving() {
+        return Ok(HttpResponse::Ok().json(body));
+    }
+    body["reason"] = json!(match (status, engine.health.admission_error()) {
+        (Status::Failed(why), _) => why,
+        (_, Some(e)) => e.to_string(),
+        (_, None) => String::new(),
+    });
+    Ok(HttpResponse::ServiceUnavailable().json(body))
 }
 
 /// Behind the API key when one is set (`server.public_metrics` opens it); /health stays open

@@ -9,6 +9,7 @@ pub mod edge;
 pub mod edge_error;
 pub mod http;
 pub mod openai;
+pub mod shutdown;
 
 use std::sync::Arc;
 
@@ -42,6 +43,9 @@ pub fn configure(
     }
 }
 
+/// Seconds the HTTP workers wait for open connections once the server stops (after a drain).
+pub const STOP_GRACE_S: u64 = 2;
+
 /// Binds `server.host:server.port` (port 0: any free one) and returns the running server and
 /// its port; the caller awaits the server. Starts the dashboard's producer (one per server,
 /// shared by the workers; the stream route needs it).
@@ -58,6 +62,13 @@ pub fn bind(
             .configure(configure(engine.clone(), edge.clone()))
     })
     .workers(2)
+    .on_connect(crate::session::socket::on_connect(
+        server.socket_send_buffer_bytes,
+    ))
+    // SIGTERM and Ctrl-C drain the engine first (serve.rs), then stop the server; by then
+    // sockets have closed themselves, so the workers' grace only covers stuck ones.
+    .disable_signals()
+    .shutdown_timeout(STOP_GRACE_S)
     .bind((server.host.as_str(), server.port))?;
     let port = http
         .addrs()

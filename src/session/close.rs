@@ -23,6 +23,10 @@ pub enum CloseWhy {
     TooBig { limit: usize },
     /// The engine cannot take requests (1011).
     Internal(String),
+    /// The server is draining and this socket's requests have ended (1001).
+    ShuttingDown,
+    /// The client left more than the limit of output unread; its requests were cancelled (1008).
+    SlowConsumer { unread: usize, limit: usize },
 }
 
 impl CloseWhy {
@@ -35,6 +39,8 @@ impl CloseWhy {
             CloseWhy::RateLimit { .. } => CloseCode::Policy,
             CloseWhy::TooBig { .. } => CloseCode::Size,
             CloseWhy::Internal(_) => CloseCode::Error,
+            CloseWhy::ShuttingDown => CloseCode::Away,
+            CloseWhy::SlowConsumer { .. } => CloseCode::Policy,
         }
     }
 
@@ -48,6 +54,8 @@ impl CloseWhy {
             CloseWhy::RateLimit { .. } => "rate_limited",
             CloseWhy::TooBig { .. } => "message_too_big",
             CloseWhy::Internal(_) => "internal",
+            CloseWhy::ShuttingDown => "shutting_down",
+            CloseWhy::SlowConsumer { .. } => "slow_consumer",
         }
     }
 
@@ -62,6 +70,10 @@ impl CloseWhy {
             }
             CloseWhy::TooBig { limit } => format!("message larger than {limit} bytes"),
             CloseWhy::Internal(what) => format!("internal error: {what}"),
+            CloseWhy::ShuttingDown => "the server is shutting down".into(),
+            CloseWhy::SlowConsumer { unread, limit } => {
+                format!("slow consumer: {unread} bytes unread (limit {limit})")
+            }
         }
     }
 
@@ -96,6 +108,14 @@ mod tests {
             (CloseWhy::RateLimit { refused: 3 }, 1008),
             (CloseWhy::TooBig { limit: 10 }, 1009),
             (CloseWhy::Internal("x".into()), 1011),
+            (CloseWhy::ShuttingDown, 1001),
+            (
+                CloseWhy::SlowConsumer {
+                    unread: 2,
+                    limit: 1,
+                },
+                1008,
+            ),
         ];
         for (why, code) in cases {
             assert_eq!(u16::from(why.code()), code, "{why:?}");

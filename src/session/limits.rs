@@ -17,6 +17,10 @@ pub struct EdgeLimits {
     pub idle_timeout: Option<Duration>,
     /// The server pings this often so live clients always have something to answer.
     pub ping_interval: Option<Duration>,
+    /// Output a socket may leave unread before its requests end with `slow_consumer`.
+    pub max_unread_bytes: usize,
+    /// Then how long it gets to read its error and close frames before the connection is cut.
+    pub slow_consumer_grace: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +48,8 @@ impl EdgeLimits {
             }),
             idle_timeout: secs(c.idle_timeout_s),
             ping_interval: secs(c.ping_interval_s),
+            max_unread_bytes: c.max_unread_bytes,
+            slow_consumer_grace: Duration::from_secs_f64(c.slow_consumer_grace_s),
         }
     }
 }

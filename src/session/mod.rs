@@ -5,28 +5,37 @@
 //! request's bounded event stream becomes JSON frames. Bad JSON or a bad request gets an `error`
 //! frame and the socket stays open; a framing violation closes it with the code `close.rs` gives;
 //! closing the socket aborts all of its requests.
+//!
+//! Slow consumers: output the socket has not taken is counted in its `Backlog` (see
+//! `output::backlog` for why there and not at the socket); past `server.max_unread_bytes` its
+//! requests end with `slow_consumer`, the session closes with 1008 once their error frames are
+//! out, and `socket.rs`'s watchdog cuts the connection if the session stays frozen.
+//! Draining (SIGTERM): the session closes with 1001 once its requests have ended.
 
 pub mod close;
 pub mod frames;
 pub mod limits;
 pub mod reader;
+pub mod socket;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, AsyncContext, StreamHandler};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, StreamHandler, WrapFuture};
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 
 use crate::engine::EngineHandle;
 use crate::error::EngineError;
+use crate::output::Backlog;
 use crate::protocol::{parse_client_frame, ClientFrame, ServerFrame};
 use crate::request::{RequestId, StreamEvent};
 use close::CloseWhy;
 use frames::{Reassembler, Step};
 use limits::{ConnectionSlot, EdgeLimits, TokenBucket};
 use reader::{FrameReader, ReadError};
+use socket::{ConnSocket, Watchdog};
 
 /// The subprotocol the server answers with when a client offers it (browsers offer it next to
 /// `bearer.<key>` to authenticate).
@@ -42,6 +51,13 @@ pub struct Session {
     /// Messages refused by the rate limit since the last one accepted.
     refused_in_row: u32,
     last_heard: Instant,
+    /// Output produced for this socket's requests that it has not taken yet.
+    backlog: Arc<Backlog>,
+    /// The connection, for the watchdog's cut (absent when not over TCP).
+    conn: Option<ConnSocket>,
+    watchdog: Option<Watchdog>,
+    /// The server is draining: close once no request is in flight.
+    draining: bool,
     /// Held for the connection's life: the server-wide connection count.
     _slot: ConnectionSlot,
 }
@@ -60,7 +76,8 @@ pub fn start(
 ) -> actix_web::Result<HttpResponse> {
     let mut resp = ws::handshake_with_protocols(req, &[SUBPROTOCOL])?;
     let frames = FrameReader::new(payload, limits.max_message_bytes);
-    let session = Session::new(engine, limits, slot);
+    let mut session = Session::new(engine, limits, slot);
+    session.conn = req.conn_data::<ConnSocket>().copied();
     // The context's built-in reader gets a stream that never yields: ours reads the socket.
     let idle =
         futures_util::stream::pending::<Result<web::Bytes, actix_web::error::PayloadError>>();
@@ -74,7 +91,12 @@ pub fn start(
 impl Session {
     pub fn new(engine: Arc<EngineHandle>, limits: Arc<EdgeLimits>, slot: ConnectionSlot) -> Self {
         let now = Instant::now();
+        let unread = engine.metrics.ws_unread_bytes.clone();
         Session {
+            backlog: Backlog::new(limits.max_unread_bytes, unread),
+            conn: None,
+            watchdog: None,
+            draining: false,
             engine,
             reassembler: Reassembler::new(limits.max_message_bytes),
             bucket: limits.rate.as_ref().map(|r| TokenBucket::new(r, now)),
@@ -190,7 +212,9 @@ impl Session {
                     Ok(p) => p,
                     Err(e) => return self.send_error(ctx, Some(&id), &e),
                 };
-                let (req_id, rx) = self.engine.submit(prepared);
+                let (req_id, rx) = self
+                    .engine
+                    .submit_from(prepared, Some(self.backlog.clone()));
                 self.inflight.insert(id.clone(), req_id);
                 let events = futures_util::stream::unfold(rx, |mut rx| async move {
                     rx.recv().await.map(|ev| (ev, rx))
@@ -217,6 +241,20 @@ impl Actor for Session {
         if !self.engine.scheduler.connected() {
             return self.close(ctx, CloseWhy::Internal("the engine is not running".into()));
         }
+        self.watchdog = Some(Watchdog::start(
+            self.backlog.clone(),
+            self.limits.slow_consumer_grace,
+            self.conn,
+            self.engine.metrics.clone(),
+        ));
+        let mut drain = self.engine.health.subscribe_drain();
+        let draining = async move { drain.wait_for(|d| *d).await.is_ok() };
+        ctx.spawn(draining.into_actor(self).map(|draining, act, ctx| {
+            if draining {
+                act.draining = true;
+                act.close_if_done(ctx);
+            }
+        }));
         if let Some(every) = self.limits.ping_interval {
             ctx.run_interval(every, |_, ctx| ctx.ping(b""));
         }
@@ -230,6 +268,21 @@ impl Actor for Session {
         let ids: Vec<RequestId> = self.inflight.drain().map(|(_, id)| id).collect();
         if !ids.is_empty() {
             self.engine.abort(ids);
+        }
+    }
+}
+
+impl Session {
+    /// Closes a draining or over-limit socket once its last request has sent its terminal frame.
+    fn close_if_done(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if !self.inflight.is_empty() {
+            return;
+        }
+        if self.backlog.is_tripped() {
+            let (unread, limit) = (self.backlog.bytes(), self.backlog.limit());
+            self.close(ctx, CloseWhy::SlowConsumer { unread, limit });
+        } else if self.draining {
+            self.close(ctx, CloseWhy::ShuttingDown);
         }
     }
 }
@@ -280,16 +333,20 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
 
 impl StreamHandler<Tagged> for Session {
     fn handle(&mut self, Tagged(id, ev): Tagged, ctx: &mut Self::Context) {
-        if ev.is_terminal() {
-            self.inflight.remove(&id);
-        }
         match &ev {
             // Streamed errors take the same exit as the session's own, where they are counted.
             StreamEvent::Error(err) => self.send_error(ctx, Some(&id), err),
-            _ => {
+            ev => {
+                if let StreamEvent::Delta { text, .. } = ev {
+                    self.backlog.taken(text.len());
+                }
                 let tok = Some(&*self.engine.tokenizer);
-                ctx.text(ServerFrame::from_event(&id, &ev, tok).to_json())
+                ctx.text(ServerFrame::from_event(&id, ev, tok).to_json());
             }
+        }
+        if ev.is_terminal() {
+            self.inflight.remove(&id);
+            self.close_if_done(ctx);
         }
     }
 

@@ -14,6 +14,8 @@ use serde_json::Value;
 use brook::config::Config;
 use brook::engine::EngineHandle;
 
+pub mod faults;
+
 /// The test-model writer, compiled here rather than into the library (see its header).
 #[path = "../../src/model/testing.rs"]
 pub mod testing;
@@ -64,8 +66,17 @@ pub async fn start_server(cfg: Config) -> TestServer {
 }
 
 pub async fn start_server_with(cfg: Config, spec: &TestModelSpec) -> TestServer {
+    start_server_wrapped(cfg, spec, None).await
+}
+
+/// [`start_server_with`], the backend wrapped by `wrap` (fault injection: `faults.rs`).
+pub async fn start_server_wrapped(
+    cfg: Config,
+    spec: &TestModelSpec,
+    wrap: Option<brook::engine::BackendWrap>,
+) -> TestServer {
     let (dir, path) = model_dir(spec);
-    let engine = brook::engine::start(&cfg, &path, false).unwrap();
+    let engine = brook::engine::start_wrapped(&cfg, &path, false, wrap).unwrap();
     let mut server_cfg = cfg.server.clone();
     server_cfg.host = "127.0.0.1".into();
     server_cfg.port = 0;

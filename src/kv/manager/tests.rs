@@ -89,6 +89,24 @@ fn lookup_never_covers_the_whole_prompt() {
 }
 
 #[test]
+fn a_reset_prefix_cache_finds_nothing_and_keeps_the_pool_consistent() {
+    let mut kv = manager(16);
+    let prompt = tokens(11, 18);
+    assert_eq!(admit(&mut kv, 1, &prompt), Some(0));
+    assert_eq!(admit(&mut kv, 2, &prompt), Some(16));
+    kv.free(RequestId(1));
+    assert_eq!(kv.reset_prefix_cache(), 4);
+    assert_eq!(kv.usage().cached_blocks, 0);
+    kv.check_invariants().unwrap();
+    // Neither a new request nor the one still holding the blocks registers stale K/V.
+    assert_eq!(admit(&mut kv, 3, &prompt), Some(0));
+    kv.free(RequestId(2));
+    kv.free(RequestId(3));
+    assert_eq!(kv.usage().used_blocks, 0);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
 fn same_block_after_a_different_prefix_misses() {
     let mut kv = manager(16);
     let tail = tokens(31, 2 * BS);

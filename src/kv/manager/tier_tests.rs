@@ -222,6 +222,70 @@ fn freeing_a_swapped_request_returns_its_host_blocks() {
     kv.check_invariants().unwrap();
 }
 
+/// A rebuilt backend (after a panic) has fresh pools in both tiers: once the swapped request
+/// is freed, the reset forgets cached prefixes in both, drops the copies planned for the old
+/// backend, and resized pools start empty; nothing is found or held afterwards.
+#[test]
+fn a_reset_after_a_rebuild_forgets_both_tiers_and_leaks_nothing() {
+    let (mut kv, mut mem) = (manager(4, 8), Memory::new(4, 8));
+    let a = tokens(21, 3 * BS + 1);
+    admit(&mut kv, &mut mem, 1, &a).unwrap();
+    kv.free(RequestId(1));
+    let b = tokens(22, 2 * BS + 2);
+    admit(&mut kv, &mut mem, 2, &b).unwrap();
+    assert!(
+        kv.host_usage().unwrap().cached_blocks > 0,
+        "a's prefix went to the host"
+    );
+    assert!(kv.swap_out(RequestId(2)));
+    mem.apply(&kv.take_copies());
+    // Copies planned for the old backend (a's host blocks coming back), then the panic: the
+    // swapped request's host copy is gone too, so it is freed first (as
+    // `Scheduler::executor_lost` does).
+    let hit = kv.get_computed_blocks(RequestId(3), &a);
+    assert!(kv.num_host_hit_blocks(RequestId(3)) > 0);
+    kv.allocate_slots(RequestId(3), hit, 1).unwrap();
+    kv.free(RequestId(3));
+    kv.free(RequestId(2));
+    assert!(kv.reset_prefix_cache() > 0);
+    assert!(
+        kv.take_copies().is_empty(),
+        "copies for the old backend dropped"
+    );
+    let host = kv.host_usage().unwrap();
+    assert_eq!((host.used_blocks, host.cached_blocks), (0, 0));
+    assert_eq!(kv.usage().cached_blocks, 0);
+    assert_eq!(
+        kv.get_computed_blocks(RequestId(4), &a),
+        0,
+        "nothing found in either tier"
+    );
+    kv.check_invariants().unwrap();
+    // The new backend's pools differ in size.
+    kv.resize_pool(6);
+    kv.resize_host_tier(3);
+    assert_eq!((kv.num_blocks(), kv.num_host_blocks()), (6, 3));
+    let mut mem = Memory::new(6, 3);
+    admit(&mut kv, &mut mem, 5, &a).unwrap();
+    kv.free(RequestId(5));
+    // Evictions still go to the (new) host tier.
+    admit(&mut kv, &mut mem, 6, &tokens(23, 6 * BS)).unwrap();
+    assert!(kv.host_usage().unwrap().cached_blocks > 0);
+    kv.free(RequestId(6));
+    kv.resize_host_tier(0);
+    assert!(!kv.has_host_tier());
+    let offloaded = kv.tier_stats().offloaded_blocks;
+    admit(&mut kv, &mut mem, 7, &tokens(24, 6 * BS)).unwrap();
+    assert_eq!(
+        kv.tier_stats().offloaded_blocks,
+        offloaded,
+        "no host tier: evictions are dropped"
+    );
+    kv.free(RequestId(7));
+    assert_eq!(kv.usage().used_blocks, 0);
+    kv.check_invariants().unwrap();
+}
+
 #[test]
 fn fork_shares_full_blocks_and_copies_the_partial_one_on_write() {
     let (mut kv, mut mem) = (manager(12, 0), Memory::new(12, 0));

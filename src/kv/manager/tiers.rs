@@ -87,6 +87,16 @@ impl HostTier {
         Some(BlockCopy::to_host(device, host))
     }
 
+    /// Unregisters every cached host block (the backend's host memory was rebuilt); none may
+    /// be held by a swapped request. Returns how many were registered.
+    pub(super) fn forget_cached(&mut self) -> usize {
+        assert!(
+            self.swapped.is_empty(),
+            "forgetting the host tier while requests are swapped out to it"
+        );
+        self.pool.forget_cached()
+    }
+
     /// Drops a swapped request's host blocks (cancelled or aborted while swapped out).
     pub(super) fn free_swapped(&mut self, req: RequestId) {
         if let Some(s) = self.swapped.remove(&req) {
@@ -128,6 +138,18 @@ impl KvCacheManager {
     /// Adds a host tier of `num_blocks` blocks (0: none). Evicted prefix blocks go there, and
     /// preempted requests can be swapped out to it.
     pub fn with_host_tier(mut self, num_blocks: usize) -> Self {
+        self.resize_host_tier(num_blocks);
+        self
+    }
+
+    /// A new host tier of `num_blocks` (the backend was rebuilt with another size; 0: none).
+    /// No request may be swapped out; planned copies are dropped with the old tier.
+    pub fn resize_host_tier(&mut self, num_blocks: usize) {
+        assert!(
+            self.mem.host.as_ref().is_none_or(|h| h.swapped.is_empty()),
+            "resizing the host tier while requests are swapped out to it"
+        );
+        self.mem.copies.clear();
         self.mem.host = (num_blocks > 0).then(|| HostTier {
             pool: BlockPool::new(num_blocks),
             swapped: HashMap::new(),
@@ -136,7 +158,11 @@ impl KvCacheManager {
             let device = std::mem::replace(&mut self.mem.device, BlockPool::new(0));
             self.mem.device = device.track_evictions();
         }
-        self
+    }
+
+    /// Blocks in the host tier (0: none).
+    pub fn num_host_blocks(&self) -> usize {
+        self.mem.host.as_ref().map_or(0, |h| h.pool.num_blocks())
     }
 
     /// Keeps at most `max_tokens` of the last lookup's hit (whole blocks); returns the hit in

@@ -20,6 +20,17 @@ impl Scheduler {
     /// resume often hits them, in either tier) and it waits at the front to recompute.
     pub(super) fn preempt(&mut self, id: RequestId, kv: &mut KvCacheManager) {
         let decision = self.preemption_decision(id, kv);
+        self.preempt_as(id, kv, decision);
+    }
+
+    /// [`Scheduler::preempt`] with the decision made (a swap falls back to recompute when the
+    /// host tier cannot take it).
+    pub(super) fn preempt_as(
+        &mut self,
+        id: RequestId,
+        kv: &mut KvCacheManager,
+        decision: PreemptDecision,
+    ) {
         let swapped = decision == PreemptDecision::Swap && kv.swap_out(id);
         if !swapped {
             kv.free(id);

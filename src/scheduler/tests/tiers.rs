@@ -328,3 +328,37 @@ fn randomized_load_with_a_host_tier_forks_and_swaps_keeps_invariants() {
         }
     }
 }
+
+/// A backend rebuilt after a panic takes its host tier with it: the running request and the
+/// swapped-out one both go back to recompute (no swap-in of host blocks that are gone), the
+/// reset leaves nothing cached or held in either tier, and both still produce the reference
+/// tokens.
+#[test]
+fn a_lost_executor_recomputes_swapped_requests_and_clears_both_tiers() {
+    let mut e = Engine::with_host(with_mode(PreemptionMode::Swap), 12, 32, slow());
+    two_long(&mut e);
+    while !e.kv.is_swapped(RequestId(2)) {
+        assert!(e.sched.has_unfinished(), "request 2 was never swapped out");
+        e.step();
+    }
+    assert_eq!(e.sched.executor_lost(&mut e.kv), 1);
+    assert!(!e.kv.is_swapped(RequestId(2)));
+    e.kv.reset_prefix_cache();
+    e.model = FakeModel::new(12, None);
+    let host = e.kv.host_usage().unwrap();
+    assert_eq!((host.used_blocks, host.cached_blocks), (0, 0));
+    assert_eq!(e.kv.usage().used_blocks, 0);
+    assert_eq!((e.sched.num_running(), e.sched.num_waiting()), (0, 2));
+    e.check();
+    let swapped_in = e.kv.tier_stats().swapped_in_requests;
+    while e.sched.has_unfinished() {
+        e.step();
+    }
+    assert_eq!(
+        e.kv.tier_stats().swapped_in_requests,
+        swapped_in,
+        "nothing is swapped back in from the lost host tier"
+    );
+    e.assert_no_leaks();
+    e.assert_matches_reference();
+}

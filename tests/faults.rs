@@ -1,0 +1,211 @@
+//! Fault injection end to end (issue 17): a backend wrapper (tests/common/faults.rs) fails an
+//! engine step on purpose — an error, a panic, a hang past the step deadline. Each time the
+//! step's requests end with `internal`, every KV block comes back, and the server goes on
+//! serving new requests; after a panic the backend is rebuilt (the prefix cache, whose K/V was
+//! in the old pool, is cleared), and when it cannot be, /health reports the engine failed.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::faults::{Fault, FaultPlan};
+use common::testing::TestModelSpec;
+use common::*;
+use serde_json::{json, Value};
+
+fn gen(id: &str, prompt: &str, max_tokens: usize) -> Value {
+    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+}
+
+async fn start(cfg: brook::config::Config, plan: &std::sync::Arc<FaultPlan>) -> TestServer {
+    start_server_wrapped(cfg, &TestModelSpec::default(), Some(plan.wrap())).await
+}
+
+/// /health's status code and body.
+async fn health(server: &TestServer) -> (u16, Value) {
+    let mut resp = awc::Client::new()
+        .get(server.url("/health"))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    (resp.status().as_u16(), body)
+}
+
+/// The one request's terminal frame.
+async fn run(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) -> Vec<Value> {
+    c.send(gen(id, prompt, max_tokens)).await;
+    c.collect(&[id]).await.remove(id).unwrap()
+}
+
+fn failures(m: &str, kind: &str) -> f64 {
+    metric(
+        m,
+        &format!("brook:engine_step_failures_total{{kind=\"{kind}\"}}"),
+    )
+}
+
+#[actix_rt::test]
+async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
+    let plan = FaultPlan::new();
+    let server = start(test_config(), &plan).await;
+    let mut c = Client::connect(&server).await;
+    // Both requests are in the third step from now, whichever steps their prefills took.
+    plan.arm(3, Fault::Error);
+    c.send(gen("a", "Hello there, how are you?", 40)).await;
+    c.send(gen("b", "Where is my order?", 40)).await;
+    let frames = c.collect(&["a", "b"]).await;
+    for id in ["a", "b"] {
+        let t = terminal(&frames[id]);
+        assert_eq!(t["type"], "error", "{id}: {t}");
+        assert_eq!(t["code"], "internal");
+        assert!(
+            t["message"].as_str().unwrap().contains("injected fault"),
+            "{t}"
+        );
+    }
+    assert_eq!(plan.fired(), 1);
+    let m = wait_idle(&server).await;
+    assert_eq!(failures(&m, "error"), 1.0);
+    let after = run(&mut c, "after", "Hello there, how are you?", 5).await;
+    assert_eq!(
+        terminal(&after)["usage"]["completion_tokens"],
+        5,
+        "{after:?}"
+    );
+    assert_eq!(health(&server).await.0, 200);
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_panic_rebuilds_the_backend_and_forgets_its_prefix_cache() {
+    let plan = FaultPlan::new();
+    let server = start(test_config(), &plan).await;
+    let mut c = Client::connect(&server).await;
+    // Long enough to fill several KV blocks, which the prefix cache then holds.
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(4);
+    let reference = text_of(&run(&mut c, "ref", &prompt, 8).await);
+    assert!(!reference.is_empty());
+    // The next step is the prefill (served from the cache), the one after panics.
+    plan.arm(2, Fault::Panic);
+    let failed = run(&mut c, "a", &prompt, 30).await;
+    let t = terminal(&failed);
+    assert_eq!(
+        (t["type"].as_str(), t["code"].as_str()),
+        (Some("error"), Some("internal"))
+    );
+    assert!(t["message"].as_str().unwrap().contains("panicked"), "{t}");
+    assert_eq!(plan.built(), 2, "the backend was rebuilt");
+    let m = wait_idle(&server).await;
+    assert_eq!(failures(&m, "panic"), 1.0);
+    assert_eq!(health(&server).await.0, 200);
+    // The new backend's pool holds no K/V: a cache hit on the old blocks would read zeros and
+    // change the greedy output.
+    let again = run(&mut c, "again", &prompt, 8).await;
+    assert_eq!(text_of(&again), reference);
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
+    let plan = FaultPlan::new();
+    plan.shrink_rebuilt();
+    let server = start(test_config(), &plan).await;
+    let metrics = || async { http_get(&server.url("/metrics")).await };
+    let before = metric(&metrics().await, "brook:kv_cache_blocks_total");
+    let mut c = Client::connect(&server).await;
+    plan.arm(1, Fault::Panic);
+    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    let m = wait_idle(&server).await;
+    assert_eq!(
+        metric(&m, "brook:kv_cache_blocks_total"),
+        (before as usize / 2) as f64
+    );
+    assert_eq!(health(&server).await.0, 200);
+    let after = run(&mut c, "b", "Hello", 5).await;
+    assert_eq!(
+        terminal(&after)["usage"]["completion_tokens"],
+        5,
+        "{after:?}"
+    );
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
+    let plan = FaultPlan::new();
+    plan.fail_rebuild();
+    let server = start(test_config(), &plan).await;
+    let mut c = Client::connect(&server).await;
+    plan.arm(1, Fault::Panic);
+    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    wait_idle(&server).await;
+    let (status, body) = health(&server).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "failed");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be built again"),
+        "{body}"
+    );
+    // New requests get a clear error; the socket and the HTTP side keep working.
+    let t = terminal(&run(&mut c, "b", "Hello", 3).await).clone();
+    assert_eq!(t["code"], "unavailable", "{t}");
+    assert!(http_get(&server.url("/metrics")).await.contains("brook:"));
+    c.close().await;
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
+    let plan = FaultPlan::new();
+    let mut cfg = test_config();
+    cfg.scheduler.step_timeout_s = 0.3;
+    let server = start(cfg, &plan).await;
+    let mut c = Client::connect(&server).await;
+    plan.arm(2, Fault::Hang(Duration::from_millis(2000)));
+    let t0 = Instant::now();
+    let t = terminal(&run(&mut c, "a", "Hello there", 20).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    assert!(t["message"].as_str().unwrap().contains("deadline"), "{t}");
+    // Failed at the deadline, not when the step came back.
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    let (status, body) = health(&server).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (503, Some("stalled")),
+        "{body}"
+    );
+    let t = terminal(&run(&mut c, "b", "Hello", 3).await).clone();
+    assert_eq!(t["code"], "unavailable", "{t}");
+    let m = wait_idle(&server).await;
+    assert_eq!(failures(&m, "timeout"), 1.0);
+    // Once the step returns the engine serves again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health(&server).await.0 != 200 {
+        assert!(Instant::now() < deadline, "the engine did not recover");
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = run(&mut c, "c", "Hello there", 5).await;
+    assert_eq!(
+        terminal(&after)["usage"]["completion_tokens"],
+        5,
+        "{after:?}"
+    );
+    c.close().await;
+    wait_idle(&server).await;
+    server.stop().await;
+}
