@@ -10,7 +10,11 @@
 // all of its heads. HD/8 lanes share a token (16 B of K and of V per lane, coalesced), rounded up
 // to a power of two (idle lanes for HD 80 or 96), a warp covers 32/LANES tokens per step, and
 // every lane keeps U steps of loads in flight. Each split keeps an online softmax; when
-// num_splits > 1 the partial results go to part_acc/part_ml and `paged_decode_reduce` merges them.
+// num_splits > 1 the partial results go to part_acc/part_ml and are merged either by
+// `paged_decode_reduce` (a second launch) or, with `counters` set, inside this kernel: every CTA
+// of an (item, kv-head slice) counts itself in on an atomic counter after its partials are
+// visible (__threadfence), and the last to arrive merges all the splits and resets the counter
+// for the next launch (the threadFenceReduction pattern), so a decode is one launch.
 // The split length is ceil(keys / num_splits), computed here from the context length, so one
 // launch shape serves any context (what CUDA-graph replay needs). With a sliding window the keys
 // are the last `window` positions; blocks before them may be freed (block id -1) and are never
@@ -26,6 +30,8 @@ struct PagedDecodeParams {
   bf16* out;                // [num_tokens, num_heads, HD]
   float* part_acc;          // [num_items, num_heads, num_splits, HD]  unnormalised partial sums
   float* part_ml;           // [num_items, num_heads, num_splits, 2]   (max, sum), log2 domain
+  u32* counters;            // [num_items, num_kv_heads * DECODE_GROUP_CTAS] arrivals, zero between
+                            // launches; null: the splits are merged by paged_decode_reduce
   int num_items;
   int num_heads;
   int num_kv_heads;
@@ -45,6 +51,33 @@ struct PagedDecodeParams {
 #define DECODE_GC ((GROUP + DECODE_GROUP_CTAS - 1) / DECODE_GROUP_CTAS)
 
 #define DECODE_WARPS 4
+
+// L1 is not coherent across SMs: partials other CTAs wrote are read from L2.
+__device__ __forceinline__ float ld_cg(const float* ptr) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
+  return v;
+}
+
+// Merges the num_splits partials (log2-domain max and sum, unnormalised acc) of heads
+// h0 .. h0 + gn - 1 of one item into its output row; the block's threads share (head, dim).
+__device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int item, int row, int h0,
+                                             int gn) {
+  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
+    const int h = h0 + idx / HD, d = idx % HD;
+    const size_t base = ((size_t)item * p.num_heads + h) * p.num_splits;
+    float mx = NEG_INF;
+    for (int s = 0; s < p.num_splits; s++) mx = fmaxf(mx, ld_cg(p.part_ml + (base + s) * 2));
+    float L = 0.f, A = 0.f;
+    for (int s = 0; s < p.num_splits; s++) {
+      const float ms = ld_cg(p.part_ml + (base + s) * 2);
+      const float w = ms == NEG_INF ? 0.f : exp2f(ms - mx);
+      L += ld_cg(p.part_ml + (base + s) * 2 + 1) * w;
+      A += ld_cg(p.part_acc + (base + s) * HD + d) * w;
+    }
+    p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
+  }
+}
 
 // HD is the -DHD define; G the query heads per CTA (DECODE_GC).
 template <int G>
@@ -187,6 +220,22 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       }
     }
   }
+  if (p.num_splits == 1 || p.counters == nullptr) return;
+
+  // In-kernel merge: the last CTA of this (item, kv-head slice) to finish merges every split.
+  __shared__ u32 s_last;
+  __threadfence();  // this CTA's partials reach L2 before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* c = p.counters + (size_t)item * gridDim.y + blockIdx.y;
+    const u32 prev = atomicAdd(c, 1u);
+    s_last = prev == (u32)(p.num_splits - 1);
+    if (s_last) *c = 0;  // every split has arrived: ready for the next launch (graph replay)
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  merge_splits(p, item, row, h0, gn);
 }
 
 // grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32

@@ -9,7 +9,12 @@
 #                                       tests, brook's benchmarks (gpu-bench, and brook bench
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
-#                                       WHAT: all (default) | tests | bench | peers
+#                                       WHAT: all (default) | tests | bench | peers | perf18
+#                                       perf18 (issue 18, about 5 min): the decode attention and
+#                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
+#                                       serving-path one runs every switch), then each switch timed against the default
+#                                       (attention --decode-only, decode-variants, offline
+#                                       300x1000/1000 default vs all) into $OUT/perf18.jsonl
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -103,6 +108,23 @@ device)
             step "brook bench $model 1x128/256" bench_json --synthetic "$model" --device cuda \
                 --num-prompts 1 --input-len 128 --output-len 256
         done
+    fi
+    if [ "$what" = perf18 ]; then
+        # `sample` also selects sample_penalties (the sampler now reads its arguments and logit
+        # edits from the step metadata and writes into the one output buffer).
+        step "kernels paged_decode step_io sample" timeout 150 ./cuda_kernels --test-threads=1 paged_decode step_io sample
+        # The whole CUDA-vs-CPU suite: the default path changed too (sampling arguments inside the
+        # step metadata, one output buffer); the serving-path test runs every switch.
+        step "e2e (serving path: every switch)" timeout 120 ./cuda_e2e --test-threads=1 --nocapture
+        step models timeout 60 ./cuda_models --test-threads=1 --nocapture
+        step websocket timeout 60 ./cuda_ws --nocapture
+        : >"$out/perf18.jsonl"
+        for args in "attention --decode-only" "decode-variants --model llama-2-7b" \
+            "offline --model llama-2-7b --num-prompts 300 --input-len 1000 --output-len 1000 --variants untimed,all"; do
+            # shellcheck disable=SC2086
+            step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/perf18.jsonl'"
+        done
+        grep -hE "paged decode .*ctx|decode \[|offline" "$out/log.txt" | grep -v "^===" | tail -80
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

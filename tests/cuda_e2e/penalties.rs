@@ -15,7 +15,9 @@ use super::*;
 /// a real scheduler's steps (a pool small enough to preempt, so rows are dropped, moved and
 /// re-sent whole with their output). Every token must be the argmax of the CPU reference's
 /// logits after the same processing, given the same prefix (teacher-forced), away from near
-/// ties; every token has its logprobs with 3 alternatives, most likely first.
+/// ties; every token has its logprobs with 3 alternatives, most likely first. Also with issue
+/// 18's pinned I/O and lookahead (the default's tokens exactly), and lookahead with bias and
+/// logprobs but no penalties (steps launched ahead are kept).
 #[test]
 fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
     if !have_gpu() {
@@ -41,37 +43,72 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
         })
         .collect();
     let max_tokens = 16;
-    // Half the requests with penalties (rows with and without counts interleave).
-    let params: Vec<Arc<SamplingParams>> = (0..prompts.len())
-        .map(|i| {
-            let mut p = SamplingParams {
-                ignore_eos: true,
-                logprobs: Some(3),
-                logit_bias: vec![(5, 0.5), (vocab - 1, -1.0)],
-                ..SamplingParams::greedy(max_tokens)
-            };
-            if i % 2 == 0 {
-                p.presence_penalty = 0.4;
-                p.frequency_penalty = 0.3;
-                p.repetition_penalty = 1.3;
-            }
-            Arc::new(p)
-        })
-        .collect();
-    for graphs in [true, false] {
-        let mut gpu = CudaBackend::from_weights(
-            config.clone(),
-            &weights,
+    let base = CudaBackendOptions {
+        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
+        max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        progress: false,
+        ..Default::default()
+    };
+    // Issue 18's switches: pinned I/O reads the top log-probabilities from its stage; lookahead
+    // runs nothing ahead while a row has penalties, and with none (bias and logprobs only) keeps
+    // predicted steps whose logit edits and top log-probabilities must be the real step's.
+    let variants = [
+        ("graphs", true, base.clone()),
+        (
+            "eager",
+            true,
             CudaBackendOptions {
-                max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-                max_num_batched_tokens: 256,
-                max_num_seqs: 8,
-                cuda_graphs: graphs,
-                progress: false,
-                ..Default::default()
+                cuda_graphs: false,
+                ..base.clone()
             },
-        )
-        .unwrap();
+        ),
+        (
+            "pinned_io",
+            true,
+            CudaBackendOptions {
+                pinned_io: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "lookahead",
+            true,
+            CudaBackendOptions {
+                lookahead: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "lookahead without penalties",
+            false,
+            CudaBackendOptions {
+                lookahead: true,
+                ..base.clone()
+            },
+        ),
+    ];
+    let mut default_outputs = None;
+    for (name, penalties, opts) in variants {
+        // Half the requests with penalties (rows with and without counts interleave).
+        let params: Vec<Arc<SamplingParams>> = (0..prompts.len())
+            .map(|i| {
+                let mut p = SamplingParams {
+                    ignore_eos: true,
+                    logprobs: Some(3),
+                    logit_bias: vec![(5, 0.5), (vocab - 1, -1.0)],
+                    ..SamplingParams::greedy(max_tokens)
+                };
+                if penalties && i % 2 == 0 {
+                    p.presence_penalty = 0.4;
+                    p.frequency_penalty = 0.3;
+                    p.repetition_penalty = 1.3;
+                }
+                Arc::new(p)
+            })
+            .collect();
+        let lookahead = opts.lookahead;
+        let mut gpu = CudaBackend::from_weights(config.clone(), &weights, opts).unwrap();
         let mut kv = KvCacheManager::new(gpu.info().num_kv_blocks, BLOCK, true);
         let mut sched = Scheduler::new(SchedulerConfig {
             max_num_seqs: 8,
@@ -109,10 +146,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
             }
             assert!(t < 100.0, "no progress");
         }
-        assert!(
-            sched.num_preemptions() > 0,
-            "graphs {graphs}: no preemption"
-        );
+        assert!(sched.num_preemptions() > 0, "{name}: no preemption");
         let mut tally = Tally::default();
         let mut processed = Vec::new();
         for (i, (p, out)) in prompts.iter().zip(&outputs).enumerate() {
@@ -142,11 +176,27 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
                 }
             }
         }
-        eprintln!("penalties on the persistent batch, graphs {graphs}: {tally:?}");
-        assert_eq!(tally.mismatches, 0, "graphs {graphs}: {tally:?}");
+        eprintln!("penalties on the persistent batch, {name}: {tally:?}");
+        assert_eq!(tally.mismatches, 0, "{name}: {tally:?}");
         assert!(
             tally.near_tie_mismatches * 20 <= tally.compared,
-            "graphs {graphs}: {tally:?}"
+            "{name}: {tally:?}"
         );
+        // Same kernels and params: exactly the default's tokens.
+        match name {
+            "graphs" => default_outputs = Some(outputs.clone()),
+            "pinned_io" | "lookahead" => assert!(
+                default_outputs.as_ref() == Some(&outputs),
+                "{name}: tokens differ from the default's"
+            ),
+            _ => {}
+        }
+        if lookahead {
+            let st = gpu.lookahead_stats();
+            eprintln!("{name}: {st:?}");
+            if !penalties {
+                assert!(st.hits > 0, "{name}: no step kept: {st:?}");
+            }
+        }
     }
 }

@@ -13,7 +13,10 @@ use super::*;
 /// device block tables in place), with a pool small enough to preempt, rows moving as requests
 /// finish, and prompts sharing a prefix; on decode graphs and eagerly. Every generated token
 /// must be the CPU reference's greedy choice given the same prefix (teacher-forced), away from
-/// near ties.
+/// near ties. Then issue 18's switches, each alone on graphs: pinned step I/O and lookahead
+/// decode must give exactly the default's tokens (same kernels), lookahead must keep some of
+/// its predicted steps; the in-kernel split merge with the SM-filling split rule must match
+/// the reference.
 #[test]
 fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
     let spec = TestModelSpec::default()
@@ -66,20 +69,50 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         })
         .collect();
     let max_tokens = 12;
-    for graphs in [true, false] {
-        let mut gpu = CudaBackend::from_weights(
-            config.clone(),
-            &weights,
+    let base = CudaBackendOptions {
+        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
+        max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        progress: false,
+        ..Default::default()
+    };
+    let variants = [
+        ("graphs", base.clone()),
+        (
+            "eager",
             CudaBackendOptions {
-                max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-                max_num_batched_tokens: 256,
-                max_num_seqs: 8,
-                cuda_graphs: graphs,
-                progress: false,
-                ..Default::default()
+                cuda_graphs: false,
+                ..base.clone()
             },
-        )
-        .unwrap();
+        ),
+        (
+            "pinned_io",
+            CudaBackendOptions {
+                pinned_io: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "lookahead",
+            CudaBackendOptions {
+                lookahead: true,
+                step_timing: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "merge_inline+fill8",
+            CudaBackendOptions {
+                decode_merge_inline: true,
+                decode_ctas_per_sm: 8,
+                ..base.clone()
+            },
+        ),
+    ];
+    let mut default_outputs: Option<Vec<Vec<u32>>> = None;
+    for (name, opts) in variants {
+        let lookahead = opts.lookahead;
+        let mut gpu = CudaBackend::from_weights(config.clone(), &weights, opts).unwrap();
         let num_blocks = gpu.info().num_kv_blocks;
         let mut kv =
             KvCacheManager::new(num_blocks, BLOCK, true).with_sliding_window(config.sliding_window);
@@ -126,15 +159,12 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         }
         match config.sliding_window {
             // Each request holds a window's blocks at most, so the pool need not preempt.
-            Some(w) => assert!(most_freed > 0, "graphs {graphs}: window {w} freed nothing"),
-            None => assert!(
-                sched.num_preemptions() > 0,
-                "graphs {graphs}: no preemption"
-            ),
+            Some(w) => assert!(most_freed > 0, "{name}: window {w} freed nothing"),
+            None => assert!(sched.num_preemptions() > 0, "{name}: no preemption"),
         }
         assert!(
             kv.prefix_cache_stats().hit_tokens > 0,
-            "graphs {graphs}: no prefix hit"
+            "{name}: no prefix hit"
         );
         let mut tally = Tally::default();
         for (p, out) in prompts.iter().zip(&outputs) {
@@ -153,11 +183,25 @@ fn check_scheduler_steps(spec: TestModelSpec) {
                 }
             }
         }
-        eprintln!("persistent batch, graphs {graphs}: {tally:?}");
-        assert_eq!(tally.mismatches, 0, "graphs {graphs}: {tally:?}");
+        eprintln!("persistent batch, {name}: {tally:?}");
+        assert_eq!(tally.mismatches, 0, "{name}: {tally:?}");
         assert!(
             tally.near_tie_mismatches * 20 <= tally.compared,
-            "graphs {graphs}: {tally:?}"
+            "{name}: {tally:?}"
         );
+        if matches!(name, "pinned_io" | "lookahead") {
+            let want = default_outputs.as_ref().unwrap();
+            assert!(&outputs == want, "{name}: tokens differ from the default's");
+        }
+        if lookahead {
+            let st = gpu.lookahead_stats();
+            eprintln!("lookahead: {st:?}");
+            assert!(st.hits > 0 && st.launched >= st.hits, "{st:?}");
+            // Every launched prediction was either kept or dropped (one may still be in flight).
+            assert!(st.hits + st.misses + 1 >= st.launched, "{st:?}");
+            let timing = gpu.last_timing().expect("step_timing on");
+            assert!(timing.gpu_end_ns > timing.gpu_start_ns, "{timing:?}");
+        }
+        default_outputs.get_or_insert(outputs);
     }
 }

@@ -25,3 +25,4 @@ mod rope_kv;
 mod sample;
 mod sample_penalties;
 mod silu_mul;
+mod step_io;

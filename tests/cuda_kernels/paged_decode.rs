@@ -1,12 +1,16 @@
 //! `paged_decode`: one query row per sequence over its paged context, split-k or not, for every
-//! head size and GQA group the model families use, with and without a sliding window.
+//! head size and GQA group the model families use, with and without a sliding window; the
+//! splits merged by `paged_decode_reduce` or inside the kernel (arrival counters), and the split
+//! rule that fills the GPU at batch 1 (`decode_splits_filled`).
 
-use brook::executor::cuda::kernels::{self, decode_splits, PagedDecodeParams};
+use brook::executor::cuda::kernels::{
+    self, decode_group_ctas, decode_splits, decode_splits_filled, PagedDecodeParams,
+};
 use half::bf16;
 use rand::seq::SliceRandom;
 
 use crate::harness::{
-    assert_close, attention_gpu, dev, poisoned, rand_bf16, read_bf16, rng, to_f32,
+    assert_close, attention_gpu, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 
@@ -23,6 +27,11 @@ struct Decode {
     splits: Option<usize>,
     /// Sliding window; 0: none. Blocks wholly before each window are freed (-1).
     window: usize,
+    /// Merge the splits inside the decode kernel (`counters` set) instead of in
+    /// `paged_decode_reduce`; the launch then runs twice, so the counters must be back at zero.
+    inline: bool,
+    /// With `splits` None: `decode_splits_filled` with this many CTAs per SM (0: `decode_splits`).
+    ctas_per_sm: usize,
 }
 
 impl Default for Decode {
@@ -35,6 +44,8 @@ impl Default for Decode {
             ctx: vec![1, 17, 300, 1000],
             splits: None,
             window: 0,
+            inline: false,
+            ctas_per_sm: 0,
         }
     }
 }
@@ -67,14 +78,18 @@ impl Decode {
         let item_row: Vec<i32> = (0..n as i32).map(|i| 2 * i + 1).collect();
         let rows = 2 * n + 1;
         let q = rand_bf16(&mut r, rows * heads * hd, 1.0);
-        let num_splits = self.splits.unwrap_or_else(|| {
-            decode_splits(g.num_sms, n, self.kv_heads, *ctx.iter().max().unwrap())
+        let max_ctx = *ctx.iter().max().unwrap();
+        let num_splits = self.splits.unwrap_or_else(|| match self.ctas_per_sm {
+            0 => decode_splits(g.num_sms, n, self.kv_heads, max_ctx),
+            c => decode_splits_filled(g.num_sms, c, n, self.kv_heads, group, max_ctx),
         });
         let (qb, rows_b, seqs_b) = (dev(&g, &q), dev(&g, &item_row), dev(&g, &item_seq));
         let dp = paged.upload(&g);
         let out = poisoned::<bf16>(&g, rows * heads * hd);
         let part_acc = poisoned::<f32>(&g, n * heads * num_splits * hd);
         let part_ml = poisoned::<f32>(&g, n * heads * num_splits * 2);
+        let num_counters = n * self.kv_heads * decode_group_ctas(group);
+        let counters = dev(&g, &vec![0u32; num_counters]);
         let scale = 1.0 / (hd as f32).sqrt();
         let p = PagedDecodeParams {
             q: qb.ptr(),
@@ -87,6 +102,7 @@ impl Decode {
             out: out.ptr(),
             part_acc: part_acc.ptr(),
             part_ml: part_ml.ptr(),
+            counters: if self.inline { counters.ptr() } else { 0 },
             num_items: n as i32,
             num_heads: heads as i32,
             num_kv_heads: self.kv_heads as i32,
@@ -97,6 +113,20 @@ impl Decode {
             scale,
         };
         unsafe { kernels::paged_decode(&g, &p, hd).unwrap() };
+        if self.inline {
+            // A second launch on the same counters (graph replay): it must find them at zero.
+            let first = read_bf16(&g, &out, rows * heads * hd);
+            g.memset(out.ptr(), 0xff, rows * heads * hd * 2).unwrap();
+            unsafe { kernels::paged_decode(&g, &p, hd).unwrap() };
+            let again = read_bf16(&g, &out, rows * heads * hd);
+            let same = first
+                .iter()
+                .zip(&again)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "the second in-kernel merge differs from the first");
+            let left: Vec<u32> = read(&g, &counters, num_counters);
+            assert!(left.iter().all(|&c| c == 0), "counters left at {left:?}");
+        }
         let got = read_bf16(&g, &out, rows * heads * hd);
         let qf = to_f32(&q);
         for i in 0..n {
@@ -113,8 +143,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode hd{hd} g{group} splits {num_splits} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.window, ctx[s]
+                        "decode hd{hd} g{group} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -200,5 +230,59 @@ fn paged_decode_sliding_window() {
             ..Decode::default()
         }
         .run();
+    }
+}
+
+/// The splits merged inside the decode kernel (the last CTA of each (item, kv head slice) to
+/// arrive merges): every head size and a spread of groups (9..16 take two CTAs per kv head, so
+/// two counters per kv head), split counts from 2 to 64, with a sliding window, and twice in a
+/// row on the same counters (what graph replay does).
+#[test]
+fn paged_decode_inline_merge() {
+    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
+        for group in [1, 4, 7, 12, 16] {
+            Decode {
+                seed: 400 + (i * 16 + group) as u64,
+                head_dim,
+                heads: 2 * group,
+                kv_heads: 2,
+                ctx: vec![3, 37, 301, 1030],
+                splits: Some(2 + (i + group) % 6),
+                inline: true,
+                ..Decode::default()
+            }
+            .run();
+        }
+    }
+    for (seed, splits, window) in [(420, 64, 0), (421, 33, 0), (422, 16, 100), (423, 5, 700)] {
+        Decode {
+            seed,
+            ctx: vec![1, 64, 99, 100, 517, 4097],
+            splits: Some(splits),
+            window,
+            inline: true,
+            ..Decode::default()
+        }
+        .run();
+    }
+}
+
+/// The split rule that fills the SMs at batch 1 (up to 64 splits), merged either way, on
+/// Llama-2-7B's and Llama-3-8B's head shapes at long contexts.
+#[test]
+fn paged_decode_filled_splits() {
+    for (seed, heads, kv_heads, ctas) in [(430, 32, 32, 4), (431, 32, 8, 4), (432, 32, 8, 8)] {
+        for inline in [false, true] {
+            Decode {
+                seed,
+                heads,
+                kv_heads,
+                ctx: vec![4100],
+                ctas_per_sm: ctas,
+                inline,
+                ..Decode::default()
+            }
+            .run();
+        }
     }
 }

@@ -1,20 +1,25 @@
-//! `gpu-bench attention`: paged decode attention GB/s by context and batch, then the flash
-//! prefill kernel's TFLOP/s on causal prompts.
+//! `gpu-bench attention`: paged decode attention GB/s by context and batch, for each split rule
+//! and merge (`DecodeVariant`), then the flash prefill kernel's TFLOP/s on causal prompts.
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
-use brook::executor::cuda::kernels::{self, PagedDecodeParams};
+use brook::executor::cuda::kernels::{
+    self, decode_group_ctas, decode_splits_filled, PagedDecodeParams,
+};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{emit, random_bf16, time_ms, upload, AttnShape, CausalPrefill};
+use crate::common::{
+    emit, random_bf16, read_bf16, rel_err, time_ms, upload, AttnShape, CausalPrefill,
+};
 
 /// Paged decode attention at the head shapes of Llama-2-7B (32 heads, 32 kv heads, head_dim
 /// 128), Qwen2.5-7B (28 / 4 / 128) and Phi-3-mini (32 / 32 / 96), one layer; bytes = K and V read
 /// once + Q + output. Several disjoint caches are rotated so small
-/// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts.
-pub fn run() -> anyhow::Result<()> {
+/// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts (unless
+/// `decode_only`).
+pub fn run(decode_only: bool) -> anyhow::Result<()> {
     let mut gpu = Gpu::open(0)?;
     // Llama-2-7B (MHA, head_dim 128) first, as before; then Qwen2.5-7B's 7 query heads per kv
     // head and Phi-3-mini's head_dim 96.
@@ -28,10 +33,49 @@ pub fn run() -> anyhow::Result<()> {
         gpu.load_attention(head_dim, heads / kv_heads)?;
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         paged_decode(&gpu, &shape, &mut rng)?;
-        prefill(&gpu, &shape, &mut rng)?;
+        if !decode_only {
+            prefill(&gpu, &shape, &mut rng)?;
+        }
     }
     Ok(())
 }
+
+/// A decode split rule and merge, as `CudaBackendOptions::decode_ctas_per_sm` and
+/// `decode_merge_inline` choose them.
+struct DecodeVariant {
+    name: &'static str,
+    /// 0: `kernels::decode_splits` (the default); else `decode_splits_filled` with this many.
+    ctas_per_sm: usize,
+    inline: bool,
+}
+
+const DECODE_VARIANTS: &[DecodeVariant] = &[
+    DecodeVariant {
+        name: "default",
+        ctas_per_sm: 0,
+        inline: false,
+    },
+    DecodeVariant {
+        name: "inline",
+        ctas_per_sm: 0,
+        inline: true,
+    },
+    DecodeVariant {
+        name: "fill4",
+        ctas_per_sm: 4,
+        inline: false,
+    },
+    DecodeVariant {
+        name: "fill4-inline",
+        ctas_per_sm: 4,
+        inline: true,
+    },
+    DecodeVariant {
+        name: "fill8-inline",
+        ctas_per_sm: 8,
+        inline: true,
+    },
+];
 
 fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
     let (h, kvh, hd, bs) = (
@@ -65,39 +109,71 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
                 upload(gpu, &rows_idx)?,
                 upload(gpu, &vec![ctx as i32; batch])?,
             );
-            let splits = kernels::decode_splits(gpu.num_sms, batch, kvh, ctx);
-            let (part_acc, part_ml) = (
-                gpu.alloc(batch * h * splits * hd * 4)?,
-                gpu.alloc(batch * h * splits * 2 * 4)?,
-            );
-            let params = |set: usize| PagedDecodeParams {
-                q: q.ptr(),
-                k_cache: k.ptr(),
-                v_cache: v.ptr(),
-                item_row: item_row.ptr(),
-                item_seq: item_row.ptr(),
-                block_tables: tables[set].ptr(),
-                context_lens: ctx_lens.ptr(),
-                out: out.ptr(),
-                part_acc: part_acc.ptr(),
-                part_ml: part_ml.ptr(),
-                num_items: batch as i32,
-                num_heads: h as i32,
-                num_kv_heads: kvh as i32,
-                block_size: bs as i32,
-                max_blocks: blocks_per_seq as i32,
-                num_splits: splits as i32,
-                window: 0,
-                scale: shape.scale(),
+            let group = h / kvh;
+            let splits_of = |v: &DecodeVariant| match v.ctas_per_sm {
+                0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
+                c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx),
             };
-            // SAFETY: every buffer above matches the shapes in the params.
-            let ms = time_ms(gpu, 3, 20, |i| unsafe {
-                kernels::paged_decode(gpu, &params(i % sets), hd)
-            })?;
-            let bytes = kv_bytes + 2 * batch * h * hd * 2;
-            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
-            eprintln!("paged decode ctx {ctx:>5} batch {batch:>2}: {ms:.3} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits", gbps / 43.0);
-            rows.push(json!({"ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits}));
+            let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
+            let (part_acc, part_ml) = (
+                gpu.alloc(batch * h * most * hd * 4)?,
+                gpu.alloc(batch * h * most * 2 * 4)?,
+            );
+            let num_counters = batch * kvh * decode_group_ctas(group);
+            let counters = gpu.alloc(num_counters * 4)?;
+            gpu.memset(counters.ptr(), 0, num_counters * 4)?;
+            // Each variant's output against the default's on the same inputs (the last set).
+            let mut reference: Option<Vec<f32>> = None;
+            for var in DECODE_VARIANTS {
+                let splits = splits_of(var);
+                let params = |set: usize| PagedDecodeParams {
+                    q: q.ptr(),
+                    k_cache: k.ptr(),
+                    v_cache: v.ptr(),
+                    item_row: item_row.ptr(),
+                    item_seq: item_row.ptr(),
+                    block_tables: tables[set].ptr(),
+                    context_lens: ctx_lens.ptr(),
+                    out: out.ptr(),
+                    part_acc: part_acc.ptr(),
+                    part_ml: part_ml.ptr(),
+                    counters: if var.inline { counters.ptr() } else { 0 },
+                    num_items: batch as i32,
+                    num_heads: h as i32,
+                    num_kv_heads: kvh as i32,
+                    block_size: bs as i32,
+                    max_blocks: blocks_per_seq as i32,
+                    num_splits: splits as i32,
+                    window: 0,
+                    scale: shape.scale(),
+                };
+                // SAFETY: every buffer above matches the shapes in the params.
+                let ms = time_ms(gpu, 3, 20, |i| unsafe {
+                    kernels::paged_decode(gpu, &params(i % sets), hd)
+                })?;
+                gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
+                // SAFETY: as above.
+                unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd)? };
+                let got = read_bf16(gpu, &out, batch * h * hd)?;
+                let err = match &reference {
+                    None => 0.0,
+                    Some(r) => rel_err(&got, r),
+                };
+                reference.get_or_insert(got);
+                let bytes = kv_bytes + 2 * batch * h * hd * 2;
+                let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+                eprintln!(
+                "paged decode {:<12} ctx {ctx:>5} batch {batch:>2}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits, rel. err. vs default {err:.1e}",
+                var.name,
+                gbps / 43.0
+            );
+                anyhow::ensure!(
+                    err < 1e-2,
+                    "{}: output differs from the default's by {err:.3e}",
+                    var.name
+                );
+                rows.push(json!({"variant": var.name, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits, "rel_err_vs_default": err}));
+            }
         }
     }
     emit(

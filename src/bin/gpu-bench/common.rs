@@ -52,6 +52,23 @@ pub fn time_ms(
     Ok(median(times))
 }
 
+/// `n` bf16 values of a device buffer, as f32 (NaN stays NaN).
+pub fn read_bf16(gpu: &Gpu, b: &DevBuf, n: usize) -> anyhow::Result<Vec<f32>> {
+    let mut raw = vec![0u16; n];
+    gpu.download(&mut raw, b.ptr())?;
+    Ok(raw
+        .into_iter()
+        .map(|x| f32::from_bits((x as u32) << 16))
+        .collect())
+}
+
+/// ‖a − b‖ / ‖b‖ (NaN when either holds a NaN, so a check `< tol` fails).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
 /// Milliseconds since `t0`, by the host clock (for whole engine steps).
 pub fn elapsed_ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3

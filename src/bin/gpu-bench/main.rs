@@ -5,6 +5,10 @@
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
+//!                                       (--variants: once per set of issue-18 switches)
+//!   gpu-bench decode-variants           decode through the scheduler for the default and each
+//!                                       issue-18 switch in one process: ms/step, GPU idle gap
+//!                                       between steps (host overhead), lookahead hits
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
@@ -25,6 +29,7 @@ mod offline;
 mod prefill_attn;
 mod swap;
 mod ttft;
+mod variants;
 
 use clap::{Parser, Subcommand};
 
@@ -36,7 +41,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    Attention,
+    Attention {
+        /// Paged decode attention only (every split rule and merge), not the prefill kernel.
+        #[arg(long)]
+        decode_only: bool,
+    },
     GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
     /// batch 1, 8 and 32; then the length from which the flash kernel wins.
@@ -84,13 +93,32 @@ enum Cmd {
         max_num_batched_tokens: usize,
         #[arg(long)]
         no_cuda_graphs: bool,
+        /// Issue-18 switch sets to run in turn (`decode-variants` names), e.g. default,all.
+        #[arg(long, value_delimiter = ',', default_values_t = [String::from("untimed")])]
+        variants: Vec<String>,
+    },
+    /// Decode through brook's scheduler and persistent batch for the default and each issue-18
+    /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
+    DecodeVariants {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// Prompt lengths (comma-separated): the context each decode runs at.
+        #[arg(long, value_delimiter = ',', default_values_t = [128usize, 8192])]
+        input_len: Vec<usize>,
+        #[arg(long, default_value_t = 256)]
+        output_len: usize,
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Which variants (comma-separated); default: all of them.
+        #[arg(long, value_delimiter = ',')]
+        variants: Vec<String>,
     },
 }
 
 fn main() -> anyhow::Result<()> {
     brook::logging::init();
     match Cli::parse().cmd {
-        Cmd::Attention => attention::run(),
+        Cmd::Attention { decode_only } => attention::run(decode_only),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::Decode {
@@ -109,6 +137,7 @@ fn main() -> anyhow::Result<()> {
             max_num_seqs,
             max_num_batched_tokens,
             no_cuda_graphs,
+            variants,
         } => offline::run(
             &model,
             num_prompts,
@@ -117,6 +146,18 @@ fn main() -> anyhow::Result<()> {
             max_num_seqs,
             max_num_batched_tokens,
             !no_cuda_graphs,
+            &variants,
         ),
+        Cmd::DecodeVariants {
+            model,
+            input_len,
+            output_len,
+            batch,
+            variants,
+        } => {
+            let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
+            let variants = if variants.is_empty() { all } else { variants };
+            variants::run(&model, &input_len, output_len, batch, &variants)
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brook::executor::backend::Backend;
-use brook::executor::cuda::CudaBackendOptions;
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -16,8 +16,12 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{backend, bench_options, elapsed_ms, emit, execute, median};
+use crate::variants::variant_options;
 
 /// All requests submitted at once, ignore_eos, greedy; brook's scheduler decides every step.
+/// Once per variant (`variants::variant_options`, without the step stamps), each on a fresh
+/// backend.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &str,
     n: usize,
@@ -26,16 +30,38 @@ pub fn run(
     max_num_seqs: usize,
     max_num_batched_tokens: usize,
     graphs: bool,
+    variants: &[String],
 ) -> anyhow::Result<()> {
-    let mut b = backend(
-        model,
-        CudaBackendOptions {
-            max_num_seqs,
-            max_num_batched_tokens,
-            cuda_graphs: graphs,
-            ..bench_options()
-        },
-    )?;
+    let base = CudaBackendOptions {
+        max_num_seqs,
+        max_num_batched_tokens,
+        cuda_graphs: graphs,
+        ..bench_options()
+    };
+    for name in variants {
+        let opts = CudaBackendOptions {
+            step_timing: false,
+            ..variant_options(name, &base)?
+        };
+        let b = backend(model, opts)?;
+        run_one(b, name, model, n, (input_len, output_len), &base)?;
+    }
+    Ok(())
+}
+
+fn run_one(
+    mut b: CudaBackend,
+    variant: &str,
+    model: &str,
+    n: usize,
+    (input_len, output_len): (usize, usize),
+    base: &CudaBackendOptions,
+) -> anyhow::Result<()> {
+    let (max_num_seqs, max_num_batched_tokens, graphs) = (
+        base.max_num_seqs,
+        base.max_num_batched_tokens,
+        base.cuda_graphs,
+    );
     let info = b.info();
     let vocab = b.config().vocab_size as u32;
     let max_model_len = b.config().max_position_embeddings;
@@ -142,13 +168,13 @@ pub fn run(
         .unwrap_or(0);
     let out_tok_s = generated as f64 / wall;
     eprintln!(
-        "{model} offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",
+        "{model} [{variant}] offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",
         exec_ms / 10.0 / wall,
         median(decode_steps.clone()),
         ttft[n / 2]
     );
     emit(json!({
-        "figure": "offline_out_tok_s", "model": model, "num_prompts": n, "input_len": input_len, "output_len": output_len,
+        "figure": "offline_out_tok_s", "variant": variant, "model": model, "num_prompts": n, "input_len": input_len, "output_len": output_len,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "cuda_graphs": graphs,
         "wall_s": wall, "output_tok_s": out_tok_s, "total_tok_s": (n * (input_len + output_len)) as f64 / wall,
         "steps": steps, "execute_share": exec_ms / 1e3 / wall, "median_decode_step_ms": median(decode_steps),

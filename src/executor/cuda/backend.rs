@@ -10,7 +10,7 @@
 //! `forward_logits`, which upload their whole tables.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::device::Gpu;
 use super::forward::Forward;
@@ -24,6 +24,7 @@ use crate::model::loader::ModelWeights;
 use crate::step::{BatchInput, BlockCopy, SchedulerOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
+pub use super::lookahead::LookaheadStats;
 pub use super::options::{skip, CudaBackendOptions};
 
 pub struct CudaBackend {
@@ -34,8 +35,32 @@ pub struct CudaBackend {
     updates: Vec<(u32, u32)>,
     /// The KV host tier and the copy stream (copy-on-write needs it without a host tier too).
     tier: CudaKvTier,
+    /// The last `execute`'s timing (`CudaBackendOptions::step_timing`).
+    timing: Option<StepTiming>,
     /// This step's token-count changes (requests with penalties); reused.
     count_ops: Vec<CountOp>,
+}
+
+/// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    /// The GPU's global timer (ns) at the start of the step's first kernel and the end of its
+    /// last (stamped by `kernels/stamp.cu` inside the step). The gap between one step's end and
+    /// the next one's start is the time the GPU waited for the host.
+    pub gpu_start_ns: u64,
+    pub gpu_end_ns: u64,
+    /// Host: applying the plan to the persistent batch and collecting the table changes.
+    pub prepare: Duration,
+    /// Host: token-count updates, packing, copies, table update and graph launch (with
+    /// lookahead, also launching the predicted next step); no forward launch when the step
+    /// launched ahead was kept.
+    pub launch: Duration,
+    /// Host: waiting for the sampled tokens and reading them.
+    pub wait: Duration,
+    /// The whole `execute`.
+    pub total: Duration,
+    /// The step was the one launched ahead (lookahead hit).
+    pub kept_ahead: bool,
 }
 
 impl CudaBackend {
@@ -100,8 +125,19 @@ impl CudaBackend {
             input,
             updates: Vec::new(),
             tier,
+            timing: None,
             count_ops: Vec::new(),
         })
+    }
+
+    /// The last `execute`'s timing, with `step_timing` on.
+    pub fn last_timing(&self) -> Option<StepTiming> {
+        self.timing
+    }
+
+    /// What lookahead decode has done so far.
+    pub fn lookahead_stats(&self) -> LookaheadStats {
+        self.fwd.lookahead_stats
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -232,19 +268,43 @@ impl CudaBackend {
                 r + 1
             );
         }
+        let prepared = Instant::now();
         self.count_ops.clear();
         let ops = &mut self.count_ops;
         self.input.drain_count_ops(|op| ops.push(op));
         self.fwd.apply_count_ops(&self.count_ops)?;
         let batch = self.input.batch();
-        self.fwd.launch(batch, &self.updates, true, true)?;
+        let hits = self.fwd.lookahead_stats.hits;
+        if self.fwd.opts.lookahead {
+            // The count changes were enqueued behind a step launched ahead: never keep it then.
+            let counts_changed = !self.count_ops.is_empty();
+            self.fwd
+                .launch_or_keep(batch, &self.updates, counts_changed)?;
+            // Behind this step, before waiting for it: the step expected next.
+            self.fwd.launch_ahead(batch)?;
+        } else {
+            self.fwd.launch(batch, &self.updates, true, true)?;
+        }
+        let launched = Instant::now();
         let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
+        let waited = Instant::now();
         let out = StepOutput {
             sampled,
             elapsed: started.elapsed(),
             top_logprobs,
         };
         self.input.record(&out)?;
+        if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
+            self.timing = Some(StepTiming {
+                gpu_start_ns,
+                gpu_end_ns,
+                prepare: prepared - started,
+                launch: launched - prepared,
+                wait: waited - launched,
+                total: started.elapsed(),
+                kept_ahead: self.fwd.lookahead_stats.hits > hits,
+            });
+        }
         Ok(out)
     }
 }
@@ -272,6 +332,8 @@ impl Backend for CudaBackend {
             // sampler may have counted tokens never recorded): send every row again.
             self.input.mark_all_changed();
             self.input.recount_all();
+            // A step launched ahead was predicted from a step that failed.
+            self.fwd.drop_ahead();
         }
         res
     }

@@ -30,6 +30,11 @@ pub const SOURCES: &[(&str, &str)] = &[
         "block_table",
         include_str!("../../../kernels/block_table.cu"),
     ),
+    ("stamp", include_str!("../../../kernels/stamp.cu")),
+    (
+        "feed_tokens",
+        include_str!("../../../kernels/feed_tokens.cu"),
+    ),
 ];
 
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu). A fact of the sources above, kept here

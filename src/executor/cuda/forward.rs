@@ -18,6 +18,11 @@
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
 //! on the bucket's first use; the table update runs before the replay, outside the graph.
 //!
+//! The copies to and from the host are in `io` (pageable, or pinned and double-buffered); the
+//! device-kept token counts of requests with penalties in `counts`. With lookahead
+//! (`lookahead` module docs) a predicted next step is launched behind the current one before
+//! the host waits, its input tokens fed on the device (`feed_tokens`).
+//!
 //! Model families: `rope_kv` adds q/k/v biases (Qwen2) and normalises q and k heads (Qwen3)
 //! before RoPE (cos/sin times longrope's attention factor); both attention kernels, compiled for
 //! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
@@ -31,17 +36,18 @@ use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
-    self, BlockTableUpdateParams, CountUpdate, SampleArgs, SampleCountsMoveParams,
-    SampleCountsUpdateParams, SampleEdit, COUNT_PROMPT, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
+    self, decode_group_ctas, decode_splits_filled, BlockTableUpdateParams, CountUpdate,
+    FeedTokensParams, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
+use super::lookahead::{self, LookaheadStats};
 use super::options::CudaBackendOptions;
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
-use crate::executor::input_batch::CountOp;
 use crate::model::config::ModelConfig;
 use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
 use crate::step::{BatchInput, SampledToken, TopLogprobs};
+use io::{out_bytes, read_outputs, read_top, wants_top, PinnedIo, OUT_TOKENS};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
 const RESERVE_BYTES: usize = 1 << 30;
@@ -54,6 +60,9 @@ const MAX_EDITS_PER_ROW: usize = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + 64;
 /// Token-count updates sent per launch of `sample_counts_update` (a long prompt takes several).
 const COUNT_UPDATE_CHUNK: usize = 1 << 16;
 
+mod ahead;
+mod counts;
+mod io;
 mod layers;
 
 struct Activations {
@@ -69,19 +78,33 @@ struct Activations {
     logits: DevBuf,
     part_acc: DevBuf,
     part_ml: DevBuf,
+    /// Arrival counters of the in-kernel split merge (`decode_merge_inline`), zero between launches.
+    decode_counters: DevBuf,
     meta: DevBuf,
-    args: DevBuf,
-    out_tokens: DevBuf,
-    out_logprobs: DevBuf,
-    /// The sampler's per-step logit edits, processed logits, top log-probabilities.
-    edits: DevBuf,
+    /// The step's outputs: timing stamps, sampled tokens, log-probabilities, top
+    /// log-probabilities (`io`).
+    out: DevBuf,
+    /// The sampler's processed logits (rows with logit edits or penalties).
     work: DevBuf,
-    top_ids: DevBuf,
-    top_logprobs: DevBuf,
     /// Token counts of requests with penalties, `[max_seqs, vocab]` (see sample.cu), and the
     /// staging buffer of their updates.
     counts: DevBuf,
     count_updates: DevBuf,
+}
+
+/// A launched step whose outputs `sampled` reads: its pinned stage (None: pageable), its
+/// sampled rows (padding included) and whether its top log-probabilities were copied back.
+#[derive(Debug, Clone, Copy)]
+struct Launched {
+    stage: Option<usize>,
+    ns: usize,
+    top: bool,
+}
+
+/// A step launched ahead (lookahead): the batch predicted for the next plan, and its launch.
+struct Ahead {
+    batch: BatchInput,
+    launched: Launched,
 }
 
 /// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
@@ -121,6 +144,21 @@ pub(super) struct Forward {
     top_ids_host: Vec<i32>,
     top_logprobs_host: Vec<f32>,
     count_updates_host: Vec<CountUpdate>,
+    /// The pageable copy of the step's outputs (without `pinned_io`).
+    out_host: Vec<u32>,
+    /// Pinned staging (`pinned_io` or `lookahead`); None: pageable copies.
+    io: Option<PinnedIo>,
+    /// The launch `sampled` reads next.
+    cur: Option<Launched>,
+    /// Lookahead: the step launched ahead of the plan, if any, and what it was fed (the last
+    /// step's samples as `feed_tokens` wrote them).
+    ahead: Option<Ahead>,
+    fed: Vec<u32>,
+    /// A spare prediction buffer (kept to reuse its allocations).
+    spare: BatchInput,
+    pub lookahead_stats: LookaheadStats,
+    /// GPU stamps (start, end) of the last step read by `sampled` (`step_timing`).
+    pub last_stamps: Option<(u64, u64)>,
     // Declared last: dropped after every buffer above.
     pub gpu: Gpu,
 }
@@ -165,10 +203,32 @@ impl Forward {
             max_tiles,
             max_seqs,
             max_seqs,
+            max_seqs * MAX_EDITS_PER_ROW,
             table_words,
         )
         .total;
         let (bf, f4) = (2usize, 4usize);
+        // Decode split partials: (item, split) pairs of the largest decode step the split rule
+        // allows, and one arrival counter per (item, kv head slice) for the in-kernel merge.
+        let group = h / cfg.num_key_value_heads;
+        let partials = match opts.decode_ctas_per_sm {
+            0 => max_seqs * MAX_SPLITS,
+            c => (1..=max_seqs)
+                .map(|n| {
+                    let splits = decode_splits_filled(
+                        gpu.num_sms,
+                        c,
+                        n,
+                        cfg.num_key_value_heads,
+                        group,
+                        max_blocks * opts.block_size,
+                    );
+                    n * splits
+                })
+                .max()
+                .unwrap_or(1),
+        };
+        let counters = max_seqs * cfg.num_key_value_heads * decode_group_ctas(group);
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
@@ -181,18 +241,21 @@ impl Forward {
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
             head_in: gpu.alloc(max_seqs * d * bf)?,
             logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
-            part_acc: gpu.alloc(max_seqs * h * MAX_SPLITS * hd * f4)?,
-            part_ml: gpu.alloc(max_seqs * h * MAX_SPLITS * 2 * f4)?,
+            part_acc: gpu.alloc(partials * h * hd * f4)?,
+            part_ml: gpu.alloc(partials * h * 2 * f4)?,
+            decode_counters: gpu.alloc(counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
-            args: gpu.alloc(max_seqs * std::mem::size_of::<SampleArgs>())?,
-            out_tokens: gpu.alloc(max_seqs * 4)?,
-            out_logprobs: gpu.alloc(max_seqs * 4)?,
-            edits: gpu.alloc(max_seqs * MAX_EDITS_PER_ROW * std::mem::size_of::<SampleEdit>())?,
+            out: gpu.alloc(out_bytes(max_seqs, true))?,
             work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
-            top_ids: gpu.alloc(max_seqs * SAMPLE_MAX_TOP * 4)?,
-            top_logprobs: gpu.alloc(max_seqs * SAMPLE_MAX_TOP * f4)?,
             counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
             count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
+        };
+        gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
+        // Stamps read before any step wrote them are zero, not garbage.
+        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs, true))?;
+        let io = match opts.pinned_io || opts.lookahead {
+            true => Some(PinnedIo::new(&gpu, meta_words, max_seqs)?),
+            false => None,
         };
         anyhow::ensure!(
             max_seqs * cfg.vocab_size <= u32::MAX as usize,
@@ -280,6 +343,14 @@ impl Forward {
             top_ids_host: Vec::new(),
             top_logprobs_host: Vec::new(),
             count_updates_host: Vec::new(),
+            out_host: Vec::new(),
+            io,
+            cur: None,
+            ahead: None,
+            fed: Vec::new(),
+            spare: BatchInput::default(),
+            lookahead_stats: LookaheadStats::default(),
+            last_stamps: None,
             gpu,
         })
     }
@@ -292,6 +363,7 @@ impl Forward {
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
             num_kv_heads: self.cfg.num_key_value_heads,
+            decode_ctas_per_sm: self.opts.decode_ctas_per_sm,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
             gemm_scores: self.gemm_scores,
@@ -299,111 +371,32 @@ impl Forward {
         }
     }
 
-    /// Applies the token-count changes of requests with penalties, in order (the persistent
-    /// batch's `CountOp`s): row moves, clears, then the prompt marks and count changes, in
-    /// launches of at most `COUNT_UPDATE_CHUNK`.
-    pub fn apply_count_ops(&mut self, ops: &[CountOp]) -> anyhow::Result<()> {
-        let vocab = self.cfg.vocab_size;
-        let row_bytes = vocab * 4;
-        let mut pending = std::mem::take(&mut self.count_updates_host);
-        pending.clear();
-        let mut res = Ok(());
-        for op in ops {
-            let at = |row: usize, token: u32| (row * vocab + token as usize) as u32;
-            let update = match *op {
-                CountOp::Prompt { row, token } => Some(CountUpdate {
-                    index: at(row, token),
-                    delta: COUNT_PROMPT,
-                }),
-                CountOp::Add { row, token, delta } => Some(CountUpdate {
-                    index: at(row, token),
-                    delta,
-                }),
-                CountOp::Move { .. } | CountOp::Clear { .. } => None,
-            };
-            let row = match *op {
-                CountOp::Move { from, to } => from.max(to),
-                CountOp::Clear { row } | CountOp::Prompt { row, .. } | CountOp::Add { row, .. } => {
-                    row
-                }
-            };
-            if row >= self.max_seqs
-                || matches!(update, Some(u) if u.index as usize >= self.max_seqs * vocab)
-            {
-                res = Err(anyhow::anyhow!(
-                    "token counts of row {row} (token out of range?); the CUDA backend has {} rows of {vocab}",
-                    self.max_seqs
-                ));
-                break;
-            }
-            match (update, *op) {
-                (Some(u), _) => {
-                    pending.push(u);
-                    if pending.len() == COUNT_UPDATE_CHUNK {
-                        res = self.flush_count_updates(&mut pending);
-                    }
-                }
-                // Moves and clears order against the updates before them.
-                (None, CountOp::Move { from, to }) => {
-                    res = self.flush_count_updates(&mut pending).and_then(|()| {
-                        let p = SampleCountsMoveParams {
-                            counts: self.act.counts.ptr(),
-                            from: from as i32,
-                            to: to as i32,
-                            vocab: vocab as i32,
-                        };
-                        // SAFETY: both rows are below max_seqs (checked above).
-                        unsafe { kernels::sample_counts_move(&self.gpu, &p) }
-                    });
-                }
-                (None, _) => {
-                    res = self.flush_count_updates(&mut pending).and_then(|()| {
-                        let CountOp::Clear { row } = *op else {
-                            unreachable!("only moves and clears carry no update")
-                        };
-                        let ptr = self.act.counts.ptr() + (row * row_bytes) as u64;
-                        self.gpu.memset(ptr, 0, row_bytes)
-                    });
-                }
-            }
-            if res.is_err() {
-                break;
-            }
-        }
-        if res.is_ok() {
-            res = self.flush_count_updates(&mut pending);
-        }
-        self.count_updates_host = pending;
-        res
-    }
-
-    fn flush_count_updates(&mut self, pending: &mut Vec<CountUpdate>) -> anyhow::Result<()> {
-        if pending.is_empty() {
-            return Ok(());
-        }
-        // The upload is staged before it returns, so `pending` can be refilled at once.
-        self.gpu.upload(self.act.count_updates.ptr(), pending)?;
-        let p = SampleCountsUpdateParams {
-            counts: self.act.counts.ptr(),
-            updates: self.act.count_updates.ptr(),
-            num_updates: pending.len() as i32,
-        };
-        pending.clear();
-        // SAFETY: every index was checked against the counts' size by apply_count_ops.
-        unsafe { kernels::sample_counts_update(&self.gpu, &p) }
-    }
-
     /// Runs `batch` (after the block-table `updates`, (index, block id) pairs): packs and
     /// uploads its metadata, updates the tables, launches the forward (a decode graph when
     /// `graphs` allows and the step is pure decode). Sampling results or logits are read after.
     /// `counts`: the device holds the token counts of the batch's rows (the persistent batch,
     /// kept by `apply_count_ops`); a batch built by hand has none, so penalties are refused.
+    /// A step launched ahead (lookahead) is left to finish unused.
     pub fn launch(
         &mut self,
         batch: &BatchInput,
         updates: &[(u32, u32)],
         graphs: bool,
         counts: bool,
+    ) -> anyhow::Result<Step> {
+        self.drop_ahead();
+        self.launch_step(batch, updates, graphs, counts, false)
+    }
+
+    /// `launch` without the lookahead bookkeeping; `feed`: the input tokens of `batch` (one per
+    /// sequence) are the last launch's samples, copied on the device after the upload.
+    fn launch_step(
+        &mut self,
+        batch: &BatchInput,
+        updates: &[(u32, u32)],
+        graphs: bool,
+        counts: bool,
+        feed: bool,
     ) -> anyhow::Result<Step> {
         let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
         let step = step_meta::pack(
@@ -414,9 +407,29 @@ impl Forward {
             counts,
             &mut self.host,
         )?;
-        self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
-        self.gpu.upload(self.act.args.ptr(), &self.host.args)?;
-        self.gpu.upload(self.act.edits.ptr(), &self.host.edits)?;
+        // One upload: the metadata holds the sampling arguments and logit edits too.
+        let stage = match self.io.as_mut() {
+            Some(io) => {
+                let k = io.take()?;
+                io.upload(k, &self.gpu, self.act.meta.ptr(), &self.host.meta)?;
+                Some(k)
+            }
+            None => {
+                self.gpu.upload(self.act.meta.ptr(), &self.host.meta)?;
+                None
+            }
+        };
+        if feed {
+            let p = FeedTokensParams {
+                sampled: self.act.out.ptr() + OUT_TOKENS as u64,
+                tokens: self.act.meta.at::<u32>(step.layout.tokens),
+                n: batch.seqs.len() as i32,
+                vocab: self.cfg.vocab_size as i32,
+            };
+            // SAFETY: the last launch sampled at least as many rows as `batch` has sequences
+            // (each of them), and its tokens section holds one per sequence.
+            unsafe { kernels::feed_tokens(&self.gpu, &p)? };
+        }
         if step.nu > 0 {
             let p = BlockTableUpdateParams {
                 table: self.block_tables.ptr(),
@@ -442,60 +455,76 @@ impl Forward {
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
         }
+        // The top log-probabilities are copied back only for a step that has rows asking.
+        let top = wants_top(batch);
+        if let (Some(io), Some(k)) = (self.io.as_mut(), stage) {
+            io.download(k, &self.gpu, self.act.out.ptr(), out_bytes(step.ns, top))?;
+        }
+        self.cur = Some(Launched {
+            stage,
+            ns: step.ns,
+            top,
+        });
         Ok(step)
     }
 
     /// The tokens sampled by the last launch of `batch`, in seq order, and the top
-    /// log-probabilities of the rows that asked; waits for the stream.
+    /// log-probabilities of the rows that asked; waits for them.
     pub fn sampled(
         &mut self,
         batch: &BatchInput,
     ) -> anyhow::Result<(Vec<SampledToken>, Vec<TopLogprobs>)> {
         let ns = batch.num_sampled();
+        let cur = self.cur.context("no step was launched")?;
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
-        let wants_top = batch.seqs.iter().any(|q| {
-            q.sample
-                .as_ref()
-                .is_some_and(|s| s.params.logprobs > Some(0))
-        });
-        let top_len = if wants_top { ns * SAMPLE_MAX_TOP } else { 0 };
+        let top = wants_top(batch);
+        anyhow::ensure!(
+            cur.top || !top,
+            "the step launched had no top log-probabilities"
+        );
+        let top_len = if top { ns * SAMPLE_MAX_TOP } else { 0 };
         self.top_ids_host.resize(top_len, -1);
         self.top_logprobs_host.resize(top_len, 0.0);
         // The first ns rows are the real sequences' (padding rows come after them).
-        // SAFETY: the buffers hold max_seqs >= ns rows; sync() completes the copies.
-        unsafe {
-            self.gpu
-                .download_async(&mut self.tokens_host, self.act.out_tokens.ptr())?;
-            self.gpu
-                .download_async(&mut self.logprobs_host, self.act.out_logprobs.ptr())?;
-            self.gpu
-                .download_async(&mut self.top_ids_host, self.act.top_ids.ptr())?;
-            self.gpu
-                .download_async(&mut self.top_logprobs_host, self.act.top_logprobs.ptr())?;
-        }
-        self.gpu.sync()?;
-        let mut tops = Vec::new();
-        for (i, q) in batch.seqs.iter().filter(|q| q.sample.is_some()).enumerate() {
-            let Some(k) = q.sample.as_ref().and_then(|s| s.params.logprobs) else {
-                continue;
-            };
-            // k > 0 means wants_top, so the row's entries were downloaded.
-            let at = i * SAMPLE_MAX_TOP..i * SAMPLE_MAX_TOP + k.min(SAMPLE_MAX_TOP);
-            let top = match k {
-                0 => Vec::new(),
-                _ => (self.top_ids_host[at.clone()].iter())
-                    .zip(&self.top_logprobs_host[at])
-                    .filter(|(&t, _)| t >= 0 && (t as usize) < self.cfg.vocab_size)
-                    .map(|(&t, &lp)| (t as u32, lp))
-                    .collect(),
-            };
-            tops.push(TopLogprobs {
-                request_id: q.request_id,
-                top,
-            });
-        }
+        let words = match (cur.stage, self.io.as_ref()) {
+            (Some(k), Some(io)) => io.wait(k)?,
+            _ => {
+                // One copy of the whole output buffer, pageable.
+                self.out_host
+                    .resize(out_bytes(cur.ns, cur.top).div_ceil(4), 0);
+                self.gpu.download(&mut self.out_host, self.act.out.ptr())?;
+                &self.out_host[..]
+            }
+        };
+        let stamps = read_outputs(
+            words,
+            cur.ns,
+            &mut self.tokens_host,
+            &mut self.logprobs_host,
+        );
+        read_top(
+            words,
+            cur.ns,
+            &mut self.top_ids_host,
+            &mut self.top_logprobs_host,
+        );
+        self.last_stamps = self.opts.step_timing.then_some(stamps);
+        let tops = io::collect_top(
+            batch,
+            &self.top_ids_host,
+            &self.top_logprobs_host,
+            self.cfg.vocab_size,
+        );
         let vocab = self.cfg.vocab_size;
+        if self.opts.lookahead {
+            self.fed.clear();
+            self.fed.extend(
+                self.tokens_host
+                    .iter()
+                    .map(|&t| lookahead::fed_token(t, vocab)),
+            );
+        }
         let garbage_ok = self.opts.skip != 0;
         batch
             .seqs

@@ -1,9 +1,14 @@
 //! Parameter structs of `kernels/*.cu` (field for field, `#[repr(C)]`) and their launches.
 //! Pointers are raw device addresses (`u64`); shapes are in the .cu files' comments.
+//!
 //! Over 600 lines on purpose: one mirror struct and one launch per kernel, all alike and
-//! checked together against the C layout (`param_structs_match_the_c_layout`).
+//! checked together against the C layout (`param_structs_match_the_c_layout`); the
+//! step-pipeline kernels and the filled decode split rule are in `kernels/step_io.rs`.
 
 use super::device::Gpu;
+
+mod step_io;
+pub use step_io::*;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +82,10 @@ pub struct PagedDecodeParams {
     pub out: u64,
     pub part_acc: u64,
     pub part_ml: u64,
+    /// `[num_items, num_kv_heads * decode_group_ctas]` arrival counters, zero between launches:
+    /// the splits are merged inside `paged_decode` by the last CTA of each (item, kv head slice).
+    /// 0: merged by the `paged_decode_reduce` launch.
+    pub counters: u64,
     pub num_items: i32,
     pub num_heads: i32,
     pub num_kv_heads: i32,
@@ -418,7 +427,8 @@ pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
     )
 }
 
-/// Decode attention; with `num_splits > 1` also the merge of the splits.
+/// Decode attention; with `num_splits > 1` also the merge of the splits (a second launch,
+/// unless `p.counters` is set: then the decode kernel merges them itself).
 ///
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
@@ -443,7 +453,7 @@ pub unsafe fn paged_decode(
         (DECODE_THREADS, 1, 1),
         p,
     )?;
-    if p.num_splits > 1 {
+    if p.num_splits > 1 && p.counters == 0 {
         gpu.launch(
             &format!("paged_decode_reduce_hd{head_dim}_g{group}"),
             (p.num_heads as u32, p.num_items as u32, 1),
@@ -694,10 +704,13 @@ mod tests {
     fn param_structs_match_the_c_layout() {
         // C pads a struct to its largest member's alignment; the Rust mirrors must agree.
         assert_eq!(std::mem::size_of::<SampleArgs>(), 64);
+        assert_eq!(std::mem::size_of::<SampleEdit>(), 8);
         assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<SampleCountsUpdateParams>(), 2 * 8 + 8);
         assert_eq!(std::mem::size_of::<SampleCountsMoveParams>(), 8 + 3 * 4 + 4);
-        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 10 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
+        assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);

@@ -14,6 +14,8 @@
 //!   CUDA graphs for decode
 //! - `kv_tier`: the KV host tier in pinned memory, block copies on a copy stream with events
 //! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
+//! - `lookahead`: which step to launch before the scheduler asks for it, and whether the plan
+//!   that arrives is that step (tested on the CPU)
 pub mod backend;
 pub mod compile;
 pub mod device;
@@ -21,10 +23,11 @@ mod forward;
 pub mod gemm;
 pub mod kernels;
 pub mod kv_tier;
+mod lookahead;
 pub mod options;
 pub mod prefill_gemm;
 mod step_meta;
 pub mod weights;
 
-pub use backend::{skip, CudaBackend, CudaBackendOptions};
+pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};

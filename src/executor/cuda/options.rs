@@ -36,6 +36,28 @@ pub struct CudaBackendOptions {
     /// (0: flash only). Its scratch is sized at start; a step's GEMM sequences that do not fit
     /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
     pub prefill_gemm_max_len: usize,
+    /// Page-locked host staging for each step's metadata upload and its sampled tokens (one
+    /// async copy each way, double-buffered), and a wait on the step's event instead of the
+    /// stream. Off by default until measured (`gpu-bench decode-variants`).
+    pub pinned_io: bool,
+    /// Lookahead decode (implies `pinned_io`): after launching a step in which every sequence
+    /// samples, launch the pure-decode step expected to follow it (each sequence decoding the
+    /// token it samples now, fed on the device by `feed_tokens`) before waiting for this one, so
+    /// the GPU never waits on the host's round trip through the scheduler. The next `execute`
+    /// keeps it when its plan is exactly that step, and otherwise lets it finish unused (one
+    /// wasted step: a request that ends, one that joins, a new block). Off by default.
+    pub lookahead: bool,
+    /// Decode attention split rule: 0 (default), `kernels::decode_splits` (about 2 CTAs per SM,
+    /// up to 32 splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up
+    /// to 64 splits, powers of two).
+    pub decode_ctas_per_sm: usize,
+    /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
+    /// merges; one launch) instead of in `paged_decode_reduce`. Off by default until measured.
+    pub decode_merge_inline: bool,
+    /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
+    /// (two one-thread launches inside the step) and time the host's phases; read with
+    /// `CudaBackend::last_timing`.
+    pub step_timing: bool,
     pub progress: bool,
     /// KV host tier in pinned host memory, bytes (0: none; `executor::cuda::kv_tier`).
     pub host_kv_cache_bytes: usize,

@@ -1,6 +1,6 @@
 //! One CUDA step's integer metadata: everything the kernels read besides the weights, the KV
-//! cache and the block tables, packed on the host into one buffer (reused across steps) and
-//! uploaded with one copy.
+//! cache and the block tables (the sampling arguments and logit edits included), packed on the
+//! host into one buffer (reused across steps) and uploaded with one copy.
 //!
 //! Per-sequence tables (`context_lens`, `q_start`, `q_len`) are indexed by the sequence's row in
 //! the persistent batch (`SeqInput::row`), the same index as its row of the persistent device
@@ -14,7 +14,9 @@
 
 use anyhow::ensure;
 
-use super::kernels::{decode_splits, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP};
+use super::kernels::{
+    decode_splits, decode_splits_filled, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
+};
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
 use crate::sampling::params::SamplingParams;
 use crate::step::BatchInput;
@@ -41,6 +43,10 @@ pub(super) struct Layout {
     pub gemm_key0: usize,
     pub gemm_s0: usize,
     pub sample_rows: usize,
+    /// `SampleArgs` of each sampled row (`ARG_WORDS` each, 8-byte aligned).
+    pub args: usize,
+    /// The sampled rows' `SampleEdit`s (two words each), `SampleArgs::edit_start` on.
+    pub edits: usize,
     pub table_index: usize,
     pub table_value: usize,
     pub total: usize,
@@ -48,9 +54,21 @@ pub(super) struct Layout {
 
 impl Layout {
     /// Sections for `t` tokens, `w` rows, `nd` decode items, `nt` flash tiles, `ng` GEMM-path
-    /// sequences, `ns` sampled rows, then `nu` block-table updates: last, because a captured
-    /// graph never reads them and their count must not move what it reads.
-    pub fn new(t: usize, w: usize, nd: usize, nt: usize, ng: usize, ns: usize, nu: usize) -> Self {
+    /// sequences, `ns` sampled rows and their sampling arguments, `ne` logit edits, then `nu`
+    /// block-table updates: last, because a captured graph never reads them and their count must
+    /// not move what it reads. The edits' count varies from step to step under one graph too,
+    /// so only what follows them moves with it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        t: usize,
+        w: usize,
+        nd: usize,
+        nt: usize,
+        ng: usize,
+        ns: usize,
+        ne: usize,
+        nu: usize,
+    ) -> Self {
         let mut at = 0;
         let mut take = |n: usize| {
             let o = at;
@@ -72,13 +90,51 @@ impl Layout {
             gemm_key0: take(ng),
             gemm_s0: take(ng),
             sample_rows: take(ns),
-            table_index: take(nu),
-            table_value: take(nu),
+            args: 0,
+            edits: 0,
+            table_index: 0,
+            table_value: 0,
             total: 0,
         };
-        l.total = at;
+        // The seeds are u64: the arguments start on an even word (the buffer is 256-aligned).
+        at += at % 2;
+        l.args = at;
+        at += ns * ARG_WORDS;
+        l.edits = at;
+        at += ne * EDIT_WORDS;
+        l.table_index = at;
+        l.table_value = at + nu;
+        l.total = at + 2 * nu;
         l
     }
+}
+
+/// u32 words of one `SampleArgs` in the metadata.
+pub(super) const ARG_WORDS: usize = std::mem::size_of::<SampleArgs>() / 4;
+
+/// u32 words of one `SampleEdit` in the metadata.
+pub(super) const EDIT_WORDS: usize = std::mem::size_of::<SampleEdit>() / 4;
+
+/// `a` as the words the sample kernel reads (little-endian, the C layout of `SampleArgs`).
+fn arg_words(a: &SampleArgs) -> [u32; ARG_WORDS] {
+    [
+        a.seed as u32,
+        (a.seed >> 32) as u32,
+        a.output_index as u32,
+        (a.output_index >> 32) as u32,
+        a.temperature.to_bits(),
+        a.top_p.to_bits(),
+        a.min_p.to_bits(),
+        a.top_k as u32,
+        a.presence.to_bits(),
+        a.frequency.to_bits(),
+        a.repetition.to_bits(),
+        a.counts_row as u32,
+        a.edit_start as u32,
+        a.num_edits as u32,
+        a.num_logprobs as u32,
+        a.pad as u32,
+    ]
 }
 
 /// What packing needs to know of the backend.
@@ -91,11 +147,31 @@ pub(super) struct Limits {
     pub num_sms: u32,
     pub num_heads: usize,
     pub num_kv_heads: usize,
+    /// Decode split rule: 0, `decode_splits`; else `decode_splits_filled` with this many CTAs
+    /// per SM (`CudaBackendOptions::decode_ctas_per_sm`).
+    pub decode_ctas_per_sm: usize,
     pub gemm_max_len: usize,
     pub gemm_keys: usize,
     pub gemm_scores: usize,
     /// Capacity of the sampler's logit-edit buffer (entries, all rows).
     pub max_edits: usize,
+}
+
+impl Limits {
+    /// Decode splits for `nd` items whose longest context is `max_context` keys.
+    pub fn decode_splits(&self, nd: usize, max_context: usize) -> usize {
+        match self.decode_ctas_per_sm {
+            0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
+            c => decode_splits_filled(
+                self.num_sms,
+                c,
+                nd,
+                self.num_kv_heads,
+                self.num_heads / self.num_kv_heads.max(1),
+                max_context,
+            ),
+        }
+    }
 }
 
 /// One step's shape; its metadata is in `HostMeta`.
@@ -240,7 +316,8 @@ pub(super) fn pack(
         max_context = max_context.max(q.context_len);
     }
     let ns = batch.num_sampled() + (s - real_s);
-    let layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, updates.len());
+    // The edits' count is known once the rows are packed; nothing before them depends on it.
+    let mut layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, 0, updates.len());
     let meta = &mut host.meta;
     meta.clear();
     meta.resize(layout.total, 0);
@@ -326,13 +403,32 @@ pub(super) fn pack(
         host.edits.len(),
         lim.max_edits
     );
+    layout = Layout::new(
+        t,
+        w,
+        nd,
+        nt,
+        host.gemm.len(),
+        ns,
+        host.edits.len(),
+        updates.len(),
+    );
+    meta.resize(layout.total, 0);
+    for (k, a) in host.args.iter().enumerate() {
+        let at = layout.args + k * ARG_WORDS;
+        meta[at..at + ARG_WORDS].copy_from_slice(&arg_words(a));
+    }
+    for (k, e) in host.edits.iter().enumerate() {
+        let at = layout.edits + k * EDIT_WORDS;
+        meta[at..at + EDIT_WORDS].copy_from_slice(&[e.token as u32, e.value.to_bits()]);
+    }
     for (k, &(index, value)) in updates.iter().enumerate() {
         meta[layout.table_index + k] = index;
         meta[layout.table_value + k] = value;
     }
     // The kernel derives each split's length from the context at run time, so a graph captured
     // for a split count serves every context; graphs are keyed by it.
-    let splits = decode_splits(lim.num_sms, nd, lim.num_kv_heads, max_context);
+    let splits = lim.decode_splits(nd, max_context);
     Ok(Step {
         t,
         nd,

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 
+use super::io::{out_logprobs, out_top_ids, out_top_logprobs, OUT_TOKENS};
 use super::Forward;
 use crate::executor::cuda::device::DevBuf;
 use crate::executor::cuda::gemm::linear;
@@ -18,6 +19,27 @@ impl Forward {
     /// `step` came from `step_meta::pack` into `self.host` (its counts fit the buffers) and its
     /// metadata is uploaded (or will be, before a captured graph of it is launched).
     pub(super) unsafe fn enqueue(&self, step: &Step) -> anyhow::Result<()> {
+        let stamp = |slot: i32| -> anyhow::Result<()> {
+            if !self.opts.step_timing {
+                return Ok(());
+            }
+            let p = StampParams {
+                stamps: self.act.out.ptr(),
+                slot,
+            };
+            // SAFETY: the output buffer starts with the two stamps.
+            unsafe { kernels::stamp(&self.gpu, &p) }
+        };
+        stamp(0)?;
+        self.enqueue_forward(step)?;
+        stamp(1)
+    }
+
+    /// `enqueue` without the timing stamps.
+    ///
+    /// # Safety
+    /// As `enqueue`.
+    unsafe fn enqueue_forward(&self, step: &Step) -> anyhow::Result<()> {
         let c = &self.cfg;
         let g = &self.gpu;
         let a = &self.act;
@@ -128,6 +150,11 @@ impl Forward {
                     out: a.attn.ptr(),
                     part_acc: a.part_acc.ptr(),
                     part_ml: a.part_ml.ptr(),
+                    counters: if self.opts.decode_merge_inline {
+                        a.decode_counters.ptr()
+                    } else {
+                        0
+                    },
                     num_items: step.nd as i32,
                     num_heads: h as i32,
                     num_kv_heads: kvh as i32,
@@ -291,14 +318,14 @@ impl Forward {
             g,
             &SampleParams {
                 logits: a.logits.ptr(),
-                args: a.args.ptr(),
-                tokens: a.out_tokens.ptr(),
-                logprobs: a.out_logprobs.ptr(),
-                edits: a.edits.ptr(),
+                args: m(lay.args),
+                tokens: a.out.ptr() + OUT_TOKENS as u64,
+                logprobs: a.out.ptr() + out_logprobs(step.ns) as u64,
+                edits: m(lay.edits),
                 counts: a.counts.ptr(),
                 work: a.work.ptr(),
-                top_ids: a.top_ids.ptr(),
-                top_logprobs: a.top_logprobs.ptr(),
+                top_ids: a.out.ptr() + out_top_ids(step.ns) as u64,
+                top_logprobs: a.out.ptr() + out_top_logprobs(step.ns) as u64,
                 num_rows: step.ns as i32,
                 vocab: self.opts.sampled_vocab(c.vocab_size) as i32,
                 stride: c.vocab_size as i32,

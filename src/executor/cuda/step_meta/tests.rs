@@ -25,6 +25,7 @@ fn limits() -> Limits {
         num_sms: 132,
         num_heads: 4,
         num_kv_heads: 2,
+        decode_ctas_per_sm: 0,
         gemm_max_len: 64,
         gemm_keys,
         gemm_scores,
@@ -141,6 +142,29 @@ impl Device {
             .collect();
         assert_eq!(&m[l.sample_rows..l.sample_rows + want.len()], &want[..]);
         assert_eq!(host.args.len(), step.ns);
+        // The sampling arguments, as the sample kernel reads them.
+        for (k, a) in host.args.iter().enumerate() {
+            let w = &m[l.args + k * ARG_WORDS..l.args + (k + 1) * ARG_WORDS];
+            assert_eq!(w[0] as u64 | (w[1] as u64) << 32, a.seed);
+            assert_eq!(w[2] as u64 | (w[3] as u64) << 32, a.output_index);
+            assert_eq!(f32::from_bits(w[4]), a.temperature);
+            assert_eq!(f32::from_bits(w[5]), a.top_p);
+            assert_eq!(f32::from_bits(w[6]), a.min_p);
+            assert_eq!(w[7] as i32, a.top_k);
+            assert_eq!(f32::from_bits(w[8]), a.presence);
+            assert_eq!(f32::from_bits(w[9]), a.frequency);
+            assert_eq!(f32::from_bits(w[10]), a.repetition);
+            assert_eq!(w[11] as i32, a.counts_row);
+            assert_eq!(w[12] as i32, a.edit_start);
+            assert_eq!(w[13] as i32, a.num_edits);
+            assert_eq!(w[14] as i32, a.num_logprobs);
+        }
+        // The logit edits, each row's from its `edit_start`.
+        for (k, e) in host.edits.iter().enumerate() {
+            let w = &m[l.edits + k * EDIT_WORDS..l.edits + (k + 1) * EDIT_WORDS];
+            assert_eq!((w[0] as i32, f32::from_bits(w[1])), (e.token, e.value));
+        }
+        assert_eq!(l.table_index, l.edits + host.edits.len() * EDIT_WORDS);
     }
 }
 
@@ -164,7 +188,13 @@ fn run(
     if let Some(bk) = bucket {
         let l = &step.layout;
         // The layout is the bucket's, whatever the real batch and the updates.
-        assert_eq!(*l, Layout::new(bk, bk + 1, bk, 0, 0, bk, step.nu));
+        assert_eq!(
+            *l,
+            Layout::new(bk, bk + 1, bk, 0, 0, bk, host.edits.len(), step.nu)
+        );
+        // What the graph reads does not move with the edits' or the updates' count.
+        let bare = Layout::new(bk, bk + 1, bk, 0, 0, bk, 0, 0);
+        assert_eq!((l.args, l.edits), (bare.args, bare.edits));
         for k in b.seqs.len()..bk {
             assert_eq!(host.meta[l.dec_seq + k] as usize, bk);
             let tok = host.meta[l.dec_row + k] as usize;
@@ -298,24 +328,35 @@ fn graph_buckets_cover_sequences_and_rows() {
 
 #[test]
 fn layout_sections_are_disjoint_and_depend_on_counts_only() {
-    let l = Layout::new(10, 3, 2, 1, 2, 3, 4);
+    let l = Layout::new(10, 3, 2, 1, 2, 3, 5, 4);
     assert_eq!(l.tokens, 0);
     assert_eq!(l.positions, 10);
     assert_eq!(l.ctx, 30);
     assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
     assert_eq!(l.sample_rows, 30 + 9 + 4 + 2 + 6);
-    assert_eq!(l.table_index, l.sample_rows + 3);
+    // 51 + 3 = 54 words: the arguments start on that even word, ARG_WORDS each.
+    assert_eq!(l.args, l.sample_rows + 3);
+    assert_eq!(l.args % 2, 0);
+    assert_eq!(ARG_WORDS, 16);
+    assert_eq!(l.edits, l.args + 3 * ARG_WORDS);
+    assert_eq!(l.table_index, l.edits + 5 * EDIT_WORDS);
     assert_eq!(l.total, l.table_index + 8);
-    assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 4), l);
-    // Updates come last: a decode graph's sections do not move with their count.
+    assert_eq!(
+        Layout::new(10, 3, 2, 1, 2, 2, 5, 4).args % 2,
+        0,
+        "odd offset padded"
+    );
+    assert_eq!(Layout::new(10, 3, 2, 1, 2, 3, 5, 4), l);
+    // Edits and updates come last: a decode graph's sections do not move with their counts.
     let (a, b) = (
-        Layout::new(4, 5, 4, 0, 0, 4, 0),
-        Layout::new(4, 5, 4, 0, 0, 4, 9),
+        Layout::new(4, 5, 4, 0, 0, 4, 0, 0),
+        Layout::new(4, 5, 4, 0, 0, 4, 7, 9),
     );
     assert_eq!(
-        (a.sample_rows, a.table_index),
-        (b.sample_rows, b.table_index)
+        (a.sample_rows, a.args, a.edits),
+        (b.sample_rows, b.args, b.edits)
     );
+    assert_eq!(b.table_index, a.table_index + 7 * EDIT_WORDS);
 }
 
 #[test]
@@ -428,4 +469,55 @@ fn sample_args_carry_penalties_edits_and_logprobs() {
     b.push_seq(RequestId(3), &[1], 0, &[0], BS, sampled_with(big, 0));
     let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
     assert!(e.to_string().contains("logit edits"), "{e}");
+}
+
+/// A graph step whose rows have logit edits and which carries table updates: the arguments and
+/// edits sit where the bucket's graph reads them, the updates after the edits.
+#[test]
+fn edits_sit_between_the_arguments_and_the_table_updates() {
+    let lim = limits();
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    let biased = SamplingParams {
+        logit_bias: vec![(3, 0.5), (8, -1.0)],
+        min_tokens: 2,
+        min_tokens_blocked: vec![2],
+        presence_penalty: 0.25,
+        ..Default::default()
+    };
+    b.push_seq(RequestId(1), &[5], 3, &[0], BS, sampled_with(biased, 1));
+    b.push_seq(
+        RequestId(2),
+        &[6],
+        7,
+        &[1],
+        BS,
+        sampled_with(SamplingParams::default(), 4),
+    );
+    let updates = [(3, 40), (17, 41)];
+    let bucket = graph_bucket(&b, true, lim.max_seqs);
+    assert_eq!(bucket, Some(2));
+    let step = pack(&lim, &b, bucket, &updates, true, &mut host).unwrap();
+    let (l, m) = (&step.layout, &host.meta);
+    let bare = Layout::new(2, 3, 2, 0, 0, 2, 0, 0);
+    assert_eq!((l.args, l.edits), (bare.args, bare.edits));
+    // Row 0: the mask of id 2 and the two biases, in id order; row 1 none.
+    let edits: Vec<(i32, f32)> = (0..3)
+        .map(|k| {
+            (
+                m[l.edits + 2 * k] as i32,
+                f32::from_bits(m[l.edits + 2 * k + 1]),
+            )
+        })
+        .collect();
+    assert_eq!(edits, vec![(2, f32::NEG_INFINITY), (3, 0.5), (8, -1.0)]);
+    let args = |k: usize| &m[l.args + k * ARG_WORDS..l.args + (k + 1) * ARG_WORDS];
+    // Row 0 counts in its row 0, edits 0..3; row 1 none.
+    assert_eq!((args(0)[11], args(0)[12], args(0)[13]), (0, 0, 3));
+    assert_eq!(f32::from_bits(args(0)[8]), 0.25);
+    assert_eq!((args(1)[11] as i32, args(1)[13]), (-1, 0));
+    assert_eq!(l.table_index, l.edits + 3 * EDIT_WORDS);
+    assert_eq!(&m[l.table_index..l.table_index + 2], &[3, 17]);
+    assert_eq!(&m[l.table_value..l.table_value + 2], &[40, 41]);
+    assert_eq!(m.len(), l.total);
 }

@@ -1,0 +1,236 @@
+//! `gpu-bench decode-variants`: decode through brook's scheduler and the executor's persistent
+//! batch (`Backend::execute`, the serving path), for brook's defaults and each switch of issue 18
+//! (`VARIANTS`), back to back in one process, at each context length asked for. Per variant and
+//! context: wall ms per step, and with the GPU's step stamps (`step_timing`) the idle gap between
+//! one step's last kernel and the next step's first (the host's share of a step; goal ≤ 30 µs),
+//! the GPU's busy time per step, the host's phases, and what lookahead kept.
+//!
+//! `variant_options` is shared with `gpu-bench offline --variants`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brook::executor::backend::Backend;
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions, StepTiming};
+use brook::kv::KvCacheManager;
+use brook::model::synthetic::synthetic_config;
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::common::{bench_options, elapsed_ms, emit, execute, median};
+
+/// Every variant `variant_options` knows, in the order `decode-variants` runs them by default.
+/// "untimed" is the default without the step stamps (two one-thread kernels a step): the figure
+/// to compare with `gpu-bench decode --quick`; every other variant stamps its steps.
+pub const VARIANTS: &[&str] = &[
+    "untimed",
+    "default",
+    "pinned",
+    "lookahead",
+    "inline",
+    "fill4",
+    "fill4-inline",
+    "fill8-inline",
+    "all",
+];
+
+/// `base` with the switches of variant `name` (see `VARIANTS`); "all" is lookahead (with its
+/// pinned I/O), fill4 splits and the in-kernel merge together. The step stamps are on except
+/// for "untimed"; `offline` turns them off again.
+pub fn variant_options(
+    name: &str,
+    base: &CudaBackendOptions,
+) -> anyhow::Result<CudaBackendOptions> {
+    let mut o = CudaBackendOptions {
+        step_timing: true,
+        ..base.clone()
+    };
+    match name {
+        "untimed" => o.step_timing = false,
+        "default" => {}
+        "pinned" => o.pinned_io = true,
+        "lookahead" => o.lookahead = true,
+        "inline" => o.decode_merge_inline = true,
+        "fill4" => o.decode_ctas_per_sm = 4,
+        "fill4-inline" => {
+            o.decode_ctas_per_sm = 4;
+            o.decode_merge_inline = true;
+        }
+        "fill8-inline" => {
+            o.decode_ctas_per_sm = 8;
+            o.decode_merge_inline = true;
+        }
+        "all" => {
+            o.lookahead = true;
+            o.decode_ctas_per_sm = 4;
+            o.decode_merge_inline = true;
+        }
+        _ => anyhow::bail!("unknown variant {name:?}; known: {}", VARIANTS.join(", ")),
+    }
+    Ok(o)
+}
+
+/// `q`-quantile of `v` (sorted here), 0 when empty.
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+pub fn run(
+    model: &str,
+    input_lens: &[usize],
+    output_len: usize,
+    batch: usize,
+    variants: &[String],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        output_len > 16 && batch > 0,
+        "output_len > 16 and batch > 0"
+    );
+    let max_len = input_lens.iter().max().copied().unwrap_or(0) + output_len + 16;
+    let base = CudaBackendOptions {
+        max_num_seqs: batch.max(8),
+        max_num_batched_tokens: 8192,
+        max_model_len: max_len,
+        ..bench_options()
+    };
+    for name in variants {
+        let opts = variant_options(name, &base)?;
+        let mut cfg = synthetic_config(model)?;
+        // Random weights: positions past the model's trained length change nothing measured.
+        cfg.max_position_embeddings = cfg.max_position_embeddings.max(max_len);
+        let started = Instant::now();
+        let mut b = CudaBackend::synthetic(cfg, 0, opts)?;
+        eprintln!(
+            "{model} [{name}]: ready in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        // One scheduler, KV manager and clock for every context: the finished requests of one
+        // run reach the backend with the next run's first step.
+        let info = b.info();
+        let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: batch,
+            max_num_batched_tokens: 8192,
+            max_model_len: max_len,
+            long_prefill_token_threshold: 0,
+            ..Default::default()
+        });
+        let clock = Instant::now();
+        for (k, &input_len) in input_lens.iter().enumerate() {
+            let first_id = (k * batch) as u64;
+            let state = (&mut sched, &mut kv, clock);
+            one_run(
+                &mut b, state, model, name, input_len, output_len, batch, first_id,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `batch` requests of `input_len` random tokens decoding `output_len` tokens each (greedy,
+/// ignore_eos) through `state`'s scheduler and KV manager (time: seconds since its clock);
+/// figures over the pure-decode steps after the first 8 (graph capture).
+#[allow(clippy::too_many_arguments)]
+fn one_run(
+    b: &mut CudaBackend,
+    (sched, kv, clock): (&mut Scheduler, &mut KvCacheManager, Instant),
+    model: &str,
+    name: &str,
+    input_len: usize,
+    output_len: usize,
+    batch: usize,
+    first_id: u64,
+) -> anyhow::Result<()> {
+    let vocab = b.config().vocab_size as u32;
+    let now = || clock.elapsed().as_secs_f64();
+    let mut rng = ChaCha8Rng::seed_from_u64(7 + first_id);
+    let params = Arc::new(SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(output_len)
+    });
+    for i in 0..batch as u64 {
+        let req = NewRequest {
+            id: RequestId(first_id + i),
+            prompt_token_ids: (0..input_len).map(|_| rng.random_range(0..vocab)).collect(),
+            params: params.clone(),
+            seed: i,
+            eos_token_ids: Arc::from(vec![2u32]),
+            n: 1,
+        };
+        let admitted = sched.add_request(req, now());
+        anyhow::ensure!(matches!(admitted, Admission::Accepted), "{admitted:?}");
+    }
+    let stats0 = b.lookahead_stats();
+    // (wall ms of the whole iteration: schedule, execute, update; its timing) per decode step.
+    let mut steps: Vec<(f64, Option<StepTiming>)> = Vec::new();
+    let mut generated = 0;
+    while sched.has_unfinished() {
+        let t0 = Instant::now();
+        let out = sched.schedule(kv, now());
+        let pure_decode =
+            !out.is_empty() && out.total_num_scheduled_tokens() == out.scheduled.len();
+        let step = execute(b, &out)?;
+        generated += step.sampled.len();
+        sched.update_from_output(&out, &step, kv, now());
+        if pure_decode {
+            steps.push((elapsed_ms(t0), b.last_timing()));
+        } else {
+            steps.clear(); // only the decode steps after the last prefill chunk count
+        }
+    }
+    anyhow::ensure!(
+        generated == batch * output_len,
+        "generated {generated} tokens"
+    );
+    anyhow::ensure!(steps.len() > 8, "{} decode steps", steps.len());
+    let steps = &steps[8..];
+    let ms: Vec<f64> = steps.iter().map(|s| s.0).collect();
+    let timings: Vec<StepTiming> = steps.iter().filter_map(|s| s.1).collect();
+    let gaps: Vec<f64> = timings
+        .windows(2)
+        .map(|w| w[1].gpu_start_ns.saturating_sub(w[0].gpu_end_ns) as f64 / 1e3)
+        .collect();
+    let busy: Vec<f64> = timings
+        .iter()
+        .map(|t| t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6)
+        .collect();
+    let phase = |f: fn(&StepTiming) -> Duration| median(timings.iter().map(|t| us(f(t))).collect());
+    let st = b.lookahead_stats();
+    let (hits, misses, launched, unpredictable) = (
+        st.hits - stats0.hits,
+        st.misses - stats0.misses,
+        st.launched - stats0.launched,
+        st.unpredictable - stats0.unpredictable,
+    );
+    let (med, p99) = (median(ms.clone()), quantile(ms, 0.99));
+    let (gap50, gap99) = (median(gaps.clone()), quantile(gaps, 0.99));
+    eprintln!(
+        "{model} decode [{name:<12}] batch {batch} ctx {input_len:>5}: {med:.3} ms/step (p99 {p99:.3}); gpu gap p50 {gap50:.1} us p99 {gap99:.1} us; gpu busy {:.3} ms; host prepare {:.0} launch {:.0} wait {:.0} us; lookahead kept {hits}/{launched} (dropped {misses}, unpredictable {unpredictable})",
+        median(busy.clone()),
+        phase(|t| t.prepare),
+        phase(|t| t.launch),
+        phase(|t| t.wait),
+    );
+    emit(json!({
+        "figure": "decode_variant", "model": model, "variant": name, "batch": batch,
+        "input_len": input_len, "output_len": output_len, "median_ms_per_step": med, "p99_ms_per_step": p99,
+        "gpu_gap_us_p50": gap50, "gpu_gap_us_p99": gap99, "gpu_busy_ms_p50": median(busy),
+        "host_prepare_us_p50": phase(|t| t.prepare), "host_launch_us_p50": phase(|t| t.launch),
+        "host_wait_us_p50": phase(|t| t.wait), "host_total_us_p50": phase(|t| t.total),
+        "lookahead_kept": hits, "lookahead_launched": launched, "lookahead_dropped": misses,
+        "lookahead_unpredictable": unpredictable, "timed_steps": timings.len(),
+    }));
+    Ok(())
+}

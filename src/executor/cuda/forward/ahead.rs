@@ -1,0 +1,69 @@
+//! Lookahead decode's launches (`CudaBackendOptions::lookahead`): which step to launch ahead
+//! and whether the plan is it are decided in `executor::cuda::lookahead` (pure, CPU-tested).
+
+use anyhow::Context;
+
+use super::{Ahead, Forward};
+use crate::executor::cuda::lookahead;
+use crate::step::BatchInput;
+
+impl Forward {
+    /// Lookahead: runs `batch`, the scheduler's plan (of the persistent batch), as the step
+    /// launched ahead when it is exactly that step and the plan changes no block table and no
+    /// token count (`counts_changed`: their updates were enqueued after the step launched
+    /// ahead), else launches it.
+    pub fn launch_or_keep(
+        &mut self,
+        batch: &BatchInput,
+        updates: &[(u32, u32)],
+        counts_changed: bool,
+    ) -> anyhow::Result<()> {
+        if let Some(ahead) = self.ahead.take() {
+            let keep = updates.is_empty()
+                && !counts_changed
+                && lookahead::matches(&ahead.batch, batch, &self.fed);
+            self.spare = ahead.batch;
+            if keep {
+                self.lookahead_stats.hits += 1;
+                self.cur = Some(ahead.launched);
+                return Ok(());
+            }
+            self.lookahead_stats.misses += 1;
+        }
+        self.launch_step(batch, updates, true, true, false)?;
+        Ok(())
+    }
+
+    /// Lookahead: launches the step predicted to follow `batch` (launched last) behind it, its
+    /// input tokens fed on the device from `batch`'s samples. `sampled` still reads `batch`'s.
+    pub fn launch_ahead(&mut self, batch: &BatchInput) -> anyhow::Result<()> {
+        let mut pred = std::mem::take(&mut self.spare);
+        let max_context = self.max_blocks * self.opts.block_size;
+        if !lookahead::predict(batch, self.opts.block_size, max_context, &mut pred) {
+            self.lookahead_stats.unpredictable += 1;
+            self.spare = pred;
+            return Ok(());
+        }
+        let cur = self.cur;
+        // A prediction has no row with penalties (`lookahead::predict`): the step launched
+        // ahead neither reads nor bumps the token counts.
+        let res = self.launch_step(&pred, &[], true, true, true);
+        let launched = std::mem::replace(&mut self.cur, cur);
+        res?;
+        self.lookahead_stats.launched += 1;
+        self.ahead = Some(Ahead {
+            batch: pred,
+            launched: launched.context("a launch records itself")?,
+        });
+        Ok(())
+    }
+
+    /// Forgets the step launched ahead, if any: it finishes on the stream, unused (harmless:
+    /// see `lookahead`).
+    pub fn drop_ahead(&mut self) {
+        if let Some(a) = self.ahead.take() {
+            self.lookahead_stats.misses += 1;
+            self.spare = a.batch;
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The kernels of the step pipeline (`stamp` for step timing, `feed_tokens` for lookahead
+//! decode) and the decode split rule that fills the GPU at batch 1 (`decode_splits_filled`).
+
+use super::{decode_group_ctas, Gpu};
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StampParams {
+    /// `[2]` u64: (start, end) of a step in the GPU's global timer, ns.
+    pub stamps: u64,
+    pub slot: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FeedTokensParams {
+    pub sampled: u64,
+    pub tokens: u64,
+    pub n: i32,
+    pub vocab: i32,
+}
+
+/// # Safety
+/// `p.stamps` addresses two live u64 and `p.slot` is 0 or 1.
+pub unsafe fn stamp(gpu: &Gpu, p: &StampParams) -> anyhow::Result<()> {
+    anyhow::ensure!((0..2).contains(&p.slot), "stamp slot {}", p.slot);
+    gpu.launch("stamp", (1, 1, 1), (1, 1, 1), p)
+}
+
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in feed_tokens.cu.
+pub unsafe fn feed_tokens(gpu: &Gpu, p: &FeedTokensParams) -> anyhow::Result<()> {
+    if p.n <= 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        "feed_tokens",
+        ((p.n as u32).div_ceil(256), 1, 1),
+        (256, 1, 1),
+        p,
+    )
+}
+
+/// Most splits of `decode_splits_filled`.
+pub const MAX_FILLED_SPLITS: usize = 64;
+
+/// Splits per (item, kv head slice) so that the decode grid holds about `ctas_per_sm` CTAs per
+/// SM (`CudaBackendOptions::decode_ctas_per_sm`), with at least 32 keys per split, rounded down
+/// to a power of two so that a batch bucket needs few CUDA graphs (one per split count) as its
+/// context grows. At batch 1 a decode is short of parallelism: Llama-2-7B's 32 kv heads give 32
+/// CTAs, a quarter of the H200's 132 SMs, so the keys are cut in up to 64 splits; at batch ≥ 32
+/// there is one split.
+pub fn decode_splits_filled(
+    num_sms: u32,
+    ctas_per_sm: usize,
+    num_items: usize,
+    num_kv_heads: usize,
+    group: usize,
+    max_context: usize,
+) -> usize {
+    const MIN_TOKENS: usize = 32;
+    let ctas = (num_items * num_kv_heads * decode_group_ctas(group.max(1))).max(1);
+    let want = (ctas_per_sm.max(1) * num_sms as usize).div_ceil(ctas);
+    let splits = want
+        .min(max_context.div_ceil(MIN_TOKENS))
+        .clamp(1, MAX_FILLED_SPLITS);
+    1 << splits.ilog2()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filled_splits_cover_the_sms_in_powers_of_two() {
+        // Llama-2-7B at batch 1 on 132 SMs: 4 CTAs a SM want 17 splits of 32 heads -> 16.
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 4096), 16);
+        assert_eq!(decode_splits_filled(132, 8, 1, 32, 1, 16384), 32);
+        // Llama-3-8B (8 kv heads, group 4): 66 wanted, capped at 64.
+        assert_eq!(decode_splits_filled(132, 4, 1, 8, 4, 4096), 64);
+        // Short contexts: at least 32 keys a split (100 keys -> 4, then 2 at 64 keys).
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 100), 4);
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 64), 2);
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 1), 1);
+        // Enough CTAs without splitting.
+        assert_eq!(decode_splits_filled(132, 4, 32, 32, 1, 16384), 1);
+        // Groups over 8 take two CTAs per kv head.
+        assert_eq!(
+            decode_splits_filled(132, 4, 1, 2, 16, 1 << 20),
+            decode_splits_filled(132, 4, 1, 4, 8, 1 << 20)
+        );
+        for items in 1..600 {
+            let s = decode_splits_filled(132, 4, items, 8, 4, 1 << 20);
+            assert!(
+                s.is_power_of_two() && s <= MAX_FILLED_SPLITS,
+                "{items}: {s}"
+            );
+        }
+    }
+}
