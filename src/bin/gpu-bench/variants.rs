@@ -74,10 +74,10 @@ pub fn variant_options(
     Ok(o)
 }
 
-/// `q`-quantile of `v` (sorted here), 0 when empty.
+/// `q`-quantile of `v` (sorted here), NaN (JSON null) when empty.
 fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     if v.is_empty() {
-        return 0.0;
+        return f64::NAN;
     }
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * q).round() as usize]
