@@ -16,6 +16,9 @@ impl CpuBackendOptions {
             kv_cache_bytes: cfg.cache.kv_cache_mib << 20,
             num_threads: (cfg.model.cpu_threads > 0).then_some(cfg.model.cpu_threads),
             progress,
+            host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
+            copy_bytes_per_s: (cfg.cache.swap_bandwidth_gbs > 0.0)
+                .then_some(cfg.cache.swap_bandwidth_gbs * 1e9),
         }
     }
 }
@@ -54,6 +57,7 @@ impl CudaBackendOptions {
             decode_merge_inline: true,
             step_timing: false,
             progress,
+            host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
             sample_vocab_size: 0,
             skip: 0,
         }

@@ -4,3 +4,4 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod input_batch;
+pub mod kv_tier;

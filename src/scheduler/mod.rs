@@ -22,6 +22,7 @@ pub mod policy;
 mod request;
 pub mod slo;
 mod stats;
+pub mod swap;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
 pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
 pub use self::stats::SchedulerStats;
+pub use self::swap::{PreemptDecision, PreemptionMode, SwapCost};
 /// The step types the core's API takes and returns (defined in the neutral `step` module).
 pub use crate::step::{RequestUpdate, SchedulerOutput};
 
@@ -84,6 +86,8 @@ pub struct SchedulerConfig {
     pub admission: AdmissionConfig,
     /// Step-time model used until the online fit has enough samples (and as its prior).
     pub cost_fallback: CostCoefficients,
+    /// With a host KV tier: swap a preempted request out or recompute it (auto: by cost).
+    pub preemption_mode: PreemptionMode,
 }
 
 impl Default for SchedulerConfig {
@@ -102,6 +106,7 @@ impl Default for SchedulerConfig {
             emergency: EmergencyConfig::default(),
             admission: AdmissionConfig::default(),
             cost_fallback: CostCoefficients::default(),
+            preemption_mode: PreemptionMode::Auto,
         }
     }
 }

@@ -156,6 +156,7 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
 
 fn new_request(id: u64, r: &SimRequest, rng: &mut ChaCha8Rng, eos: Arc<[u32]>) -> NewRequest {
     NewRequest {
+        n: 1,
         id: RequestId(id),
         // Random ids: prompts share no prefix, so the prefix cache only helps resumes.
         prompt_token_ids: (0..r.prompt_tokens)

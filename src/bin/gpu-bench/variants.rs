@@ -173,6 +173,7 @@ fn one_run(
             params: params.clone(),
             seed: i,
             eos_token_ids: Arc::from(vec![2u32]),
+            n: 1,
         };
         let admitted = sched.add_request(req, now());
         anyhow::ensure!(matches!(admitted, Admission::Accepted), "{admitted:?}");

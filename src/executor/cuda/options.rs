@@ -59,6 +59,8 @@ pub struct CudaBackendOptions {
     /// `CudaBackend::last_timing`.
     pub step_timing: bool,
     pub progress: bool,
+    /// KV host tier in pinned host memory, bytes (0: none; `executor::cuda::kv_tier`).
+    pub host_kv_cache_bytes: usize,
     /// Sample only ids below this (0: the whole vocabulary): a synthetic model served with a
     /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
     pub sample_vocab_size: usize,

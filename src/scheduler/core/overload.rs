@@ -7,6 +7,8 @@ use std::collections::BinaryHeap;
 
 use super::estimates::prefill_ms_with;
 use super::Scheduler;
+use crate::request::RequestId;
+use crate::sampling::sampler::sample_seed;
 use crate::scheduler::admission::Admission;
 use crate::scheduler::admission::OverloadReason;
 use crate::scheduler::request::{NewRequest, Request};
@@ -35,6 +37,21 @@ impl Scheduler {
             };
         }
         self.stats.accepted[class.index()] += 1;
+        if req.n > 1 && req.prompt_token_ids.len() < 2 {
+            // No prompt block to share before the last token: the choices run as they are.
+            for i in 0..req.n {
+                let choice = NewRequest {
+                    id: RequestId(req.id.0 + i as u64),
+                    seed: sample_seed(req.seed, i),
+                    n: 1,
+                    ..req.clone()
+                };
+                self.waiting.push_back(choice.id);
+                self.requests
+                    .insert(choice.id, Request::new(choice, class, now));
+            }
+            return Admission::Accepted;
+        }
         self.waiting.push_back(req.id);
         self.requests.insert(req.id, Request::new(req, class, now));
         Admission::Accepted
@@ -98,7 +115,7 @@ impl Scheduler {
             .map(|id| &self.requests[id])
             .filter(|r| r.class <= class || r.num_output_tokens() > 0)
             .filter(|r| !(r.paused && self.monitor.in_emergency()));
-        let free = self.cfg.max_num_seqs.saturating_sub(self.running.len());
+        let free = self.cfg.max_num_seqs.saturating_sub(self.slots_used());
         if ahead.clone().count() < free {
             return 0.0;
         }
