@@ -294,6 +294,9 @@ struct SampleCountsUpdateParams {
 };
 
 // grid: enough 256-thread blocks for num_updates (grid-stride)
+// Updates apply in any order, so a negative delta may only take back counts present before the
+// launch (the executor's take-backs are of tokens the sampler counted in an earlier step): a
+// count that went below zero mid-launch would borrow into the prompt bit.
 extern "C" __global__ void sample_counts_update(SampleCountsUpdateParams p) {
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < p.num_updates; k += gridDim.x * blockDim.x) {
     const CountUpdate u = p.updates[k];

@@ -9,7 +9,10 @@
 #                                     the tokenizer files, packed into DEST/slo.tgz (DEST default:
 #                                     .carry/slo of this checkout; ~22 MB)
 #   scripts/slo-gpu.sh device         on the GPU machine, from the unpacked folder: the experiment;
-#                                     logs, per-run JSON, results.json and the plot go to $OUT
+#                                     $OUT gets summary.txt, results.json, experiment.json,
+#                                     preflight.txt, the plot and runs.tgz (every run's server
+#                                     log, /metrics, k6 summary and output: one file, since the
+#                                     device tool returns at most 8)
 #   scripts/slo-gpu.sh rehearse       here: build into a temp dir, unpack, and run `device` on the
 #                                     CPU with the `tiny` shape (PROFILE=cpu-rehearsal)
 #
@@ -131,6 +134,13 @@ for l in sys.stdin:
     ls -la "$dest"
 }
 
+# Packs the work folder's runs/ into $OUTDIR/runs.tgz (the EXIT trap of `device`).
+pack_runs() {
+    [ -d "${RUNS:-}" ] || return 0
+    tar czf "$OUTDIR/runs.tgz" -C "$WORKDIR" runs &&
+        echo "runs: $OUTDIR/runs.tgz ($(du -k "$OUTDIR/runs.tgz" | cut -f1) KiB, $(find "$RUNS" -type f | wc -l) files)"
+}
+
 # Seconds since the experiment started, with a fraction.
 now_s() { echo "$(($(date +%s%N) - T0_NS))" | awk '{printf "%.1f", $1 / 1e9}'; }
 
@@ -204,7 +214,8 @@ else:
     m["server_metrics"] = {}
     try:
         for l in open("$RUNS/$tag.metrics.txt"):
-            if l.startswith(("brook:scheduler_", "brook:num_preemptions_total", "brook:request_errors_total")):
+            if l.startswith(("brook:scheduler_", "brook:num_preemptions_total", "brook:request_errors_total",
+                             "brook:engine_step_duration_seconds_sum", "brook:engine_step_duration_seconds_count")):
                 k, v = l.rsplit(" ", 1)
                 m["server_metrics"][k] = float(v)
     except OSError:
@@ -247,10 +258,19 @@ below_target() { awk -v a="$1" -v t="$TARGET" 'BEGIN { exit !(a != "nan" && a <=
 device() {
     profile_defaults
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-    export BROOK_CACHE_DIR=${BROOK_CACHE_DIR:-/tmp/brook-cache} RUST_LOG=${RUST_LOG:-warn}
+    # The scheduler core's debug lines (every step's measured and predicted time with its shape,
+    # every merge decision) land in runs.tgz: ~1-2 MB a run before compression, what the
+    # simulator's H200 cost model is calibrated from. RUST_LOG=warn turns them off.
+    export BROOK_CACHE_DIR=${BROOK_CACHE_DIR:-/tmp/brook-cache} RUST_LOG=${RUST_LOG:-warn,brook::scheduler::core=debug}
     OUTDIR=${OUT:-$here/out}
-    RUNS=$OUTDIR/runs
-    mkdir -p "$RUNS"
+    # Per-run files (server logs, /metrics, k6 summaries and output, meta) go to a work folder
+    # and leave as ONE archive, $OUTDIR/runs.tgz, on any exit: the device tool returns at most 8
+    # files, so per-run files under $OUT were lost. results.json, summary.txt, experiment.json,
+    # preflight.txt and the plot stay separate files.
+    WORKDIR=${WORK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/slo-work.XXXXXX")}
+    RUNS=$WORKDIR/runs
+    mkdir -p "$RUNS" "$OUTDIR"
+    trap 'pack_runs' EXIT
     BROOK=$here/brook K6=$here/k6
     [ -x "$BROOK" ] && [ -x "$K6" ] || { echo "run from the unpacked folder (brook and k6 beside this script)"; exit 1; }
     T0_NS=$(date +%s%N)
@@ -330,7 +350,7 @@ device() {
     done
     [ "$skipped" = 0 ] || echo "[$(now_s) s] $skipped main runs skipped: they would have ended past BUDGET_S=$BUDGET_S s" | tee -a "$OUTDIR/summary.txt"
 
-    python3 - "$OUTDIR/experiment.json" <<EOF
+    python3 - "$WORKDIR/experiment.json" <<EOF
 import json, sys
 json.dump({"profile": "${PROFILE:-gpu}", "shape": "$SHAPE", "device": "$DEVICE", "config": "$CONFIG",
   "commit": open("$here/COMMIT").read().strip() if __import__("os").path.exists("$here/COMMIT") else None,
@@ -347,7 +367,11 @@ json.dump({"profile": "${PROFILE:-gpu}", "shape": "$SHAPE", "device": "$DEVICE",
              "long": [float("$LONG_TTFT_MS"), float("$LONG_ITL_MS")]}}, open(sys.argv[1], "w"), indent=1)
 EOF
     # 3. The report, printed last.
-    python3 "$here/scripts/slo_report.py" report "$OUTDIR" | tee -a "$OUTDIR/summary.txt"
+    cp "$WORKDIR/experiment.json" "$OUTDIR/"
+    # The report reads WORKDIR/runs and writes results.json and the plot beside them.
+    python3 "$here/scripts/slo_report.py" report "$WORKDIR" | sed "s#$WORKDIR#$OUTDIR#g" | tee -a "$OUTDIR/summary.txt"
+    cp "$WORKDIR/results.json" "$OUTDIR/" 2>/dev/null
+    cp "$WORKDIR/attainment_vs_rate.png" "$OUTDIR/" 2>/dev/null
     echo "wall time $(now_s) s" | tee -a "$OUTDIR/summary.txt"
 }
 

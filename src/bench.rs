@@ -54,6 +54,13 @@ pub struct BenchArgs {
     /// Print the figures as one JSON object too.
     #[arg(long)]
     pub json: bool,
+    /// KV utilization of 256 mixed-length requests, paged vs contiguous (`bench::tiers`).
+    #[arg(long, conflicts_with = "multiturn")]
+    pub memory: bool,
+    /// Returning users' TTFT with the KV host tier (--cpu-kv-cache-gib) vs recompute; users:
+    /// --num-prompts, first turns: --input-len tokens (`bench::tiers`).
+    #[arg(long)]
+    pub multiturn: bool,
 }
 
 /// How the benchmark's prompts are made.
@@ -66,6 +73,8 @@ pub enum PromptKind {
 
 /// Tokens of the phrase a `repeat` prompt repeats.
 const REPEAT_PHRASE: usize = 16;
+
+mod tiers;
 
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
@@ -205,6 +214,7 @@ async fn workload(
                 ignore_eos: Some(true),
                 ..Default::default()
             },
+            n: None,
         })?;
         let (_, rx) = engine.submit(req);
         Ok(actix::spawn(follow(rx)))
@@ -314,13 +324,19 @@ async fn follow(mut rx: mpsc::Receiver<StreamEvent>) -> anyhow::Result<RequestSt
                 })
             }
             StreamEvent::Error(e) => anyhow::bail!("request failed: {e}"),
-            StreamEvent::Started { .. } => {}
+            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
         }
     }
     anyhow::bail!("a request's stream ended without a terminal event")
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.memory {
+        return tiers::memory(&args);
+    }
+    if args.multiturn {
+        return tiers::multiturn(&args);
+    }
     let report = execute(&args)?.report;
     let weights = if report.synthetic {
         ", random weights"

@@ -99,6 +99,19 @@ pub struct CacheConfig {
     /// Fraction of GPU memory the CUDA executor may use (weights + KV).
     pub gpu_memory_utilization: f64,
     pub enable_prefix_caching: bool,
+    /// KV host tier in CPU memory, GiB (pinned on CUDA; 0 = none): evicted prefix blocks and
+    /// swapped-out requests go there (`--cpu-kv-cache-gib`).
+    pub cpu_kv_cache_gib: f64,
+    /// Copy bandwidth between the tiers for the swap-or-recompute decision, GB/s; 0 = measure
+    /// at start.
+    pub swap_bandwidth_gbs: f64,
+}
+
+impl CacheConfig {
+    /// The host tier's size in bytes.
+    pub fn cpu_kv_cache_bytes(&self) -> usize {
+        (self.cpu_kv_cache_gib * (1u64 << 30) as f64) as usize
+    }
 }
 
 impl Default for ServerConfig {
@@ -145,6 +158,8 @@ impl Default for CacheConfig {
             kv_cache_mib: 256,
             gpu_memory_utilization: 0.90,
             enable_prefix_caching: true,
+            cpu_kv_cache_gib: 0.0,
+            swap_bandwidth_gbs: 0.0,
         }
     }
 }
@@ -218,6 +233,16 @@ impl Config {
             c.block_size
         );
         anyhow::ensure!(c.kv_cache_mib > 0, "cache.kv_cache_mib must be > 0");
+        anyhow::ensure!(
+            c.cpu_kv_cache_gib.is_finite() && c.cpu_kv_cache_gib >= 0.0,
+            "cache.cpu_kv_cache_gib must be >= 0, got {}",
+            c.cpu_kv_cache_gib
+        );
+        anyhow::ensure!(
+            c.swap_bandwidth_gbs.is_finite() && c.swap_bandwidth_gbs >= 0.0,
+            "cache.swap_bandwidth_gbs must be >= 0, got {}",
+            c.swap_bandwidth_gbs
+        );
         anyhow::ensure!(
             c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0,
             "cache.gpu_memory_utilization must be in (0, 1], got {}",

@@ -33,6 +33,7 @@ use crate::model::synthetic::{
 use crate::output::Backlog;
 use crate::request::{RequestId, StreamEvent};
 use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Submit};
+use crate::scheduler::SwapCost;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::spec::{compat, SpecMethod};
 use crate::tokenizer::Tokenizer;
@@ -111,6 +112,9 @@ impl EngineCore {
 
     /// Hands a validated request to the scheduler; every event for it arrives on the returned
     /// channel (`overloaded` included).
+    /// A request with `n` choices takes the `n` ids from the one returned (choice `i` is
+    /// `id + i`, the scheduler's and the output processor's key); the client only ever names
+    /// the first.
     pub fn submit(&self, req: ValidRequest) -> (RequestId, mpsc::Receiver<StreamEvent>) {
         self.submit_from(req, None)
     }
@@ -122,7 +126,7 @@ impl EngineCore {
         req: ValidRequest,
         backlog: Option<Arc<Backlog>>,
     ) -> (RequestId, mpsc::Receiver<StreamEvent>) {
-        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = RequestId(self.next_id.fetch_add(req.n() as u64, Ordering::Relaxed));
         let (tx, rx) = mpsc::channel(self.limits.stream_buffer);
         self.scheduler.do_send(Submit {
             id,
@@ -468,7 +472,9 @@ fn start_actors(
             backend_info.block_size,
             cfg.cache.enable_prefix_caching,
         )
-        .with_sliding_window(model_cfg.sliding_window),
+        .with_sliding_window(model_cfg.sliding_window)
+        .with_host_tier(backend_info.num_host_blocks)
+        .with_block_bytes(backend_info.bytes_per_block),
     ));
     let kv_addr = KvActor::new(kv.clone()).start();
     let backend_cell = parking_lot::Mutex::new(Some((backend, factory)));
@@ -478,11 +484,22 @@ fn start_actors(
             .expect("one executor thread takes the backend once");
         ExecutorActor::new(backend, factory)
     });
-    let core = Scheduler::new(SchedulerConfig {
+    let mut core = Scheduler::new(SchedulerConfig {
         max_model_len,
         ..cfg.scheduler.clone()
     })
     .with_speculation(cfg.speculative.clone());
+    if backend_info.num_host_blocks > 0 {
+        core.set_swap_cost(Some(SwapCost {
+            bytes_per_block: backend_info.bytes_per_block,
+            bytes_per_s: backend_info.copy_bytes_per_s,
+        }));
+        tracing::info!(
+            host_blocks = backend_info.num_host_blocks,
+            copy_gb_s = backend_info.copy_bytes_per_s / 1e9,
+            "KV host tier"
+        );
+    }
     let limits = ValidationLimits {
         // One output token must still fit in the context window and in the KV pool.
         max_prompt_tokens: max_model_len
@@ -490,6 +507,7 @@ fn start_actors(
             .saturating_sub(1),
         max_model_len,
         vocab_size: model_cfg.vocab_size,
+        max_num_seqs: cfg.scheduler.max_num_seqs,
     };
     let validation = Validation::new(tokenizer.clone(), chat, model.defaults, limits);
     let health = Arc::new(Health::default());

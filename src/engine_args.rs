@@ -32,6 +32,14 @@ pub struct EngineArgs {
     /// KV cache size for the CPU executor, in MiB.
     #[arg(long)]
     pub kv_cache_mib: Option<usize>,
+    /// KV host tier in CPU memory, GiB (0 = none): evicted prefix blocks and swapped-out
+    /// requests go there; pinned on CUDA.
+    #[arg(long)]
+    pub cpu_kv_cache_gib: Option<f64>,
+    /// How preemption gives up a request's KV: auto (swap or recompute, whichever costs less),
+    /// swap (whenever the host tier has room) or recompute.
+    #[arg(long, value_enum)]
+    pub preemption_mode: Option<crate::scheduler::swap::PreemptionMode>,
     /// Fraction of GPU memory for weights + KV (CUDA executor).
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
@@ -95,6 +103,12 @@ impl EngineArgs {
         );
         if let Some(p) = self.policy {
             cfg.scheduler.policy = p;
+        }
+        if let Some(g) = self.cpu_kv_cache_gib {
+            cfg.cache.cpu_kv_cache_gib = g;
+        }
+        if let Some(m) = self.preemption_mode {
+            cfg.scheduler.preemption_mode = m;
         }
         if let Some(u) = self.gpu_memory_utilization {
             cfg.cache.gpu_memory_utilization = u;

@@ -52,6 +52,18 @@ pub struct Metrics {
     pub spec_mean_accepted_length: Gauge,
     pub spec_depth: Gauge,
     pub spec_steps: IntCounterVec,
+    /// KV host tier: its blocks held by swapped requests, and its size (0: no host tier).
+    pub kv_host_blocks_used: IntGauge,
+    pub kv_host_blocks_total: IntGauge,
+    /// Block copies between the tiers by direction (`out`: device → host, `in`: host →
+    /// device, `cow`: within the device), their bytes, and whole requests swapped.
+    pub kv_copy_blocks: IntCounterVec,
+    pub kv_copy_bytes: IntCounterVec,
+    pub kv_swapped_requests: IntCounterVec,
+    /// Prompt tokens found in the host tier (part of `prefix_cache_hits`).
+    pub prefix_cache_host_hits: IntCounter,
+    /// Preemptions by how they gave up their blocks (`PreemptDecision`).
+    pub preemption_decisions: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -273,6 +285,38 @@ impl Metrics {
                  kv_pressure, emergency, warmup).",
                 "ceiling",
             ),
+            kv_host_blocks_used: gauge(
+                "brook:kv_host_blocks_used",
+                "KV host-tier blocks held by swapped-out requests.",
+            ),
+            kv_host_blocks_total: gauge(
+                "brook:kv_host_blocks_total",
+                "KV blocks in the host tier (0: none).",
+            ),
+            kv_copy_blocks: counter_vec(
+                "brook:kv_copy_blocks_total",
+                "KV block copies: out (device to host), in (host to device), cow (within the device).",
+                "direction",
+            ),
+            kv_copy_bytes: counter_vec(
+                "brook:kv_copy_bytes_total",
+                "Bytes of KV block copies, by direction (out, in, cow).",
+                "direction",
+            ),
+            kv_swapped_requests: counter_vec(
+                "brook:kv_swapped_requests_total",
+                "Requests swapped out to the host tier (out) and back (in).",
+                "direction",
+            ),
+            prefix_cache_host_hits: counter(
+                "brook:prefix_cache_host_hits_total",
+                "Prompt tokens found in the KV host tier (and copied back).",
+            ),
+            preemption_decisions: counter_vec(
+                "brook:kv_preemption_decisions_total",
+                "Preemptions by decision: swap, recompute, recompute_host_full, recompute_no_host_tier.",
+                "decision",
+            ),
             registry,
         }
     }
@@ -305,6 +349,8 @@ pub struct MetricsSnapshot {
     pub requests_waiting: i64,
     pub kv_blocks_used: i64,
     pub kv_blocks_total: i64,
+    pub kv_host_blocks_used: i64,
+    pub kv_host_blocks_total: i64,
     pub ws_connections: i64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -430,6 +476,8 @@ impl Metrics {
             requests_waiting: self.requests_waiting.get(),
             kv_blocks_used: self.kv_blocks_used.get(),
             kv_blocks_total: self.kv_blocks_total.get(),
+            kv_host_blocks_used: self.kv_host_blocks_used.get(),
+            kv_host_blocks_total: self.kv_host_blocks_total.get(),
             ws_connections: self.ws_connections.get(),
             prompt_tokens: self.prompt_tokens.get(),
             generation_tokens: self.generation_tokens.get(),

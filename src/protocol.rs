@@ -28,6 +28,8 @@ pub struct GenerateFrame {
     pub id: String,
     pub input: PromptInput,
     pub params: RawSamplingParams,
+    /// Completions to generate (parallel sampling); None = 1.
+    pub n: Option<i64>,
 }
 
 /// The WS frame without its id is the neutral request `Validation::validate` takes.
@@ -36,6 +38,7 @@ impl From<GenerateFrame> for GenerateRequest {
         GenerateRequest {
             input: frame.input,
             params: frame.params,
+            n: frame.n,
         }
     }
 }
@@ -51,6 +54,7 @@ struct RawGenerate {
     prompt: Option<String>,
     messages: Option<Value>,
     params: Option<Map<String, Value>>,
+    n: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +146,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                 id,
                 input,
                 params,
+                n: raw.n,
             })))
         }
         "cancel" => {
@@ -204,14 +209,25 @@ pub enum ServerFrame<'a> {
     },
     Delta {
         id: &'a str,
+        /// The choice (0 unless the request asked for `n > 1`).
+        index: usize,
         text: &'a str,
         tokens: usize,
         /// Requests with `params.logprobs` only: one entry per token counted.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         logprobs: Vec<LogprobFrame>,
     },
+    /// One choice of an `n > 1` request ended; others still run.
+    #[serde(rename = "choice_done")]
+    ChoiceDone {
+        id: &'a str,
+        index: usize,
+        finish_reason: FinishReason,
+        completion_tokens: usize,
+    },
     Done {
         id: &'a str,
+        index: usize,
         finish_reason: FinishReason,
         usage: Usage,
         timing: Timing,
@@ -243,21 +259,35 @@ impl<'a> ServerFrame<'a> {
                 prompt_tokens: *prompt_tokens,
             },
             StreamEvent::Delta {
+                index,
                 text,
                 tokens,
                 logprobs,
             } => ServerFrame::Delta {
                 id,
+                index: *index,
                 text,
                 tokens: *tokens,
                 logprobs: logprobs.iter().map(|l| LogprobFrame::new(l, tok)).collect(),
             },
+            StreamEvent::ChoiceDone {
+                index,
+                finish_reason,
+                completion_tokens,
+            } => ServerFrame::ChoiceDone {
+                id,
+                index: *index,
+                finish_reason: *finish_reason,
+                completion_tokens: *completion_tokens,
+            },
             StreamEvent::Done {
+                index,
                 finish_reason,
                 usage,
                 timing,
             } => ServerFrame::Done {
                 id,
+                index: *index,
                 finish_reason: *finish_reason,
                 usage: *usage,
                 timing: *timing,
@@ -374,17 +404,28 @@ mod tests {
     #[test]
     fn server_frames_serialize_as_documented() {
         let ev = StreamEvent::Delta {
+            index: 0,
             text: "hé".into(),
             tokens: 2,
             logprobs: Vec::new(),
         };
         assert_eq!(
             ServerFrame::from_event("r1", &ev, None).to_json(),
-            r#"{"type":"delta","id":"r1","text":"hé","tokens":2}"#
+            r#"{"type":"delta","id":"r1","index":0,"text":"hé","tokens":2}"#
+        );
+        let ev = StreamEvent::ChoiceDone {
+            index: 2,
+            finish_reason: FinishReason::Stop,
+            completion_tokens: 5,
+        };
+        assert_eq!(
+            ServerFrame::from_event("r1", &ev, None).to_json(),
+            r#"{"type":"choice_done","id":"r1","index":2,"finish_reason":"stop","completion_tokens":5}"#
         );
         let tok = crate::tokenizer_fixture::TokFixture::default().build();
         let hi = tok.encode("hi", false).unwrap()[0];
         let ev = StreamEvent::Delta {
+            index: 0,
             text: "hi".into(),
             tokens: 1,
             logprobs: vec![TokenLogprobs {
@@ -411,6 +452,7 @@ mod tests {
         assert_eq!(j["code"], "overloaded");
         assert_eq!(j["retry_after_ms"], 250);
         let done = StreamEvent::Done {
+            index: 1,
             finish_reason: FinishReason::Length,
             usage: Usage {
                 prompt_tokens: 3,
@@ -425,6 +467,7 @@ mod tests {
         let j: Value =
             serde_json::from_str(&ServerFrame::from_event("r", &done, None).to_json()).unwrap();
         assert_eq!(j["finish_reason"], "length");
+        assert_eq!(j["index"], 1);
         assert_eq!(j["usage"]["completion_tokens"], 4);
         assert_eq!(j["timing"]["ttft_ms"], 2.0);
     }

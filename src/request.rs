@@ -63,14 +63,25 @@ pub enum StreamEvent {
     Started {
         prompt_tokens: usize,
     },
+    /// `index`: the choice (0 unless the request asked for `n > 1`).
     Delta {
+        index: usize,
         text: String,
         tokens: usize,
         /// One entry per token this delta counts, for requests with `params.logprobs`; else
         /// empty.
         logprobs: Vec<TokenLogprobs>,
     },
+    /// One choice of an `n > 1` request ended while others still run (not terminal).
+    ChoiceDone {
+        index: usize,
+        finish_reason: FinishReason,
+        completion_tokens: usize,
+    },
+    /// The request ended: with `n > 1`, its last choice (`index`); `usage` counts every
+    /// choice's completion tokens.
     Done {
+        index: usize,
         finish_reason: FinishReason,
         usage: Usage,
         timing: Timing,

@@ -31,7 +31,13 @@ pub enum PromptInput {
 pub struct GenerateRequest {
     pub input: PromptInput,
     pub params: RawSamplingParams,
+    /// Completions to generate from the prompt (parallel sampling; the OpenAI API's `n`):
+    /// None = 1. Checked against `MAX_N` and the engine's sequence slots.
+    pub n: Option<i64>,
 }
+
+/// Most completions one request may ask for.
+pub const MAX_N: usize = 16;
 
 /// A request that passed validation: the only thing the engine accepts (`EngineCore::submit`).
 /// Built by [`Validation::validate`] alone, so holding one means every check passed.
@@ -40,6 +46,7 @@ pub struct ValidRequest {
     prompt_token_ids: Vec<u32>,
     params: SamplingParams,
     eos_token_ids: Arc<[u32]>,
+    n: usize,
 }
 
 impl ValidRequest {
@@ -55,6 +62,11 @@ impl ValidRequest {
     /// The model's eos ids (ignored when `params.ignore_eos`).
     pub fn eos_token_ids(&self) -> &Arc<[u32]> {
         &self.eos_token_ids
+    }
+
+    /// Completions to generate (at least 1).
+    pub fn n(&self) -> usize {
+        self.n
     }
 
     pub fn into_parts(self) -> (Vec<u32>, SamplingParams, Arc<[u32]>) {
@@ -121,6 +133,8 @@ pub struct ValidationLimits {
     pub max_model_len: usize,
     /// The model's vocabulary: prompt and stop token ids must be below it.
     pub vocab_size: usize,
+    /// Sequences the engine runs at once: a request's `n` choices must fit.
+    pub max_num_seqs: usize,
 }
 
 /// Checks and tokenizes requests; runs on the caller's thread (a session, an HTTP handler).
@@ -157,6 +171,7 @@ impl Validation {
 
     pub fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
         let vocab_size = self.limits.vocab_size;
+        let choices = self.check_n(req.n)?;
         let mut params = SamplingParams::from_raw(req.params, &self.defaults.sampling, vocab_size)?;
         if !params.stop.is_empty() && self.tokenizer.is_none() {
             return Err(EngineError::invalid(
@@ -193,7 +208,21 @@ impl Validation {
             prompt_token_ids,
             params,
             eos_token_ids: self.defaults.eos_token_ids.clone(),
+            n: choices,
         })
+    }
+
+    /// `n` (None = 1) within 1..=MAX_N, and within the engine's sequence slots (its choices
+    /// run at once).
+    fn check_n(&self, n: Option<i64>) -> Result<usize, EngineError> {
+        let limit = MAX_N.min(self.limits.max_num_seqs);
+        match n {
+            None => Ok(1),
+            Some(n) if n >= 1 && n as u64 <= limit as u64 => Ok(n as usize),
+            Some(n) => Err(EngineError::invalid(format!(
+                "field `n` must be 1 to {limit}, got {n}"
+            ))),
+        }
     }
 
     fn tokenize(&self, input: PromptInput) -> Result<Vec<u32>, EngineError> {
@@ -249,6 +278,7 @@ mod tests {
                     max_prompt_tokens: 100,
                     max_model_len: 101,
                     vocab_size: 600,
+                    max_num_seqs: 8,
                 },
             }
         }
@@ -279,6 +309,7 @@ mod tests {
         GenerateRequest {
             input: PromptInput::Text(prompt.into()),
             params: RawSamplingParams::default(),
+            n: None,
         }
     }
 
@@ -286,6 +317,7 @@ mod tests {
         GenerateRequest {
             input: PromptInput::Tokens(ids.to_vec()),
             params: RawSamplingParams::default(),
+            n: None,
         }
     }
 
@@ -369,6 +401,22 @@ mod tests {
     }
 
     #[test]
+    fn n_is_checked_against_its_limit_and_the_sequence_slots() {
+        let v = Setup::default().build();
+        let with_n = |n| GenerateRequest {
+            n: Some(n),
+            ..tokens(&[5, 6])
+        };
+        assert_eq!(v.validate(tokens(&[5, 6])).unwrap().n(), 1);
+        assert_eq!(v.validate(with_n(3)).unwrap().n(), 3);
+        assert_eq!(v.validate(with_n(8)).unwrap().n(), 8);
+        for bad in [0, -1, 9, 1000] {
+            let e = invalid(&v, with_n(bad));
+            assert!(e.contains("`n`") && e.contains("1 to 8"), "{e}");
+        }
+    }
+
+    #[test]
     fn messages_render_with_the_template_and_one_bos() {
         let v = Setup::default().build();
         let tok = TokFixture::default().build();
@@ -380,6 +428,7 @@ mod tests {
             .validate(GenerateRequest {
                 input: PromptInput::Messages(msgs),
                 params: RawSamplingParams::default(),
+                n: None,
             })
             .unwrap();
         let bos = tok.bos_token_id().unwrap();
@@ -402,6 +451,7 @@ mod tests {
         let req = |input| GenerateRequest {
             input,
             params: RawSamplingParams::default(),
+            n: None,
         };
         let v = Setup::default().build();
         assert!(invalid(&v, req(msgs())).contains("wizard"));

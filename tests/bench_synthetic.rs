@@ -150,12 +150,14 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                 stop: Some(vec!["x".into()]),
                 ..Default::default()
             },
+            n: None,
         };
         let e = engine.validate(with_stop).unwrap_err();
         assert!(e.to_string().contains("tokenizer"), "{e}");
         let text = GenerateRequest {
             input: PromptInput::Text("hello".into()),
             params: RawSamplingParams::default(),
+            n: None,
         };
         let e = engine.validate(text).unwrap_err();
         assert!(e.to_string().contains("token ids"), "{e}");
@@ -168,6 +170,7 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                     ignore_eos: Some(true),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, mut rx) = engine.submit(req);
@@ -183,6 +186,7 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
                     break;
                 }
                 StreamEvent::Started { prompt_tokens } => assert_eq!(prompt_tokens, 5),
+                StreamEvent::ChoiceDone { .. } => panic!("n = 1 has no choice_done"),
                 StreamEvent::Error(e) => panic!("{e}"),
             }
         }

@@ -47,6 +47,10 @@ mod block_table;
 #[path = "cuda_e2e/penalties.rs"]
 mod penalties;
 
+/// The KV memory tier: pinned host blocks, copies on the copy stream, swap and fork.
+#[path = "cuda_e2e/kv_tier.rs"]
+mod kv_tier;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
@@ -171,6 +175,8 @@ fn run_both(
         kv_cache_bytes: 512 << 20,
         num_threads: None,
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();

@@ -42,6 +42,8 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
         kv_cache_bytes: 64 << 20,
         num_threads: None,
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let info = backend.info();
@@ -60,6 +62,7 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
             params: Arc::new(SamplingParams::greedy(n)),
             seed: 0,
             eos_token_ids: eos.clone(),
+            n: 1,
         };
         assert_eq!(core.add_request(req, 0.0), Admission::Accepted);
     }
@@ -155,6 +158,7 @@ async fn streamed_text_equals_the_decoded_golden_output() {
                     temperature: Some(0.0),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, rx) = engine.submit(req);

@@ -374,6 +374,7 @@ async fn generation_config_defaults_reach_requests() {
     let req = |params| GenerateRequest {
         input: PromptInput::Text("Hello".into()),
         params,
+        n: None,
     };
     let v = engine.validate(req(RawSamplingParams::default())).unwrap();
     assert_eq!((v.params().temperature, v.params().top_k), (0.25, 7));
@@ -399,4 +400,44 @@ async fn generation_config_defaults_reach_requests() {
     for t in gen["eos_token_id"].as_array().unwrap() {
         assert!(eos.contains(&(t.as_u64().unwrap() as u32)), "{eos:?}");
     }
+}
+
+#[actix_rt::test]
+async fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
+    let server = start_server(test_config()).await;
+    let mut c = Client::connect(&server).await;
+    // Greedy: every choice is the n = 1 output; seeded sampling: choice 0 is n = 1's.
+    c.send(json!({"type":"generate","id":"g","prompt":"Hello there, how are you?","n":3,"params":{"max_tokens":9,"ignore_eos":true,"temperature":0.0}})).await;
+    c.send(gen("one", "Hello there, how are you?", 9)).await;
+    let frames = c.collect(&["g", "one"]).await;
+    let text = |fs: &[serde_json::Value], i: u64| -> String {
+        fs.iter()
+            .filter(|f| f["type"] == "delta" && f["index"] == i)
+            .map(|f| f["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let g = &frames["g"];
+    assert_eq!(g.iter().filter(|f| f["type"] == "started").count(), 1);
+    assert_eq!(g.iter().filter(|f| f["type"] == "done").count(), 1);
+    assert_eq!(g.iter().filter(|f| f["type"] == "choice_done").count(), 2);
+    let done = terminal(g);
+    assert_eq!(done["type"], "done", "{done}");
+    assert_eq!(
+        done["usage"]["completion_tokens"], 27,
+        "all three choices count"
+    );
+    let single = text(&frames["one"], 0);
+    assert!(!single.is_empty());
+    for i in 0..3 {
+        assert_eq!(text(g, i), single, "choice {i}");
+    }
+    c.send(json!({"type":"generate","id":"bad","prompt":"a","n":0}))
+        .await;
+    let f = c.recv().await.unwrap();
+    assert_eq!(f["type"], "error");
+    assert!(f["message"].as_str().unwrap().contains("`n`"), "{f}");
+    c.close().await;
+    let m = wait_idle(&server).await;
+    assert_eq!(metric(&m, "brook:kv_cache_blocks_used"), 0.0);
+    server.stop().await;
 }

@@ -21,7 +21,7 @@ async fn collect_text(mut rx: tokio::sync::mpsc::Receiver<StreamEvent>) -> (Stri
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::Done { usage, .. } => return (text, usage.completion_tokens),
             StreamEvent::Error(e) => panic!("request failed: {e}"),
-            StreamEvent::Started { .. } => {}
+            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
         }
     }
     panic!("stream ended without a terminal event");
@@ -58,6 +58,7 @@ async fn check(spec: TestModelSpec) {
                     ignore_eos: Some(true),
                     ..Default::default()
                 },
+                n: None,
             })
             .unwrap();
         let (_, rx) = engine.submit(req);

@@ -24,6 +24,8 @@ fn check_family(family: &str) {
         kv_cache_bytes: goldens::NUM_BLOCKS * KvPool::bytes_per_block(&cfg, goldens::BLOCK_SIZE),
         num_threads: Some(2),
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut backend = CpuBackend::load(&dir, opts.clone()).unwrap();
     let mut worst = 0f32;

@@ -70,6 +70,8 @@ fn run(spec: SpecConfig, prompts: &[Vec<u32>], params: &[SamplingParams], seed: 
         kv_cache_bytes: 64 << 20,
         num_threads: None,
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let mut backend = CpuBackend::load_speculative(&dir, opts, &spec).unwrap();
     let info = backend.info();
@@ -88,6 +90,7 @@ fn run(spec: SpecConfig, prompts: &[Vec<u32>], params: &[SamplingParams], seed: 
             params: Arc::new(params.clone()),
             seed: seed + i as u64,
             eos_token_ids: eos.clone(),
+            n: 1,
         };
         assert_eq!(core.add_request(req, 0.0), Admission::Accepted);
     }

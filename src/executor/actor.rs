@@ -4,9 +4,10 @@
 //! Panics stop here (`catch_unwind` around each step): a backend that panicked is in an unknown
 //! state (half-applied diffs, buffers mid-update), so it is dropped and rebuilt from the
 //! factory, and the step answers [`StepError::Panicked`] with the new pool's size; the
-//! scheduler fails the step's requests, re-queues the others for recompute and clears the
-//! prefix cache (the new backend's KV pool holds nothing), resizing the block manager if the
-//! new pool differs (a GPU's free memory may). When the rebuild fails, every later step answers
+//! scheduler fails the step's requests, re-queues the others for recompute (swapped-out ones
+//! too: the KV host tier is the backend's memory, rebuilt with it) and clears the prefix cache
+//! in both tiers (the new backend's pools hold nothing), resizing the block manager's pools if
+//! the new ones differ (a GPU's free memory may). When the rebuild fails, every later step answers
 //! [`StepError::Unavailable`] and /health reports the engine failed: only a restart helps then.
 
 use std::any::Any;
@@ -41,8 +42,8 @@ impl ExecutorActor {
     }
 
     /// Drops the poisoned backend (its drop may panic too) and builds a new one; returns its
-    /// KV pool's size in blocks.
-    fn rebuild(&mut self) -> Result<usize, String> {
+    /// KV pool's and its host tier's sizes in blocks.
+    fn rebuild(&mut self) -> Result<(usize, usize), String> {
         let old = self.backend.take();
         if catch_unwind(AssertUnwindSafe(move || drop(old))).is_err() {
             tracing::error!("the poisoned backend panicked while being dropped");
@@ -58,7 +59,7 @@ impl ExecutorActor {
             ));
         }
         self.backend = Some(built);
-        Ok(info.num_kv_blocks)
+        Ok((info.num_kv_blocks, info.num_host_blocks))
     }
 }
 
@@ -71,9 +72,13 @@ impl Actor for ExecutorActor {
 pub enum StepError {
     /// The backend returned an error; its state is intact (the step's drops were applied).
     Failed(String),
-    /// The backend panicked and was rebuilt: it holds no requests and an empty KV pool of
-    /// `kv_blocks` blocks.
-    Panicked { message: String, kv_blocks: usize },
+    /// The backend panicked and was rebuilt: it holds no requests, an empty KV pool of
+    /// `kv_blocks` blocks and an empty KV host tier of `host_blocks` (0: none).
+    Panicked {
+        message: String,
+        kv_blocks: usize,
+        host_blocks: usize,
+    },
     /// No backend: a rebuild failed. Every step fails from now on.
     Unavailable(String),
 }
@@ -126,9 +131,10 @@ impl Handler<ExecuteStep> for ExecutorActor {
                 let what = panic_message(&*payload);
                 tracing::error!("backend panicked in a step: {what}; rebuilding it");
                 match self.rebuild() {
-                    Ok(kv_blocks) => Err(StepError::Panicked {
+                    Ok((kv_blocks, host_blocks)) => Err(StepError::Panicked {
                         message: what,
                         kv_blocks,
+                        host_blocks,
                     }),
                     Err(why) => {
                         tracing::error!("{why}; the engine cannot run steps any more");

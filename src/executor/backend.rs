@@ -11,13 +11,18 @@ pub struct BackendInfo {
     pub block_size: usize,
     /// Bytes of one block across all layers, K and V.
     pub bytes_per_block: usize,
+    /// Blocks of the KV host tier (0: none), and the copy bandwidth between the tiers, bytes
+    /// per second one way (measured at start, or configured).
+    pub num_host_blocks: usize,
+    pub copy_bytes_per_s: f64,
 }
 
 /// A backend runs on the executor's own thread; it is moved there once and never shared.
 pub trait Backend: Send + 'static {
     fn info(&self) -> BackendInfo;
 
-    /// Runs one step: applies its diffs to the backend's persistent input batch
+    /// Runs one step: applies its block copies between the KV tiers (`step.kv_copies`, in
+    /// order, finished before any kernel reads them), applies its diffs to the backend's persistent input batch
     /// (`executor::input_batch`), writes the batch's K/V into the paged pool through
     /// `slot_mapping`, computes logits at each sampling sequence's last position, and samples one
     /// token for each (appended to the backend's own copy of the request's tokens). Steps must

@@ -17,6 +17,7 @@ use anyhow::Context;
 
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::InputBatch;
+use crate::executor::kv_tier::{CpuHostTier, KvTier};
 use crate::executor::verify::{HostSampler, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
@@ -37,6 +38,11 @@ pub struct CpuBackendOptions {
     pub num_threads: Option<usize>,
     /// Show a progress bar on stderr while weights load.
     pub progress: bool,
+    /// Memory for the KV host tier (0: none): blocks evicted from the pool or swapped out go
+    /// there (`executor::kv_tier`).
+    pub host_kv_cache_bytes: usize,
+    /// Copy bandwidth between the tiers, bytes per second; None: measured at start.
+    pub copy_bytes_per_s: Option<f64>,
 }
 
 pub struct CpuBackend {
@@ -46,6 +52,8 @@ pub struct CpuBackend {
     sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
+    /// The KV host tier, when configured.
+    host: Option<CpuHostTier>,
     /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
     sample_vocab: usize,
     /// Speculative decoding's proposer, when the engine speculates.
@@ -138,7 +146,14 @@ impl CpuBackend {
                     .context("building the CPU executor's thread pool")?,
             )),
         };
-        let kv = KvPool::new(&config, num_blocks, opts.block_size);
+        let mut kv = KvPool::new(&config, num_blocks, opts.block_size);
+        // The host tier holds the target's K/V only: a request swapped out is forgotten by the
+        // draft model (it is among the step's preempted), which recomputes its own K/V.
+        let num_host = opts.host_kv_cache_bytes / KvPool::bytes_per_block(&config, opts.block_size);
+        let host = (num_host > 0).then(|| {
+            let pool = KvPool::new(&config, num_host, opts.block_size);
+            CpuHostTier::new(pool, &mut kv, opts.copy_bytes_per_s)
+        });
         // A sequence is at most the model's context, and holds at most the whole pool.
         let max_blocks = config
             .max_position_embeddings
@@ -166,6 +181,7 @@ impl CpuBackend {
             threads,
             sampler: HostSampler::new(),
             input,
+            host,
             sample_vocab,
             proposer,
             bytes_per_block,
@@ -183,6 +199,16 @@ impl CpuBackend {
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// The device pool's block `b` (tests compare tiers with it).
+    pub fn kv_block(&self, b: usize) -> Vec<f32> {
+        self.kv.block_data(b)
+    }
+
+    /// The host tier's block `b`, if there is a host tier.
+    pub fn host_kv_block(&self, b: usize) -> Option<Vec<f32>> {
+        self.host.as_ref().map(|h| h.host().block_data(b))
     }
 
     /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
@@ -262,6 +288,8 @@ impl Backend for CpuBackend {
             num_kv_blocks: self.kv.num_blocks(),
             block_size: self.kv.block_size(),
             bytes_per_block: self.bytes_per_block,
+            num_host_blocks: self.num_host_blocks(),
+            copy_bytes_per_s: self.copy_bytes_per_s(),
         }
     }
 
@@ -273,11 +301,19 @@ impl Backend for CpuBackend {
             threads,
             sampler,
             input,
+            host,
             sample_vocab,
             proposer,
             drafts,
             ..
         } = self;
+        if !step.kv_copies.is_empty() {
+            match host {
+                Some(h) => h.apply(kv, &step.kv_copies)?,
+                // Copy-on-write needs no host tier.
+                None => CpuHostTier::apply_on_device(kv, &step.kv_copies)?,
+            }
+        }
         input.apply(step)?;
         let mut out = StepOutput::default();
         drafts.clear();
@@ -317,6 +353,23 @@ impl Backend for CpuBackend {
         );
         input.record(&out)?;
         Ok(out)
+    }
+}
+
+impl KvTier for CpuBackend {
+    fn num_host_blocks(&self) -> usize {
+        self.host.as_ref().map_or(0, CpuHostTier::num_blocks)
+    }
+
+    fn apply_copies(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
+        match &mut self.host {
+            Some(h) => h.apply(&mut self.kv, copies),
+            None => CpuHostTier::apply_on_device(&mut self.kv, copies),
+        }
+    }
+
+    fn copy_bytes_per_s(&self) -> f64 {
+        self.host.as_ref().map_or(0.0, CpuHostTier::bytes_per_s)
     }
 }
 

@@ -4,4 +4,5 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod input_batch;
+pub mod kv_tier;
 pub mod verify;

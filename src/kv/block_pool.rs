@@ -54,6 +54,9 @@ pub struct BlockPool {
     tail: u32,
     num_free: usize,
     cached: HashMap<BlockHash, BlockId>,
+    /// Cached blocks `allocate` evicted since the last `drain_evicted`, with their hashes, when
+    /// evictions are tracked (a device pool whose evicted blocks go to the host tier).
+    evicted: Option<Vec<(BlockId, BlockHash)>>,
 }
 
 impl BlockPool {
@@ -78,7 +81,20 @@ impl BlockPool {
             tail: if n == 0 { NIL } else { n - 1 },
             num_free: num_blocks,
             cached: HashMap::new(),
+            evicted: None,
         }
+    }
+
+    /// Records the cached blocks `allocate` evicts, for `drain_evicted` (which the owner must
+    /// then call after every allocation).
+    pub fn track_evictions(mut self) -> Self {
+        self.evicted = Some(Vec::new());
+        self
+    }
+
+    /// The cached blocks evicted since the last call, oldest first, with the hashes they held.
+    pub fn drain_evicted(&mut self) -> impl Iterator<Item = (BlockId, BlockHash)> + '_ {
+        self.evicted.iter_mut().flat_map(|v| v.drain(..))
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -103,6 +119,11 @@ impl BlockPool {
         self.blocks[id as usize].hash
     }
 
+    /// Blocks referenced by at least one holder.
+    pub fn num_used(&self) -> usize {
+        self.blocks.len() - self.num_free
+    }
+
     /// The cached block holding exactly this prefix, if any.
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockId> {
         self.cached.get(&hash).copied()
@@ -122,6 +143,9 @@ impl BlockPool {
             block.ref_cnt = 1;
             if let Some(hash) = block.hash.take() {
                 self.cached.remove(&hash);
+                if let Some(ev) = &mut self.evicted {
+                    ev.push((id, hash));
+                }
             }
             out.push(id);
         }
@@ -367,6 +391,30 @@ mod tests {
         assert_eq!(p.lookup(h), Some(a[0]));
         assert_eq!(p.block_hash(a[1]), None);
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn evictions_are_reported_only_when_tracked() {
+        let mut p = pool(2).track_evictions();
+        let a = alloc(&mut p, 2);
+        let h = BlockHash::chain(BlockHash::ROOT, &[1, 2]);
+        assert!(p.cache(a[1], h));
+        p.release(a[1]);
+        p.release(a[0]);
+        assert_eq!(alloc(&mut p, 1), vec![a[1]]);
+        assert_eq!(p.drain_evicted().collect::<Vec<_>>(), vec![(a[1], h)]);
+        assert_eq!(alloc(&mut p, 1), vec![a[0]]);
+        assert_eq!(
+            p.drain_evicted().count(),
+            0,
+            "an uncached block evicts nothing"
+        );
+        let mut q = pool(1);
+        let b = alloc(&mut q, 1);
+        assert!(q.cache(b[0], h));
+        q.release(b[0]);
+        alloc(&mut q, 1);
+        assert_eq!(q.drain_evicted().count(), 0);
     }
 
     #[test]

@@ -18,12 +18,29 @@
 //! it (attention starts at the window), and `BatchInput::validate_window` allows it only there.
 //! Freed entries are always a prefix of the table; its length (`num_freed_blocks`) is how the
 //! scheduler tells the executor, whose copy of the table it changes (`ScheduledRequest`).
+//!
+//! Host tier (`with_host_tier`, `manager/tiers.rs`): a second pool of blocks in CPU memory.
+//! A cached device block that allocation evicts is written back to it instead of being dropped;
+//! the prefix lookup finds hits in both tiers and brings host blocks back; a preempted request
+//! can be swapped out whole and swapped back in. Every copy is planned here, in order, and
+//! handed to the step (`take_copies`, `step::kv_copy`).
+//!
+//! Forking (`fork`, for `n > 1`): a child takes the parent's table with a reference on every
+//! block. Full blocks are never written again, so they stay shared; the one block a sequence
+//! still writes, its partial last block, is copied by the first writer that finds it shared
+//! (copy-on-write, driven by the reference count), so no sequence ever writes a block another
+//! holds.
 
 use std::collections::HashMap;
 
 use crate::kv::block_pool::{BlockHash, BlockId, BlockPool};
 use crate::request::RequestId;
 pub use crate::step::NULL_BLOCK;
+use crate::step::{BlockCopy, CopyKind};
+
+mod tiers;
+
+pub use tiers::TierStats;
 
 /// Block usage for metrics (`kv_cache_usage_perc`, blocks used / total).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,6 +70,8 @@ pub struct PrefixCacheStats {
     pub requests: u64,
     pub queried_tokens: u64,
     pub hit_tokens: u64,
+    /// The part of `hit_tokens` found in the host tier (brought back to the device).
+    pub host_hit_tokens: u64,
 }
 
 impl PrefixCacheStats {
@@ -65,7 +84,14 @@ impl PrefixCacheStats {
     }
 }
 
-#[derive(Debug, Default)]
+/// A prefix-cache hit: a cached block in the device tier, or a copy in the host tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hit {
+    Device(BlockId),
+    Host(BlockId),
+}
+
+#[derive(Debug, Default, Clone)]
 struct ReqBlocks {
     /// The block table: physical blocks for positions 0.., in order.
     blocks: Vec<BlockId>,
@@ -75,8 +101,8 @@ struct ReqBlocks {
     /// Leading blocks already registered in the prefix cache (or found there).
     num_cached_blocks: usize,
     /// Cached blocks found by the last lookup, not yet referenced; the next `allocate_slots`
-    /// takes them. Valid until the pool changes, so lookup and allocation go back to back.
-    hits: Vec<BlockId>,
+    /// takes them. Valid until the pools change, so lookup and allocation go back to back.
+    hits: Vec<Hit>,
     /// Prompt length of the last lookup, for the stats, counted when the allocation succeeds.
     queried_tokens: usize,
     /// Leading entries of `blocks` freed behind the sliding window (`NULL_BLOCK`).
@@ -90,9 +116,56 @@ pub fn blocks_outside_window(num_computed: usize, window: usize, block_size: usi
     (num_computed + 1).saturating_sub(window) / block_size
 }
 
+/// The pools and the copies planned between them, apart from the per-request tables so that
+/// both can be borrowed at once.
+#[derive(Debug)]
+struct Mem {
+    device: BlockPool,
+    /// The host tier, when configured.
+    host: Option<tiers::HostTier>,
+    /// Copies planned since the last `take_copies`, in order.
+    copies: Vec<BlockCopy>,
+    stats: TierStats,
+    /// Bytes of one block, all layers (metrics only; 0 when not set).
+    block_bytes: usize,
+}
+
+impl Mem {
+    /// Takes `n` device blocks (all or nothing; the caller checked they are free). Cached
+    /// blocks it evicts are written back to the host tier first (copies before any reuse).
+    fn alloc_device(&mut self, n: usize, out: &mut Vec<BlockId>) {
+        let ok = self.device.allocate(n, out);
+        debug_assert!(ok, "free blocks were checked by the caller");
+        let Mem {
+            device,
+            host,
+            copies,
+            stats,
+            ..
+        } = self;
+        // Drained with or without a host tier (a rebuilt backend may have none any more).
+        for (block, hash) in device.drain_evicted() {
+            if let Some(c) = host.as_mut().and_then(|h| h.offload(block, hash)) {
+                stats.offloaded_blocks += 1;
+                stats.swap_out_blocks += 1;
+                copies.push(c);
+            }
+        }
+    }
+
+    fn copy(&mut self, c: BlockCopy) {
+        match c.kind {
+            CopyKind::DeviceToHost => self.stats.swap_out_blocks += 1,
+            CopyKind::HostToDevice => self.stats.swap_in_blocks += 1,
+            CopyKind::DeviceToDevice => self.stats.cow_blocks += 1,
+        }
+        self.copies.push(c);
+    }
+}
+
 #[derive(Debug)]
 pub struct KvCacheManager {
-    pool: BlockPool,
+    mem: Mem,
     block_size: usize,
     enable_prefix_caching: bool,
     /// Attention window of the model, in tokens; None: full attention.
@@ -110,7 +183,13 @@ impl KvCacheManager {
             "{num_blocks} blocks of {block_size} tokens overflow u32 slot ids"
         );
         KvCacheManager {
-            pool: BlockPool::new(num_blocks),
+            mem: Mem {
+                device: BlockPool::new(num_blocks),
+                host: None,
+                copies: Vec::new(),
+                stats: TierStats::default(),
+                block_bytes: 0,
+            },
             block_size,
             enable_prefix_caching,
             sliding_window: None,
@@ -134,12 +213,12 @@ impl KvCacheManager {
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.pool.num_blocks()
+        self.mem.device.num_blocks()
     }
 
     /// Blocks an allocation can take now (free, including evictable cached ones).
     pub fn num_free_blocks(&self) -> usize {
-        self.pool.num_free()
+        self.mem.device.num_free()
     }
 
     pub fn prefix_caching_enabled(&self) -> bool {
@@ -147,9 +226,10 @@ impl KvCacheManager {
     }
 
     /// Number of leading tokens of `tokens` (all known token ids of a request that holds no
-    /// blocks yet) whose K/V is cached, in whole blocks. Never the whole sequence: the last token
-    /// is always left to compute, so the step produces its logits. Pair with an `allocate_slots`
-    /// right after, with the returned count as `num_computed`.
+    /// blocks yet) whose K/V is cached, in whole blocks, in either tier. Never the whole
+    /// sequence: the last token is always left to compute, so the step produces its logits.
+    /// Pair with an `allocate_slots` right after, with the returned count as `num_computed`
+    /// (or fewer, after `truncate_hits`).
     pub fn get_computed_blocks(&mut self, req: RequestId, tokens: &[u32]) -> usize {
         if !self.enable_prefix_caching || tokens.is_empty() {
             return 0;
@@ -168,18 +248,46 @@ impl KvCacheManager {
         extend_hashes(&mut entry.hashes, tokens, max_hit_blocks, bs);
         entry.hits.clear();
         for hash in &entry.hashes[..max_hit_blocks] {
-            match self.pool.lookup(*hash) {
-                Some(block) => entry.hits.push(block),
-                None => break,
-            }
+            let hit = match self.mem.device.lookup(*hash) {
+                Some(block) => Hit::Device(block),
+                None => match self.mem.host.as_ref().and_then(|h| h.lookup(*hash)) {
+                    Some(block) => Hit::Host(block),
+                    None => break,
+                },
+            };
+            entry.hits.push(hit);
         }
         entry.queried_tokens = tokens.len();
         entry.hits.len() * bs
     }
 
+    /// Of the last lookup's hit blocks, those in the host tier (each costs a copy back).
+    pub fn num_host_hit_blocks(&self, req: RequestId) -> usize {
+        self.reqs.get(&req).map_or(0, |e| {
+            e.hits.iter().filter(|h| matches!(h, Hit::Host(_))).count()
+        })
+    }
+
+    /// Keeps the last lookup's hits before the first host-tier one (bringing them back would
+    /// cost more than computing them); returns the hit in tokens.
+    pub fn drop_host_hits(&mut self, req: RequestId) -> usize {
+        let Some(e) = self.reqs.get_mut(&req) else {
+            return 0;
+        };
+        let keep = e
+            .hits
+            .iter()
+            .position(|h| matches!(h, Hit::Host(_)))
+            .unwrap_or(e.hits.len());
+        e.hits.truncate(keep);
+        keep * self.block_size
+    }
+
     /// Makes `req`'s block table cover `num_computed + num_new_tokens` tokens, taking the blocks
-    /// of the preceding `get_computed_blocks` hit first. Returns the number of fresh blocks taken,
-    /// or `None`, changing nothing, when too few blocks are free.
+    /// of the preceding `get_computed_blocks` hit first (a host-tier hit gets a fresh device
+    /// block and a copy back). When the block the new tokens are written into is shared (a
+    /// forked sequence), it is copied first. Returns the number of fresh blocks taken, or
+    /// `None`, changing nothing, when too few blocks are free.
     pub fn allocate_slots(
         &mut self,
         req: RequestId,
@@ -187,12 +295,13 @@ impl KvCacheManager {
         num_new_tokens: usize,
     ) -> Option<usize> {
         let bs = self.block_size;
+        let mem = &mut self.mem;
         let entry = self.reqs.entry(req).or_default();
         if let Some(window) = self.sliding_window {
             // Before counting free blocks, so the freed ones serve this very allocation.
             let outside = blocks_outside_window(num_computed, window, bs).min(entry.blocks.len());
             for b in &mut entry.blocks[entry.num_freed.min(outside)..outside] {
-                self.pool.release(std::mem::replace(b, NULL_BLOCK));
+                mem.device.release(std::mem::replace(b, NULL_BLOCK));
             }
             entry.num_freed = entry.num_freed.max(outside);
         }
@@ -208,12 +317,26 @@ impl KvCacheManager {
         );
         let needed = (num_computed + num_new_tokens).div_ceil(bs);
         let num_fresh = needed.saturating_sub(entry.blocks.len() + num_hits);
-        // A hit on a free block takes it off the free list, so it competes with fresh blocks.
-        let free_hits = entry.hits[..num_hits]
+        // A device hit on a free block takes it off the free list, so it competes with fresh
+        // blocks; a host hit takes a fresh block.
+        let taken_by_hits = entry.hits[..num_hits]
             .iter()
-            .filter(|&&b| self.pool.ref_count(b) == 0)
+            .filter(|h| match h {
+                Hit::Device(b) => mem.device.ref_count(*b) == 0,
+                Hit::Host(_) => true,
+            })
             .count();
-        if num_fresh + free_hits > self.pool.num_free() {
+        // The block the first new token is written into, when it is shared: copied first.
+        let cow_at = (num_new_tokens > 0)
+            .then_some(num_computed / bs)
+            .filter(|&i| {
+                entry
+                    .blocks
+                    .get(i)
+                    .is_some_and(|&b| b != NULL_BLOCK && mem.device.ref_count(b) > 1)
+            });
+        let num_cow = usize::from(cow_at.is_some());
+        if num_fresh + taken_by_hits + num_cow > mem.device.num_free() {
             return None;
         }
         if entry.blocks.is_empty() && entry.queried_tokens > 0 {
@@ -222,14 +345,50 @@ impl KvCacheManager {
             self.stats.hit_tokens += (num_hits * bs) as u64;
             entry.queried_tokens = 0;
         }
-        for &block in &entry.hits[..num_hits] {
-            self.pool.touch(block);
+        // Host hits are pinned while this allocation runs: a write-back of a block it evicts
+        // from the device must not take a host block still to be copied back.
+        let pinned = |mem: &mut Mem, hits: &[Hit], pin: bool| {
+            if let Some(host) = &mut mem.host {
+                for h in hits {
+                    if let Hit::Host(b) = *h {
+                        host.pin(b, pin);
+                    }
+                }
+            }
+        };
+        pinned(mem, &entry.hits[..num_hits], true);
+        // Device hits are referenced before any fresh block is taken for a host hit, so that
+        // allocation cannot evict a free cached block this very table is about to take.
+        for hit in &entry.hits[..num_hits] {
+            if let Hit::Device(block) = *hit {
+                mem.device.touch(block);
+            }
         }
-        entry.blocks.extend_from_slice(&entry.hits[..num_hits]);
+        for (i, hit) in entry.hits[..num_hits].iter().enumerate() {
+            match *hit {
+                Hit::Device(block) => entry.blocks.push(block),
+                Hit::Host(host_block) => {
+                    let at = entry.blocks.len();
+                    mem.alloc_device(1, &mut entry.blocks);
+                    let block = entry.blocks[at];
+                    mem.copy(BlockCopy::to_device(host_block, block));
+                    mem.device.cache(block, entry.hashes[i]);
+                    self.stats.host_hit_tokens += bs as u64;
+                }
+            }
+        }
+        pinned(mem, &entry.hits[..num_hits], false);
         entry.num_cached_blocks = entry.num_cached_blocks.max(num_hits);
         entry.hits.clear();
-        let ok = self.pool.allocate(num_fresh, &mut entry.blocks);
-        debug_assert!(ok, "free blocks were checked above");
+        if let Some(i) = cow_at {
+            let shared = entry.blocks[i];
+            let mut fresh = Vec::with_capacity(1);
+            mem.alloc_device(1, &mut fresh);
+            mem.copy(BlockCopy::on_device(shared, fresh[0]));
+            mem.device.release(shared);
+            entry.blocks[i] = fresh[0];
+        }
+        mem.alloc_device(num_fresh, &mut entry.blocks);
         Some(num_fresh)
     }
 
@@ -252,20 +411,44 @@ impl KvCacheManager {
         for i in entry.num_cached_blocks..num_full {
             // A block freed out of the window before it was registered stays unregistered.
             if entry.blocks[i] != NULL_BLOCK {
-                self.pool.cache(entry.blocks[i], entry.hashes[i]);
+                self.mem.device.cache(entry.blocks[i], entry.hashes[i]);
             }
         }
         entry.num_cached_blocks = num_full;
     }
 
+    /// `child` (which holds nothing) takes `parent`'s block table, one more reference on each
+    /// block: parallel sampling's sequences share the prompt's blocks. The first of them to write
+    /// into a still-shared block copies it (`allocate_slots`).
+    pub fn fork(&mut self, parent: RequestId, child: RequestId) {
+        let Some(p) = self.reqs.get(&parent) else {
+            debug_assert!(false, "{parent}: forked, but it holds no blocks");
+            return;
+        };
+        let mut c = p.clone();
+        c.hits.clear();
+        c.queried_tokens = 0;
+        for &b in c.blocks.iter().filter(|&&b| b != NULL_BLOCK) {
+            self.mem.device.touch(b);
+        }
+        let old = self.reqs.insert(child, c);
+        debug_assert!(
+            old.is_none_or(|o| o.blocks.is_empty()),
+            "{child}: forked into a request that holds blocks"
+        );
+    }
+
     /// Drops `req`'s references, last block first: freed blocks join the LRU tail in that order,
     /// so a sequence's tail is evicted before the prefix that other requests are likelier to
-    /// share. Unknown ids are a no-op.
+    /// share. A swapped-out request's host blocks are released too. Unknown ids are a no-op.
     pub fn free(&mut self, req: RequestId) {
         if let Some(entry) = self.reqs.remove(&req) {
             for &block in entry.blocks.iter().rev().filter(|&&b| b != NULL_BLOCK) {
-                self.pool.release(block);
+                self.mem.device.release(block);
             }
+        }
+        if let Some(host) = &mut self.mem.host {
+            host.free_swapped(req);
         }
     }
 
@@ -284,32 +467,41 @@ impl KvCacheManager {
         while entry.blocks.len() > keep {
             let block = entry.blocks.pop().expect("longer than keep");
             debug_assert_ne!(block, NULL_BLOCK, "freed entries are a prefix");
-            self.pool.release(block);
+            self.mem.device.release(block);
             released += 1;
         }
         released
     }
 
-    /// Forgets every cached prefix: the K/V they name is gone (the backend was rebuilt with a
-    /// fresh pool). Requests still holding blocks keep them, but none of their blocks is found
-    /// by a lookup any more. Returns how many blocks were registered.
+    /// Forgets every cached prefix, in both tiers: the K/V they name is gone (the backend was
+    /// rebuilt with fresh pools), and so are the copies planned for the old one. Requests still
+    /// holding device blocks keep them, but none of their blocks is found by a lookup any more.
+    /// No request may be swapped out (its host copy is gone too: the caller frees it first).
+    /// Returns how many blocks were registered, both tiers.
     pub fn reset_prefix_cache(&mut self) -> usize {
         for entry in self.reqs.values_mut() {
             entry.num_cached_blocks = 0;
             entry.hits.clear();
         }
-        self.pool.forget_cached()
+        self.mem.copies.clear();
+        let host = self.mem.host.as_mut().map_or(0, |h| h.forget_cached());
+        self.mem.device.forget_cached() + host
     }
 
-    /// A new pool of `num_blocks` (the backend was rebuilt with another size). No request may
-    /// hold blocks; the prefix-cache counters carry on.
+    /// A new device pool of `num_blocks` (the backend was rebuilt with another size). No
+    /// request may hold blocks; the prefix-cache counters carry on.
     pub fn resize_pool(&mut self, num_blocks: usize) {
         assert!(
             self.reqs.values().all(|e| e.blocks.is_empty()),
             "resizing the KV pool while requests hold blocks"
         );
         self.reqs.clear();
-        self.pool = BlockPool::new(num_blocks);
+        self.mem.copies.clear();
+        self.mem.device = BlockPool::new(num_blocks);
+        if self.mem.host.is_some() {
+            let device = std::mem::replace(&mut self.mem.device, BlockPool::new(0));
+            self.mem.device = device.track_evictions();
+        }
     }
 
     /// `req`'s physical blocks in position order (empty when it holds none); [`NULL_BLOCK`] for
@@ -324,11 +516,12 @@ impl KvCacheManager {
         self.reqs.get(&req).map_or(0, |e| e.num_freed)
     }
 
+    /// The device tier's usage.
     pub fn usage(&self) -> KvUsage {
         KvUsage {
-            used_blocks: self.pool.num_blocks() - self.pool.num_free(),
-            total_blocks: self.pool.num_blocks(),
-            cached_blocks: self.pool.num_cached(),
+            used_blocks: self.mem.device.num_used(),
+            total_blocks: self.mem.device.num_blocks(),
+            cached_blocks: self.mem.device.num_cached(),
         }
     }
 
@@ -336,16 +529,23 @@ impl KvCacheManager {
         self.stats
     }
 
-    #[cfg(test)]
-    pub(crate) fn pool(&self) -> &BlockPool {
-        &self.pool
+    /// The copies planned since the last call, in the order they must run; the step being
+    /// built carries them (`SchedulerOutput::kv_copies`).
+    pub fn take_copies(&mut self) -> Vec<BlockCopy> {
+        std::mem::take(&mut self.mem.copies)
     }
 
-    /// Every block's reference count equals the number of tables holding it; pool invariants.
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &BlockPool {
+        &self.mem.device
+    }
+
+    /// Every block's reference count equals the number of tables holding it (host blocks: the
+    /// swapped requests holding them); pool invariants.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        self.pool.check_invariants()?;
-        let mut refs = vec![0u32; self.pool.num_blocks()];
+        self.mem.device.check_invariants()?;
+        let mut refs = vec![0u32; self.mem.device.num_blocks()];
         for (id, entry) in &self.reqs {
             let nulls = entry.blocks.iter().filter(|&&b| b == NULL_BLOCK).count();
             let prefix = entry
@@ -368,11 +568,17 @@ impl KvCacheManager {
             }
         }
         for (b, &r) in refs.iter().enumerate() {
-            if self.pool.ref_count(b as BlockId) != r {
+            if self.mem.device.ref_count(b as BlockId) != r {
                 return Err(format!(
                     "block {b}: ref count {} but {r} tables",
-                    self.pool.ref_count(b as BlockId)
+                    self.mem.device.ref_count(b as BlockId)
                 ));
+            }
+        }
+        if let Some(host) = &self.mem.host {
+            host.check_invariants()?;
+            if let Some(id) = host.swapped_ids().find(|id| self.reqs.contains_key(id)) {
+                return Err(format!("{id}: swapped out but holds device blocks"));
             }
         }
         Ok(())
@@ -391,3 +597,5 @@ fn extend_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], num_full: usize, b
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

@@ -65,6 +65,53 @@ impl KvPool {
     pub fn block_size(&self) -> usize {
         self.block_size
     }
+
+    /// Floats of one block in one layer's K (or V).
+    fn block_floats(&self) -> usize {
+        self.block_size * self.kv_dim
+    }
+
+    /// Copies block `src` of `from` into block `dst` of `to` (another pool of the same model
+    /// and block size: the KV host tier), every layer's K and V. Ids are checked by the caller.
+    pub fn copy_block_between(from: &KvPool, src: usize, to: &mut KvPool, dst: usize) {
+        let n = from.block_floats();
+        debug_assert_eq!(n, to.block_floats());
+        for (f, t) in from
+            .k
+            .iter()
+            .zip(&mut to.k)
+            .chain(from.v.iter().zip(&mut to.v))
+        {
+            t[dst * n..(dst + 1) * n].copy_from_slice(&f[src * n..(src + 1) * n]);
+        }
+    }
+
+    /// Copies block `src` into block `dst` of this pool (copy-on-write of a shared block).
+    pub fn copy_block_within(&mut self, src: usize, dst: usize) {
+        let n = self.block_floats();
+        for t in self.k.iter_mut().chain(&mut self.v) {
+            t.copy_within(src * n..(src + 1) * n, dst * n);
+        }
+    }
+
+    /// Block `b`'s floats, every layer's K then every layer's V (tests compare tiers with it).
+    pub fn block_data(&self, b: usize) -> Vec<f32> {
+        let n = self.block_floats();
+        self.k
+            .iter()
+            .chain(&self.v)
+            .flat_map(|t| t[b * n..(b + 1) * n].iter().copied())
+            .collect()
+    }
+
+    /// Overwrites block `b` with `data` (laid out as `block_data`'s).
+    pub fn set_block_data(&mut self, b: usize, data: &[f32]) {
+        let n = self.block_floats();
+        assert_eq!(data.len(), n * (self.k.len() + self.v.len()));
+        for (t, d) in self.k.iter_mut().chain(&mut self.v).zip(data.chunks(n)) {
+            t[b * n..(b + 1) * n].copy_from_slice(d);
+        }
+    }
 }
 
 struct LayerParams {

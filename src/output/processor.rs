@@ -15,10 +15,15 @@ use crate::step::RequestUpdate;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidRequest;
 
-/// One request's stream and what is known about it beside the core.
+/// One request's stream and what is known about it beside the core. A request with `n`
+/// choices has one per choice (ids `first .. first + n`), all on the request's channel.
 struct RequestState {
     tx: mpsc::Sender<StreamEvent>,
-    /// Its socket's unread output, when it has one (a WebSocket session's requests).
+    /// The request's first id (its choice 0) and this choice's index.
+    first: RequestId,
+    index: usize,
+    /// Its socket's unread output, when it has one (a WebSocket session's requests); the
+    /// choices of one request share it.
     backlog: Option<Arc<Backlog>>,
     /// Detokenizer and stop strings; `None` on an engine without a tokenizer (counts only).
     text: Option<TextOutput>,
@@ -60,6 +65,7 @@ impl RequestState {
 
     fn take_delta(&mut self) -> StreamEvent {
         StreamEvent::Delta {
+            index: self.index,
             text: std::mem::take(&mut self.pending_text),
             tokens: std::mem::take(&mut self.pending_tokens),
             logprobs: std::mem::take(&mut self.pending_logprobs),
@@ -101,6 +107,19 @@ pub struct OutputProcessor {
     tokenizer: Option<Arc<Tokenizer>>,
     metrics: Arc<Metrics>,
     requests: HashMap<RequestId, RequestState>,
+    /// Requests with `n > 1`, by first id.
+    groups: HashMap<RequestId, Group>,
+}
+
+/// The choices of an `n > 1` request: one terminal `Done` when the last one ends, its usage
+/// counting them all; the others end with `ChoiceDone`.
+struct Group {
+    n: usize,
+    left: usize,
+    completion_tokens: usize,
+    first_token_at: Option<Instant>,
+    /// Ended choices' last events that found the channel full: they go before the `Done`.
+    held: Vec<StreamEvent>,
 }
 
 impl OutputProcessor {
@@ -110,6 +129,7 @@ impl OutputProcessor {
             tokenizer,
             metrics,
             requests: HashMap::new(),
+            groups: HashMap::new(),
         }
     }
 
@@ -138,11 +158,14 @@ impl OutputProcessor {
             .map(|tok| TextOutput::new(tok, req.prompt_token_ids(), &p.stop, p.min_tokens))
     }
 
-    /// A request the core accepted: tracks it and sends `Started`. `text` comes from
-    /// [`OutputProcessor::text_output`]; `backlog` is its socket's unread output, if any.
+    /// A request the core accepted, with its `n` choices (ids `id .. id + n`): tracks them and
+    /// sends `Started`. `text` comes from [`OutputProcessor::text_output`]; `backlog` is its
+    /// socket's unread output, if any.
+    #[allow(clippy::too_many_arguments)] // one request's ids, size, text state and sinks
     pub fn add_request(
         &mut self,
         id: RequestId,
+        n: usize,
         prompt_tokens: usize,
         text: Option<TextOutput>,
         tx: mpsc::Sender<StreamEvent>,
@@ -152,10 +175,45 @@ impl OutputProcessor {
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         // A fresh channel has room for at least two events (server.stream_buffer >= 2).
         let _ = tx.try_send(StreamEvent::Started { prompt_tokens });
+        if n > 1 {
+            self.groups.insert(
+                id,
+                Group {
+                    n,
+                    left: n,
+                    completion_tokens: 0,
+                    first_token_at: None,
+                    held: Vec::new(),
+                },
+            );
+        }
+        for index in 1..n {
+            self.requests.insert(
+                RequestId(id.0 + index as u64),
+                RequestState {
+                    tx: tx.clone(),
+                    first: id,
+                    index,
+                    backlog: backlog.clone(),
+                    text: text.clone(),
+                    pending_text: String::new(),
+                    pending_logprobs: Vec::new(),
+                    pending_tokens: 0,
+                    prompt_tokens,
+                    completion_tokens: 0,
+                    arrival,
+                    scheduled_at: None,
+                    first_token_at: None,
+                    last_token_at: None,
+                },
+            );
+        }
         self.requests.insert(
             id,
             RequestState {
                 tx,
+                first: id,
+                index: 0,
                 backlog,
                 text,
                 pending_text: String::new(),
@@ -270,6 +328,7 @@ impl OutputProcessor {
             unread_bytes,
             "slow consumer: cancelling a socket's requests"
         );
+        // Failing one choice ends its siblings too; their ids are then gone (ignored).
         for id in ids {
             let err = EngineError::SlowConsumer {
                 unread_bytes,
@@ -279,14 +338,30 @@ impl OutputProcessor {
         }
     }
 
-    /// Every request tracked (the caller fails them all: a stalled engine, a drain's deadline).
+    /// Every request tracked, each choice's id (the caller fails them all: a stalled engine, a
+    /// drain's deadline; failing one choice ends its siblings, later ids are ignored).
     pub fn ids(&self) -> Vec<RequestId> {
         self.requests.keys().copied().collect()
     }
 
-    /// The client cancelled: held text, then `done` / `cancelled`. Unknown ids (finished
-    /// already) are ignored.
+    /// The ids of `id`'s request still tracked: its choices (`id` is the first one).
+    fn choices(&self, id: RequestId) -> Vec<RequestId> {
+        let n = self.groups.get(&id).map_or(1, |g| g.n);
+        (0..n as u64)
+            .map(|i| RequestId(id.0 + i))
+            .filter(|c| self.requests.contains_key(c))
+            .collect()
+    }
+
+    /// The client cancelled (`id`: the request's first id): each choice's held text, then
+    /// `done` / `cancelled`. Unknown ids (finished already) are ignored.
     pub fn cancel(&mut self, id: RequestId, now: Instant, done: &mut Processed) {
+        for c in self.choices(id) {
+            self.cancel_one(c, now, done);
+        }
+    }
+
+    fn cancel_one(&mut self, id: RequestId, now: Instant, done: &mut Processed) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -299,20 +374,43 @@ impl OutputProcessor {
         done.aborted.push(id);
     }
 
-    /// The client went away: forget the request, no events.
+    /// The client went away (`id`: the request's first id): forget it, all its choices, no
+    /// events.
     pub fn abort(&mut self, id: RequestId, done: &mut Processed) {
-        if let Some(r) = self.requests.remove(&id) {
+        let mut backlog = None;
+        for c in self.choices(id) {
+            let r = self.requests.remove(&c).expect("listed");
             r.discard_pending();
-            done.aborted.push(id);
+            backlog = r.backlog;
+            done.aborted.push(c);
+        }
+        // Ended choices' held text will not be sent either.
+        if let (Some(g), Some(b)) = (self.groups.remove(&id), backlog) {
+            for ev in g.held {
+                if let StreamEvent::Delta { text, .. } = ev {
+                    b.taken(text.len());
+                }
+            }
         }
     }
 
-    /// The engine failed the request: text so far is dropped, `err` is its terminal event.
+    /// The engine failed a request (any of its choices' ids): text so far is dropped, `err` is
+    /// its terminal event, and its other choices end with it.
     pub fn fail(&mut self, id: RequestId, err: EngineError, done: &mut Processed) {
-        if let Some(r) = self.requests.remove(&id) {
+        let Some(first) = self.requests.get(&id).map(|r| r.first) else {
+            return;
+        };
+        let mut tx = None;
+        for c in self.choices(first) {
+            let r = self.requests.remove(&c).expect("listed");
             r.discard_pending();
-            send_terminal(r.tx, vec![StreamEvent::Error(err)], done);
-            done.aborted.push(id);
+            tx = Some(r.tx);
+            done.aborted.push(c);
+        }
+        let held = self.groups.remove(&first).map_or(Vec::new(), |g| g.held);
+        if let Some(tx) = tx {
+            let events = held.into_iter().chain([StreamEvent::Error(err)]).collect();
+            send_terminal(tx, events, done);
         }
     }
 
@@ -338,15 +436,64 @@ impl OutputProcessor {
         if r.has_pending() || !r.pending_logprobs.is_empty() {
             events.push(r.take_delta());
         }
-        events.push(StreamEvent::Done {
+        let Some(g) = self.groups.get_mut(&r.first) else {
+            events.push(StreamEvent::Done {
+                index: r.index,
+                finish_reason: reason,
+                usage: Usage {
+                    prompt_tokens: r.prompt_tokens,
+                    completion_tokens: r.completion_tokens,
+                },
+                timing,
+            });
+            return send_terminal(r.tx, events, done);
+        };
+        g.left -= 1;
+        g.completion_tokens += r.completion_tokens;
+        g.first_token_at = match (g.first_token_at, r.first_token_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if g.left > 0 {
+            // Another choice still runs: this one's end is not the request's.
+            events.push(StreamEvent::ChoiceDone {
+                index: r.index,
+                finish_reason: reason,
+                completion_tokens: r.completion_tokens,
+            });
+            if g.held.is_empty() {
+                let mut rest = events.into_iter();
+                for ev in rest.by_ref() {
+                    if let Err(e) = r.tx.try_send(ev) {
+                        if let TrySendError::Full(ev) = e {
+                            g.held.push(ev);
+                        }
+                        break;
+                    }
+                }
+                g.held.extend(rest);
+            } else {
+                g.held.extend(events);
+            }
+            return;
+        }
+        let g = self.groups.remove(&r.first).expect("found above");
+        let timing = Timing {
+            ttft_ms: g.first_token_at.map(|t| ms(t - r.arrival)).unwrap_or(0.0),
+            ..timing
+        };
+        let mut all = g.held;
+        all.extend(events);
+        all.push(StreamEvent::Done {
+            index: r.index,
             finish_reason: reason,
             usage: Usage {
                 prompt_tokens: r.prompt_tokens,
-                completion_tokens: r.completion_tokens,
+                completion_tokens: g.completion_tokens,
             },
             timing,
         });
-        send_terminal(r.tx, events, done);
+        send_terminal(r.tx, all, done);
     }
 }
 
@@ -366,6 +513,7 @@ fn flush(r: &mut RequestState) -> bool {
             text,
             tokens,
             logprobs,
+            ..
         })) => {
             // Slow reader: keep the text (and count) and merge it into the next delta.
             r.pending_text = text;

@@ -39,7 +39,7 @@ impl Harness {
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
         let t0 = Instant::now();
         let text = tokenizer.then(|| TextOutput::new(&tok, &prompt, &stop, 0));
-        out.add_request(ID, prompt.len(), text, tx, None, t0);
+        out.add_request(ID, 1, prompt.len(), text, tx, None, t0);
         Harness {
             out,
             metrics,
@@ -115,6 +115,7 @@ fn done_of(evs: &[StreamEvent]) -> (FinishReason, Usage, Timing) {
             finish_reason,
             usage,
             timing,
+            ..
         }) => (*finish_reason, *usage, *timing),
         other => panic!("expected done last, got {other:?}"),
     }
@@ -425,6 +426,201 @@ fn without_a_tokenizer_deltas_count_tokens() {
     assert_eq!(done_of(&evs).1.completion_tokens, 4);
 }
 
+/// A request with `n` choices (ids `ID .. ID + n`) on a roomy channel, counting tokens only.
+fn group(n: usize, capacity: usize) -> (OutputProcessor, mpsc::Receiver<StreamEvent>, Instant) {
+    let mut out = OutputProcessor::new(None, Arc::new(Metrics::new()));
+    let (tx, rx) = mpsc::channel(capacity);
+    let t0 = Instant::now();
+    out.add_request(ID, n, 3, None, tx, None, t0);
+    (out, rx, t0)
+}
+
+fn update(id: u64, tokens: usize, finished: Option<FinishReason>) -> RequestUpdate {
+    RequestUpdate {
+        id: RequestId(id),
+        new_token_ids: vec![5; tokens],
+        finished,
+        num_computed_tokens: 0,
+        num_output_tokens: 0,
+        logprobs: Vec::new(),
+    }
+}
+
+fn drain_rx(rx: &mut mpsc::Receiver<StreamEvent>) -> Vec<StreamEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+#[test]
+fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
+    let (mut out, mut rx, t0) = group(3, 64);
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let d = out.process(&[update(7, 1, None), update(8, 2, None)], at(10), false);
+    assert!(d.aborted.is_empty());
+    let d = out.process(
+        &[update(8, 1, Some(FinishReason::Stop)), update(9, 1, None)],
+        at(20),
+        false,
+    );
+    assert!(d.aborted.is_empty() && d.blocked.is_empty());
+    out.process(&[update(7, 1, Some(FinishReason::Length))], at(30), false);
+    out.process(&[update(9, 4, Some(FinishReason::Length))], at(40), false);
+    let evs = drain_rx(&mut rx);
+    let tokens = |i: usize| -> usize {
+        evs.iter()
+            .map(|e| match e {
+                StreamEvent::Delta { index, tokens, .. } if *index == i => *tokens,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!((tokens(0), tokens(1), tokens(2)), (2, 3, 5));
+    let choice_done: Vec<(usize, FinishReason, usize)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::ChoiceDone {
+                index,
+                finish_reason,
+                completion_tokens,
+            } => Some((*index, *finish_reason, *completion_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        choice_done,
+        [(1, FinishReason::Stop, 3), (0, FinishReason::Length, 2)]
+    );
+    assert_eq!(evs.iter().filter(|e| e.is_terminal()).count(), 1);
+    match evs.last() {
+        Some(StreamEvent::Done {
+            index,
+            usage,
+            timing,
+            ..
+        }) => {
+            assert_eq!(*index, 2);
+            assert_eq!(usage.completion_tokens, 10, "every choice counts");
+            assert_eq!(usage.prompt_tokens, 3);
+            assert_eq!(timing.ttft_ms, 10.0, "the first choice's first token");
+        }
+        other => panic!("expected done last, got {other:?}"),
+    }
+    assert!(out.is_empty());
+}
+
+#[test]
+fn cancelling_or_aborting_an_n_request_ends_every_choice() {
+    let (mut out, mut rx, t0) = group(2, 64);
+    let mut done = Processed::default();
+    out.cancel(ID, t0, &mut done);
+    assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
+    let evs = drain_rx(&mut rx);
+    assert!(
+        matches!(evs.last(), Some(StreamEvent::Done { .. })),
+        "{evs:?}"
+    );
+    assert!(out.is_empty());
+
+    let (mut out, _rx, _) = group(3, 64);
+    let mut done = Processed::default();
+    out.process(&[update(8, 1, Some(FinishReason::Stop))], t0, false);
+    out.abort(ID, &mut done);
+    assert_eq!(done.aborted, [RequestId(7), RequestId(9)]);
+    assert!(out.is_empty());
+
+    // A failed step naming one choice fails the request once, for all of them.
+    let (mut out, mut rx, _) = group(2, 64);
+    let mut done = Processed::default();
+    out.fail(
+        RequestId(8),
+        EngineError::Internal("boom".into()),
+        &mut done,
+    );
+    assert_eq!(done.aborted, [RequestId(7), RequestId(8)]);
+    let evs = drain_rx(&mut rx);
+    assert_eq!(evs.iter().filter(|e| e.is_terminal()).count(), 1, "{evs:?}");
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_choice_that_ends_on_a_full_channel_is_held_before_the_done() {
+    // Room for Started and one more event.
+    let (mut out, mut rx, t0) = group(2, 2);
+    out.process(&[update(7, 1, None)], t0, false);
+    out.process(&[update(8, 1, Some(FinishReason::Stop))], t0, false);
+    let d = out.process(&[update(7, 1, Some(FinishReason::Length))], t0, false);
+    let mut evs = drain_rx(&mut rx);
+    for b in d.blocked {
+        evs.extend(b.events);
+    }
+    let kinds: Vec<&str> = evs
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Started { .. } => "started",
+            StreamEvent::Delta { .. } => "delta",
+            StreamEvent::ChoiceDone { .. } => "choice_done",
+            StreamEvent::Done { .. } => "done",
+            StreamEvent::Error(_) => "error",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["started", "delta", "delta", "choice_done", "delta", "done"]
+    );
+}
+
+/// The choices of an `n > 1` request share their socket's backlog: a trip fails the request
+/// once (one error for all choices), and an abort returns the text its ended choices held.
+#[test]
+fn n_choices_share_the_sockets_backlog() {
+    let tok = Arc::new(TokFixture::default().build());
+    let metrics = Arc::new(Metrics::new());
+    let prompt = tok.encode("Hello", true).unwrap();
+    let word = tok.encode(" fox", false).unwrap();
+    let upd = |id: u64, finished| RequestUpdate {
+        id: RequestId(id),
+        new_token_ids: word.clone(),
+        logprobs: Vec::new(),
+        finished,
+        num_computed_tokens: 0,
+        num_output_tokens: 0,
+    };
+    let t0 = Instant::now();
+    // Tripped: 3 choices x 4 bytes a step, past 20 bytes in the 2nd step.
+    let mut out = OutputProcessor::new(Some(tok.clone()), metrics.clone());
+    let b = Backlog::new(20, metrics.ws_unread_bytes.clone());
+    let (tx, mut rx) = mpsc::channel(64);
+    let text = TextOutput::new(&tok, &prompt, &[], 0);
+    out.add_request(ID, 3, prompt.len(), Some(text), tx, Some(b.clone()), t0);
+    let ids = [ID.0, ID.0 + 1, ID.0 + 2];
+    let step = |out: &mut OutputProcessor| {
+        let ups: Vec<RequestUpdate> = ids.iter().map(|&i| upd(i, None)).collect();
+        out.process(&ups, t0, false)
+    };
+    assert!(step(&mut out).aborted.is_empty());
+    let mut done = step(&mut out);
+    done.aborted.sort();
+    assert_eq!(done.aborted, ids.map(RequestId));
+    assert!(out.is_empty());
+    let evs = drain_rx(&mut rx);
+    let errors = evs
+        .iter()
+        .filter(|e| matches!(e, StreamEvent::Error(_)))
+        .count();
+    assert_eq!(errors, 1, "{evs:?}");
+
+    // Aborted: one choice ended on a full channel (its text held), then the client left.
+    let b = Backlog::new(1 << 20, metrics.ws_unread_bytes.clone());
+    let (tx, _rx) = mpsc::channel(2);
+    let text = TextOutput::new(&tok, &prompt, &[], 0);
+    out.add_request(ID, 2, prompt.len(), Some(text), tx, Some(b.clone()), t0);
+    out.process(&[upd(ID.0, None)], t0, false);
+    out.process(&[upd(ID.0 + 1, Some(FinishReason::Length))], t0, false);
+    assert!(b.bytes() > 4, "a delta queued, the rest pending or held");
+    let mut done = Processed::default();
+    out.abort(ID, &mut done);
+    assert_eq!(b.bytes(), 4, "only the queued delta is left unread");
+}
+
 /// A socket that stops taking its output: once its unread text passes the limit, every request
 /// of that socket ends with `slow_consumer` (and goes back to the core), another socket's
 /// request carries on, and the bytes the socket took or that were dropped leave the count.
@@ -443,6 +639,7 @@ fn a_socket_past_its_unread_limit_loses_all_its_requests_and_only_those() {
         let text = TextOutput::new(&tok, &prompt, &[], 0);
         out.add_request(
             RequestId(i as u64),
+            1,
             prompt.len(),
             Some(text),
             tx,

@@ -25,6 +25,20 @@ pub struct Sampled {
     pub logprob: f32,
 }
 
+/// The seed of choice `index` of a request with `n > 1` (parallel sampling): choice 0 keeps the
+/// request's seed, so `n = 1` is unchanged; the others get distinct streams, a function of
+/// (seed, index) alone, so a choice's tokens depend only on (seed, sample index, output index).
+pub fn sample_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    // SplitMix64's finalizer over the pair: distinct indices give unrelated seeds.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// What the penalties need of a request's tokens, kept incrementally by its owner (one update
 /// per token, never a rescan): occurrences in the output, and which ids the prompt holds.
 #[derive(Debug, Clone, Default, PartialEq)]

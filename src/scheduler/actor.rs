@@ -198,14 +198,24 @@ impl SchedulerActor {
         let early = self.fold(&early, &StepOutput::default());
         self.emit(&early);
         let mut done = Processed::default();
-        for s in &plan.scheduled {
+        // Requests whose blocks the step's copies were bringing back failed with it.
+        for id in plan
+            .scheduled
+            .iter()
+            .map(|s| s.id)
+            .chain(plan.loading.iter().copied())
+        {
             self.output
-                .fail(s.id, EngineError::Internal(e.to_string()), &mut done);
+                .fail(id, EngineError::Internal(e.to_string()), &mut done);
         }
         self.apply(done);
         match &e {
             StepError::Failed(_) => {}
-            &StepError::Panicked { kv_blocks, .. } => {
+            &StepError::Panicked {
+                kv_blocks,
+                host_blocks,
+                ..
+            } => {
                 let mut kv = self.kv.lock();
                 let requeued = self.core.executor_lost(&mut kv);
                 let forgotten = kv.reset_prefix_cache();
@@ -215,6 +225,13 @@ impl SchedulerActor {
                         kv.num_blocks()
                     );
                     kv.resize_pool(kv_blocks);
+                }
+                if host_blocks != kv.num_host_blocks() {
+                    tracing::warn!(
+                        "the rebuilt backend's KV host tier has {host_blocks} blocks, not {}",
+                        kv.num_host_blocks()
+                    );
+                    kv.resize_host_tier(host_blocks);
                 }
                 gauges::sync_all(&self.metrics, &self.core, &kv);
                 tracing::warn!(
@@ -275,6 +292,7 @@ impl Handler<Submit> for SchedulerActor {
             return OutputProcessor::reject(&msg.tx, err);
         }
         let prompt_tokens = msg.request.prompt_token_ids().len();
+        let n = msg.request.n();
         let text = self.output.text_output(&msg.request);
         let new = NewRequest::from_valid(msg.id, msg.request);
         let admission = self.core.add_request(new, self.secs(msg.arrival));
@@ -284,6 +302,7 @@ impl Handler<Submit> for SchedulerActor {
         }
         self.output.add_request(
             msg.id,
+            n,
             prompt_tokens,
             text,
             msg.tx,

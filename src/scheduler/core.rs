@@ -18,10 +18,17 @@
 //! and blocks past them go back to the pool.
 //!
 //! Files: this one holds the state, the public API and what both policies share (budgets,
-//! preemption, building the step's output, folding results back); `fcfs.rs`, `adaptive.rs` and
+//! building the step's output, folding results back); `fcfs.rs`, `adaptive.rs` and
 //! `emergency.rs` hold one policy each; `overload.rs` admission (`add_request`, overload
 //! checks), `estimates.rs` the cost-model and output-length estimates, `spec.rs` speculation,
-//! `invariants.rs` the bookkeeping checks the tests run.
+//! `tiers.rs` preemption (swap or recompute by cost), resuming swapped requests, host-tier
+//! prefix hits and the fork of `n > 1` requests, `invariants.rs` the bookkeeping checks the
+//! tests run.
+//!
+//! KV memory tier: a request whose blocks come back from the host (a swapped request resuming,
+//! a prefix hit in the host tier) is `loading` for one step: it takes its sequence slot and its
+//! blocks, the step carries the copies (on CUDA they overlap that step's compute), and it
+//! computes from the next step.
 //!
 //! Time: every call that needs it takes `now`, seconds on the caller's clock (any fixed epoch).
 //!
@@ -42,6 +49,7 @@ mod fcfs;
 mod invariants;
 mod overload;
 mod spec;
+mod tiers;
 
 use std::collections::{HashMap, VecDeque};
 
@@ -51,6 +59,7 @@ use crate::scheduler::cost_model::{CostCoefficients, CostModel, StepFeatures};
 use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
+use crate::scheduler::swap::{PreemptDecision, SwapCost};
 use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
 use crate::spec::SpecConfig;
 use crate::step::{
@@ -83,6 +92,12 @@ pub struct Scheduler {
     executor_drops: Vec<RequestId>,
     /// Speculative decoding: config, depth plan, fits, counters.
     spec: spec::SpecState,
+    /// Copy cost of the KV host tier (None: no host tier).
+    swap_cost: Option<SwapCost>,
+    /// Sequence slots held for the choices running requests will fork (`Request::pending_fork`).
+    fork_reserved: usize,
+    /// Requests made `loading` by the step being planned.
+    loading: Vec<RequestId>,
 }
 
 /// A step under construction: the budget left and the decisions so far. Scheduling policies
@@ -133,6 +148,9 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             executor_drops: Vec::new(),
             spec: spec::SpecState::new(SpecConfig::default(), CostCoefficients::default()),
+            swap_cost: None,
+            fork_reserved: 0,
+            loading: Vec::new(),
         }
     }
 
@@ -141,6 +159,12 @@ impl Scheduler {
     pub fn with_speculation(mut self, spec: SpecConfig) -> Self {
         self.spec = spec::SpecState::new(spec, self.cfg.cost_fallback);
         self
+    }
+
+    /// The KV host tier's copy cost, for the swap-or-recompute decision and host-tier prefix
+    /// hits (None: no host tier, preemption recomputes).
+    pub fn set_swap_cost(&mut self, cost: Option<SwapCost>) {
+        self.swap_cost = cost;
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -169,7 +193,10 @@ impl Scheduler {
         };
         match req.status {
             Status::Waiting => self.waiting.retain(|&w| w != id),
-            Status::Running => self.running.retain(|&r| r != id),
+            Status::Running => {
+                self.running.retain(|&r| r != id);
+                self.fork_reserved -= req.pending_fork;
+            }
         }
         if req.executor_blocks.is_some() {
             self.executor_drops.push(id);
@@ -179,14 +206,27 @@ impl Scheduler {
         true
     }
 
-    /// The executor lost every request's state (its backend was rebuilt after a panic): each
-    /// running request goes back to the front of the queue to recompute, as after a preemption
-    /// (in the same order), and drops pending for the old backend are moot. Returns how many.
+    /// Whether `id` is a request the core holds (waiting or running).
+    pub fn is_known(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// The executor lost every request's state (its backend was rebuilt after a panic, and with
+    /// it the KV host tier): each running request goes back to the front of the queue to
+    /// recompute, as after a preemption by recompute (in the same order; never a swap: the
+    /// device K/V is gone), swapped-out requests drop their host blocks and recompute too, and
+    /// drops pending for the old backend are moot. Returns how many were running.
     pub fn executor_lost(&mut self, kv: &mut KvCacheManager) -> usize {
         self.executor_drops.clear();
+        self.loading.clear();
         let running = std::mem::take(&mut self.running);
         for &id in running.iter().rev() {
-            self.preempt(id, kv);
+            self.preempt_as(id, kv, PreemptDecision::Recompute);
+        }
+        for (&id, req) in &mut self.requests {
+            if req.swapped_computed.take().is_some() {
+                kv.free(id);
+            }
         }
         running.len()
     }
@@ -240,6 +280,7 @@ impl Scheduler {
     /// Plans the next step at time `now`. See the module docs for the policies.
     pub fn schedule(&mut self, kv: &mut KvCacheManager, now: f64) -> SchedulerOutput {
         self.max_len_seen = self.max_len(kv);
+        self.fork_due(kv);
         let mut plan = StepPlan {
             budget: self.cfg.max_num_batched_tokens,
             scheduled: Vec::with_capacity(self.running.len() + 1),
@@ -266,6 +307,8 @@ impl Scheduler {
             prefill_tokens = out.num_prefill_tokens,
             decode_seqs = out.num_decode_seqs,
             preempted = out.preempted.len(),
+            loading = out.loading.len(),
+            copies = out.kv_copies.len(),
             running = self.running.len(),
             waiting = self.waiting.len(),
             "scheduled step"
@@ -302,9 +345,14 @@ impl Scheduler {
         if let Some(i) = self.waiting.iter().position(|&w| w == id) {
             self.waiting.remove(i);
         }
-        self.requests.remove(&id);
+        let req = self.requests.remove(&id).expect("checked above");
         kv.free(id);
         plan.finished_early.push((id, FinishReason::Length));
+        // The choices it would have forked end with it.
+        for i in 1..=req.pending_fork {
+            plan.finished_early
+                .push((RequestId(id.0 + i as u64), FinishReason::Length));
+        }
         true
     }
 
@@ -318,6 +366,7 @@ impl Scheduler {
             .expect("a request to start is known");
         req.num_computed = num_computed;
         req.status = Status::Running;
+        self.fork_reserved += req.pending_fork;
         if !req.ever_scheduled {
             req.ever_scheduled = true;
             plan.admitted.push(id);
@@ -339,23 +388,6 @@ impl Scheduler {
         }
     }
 
-    /// Preemption by recompute: the blocks go back to the pool (full ones stay cached, so a
-    /// resume often hits them), and the request waits at the front to recompute prompt and
-    /// output so far.
-    fn preempt(&mut self, id: RequestId, kv: &mut KvCacheManager) {
-        kv.free(id);
-        let req = self
-            .requests
-            .get_mut(&id)
-            .expect("running requests are known");
-        req.num_computed = 0;
-        req.status = Status::Waiting;
-        req.executor_blocks = None;
-        req.executor_cut = false;
-        self.waiting.push_front(id);
-        self.stats.preemptions += 1;
-    }
-
     /// A sequence may not outgrow the model's context, nor the whole KV pool (it could never
     /// be scheduled again).
     fn max_len(&self, kv: &KvCacheManager) -> usize {
@@ -367,7 +399,7 @@ impl Scheduler {
     /// The step as the executor sees it: per scheduled request the tokens to compute, the
     /// blocks appended since it last saw the request (its whole state when it holds none) and
     /// how many leading blocks the sliding window has freed; the ids it must drop.
-    fn build_output(&mut self, plan: StepPlan, kv: &KvCacheManager) -> SchedulerOutput {
+    fn build_output(&mut self, plan: StepPlan, kv: &mut KvCacheManager) -> SchedulerOutput {
         let mut scheduled = Vec::with_capacity(plan.scheduled.len());
         let (mut num_prefill_tokens, mut num_decode_seqs) = (0, 0);
         for &Planned {
@@ -420,7 +452,10 @@ impl Scheduler {
                 new,
             });
         }
-        let finished_req_ids = if scheduled.is_empty() {
+        let kv_copies = kv.take_copies();
+        let loading = std::mem::take(&mut self.loading);
+        let finished_req_ids = if scheduled.is_empty() && kv_copies.is_empty() && loading.is_empty()
+        {
             // The executor does not run this step: what it must drop waits for one it runs.
             self.executor_drops.extend_from_slice(&plan.preempted);
             Vec::new()
@@ -435,6 +470,8 @@ impl Scheduler {
             finished_early: plan.finished_early,
             num_prefill_tokens,
             num_decode_seqs,
+            kv_copies,
+            loading,
         }
     }
 
@@ -450,13 +487,37 @@ impl Scheduler {
         now: f64,
     ) -> Vec<RequestUpdate> {
         let max_len = self.max_len(kv);
-        if !out.is_empty() {
+        if !out.scheduled.is_empty() {
             // The target's part of the step; verification rows count as prefill rows.
             let mut f = StepFeatures::from_step(out);
             f.prefill_tokens += step.spec.drafts.iter().map(|d| d.proposed).sum::<usize>() as f64;
             let target = step.elapsed.saturating_sub(step.spec.elapsed);
-            self.cost.observe(&f, target.as_secs_f64() * 1e3);
+            let measured_ms = target.as_secs_f64() * 1e3;
+            // Measured against predicted per step shape: what calibrates `brook simulate` to a
+            // backend (issue 19: chunked prefill at long context is not linear on the GPU).
+            tracing::debug!(
+                measured_ms,
+                predicted_ms = self.cost.predict_ms(&f),
+                prefill_tokens = f.prefill_tokens,
+                attn_pairs = f.prefill_attn_pairs,
+                decode_seqs = f.decode_seqs,
+                kv_tokens = f.kv_tokens_read,
+                max_chunk = out
+                    .scheduled
+                    .iter()
+                    .map(|s| s.num_tokens)
+                    .max()
+                    .unwrap_or(0),
+                "step time"
+            );
+            self.cost.observe(&f, measured_ms);
             self.observe_spec_costs(out, step);
+        }
+        // Their blocks are back (the executor ran the step's copies): they compute from now.
+        for id in &out.loading {
+            if let Some(r) = self.requests.get_mut(id) {
+                r.loading = false;
+            }
         }
         let mut updates = Vec::with_capacity(out.num_sampled() + out.finished_early.len());
         updates.extend(
@@ -550,7 +611,8 @@ impl Scheduler {
         let id = s.id;
         let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
         let req = self.requests.get(&id)?;
-        if req.status != Status::Running || req.num_computed != s.num_computed_tokens {
+        if req.status != Status::Running || req.loading || req.num_computed != s.num_computed_tokens
+        {
             return None;
         }
         if let Some(d) = &drafts {

@@ -120,7 +120,8 @@ impl StepFeatures {
 }
 
 /// Causal attention pairs of a chunk of `q` tokens ending at position `ctx`.
-fn prefill_pairs(q: usize, ctx: usize) -> f64 {
+/// Attention pairs of a prefill chunk of `q` queries ending at position `ctx`.
+pub fn prefill_pairs(q: usize, ctx: usize) -> f64 {
     q as f64 * (ctx as f64 - q as f64 / 2.0)
 }
 

@@ -5,7 +5,9 @@
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::scheduler::spec::Ceiling;
-use crate::scheduler::{MergeReason, OverloadReason, RequestClass, Scheduler, SchedulerOutput};
+use crate::scheduler::{
+    MergeReason, OverloadReason, PreemptDecision, RequestClass, Scheduler, SchedulerOutput,
+};
 use crate::step::StepOutput;
 
 /// A step came back from the executor. Its token count is a non-core metric: emergency mode
@@ -45,6 +47,12 @@ pub(crate) fn sync_scheduler(m: &Metrics, core: &Scheduler) {
         );
     }
     follow(&m.preemptions, st.preemptions);
+    for d in PreemptDecision::ALL {
+        follow(
+            &m.preemption_decisions.with_label_values(&[d.as_str()]),
+            st.preempt_count(d),
+        );
+    }
     follow(&m.emergency_pauses, st.emergency_pauses);
     follow(&m.emergency_pauses_spared, st.emergency_pauses_spared);
     follow(&m.emergency_entries, st.emergency_entries);
@@ -96,6 +104,29 @@ pub(crate) fn sync_all(m: &Metrics, core: &Scheduler, kv: &KvCacheManager) {
     let prefix = kv.prefix_cache_stats();
     follow(&m.prefix_cache_queries, prefix.queried_tokens);
     follow(&m.prefix_cache_hits, prefix.hit_tokens);
+    follow(&m.prefix_cache_host_hits, prefix.host_hit_tokens);
+    if let Some(h) = kv.host_usage() {
+        m.kv_host_blocks_used.set(h.used_blocks as i64);
+        m.kv_host_blocks_total.set(h.total_blocks as i64);
+    }
+    let t = kv.tier_stats();
+    let bytes = kv.block_bytes() as u64;
+    for (dir, blocks) in [
+        ("out", t.swap_out_blocks),
+        ("in", t.swap_in_blocks),
+        ("cow", t.cow_blocks),
+    ] {
+        follow(&m.kv_copy_blocks.with_label_values(&[dir]), blocks);
+        follow(&m.kv_copy_bytes.with_label_values(&[dir]), blocks * bytes);
+    }
+    follow(
+        &m.kv_swapped_requests.with_label_values(&["out"]),
+        t.swapped_out_requests,
+    );
+    follow(
+        &m.kv_swapped_requests.with_label_values(&["in"]),
+        t.swapped_in_requests,
+    );
 }
 
 /// Raises a counter to a cumulative total kept elsewhere.

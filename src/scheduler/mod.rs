@@ -23,6 +23,7 @@ mod request;
 pub mod slo;
 pub mod spec;
 mod stats;
+pub mod swap;
 #[cfg(test)]
 mod tests;
 
@@ -31,11 +32,12 @@ use serde::Deserialize;
 pub use self::admission::{Admission, OverloadReason};
 pub use self::class::RequestClass;
 pub use self::core::Scheduler;
-pub use self::cost_model::{CostCoefficients, CostModel, StepFeatures};
+pub use self::cost_model::{prefill_pairs, CostCoefficients, CostModel, StepFeatures};
 pub use self::policy::{Lane, MergeReason};
 pub use self::request::NewRequest;
 pub use self::slo::{EmergencyTransition, SloMetric, SloMonitor};
 pub use self::stats::SchedulerStats;
+pub use self::swap::{PreemptDecision, PreemptionMode, SwapCost};
 /// The step types the core's API takes and returns (defined in the neutral `step` module).
 pub use crate::step::{RequestUpdate, SchedulerOutput};
 
@@ -85,6 +87,8 @@ pub struct SchedulerConfig {
     pub admission: AdmissionConfig,
     /// Step-time model used until the online fit has enough samples (and as its prior).
     pub cost_fallback: CostCoefficients,
+    /// With a host KV tier: swap a preempted request out or recompute it (auto: by cost).
+    pub preemption_mode: PreemptionMode,
 }
 
 impl Default for SchedulerConfig {
@@ -103,6 +107,7 @@ impl Default for SchedulerConfig {
             emergency: EmergencyConfig::default(),
             admission: AdmissionConfig::default(),
             cost_fallback: CostCoefficients::default(),
+            preemption_mode: PreemptionMode::Auto,
         }
     }
 }

@@ -18,15 +18,20 @@ pub struct NewRequest {
     pub seed: u64,
     /// The model's eos ids (one or several); ignored when `params.ignore_eos`.
     pub eos_token_ids: Arc<[u32]>,
+    /// Completions to generate from the prompt (parallel sampling). Choice `i` is the request
+    /// `id + i`: the caller reserves the `n` consecutive ids.
+    pub n: usize,
 }
 
 impl NewRequest {
     /// A request without a seed gets a random one here, so every sampled token comes from a
     /// (seed, output index) stream.
     pub fn from_valid(id: RequestId, req: ValidRequest) -> Self {
+        let n = req.n();
         let (prompt_token_ids, params, eos_token_ids) = req.into_parts();
         NewRequest {
             id,
+            n,
             prompt_token_ids,
             seed: params.seed.unwrap_or_else(rand::random),
             params: Arc::new(params),
@@ -73,6 +78,14 @@ pub(crate) struct Request {
     /// Speculative decoding: the request's acceptance estimate; None when it may not speculate
     /// (the engine does not, or it opted out).
     pub spec: Option<Acceptance>,
+    /// Choices still to fork off it (`n - 1` until the fork, then 0): it computes its prompt
+    /// but the last token, then its children take its blocks (`Scheduler::fork_due`).
+    pub pending_fork: usize,
+    /// Waiting after a swap-out: the tokens it had computed, whose K/V waits in the host tier.
+    pub swapped_computed: Option<usize>,
+    /// Running, but its blocks come back from the host tier in the step being planned: it
+    /// computes from the next one.
+    pub loading: bool,
 }
 
 impl Request {
@@ -93,7 +106,38 @@ impl Request {
             status: Status::Waiting,
             ever_scheduled: false,
             executor_blocks: None,
+            pending_fork: req.n.saturating_sub(1),
+            swapped_computed: None,
+            loading: false,
             executor_cut: false,
+            spec: None,
+        }
+    }
+
+    /// A choice forked off this request (`n > 1`): the same tokens, computed as far, its own
+    /// sampling stream; it runs at once (its blocks are the parent's, shared).
+    pub fn fork(&self, seed: u64) -> Request {
+        Request {
+            tokens: self.tokens.clone(),
+            num_prompt_tokens: self.num_prompt_tokens,
+            num_computed: self.num_computed,
+            params: self.params.clone(),
+            seed,
+            eos_token_ids: self.eos_token_ids.clone(),
+            status: Status::Running,
+            ever_scheduled: true,
+            class: self.class,
+            arrival: self.arrival,
+            first_token_at: None,
+            last_token_at: None,
+            paused: false,
+            was_paused: self.was_paused,
+            executor_blocks: None,
+            pending_fork: 0,
+            swapped_computed: None,
+            loading: false,
+            executor_cut: false,
+            // A forked choice decodes without drafts (`Scheduler::add_request`).
             spec: None,
         }
     }
@@ -110,6 +154,22 @@ impl Request {
     /// preemption, of prompt and output), or the one token sampled last step.
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// How far it may compute before its next event: all its known tokens, or, before its
+    /// fork, all but the last prompt token (each choice computes that one itself).
+    pub fn compute_target(&self) -> usize {
+        self.tokens.len() - usize::from(self.pending_fork > 0)
+    }
+
+    /// Tokens it may compute now (`compute_target` less what is computed).
+    pub fn num_schedulable(&self) -> usize {
+        self.compute_target().saturating_sub(self.num_computed)
+    }
+
+    /// Sequence slots it takes: itself and the choices it will fork.
+    pub fn slots(&self) -> usize {
+        1 + self.pending_fork
     }
 
     /// Output tokens it will produce at least before it ends (one step each): all up to

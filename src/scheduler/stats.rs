@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::scheduler::admission::OverloadReason;
 use crate::scheduler::policy::MergeReason;
 use crate::scheduler::slo::SloMetric;
+use crate::scheduler::swap::PreemptDecision;
 use crate::scheduler::RequestClass;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -16,8 +17,10 @@ pub struct SchedulerStats {
     pub accepted: [u64; 3],
     /// Requests refused at admission, by reason.
     pub overloaded: [u64; OverloadReason::ALL.len()],
-    /// Preemptions by recompute, emergency pauses included.
+    /// Preemptions (by swap or recompute), emergency pauses included.
     pub preemptions: u64,
+    /// How each preemption gave up its blocks, by decision.
+    pub preempt_decisions: [u64; PreemptDecision::ALL.len()],
     /// Sequences paused on entering emergency mode.
     pub emergency_pauses: u64,
     /// Sequences over the pause length not paused: the pause alone would break their own SLO.
@@ -35,6 +38,10 @@ impl SchedulerStats {
 
     pub fn overloaded_count(&self, reason: OverloadReason) -> u64 {
         self.overloaded[reason.index()]
+    }
+
+    pub fn preempt_count(&self, d: PreemptDecision) -> u64 {
+        self.preempt_decisions[d.index()]
     }
 
     pub(crate) fn count_merge(&mut self, reason: MergeReason) {

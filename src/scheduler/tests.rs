@@ -13,6 +13,7 @@ mod harness;
 mod merge;
 mod slack;
 mod spec;
+mod tiers;
 mod window;
 
 use std::collections::HashMap;
@@ -61,6 +62,7 @@ fn request(id: u64) -> NewRequest {
         }),
         seed: 0x5eed ^ id,
         eos_token_ids: Arc::from(vec![EOS, EOS + 1]),
+        n: 1,
     }
 }
 
@@ -517,6 +519,28 @@ fn a_missing_sampled_token_is_recomputed() {
 /// Random arrivals, aborts and scripted eos under tight blocks; returns (preemptions, prefix-hit
 /// tokens, emergency pauses, most blocks freed behind the window in one table).
 fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64, u64, usize) {
+    let (p, h, z, f, _) = randomized_run_with(seed, policy, window, None);
+    (p, h, z, f)
+}
+
+/// The KV-tier knobs of a randomized run: a host tier of `host_blocks`, `mode`, and requests
+/// with `n > 1` now and then.
+#[derive(Debug, Clone, Copy)]
+struct TierKnobs {
+    host_blocks: usize,
+    mode: PreemptionMode,
+    /// Copy bandwidth, bytes/s (the cost model decides against it in `auto`).
+    bytes_per_s: f64,
+}
+
+/// `randomized_run`, with a host tier when `tiers` is set; also returns the engine's KV tier
+/// statistics.
+fn randomized_run_with(
+    seed: u64,
+    policy: Policy,
+    window: Option<usize>,
+    tiers: Option<TierKnobs>,
+) -> (u64, u64, u64, usize, crate::kv::TierStats) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cfg = SchedulerConfig {
         policy,
@@ -553,10 +577,20 @@ fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64
             early_reject: false,
             ..AdmissionConfig::default()
         },
+        preemption_mode: tiers.map_or(PreemptionMode::Auto, |t| t.mode),
         ..SchedulerConfig::default()
     };
     let num_blocks = rng.random_range(12..40);
-    let mut e = Engine::with_window(cfg, num_blocks, window);
+    let mut e = Engine::with_window(cfg.clone(), num_blocks, window);
+    if let Some(t) = tiers {
+        e.kv = KvCacheManager::new(num_blocks, BLOCK_SIZE, true)
+            .with_sliding_window(window)
+            .with_host_tier(t.host_blocks);
+        e.sched.set_swap_cost(Some(SwapCost {
+            bytes_per_block: 1 << 16,
+            bytes_per_s: t.bytes_per_s,
+        }));
+    }
     let prefixes: Vec<Vec<u32>> = (0..3).map(|i| random_tokens(seed * 10 + i, 20)).collect();
     let num_requests = 60;
     let mut next_id = 1;
@@ -582,17 +616,28 @@ fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64
             if rng.random_bool(0.3) {
                 req = req.ignore_eos();
             }
-            if rng.random_bool(0.2) {
-                e.model
-                    .script
-                    .insert((req.id, rng.random_range(0..20)), EOS);
+            if tiers.is_some() && rng.random_bool(0.15) {
+                req.n = rng.random_range(2..=3.min(cfg.max_num_seqs));
+                // Choices diverge at once: each starts from its own token.
+                for i in 0..req.n {
+                    let choice = RequestId(req.id.0 + i as u64);
+                    e.model.script.insert((choice, 0), RESERVED + 1 + i as u32);
+                }
             }
+            for i in 0..req.n {
+                if rng.random_bool(0.2) {
+                    let choice = RequestId(req.id.0 + i as u64);
+                    e.model
+                        .script
+                        .insert((choice, rng.random_range(0..20)), EOS);
+                }
+            }
+            next_id += req.n as u64;
             e.add(req);
-            next_id += 1;
         }
         let out = e.schedule();
         let step = e.execute(&out);
-        if rng.random_bool(0.03) && !out.is_empty() {
+        if rng.random_bool(0.03) && !out.scheduled.is_empty() {
             let id = out.scheduled[rng.random_range(0..out.scheduled.len())].id;
             e.abort(id);
             in_flight_aborts += 1;
@@ -602,7 +647,7 @@ fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64
             let mut live: Vec<RequestId> = e
                 .requests
                 .keys()
-                .filter(|id| !e.finished.contains_key(id))
+                .filter(|id| !e.finished.contains_key(id) && e.sched.is_known(**id))
                 .copied()
                 .collect();
             live.sort();
@@ -611,8 +656,8 @@ fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64
             }
         }
     }
-    assert_eq!(e.kv.usage().used_blocks, 0, "blocks leaked");
-    assert_eq!(e.finished.len(), num_requests as usize);
+    e.assert_no_leaks();
+    assert_eq!(e.finished.len(), e.requests.len());
     assert!(in_flight_aborts > 0);
     e.assert_matches_reference();
     (
@@ -620,6 +665,7 @@ fn randomized_run(seed: u64, policy: Policy, window: Option<usize>) -> (u64, u64
         e.kv.prefix_cache_stats().hit_tokens,
         e.sched.stats().emergency_pauses,
         e.max_freed,
+        e.kv.tier_stats(),
     )
 }
 

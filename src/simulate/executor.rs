@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::executor::input_batch::InputBatch;
-use crate::scheduler::{CostCoefficients, StepFeatures};
+use crate::scheduler::{prefill_pairs, CostCoefficients, StepFeatures};
 use crate::simulate::workload::standard_normal;
 use crate::step::{SampledToken, SchedulerOutput, StepOutput};
 
@@ -19,6 +19,8 @@ const FILLER_BASE: u32 = 1000;
 pub struct CostModelExecutor {
     cost: CostCoefficients,
     noise: f64,
+    /// `EngineModel::prefill_attn_min_query`.
+    attn_min_query: usize,
     rng: ChaCha8Rng,
     input: InputBatch,
 }
@@ -29,6 +31,7 @@ impl CostModelExecutor {
     pub fn new(
         cost: CostCoefficients,
         noise: f64,
+        attn_min_query: usize,
         seed: u64,
         block_size: usize,
         num_kv_blocks: usize,
@@ -37,6 +40,7 @@ impl CostModelExecutor {
         CostModelExecutor {
             cost,
             noise,
+            attn_min_query,
             rng: ChaCha8Rng::seed_from_u64(seed),
             input: InputBatch::new(block_size, num_kv_blocks, max_len.div_ceil(block_size)),
         }
@@ -44,7 +48,13 @@ impl CostModelExecutor {
 
     /// Seconds the step takes.
     pub fn step_time(&mut self, step: &SchedulerOutput) -> f64 {
-        let ms = self.cost.predict_ms(&StepFeatures::from_step(step));
+        let mut f = StepFeatures::from_step(step);
+        for s in step.scheduled.iter().filter(|s| s.num_tokens > 1) {
+            let ctx = s.num_computed_tokens + s.num_tokens;
+            let q = s.num_tokens.max(self.attn_min_query.min(ctx));
+            f.prefill_attn_pairs += prefill_pairs(q, ctx) - prefill_pairs(s.num_tokens, ctx);
+        }
+        let ms = self.cost.predict_ms(&f);
         let jitter = (1.0 + self.noise * standard_normal(&mut self.rng)).max(0.5);
         ms * jitter / 1e3
     }

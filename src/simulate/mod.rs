@@ -99,7 +99,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 pub fn simulate(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<RunReport> {
     anyhow::ensure!(rate > 0.0 && rate.is_finite(), "rate must be > 0");
     let run = sim::run_once(w, policy, rate)?;
-    Ok(report::report(&w.name, w.duration_s, &w.slo, &run))
+    Ok(report::report(
+        &w.name,
+        w.duration_s,
+        w.judge.as_ref().unwrap_or(&w.slo),
+        &run,
+    ))
 }
 
 fn sweep_rates(spec: &str, w: &Workload) -> anyhow::Result<Vec<f64>> {

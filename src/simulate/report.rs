@@ -49,6 +49,8 @@ pub struct ClassReport {
     pub ttft_ms: Option<Percentiles>,
     /// Every inter-token gap, ms.
     pub itl_ms: Option<Percentiles>,
+    /// Arrival to last token of the finished requests, ms.
+    pub e2e_ms: Option<Percentiles>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -96,7 +98,7 @@ fn class_report<'a>(
 ) -> ClassReport {
     let (mut n, mut attained, mut rejected, mut unfinished) = (0, 0, 0, 0);
     let (mut missed_ttft, mut missed_itl) = (0, 0);
-    let (mut ttft, mut itl) = (Vec::new(), Vec::new());
+    let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     for r in records {
         n += 1;
         if let Some((ttft_ok, itl_ok)) = slo_checks(r, slo) {
@@ -108,6 +110,9 @@ fn class_report<'a>(
         unfinished += usize::from(!r.rejected && r.finished_s.is_none());
         ttft.extend(r.ttft_s().map(|t| t * 1e3));
         itl.extend(r.itl_s.iter().map(|t| t * 1e3));
+        if r.finished_s.is_some() {
+            e2e.extend(r.last_token_s.map(|t| (t - r.arrival_s) * 1e3));
+        }
     }
     ClassReport {
         requests: n,
@@ -123,6 +128,7 @@ fn class_report<'a>(
         missed_itl,
         ttft_ms: Percentiles::of(ttft),
         itl_ms: Percentiles::of(itl),
+        e2e_ms: Percentiles::of(e2e),
     }
 }
 

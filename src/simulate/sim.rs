@@ -84,6 +84,7 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
     let mut exec = CostModelExecutor::new(
         e.cost,
         e.noise,
+        e.prefill_attn_min_query,
         w.seed ^ 0xe8ec,
         e.block_size,
         e.num_kv_blocks,
@@ -155,6 +156,7 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
 
 fn new_request(id: u64, r: &SimRequest, rng: &mut ChaCha8Rng, eos: Arc<[u32]>) -> NewRequest {
     NewRequest {
+        n: 1,
         id: RequestId(id),
         // Random ids: prompts share no prefix, so the prefix cache only helps resumes.
         prompt_token_ids: (0..r.prompt_tokens)

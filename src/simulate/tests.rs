@@ -233,3 +233,91 @@ fn find_rate_brackets_the_fcfs_attainment() {
             > 0.9
     );
 }
+
+/// One step of one sequence computing `q` tokens after `computed`, for the executor's cost.
+fn one_chunk(computed: usize, q: usize) -> crate::step::SchedulerOutput {
+    crate::step::SchedulerOutput {
+        scheduled: vec![crate::step::ScheduledRequest {
+            id: crate::request::RequestId(1),
+            num_computed_tokens: computed,
+            num_tokens: q,
+            num_draft_tokens: 0,
+            sample: false,
+            truncate_blocks_to: None,
+            new_block_ids: Vec::new(),
+            num_freed_blocks: 0,
+            new: None,
+        }],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_chunk_below_the_attention_floor_costs_the_floors_attention() {
+    // Only the attention term, no noise: step time = pairs × 1e-5 ms.
+    let cost = CostCoefficients {
+        base_ms: 0.0,
+        per_prefill_token_ms: 0.0,
+        per_decode_seq_ms: 0.0,
+        per_kv_token_ms: 0.0,
+        per_prefill_attn_pair_ms: 1e-5,
+    };
+    let ms = |floor: usize, computed: usize, q: usize| {
+        let mut e = executor::CostModelExecutor::new(cost, 0.0, floor, 1, 16, 16, 20_000);
+        e.step_time(&one_chunk(computed, q)) * 1e3
+    };
+    let pairs = |q: f64, ctx: f64| q * (ctx - q / 2.0) * 1e-5;
+    // Off: linear in the chunk.
+    assert!((ms(0, 12_000, 64) - pairs(64.0, 12_064.0)).abs() < 1e-9);
+    // A 64-query chunk at 12k context costs what 256 queries cost there; 512 is above the floor.
+    assert!((ms(256, 12_000, 64) - pairs(256.0, 12_064.0)).abs() < 1e-9);
+    assert!((ms(256, 12_000, 512) - pairs(512.0, 12_512.0)).abs() < 1e-9);
+    // Never more queries than the context holds.
+    assert!((ms(256, 0, 100) - pairs(100.0, 100.0)).abs() < 1e-9);
+}
+
+#[test]
+fn judge_replaces_the_criterion_and_e2e_is_reported() {
+    let w = Workload {
+        judge: Some(SloConfig {
+            short: crate::scheduler::ClassSlo {
+                ttft_ms: 1e9,
+                itl_ms: 1e9,
+            },
+            ..SloConfig::default()
+        }),
+        ..workload()
+    };
+    let strict = Workload {
+        slo: SloConfig {
+            short: crate::scheduler::ClassSlo {
+                ttft_ms: 1e-3,
+                itl_ms: 1e-3,
+            },
+            ..SloConfig::default()
+        },
+        ..w.clone()
+    };
+    // The scheduler's targets are impossible, the judge's lenient: every finished short
+    // request counts as met.
+    let r = simulate(&strict, Policy::Fcfs, 8.0).unwrap();
+    let short = &r.classes["short"];
+    assert_eq!(
+        short.attained + short.rejected + short.unfinished,
+        short.requests
+    );
+    let e2e = short.e2e_ms.unwrap();
+    let ttft = short.ttft_ms.unwrap();
+    assert!(e2e.p50 > ttft.p50 && e2e.p99 >= e2e.p95 && e2e.p95 >= e2e.p50);
+    // Without a judge the targets are the criterion.
+    let r = simulate(
+        &Workload {
+            judge: None,
+            ..strict
+        },
+        Policy::Fcfs,
+        8.0,
+    )
+    .unwrap();
+    assert_eq!(r.classes["short"].attained, 0);
+}

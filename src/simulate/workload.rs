@@ -36,6 +36,11 @@ pub struct Workload {
     /// Per-class SLOs: both the scheduler's targets and the attainment criterion.
     #[serde(default)]
     pub slo: SloConfig,
+    /// The attainment criterion when it differs from the scheduler's targets (`slo`): e.g. a
+    /// client that judges mean ITL at 50 ms while the scheduler paces short answers tighter
+    /// for their end-to-end latency. Default: `slo`.
+    #[serde(default)]
+    pub judge: Option<SloConfig>,
     #[serde(default)]
     pub engine: EngineModel,
     /// Scheduler settings (the `[scheduler]` table of brook's config); `--policy` overrides
@@ -142,6 +147,12 @@ pub struct EngineModel {
     pub cost: CostCoefficients,
     /// Relative standard deviation of a step's time around the model.
     pub noise: f64,
+    /// A prefill chunk's attention costs at least what a chunk of this many queries at the same
+    /// context costs (0: off). brook's flash prefill kernel runs one CTA per 64 queries and
+    /// head, with no split over the keys: a chunk that fills less than one wave of the GPU
+    /// (Llama-2-7B on an H200: 32 heads × 4 tiles = 128 CTAs on 132 SMs, 256 queries) takes as
+    /// long as one that fills it. The scheduler's linear model does not know this.
+    pub prefill_attn_min_query: usize,
 }
 
 impl Default for EngineModel {
@@ -154,6 +165,7 @@ impl Default for EngineModel {
             enable_prefix_caching: true,
             cost: CostCoefficients::default(),
             noise: 0.03,
+            prefill_attn_min_query: 0,
         }
     }
 }

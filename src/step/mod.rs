@@ -32,14 +32,17 @@
 //!   as `truncate_blocks_to`.
 //!
 //! Where later work goes, without another redesign:
-//! - KV memory tier: step-level block copy lists on `SchedulerOutput` (swap in, swap out,
-//!   copy-on-write pairs), applied by the executor before the forward, beside the drops.
+//! - KV memory tier (landed): [`SchedulerOutput::kv_copies`], one ordered list of block copies
+//!   between the device and host tiers and within the device (copy-on-write), applied by the
+//!   executor before the forward, beside the drops ([`kv_copy`]).
 pub mod batch;
+pub mod kv_copy;
 pub mod output;
 pub mod scheduler_output;
 pub mod update;
 
 pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
+pub use kv_copy::{BlockCopy, CopyKind};
 pub use output::{DraftOutcome, SampledToken, SpecOutput, StepOutput, TopLogprobs};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

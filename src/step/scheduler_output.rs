@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::kv_copy::BlockCopy;
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
 
@@ -27,6 +28,14 @@ pub struct SchedulerOutput {
     pub num_prefill_tokens: usize,
     /// Sequences in the batch that decode one token.
     pub num_decode_seqs: usize,
+    /// Block copies between the KV tiers and within the device, in the order they must be
+    /// applied, before this step's forward (see `step::kv_copy`). A step may carry copies and
+    /// no request (requests whose blocks come back from the host compute from the next step).
+    pub kv_copies: Vec<BlockCopy>,
+    /// Requests whose blocks this step's copies bring back from the host tier (a swapped
+    /// request resuming, a host-tier prefix hit): not computed in this step, but from the next.
+    /// Should the step fail, their blocks are suspect too.
+    pub loading: Vec<RequestId>,
 }
 
 /// One request's part of a step.
@@ -101,9 +110,10 @@ impl SchedulerOutput {
         self.scheduled.iter().filter(|s| s.sample).count()
     }
 
-    /// Nothing for the executor to run (`update_from_output` may still report early finishes;
-    /// the ids to drop wait for the next step that runs).
+    /// Nothing for the executor to do: no request to compute, no block to copy and no request
+    /// waiting for its copies (`update_from_output` may still report early finishes; the ids to
+    /// drop wait for the next step the executor runs).
     pub fn is_empty(&self) -> bool {
-        self.scheduled.is_empty()
+        self.scheduled.is_empty() && self.kv_copies.is_empty() && self.loading.is_empty()
     }
 }

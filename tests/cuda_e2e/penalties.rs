@@ -124,6 +124,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
                 params: params[i].clone(),
                 seed: 0,
                 eos_token_ids: Arc::from(vec![0u32]),
+                n: 1,
             };
             assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
         }

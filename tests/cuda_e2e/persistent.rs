@@ -135,6 +135,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
                 params: params.clone(),
                 seed: 0,
                 eos_token_ids: Arc::from(vec![0u32]),
+                n: 1,
             };
             assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
         }

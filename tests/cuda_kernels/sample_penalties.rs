@@ -270,13 +270,18 @@ fn count_updates_and_row_moves_match_a_host_model() {
         })
         .collect();
     let buf = dev(&g, &host);
-    // Many updates, indices repeated (the kernel's atomics), prompt marks, takes back.
+    // Many updates, indices repeated (the kernel's atomics), prompt marks, takes back — of
+    // counts present before the launch only (the kernel's contract: updates apply in any order).
+    let mut before = host.clone();
     let mut updates = Vec::new();
     for _ in 0..50_000 {
         let index = r.random_range(0..(rows * vocab) as u32);
         let delta = match r.random_range(0..5) {
             0 => COUNT_PROMPT,
-            1 if host[index as usize] & !PROMPT_BIT > 0 => -1,
+            1 if before[index as usize] & !PROMPT_BIT > 0 => {
+                before[index as usize] -= 1;
+                -1
+            }
             _ => r.random_range(1..3),
         };
         let c = &mut host[index as usize];

@@ -22,7 +22,11 @@ pub fn emit(v: serde_json::Value) {
     println!("{v}");
 }
 
+/// The median; NaN (JSON null) for no samples, e.g. the GPU gaps of a variant without stamps.
 pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

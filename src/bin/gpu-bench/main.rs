@@ -9,6 +9,8 @@
 //!   gpu-bench decode-variants           decode through the scheduler for the default and each
 //!                                       issue-18 switch in one process: ms/step, GPU idle gap
 //!                                       between steps (host overhead), lookahead hits
+//!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
+//!                                       ceiling (one contiguous pinned copy)
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
 //!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
@@ -25,6 +27,7 @@ mod decode;
 mod gemv_sweep;
 mod offline;
 mod prefill_attn;
+mod swap;
 mod ttft;
 mod variants;
 
@@ -61,6 +64,13 @@ enum Cmd {
         /// brook's defaults only (no variants): for a profiler run.
         #[arg(long)]
         quick: bool,
+    },
+    Swap {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// Host tier size, GiB (pinned).
+        #[arg(long, default_value_t = 8.0)]
+        host_gib: f64,
     },
     Ttft {
         #[arg(long, default_value = "llama-2-7b")]
@@ -118,6 +128,7 @@ fn main() -> anyhow::Result<()> {
             quick,
         } => decode::run(&model, input_len, output_len, quick),
         Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
+        Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Offline {
             model,
             num_prompts,

@@ -94,6 +94,7 @@ fn run_one(
         }),
         seed: 0,
         eos_token_ids: eos.clone(),
+        n: 1,
     };
     anyhow::ensure!(
         matches!(sched.add_request(warm, now()), Admission::Accepted),
@@ -113,6 +114,7 @@ fn run_one(
             params: params.clone(),
             seed: i,
             eos_token_ids: eos.clone(),
+            n: 1,
         };
         let admitted = sched.add_request(req, now());
         anyhow::ensure!(

@@ -29,6 +29,7 @@ use crate::common::{bench_options, elapsed_ms, emit, execute, median};
 pub const VARIANTS: &[&str] = &[
     "untimed",
     "default",
+    "split2",
     "pinned",
     "lookahead",
     "inline",
@@ -52,6 +53,11 @@ pub fn variant_options(
     match name {
         "untimed" => o.step_timing = false,
         "default" => {}
+        // The split rule and merge before call c: about 2 CTAs per SM, a separate merge launch.
+        "split2" => {
+            o.decode_ctas_per_sm = 0;
+            o.decode_merge_inline = false;
+        }
         "pinned" => o.pinned_io = true,
         "lookahead" => o.lookahead = true,
         "inline" => o.decode_merge_inline = true,
@@ -74,10 +80,10 @@ pub fn variant_options(
     Ok(o)
 }
 
-/// `q`-quantile of `v` (sorted here), 0 when empty.
+/// `q`-quantile of `v` (sorted here), NaN (JSON null) when empty.
 fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     if v.is_empty() {
-        return 0.0;
+        return f64::NAN;
     }
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * q).round() as usize]
@@ -167,6 +173,7 @@ fn one_run(
             params: params.clone(),
             seed: i,
             eos_token_ids: Arc::from(vec![2u32]),
+            n: 1,
         };
         let admitted = sched.add_request(req, now());
         anyhow::ensure!(matches!(admitted, Admission::Accepted), "{admitted:?}");

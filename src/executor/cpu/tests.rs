@@ -131,6 +131,8 @@ fn backend_for(dir: &Path, block_size: usize, num_blocks: usize) -> CpuBackend {
         kv_cache_bytes: num_blocks * KvPool::bytes_per_block(&config, block_size),
         num_threads: Some(2),
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     CpuBackend::load(dir, opts).unwrap()
 }
@@ -511,6 +513,8 @@ fn kv_pool_is_sized_from_kv_cache_bytes() {
         kv_cache_bytes: bytes,
         num_threads: Some(1),
         progress: false,
+        host_kv_cache_bytes: 0,
+        copy_bytes_per_s: None,
     };
     let backend = CpuBackend::load(dir.path(), opts(10 * per_block + per_block / 2)).unwrap();
     let info = backend.info();
@@ -574,6 +578,7 @@ fn scheduler_steps_through_the_input_batch_match_the_reference() {
                 params: params.clone(),
                 seed: i as u64,
                 eos_token_ids: Arc::from(vec![0u32]),
+                n: 1,
             };
             assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
         }

@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use super::device::Gpu;
 use super::forward::Forward;
 use super::kernels;
+use super::kv_tier::{CudaKvTier, KvLayout};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
-use crate::step::{BatchInput, SchedulerOutput, StepOutput};
+use crate::step::{BatchInput, BlockCopy, SchedulerOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -32,6 +33,8 @@ pub struct CudaBackend {
     input: InputBatch,
     /// This step's block-table changes, (row · max_blocks + column, block id); reused.
     updates: Vec<(u32, u32)>,
+    /// The KV host tier and the copy stream (copy-on-write needs it without a host tier too).
+    tier: CudaKvTier,
     /// The last `execute`'s timing (`CudaBackendOptions::step_timing`).
     timing: Option<StepTiming>,
     /// This step's token-count changes (requests with penalties); reused.
@@ -100,7 +103,19 @@ impl CudaBackend {
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
+        let host_bytes = opts.host_kv_cache_bytes;
         let fwd = Forward::new(gpu, cfg, weights, opts)?;
+        let layout = fwd.kv_layout();
+        let block_bytes = layout.planes * layout.plane_bytes;
+        let tier = CudaKvTier::new(&fwd.gpu.stream, &layout, host_bytes / block_bytes)?;
+        if tier.num_blocks() > 0 {
+            tracing::info!(
+                "KV host tier: {} pinned blocks ({:.2} GiB), copies at {:.1} GB/s",
+                tier.num_blocks(),
+                (tier.num_blocks() * block_bytes) as f64 / (1u64 << 30) as f64,
+                tier.bytes_per_s() / 1e9
+            );
+        }
         let input = InputBatch::new(fwd.opts.block_size, fwd.num_blocks, fwd.max_blocks)
             .with_sliding_window(fwd.cfg.sliding_window)
             .track_table_changes()
@@ -109,6 +124,7 @@ impl CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
+            tier,
             timing: None,
             count_ops: Vec::new(),
         })
@@ -130,6 +146,42 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.fwd.gpu
+    }
+
+    /// Applies block copies between the tiers now (tests, benchmarks; `execute` applies a
+    /// step's own) and waits for them.
+    pub fn copy_blocks(&mut self, copies: &[BlockCopy]) -> anyhow::Result<()> {
+        self.fwd.gpu.ctx.bind_to_thread()?;
+        let layout = self.fwd.kv_layout();
+        self.tier.apply(&self.fwd.gpu.stream, &layout, copies)?;
+        self.tier.sync()?;
+        self.fwd.gpu.sync()
+    }
+
+    /// Device block `b`'s bytes, planes in order (tests compare tiers with it).
+    pub fn kv_block(&self, b: usize) -> anyhow::Result<Vec<u8>> {
+        let l = self.fwd.kv_layout();
+        let mut out = vec![0u8; l.planes * l.plane_bytes];
+        for (p, chunk) in out.chunks_mut(l.plane_bytes).enumerate() {
+            let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
+            self.fwd.gpu.download(chunk, at)?;
+        }
+        Ok(out)
+    }
+
+    /// Host-tier block `b`'s bytes (after `copy_blocks`).
+    pub fn host_kv_block(&self, b: usize) -> Vec<u8> {
+        self.tier.host_block(b, &self.fwd.kv_layout())
+    }
+
+    /// The KV pool's layout (benchmarks).
+    pub fn kv_layout(&self) -> KvLayout {
+        self.fwd.kv_layout()
+    }
+
+    /// The copy bandwidth measured at start, bytes per second (0 without a host tier).
+    pub fn copy_bytes_per_s(&self) -> f64 {
+        self.tier.bytes_per_s()
     }
 
     pub fn weights(&self) -> &GpuWeights {
@@ -196,6 +248,10 @@ impl CudaBackend {
         // First, before anything can fail: the drops it carries are not sent again.
         self.input.update(step)?;
         self.fwd.gpu.ctx.bind_to_thread()?;
+        // Copies go out first on their own stream; the forward's stream waits for them.
+        let layout = self.fwd.kv_layout();
+        self.tier
+            .apply(&self.fwd.gpu.stream, &layout, &step.kv_copies)?;
         self.updates.clear();
         let (width, rows) = (self.fwd.max_blocks, self.fwd.max_seqs);
         let updates = &mut self.updates;
@@ -266,6 +322,8 @@ impl Backend for CudaBackend {
             num_kv_blocks: self.fwd.num_blocks,
             block_size: self.fwd.opts.block_size,
             bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size),
+            num_host_blocks: self.tier.num_blocks(),
+            copy_bytes_per_s: self.tier.bytes_per_s(),
         }
     }
 

@@ -561,6 +561,18 @@ impl Forward {
         Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
     }
 
+    /// The KV pool's layout, for block copies between the tiers (`cuda::kv_tier`).
+    pub fn kv_layout(&self) -> super::kv_tier::KvLayout {
+        let planes = 2 * self.cfg.num_hidden_layers;
+        super::kv_tier::KvLayout {
+            base: self.kv.ptr(),
+            plane_stride: self.kv_layer_bytes,
+            planes,
+            plane_bytes: kv_bytes_per_block(&self.cfg, self.opts.block_size) / planes,
+            num_blocks: self.num_blocks,
+        }
+    }
+
     fn k_cache(&self, layer: usize) -> u64 {
         self.kv.ptr() + (2 * layer * self.kv_layer_bytes) as u64
     }

@@ -12,6 +12,7 @@
 //! - `backend`: `CudaBackend`: the persistent input batch, steps in, sampled tokens out
 //! - `forward`: weights, activations, KV pool and device block tables; one step's launches,
 //!   CUDA graphs for decode
+//! - `kv_tier`: the KV host tier in pinned memory, block copies on a copy stream with events
 //! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
 //! - `lookahead`: which step to launch before the scheduler asks for it, and whether the plan
 //!   that arrives is that step (tested on the CPU)
@@ -21,6 +22,7 @@ pub mod device;
 mod forward;
 pub mod gemm;
 pub mod kernels;
+pub mod kv_tier;
 mod lookahead;
 pub mod options;
 pub mod prefill_gemm;

@@ -47,18 +47,20 @@ pub struct CudaBackendOptions {
     /// keeps it when its plan is exactly that step, and otherwise lets it finish unused (one
     /// wasted step: a request that ends, one that joins, a new block). Off by default.
     pub lookahead: bool,
-    /// Decode attention split rule: 0 (default), `kernels::decode_splits` (about 2 CTAs per SM,
-    /// up to 32 splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up
-    /// to 64 splits, powers of two).
+    /// Decode attention split rule: 0, `kernels::decode_splits` (about 2 CTAs per SM, up to 32
+    /// splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up to 64
+    /// splits, powers of two; serving default 8).
     pub decode_ctas_per_sm: usize,
     /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
-    /// merges; one launch) instead of in `paged_decode_reduce`. Off by default until measured.
+    /// merges; one launch) instead of in `paged_decode_reduce`. On by default (measured).
     pub decode_merge_inline: bool,
     /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
     /// (two one-thread launches inside the step) and time the host's phases; read with
     /// `CudaBackend::last_timing`.
     pub step_timing: bool,
     pub progress: bool,
+    /// KV host tier in pinned host memory, bytes (0: none; `executor::cuda::kv_tier`).
+    pub host_kv_cache_bytes: usize,
     /// Sample only ids below this (0: the whole vocabulary): a synthetic model served with a
     /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
     pub sample_vocab_size: usize,

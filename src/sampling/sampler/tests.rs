@@ -291,3 +291,11 @@ fn top_logprobs_are_the_k_most_likely_in_order() {
     assert_eq!(s.top_logprobs(&l, 0), vec![]);
     assert_eq!(s.top_logprobs(&l, 10).len(), 6);
 }
+
+#[test]
+fn sample_seeds_keep_choice_zero_and_differ_per_index() {
+    assert_eq!(sample_seed(42, 0), 42);
+    let seeds: std::collections::HashSet<u64> = (0..64).map(|i| sample_seed(42, i)).collect();
+    assert_eq!(seeds.len(), 64);
+    assert_ne!(sample_seed(42, 1), sample_seed(43, 1));
+}

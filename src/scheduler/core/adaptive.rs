@@ -44,6 +44,8 @@ struct MergeState {
     max_len: usize,
     /// Waiting requests that joined the step (they leave the waiting queue at the end).
     admitted_now: HashSet<RequestId>,
+    /// The prefix hit `try_load` looked up for the candidate at hand.
+    lookup: Option<usize>,
 }
 
 /// Whether the walk over a lane goes on.
@@ -74,6 +76,7 @@ impl Scheduler {
             long_left: self.cfg.classes.long_prefill_budget,
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
+            lookup: None,
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -96,7 +99,7 @@ impl Scheduler {
         let mut lanes: Lanes = Default::default();
         for &id in &self.running {
             let r = &self.requests[&id];
-            if r.num_uncomputed() > 1 {
+            if !r.loading && r.num_schedulable() > 1 {
                 let lane = Lane::of_prefill(r.class);
                 let slot = if self.overdue(r, now) {
                     0
@@ -161,6 +164,9 @@ impl Scheduler {
         if !is_running && self.drop_unschedulable(id, st.max_len, plan, kv) {
             return Next::Candidate;
         }
+        if !is_running && !self.try_load(st, plan, kv, id) {
+            return Next::Candidate;
+        }
         if lane == Lane::LongStream && st.long_left == 0 {
             self.stats.count_merge(MergeReason::LongBudget);
             // The promoted slot mixes classes: a medium request behind may still fit.
@@ -170,12 +176,12 @@ impl Scheduler {
                 Next::Lane
             };
         }
-        let req = &self.requests[&id];
         let num_computed = if is_running {
-            req.num_computed
+            self.requests[&id].num_computed
         } else {
-            kv.get_computed_blocks(id, &req.tokens)
+            st.lookup.take().unwrap_or(0)
         };
+        let req = &self.requests[&id];
         let cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
         let decision = self.decide(st, plan, kv, id, &cand, is_running);
         if decision.reason.merged() {
@@ -184,6 +190,37 @@ impl Scheduler {
             self.note_short_slack(st, id, num_computed, now);
         }
         Next::Candidate
+    }
+
+    /// A waiting candidate whose blocks come back from the host tier (swapped, or a prefix hit
+    /// there) is admitted here, without a merge decision: it computes nothing this step, only
+    /// takes its slot and its blocks (`loading`). True when it is an ordinary candidate, its
+    /// prefix hit left in `st.lookup`.
+    fn try_load(
+        &mut self,
+        st: &mut MergeState,
+        plan: &mut StepPlan,
+        kv: &mut KvCacheManager,
+        id: RequestId,
+    ) -> bool {
+        let slots = self.requests[&id].slots();
+        let has_slot = self.slots_used() + slots <= self.cfg.max_num_seqs;
+        let loaded = if self.requests[&id].swapped_computed.is_some() {
+            has_slot && self.resume_swapped(id, plan, kv)
+        } else {
+            let hit = self.lookup_prefix(id, kv);
+            if kv.num_host_hit_blocks(id) == 0 {
+                st.lookup = Some(hit);
+                return true;
+            }
+            has_slot && self.admit_loading(id, hit, plan, kv)
+        };
+        if loaded {
+            st.admitted_now.insert(id);
+            let growth = self.expected_growth_blocks(id, kv);
+            st.headroom = (st.headroom - growth as f64).max(0.0);
+        }
+        false
     }
 
     /// What a request asks of this step in its lane.
@@ -196,7 +233,7 @@ impl Scheduler {
         long_left: usize,
         kv: &KvCacheManager,
     ) -> Candidate {
-        let uncomputed = req.num_tokens() - num_computed;
+        let uncomputed = req.compute_target() - num_computed;
         let wanted = match lane {
             Lane::FastLane | Lane::Decode => uncomputed,
             Lane::Resumed | Lane::Normal => self.capped_chunk(uncomputed),
@@ -242,7 +279,8 @@ impl Scheduler {
     ) -> MergeDecision {
         let ctx = MergeContext {
             token_budget_left: plan.budget,
-            seq_available: is_running || self.running.len() < self.cfg.max_num_seqs,
+            seq_available: is_running
+                || self.slots_used() + self.requests[&id].slots() <= self.cfg.max_num_seqs,
             kv_headroom_blocks: st.headroom,
             running_is_empty: self.running.is_empty(),
             short_ttft_slack_ms: if cand.lane == Lane::FastLane {
@@ -321,7 +359,10 @@ impl Scheduler {
             .running
             .iter()
             .copied()
-            .filter(|id| self.requests[id].num_uncomputed() == 1)
+            .filter(|id| {
+                let r = &self.requests[id];
+                !r.loading && r.num_schedulable() == 1
+            })
             .collect();
         for id in decodes {
             if plan.budget == 0 {

@@ -4,7 +4,7 @@
 use super::{Scheduler, MIN_OUTPUT_SAMPLES};
 use crate::kv::KvCacheManager;
 use crate::request::RequestId;
-use crate::scheduler::cost_model::StepFeatures;
+use crate::scheduler::cost_model::{CostCoefficients, StepFeatures};
 use crate::scheduler::request::Request;
 
 impl Scheduler {
@@ -20,8 +20,23 @@ impl Scheduler {
 
     /// Linear part of prefilling `tokens` in steps of at most `per_step` tokens.
     pub(super) fn prefill_ms(&self, tokens: usize, per_step: usize) -> f64 {
-        let c = self.cost.coefficients();
-        tokens.div_ceil(per_step.max(1)) as f64 * c.base_ms + tokens as f64 * c.per_prefill_token_ms
+        prefill_ms_with(&self.cost.coefficients(), tokens, per_step)
+    }
+
+    /// Step-time coefficients for a lower bound: per coefficient, the cheaper of the online fit
+    /// and the configured prior. Early in a run the fit has seen only short prompts and decodes,
+    /// which cannot tell the per-step base from the per-token cost; it can then put several
+    /// times the true per-token cost on a document's prefill, and a bound built on that alone
+    /// would refuse documents that would have met their SLO (issue 19, the H200 runs).
+    pub(super) fn optimistic_coefficients(&self) -> CostCoefficients {
+        let (f, p) = (self.cost.coefficients(), self.cfg.cost_fallback);
+        CostCoefficients {
+            base_ms: f.base_ms.min(p.base_ms),
+            per_prefill_token_ms: f.per_prefill_token_ms.min(p.per_prefill_token_ms),
+            per_decode_seq_ms: f.per_decode_seq_ms.min(p.per_decode_seq_ms),
+            per_kv_token_ms: f.per_kv_token_ms.min(p.per_kv_token_ms),
+            per_prefill_attn_pair_ms: f.per_prefill_attn_pair_ms.min(p.per_prefill_attn_pair_ms),
+        }
     }
 
     /// Predicted time of a step that decodes every running request once.
@@ -52,4 +67,9 @@ impl Scheduler {
             .div_ceil(kv.block_size())
             .saturating_sub(kv.block_table(id).len())
     }
+}
+
+/// Linear part of prefilling `tokens` in steps of at most `per_step` tokens under `c`.
+pub(super) fn prefill_ms_with(c: &CostCoefficients, tokens: usize, per_step: usize) -> f64 {
+    tokens.div_ceil(per_step.max(1)) as f64 * c.base_ms + tokens as f64 * c.per_prefill_token_ms
 }

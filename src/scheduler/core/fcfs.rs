@@ -24,7 +24,7 @@ impl Scheduler {
             let req = &self.requests[&id];
             let num_computed = req.num_computed;
             let is_decode = req.num_uncomputed() == 1;
-            let num_new = self.chunk_size(req.num_uncomputed(), plan.budget);
+            let num_new = self.chunk_size(req.num_schedulable(), plan.budget);
             if num_new == 0 {
                 i += 1;
                 continue;
@@ -53,18 +53,37 @@ impl Scheduler {
     }
 
     /// Waiting requests in order while budget, sequence slots and blocks last; never preempts.
+    /// A swapped request, or one whose prefix hit reaches into the host tier, takes its slot
+    /// and blocks now and computes from the next step (`loading`).
     fn schedule_waiting(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
         let max_len = self.max_len(kv);
-        while plan.budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+        while plan.budget > 0 && self.slots_used() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
             if self.drop_unschedulable(id, max_len, plan, kv) {
                 continue;
             }
+            if self.slots_used() + self.requests[&id].slots() > self.cfg.max_num_seqs {
+                break;
+            }
+            if self.requests[&id].swapped_computed.is_some() {
+                if !self.resume_swapped(id, plan, kv) {
+                    break;
+                }
+                self.waiting.pop_front();
+                continue;
+            }
+            let num_computed = self.lookup_prefix(id, kv);
+            if kv.num_host_hit_blocks(id) > 0 {
+                if !self.admit_loading(id, num_computed, plan, kv) {
+                    break;
+                }
+                self.waiting.pop_front();
+                continue;
+            }
             let req = &self.requests[&id];
-            let num_computed = kv.get_computed_blocks(id, &req.tokens);
-            let num_new = self.chunk_size(req.num_tokens() - num_computed, plan.budget);
+            let num_new = self.chunk_size(req.compute_target() - num_computed, plan.budget);
             if kv.allocate_slots(id, num_computed, num_new).is_none() {
                 break;
             }

@@ -5,7 +5,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::estimates::prefill_ms_with;
 use super::Scheduler;
+use crate::request::RequestId;
+use crate::sampling::sampler::sample_seed;
 use crate::scheduler::admission::Admission;
 use crate::scheduler::admission::OverloadReason;
 use crate::scheduler::request::{NewRequest, Request};
@@ -34,9 +37,30 @@ impl Scheduler {
             };
         }
         self.stats.accepted[class.index()] += 1;
+        if req.n > 1 && req.prompt_token_ids.len() < 2 {
+            // No prompt block to share before the last token: the choices run as they are
+            // (independent requests, so they may speculate).
+            for i in 0..req.n {
+                let choice = NewRequest {
+                    id: RequestId(req.id.0 + i as u64),
+                    seed: sample_seed(req.seed, i),
+                    n: 1,
+                    ..req.clone()
+                };
+                let choice_id = choice.id;
+                self.waiting.push_back(choice_id);
+                let spec = self.spec_for_new(choice.params.may_speculate());
+                let mut request = Request::new(choice, class, now);
+                request.spec = spec;
+                self.requests.insert(choice_id, request);
+            }
+            return Admission::Accepted;
+        }
         let request_id = req.id;
         self.waiting.push_back(req.id);
-        let spec = self.spec_for_new(req.params.may_speculate());
+        // Choices forked off one prompt (n > 1) share its blocks copy-on-write, which draft
+        // positions and their rollback do not take into account: they decode without drafts.
+        let spec = self.spec_for_new(req.params.may_speculate() && req.n <= 1);
         let mut request = Request::new(req, class, now);
         request.spec = spec;
         self.requests.insert(request_id, request);
@@ -62,7 +86,8 @@ impl Scheduler {
         }
         if self.cfg.policy == Policy::Adaptive && a.early_reject {
             // Lower bound: the prompts ahead of it in the lanes served before its own, then its
-            // own prefill, each step as large as the lane allows and nothing else running.
+            // own prefill, each step as large as the lane allows and nothing else running, at
+            // the cheaper of the fitted and the prior step costs.
             let ahead: usize = self
                 .waiting
                 .iter()
@@ -71,15 +96,15 @@ impl Scheduler {
                 .map(|r| r.num_tokens())
                 .sum();
             let own_budget = self.prefill_budget(class);
-            let c = self.cost.coefficients();
-            let bound_ms = self.prefill_ms(ahead, self.cfg.max_num_batched_tokens)
-                + self.prefill_ms(prompt_tokens, own_budget)
+            let c = self.optimistic_coefficients();
+            let own_ms = prefill_ms_with(&c, prompt_tokens, own_budget);
+            let bound_ms = prefill_ms_with(&c, ahead, self.cfg.max_num_batched_tokens)
+                + own_ms
                 + c.per_prefill_attn_pair_ms * (prompt_tokens * prompt_tokens) as f64 / 2.0;
             let slo_ms = self.cfg.slo.of(class).ttft_ms;
             if bound_ms > slo_ms {
                 return Some(OverloadReason::TtftUnreachable);
             }
-            let own_ms = self.prefill_ms(prompt_tokens, own_budget);
             if self.slot_wait_ms(class) + own_ms > slo_ms {
                 return Some(OverloadReason::SlotWait);
             }
@@ -100,7 +125,7 @@ impl Scheduler {
             .map(|id| &self.requests[id])
             .filter(|r| r.class <= class || r.num_output_tokens() > 0)
             .filter(|r| !(r.paused && self.monitor.in_emergency()));
-        let free = self.cfg.max_num_seqs.saturating_sub(self.running.len());
+        let free = self.cfg.max_num_seqs.saturating_sub(self.slots_used());
         if ahead.clone().count() < free {
             return 0.0;
         }

@@ -128,6 +128,51 @@ fn early_reject_refuses_an_unreachable_ttft() {
     }
 }
 
+#[test]
+fn early_reject_bounds_with_the_cheaper_of_fit_and_prior() {
+    let cfg = SchedulerConfig {
+        cost_fallback: coarse_cost(),
+        max_num_batched_tokens: 512,
+        classes: ClassConfig {
+            short_below: 8,
+            long_above: 1000,
+            long_prefill_budget: 64,
+        },
+        admission: AdmissionConfig {
+            early_reject: true,
+            ..AdmissionConfig::default()
+        },
+        ..adaptive()
+    };
+    let mut e = Engine::new(cfg, 256);
+    // Tiny prompts whose steps take 20 ms a prompt token: fitted on these alone, the model
+    // prices a prefill token 20 times the prior's 1 ms (an early fit that cannot tell the
+    // step's base from its tokens).
+    for id in 1..=40u64 {
+        e.add(request(id).prompt_len(1 + id as usize % 7).max_tokens(2));
+        let out = e.schedule();
+        let mut step = e.execute(&out);
+        let ms = 5.0 + 20.0 * out.num_prefill_tokens as f64 + out.num_decode_seqs as f64;
+        step.elapsed = std::time::Duration::from_secs_f64(ms / 1e3);
+        e.update(&out, &step);
+    }
+    e.run_to_completion();
+    let fit = e.sched.cost_model().coefficients();
+    // A 300-token medium prompt, TTFT SLO 800 ms, nothing queued: 305 ms by the prior, over
+    // 800 ms by the fit. The bound takes the cheaper: admitted.
+    assert!(fit.per_prefill_token_ms * 300.0 > 800.0, "{fit:?}");
+    let t = e.now();
+    assert!(e
+        .sched
+        .add_request(request(100).prompt_len(300), t)
+        .is_accepted());
+    // Still a bound: 900 tokens take 905 ms even by the prior.
+    assert!(!e
+        .sched
+        .add_request(request(101).prompt_len(900), t)
+        .is_accepted());
+}
+
 /// Two short requests decoding (`max_num_seqs` 2), then more added one by one until one is
 /// refused: how many were accepted, and the refusal's reason. Every request is `template` (a
 /// 3-token prompt, 30 output tokens, eos ignored) under its own id; `knob` changes the config

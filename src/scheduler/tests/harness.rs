@@ -12,7 +12,8 @@
 
 use super::*;
 use crate::executor::input_batch::InputBatch;
-use crate::step::{SampledToken, NULL_BLOCK};
+use crate::sampling::sampler::sample_seed;
+use crate::step::{CopyKind, SampledToken, NULL_BLOCK};
 
 /// The positions a query at `pos` reads: all before it, or the last `window`.
 pub(super) fn visible(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
@@ -33,6 +34,8 @@ pub(super) struct FakeModel {
     pub(super) num_blocks: usize,
     /// Token id whose K/V each slot holds.
     pub(super) slots: Vec<Option<u32>>,
+    /// The host tier's slots, likewise (grown on demand).
+    pub(super) host_slots: Vec<Option<u32>>,
     pub(super) script: Script,
     /// Sliding window in positions (None: full attention).
     pub(super) window: Option<usize>,
@@ -46,6 +49,7 @@ impl FakeModel {
         FakeModel {
             num_blocks,
             slots: vec![None; num_blocks * BLOCK_SIZE],
+            host_slots: Vec::new(),
             script: Script::new(),
             window,
             input: InputBatch::new(BLOCK_SIZE, num_blocks, num_blocks)
@@ -63,6 +67,7 @@ impl FakeModel {
             return StepOutput::default();
         }
         self.input.update(out).unwrap();
+        self.copy_blocks(out);
         let mirror = &mut self.mirror;
         self.input.drain_table_changes(|r, c, id| {
             if mirror.len() <= r {
@@ -128,6 +133,28 @@ impl FakeModel {
     }
 }
 
+impl FakeModel {
+    /// The step's block copies, in order, before its forward (as the backends apply them).
+    fn copy_blocks(&mut self, out: &SchedulerOutput) {
+        let bs = BLOCK_SIZE;
+        for c in &out.kv_copies {
+            let (s, d) = (c.src as usize * bs, c.dst as usize * bs);
+            if self.host_slots.len() < (c.src.max(c.dst) as usize + 1) * bs {
+                self.host_slots
+                    .resize((c.src.max(c.dst) as usize + 1) * bs, None);
+            }
+            let src: Vec<Option<u32>> = match c.kind {
+                CopyKind::HostToDevice => self.host_slots[s..s + bs].to_vec(),
+                _ => self.slots[s..s + bs].to_vec(),
+            };
+            match c.kind {
+                CopyKind::DeviceToHost => self.host_slots[d..d + bs].copy_from_slice(&src),
+                _ => self.slots[d..d + bs].copy_from_slice(&src),
+            }
+        }
+    }
+}
+
 /// The plain decode: one request alone, no paging, no batching.
 pub(super) fn reference(
     req: &NewRequest,
@@ -172,6 +199,8 @@ pub(super) struct Engine {
     pub(super) step_s: f64,
     /// Most leading blocks freed behind the sliding window that one step reported.
     pub(super) max_freed: usize,
+    /// Requests with `n > 1`: their choice count.
+    pub(super) groups: HashMap<RequestId, usize>,
 }
 
 impl Engine {
@@ -197,7 +226,21 @@ impl Engine {
             t: 0.0,
             step_s: 0.01,
             max_freed: 0,
+            groups: HashMap::new(),
         }
+    }
+
+    /// With a host tier of `host_blocks` blocks whose copies cost `cost`.
+    pub(super) fn with_host(
+        cfg: SchedulerConfig,
+        num_blocks: usize,
+        host_blocks: usize,
+        cost: SwapCost,
+    ) -> Self {
+        let mut e = Self::new(cfg, num_blocks);
+        e.kv = KvCacheManager::new(num_blocks, BLOCK_SIZE, true).with_host_tier(host_blocks);
+        e.sched.set_swap_cost(Some(cost));
+        e
     }
 
     /// Simulated clock: each step takes `step_s`.
@@ -205,8 +248,21 @@ impl Engine {
         self.t
     }
 
+    /// Adds a request; with `n > 1`, its choices `id + i` are expected as requests of their
+    /// own, with their own seeds (the reference decodes each alone).
     pub(super) fn add(&mut self, req: NewRequest) {
-        self.requests.insert(req.id, req.clone());
+        for i in 0..req.n {
+            let choice = NewRequest {
+                id: RequestId(req.id.0 + i as u64),
+                seed: sample_seed(req.seed, i),
+                n: 1,
+                ..req.clone()
+            };
+            self.requests.insert(choice.id, choice);
+        }
+        if req.n > 1 {
+            self.groups.insert(req.id, req.n);
+        }
         assert_eq!(self.sched.add_request(req, self.now()), Admission::Accepted);
     }
 
@@ -334,10 +390,18 @@ impl Engine {
         (out, updates)
     }
 
+    /// Aborts `id`; aborting an `n > 1` request before its fork ends its choices too (the
+    /// output processor aborts every choice of a request).
     pub(super) fn abort(&mut self, id: RequestId) {
         assert!(self.sched.abort_request(id, &mut self.kv));
-        assert!(self.kv.block_table(id).is_empty());
+        assert!(self.kv.block_table(id).is_empty() && !self.kv.is_swapped(id));
         self.finished.insert(id, FinishReason::Cancelled);
+        for i in 1..self.groups.get(&id).copied().unwrap_or(1) {
+            let child = RequestId(id.0 + i as u64);
+            if !self.sched.is_known(child) && !self.finished.contains_key(&child) {
+                self.finished.insert(child, FinishReason::Cancelled);
+            }
+        }
         self.check();
     }
 
@@ -352,8 +416,16 @@ impl Engine {
             assert!(self.steps < limit, "no progress");
             self.step();
         }
-        assert_eq!(self.kv.usage().used_blocks, 0, "blocks leaked");
+        self.assert_no_leaks();
         assert_eq!(self.sched.num_running() + self.sched.num_waiting(), 0);
+    }
+
+    /// No block held in either tier.
+    pub(super) fn assert_no_leaks(&self) {
+        assert_eq!(self.kv.usage().used_blocks, 0, "device blocks leaked");
+        if let Some(h) = self.kv.host_usage() {
+            assert_eq!(h.used_blocks, 0, "host blocks leaked");
+        }
     }
 
     /// Every request that was not cancelled produced exactly the reference output.

@@ -151,3 +151,35 @@ fn requests_with_penalties_bias_min_tokens_or_logprobs_never_get_drafts() {
         assert!(depths.iter().all(|&k| k == 0), "{p:?}: {depths:?}");
     }
 }
+
+#[test]
+fn choices_forked_off_one_prompt_never_get_drafts() {
+    let mut core = Scheduler::new(config()).with_speculation(spec_cfg());
+    let mut kv = KvCacheManager::new(256, BLOCK_SIZE, true);
+    // Choices 1, 2, 3 share the prompt's blocks (copy-on-write); request 10 is on its own.
+    let forked = NewRequest {
+        params: Arc::new(long_params(60)),
+        n: 3,
+        ..request(1)
+    };
+    let alone = NewRequest {
+        params: Arc::new(long_params(60)),
+        ..request(10)
+    };
+    core.add_request(forked, 0.0);
+    core.add_request(alone, 0.0);
+    let mut drafts: HashMap<u64, usize> = HashMap::new();
+    for n in 0..80 {
+        let t = n as f64 * 0.01;
+        let out = core.schedule(&mut kv, t);
+        for s in &out.scheduled {
+            *drafts.entry(s.id.0).or_default() += s.num_draft_tokens;
+        }
+        let step = execute(&out, n, |k| k);
+        core.update_from_output(&out, &step, &mut kv, t);
+    }
+    assert!(drafts[&10] > 0, "{drafts:?}");
+    for id in 1..=3 {
+        assert_eq!(drafts.get(&id), Some(&0), "choice {id}: {drafts:?}");
+    }
+}

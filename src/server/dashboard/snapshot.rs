@@ -90,8 +90,8 @@ pub struct Requests {
     pub websocket_connections: i64,
 }
 
-/// One KV memory tier. Today only `device` (the executor's pool, GPU or CPU memory); a host
-/// tier will be a second entry.
+/// One KV memory tier: `device` (the executor's pool, GPU or CPU memory), then `host` when a
+/// host tier is configured (its used blocks: those held by swapped-out requests).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct KvTier {
     pub name: &'static str,
@@ -309,12 +309,25 @@ pub fn compute(w: &Window, seq: u64, t_ms: u64, fanout: Fanout) -> Option<Dashbo
         ttft_ms,
         itl_ms,
         e2e_ms: Percentiles::of_ms(&now.e2e_latency.since(&old.e2e_latency)),
-        kv_tiers: vec![KvTier {
+        kv_tiers: std::iter::once(KvTier {
             name: "device",
             used_blocks: now.kv_blocks_used,
             total_blocks: now.kv_blocks_total,
             usage: kv_usage,
-        }],
+        })
+        .chain((now.kv_host_blocks_total > 0).then(|| {
+            KvTier {
+                name: "host",
+                used_blocks: now.kv_host_blocks_used,
+                total_blocks: now.kv_host_blocks_total,
+                usage: ratio(
+                    now.kv_host_blocks_used.max(0) as u64,
+                    now.kv_host_blocks_total as u64,
+                )
+                .unwrap_or(0.0),
+            }
+        }))
+        .collect(),
         prefix_cache: PrefixCache {
             hit_rate: ratio(hits, queried),
             queried_tokens: queried,
@@ -395,6 +408,15 @@ mod tests {
         assert_eq!(s.kv_tiers.len(), 1);
         assert_eq!(s.kv_tiers[0].name, "device");
         assert_eq!(s.kv_tiers[0].usage, 0.25);
+        m.kv_host_blocks_total.set(400);
+        m.kv_host_blocks_used.set(100);
+        w.push(2.5, m.snapshot());
+        let t = compute(&w, 7, 2_500, Fanout::default()).unwrap().kv_tiers;
+        assert_eq!(t.len(), 2, "a host tier is the second entry");
+        assert_eq!(
+            (t[1].name, t[1].total_blocks, t[1].usage),
+            ("host", 400, 0.25)
+        );
         // The 50 observations predate the oldest sample: nothing in the window.
         assert_eq!(s.ttft_ms, None);
         assert!(s.speculative.is_none());

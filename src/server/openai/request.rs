@@ -185,6 +185,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
             .map(|input| GenerateRequest {
                 input,
                 params: params.clone(),
+                // `n` fans out here as n requests (`choices::fan_out`); the engine's own `n`
+                // (shared prompt blocks, `index` on events) could replace it.
+                n: None,
             })
             .collect(),
         n,

@@ -76,7 +76,8 @@ impl Sse {
                 return Some(out.into());
             };
             let chunk = match ev {
-                StreamEvent::Started { .. } => continue,
+                // Each fanned-out request has n = 1: no choice_done.
+                StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => continue,
                 StreamEvent::Delta { text, logprobs, .. } => {
                     if text.is_empty() && logprobs.is_empty() {
                         continue;
@@ -162,7 +163,7 @@ pub async fn complete(
     while let Some((i, ev)) = choices.next().await {
         let c = &mut out[i];
         match ev {
-            StreamEvent::Started { .. } => {}
+            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
             StreamEvent::Delta { text, logprobs, .. } => {
                 c.text.push_str(&text);
                 c.logprobs.extend(logprobs);

@@ -1,0 +1,235 @@
+//! The KV memory tier end to end on the CPU backend: the real scheduler core and KV manager
+//! plan block copies, the real paged CPU backend applies them to its device pool and its host
+//! tier. Greedy outputs must equal the unbatched reference forward whatever the tiers did: a
+//! swapped-out request resumes from K/V copied back bit-exactly, a host-tier prefix hit computes
+//! on K/V it did not compute itself, `n > 1` choices share the prompt's blocks and copy the
+//! partial one on write.
+/// The test-model writer, compiled here rather than into the library (see its header).
+#[path = "../src/model/testing.rs"]
+#[allow(dead_code)]
+mod testing;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use brook::executor::backend::Backend;
+use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
+use brook::kv::KvCacheManager;
+use brook::model::config::ModelConfig;
+use brook::model::llama::KvPool;
+use brook::model::loader::load_weights;
+use brook::model::reference::reference_greedy;
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::scheduler::{
+    Admission, NewRequest, PreemptDecision, PreemptionMode, Scheduler, SchedulerConfig, SwapCost,
+};
+use testing::{write_test_model, TestModelSpec};
+
+const BLOCK: usize = 4;
+
+struct Run {
+    /// Generated ids by request id.
+    out: std::collections::HashMap<u64, Vec<u32>>,
+    kv: KvCacheManager,
+    core: Scheduler,
+}
+
+struct Setup {
+    device_blocks: usize,
+    host_blocks: usize,
+    mode: PreemptionMode,
+    max_num_seqs: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            device_blocks: 64,
+            host_blocks: 64,
+            mode: PreemptionMode::Swap,
+            max_num_seqs: 8,
+        }
+    }
+}
+
+fn model() -> (tempfile::TempDir, ModelConfig) {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+    let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+    (dir, cfg)
+}
+
+fn prompt(seed: usize, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|j| ((seed * 131 + j * 37 + 5) % 250) as u32 + 3)
+        .collect()
+}
+
+/// Runs `reqs` (id, prompt, max new tokens, n, the step it arrives at) to completion.
+fn run(dir: &Path, s: &Setup, reqs: &[(u64, Vec<u32>, usize, usize, usize)]) -> Run {
+    let config = ModelConfig::from_dir(dir).unwrap();
+    let per_block = KvPool::bytes_per_block(&config, BLOCK);
+    let opts = CpuBackendOptions {
+        block_size: BLOCK,
+        kv_cache_bytes: s.device_blocks * per_block,
+        num_threads: Some(2),
+        progress: false,
+        host_kv_cache_bytes: s.host_blocks * per_block,
+        copy_bytes_per_s: Some(1e12),
+    };
+    let mut backend = CpuBackend::load(dir, opts).unwrap();
+    let info = backend.info();
+    assert_eq!(
+        (info.num_kv_blocks, info.num_host_blocks),
+        (s.device_blocks, s.host_blocks)
+    );
+    let mut kv =
+        KvCacheManager::new(info.num_kv_blocks, BLOCK, true).with_host_tier(info.num_host_blocks);
+    let mut core = Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: 32,
+        max_num_seqs: s.max_num_seqs,
+        max_model_len: config.max_position_embeddings,
+        preemption_mode: s.mode,
+        ..SchedulerConfig::default()
+    });
+    core.set_swap_cost(Some(SwapCost {
+        bytes_per_block: info.bytes_per_block,
+        bytes_per_s: info.copy_bytes_per_s,
+    }));
+    let mut out = std::collections::HashMap::new();
+    let (mut t, mut step) = (0.0, 0);
+    while step == 0 || core.has_unfinished() || reqs.iter().any(|r| r.4 >= step) {
+        for (id, p, max_new, n, _) in reqs.iter().filter(|r| r.4 == step) {
+            let req = NewRequest {
+                id: RequestId(*id),
+                prompt_token_ids: p.clone(),
+                params: Arc::new(SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(*max_new)
+                }),
+                seed: 1,
+                eos_token_ids: Arc::from(vec![]),
+                n: *n,
+            };
+            assert_eq!(core.add_request(req, t), Admission::Accepted);
+        }
+        t += 0.01;
+        step += 1;
+        assert!(step < 5_000, "no progress");
+        let plan = core.schedule(&mut kv, t);
+        let result = backend.execute(&plan).unwrap();
+        for u in core.update_from_output(&plan, &result, &mut kv, t) {
+            out.entry(u.id.0)
+                .or_insert_with(Vec::new)
+                .extend(u.new_token_ids);
+        }
+    }
+    assert_eq!(kv.usage().used_blocks, 0, "device blocks leaked");
+    if let Some(h) = kv.host_usage() {
+        assert_eq!(h.used_blocks, 0, "host blocks leaked");
+    }
+    Run { out, kv, core }
+}
+
+fn reference(dir: &Path, p: &[u32], max_new: usize) -> Vec<u32> {
+    let config = ModelConfig::from_dir(dir).unwrap();
+    let weights = load_weights(dir, &config, false).unwrap();
+    reference_greedy(&config, &weights, p, max_new).unwrap().0
+}
+
+#[test]
+fn greedy_output_is_unchanged_by_swapping_out_and_in_mid_generation() {
+    let (dir, _) = model();
+    // Three sequences of up to 14 blocks in 24 device blocks: decodes preempt each other.
+    let reqs: Vec<_> = (0..3)
+        .map(|i| (i as u64 * 10, prompt(i, 30 + 5 * i), 20, 1, 0))
+        .collect();
+    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
+        let s = Setup {
+            device_blocks: 24,
+            mode,
+            ..Setup::default()
+        };
+        let r = run(dir.path(), &s, &reqs);
+        let st = r.core.stats();
+        let t = r.kv.tier_stats();
+        if mode == PreemptionMode::Swap {
+            assert!(st.preempt_count(PreemptDecision::Swap) > 0, "{st:?}");
+            assert!(t.swapped_in_requests > 0 && t.swap_in_blocks > 0, "{t:?}");
+        } else {
+            assert!(st.preempt_count(PreemptDecision::Recompute) > 0, "{st:?}");
+            assert_eq!(t.swapped_out_requests, 0);
+        }
+        for (id, p, max_new, _, _) in &reqs {
+            assert_eq!(
+                r.out[id],
+                reference(dir.path(), p, *max_new),
+                "{mode:?}: request {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_full_host_tier_recomputes_and_the_output_is_unchanged() {
+    let (dir, _) = model();
+    let reqs: Vec<_> = (0..3)
+        .map(|i| (i as u64 * 10, prompt(i, 30 + 5 * i), 20, 1, 0))
+        .collect();
+    let s = Setup {
+        device_blocks: 24,
+        host_blocks: 2,
+        ..Setup::default()
+    };
+    let r = run(dir.path(), &s, &reqs);
+    let st = r.core.stats();
+    assert!(
+        st.preempt_count(PreemptDecision::RecomputeHostFull) > 0,
+        "{st:?}"
+    );
+    for (id, p, max_new, _, _) in &reqs {
+        assert_eq!(
+            r.out[id],
+            reference(dir.path(), p, *max_new),
+            "request {id}"
+        );
+    }
+}
+
+#[test]
+fn prefix_hits_in_the_host_tier_come_back_and_the_output_is_unchanged() {
+    let (dir, _) = model();
+    // The first request's prompt blocks are evicted from the 16-block device tier by the
+    // second's; the third repeats the first prompt and finds its blocks in the host tier.
+    let a = prompt(1, 33);
+    let b = prompt(2, 40);
+    let reqs = vec![
+        (0u64, a.clone(), 4, 1, 0),
+        (10, b.clone(), 4, 1, 40),
+        (20, a.clone(), 6, 1, 80),
+    ];
+    let s = Setup {
+        device_blocks: 16,
+        ..Setup::default()
+    };
+    let r = run(dir.path(), &s, &reqs);
+    let p = r.kv.prefix_cache_stats();
+    assert!(p.host_hit_tokens > 0 && p.hit_tokens == 32, "{p:?}");
+    assert!(r.kv.tier_stats().offloaded_blocks > 0);
+    assert_eq!(r.out[&20], reference(dir.path(), &a, 6));
+    assert_eq!(r.out[&10], reference(dir.path(), &b, 4));
+}
+
+#[test]
+fn n_choices_share_the_prompt_and_copy_the_partial_block_on_write() {
+    let (dir, _) = model();
+    // A prompt of 4.5 blocks: the fork shares 4 full blocks and copies the partial one.
+    let p = prompt(3, 18);
+    let r = run(dir.path(), &Setup::default(), &[(0, p.clone(), 10, 3, 0)]);
+    assert!(r.kv.tier_stats().cow_blocks >= 2, "{:?}", r.kv.tier_stats());
+    let want = reference(dir.path(), &p, 10);
+    for id in 0..3 {
+        assert_eq!(r.out[&id], want, "choice {id}");
+    }
+}
