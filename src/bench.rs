@@ -43,6 +43,14 @@ pub struct BenchArgs {
     /// so one-time costs (cuBLAS heuristics, the first CUDA graph) stay out of the figures.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Sampling temperature of every request (0 = greedy); each request has its own seed
+    /// (--seed + its index), so sampled runs are reproducible.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// random: uniform random token ids; repeat: one random phrase of 16 ids repeated to
+    /// --input-len (text that repeats itself, where n-gram lookup can find drafts).
+    #[arg(long, value_enum, default_value_t = PromptKind::Random)]
+    pub prompts: PromptKind,
     /// Print the figures as one JSON object too.
     #[arg(long)]
     pub json: bool,
@@ -54,6 +62,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub multiturn: bool,
 }
+
+/// How the benchmark's prompts are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptKind {
+    Random,
+    Repeat,
+}
+
+/// Tokens of the phrase a `repeat` prompt repeats.
+const REPEAT_PHRASE: usize = 16;
 
 mod tiers;
 
@@ -75,6 +94,15 @@ pub struct BenchReport {
     pub itl_ms_p50: f64,
     pub itl_ms_p99: f64,
     pub completion_tokens: usize,
+    pub temperature: f64,
+    pub prompts: PromptKind,
+    /// off | ngram | draft
+    pub speculative: String,
+    /// Speculative decoding over the timed workload: draft tokens verified and accepted, and
+    /// tokens per verification (the target's own included); zero / None without it.
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_mean_accepted_length: Option<f64>,
 }
 
 /// What one timed request saw on its stream.
@@ -95,6 +123,15 @@ pub struct RequestStats {
 pub struct BenchOutcome {
     pub report: BenchReport,
     pub requests: Vec<RequestStats>,
+}
+
+impl PromptKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptKind::Random => "random",
+            PromptKind::Repeat => "repeat",
+        }
+    }
 }
 
 /// Linear-interpolated percentile of sorted values.
@@ -150,17 +187,30 @@ async fn workload(
     );
     let vocab = vocab as u32;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
+    let kind = args.prompts;
     let mut prompt = move || -> Vec<u32> {
-        (0..args.input_len)
-            .map(|_| rng.random_range(0..vocab))
+        let distinct = match kind {
+            PromptKind::Random => args.input_len,
+            PromptKind::Repeat => REPEAT_PHRASE.min(args.input_len),
+        };
+        let phrase: Vec<u32> = (0..distinct).map(|_| rng.random_range(0..vocab)).collect();
+        phrase
+            .iter()
+            .copied()
+            .cycle()
+            .take(args.input_len)
             .collect()
     };
+    let next_seed = std::cell::Cell::new(args.seed);
     let submit = |prompt_token_ids: Vec<u32>, max_tokens: usize| -> anyhow::Result<_> {
+        let seed = next_seed.get();
+        next_seed.set(seed.wrapping_add(1));
         let req = engine.validate(GenerateRequest {
             input: PromptInput::Tokens(prompt_token_ids),
             params: RawSamplingParams {
                 max_tokens: Some(max_tokens as i64),
-                temperature: Some(0.0),
+                temperature: Some(args.temperature),
+                seed: Some(seed),
                 ignore_eos: Some(true),
                 ..Default::default()
             },
@@ -179,6 +229,7 @@ async fn workload(
         w.await??;
     }
 
+    let before = engine.metrics.snapshot();
     let start = Instant::now();
     let tasks = timed_prompts
         .into_iter()
@@ -189,6 +240,7 @@ async fn workload(
         requests.push(t.await??);
     }
     let wall = start.elapsed().as_secs_f64();
+    let after = engine.metrics.snapshot();
     // ignore_eos within max_model_len: anything short means the figures are wrong.
     if let Some(r) = requests
         .iter()
@@ -224,6 +276,16 @@ async fn workload(
         itl_ms_p50: percentile(&itl, 50.0),
         itl_ms_p99: percentile(&itl, 99.0),
         completion_tokens,
+        temperature: args.temperature,
+        prompts: args.prompts,
+        speculative: engine.info.speculative.clone(),
+        spec_draft_tokens: after.spec_draft_tokens - before.spec_draft_tokens,
+        spec_accepted_tokens: after.spec_accepted_tokens - before.spec_accepted_tokens,
+        spec_mean_accepted_length: {
+            let drafts = after.spec_drafts - before.spec_drafts;
+            let accepted = after.spec_accepted_tokens - before.spec_accepted_tokens;
+            (drafts > 0).then(|| 1.0 + accepted as f64 / drafts as f64)
+        },
     };
     Ok(BenchOutcome { report, requests })
 }
@@ -282,8 +344,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ""
     };
     println!(
-        "brook bench: {} prompts x {} in / {} out on {} ({}{weights})",
-        report.num_prompts, report.input_len, report.output_len, report.device, report.model
+        "brook bench: {} prompts x {} in / {} out on {} ({}{weights}), {} prompts, \
+         temperature {}, speculative {}",
+        report.num_prompts,
+        report.input_len,
+        report.output_len,
+        report.device,
+        report.model,
+        args.prompts.as_str(),
+        report.temperature,
+        report.speculative
     );
     println!("  wall            {:>10.2} s", report.wall_s);
     println!("  output tok/s    {:>10.1}", report.output_tok_s);
@@ -296,6 +366,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "  ITL  ms  P50 {:>9.2}   P99 {:>9.2}",
         report.itl_ms_p50, report.itl_ms_p99
     );
+    if let Some(len) = report.spec_mean_accepted_length {
+        println!(
+            "  speculative     {} of {} drafts accepted ({:.1}%), {:.2} tokens per verification",
+            report.spec_accepted_tokens,
+            report.spec_draft_tokens,
+            100.0 * report.spec_accepted_tokens as f64 / report.spec_draft_tokens.max(1) as f64,
+            len
+        );
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     }

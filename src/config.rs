@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::scheduler::SchedulerConfig;
+use crate::spec::SpecConfig;
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -17,6 +18,9 @@ pub struct Config {
     /// The scheduler's own config: budget, policy (fcfs | adaptive), classes, SLOs, merge,
     /// emergency and admission knobs (src/scheduler/mod.rs).
     pub scheduler: SchedulerConfig,
+    /// Speculative decoding: method (off | ngram | draft), draft model, depth ceiling, the
+    /// pressure rules (src/spec/config.rs).
+    pub speculative: SpecConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -262,6 +266,9 @@ impl Config {
             self.model.device
         );
         self.server.validate()?;
+        self.speculative
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(())
     }
 }
@@ -353,6 +360,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("allowed_origins"), "{err}");
+    }
+
+    #[test]
+    fn speculative_section_parses_and_is_checked() {
+        let cfg = Config::from_toml(
+            "[speculative]\nmethod = \"draft\"\ndraft_model = \"models/demo-chat-draft\"\nmax_depth = 3\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.speculative.method, crate::spec::SpecMethod::Draft);
+        assert_eq!(cfg.speculative.max_depth, 3);
+        let err = Config::from_toml("[speculative]\nmethod = \"draft\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("draft_model"), "{err}");
+        let err = Config::from_toml("[speculative]\nmethod = \"ngram\"\nmax_depth = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_depth"), "{err}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::request::{RequestId, StreamEvent};
 use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Submit};
 use crate::scheduler::SwapCost;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::spec::{compat, SpecMethod};
 use crate::tokenizer::Tokenizer;
 use crate::validation::{
     GenerateRequest, ModelDefaults, ValidRequest, Validation, ValidationLimits,
@@ -59,13 +60,15 @@ pub struct EngineInfo {
     pub max_model_len: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Speculative decoding: off, ngram or draft (with the draft model's folder).
+    pub speculative: String,
 }
 
 impl EngineInfo {
     pub fn summary(&self) -> String {
         let b = &self.backend;
         format!(
-            "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}",
+            "model {} ({:.1}M parameters) from {}\ndevice {}\nKV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB)\nscheduler: max_num_seqs {}, max_num_batched_tokens {}, max_model_len {}\nspeculative decoding: {}",
             self.model_name,
             self.num_parameters as f64 / 1e6,
             self.source,
@@ -77,6 +80,7 @@ impl EngineInfo {
             self.max_num_seqs,
             self.max_num_batched_tokens,
             self.max_model_len,
+            self.speculative,
         )
     }
 }
@@ -202,20 +206,34 @@ pub fn start_wrapped(
     }
     // Checked before the weights load, so a bad default fails fast.
     let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
+    let spec = &cfg.speculative;
+    if let Some(draft_dir) = spec
+        .draft_model
+        .as_deref()
+        .filter(|_| spec.method == SpecMethod::Draft)
+    {
+        check_draft(cfg, model_dir, &model_cfg, &tokenizer, draft_dir)?;
+    }
     let device = pick_device(cfg, &model_cfg)?;
+    if matches!(device, Device::Cuda) {
+        refuse_cuda_speculation(cfg)?;
+    }
     let load = {
         let (cfg, dir) = (cfg.clone(), model_dir.to_path_buf());
         // A rebuild after a panic shows no progress bar.
         let mut progress = progress;
+        // Each call builds the whole backend again, the draft model with its own KV pool too:
+        // a rebuilt backend starts with no draft state, the old one's is dropped with it.
         move || -> anyhow::Result<Box<dyn Backend>> {
             let backend: Box<dyn Backend> = match &device {
                 Device::Cuda => Box::new(CudaBackend::load(
                     &dir,
                     CudaBackendOptions::from_config(&cfg, progress),
                 )?),
-                Device::Cpu(_) => Box::new(CpuBackend::load(
+                Device::Cpu(_) => Box::new(CpuBackend::load_speculative(
                     &dir,
                     CpuBackendOptions::from_config(&cfg, progress),
+                    &cfg.speculative,
                 )?),
             };
             progress = false;
@@ -269,6 +287,53 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
         None,
         None,
     )))
+}
+
+/// The CUDA executor does not verify drafts yet (it returns logits at one position per
+/// sequence): refuse rather than serve without what was asked for.
+fn refuse_cuda_speculation(cfg: &Config) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !cfg.speculative.enabled(),
+        "--speculative {} is not implemented on the CUDA executor yet; use --device cpu, or \
+         --speculative off",
+        cfg.speculative.method.as_str()
+    );
+    Ok(())
+}
+
+/// Refuses a draft model that cannot draft for the target (`spec::compat`), before any weight
+/// is loaded.
+fn check_draft(
+    cfg: &Config,
+    target_dir: &Path,
+    target: &ModelConfig,
+    target_tokenizer: &Tokenizer,
+    draft_dir: &Path,
+) -> anyhow::Result<()> {
+    let draft = ModelConfig::from_dir(draft_dir)
+        .map_err(|e| anyhow::anyhow!("draft model {}: {e}", draft_dir.display()))?;
+    let draft_tokenizer = if draft_dir.join("tokenizer.json").is_file() {
+        Some(Tokenizer::from_dir(draft_dir)?)
+    } else {
+        None
+    };
+    compat::check(&compat::Pair {
+        target_dir,
+        target,
+        target_tokenizer: Some(target_tokenizer),
+        draft_dir,
+        draft: &draft,
+        draft_tokenizer: draft_tokenizer.as_ref(),
+        max_model_len: resolve_max_model_len(cfg, target),
+    })
+}
+
+/// The engine's context: the configured one within the model's.
+fn resolve_max_model_len(cfg: &Config, model: &ModelConfig) -> usize {
+    match cfg.scheduler.max_model_len {
+        0 => model.max_position_embeddings,
+        n => n.min(model.max_position_embeddings),
+    }
 }
 
 /// Starts the actors on random weights of the synthetic shape `name` with the tokenizer (and
@@ -332,6 +397,7 @@ fn synthetic_backend(
 ) -> anyhow::Result<Box<dyn Backend>> {
     Ok(match pick_device(cfg, model_cfg)? {
         Device::Cuda => {
+            refuse_cuda_speculation(cfg)?;
             let opts = CudaBackendOptions {
                 sample_vocab_size: sample_vocab,
                 ..CudaBackendOptions::from_config(cfg, false)
@@ -339,12 +405,22 @@ fn synthetic_backend(
             Box::new(CudaBackend::synthetic(model_cfg.clone(), seed, opts)?)
         }
         Device::Cpu(why) => {
+            anyhow::ensure!(
+                cfg.speculative.method != SpecMethod::Draft,
+                "--speculative draft needs a model folder (a --synthetic model has no draft)"
+            );
             let weights = synthetic_host_weights(name, model_cfg, seed)
                 .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
             let opts = CpuBackendOptions::from_config(cfg, false);
             Box::new(
-                CpuBackend::from_parts(model_cfg.clone(), weights, &opts)?
-                    .sample_below(sample_vocab),
+                CpuBackend::from_parts_speculative(
+                    model_cfg.clone(),
+                    weights,
+                    &opts,
+                    &cfg.speculative,
+                    None,
+                )?
+                .sample_below(sample_vocab),
             )
         }
     })
@@ -384,10 +460,7 @@ fn start_actors(
 ) -> EngineCore {
     let backend_info = backend.info();
     let model_cfg = &model.config;
-    let max_model_len = match cfg.scheduler.max_model_len {
-        0 => model_cfg.max_position_embeddings,
-        n => n.min(model_cfg.max_position_embeddings),
-    };
+    let max_model_len = resolve_max_model_len(cfg, model_cfg);
     let metrics = Arc::new(Metrics::new());
     metrics
         .kv_blocks_total
@@ -414,7 +487,8 @@ fn start_actors(
     let mut core = Scheduler::new(SchedulerConfig {
         max_model_len,
         ..cfg.scheduler.clone()
-    });
+    })
+    .with_speculation(cfg.speculative.clone());
     if backend_info.num_host_blocks > 0 {
         core.set_swap_cost(Some(SwapCost {
             bytes_per_block: backend_info.bytes_per_block,
@@ -456,6 +530,10 @@ fn start_actors(
         max_model_len,
         max_num_seqs: cfg.scheduler.max_num_seqs,
         max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+        speculative: match (&cfg.speculative.method, &cfg.speculative.draft_model) {
+            (SpecMethod::Draft, Some(d)) => format!("draft ({})", d.display()),
+            (m, _) => m.as_str().to_owned(),
+        },
     };
     EngineCore {
         scheduler,

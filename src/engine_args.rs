@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::config::Config;
+use crate::spec::SpecMethod;
 
 /// Engine options shared by `serve` and `bench`; each overrides the config file.
 #[derive(Debug, Clone, Args)]
@@ -53,6 +54,20 @@ pub struct EngineArgs {
     /// emergency mode).
     #[arg(long, value_enum)]
     pub policy: Option<crate::scheduler::Policy>,
+    /// Speculative decoding: off, ngram (prompt lookup, no extra model) or draft (a draft
+    /// model, --draft-model). Default: draft when --draft-model is given, else the config's.
+    #[arg(long, value_enum)]
+    pub speculative: Option<SpecMethod>,
+    /// Draft model folder for --speculative draft; its tokenizer must equal the target's.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Most draft tokens per request and step: the ceiling of the adaptive depth.
+    #[arg(long)]
+    pub spec_max_depth: Option<usize>,
+    /// Always speculate at --spec-max-depth (within the KV-pressure and emergency rules)
+    /// instead of choosing the depth by the cost model and acceptance.
+    #[arg(long)]
+    pub spec_fixed_depth: bool,
 }
 
 impl EngineArgs {
@@ -97,6 +112,18 @@ impl EngineArgs {
         }
         if let Some(u) = self.gpu_memory_utilization {
             cfg.cache.gpu_memory_utilization = u;
+        }
+        let spec = &mut cfg.speculative;
+        if let Some(d) = &self.draft_model {
+            spec.draft_model = Some(d.clone());
+            spec.method = SpecMethod::Draft;
+        }
+        if let Some(m) = self.speculative {
+            spec.method = m;
+        }
+        set(&mut spec.max_depth, self.spec_max_depth);
+        if self.spec_fixed_depth {
+            spec.adaptive = false;
         }
         cfg.validate()?;
         Ok(cfg)

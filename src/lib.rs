@@ -23,6 +23,7 @@ pub mod serve;
 pub mod server;
 pub mod session;
 pub mod simulate;
+pub mod spec;
 pub mod step;
 pub mod tokenizer;
 #[cfg(test)]

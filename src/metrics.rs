@@ -43,6 +43,15 @@ pub struct Metrics {
     pub emergency_exits: IntCounter,
     pub emergency_pauses: IntCounter,
     pub emergency_pauses_spared: IntCounter,
+    /// Speculative decoding, in vLLM's terms (`spec_decode_*`).
+    pub spec_drafts: IntCounter,
+    pub spec_draft_tokens: IntCounter,
+    pub spec_accepted_tokens: IntCounter,
+    pub spec_accepted_per_pos: IntCounterVec,
+    pub spec_proposed_per_pos: IntCounterVec,
+    pub spec_mean_accepted_length: Gauge,
+    pub spec_depth: Gauge,
+    pub spec_steps: IntCounterVec,
     /// KV host tier: its blocks held by swapped requests, and its size (0: no host tier).
     pub kv_host_blocks_used: IntGauge,
     pub kv_host_blocks_total: IntGauge,
@@ -105,6 +114,13 @@ impl Metrics {
         registry
             .register(Box::new(kv_usage_ratio.clone()))
             .expect("unique metric");
+        let float_gauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
         Metrics {
             requests_running: gauge(
                 "brook:num_requests_running",
@@ -233,6 +249,42 @@ impl Metrics {
                 "brook:scheduler_emergency_pauses_spared_total",
                 "Long sequences not paused because the pause alone would break their own SLO.",
             ),
+            spec_drafts: counter(
+                "brook:spec_decode_num_drafts_total",
+                "Speculative verifications: a sequence's step with at least one draft token.",
+            ),
+            spec_draft_tokens: counter(
+                "brook:spec_decode_num_draft_tokens_total",
+                "Draft tokens proposed and verified.",
+            ),
+            spec_accepted_tokens: counter(
+                "brook:spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+            ),
+            spec_accepted_per_pos: counter_vec(
+                "brook:spec_decode_num_accepted_tokens_per_pos_total",
+                "Draft tokens accepted, by draft position (0: the first draft).",
+                "position",
+            ),
+            spec_proposed_per_pos: counter_vec(
+                "brook:spec_decode_num_proposed_tokens_per_pos_total",
+                "Draft tokens verified, by draft position (0: the first draft).",
+                "position",
+            ),
+            spec_mean_accepted_length: float_gauge(
+                "brook:spec_decode_mean_acceptance_length",
+                "Tokens per verification since start, the target's own token included.",
+            ),
+            spec_depth: float_gauge(
+                "brook:spec_decode_current_depth",
+                "Mean draft depth given to the decodes that could speculate in the last such step.",
+            ),
+            spec_steps: counter_vec(
+                "brook:spec_decode_steps_total",
+                "Steps with speculating decodes, by what set the depth ceiling (normal, \
+                 kv_pressure, emergency, warmup).",
+                "ceiling",
+            ),
             kv_host_blocks_used: gauge(
                 "brook:kv_host_blocks_used",
                 "KV host-tier blocks held by swapped-out requests.",
@@ -319,6 +371,11 @@ pub struct MetricsSnapshot {
     pub emergency_exits: u64,
     pub emergency_pauses: u64,
     pub emergency_pauses_spared: u64,
+    /// Speculative decoding counters (see `Metrics::spec_*`).
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_depth: f64,
 }
 
 /// A histogram's cumulative buckets at one instant (finite upper bounds only; `count` is the
@@ -441,6 +498,10 @@ impl Metrics {
             emergency_exits: self.emergency_exits.get(),
             emergency_pauses: self.emergency_pauses.get(),
             emergency_pauses_spared: self.emergency_pauses_spared.get(),
+            spec_drafts: self.spec_drafts.get(),
+            spec_draft_tokens: self.spec_draft_tokens.get(),
+            spec_accepted_tokens: self.spec_accepted_tokens.get(),
+            spec_depth: self.spec_depth.get(),
         }
     }
 }

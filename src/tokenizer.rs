@@ -306,6 +306,11 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The token string of `id` (added tokens included); None past the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// Whether `id` is a special (control) token, which decoding with skip_special_tokens drops.
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.binary_search(&id).is_ok()

@@ -209,3 +209,50 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
     wait_idle(&server).await;
     server.stop().await;
 }
+
+/// Speculative decoding with the bundled draft model: a panic in a step that verifies drafts
+/// rebuilds the target and the draft model, each with a fresh KV pool (the draft's K/V shares
+/// the target's block ids, so its blocks are the request's and all come back); the greedy
+/// output after the rebuild, drafted again, is the reference.
+#[actix_rt::test]
+async fn a_panic_while_speculating_rebuilds_the_draft_model_too() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cfg = test_config();
+    cfg.cache.kv_cache_mib = 64;
+    cfg.speculative = brook::spec::SpecConfig {
+        method: brook::spec::SpecMethod::Draft,
+        draft_model: Some(root.join("models/demo-chat-draft")),
+        max_depth: 3,
+        // Every decode past the cost model's warm-up speculates at max_depth.
+        adaptive: false,
+        ..Default::default()
+    };
+    let plan = FaultPlan::new();
+    let server = start_server_at(cfg, &root.join("models/demo-chat"), Some(plan.wrap())).await;
+    let mut c = Client::connect(&server).await;
+    let prompt = "Hello there, how are you?";
+    let reference = text_of(&run(&mut c, "ref", prompt, 40).await);
+    let m = wait_idle(&server).await;
+    let drafted = metric(&m, "brook:spec_decode_num_draft_tokens_total");
+    assert!(drafted > 0.0, "the reference run speculated");
+    // The prefill, one decode that verifies drafts, then the panic.
+    plan.arm(3, Fault::Panic);
+    let failed = run(&mut c, "a", prompt, 40).await;
+    let t = terminal(&failed);
+    assert_eq!(
+        (t["type"].as_str(), t["code"].as_str()),
+        (Some("error"), Some("internal"))
+    );
+    assert_eq!(plan.built(), 2, "the backend was rebuilt");
+    wait_idle(&server).await;
+    let again = run(&mut c, "again", prompt, 40).await;
+    assert_eq!(text_of(&again), reference);
+    let m = wait_idle(&server).await;
+    assert!(
+        metric(&m, "brook:spec_decode_num_draft_tokens_total") > drafted,
+        "the rebuilt backend drafts"
+    );
+    assert_eq!(health(&server).await.0, 200);
+    c.close().await;
+    server.stop().await;
+}

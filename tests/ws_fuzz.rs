@@ -270,6 +270,7 @@ fn raw_params() -> impl Strategy<Value = RawSamplingParams> {
                 stop,
                 stop_token_ids,
                 ignore_eos,
+                speculative: None,
                 presence_penalty,
                 frequency_penalty,
                 repetition_penalty,

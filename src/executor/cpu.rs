@@ -1,8 +1,16 @@
 //! The CPU backend: the Llama-family forward on candle (f32) over a paged KV pool, then per-request
 //! sampling. It lives on the executor's thread; with `num_threads` set it runs its GEMMs and
 //! attention on a rayon pool of its own, so it does not compete with other rayon users.
+//!
+//! Speculative decoding: with a proposer (`load_speculative`: n-gram lookup, or a draft model
+//! whose K/V shares the target's block ids, `draft.rs`) a step first proposes drafts for the
+//! requests the scheduler gave draft positions, then runs the target over their k + 1
+//! positions and verifies on the host (`executor::verify`).
+
+pub mod draft;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -10,11 +18,15 @@ use anyhow::Context;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::InputBatch;
 use crate::executor::kv_tier::{CpuHostTier, KvTier};
+use crate::executor::verify::{HostSampler, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
-use crate::sampling::sampler::{Sampler, TokenCounts};
-use crate::step::{BatchInput, SampledToken, SchedulerOutput, StepOutput, TopLogprobs};
+use crate::spec::ngram::NgramProposer;
+use crate::spec::{Proposer, SpecConfig, SpecMethod};
+use crate::step::{BatchInput, SchedulerOutput, StepOutput};
+
+use self::draft::CpuDraft;
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -36,22 +48,52 @@ pub struct CpuBackendOptions {
 pub struct CpuBackend {
     model: LlamaModel,
     kv: KvPool,
-    threads: Option<rayon::ThreadPool>,
-    sampler: Sampler,
+    threads: Option<Arc<rayon::ThreadPool>>,
+    sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
     /// The KV host tier, when configured.
     host: Option<CpuHostTier>,
     /// Ids sampled: the first `sample_vocab` logits of a row (`sample_below`).
     sample_vocab: usize,
+    /// Speculative decoding's proposer, when the engine speculates.
+    proposer: Option<Box<dyn Proposer>>,
+    /// Bytes of one KV block: the target's, plus the draft model's when there is one.
+    bytes_per_block: usize,
+    drafts: StepDrafts,
+}
+
+/// A draft model loaded next to the target (`--speculative draft`).
+pub struct DraftParts {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
 }
 
 impl CpuBackend {
     /// Loads the Hugging Face model folder `dir` and allocates the KV pool.
     pub fn load(dir: &Path, opts: CpuBackendOptions) -> anyhow::Result<Self> {
+        Self::load_speculative(dir, opts, &SpecConfig::default())
+    }
+
+    /// As `load`, with the proposer `spec` asks for (a draft model is loaded from
+    /// `spec.draft_model`; its compatibility with the target is the caller's to check,
+    /// `spec::compat`).
+    pub fn load_speculative(
+        dir: &Path,
+        opts: CpuBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let weights = load_weights(dir, &config, opts.progress)?;
-        Self::from_parts(config, weights, &opts)
+        let draft = match (spec.method, &spec.draft_model) {
+            (SpecMethod::Draft, Some(d)) => {
+                let config = ModelConfig::from_dir(d)?;
+                let weights = load_weights(d, &config, opts.progress)?;
+                Some(DraftParts { config, weights })
+            }
+            _ => None,
+        };
+        Self::from_parts_speculative(config, weights, &opts, spec, draft)
     }
 
     pub fn from_parts(
@@ -59,8 +101,27 @@ impl CpuBackend {
         weights: ModelWeights,
         opts: &CpuBackendOptions,
     ) -> anyhow::Result<Self> {
+        Self::from_parts_speculative(config, weights, opts, &SpecConfig::default(), None)
+    }
+
+    /// From weights in memory, with `spec`'s proposer (`draft`: the draft model, for
+    /// `SpecMethod::Draft`).
+    pub fn from_parts_speculative(
+        config: ModelConfig,
+        weights: ModelWeights,
+        opts: &CpuBackendOptions,
+        spec: &SpecConfig,
+        draft: Option<DraftParts>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(opts.block_size > 0, "block_size must be positive");
-        let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size);
+        anyhow::ensure!(
+            (spec.method == SpecMethod::Draft) == draft.is_some(),
+            "a draft model goes with --speculative draft, and only with it"
+        );
+        let draft_bytes = draft
+            .as_ref()
+            .map_or(0, |d| KvPool::bytes_per_block(&d.config, opts.block_size));
+        let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size) + draft_bytes;
         let num_blocks = opts.kv_cache_bytes / bytes_per_block;
         anyhow::ensure!(
             num_blocks > 0,
@@ -77,16 +138,18 @@ impl CpuBackend {
         }
         let threads = match opts.num_threads {
             None => None,
-            Some(n) => Some(
+            Some(n) => Some(Arc::new(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
                     .thread_name(|i| format!("brook-cpu-{i}"))
                     .build()
                     .context("building the CPU executor's thread pool")?,
-            ),
+            )),
         };
         let mut kv = KvPool::new(&config, num_blocks, opts.block_size);
-        let num_host = opts.host_kv_cache_bytes / bytes_per_block;
+        // The host tier holds the target's K/V only: a request swapped out is forgotten by the
+        // draft model (it is among the step's preempted), which recomputes its own K/V.
+        let num_host = opts.host_kv_cache_bytes / KvPool::bytes_per_block(&config, opts.block_size);
         let host = (num_host > 0).then(|| {
             let pool = KvPool::new(&config, num_host, opts.block_size);
             CpuHostTier::new(pool, &mut kv, opts.copy_bytes_per_s)
@@ -100,14 +163,29 @@ impl CpuBackend {
             .with_sliding_window(config.sliding_window);
         let sample_vocab = config.vocab_size;
         let model = LlamaModel::new(config, weights)?;
+        let proposer: Option<Box<dyn Proposer>> = match (spec.method, draft) {
+            (SpecMethod::Off, _) => None,
+            (SpecMethod::Ngram, _) => {
+                Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max)))
+            }
+            (SpecMethod::Draft, Some(d)) => {
+                let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
+                let model = LlamaModel::new(d.config, d.weights)?;
+                Some(Box::new(CpuDraft::new(model, kv, threads.clone())))
+            }
+            (SpecMethod::Draft, None) => unreachable!("checked above"),
+        };
         Ok(CpuBackend {
             model,
             kv,
             threads,
-            sampler: Sampler::new(),
+            sampler: HostSampler::new(),
             input,
             host,
             sample_vocab,
+            proposer,
+            bytes_per_block,
+            drafts: StepDrafts::default(),
         })
     }
 
@@ -133,38 +211,53 @@ impl CpuBackend {
         self.host.as_ref().map(|h| h.host().block_data(b))
     }
 
-    /// Runs the batch and returns the logits of each sampled sequence, in seq order.
+    /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, self.threads.as_ref(), batch)?;
+        let (flat, vocab) =
+            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// Runs a batch built by hand (tests): forward and sampling, outside the persistent input
-    /// batch of `execute` (so penalties see no earlier tokens).
+    /// batch of `execute` (drafts in it are verified as point-mass proposals; penalties see no
+    /// earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
-        let CpuBackend {
-            model,
-            kv,
-            threads,
-            sampler,
-            sample_vocab,
-            ..
-        } = self;
-        let sampling = Sampling {
-            sampler,
-            vocab: *sample_vocab,
-        };
-        run(
-            model,
-            kv,
-            threads.as_ref(),
-            sampling,
+        let (logits, vocab) =
+            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
+        self.drafts.clear();
+        for s in batch.seqs.iter().filter(|s| s.num_drafts > 0) {
+            self.drafts.ids.push(s.request_id);
+            self.drafts.proposals.push(Default::default());
+        }
+        let mut out = StepOutput::default();
+        let drafts = hand_built_drafts(batch, &mut self.drafts);
+        self.sampler.sample_batch(
             batch,
+            &logits,
+            vocab,
+            self.sample_vocab,
+            drafts,
             |_| None,
-            start,
-        )
+            &mut out,
+        );
+        out.elapsed = start.elapsed();
+        Ok(out)
     }
+}
+
+/// The proposals of a hand-built batch: its drafts, taken from its token ids.
+fn hand_built_drafts<'a>(batch: &BatchInput, d: &'a mut StepDrafts) -> &'a StepDrafts {
+    let mut end = 0;
+    let mut next = 0;
+    for s in &batch.seqs {
+        end += s.query_len;
+        if s.num_drafts > 0 {
+            d.proposals[next].tokens = batch.token_ids[end - s.num_drafts..end].to_vec();
+            next += 1;
+        }
+    }
+    d
 }
 
 /// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
@@ -188,54 +281,13 @@ fn forward_flat(
     ))
 }
 
-/// The sampler and the ids it may draw (the first `vocab` of a row).
-struct Sampling<'a> {
-    sampler: &'a mut Sampler,
-    vocab: usize,
-}
-
-/// Forward, then one token per sampling sequence; `counts(row)` gives the token counts of a
-/// request with penalties.
-fn run<'a>(
-    model: &LlamaModel,
-    kv: &mut KvPool,
-    threads: Option<&rayon::ThreadPool>,
-    sampling: Sampling<'_>,
-    batch: &BatchInput,
-    counts: impl Fn(usize) -> Option<&'a TokenCounts>,
-    start: Instant,
-) -> anyhow::Result<StepOutput> {
-    let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-    let Sampling { sampler, vocab: n } = sampling;
-    let sampled = batch
-        .seqs
-        .iter()
-        .filter_map(|s| s.sample.as_ref().map(|x| (s.request_id, s.row, x)));
-    let mut out = StepOutput::default();
-    for ((request_id, row, s), logits) in sampled.zip(logits.chunks(vocab)) {
-        let (p, logits) = (&s.params, &logits[..n]);
-        let got = sampler.sample(logits, p, s.seed, s.output_index, counts(row));
-        out.sampled.push(SampledToken {
-            request_id,
-            token: got.token,
-            logprob: got.logprob,
-        });
-        if let Some(k) = p.logprobs {
-            let top = sampler.top_logprobs(logits, k);
-            out.top_logprobs.push(TopLogprobs { request_id, top });
-        }
-    }
-    out.elapsed = start.elapsed();
-    Ok(out)
-}
-
 impl Backend for CpuBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             device: "cpu".into(),
             num_kv_blocks: self.kv.num_blocks(),
             block_size: self.kv.block_size(),
-            bytes_per_block: KvPool::bytes_per_block(self.model.config(), self.kv.block_size()),
+            bytes_per_block: self.bytes_per_block,
             num_host_blocks: self.num_host_blocks(),
             copy_bytes_per_s: self.copy_bytes_per_s(),
         }
@@ -251,6 +303,9 @@ impl Backend for CpuBackend {
             input,
             host,
             sample_vocab,
+            proposer,
+            drafts,
+            ..
         } = self;
         if !step.kv_copies.is_empty() {
             match host {
@@ -259,21 +314,43 @@ impl Backend for CpuBackend {
                 None => CpuHostTier::apply_on_device(kv, &step.kv_copies)?,
             }
         }
-        input.update(step)?;
+        input.apply(step)?;
+        let mut out = StepOutput::default();
+        drafts.clear();
+        if let Some(p) = proposer {
+            for &id in step.finished_req_ids.iter().chain(&step.preempted) {
+                p.forget(id);
+            }
+            let reqs = input.propose_requests();
+            if !reqs.is_empty() {
+                let t = Instant::now();
+                let stats = p.propose(&reqs, &mut drafts.proposals)?;
+                drafts.ids.extend(reqs.iter().map(|r| r.id));
+                out.spec.elapsed = t.elapsed();
+                (out.spec.passes, out.spec.tokens) = (stats.passes, stats.tokens);
+            }
+        }
+        input.build(&drafts.proposals)?;
         let (batch, held) = (input.batch(), &*input);
-        let sampling = Sampling {
-            sampler,
-            vocab: *sample_vocab,
-        };
-        let out = run(
-            model,
-            kv,
-            threads.as_ref(),
-            sampling,
+        let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
+        let counts = |row| held.counts(row);
+        sampler.sample_batch(
             batch,
-            |row| held.counts(row),
-            start,
-        )?;
+            &logits,
+            vocab,
+            *sample_vocab,
+            drafts,
+            counts,
+            &mut out,
+        );
+        out.elapsed = start.elapsed();
+        tracing::trace!(
+            tokens = batch.num_tokens(),
+            drafts = batch.num_drafts(),
+            propose_ms = out.spec.elapsed.as_secs_f64() * 1e3,
+            step_ms = out.elapsed.as_secs_f64() * 1e3,
+            "cpu step"
+        );
         input.record(&out)?;
         Ok(out)
     }

@@ -14,11 +14,21 @@
 //! Every diff is checked against what the executor holds; a mismatch is an error naming the
 //! request (a scheduler bug), never silently wrong K/V.
 //!
+//! Speculative decoding splits a step in two: `apply` takes the diffs (a KV rollback cuts a
+//! row's table first: `truncate_blocks_to`), the proposer reads the requests with draft
+//! positions (`propose_requests`), and `build` lays out each one's known token followed by its
+//! drafts. Drafts are never appended to a row: `record` appends what was verified, and the
+//! next step's `sample` trims whatever the scheduler did not keep.
+//!
 //! Requests with penalties need their token counts at every sampling step. They are kept
 //! incrementally, never rebuilt per step: on the host (`TokenCounts` in the row, updated as
 //! tokens are recorded or trimmed) for the CPU backend, or, for a backend that keeps them on its
 //! device (`track_counts_on_device`), as a log of [`CountOp`]s — row moved, row cleared, counts
 //! changed — that it drains each step (the sampling kernel itself counts what it samples).
+//!
+//! Past 600 lines (with speculation's apply/build split and the penalty counts) on purpose:
+//! every check on a row's tokens, table and counts lives next to the one state they guard;
+//! splitting it would spread those invariants over files.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +38,7 @@ use anyhow::{bail, ensure};
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::TokenCounts;
+use crate::spec::{Proposal, ProposeRequest};
 use crate::step::{
     BatchInput, BlockTables, SampleInput, SchedulerOutput, SeqInput, StepOutput, NULL_BLOCK,
 };
@@ -48,6 +59,17 @@ struct Row {
     counts: Option<TokenCounts>,
     /// Leading block-table entries freed behind the sliding window (`NULL_BLOCK`).
     num_freed: usize,
+}
+
+/// One scheduled request of the step being built, as `apply` checked it.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    row: usize,
+    computed: usize,
+    n: usize,
+    sample: bool,
+    /// Draft positions reserved after the known tokens.
+    max_drafts: usize,
 }
 
 /// A change to the device-kept token counts of requests with penalties, in the order they must
@@ -89,6 +111,8 @@ pub struct InputBatch {
     /// to the row's `num_freed` are sent (up to `changed_from`, which covers the rest).
     nulled_from: Vec<usize>,
     changed_rows: Vec<usize>,
+    /// The step `apply` took, for `build`.
+    planned: Vec<Planned>,
     /// Whether the counts of requests with penalties are kept on a device (`count_ops`) rather
     /// than in the rows.
     counts_on_device: bool,
@@ -116,6 +140,7 @@ impl InputBatch {
             changed_from: Vec::new(),
             nulled_from: Vec::new(),
             changed_rows: Vec::new(),
+            planned: Vec::new(),
             counts_on_device: false,
             count_ops: Vec::new(),
         }
@@ -208,18 +233,23 @@ impl InputBatch {
     }
 
     /// Applies `step` (drops first, then each scheduled request's state or diff) and builds the
-    /// flat batch, in the step's order. The batch satisfies `BatchInput::validate` by
-    /// construction (every diff is checked here). On an error it is unusable for this step.
+    /// flat batch, in the step's order, without drafts. The batch satisfies
+    /// `BatchInput::validate` by construction (every diff is checked here). On an error it is
+    /// unusable for this step.
     pub fn update(&mut self, step: &SchedulerOutput) -> anyhow::Result<&BatchInput> {
+        self.apply(step)?;
+        self.build(&[])
+    }
+
+    /// Applies `step`'s diffs (drops first, then each scheduled request's state, table cut,
+    /// appended and freed blocks) and checks what each request computes; `build` lays the
+    /// batch out. The drops are applied before anything can fail.
+    pub fn apply(&mut self, step: &SchedulerOutput) -> anyhow::Result<()> {
         self.steps += 1;
+        self.planned.clear();
         for &id in step.finished_req_ids.iter().chain(&step.preempted) {
             self.remove(id);
         }
-        let b = &mut self.batch;
-        b.token_ids.clear();
-        b.positions.clear();
-        b.slot_mapping.clear();
-        b.seqs.clear();
         for s in &step.scheduled {
             let row = match &s.new {
                 Some(new) => {
@@ -260,9 +290,95 @@ impl InputBatch {
                     ),
                 },
             };
+            if let Some(n) = s.truncate_blocks_to {
+                self.cut_blocks(row, s.id, n)?;
+            }
             self.append_blocks(row, s.id, &s.new_block_ids, s.num_freed_blocks)?;
             self.free_leading(row, s.id, s.num_freed_blocks)?;
-            self.push_seq(row, s.num_computed_tokens, s.num_tokens, s.sample)?;
+            self.plan_seq(
+                row,
+                s.num_computed_tokens,
+                s.num_tokens,
+                s.sample,
+                s.num_draft_tokens,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The requests of the applied step that have draft positions, in step order: what the
+    /// proposer proposes for.
+    pub fn propose_requests(&self) -> Vec<ProposeRequest<'_>> {
+        self.planned
+            .iter()
+            .filter(|p| p.max_drafts > 0)
+            .map(|p| {
+                let row = &self.rows[p.row];
+                let end = p.computed + p.n;
+                ProposeRequest {
+                    id: row.id,
+                    tokens: &row.tokens[..end],
+                    block_table: self.batch.block_tables.row(p.row),
+                    max_drafts: p.max_drafts,
+                    params: &row.params,
+                    seed: row.seed,
+                    output_index: end - row.num_prompt,
+                }
+            })
+            .collect()
+    }
+
+    /// Lays out the applied step as the flat batch: each request's known tokens, then, for
+    /// those with draft positions, the drafts in `drafts` (one proposal per request of
+    /// `propose_requests`, in its order; empty: no drafts at all).
+    pub fn build(&mut self, drafts: &[Proposal]) -> anyhow::Result<&BatchInput> {
+        let with_drafts = self.planned.iter().filter(|p| p.max_drafts > 0).count();
+        ensure!(
+            drafts.is_empty() || drafts.len() == with_drafts,
+            "{} proposals for {with_drafts} requests with draft positions",
+            drafts.len()
+        );
+        let b = &mut self.batch;
+        b.token_ids.clear();
+        b.positions.clear();
+        b.slot_mapping.clear();
+        b.seqs.clear();
+        let mut next = drafts.iter();
+        let bs = self.block_size;
+        for p in &self.planned {
+            let row = &self.rows[p.row];
+            let proposed: &[u32] = match p.max_drafts {
+                0 => &[],
+                _ => next.next().map_or(&[], |d| &d.tokens),
+            };
+            ensure!(
+                proposed.len() <= p.max_drafts,
+                "{}: {} drafts for {} draft positions",
+                row.id,
+                proposed.len(),
+                p.max_drafts
+            );
+            let end = p.computed + p.n;
+            let table = b.block_tables.row(p.row);
+            b.token_ids.extend_from_slice(&row.tokens[p.computed..end]);
+            b.token_ids.extend_from_slice(proposed);
+            for pos in p.computed..end + proposed.len() {
+                b.positions.push(pos as u32);
+                b.slot_mapping
+                    .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+            }
+            b.seqs.push(SeqInput {
+                request_id: row.id,
+                row: p.row,
+                query_len: p.n + proposed.len(),
+                context_len: end + proposed.len(),
+                sample: p.sample.then(|| SampleInput {
+                    params: row.params.clone(),
+                    seed: row.seed,
+                    output_index: end - row.num_prompt,
+                }),
+                num_drafts: proposed.len(),
+            });
         }
         Ok(&self.batch)
     }
@@ -425,18 +541,44 @@ impl InputBatch {
         Ok(())
     }
 
-    /// Adds row `r`'s tokens `computed..computed + n` to the flat batch.
-    fn push_seq(
+    /// Row `r`'s table is cut to `n` entries (blocks released after rejected drafts).
+    fn cut_blocks(&mut self, r: usize, id: RequestId, n: usize) -> anyhow::Result<()> {
+        let len = self.batch.block_tables.row(r).len();
+        ensure!(
+            n <= len && n >= self.rows[r].num_freed,
+            "{id}: table cut to {n} entries, but it has {len} ({} freed)",
+            self.rows[r].num_freed
+        );
+        self.batch.block_tables.truncate_row(r, n);
+        Ok(())
+    }
+
+    /// Checks that row `r` can compute tokens `computed..computed + n` (and `max_drafts` draft
+    /// positions after them) and records it for `build`.
+    fn plan_seq(
         &mut self,
         r: usize,
         computed: usize,
         n: usize,
         sample: bool,
+        max_drafts: usize,
     ) -> anyhow::Result<()> {
         let bs = self.block_size;
         let row = &mut self.rows[r];
         let end = computed + n;
         ensure!(n > 0, "{}: scheduled with no tokens", row.id);
+        ensure!(
+            max_drafts == 0 || (n == 1 && sample),
+            "{}: {max_drafts} draft positions off a decode ({n} tokens, sample: {sample})",
+            row.id
+        );
+        // Verification samples the plain distribution per position (`SamplingParams::
+        // may_speculate`): penalties, bias, min_tokens and logprobs never get drafts.
+        ensure!(
+            max_drafts == 0 || row.params.may_speculate(),
+            "{}: {max_drafts} draft positions for a request that may not speculate",
+            row.id
+        );
         if self.scheduled_in.len() <= r {
             self.scheduled_in.resize(r + 1, 0);
         }
@@ -487,30 +629,19 @@ impl InputBatch {
                 );
             }
         }
-        let b = &mut self.batch;
-        let table = b.block_tables.row(r);
+        let table = self.batch.block_tables.row(r);
         ensure!(
-            table.len() * bs >= end,
-            "{}: {} blocks do not cover {end} tokens",
+            table.len() * bs >= end + max_drafts,
+            "{}: {} blocks do not cover {end} tokens and {max_drafts} draft positions",
             row.id,
             table.len()
         );
-        b.token_ids.extend_from_slice(&row.tokens[computed..end]);
-        for pos in computed..end {
-            b.positions.push(pos as u32);
-            b.slot_mapping
-                .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
-        }
-        b.seqs.push(SeqInput {
-            request_id: row.id,
+        self.planned.push(Planned {
             row: r,
-            query_len: n,
-            context_len: end,
-            sample: sample.then(|| SampleInput {
-                params: row.params.clone(),
-                seed: row.seed,
-                output_index: end - row.num_prompt,
-            }),
+            computed,
+            n,
+            sample,
+            max_drafts,
         });
         Ok(())
     }

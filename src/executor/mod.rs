@@ -5,3 +5,4 @@ pub mod cpu;
 pub mod cuda;
 pub mod input_batch;
 pub mod kv_tier;
+pub mod verify;

@@ -452,6 +452,27 @@ impl KvCacheManager {
         }
     }
 
+    /// Speculative decoding's KV rollback: releases `req`'s blocks past those covering its first
+    /// `num_tokens` positions (they held only rejected draft positions), last first. Returns
+    /// how many. Registered blocks lie within the computed tokens, so none is touched.
+    pub fn free_tail(&mut self, req: RequestId, num_tokens: usize) -> usize {
+        let Some(entry) = self.reqs.get_mut(&req) else {
+            return 0;
+        };
+        let keep = num_tokens
+            .div_ceil(self.block_size)
+            .max(entry.num_freed)
+            .max(entry.num_cached_blocks);
+        let mut released = 0;
+        while entry.blocks.len() > keep {
+            let block = entry.blocks.pop().expect("longer than keep");
+            debug_assert_ne!(block, NULL_BLOCK, "freed entries are a prefix");
+            self.mem.device.release(block);
+            released += 1;
+        }
+        released
+    }
+
     /// Forgets every cached prefix, in both tiers: the K/V they name is gone (the backend was
     /// rebuilt with fresh pools), and so are the copies planned for the old one. Requests still
     /// holding device blocks keep them, but none of their blocks is found by a lookup any more.

@@ -208,7 +208,8 @@ impl LlamaModel {
     }
 
     /// Runs the batch through the model, writing its K/V into `kv`, and returns the logits at the
-    /// last position of each sequence whose `sample` is Some, `[num_sampled, vocab]` in seq order.
+    /// last position of each sequence whose `sample` is Some — at its last `num_drafts + 1`
+    /// positions when it verifies drafts — `[batch.num_logit_rows(), vocab]` in seq order.
     /// The batch must be valid (`BatchInput::validate`) for `kv`'s block size and count.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvPool) -> anyhow::Result<Tensor> {
         let c = &self.config;
@@ -230,9 +231,7 @@ impl LlamaModel {
         {
             anyhow::bail!("token id {t} is outside the vocabulary of {}", c.vocab_size);
         }
-        let sampled_rows: Vec<u32> = last_rows(batch)
-            .filter_map(|(row, s)| s.then_some(row as u32))
-            .collect();
+        let sampled_rows: Vec<u32> = logit_rows(batch).map(|row| row as u32).collect();
         anyhow::ensure!(
             kv.kv_dim == c.kv_dim() && kv.k.len() == self.layers.len(),
             "KV pool shape does not match the model"
@@ -327,11 +326,18 @@ fn swiglu(gate_up: Tensor, intermediate: usize) -> candle_core::Result<Tensor> {
     gate.silu()? * up
 }
 
-/// For each sequence: the row of its last token in the flattened batch, and whether it samples.
-fn last_rows(batch: &BatchInput) -> impl Iterator<Item = (usize, bool)> + '_ {
-    batch.seqs.iter().scan(0usize, |end, s| {
-        *end += s.query_len;
-        Some((*end - 1, s.sample.is_some()))
+/// The rows of the flattened batch whose logits are returned, in order: each sampling
+/// sequence's last `num_drafts + 1` rows.
+fn logit_rows(batch: &BatchInput) -> impl Iterator<Item = usize> + '_ {
+    let mut end = 0usize;
+    batch.seqs.iter().flat_map(move |s| {
+        end += s.query_len;
+        let n = if s.sample.is_some() {
+            s.num_drafts + 1
+        } else {
+            0
+        };
+        end - n..end
     })
 }
 

@@ -22,6 +22,8 @@ pub struct RawSamplingParams {
     pub stop: Option<Vec<String>>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
+    /// false opts this request out of speculative decoding (the server's `--speculative`).
+    pub speculative: Option<bool>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
@@ -47,6 +49,10 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Whether the request may be decoded speculatively when the server speculates (it never
+    /// changes the output distribution; off, a seeded request's tokens never depend on the
+    /// speculation depth the load allows).
+    pub speculative: bool,
     /// Subtracted once from the logit of every token the output holds (0: off).
     pub presence_penalty: f32,
     /// Subtracted per occurrence in the output (0: off).
@@ -86,6 +92,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            speculative: true,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
@@ -145,6 +152,20 @@ impl SamplingParams {
     /// `output_index`: logit bias, the min_tokens mask or penalties.
     pub fn processes_logits(&self, output_index: usize) -> bool {
         !self.logit_bias.is_empty() || self.masks_stop_ids(output_index) || self.has_penalties()
+    }
+
+    /// Whether the request may be decoded speculatively when the server speculates: opted in
+    /// (`speculative`), and none of penalties, logit bias, `min_tokens` or `logprobs`. Draft
+    /// verification (`sampling::rejection`) samples from the target's plain distribution at
+    /// each position; those features change it per position (penalties count the accepted
+    /// drafts, the min_tokens mask moves with the output index) or report per token, so such a
+    /// request decodes one token per step (depth 0) and keeps their exact semantics.
+    pub fn may_speculate(&self) -> bool {
+        self.speculative
+            && !self.has_penalties()
+            && self.logit_bias.is_empty()
+            && self.min_tokens == 0
+            && self.logprobs.is_none()
     }
 
     /// Checks every field; the error message names the offending field and value. Fields `raw`
@@ -264,6 +285,7 @@ impl SamplingParams {
             stop,
             stop_token_ids,
             ignore_eos: raw.ignore_eos.unwrap_or(false),
+            speculative: raw.speculative.unwrap_or(true),
             presence_penalty,
             frequency_penalty,
             repetition_penalty,

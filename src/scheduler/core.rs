@@ -12,12 +12,18 @@
 //! step only when `policy::should_merge` allows (see `scheduler::policy`); the SLO monitor may
 //! switch emergency mode on, which pauses the longest sequences (see `scheduler::slo`).
 //!
+//! Speculative decoding (both policies): a decode may get draft positions (`spec.rs`, depth
+//! from `scheduler::spec`), consuming budget and blocks; if the blocks are short it runs
+//! without them rather than preempt anything. After the step only verified tokens are kept,
+//! and blocks past them go back to the pool.
+//!
 //! Files: this one holds the state, the public API and what both policies share (budgets,
 //! building the step's output, folding results back); `fcfs.rs`, `adaptive.rs` and
 //! `emergency.rs` hold one policy each; `overload.rs` admission (`add_request`, overload
-//! checks), `estimates.rs` the cost-model and output-length estimates, `tiers.rs` preemption
-//! (swap or recompute by cost), resuming swapped requests, host-tier prefix hits and the fork
-//! of `n > 1` requests, `invariants.rs` the bookkeeping checks the tests run.
+//! checks), `estimates.rs` the cost-model and output-length estimates, `spec.rs` speculation,
+//! `tiers.rs` preemption (swap or recompute by cost), resuming swapped requests, host-tier
+//! prefix hits and the fork of `n > 1` requests, `invariants.rs` the bookkeeping checks the
+//! tests run.
 //!
 //! KV memory tier: a request whose blocks come back from the host (a swapped request resuming,
 //! a prefix hit in the host tier) is `loading` for one step: it takes its sequence slot and its
@@ -31,6 +37,9 @@
 //! every one to `update_from_output` (with a default `StepOutput` when it was empty) before the
 //! next `schedule`. Aborts and finishes may come at any time; a step's results for a request
 //! that is gone are dropped, and the executor is told to drop it with the next step it runs.
+//!
+//! Past 600 lines since speculation and logprobs met in `update_from_output`/`fold`: the loop
+//! and its result folding share the step's bookkeeping; the policies are in core/ already.
 
 mod adaptive;
 mod emergency;
@@ -39,19 +48,23 @@ mod fcfs;
 #[cfg(test)]
 mod invariants;
 mod overload;
+mod spec;
 mod tiers;
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId, TokenLogprobs};
-use crate::scheduler::cost_model::{CostModel, StepFeatures};
+use crate::scheduler::cost_model::{CostCoefficients, CostModel, StepFeatures};
 use crate::scheduler::request::{Request, Status};
 use crate::scheduler::slo::{SloMetric, SloMonitor};
 use crate::scheduler::stats::SchedulerStats;
 use crate::scheduler::swap::{PreemptDecision, SwapCost};
 use crate::scheduler::{Policy, RequestClass, SchedulerConfig};
-use crate::step::{NewRequestData, RequestUpdate, ScheduledRequest, SchedulerOutput, StepOutput};
+use crate::spec::SpecConfig;
+use crate::step::{
+    DraftOutcome, NewRequestData, RequestUpdate, ScheduledRequest, SchedulerOutput, StepOutput,
+};
 
 /// Finished requests before the observed mean output length replaces the configured guess.
 const MIN_OUTPUT_SAMPLES: u64 = 32;
@@ -77,6 +90,8 @@ pub struct Scheduler {
     max_len_seen: usize,
     /// Requests the executor holds that ended, kept until a step it runs carries them.
     executor_drops: Vec<RequestId>,
+    /// Speculative decoding: config, depth plan, fits, counters.
+    spec: spec::SpecState,
     /// Copy cost of the KV host tier (None: no host tier).
     swap_cost: Option<SwapCost>,
     /// Sequence slots held for the choices running requests will fork (`Request::pending_fork`).
@@ -90,10 +105,28 @@ pub struct Scheduler {
 #[derive(Debug)]
 struct StepPlan {
     budget: usize,
-    scheduled: Vec<(RequestId, usize)>,
+    scheduled: Vec<Planned>,
     preempted: Vec<RequestId>,
     admitted: Vec<RequestId>,
     finished_early: Vec<(RequestId, FinishReason)>,
+}
+
+/// One request's part of the step under construction.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    id: RequestId,
+    /// Known tokens to compute.
+    tokens: usize,
+    /// Draft positions reserved after them (speculative decoding).
+    drafts: usize,
+}
+
+impl StepPlan {
+    /// Schedules `tokens` known tokens (and `drafts` draft positions) of `id`.
+    fn push(&mut self, id: RequestId, tokens: usize, drafts: usize) {
+        self.scheduled.push(Planned { id, tokens, drafts });
+        self.budget -= tokens + drafts;
+    }
 }
 
 impl Scheduler {
@@ -114,10 +147,18 @@ impl Scheduler {
             running: Vec::new(),
             stats: SchedulerStats::default(),
             executor_drops: Vec::new(),
+            spec: spec::SpecState::new(SpecConfig::default(), CostCoefficients::default()),
             swap_cost: None,
             fork_reserved: 0,
             loading: Vec::new(),
         }
+    }
+
+    /// Speculative decoding per `spec` (off by default): decodes of requests that did not opt
+    /// out may get draft positions (see `scheduler::spec`).
+    pub fn with_speculation(mut self, spec: SpecConfig) -> Self {
+        self.spec = spec::SpecState::new(spec, self.cfg.cost_fallback);
+        self
     }
 
     /// The KV host tier's copy cost, for the swap-or-recompute decision and host-tier prefix
@@ -247,6 +288,7 @@ impl Scheduler {
             admitted: Vec::new(),
             finished_early: Vec::new(),
         };
+        self.plan_speculation(kv);
         match self.cfg.policy {
             Policy::Fcfs => self.schedule_fcfs(&mut plan, kv),
             Policy::Adaptive => {
@@ -256,10 +298,12 @@ impl Scheduler {
                 self.schedule_adaptive(&mut plan, kv, now);
             }
         }
+        self.finish_speculation_plan();
         let out = self.build_output(plan, kv);
         tracing::debug!(
             seqs = out.scheduled.len(),
             tokens = out.total_num_scheduled_tokens(),
+            drafts = out.total_num_draft_tokens(),
             prefill_tokens = out.num_prefill_tokens,
             decode_seqs = out.num_decode_seqs,
             preempted = out.preempted.len(),
@@ -358,7 +402,12 @@ impl Scheduler {
     fn build_output(&mut self, plan: StepPlan, kv: &mut KvCacheManager) -> SchedulerOutput {
         let mut scheduled = Vec::with_capacity(plan.scheduled.len());
         let (mut num_prefill_tokens, mut num_decode_seqs) = (0, 0);
-        for &(id, num_new) in &plan.scheduled {
+        for &Planned {
+            id,
+            tokens: num_new,
+            drafts,
+        } in &plan.scheduled
+        {
             let req = self
                 .requests
                 .get_mut(&id)
@@ -384,13 +433,21 @@ impl Scheduler {
                 }
             };
             debug_assert!(sent <= table.len(), "{id}: block table shrank while held");
+            debug_assert!(
+                drafts == 0 || (num_new == 1 && sample),
+                "{id}: drafts off a decode"
+            );
+            let truncate_blocks_to = (req.executor_cut && new.is_none()).then_some(sent);
             req.executor_blocks = Some(table.len());
+            req.executor_cut = false;
             scheduled.push(ScheduledRequest {
                 id,
                 num_computed_tokens: req.num_computed,
                 num_tokens: num_new,
+                num_draft_tokens: drafts,
                 sample,
                 new_block_ids: table.get(sent..).unwrap_or_default().to_vec(),
+                truncate_blocks_to,
                 num_freed_blocks: kv.num_freed_blocks(id),
                 new,
             });
@@ -431,8 +488,11 @@ impl Scheduler {
     ) -> Vec<RequestUpdate> {
         let max_len = self.max_len(kv);
         if !out.scheduled.is_empty() {
-            let f = StepFeatures::from_step(out);
-            let measured_ms = step.elapsed.as_secs_f64() * 1e3;
+            // The target's part of the step; verification rows count as prefill rows.
+            let mut f = StepFeatures::from_step(out);
+            f.prefill_tokens += step.spec.drafts.iter().map(|d| d.proposed).sum::<usize>() as f64;
+            let target = step.elapsed.saturating_sub(step.spec.elapsed);
+            let measured_ms = target.as_secs_f64() * 1e3;
             // Measured against predicted per step shape: what calibrates `brook simulate` to a
             // backend (issue 19: chunked prefill at long context is not linear on the GPU).
             tracing::debug!(
@@ -451,6 +511,7 @@ impl Scheduler {
                 "step time"
             );
             self.cost.observe(&f, measured_ms);
+            self.observe_spec_costs(out, step);
         }
         // Their blocks are back (the executor ran the step's copies): they compute from now.
         for id in &out.loading {
@@ -471,35 +532,55 @@ impl Scheduler {
                     num_output_tokens: 0,
                 }),
         );
-        let mut sampled = step.sampled.iter();
         let mut tops = step.top_logprobs.iter();
         let mut any_finished = false;
+        let mut at = 0;
+        let mut drafts = step.spec.drafts.iter();
+        let mut tokens = Vec::new();
         for s in &out.scheduled {
-            // Sampled tokens come in the order of the sampled requests; look up by id if not.
-            let token = s
-                .sample
-                .then(|| match sampled.next() {
-                    Some(t) if t.request_id == s.id => Some(t),
-                    _ => step.sampled.iter().find(|t| t.request_id == s.id),
-                })
-                .flatten();
-            // Log-probabilities, for requests that asked: the token's own and its top list
-            // (in the same order, among those requests only).
-            let wants_logprobs = token.is_some()
-                && (self.requests.get(&s.id)).is_some_and(|r| r.params.logprobs.is_some());
-            let logprobs = token.filter(|_| wants_logprobs).map(|t| {
-                let top = match tops.next() {
-                    Some(x) if x.request_id == s.id => Some(x),
-                    _ => step.top_logprobs.iter().find(|x| x.request_id == s.id),
+            tokens.clear();
+            let mut logprobs = Vec::new();
+            if s.sample {
+                // Each sampling request's tokens are consecutive, in step order; looked up by
+                // id if they are not where expected.
+                let start = match step.sampled.get(at) {
+                    Some(t) if t.request_id == s.id => at,
+                    _ => step
+                        .sampled
+                        .iter()
+                        .position(|t| t.request_id == s.id)
+                        .unwrap_or(step.sampled.len()),
                 };
-                TokenLogprobs {
-                    token: t.token,
-                    logprob: t.logprob,
-                    top: top.map(|x| x.top.clone()).unwrap_or_default(),
+                let run = &step.sampled[start..];
+                let n = run.iter().take_while(|t| t.request_id == s.id).count();
+                tokens.extend(run[..n].iter().map(|t| t.token));
+                at = start + n;
+                // Log-probabilities, for requests that asked: each token's own and its top
+                // list (in the same order, among those requests only). Such requests get no
+                // drafts (`SamplingParams::may_speculate`): one token each.
+                let wants_logprobs =
+                    (self.requests.get(&s.id)).is_some_and(|r| r.params.logprobs.is_some());
+                for t in run[..n].iter().filter(|_| wants_logprobs) {
+                    let top = match tops.next() {
+                        Some(x) if x.request_id == s.id => Some(x),
+                        _ => step.top_logprobs.iter().find(|x| x.request_id == s.id),
+                    };
+                    logprobs.push(TokenLogprobs {
+                        token: t.token,
+                        logprob: t.logprob,
+                        top: top.map(|x| x.top.clone()).unwrap_or_default(),
+                    });
                 }
-            });
-            let token = token.map(|t| t.token);
-            if let Some(u) = self.fold(s, token, logprobs, kv, now, max_len) {
+            }
+            let outcome = match s.num_draft_tokens {
+                0 => None,
+                _ => drafts
+                    .next()
+                    .filter(|d| d.request_id == s.id)
+                    .or_else(|| step.spec.drafts.iter().find(|d| d.request_id == s.id))
+                    .copied(),
+            };
+            if let Some(u) = self.fold(s, &tokens, logprobs, outcome, kv, now, max_len) {
                 any_finished |= u.finished.is_some();
                 updates.push(u);
             }
@@ -511,35 +592,54 @@ impl Scheduler {
         updates
     }
 
-    /// One scheduled request's result (`token` when it sampled): its K/V computed, the token
-    /// appended and checked, the request freed when it finished (the caller drops it from
-    /// `running`). None with nothing to report: a prefill chunk, or a request that is gone or
-    /// not in the state the step assumed.
+    /// One scheduled request's result (`tokens` when it sampled: its accepted drafts, then the
+    /// target's token): its K/V computed, the tokens appended and checked one by one (nothing
+    /// after one that ends the request), the request freed when it finished (the caller drops
+    /// it from `running`). None with nothing to report: a prefill chunk, or a request that is
+    /// gone or not in the state the step assumed.
+    #[allow(clippy::too_many_arguments)]
     fn fold(
         &mut self,
         s: &ScheduledRequest,
-        token: Option<u32>,
-        logprobs: Option<TokenLogprobs>,
+        tokens: &[u32],
+        mut logprobs: Vec<TokenLogprobs>,
+        drafts: Option<DraftOutcome>,
         kv: &mut KvCacheManager,
         now: f64,
         max_len: usize,
     ) -> Option<RequestUpdate> {
         let id = s.id;
         let monitor_on = self.cfg.policy == Policy::Adaptive && self.cfg.emergency.enabled;
-        let req = self.requests.get_mut(&id)?;
+        let req = self.requests.get(&id)?;
         if req.status != Status::Running || req.loading || req.num_computed != s.num_computed_tokens
         {
             return None;
         }
+        if let Some(d) = &drafts {
+            self.observe_drafts(d);
+        }
+        let req = self.requests.get_mut(&id)?;
         req.num_computed = s.num_computed_tokens + s.num_tokens;
         let mut new_token_ids = Vec::new();
         let mut finished = None;
-        match (s.sample, token) {
+        match (s.sample, tokens.is_empty()) {
             (false, _) => {}
-            (true, Some(t)) => {
-                req.tokens.push(t);
-                new_token_ids.push(t);
-                finished = req.check_stop(max_len);
+            (true, false) => {
+                // Beyond the known token, one accepted draft per token after the first.
+                let accepted = tokens.len() - 1;
+                debug_assert!(
+                    accepted <= s.num_draft_tokens,
+                    "{id}: more tokens than drafts"
+                );
+                for &t in &tokens[..tokens.len().min(s.num_draft_tokens + 1)] {
+                    req.tokens.push(t);
+                    new_token_ids.push(t);
+                    finished = req.check_stop(max_len);
+                    if finished.is_some() {
+                        break;
+                    }
+                }
+                req.num_computed += new_token_ids.len() - 1;
                 if monitor_on {
                     // The ITL SLO is on a request's mean gap (what the ITL guard keeps and the
                     // attainment counts), so the monitor watches each request's mean so far,
@@ -556,22 +656,28 @@ impl Scheduler {
                 req.first_token_at.get_or_insert(now);
                 req.last_token_at = Some(now);
             }
-            (true, None) => {
+            (true, true) => {
                 // A backend bug; recomputing the last position next step resamples it.
                 tracing::warn!(%id, "backend returned no token for a sampled sequence");
                 req.num_computed -= 1;
             }
         }
+        // Only verified tokens: drafts were never in `req.tokens`.
         kv.cache_computed_blocks(id, &req.tokens, req.num_computed);
+        if s.num_draft_tokens > 0 && finished.is_none() {
+            self.release_rejected(id, kv);
+        }
+        let req = self.requests.get_mut(&id)?;
         if new_token_ids.is_empty() && finished.is_none() {
             return None;
         }
         let update = RequestUpdate {
             id,
-            logprobs: logprobs
-                .filter(|_| !new_token_ids.is_empty())
-                .into_iter()
-                .collect(),
+            // One per token kept (none past a token that ended the request).
+            logprobs: {
+                logprobs.truncate(new_token_ids.len());
+                logprobs
+            },
             new_token_ids,
             finished,
             num_computed_tokens: req.num_computed,

@@ -146,6 +146,11 @@ pub struct CostModel {
 
 impl CostModel {
     pub fn new(fallback: CostCoefficients) -> Self {
+        Self::with_min_samples(fallback, 32)
+    }
+
+    /// As `new`, switching from the fallback to the fit after `min_samples` steps.
+    pub fn with_min_samples(fallback: CostCoefficients, min_samples: u64) -> Self {
         let prior = fallback.to_array();
         CostModel {
             prior,
@@ -153,7 +158,7 @@ impl CostModel {
             xtx: [[0.0; N]; N],
             xty: [0.0; N],
             samples: 0,
-            min_samples: 32,
+            min_samples,
             forgetting: 0.998,
             ridge: 1e-6,
         }

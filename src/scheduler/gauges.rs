@@ -4,6 +4,7 @@
 
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
+use crate::scheduler::spec::Ceiling;
 use crate::scheduler::{
     MergeReason, OverloadReason, PreemptDecision, RequestClass, Scheduler, SchedulerOutput,
 };
@@ -57,6 +58,38 @@ pub(crate) fn sync_scheduler(m: &Metrics, core: &Scheduler) {
     follow(&m.emergency_entries, st.emergency_entries);
     follow(&m.emergency_exits, st.emergency_exits);
     m.emergency_mode.set(core.in_emergency() as i64);
+    sync_spec(m, core);
+}
+
+/// Speculative decoding counters (nothing while the engine does not speculate).
+fn sync_spec(m: &Metrics, core: &Scheduler) {
+    if !core.spec_config().enabled() {
+        return;
+    }
+    let st = core.spec_stats();
+    follow(&m.spec_drafts, st.num_drafts);
+    follow(&m.spec_draft_tokens, st.num_draft_tokens);
+    follow(&m.spec_accepted_tokens, st.num_accepted_tokens);
+    for (pos, (&acc, &prop)) in st
+        .accepted_per_pos
+        .iter()
+        .zip(&st.proposed_per_pos)
+        .enumerate()
+    {
+        let label = pos.to_string();
+        follow(&m.spec_accepted_per_pos.with_label_values(&[&label]), acc);
+        follow(&m.spec_proposed_per_pos.with_label_values(&[&label]), prop);
+    }
+    if let Some(len) = st.mean_accepted_length() {
+        m.spec_mean_accepted_length.set(len);
+    }
+    m.spec_depth.set(st.current_depth);
+    for c in Ceiling::ALL {
+        let n = st.steps_by_ceiling[c.index()];
+        if n > 0 {
+            follow(&m.spec_steps.with_label_values(&[c.as_str()]), n);
+        }
+    }
 }
 
 /// Queue lengths, block usage and prefix-cache counters.

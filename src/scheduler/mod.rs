@@ -21,6 +21,7 @@ mod messages;
 pub mod policy;
 mod request;
 pub mod slo;
+pub mod spec;
 mod stats;
 pub mod swap;
 #[cfg(test)]

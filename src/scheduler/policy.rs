@@ -150,6 +150,12 @@ impl StepDraft {
         self.itl_target_ms = self.itl_target_ms.min(itl_target_ms);
     }
 
+    /// A decode's draft positions (speculative decoding): extra query rows, costed as prefill
+    /// rows (the step-time fit counts them so).
+    pub fn add_verification(&mut self, drafts: usize) {
+        self.features.prefill_tokens += drafts as f64;
+    }
+
     pub fn add_prefill(&mut self, num_computed: usize, tokens: usize) {
         self.features.add_seq(tokens, num_computed + tokens);
         self.has_prefill = true;

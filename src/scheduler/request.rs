@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::request::{FinishReason, RequestId};
 use crate::sampling::params::SamplingParams;
+use crate::scheduler::spec::Acceptance;
 use crate::scheduler::RequestClass;
 use crate::validation::ValidRequest;
 
@@ -71,6 +72,12 @@ pub(crate) struct Request {
     /// Blocks of its table the executor holds, or None when the executor holds no state for
     /// it (never sent yet, or dropped at a preemption): its next step sends everything.
     pub executor_blocks: Option<usize>,
+    /// Blocks were released after rejected drafts since the executor last saw the request:
+    /// its next step tells it to cut its table to `executor_blocks` first.
+    pub executor_cut: bool,
+    /// Speculative decoding: the request's acceptance estimate; None when it may not speculate
+    /// (the engine does not, or it opted out).
+    pub spec: Option<Acceptance>,
     /// Choices still to fork off it (`n - 1` until the fork, then 0): it computes its prompt
     /// but the last token, then its children take its blocks (`Scheduler::fork_due`).
     pub pending_fork: usize,
@@ -102,6 +109,8 @@ impl Request {
             pending_fork: req.n.saturating_sub(1),
             swapped_computed: None,
             loading: false,
+            executor_cut: false,
+            spec: None,
         }
     }
 
@@ -127,6 +136,9 @@ impl Request {
             pending_fork: 0,
             swapped_computed: None,
             loading: false,
+            executor_cut: false,
+            // A forked choice decodes without drafts (`Scheduler::add_request`).
+            spec: None,
         }
     }
 

@@ -12,6 +12,7 @@ mod admission;
 mod harness;
 mod merge;
 mod slack;
+mod spec;
 mod tiers;
 mod window;
 

@@ -36,6 +36,10 @@ pub struct SeqInput {
     pub context_len: usize,
     /// Some when this step ends the sequence's known tokens, so a new token is sampled.
     pub sample: Option<SampleInput>,
+    /// Speculative decoding: draft tokens at the end of the query, after the last known token
+    /// (0: none; only with `sample`). The forward returns logits at the last `num_drafts + 1`
+    /// positions, which verify the drafts and give the token after the last accepted one.
+    pub num_drafts: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -45,7 +49,7 @@ pub struct SampleInput {
     pub seed: u64,
     /// Index of the token about to be generated (0 for the first output token). With a seed this
     /// picks the random stream position, so output does not depend on batch composition or on
-    /// preemption and recompute.
+    /// preemption and recompute. With drafts, draft `j` (from 0) stands at `output_index + j`.
     pub output_index: usize,
 }
 
@@ -98,6 +102,12 @@ impl BlockTables {
         let at = r * self.width + n;
         self.ids[at..at + ids.len()].copy_from_slice(ids);
         self.lens[r] = n + ids.len();
+    }
+
+    /// Row `r` keeps its first `len` entries (at most its length).
+    pub fn truncate_row(&mut self, r: usize, len: usize) {
+        assert!(len <= self.row(r).len(), "row {r} is shorter than {len}");
+        self.lens[r] = len;
     }
 
     /// Entries `cols` of row `r` (within its length) become `id`.
@@ -193,11 +203,26 @@ impl BatchInput {
             query_len: tokens.len(),
             context_len: first_pos + tokens.len(),
             sample,
+            num_drafts: 0,
         });
     }
 
     pub fn num_sampled(&self) -> usize {
         self.seqs.iter().filter(|s| s.sample.is_some()).count()
+    }
+
+    /// Rows of logits the forward returns: one per sampling sequence, plus one per draft.
+    pub fn num_logit_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|s| s.sample.is_some())
+            .map(|s| 1 + s.num_drafts)
+            .sum()
+    }
+
+    /// Draft tokens verified by this step, over all sequences.
+    pub fn num_drafts(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_drafts).sum()
     }
 
     pub fn num_prefill_tokens(&self) -> usize {
@@ -251,6 +276,15 @@ impl BatchInput {
                 return Err(format!(
                     "{}: query_len {} vs context_len {}",
                     s.request_id, s.query_len, s.context_len
+                ));
+            }
+            if s.num_drafts > 0 && (s.sample.is_none() || s.num_drafts >= s.query_len) {
+                return Err(format!(
+                    "{}: {} drafts in a query of {} (sampled: {})",
+                    s.request_id,
+                    s.num_drafts,
+                    s.query_len,
+                    s.sample.is_some()
                 ));
             }
             let table = self.block_table(s);

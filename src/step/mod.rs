@@ -22,13 +22,16 @@
 //! - [`StepOutput`]: the sampled tokens and the step's time.
 //! - [`RequestUpdate`]: what `update_from_output` reports for a request.
 //!
+//! - Speculative decoding (`crate::spec`): a decode may reserve draft positions
+//!   (`ScheduledRequest::num_draft_tokens`). The executor's proposer fills them, the target
+//!   verifies them in the same forward, and the verified tokens come back as consecutive
+//!   entries of `StepOutput::sampled` (with a `DraftOutcome` each); `RequestUpdate::new_token_ids`
+//!   carries them on. Rejected drafts need no message for the tokens: the next step's
+//!   `num_computed_tokens` (and `sample`) tell the executor where the request's known tokens
+//!   end, and it trims what it appended beyond that. Blocks released after a rejection travel
+//!   as `truncate_blocks_to`.
+//!
 //! Where later work goes, without another redesign:
-//! - Speculative decoding: a `ScheduledRequest` gains the draft tokens to verify (its
-//!   `num_tokens` becomes 1 + k, positions `num_computed_tokens..`); the executor returns
-//!   several `SampledToken`s for such a request (consecutive entries of `StepOutput::sampled`)
-//!   and `RequestUpdate::new_token_ids` already holds several. Rejected drafts need no message:
-//!   the next step's `num_computed_tokens` (and `sample`) tell the executor where the request's
-//!   known tokens end, and it trims what it appended beyond that.
 //! - KV memory tier (landed): [`SchedulerOutput::kv_copies`], one ordered list of block copies
 //!   between the device and host tiers and within the device (copy-on-write), applied by the
 //!   executor before the forward, beside the drops ([`kv_copy`]).
@@ -40,6 +43,6 @@ pub mod update;
 
 pub use batch::{BatchInput, BlockTables, SampleInput, SeqInput, NULL_BLOCK};
 pub use kv_copy::{BlockCopy, CopyKind};
-pub use output::{SampledToken, StepOutput, TopLogprobs};
+pub use output::{DraftOutcome, SampledToken, SpecOutput, StepOutput, TopLogprobs};
 pub use scheduler_output::{NewRequestData, ScheduledRequest, SchedulerOutput};
 pub use update::RequestUpdate;

@@ -44,8 +44,15 @@ pub struct ScheduledRequest {
     pub id: RequestId,
     /// Tokens with K/V in the cache before this step: this step's first position.
     pub num_computed_tokens: usize,
-    /// Tokens computed this step: a prompt chunk, or 1 for a decode.
+    /// Known tokens computed this step: a prompt chunk, or 1 for a decode.
     pub num_tokens: usize,
+    /// Speculative decoding: draft positions reserved after the known tokens (0: none). Only a
+    /// decode carries them (`num_tokens` 1, `sample`). The request's block table covers
+    /// `num_computed_tokens + num_tokens + num_draft_tokens` positions; the executor's proposer
+    /// fills up to this many with draft tokens, the target computes them after the known token
+    /// (k + 1 positions), and the tokens it verifies come back in `StepOutput::sampled`. Drafts
+    /// are never known tokens: the scheduler keeps only what comes back.
+    pub num_draft_tokens: usize,
     /// This step reaches the end of the request's known tokens, so it samples the next one. The
     /// known tokens are then exactly `num_computed_tokens + num_tokens`: the executor drops any
     /// it appended that the scheduler did not keep.
@@ -54,6 +61,11 @@ pub struct ScheduledRequest {
     /// order; with `new`, the whole table. An entry below `num_freed_blocks` may be
     /// [`NULL_BLOCK`](super::NULL_BLOCK).
     pub new_block_ids: Vec<u32>,
+    /// KV rollback after rejected drafts: the executor cuts its copy of the block table to this
+    /// many entries before appending `new_block_ids` (the scheduler released the blocks that
+    /// held only rejected draft positions). None: nothing released since it last saw the
+    /// request.
+    pub truncate_blocks_to: Option<usize>,
     /// Sliding-window models: how many leading entries of the request's block table the KV
     /// manager has freed (they lie before the window of every later query) and now hold
     /// `NULL_BLOCK`. A running total that never decreases while the executor holds the request
@@ -83,8 +95,14 @@ impl SchedulerOutput {
         self.scheduled.iter().map(|s| (s.id, s.num_tokens))
     }
 
+    /// Known tokens computed this step (draft positions not included).
     pub fn total_num_scheduled_tokens(&self) -> usize {
         self.scheduled.iter().map(|s| s.num_tokens).sum()
+    }
+
+    /// Draft positions reserved this step (speculative decoding).
+    pub fn total_num_draft_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_draft_tokens).sum()
     }
 
     /// Requests that sample a token this step.

@@ -6,9 +6,9 @@ use crate::request::{FinishReason, RequestId, TokenLogprobs};
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestUpdate {
     pub id: RequestId,
-    /// Tokens generated this step: 0 or 1 today; a Vec so speculative decoding can add several.
-    /// An eos or stop token that ended the request is included; the output processor decides
-    /// whether to show it.
+    /// Tokens generated this step: 0 or 1, or several when drafts were accepted (speculative
+    /// decoding). An eos or stop token that ended the request is included (and nothing after
+    /// it); the output processor decides whether to show it.
     pub new_token_ids: Vec<u32>,
     /// With `params.logprobs`: one entry per token of `new_token_ids`; else empty.
     pub logprobs: Vec<TokenLogprobs>,

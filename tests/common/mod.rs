@@ -24,7 +24,7 @@ use testing::{write_test_model, TestModelSpec};
 pub struct TestServer {
     pub port: u16,
     pub engine: Arc<EngineHandle>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
     handle: actix_web::dev::ServerHandle,
 }
 
@@ -76,7 +76,18 @@ pub async fn start_server_wrapped(
     wrap: Option<brook::engine::BackendWrap>,
 ) -> TestServer {
     let (dir, path) = model_dir(spec);
-    let engine = brook::engine::start_wrapped(&cfg, &path, false, wrap).unwrap();
+    let mut server = start_server_at(cfg, &path, wrap).await;
+    server._dir = Some(dir);
+    server
+}
+
+/// A server on the model folder `path` (a bundled model), the backend wrapped by `wrap`.
+pub async fn start_server_at(
+    cfg: Config,
+    path: &Path,
+    wrap: Option<brook::engine::BackendWrap>,
+) -> TestServer {
+    let engine = brook::engine::start_wrapped(&cfg, path, false, wrap).unwrap();
     let mut server_cfg = cfg.server.clone();
     server_cfg.host = "127.0.0.1".into();
     server_cfg.port = 0;
@@ -86,7 +97,7 @@ pub async fn start_server_wrapped(
     TestServer {
         port,
         engine,
-        _dir: dir,
+        _dir: None,
         handle,
     }
 }

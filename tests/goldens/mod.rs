@@ -257,9 +257,11 @@ pub fn run_steps(
                 id: RequestId(p.case as u64),
                 num_computed_tokens: p.first,
                 num_tokens: p.len,
+                num_draft_tokens: 0,
                 sample: p.sample,
                 new_block_ids: p.table[from..].to_vec(),
                 num_freed_blocks: p.num_freed,
+                truncate_blocks_to: None,
                 new,
             });
         }

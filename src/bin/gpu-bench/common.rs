@@ -252,7 +252,9 @@ pub fn one_seq_step(
             id: RequestId(id),
             num_computed_tokens: start,
             num_tokens: n,
+            num_draft_tokens: 0,
             sample: true,
+            truncate_blocks_to: None,
             num_freed_blocks: 0,
             new_block_ids: if start == 0 {
                 blocks.to_vec()

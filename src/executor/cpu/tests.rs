@@ -10,6 +10,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::sampling::sampler::Sampler;
+
 use super::*;
 use crate::model::config::Architecture;
 use crate::model::reference::reference_greedy;

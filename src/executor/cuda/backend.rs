@@ -210,6 +210,7 @@ impl CudaBackend {
             sampled,
             elapsed: started.elapsed(),
             top_logprobs,
+            ..StepOutput::default()
         })
     }
 
@@ -292,6 +293,7 @@ impl CudaBackend {
             sampled,
             elapsed: started.elapsed(),
             top_logprobs,
+            ..StepOutput::default()
         };
         self.input.record(&out)?;
         if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {

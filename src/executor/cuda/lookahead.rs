@@ -50,6 +50,11 @@ pub fn predict(
         return false;
     }
     for q in &batch.seqs {
+        // A verification's next step depends on how many drafts it accepts (speculative
+        // decoding; the CUDA executor refuses it today).
+        if q.num_drafts > 0 {
+            return false;
+        }
         let Some(s) = q.sample.as_ref().filter(|s| !s.params.has_penalties()) else {
             return false;
         };
@@ -75,6 +80,7 @@ pub fn predict(
                 seed: s.seed,
                 output_index: s.output_index + 1,
             }),
+            num_drafts: 0,
         });
     }
     true
@@ -95,6 +101,7 @@ pub fn matches(predicted: &BatchInput, actual: &BatchInput, fed: &[u32]) -> bool
                 && p.row == a.row
                 && p.query_len == a.query_len
                 && p.context_len == a.context_len
+                && p.num_drafts == a.num_drafts
                 && match (&p.sample, &a.sample) {
                     (Some(x), Some(y)) => {
                         x.seed == y.seed && x.output_index == y.output_index && x.params == y.params
@@ -155,8 +162,10 @@ mod tests {
             id: RequestId(id),
             num_computed_tokens: 0,
             num_tokens: prompt,
+            num_draft_tokens: 0,
             sample: true,
             num_freed_blocks: 0,
+            truncate_blocks_to: None,
             new_block_ids: blocks,
             new: Some(NewRequestData {
                 token_ids: (0..prompt as u32).map(|t| t + 10 * id as u32).collect(),
@@ -172,8 +181,10 @@ mod tests {
             id: RequestId(id),
             num_computed_tokens: computed,
             num_tokens: 1,
+            num_draft_tokens: 0,
             sample: true,
             num_freed_blocks: 0,
+            truncate_blocks_to: None,
             new_block_ids: blocks,
             new: None,
         }
@@ -203,7 +214,7 @@ mod tests {
         ib.record(&StepOutput {
             sampled,
             elapsed: Default::default(),
-            top_logprobs: Vec::new(),
+            ..StepOutput::default()
         })
         .unwrap();
         tokens.to_vec()

@@ -15,8 +15,10 @@ fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRe
         id: RequestId(id),
         num_computed_tokens: 0,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: Some(NewRequestData {
             num_prompt_tokens: tokens.len(),
@@ -32,8 +34,10 @@ fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) ->
         id: RequestId(id),
         num_computed_tokens: computed,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: None,
     }
@@ -57,7 +61,7 @@ fn sampled(pairs: &[(u64, u32)]) -> StepOutput {
             })
             .collect(),
         elapsed: std::time::Duration::ZERO,
-        top_logprobs: Vec::new(),
+        ..StepOutput::default()
     }
 }
 
@@ -540,4 +544,31 @@ fn freed_blocks_inconsistent_with_the_window_are_errors() {
     resumed.num_computed_tokens = 8;
     let e = err(&mut ib, step(vec![resumed]));
     assert!(e.contains("block 4 at column 1"), "{e}");
+}
+
+#[test]
+fn draft_positions_for_a_request_that_may_not_speculate_are_errors() {
+    // Prompt of 3 tokens in block 0, sampled; then a decode with 2 draft positions (block 1).
+    let decode_with_drafts = |id: u64| ScheduledRequest {
+        num_draft_tokens: 2,
+        ..cached(id, 3, 1, true, vec![1])
+    };
+    let mut plain = InputBatch::new(BS, 8, 4);
+    plain
+        .update(&step(vec![new_req(1, vec![5, 6, 7], vec![0], 3)]))
+        .unwrap();
+    plain.record(&sampled(&[(1, 9)])).unwrap();
+    plain.apply(&step(vec![decode_with_drafts(1)])).unwrap();
+    assert_eq!(plain.propose_requests().len(), 1);
+
+    let mut penalized = InputBatch::new(BS, 8, 4);
+    penalized
+        .update(&step(vec![new_penalized(2, vec![5, 6, 7], vec![0])]))
+        .unwrap();
+    penalized.record(&sampled(&[(2, 9)])).unwrap();
+    let e = penalized
+        .apply(&step(vec![decode_with_drafts(2)]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("may not speculate"), "{e}");
 }

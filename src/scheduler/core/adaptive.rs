@@ -332,8 +332,7 @@ impl Scheduler {
         is_running: bool,
     ) {
         st.draft.add_prefill(cand.num_computed, tokens);
-        plan.scheduled.push((id, tokens));
-        plan.budget -= tokens;
+        plan.push(id, tokens, 0);
         if cand.lane == Lane::LongStream {
             st.long_left = st.long_left.saturating_sub(tokens);
         }
@@ -344,15 +343,16 @@ impl Scheduler {
         }
     }
 
-    /// Allocates every decode's slot, preempting the lowest-priority running request not yet in
-    /// the step when blocks run out. Each decode bounds the step by its ITL slack
-    /// (`itl_step_bound_ms`).
+    /// Allocates every decode's slot (and its draft positions when it speculates and they fit),
+    /// preempting the lowest-priority running request not yet in the step when blocks run out.
+    /// Each decode bounds the step by its ITL slack (`itl_step_bound_ms`).
     fn schedule_decodes(
         &mut self,
         plan: &mut StepPlan,
         kv: &mut KvCacheManager,
         now: f64,
     ) -> StepDraft {
+        let max_len = self.max_len(kv);
         let mut draft = StepDraft::new();
         let mut in_step: HashSet<RequestId> = HashSet::with_capacity(self.running.len() + 8);
         let decodes: Vec<RequestId> = self
@@ -373,8 +373,13 @@ impl Scheduler {
                 continue; // preempted as a victim of an earlier decode
             }
             let num_computed = self.requests[&id].num_computed;
+            let mut drafts = self.draft_depth(id, plan.budget, max_len);
+            // Drafts never preempt anyone: without room for them the decode runs alone.
+            if drafts > 0 && kv.allocate_slots(id, num_computed, 1 + drafts).is_none() {
+                drafts = 0;
+            }
             let mut fits = true;
-            while kv.allocate_slots(id, num_computed, 1).is_none() {
+            while drafts == 0 && kv.allocate_slots(id, num_computed, 1).is_none() {
                 let victim = self.pick_victim(&in_step).unwrap_or(id);
                 self.running.retain(|&r| r != victim);
                 self.preempt(victim, kv);
@@ -389,8 +394,8 @@ impl Scheduler {
             }
             let bound = self.itl_step_bound_ms(&self.requests[&id], now);
             draft.add_decode(num_computed + 1, bound);
-            plan.scheduled.push((id, 1));
-            plan.budget -= 1;
+            draft.add_verification(drafts);
+            plan.push(id, 1, drafts);
             in_step.insert(id);
         }
         draft

@@ -14,19 +14,31 @@ impl Scheduler {
         }
     }
 
-    /// Each running request's next tokens; preempts from the back when blocks run out.
+    /// Each running request's next tokens (a decode with its draft positions, when it
+    /// speculates and they fit); preempts from the back when blocks run out.
     fn schedule_running(&mut self, plan: &mut StepPlan, kv: &mut KvCacheManager) {
+        let max_len = self.max_len(kv);
         let mut i = 0;
         'running: while i < self.running.len() && plan.budget > 0 {
             let id = self.running[i];
             let req = &self.requests[&id];
             let num_computed = req.num_computed;
+            let is_decode = req.num_uncomputed() == 1;
             let num_new = self.chunk_size(req.num_schedulable(), plan.budget);
             if num_new == 0 {
                 i += 1;
                 continue;
             }
-            while kv.allocate_slots(id, num_computed, num_new).is_none() {
+            let mut drafts = if is_decode {
+                self.draft_depth(id, plan.budget, max_len)
+            } else {
+                0
+            };
+            // Drafts never preempt anyone: without room for them the decode runs alone.
+            if drafts > 0 && kv.allocate_slots(id, num_computed, 1 + drafts).is_none() {
+                drafts = 0;
+            }
+            while drafts == 0 && kv.allocate_slots(id, num_computed, num_new).is_none() {
                 // Victims come from the back, behind `i`, so nothing scheduled so far is undone.
                 let victim = self.running.pop().expect("running holds at least `id`");
                 self.preempt(victim, kv);
@@ -35,8 +47,7 @@ impl Scheduler {
                     break 'running;
                 }
             }
-            plan.scheduled.push((id, num_new));
-            plan.budget -= num_new;
+            plan.push(id, num_new, drafts);
             i += 1;
         }
     }
@@ -78,8 +89,7 @@ impl Scheduler {
             }
             self.waiting.pop_front();
             self.start_running(id, num_computed, plan);
-            plan.scheduled.push((id, num_new));
-            plan.budget -= num_new;
+            plan.push(id, num_new, 0);
         }
     }
 }

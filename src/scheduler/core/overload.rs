@@ -38,7 +38,8 @@ impl Scheduler {
         }
         self.stats.accepted[class.index()] += 1;
         if req.n > 1 && req.prompt_token_ids.len() < 2 {
-            // No prompt block to share before the last token: the choices run as they are.
+            // No prompt block to share before the last token: the choices run as they are
+            // (independent requests, so they may speculate).
             for i in 0..req.n {
                 let choice = NewRequest {
                     id: RequestId(req.id.0 + i as u64),
@@ -46,14 +47,23 @@ impl Scheduler {
                     n: 1,
                     ..req.clone()
                 };
-                self.waiting.push_back(choice.id);
-                self.requests
-                    .insert(choice.id, Request::new(choice, class, now));
+                let choice_id = choice.id;
+                self.waiting.push_back(choice_id);
+                let spec = self.spec_for_new(choice.params.may_speculate());
+                let mut request = Request::new(choice, class, now);
+                request.spec = spec;
+                self.requests.insert(choice_id, request);
             }
             return Admission::Accepted;
         }
+        let request_id = req.id;
         self.waiting.push_back(req.id);
-        self.requests.insert(req.id, Request::new(req, class, now));
+        // Choices forked off one prompt (n > 1) share its blocks copy-on-write, which draft
+        // positions and their rollback do not take into account: they decode without drafts.
+        let spec = self.spec_for_new(req.params.may_speculate() && req.n <= 1);
+        let mut request = Request::new(req, class, now);
+        request.spec = spec;
+        self.requests.insert(request_id, request);
         Admission::Accepted
     }
 

@@ -43,6 +43,7 @@ impl Scheduler {
         req.num_computed = 0;
         req.status = Status::Waiting;
         req.executor_blocks = None;
+        req.executor_cut = false;
         req.loading = false;
         self.fork_reserved -= req.pending_fork;
         self.waiting.push_front(id);

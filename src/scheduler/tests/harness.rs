@@ -126,7 +126,7 @@ impl FakeModel {
         let step = StepOutput {
             sampled,
             elapsed: std::time::Duration::ZERO,
-            top_logprobs: Vec::new(),
+            ..StepOutput::default()
         };
         self.input.record(&step).unwrap();
         step

@@ -226,6 +226,8 @@ fn common_params(f: &Fields) -> Result<RawSamplingParams, ApiError> {
         logit_bias: f.get::<BTreeMap<String, f64>>("logit_bias")?,
         min_tokens: f.get("min_tokens")?,
         logprobs: None,
+        // The server's speculation setting (brook's WS field has no OpenAI counterpart).
+        speculative: None,
     })
 }
 

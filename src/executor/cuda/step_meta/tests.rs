@@ -38,8 +38,10 @@ fn new_req(id: u64, prompt: usize, n: usize, blocks: Vec<u32>) -> ScheduledReque
         id: RequestId(id),
         num_computed_tokens: 0,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample: n == prompt,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: Some(NewRequestData {
             token_ids: (0..prompt as u32).map(|t| t + 100 * id as u32).collect(),
@@ -55,8 +57,10 @@ fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) ->
         id: RequestId(id),
         num_computed_tokens: computed,
         num_tokens: n,
+        num_draft_tokens: 0,
         sample,
         num_freed_blocks: 0,
+        truncate_blocks_to: None,
         new_block_ids: blocks,
         new: None,
     }
@@ -216,7 +220,7 @@ fn run(
     ib.record(&StepOutput {
         sampled,
         elapsed: std::time::Duration::ZERO,
-        top_logprobs: Vec::new(),
+        ..StepOutput::default()
     })
     .unwrap();
     (step, bucket)

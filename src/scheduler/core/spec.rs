@@ -1,0 +1,214 @@
+//! Speculative decoding in the core: each step's depth plan (`scheduler::spec`), each decode's
+//! draft positions, and after the step the verified tokens' bookkeeping — acceptance
+//! estimates, counters, the cost fits, and the KV rollback of rejected positions.
+
+use super::Scheduler;
+use crate::kv::KvCacheManager;
+use crate::request::RequestId;
+use crate::scheduler::cost_model::{CostModel, StepFeatures};
+use crate::scheduler::spec::{
+    self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, MIN_FIT_STEPS,
+};
+use crate::scheduler::CostCoefficients;
+use crate::spec::SpecConfig;
+use crate::step::{DraftOutcome, SchedulerOutput, StepOutput};
+
+/// Engine-wide acceptance weight per verification (slower than a request's own).
+const ENGINE_EMA: f64 = 0.02;
+/// How fast a request whose depth fell to 0 drifts back toward an optimistic acceptance, per
+/// step: slow, so that a request whose drafts always fail retries about one step in 25 (a few
+/// percent of wasted verification) rather than every other step.
+const RELAX: f64 = 0.01;
+
+/// What the core keeps for speculation.
+#[derive(Debug)]
+pub(crate) struct SpecState {
+    pub cfg: SpecConfig,
+    /// Step-time fit of the target (verification rows as prefill rows), ready after
+    /// `MIN_FIT_STEPS` steps; separate from the policy's own fit, which waits longer.
+    pub target: CostModel,
+    pub draft: DraftCost,
+    pub stats: SpecStats,
+    /// Acceptance over every request's verifications.
+    pub engine: Acceptance,
+    /// This step's depth plan, and the ceiling the rules allowed (before the cost model).
+    pub choice: DepthChoice,
+    ceiling: usize,
+    /// Depths given this step to decodes that could speculate, and how many such decodes.
+    depth_sum: usize,
+    depth_seqs: usize,
+}
+
+impl SpecState {
+    pub fn new(cfg: SpecConfig, fallback: CostCoefficients) -> Self {
+        SpecState {
+            target: CostModel::with_min_samples(fallback, MIN_FIT_STEPS),
+            draft: DraftCost::default(),
+            stats: SpecStats::default(),
+            engine: Acceptance::new(cfg.acceptance_prior),
+            choice: DepthChoice::NONE,
+            ceiling: 0,
+            depth_sum: 0,
+            depth_seqs: 0,
+            cfg,
+        }
+    }
+}
+
+impl Scheduler {
+    /// The acceptance estimate a new request starts with; None when it may not speculate.
+    pub(super) fn spec_for_new(&self, opted_in: bool) -> Option<Acceptance> {
+        (self.spec.cfg.enabled() && opted_in)
+            .then(|| Acceptance::new(self.spec.cfg.acceptance_prior))
+    }
+
+    /// Chooses this step's depth plan from the running decodes, before they are walked.
+    pub(super) fn plan_speculation(&mut self, kv: &KvCacheManager) {
+        self.spec.choice = DepthChoice::NONE;
+        self.spec.ceiling = 0;
+        (self.spec.depth_sum, self.spec.depth_seqs) = (0, 0);
+        if !self.spec.cfg.enabled() {
+            return;
+        }
+        let mut decodes = StepFeatures::default();
+        let mut alphas = Vec::new();
+        let mut others = 0;
+        for id in &self.running {
+            let r = &self.requests[id];
+            if r.num_uncomputed() != 1 {
+                continue;
+            }
+            decodes.add_seq(1, r.num_computed + 1);
+            match &r.spec {
+                Some(a) => alphas.push(a.rate()),
+                None => others += 1,
+            }
+        }
+        if alphas.is_empty() {
+            return;
+        }
+        let usage = kv.usage().usage_ratio();
+        let (max, why) = spec::ceiling(
+            &self.spec.cfg,
+            usage,
+            self.in_emergency(),
+            self.spec.target.samples(),
+        );
+        self.spec.stats.steps_by_ceiling[why.index()] += 1;
+        self.spec.ceiling = max;
+        if why != Ceiling::Normal {
+            tracing::debug!(
+                ceiling = why.as_str(),
+                max,
+                usage,
+                "speculation depth ceiling"
+            );
+        }
+        let s = &self.spec;
+        self.spec.choice = match s.cfg.adaptive {
+            true => spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, max),
+            false => DepthChoice::fixed(max),
+        };
+        tracing::trace!(
+            cap = self.spec.choice.cap,
+            decodes = decodes.decode_seqs,
+            alpha_mean = alphas.iter().sum::<f64>() / alphas.len() as f64,
+            per_row_ms = self.spec.target.coefficients().per_prefill_token_ms,
+            draft_pass_ms = self.spec.draft.per_pass_ms(),
+            draft_token_ms = self.spec.draft.per_token_ms(),
+            step0_ms = self.spec.target.predict_ms(&decodes),
+            "speculation plan"
+        );
+    }
+
+    /// Draft positions for decode `id` this step: its acceptance against the step's plan, and
+    /// never a token past `max_tokens`, the context (`max_len`) or the budget left.
+    pub(super) fn draft_depth(&mut self, id: RequestId, budget: usize, max_len: usize) -> usize {
+        let choice = self.spec.choice;
+        let allowed = self.spec.ceiling > 0;
+        // Optimistic: a request held at depth 0 by its estimate (or by a cap its estimate
+        // pulled to 0) is tried again, and falls back at once if it still fails.
+        let retry_rate = self.spec.engine.rate().max(self.spec.cfg.acceptance_prior);
+        let req = self.requests.get_mut(&id).expect("a decode is known");
+        let Some(acc) = req.spec.as_mut() else {
+            return 0;
+        };
+        let mut k = choice.depth_for(acc.rate());
+        if allowed && k == 0 {
+            acc.relax(retry_rate, RELAX);
+        }
+        // The step appends at most k + 1 tokens.
+        let left = req
+            .params
+            .max_tokens
+            .saturating_sub(req.num_output_tokens())
+            .min(max_len.saturating_sub(req.num_tokens()));
+        k = k.min(left.saturating_sub(1)).min(budget.saturating_sub(1));
+        self.spec.depth_sum += k;
+        self.spec.depth_seqs += 1;
+        k
+    }
+
+    /// The step's decodes are planned: the depth gauge.
+    pub(super) fn finish_speculation_plan(&mut self) {
+        if self.spec.depth_seqs > 0 {
+            self.spec.stats.current_depth =
+                self.spec.depth_sum as f64 / self.spec.depth_seqs as f64;
+        }
+    }
+
+    /// Feeds the step-time fits: the target's time with verification rows counted as prefill
+    /// rows, the proposer's time apart.
+    pub(super) fn observe_spec_costs(&mut self, out: &SchedulerOutput, step: &StepOutput) {
+        if !self.spec.cfg.enabled() || out.is_empty() {
+            return;
+        }
+        let mut f = StepFeatures::from_step(out);
+        f.prefill_tokens += step.spec.drafts.iter().map(|d| d.proposed).sum::<usize>() as f64;
+        let target_ms = step.elapsed.saturating_sub(step.spec.elapsed).as_secs_f64() * 1e3;
+        self.spec.target.observe(&f, target_ms);
+        self.spec.draft.observe(
+            step.spec.passes,
+            step.spec.tokens,
+            step.spec.elapsed.as_secs_f64() * 1e3,
+        );
+    }
+
+    /// One sequence's verification: its acceptance estimate and the counters.
+    pub(super) fn observe_drafts(&mut self, d: &DraftOutcome) {
+        let w = self.spec.cfg.acceptance_ema;
+        self.spec.stats.observe(d.proposed, d.accepted);
+        self.spec.engine.observe(d.proposed, d.accepted, ENGINE_EMA);
+        if let Some(acc) = self
+            .requests
+            .get_mut(&d.request_id)
+            .and_then(|r| r.spec.as_mut())
+        {
+            acc.observe(d.proposed, d.accepted, w);
+        }
+    }
+
+    /// KV rollback after a verification: the blocks past the request's known tokens held only
+    /// rejected draft positions and go back to the pool; the executor cuts its table with the
+    /// request's next step.
+    pub(super) fn release_rejected(&mut self, id: RequestId, kv: &mut KvCacheManager) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if kv.free_tail(id, req.num_tokens()) > 0 {
+            let len = kv.block_table(id).len();
+            req.executor_blocks = req.executor_blocks.map(|n| n.min(len));
+            req.executor_cut = true;
+        }
+    }
+
+    /// Speculation counters since start.
+    pub fn spec_stats(&self) -> &SpecStats {
+        &self.spec.stats
+    }
+
+    /// The speculation config the core runs with.
+    pub fn spec_config(&self) -> &SpecConfig {
+        &self.spec.cfg
+    }
+}

@@ -1,0 +1,358 @@
+//! Adaptive speculation depth: how many draft positions each decode gets this step (k in
+//! 0..=max), from the engine's state and two cost estimates. Pure functions and small online
+//! fits; the core calls them while it schedules decodes (`core/spec.rs`).
+//!
+//! Rules first (the seed's): no speculation while KV usage is above `max_kv_usage` (60%), at
+//! most `emergency_max_depth` (1) in emergency mode, none for a request that opted out, none
+//! before the step-time fit has seen `MIN_FIT_STEPS` steps (its fallback coefficients describe
+//! another machine).
+//!
+//! Then the cost model. With per-token acceptance α_i (a request's EMA), depth K yields
+//! E_i(K) = 1 + α_i + … + α_i^K tokens per request. A step with B decodes of which n may
+//! speculate costs T(K) = target(B decodes + K·n verification tokens) + draft(K passes, K·n
+//! tokens): the target part from a step-time fit in which a verification token costs what a
+//! prefill token costs (both are extra query rows), the draft part from its own fit. The cap K
+//! maximises tokens per millisecond, Σ E_i(K) / T(K), so at a large batch, where a query row
+//! costs about what a whole decode does, verification costs more than it saves and K is 0.
+//! Each request then keeps draft j only while its expected gain α_i^j pays the marginal cost
+//! of one more position at that rate.
+
+use serde::Serialize;
+
+use crate::scheduler::cost_model::{CostModel, StepFeatures};
+use crate::spec::SpecConfig;
+
+/// Steps the target's step-time fit needs before speculation starts.
+pub const MIN_FIT_STEPS: u64 = 8;
+
+/// Why the depth ceiling is what it is this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ceiling {
+    /// Speculation is off (`--speculative off`).
+    Off,
+    /// KV usage above `max_kv_usage`.
+    KvPressure,
+    /// The step-time fit is not ready.
+    Warmup,
+    /// Emergency mode: at most `emergency_max_depth`.
+    Emergency,
+    Normal,
+}
+
+impl Ceiling {
+    pub const ALL: [Ceiling; 5] = [
+        Ceiling::Off,
+        Ceiling::KvPressure,
+        Ceiling::Warmup,
+        Ceiling::Emergency,
+        Ceiling::Normal,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ceiling::Off => "off",
+            Ceiling::KvPressure => "kv_pressure",
+            Ceiling::Warmup => "warmup",
+            Ceiling::Emergency => "emergency",
+            Ceiling::Normal => "normal",
+        }
+    }
+}
+
+/// Speculation counters since start, in vLLM's terms, for the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SpecStats {
+    /// Verifications: a sequence's step with at least one draft (vLLM's `num_drafts`).
+    pub num_drafts: u64,
+    /// Draft tokens proposed and accepted.
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// By draft position (0: the first draft): drafts accepted there, and proposed there.
+    pub accepted_per_pos: Vec<u64>,
+    pub proposed_per_pos: Vec<u64>,
+    /// Steps with decodes, by what set the depth ceiling.
+    pub steps_by_ceiling: [u64; 5],
+    /// Mean depth given to the decodes that could speculate in the last such step.
+    pub current_depth: f64,
+}
+
+impl SpecStats {
+    /// One sequence's verification: `accepted` of `proposed` drafts.
+    pub fn observe(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.num_drafts += 1;
+        self.num_draft_tokens += proposed as u64;
+        self.num_accepted_tokens += accepted as u64;
+        if self.proposed_per_pos.len() < proposed {
+            self.proposed_per_pos.resize(proposed, 0);
+            self.accepted_per_pos.resize(proposed, 0);
+        }
+        for j in 0..proposed {
+            self.proposed_per_pos[j] += 1;
+            if j < accepted {
+                self.accepted_per_pos[j] += 1;
+            }
+        }
+    }
+
+    /// Tokens per verification, the target's own included (vLLM's mean acceptance length);
+    /// None before any.
+    pub fn mean_accepted_length(&self) -> Option<f64> {
+        (self.num_drafts > 0)
+            .then(|| 1.0 + self.num_accepted_tokens as f64 / self.num_drafts as f64)
+    }
+
+    /// Accepted / proposed drafts; None before any.
+    pub fn acceptance_rate(&self) -> Option<f64> {
+        (self.num_draft_tokens > 0)
+            .then(|| self.num_accepted_tokens as f64 / self.num_draft_tokens as f64)
+    }
+}
+
+/// The depth ceiling the rules allow: `(max depth, why)`.
+pub fn ceiling(
+    cfg: &SpecConfig,
+    kv_usage: f64,
+    emergency: bool,
+    fit_steps: u64,
+) -> (usize, Ceiling) {
+    if !cfg.enabled() {
+        (0, Ceiling::Off)
+    } else if kv_usage > cfg.max_kv_usage {
+        (0, Ceiling::KvPressure)
+    } else if fit_steps < MIN_FIT_STEPS {
+        (0, Ceiling::Warmup)
+    } else if emergency {
+        (
+            cfg.max_depth.min(cfg.emergency_max_depth),
+            Ceiling::Emergency,
+        )
+    } else {
+        (cfg.max_depth, Ceiling::Normal)
+    }
+}
+
+/// Expected tokens from one verification of `k` drafts at per-token acceptance `alpha`: the
+/// accepted prefix plus the target's own token, 1 + α + … + α^k.
+pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
+    let mut term = 1.0;
+    let mut sum = 1.0;
+    for _ in 0..k {
+        term *= alpha;
+        sum += term;
+    }
+    sum
+}
+
+/// A request's per-token acceptance: EMAs of the drafts it got accepted and the drafts that
+/// were tested per step (a draft after the first rejection is never tested), so that
+/// accepted / tested estimates α whatever the depth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Acceptance {
+    accepted: f64,
+    tested: f64,
+}
+
+impl Acceptance {
+    pub fn new(prior: f64) -> Self {
+        Acceptance {
+            accepted: prior,
+            tested: 1.0,
+        }
+    }
+
+    pub fn rate(&self) -> f64 {
+        (self.accepted / self.tested).clamp(0.0, 1.0)
+    }
+
+    /// `accepted` of `proposed` drafts were accepted in one step.
+    pub fn observe(&mut self, proposed: usize, accepted: usize, weight: f64) {
+        if proposed == 0 {
+            return;
+        }
+        let tested = (accepted + 1).min(proposed);
+        self.accepted += weight * (accepted as f64 - self.accepted);
+        self.tested += weight * (tested as f64 - self.tested);
+    }
+
+    /// A step without a verification: the estimate drifts toward `rate`, so a request whose
+    /// depth fell to 0 on bad luck is tried again.
+    pub fn relax(&mut self, rate: f64, weight: f64) {
+        let r = self.rate();
+        let target = r + weight * (rate - r);
+        self.accepted = target * self.tested;
+    }
+}
+
+/// Online fit of the draft's time per step: `ms = per_pass · passes + per_token · tokens`
+/// (ridge least squares with forgetting, non-negative). It starts at zero cost, so drafting is
+/// tried and then measured.
+#[derive(Debug, Clone)]
+pub struct DraftCost {
+    xtx: [[f64; 2]; 2],
+    xty: [f64; 2],
+    coef: [f64; 2],
+    samples: u64,
+}
+
+const DRAFT_FORGETTING: f64 = 0.98;
+
+impl Default for DraftCost {
+    fn default() -> Self {
+        DraftCost {
+            xtx: [[0.0; 2]; 2],
+            xty: [0.0; 2],
+            coef: [0.0; 2],
+            samples: 0,
+        }
+    }
+}
+
+impl DraftCost {
+    pub fn per_pass_ms(&self) -> f64 {
+        self.coef[0]
+    }
+
+    pub fn per_token_ms(&self) -> f64 {
+        self.coef[1]
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn predict_ms(&self, passes: usize, tokens: usize) -> f64 {
+        self.coef[0] * passes as f64 + self.coef[1] * tokens as f64
+    }
+
+    /// One step's drafting: `passes` forward passes over `tokens` tokens in `ms`.
+    pub fn observe(&mut self, passes: usize, tokens: usize, ms: f64) {
+        if !ms.is_finite() || ms < 0.0 || (passes == 0 && tokens == 0) {
+            return;
+        }
+        let x = [passes as f64, tokens as f64];
+        for i in 0..2 {
+            for j in 0..2 {
+                self.xtx[i][j] = DRAFT_FORGETTING * self.xtx[i][j] + x[i] * x[j];
+            }
+            self.xty[i] = DRAFT_FORGETTING * self.xty[i] + x[i] * ms;
+        }
+        self.samples += 1;
+        // Ridge relative to each feature's energy: collinear steps (always the same shape) still
+        // split the time between the two.
+        let w = |i: usize| 1e-3 * self.xtx[i][i] + 1e-9;
+        let a = [
+            [self.xtx[0][0] + w(0), self.xtx[0][1]],
+            [self.xtx[1][0], self.xtx[1][1] + w(1)],
+        ];
+        let det = a[0][0] * a[1][1] - a[0][1] * a[1][0];
+        if det.abs() < 1e-300 {
+            return;
+        }
+        let c0 = (self.xty[0] * a[1][1] - a[0][1] * self.xty[1]) / det;
+        let c1 = (a[0][0] * self.xty[1] - a[1][0] * self.xty[0]) / det;
+        self.coef = match (c0 >= 0.0, c1 >= 0.0) {
+            (true, true) => [c0, c1],
+            // One coefficient pinned at 0: the other alone.
+            _ if c0 < 0.0 => [0.0, (self.xty[1] / a[1][1]).max(0.0)],
+            _ => [(self.xty[0] / a[0][0]).max(0.0), 0.0],
+        };
+    }
+}
+
+/// The depth of one step: the cap, and what a request needs to use it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DepthChoice {
+    /// Most drafts any request gets.
+    pub cap: usize,
+    /// Expected tokens per millisecond of the step at `cap`.
+    pub rate: f64,
+    /// Cost of one more draft position for one request (verification + drafting), ms.
+    pub marginal_ms: f64,
+}
+
+impl DepthChoice {
+    pub const NONE: DepthChoice = DepthChoice {
+        cap: 0,
+        rate: 0.0,
+        marginal_ms: 0.0,
+    };
+
+    /// Every request that may speculate gets `cap` drafts (`adaptive = false`).
+    pub fn fixed(cap: usize) -> DepthChoice {
+        DepthChoice {
+            cap,
+            ..DepthChoice::NONE
+        }
+    }
+
+    /// Drafts for a request of per-token acceptance `alpha`: the j-th is worth it while its
+    /// expected gain α^j pays one more position at the step's rate.
+    pub fn depth_for(&self, alpha: f64) -> usize {
+        let mut k = 0;
+        let mut gain = 1.0;
+        while k < self.cap {
+            gain *= alpha;
+            if gain < self.rate * self.marginal_ms {
+                break;
+            }
+            k += 1;
+        }
+        k
+    }
+}
+
+/// Chooses the cap (0..=`ceiling`) maximising expected tokens per ms of the step whose decodes
+/// are `decodes` (features of a plain decode step), where the requests of acceptances `alphas`
+/// may speculate and `others` decodes may not.
+pub fn choose_depth(
+    target: &CostModel,
+    draft: &DraftCost,
+    decodes: &StepFeatures,
+    alphas: &[f64],
+    others: usize,
+    ceiling: usize,
+) -> DepthChoice {
+    let n = alphas.len();
+    if ceiling == 0 || n == 0 {
+        return DepthChoice::NONE;
+    }
+    // A verification row is a query row through every layer: with several decodes it costs
+    // at least what a decode's row does, whatever the fit's split between prefill and decode
+    // (an online fit over steps of one shape can put the prefill coefficient at 0; measured on
+    // the CPU at batch 64). With one decode the fit cannot tell the per-decode cost from the
+    // step's base, so there the prefill coefficient alone prices a row.
+    let c = target.coefficients();
+    let row_ms = match decodes.decode_seqs > 1.0 {
+        true => c.per_prefill_token_ms.max(c.per_decode_seq_ms),
+        false => c.per_prefill_token_ms,
+    };
+    let base_ms = target.predict_ms(decodes);
+    let step_ms = |k: usize| base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n);
+    let rate = |k: usize| {
+        let tokens = others as f64 + alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>();
+        tokens / step_ms(k).max(1e-6)
+    };
+    let (mut best, mut best_rate) = (0, rate(0));
+    for k in 1..=ceiling {
+        let r = rate(k);
+        if r > best_rate * (1.0 + 1e-9) {
+            (best, best_rate) = (k, r);
+        }
+    }
+    DepthChoice {
+        cap: best,
+        rate: best_rate,
+        marginal_ms: row_ms + draft.per_token_ms(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+//! The depth policy: the rules (KV pressure, emergency mode, warm-up), acceptance, batch size.
+
+use super::*;
+use crate::scheduler::cost_model::CostCoefficients;
+use crate::spec::SpecMethod;
+
+fn cfg() -> SpecConfig {
+    SpecConfig {
+        method: SpecMethod::Ngram,
+        max_depth: 4,
+        ..SpecConfig::default()
+    }
+}
+
+/// A target whose step costs `base` plus `per_row` for every query row, decode or prefill: a
+/// compute-bound machine when `per_row` is large against `base`.
+fn target(base: f64, per_row: f64) -> CostModel {
+    CostModel::new(CostCoefficients {
+        base_ms: base,
+        per_prefill_token_ms: per_row,
+        per_decode_seq_ms: per_row,
+        per_kv_token_ms: 0.0,
+        per_prefill_attn_pair_ms: 0.0,
+    })
+}
+
+fn decodes(b: usize) -> StepFeatures {
+    let mut f = StepFeatures::default();
+    for _ in 0..b {
+        f.add_seq(1, 100);
+    }
+    f
+}
+
+#[test]
+fn kv_pressure_turns_speculation_off() {
+    assert_eq!(ceiling(&cfg(), 0.59, false, 100), (4, Ceiling::Normal));
+    assert_eq!(ceiling(&cfg(), 0.61, false, 100), (0, Ceiling::KvPressure));
+    // Pressure wins over emergency mode.
+    assert_eq!(ceiling(&cfg(), 0.61, true, 100), (0, Ceiling::KvPressure));
+}
+
+#[test]
+fn emergency_mode_caps_the_depth_at_one() {
+    assert_eq!(ceiling(&cfg(), 0.1, true, 100), (1, Ceiling::Emergency));
+    let shallow = SpecConfig {
+        max_depth: 1,
+        emergency_max_depth: 3,
+        ..cfg()
+    };
+    assert_eq!(ceiling(&shallow, 0.1, true, 100).0, 1);
+}
+
+#[test]
+fn off_and_warm_up_give_no_depth() {
+    let off = SpecConfig {
+        method: SpecMethod::Off,
+        ..cfg()
+    };
+    assert_eq!(ceiling(&off, 0.0, false, 100), (0, Ceiling::Off));
+    assert_eq!(
+        ceiling(&cfg(), 0.0, false, MIN_FIT_STEPS - 1),
+        (0, Ceiling::Warmup)
+    );
+}
+
+#[test]
+fn expected_tokens_is_the_truncated_geometric_sum() {
+    assert_eq!(expected_tokens(0.5, 0), 1.0);
+    assert!((expected_tokens(0.5, 3) - 1.875).abs() < 1e-12);
+    assert_eq!(expected_tokens(1.0, 4), 5.0);
+}
+
+#[test]
+fn a_single_stream_speculates_on_a_memory_bound_step() {
+    // Batch 1 on the CPU: a 2 ms step whose extra rows cost 0.1 ms, a draft pass 0.3 ms.
+    let t = target(2.0, 0.1);
+    let mut d = DraftCost::default();
+    for _ in 0..10 {
+        d.observe(4, 4, 1.2);
+    }
+    let c = choose_depth(&t, &d, &decodes(1), &[0.8], 0, 4);
+    assert_eq!(c.cap, 4, "{c:?}");
+    assert_eq!(c.depth_for(0.8), 4);
+}
+
+#[test]
+fn a_large_compute_bound_batch_does_not_speculate() {
+    // Every row costs 0.25 ms: at batch 64 a verification row costs what a decode does.
+    let t = target(2.0, 0.25);
+    let d = DraftCost::default();
+    assert!(choose_depth(&t, &d, &decodes(1), &[0.8], 0, 4).cap > 0);
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 4).cap, 0);
+    // A perfect proposer still pays there: every row it adds is a token.
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 4).cap, 4);
+}
+
+#[test]
+fn a_verification_row_costs_at_least_a_decode_row() {
+    // A fit that put the prefill coefficient at 0 (steps of one shape): rows still cost what
+    // a decode does, so a large batch does not speculate.
+    let t = CostModel::new(CostCoefficients {
+        base_ms: 2.0,
+        per_prefill_token_ms: 0.0,
+        per_decode_seq_ms: 1.0,
+        per_kv_token_ms: 0.0,
+        per_prefill_attn_pair_ms: 0.0,
+    });
+    let d = DraftCost::default();
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 4).cap, 0);
+}
+
+#[test]
+fn a_memory_bound_gpu_speculates_at_batch_64_too() {
+    // The H200 prior for a 7B model: rows are cheap against the weights' read.
+    let t = CostModel::new(CostCoefficients::default());
+    let c = choose_depth(&t, &DraftCost::default(), &decodes(64), &[0.7; 64], 0, 4);
+    assert!(c.cap > 0, "{c:?}");
+}
+
+#[test]
+fn depth_falls_with_acceptance() {
+    let t = target(2.0, 0.1);
+    let mut d = DraftCost::default();
+    d.observe(4, 4, 1.2);
+    let c = choose_depth(&t, &d, &decodes(4), &[0.9, 0.5, 0.1, 0.9], 0, 4);
+    assert!(c.cap > 0);
+    let ks: Vec<usize> = [0.9, 0.5, 0.1, 0.02].map(|a| c.depth_for(a)).to_vec();
+    assert!(ks.windows(2).all(|w| w[0] >= w[1]), "{ks:?}");
+    assert!(ks[0] > ks[2], "{ks:?}");
+    assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
+    // Nobody may speculate: no depth.
+    assert_eq!(
+        choose_depth(&t, &d, &decodes(4), &[], 4, 4),
+        DepthChoice::NONE
+    );
+}
+
+#[test]
+fn acceptance_estimates_the_per_token_rate_whatever_the_depth() {
+    let mut a = Acceptance::new(0.7);
+    assert!((a.rate() - 0.7).abs() < 1e-12);
+    // Depth 4, a stream with per-token acceptance 0.5: accepted 0,1,2,... drafts.
+    let mut rng = 12345u64;
+    for _ in 0..4000 {
+        let mut acc = 0;
+        while acc < 4 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if (rng >> 33) % 2 == 0 {
+                break;
+            }
+            acc += 1;
+        }
+        a.observe(4, acc, 0.01);
+    }
+    assert!((a.rate() - 0.5).abs() < 0.05, "{}", a.rate());
+    // Nothing proposed: no change.
+    let before = a;
+    a.observe(0, 0, 0.5);
+    assert_eq!(a, before);
+    // Every draft rejected over and over: the estimate falls toward 0, and relaxes back up.
+    for _ in 0..50 {
+        a.observe(4, 0, 0.2);
+    }
+    assert!(a.rate() < 0.01, "{}", a.rate());
+    for _ in 0..20 {
+        a.relax(0.7, 0.1);
+    }
+    assert!(a.rate() > 0.5, "{}", a.rate());
+}
+
+#[test]
+fn the_draft_cost_fit_recovers_pass_and_token_costs() {
+    let mut d = DraftCost::default();
+    assert_eq!(d.predict_ms(4, 8), 0.0, "untried drafting looks free");
+    for (passes, tokens) in [(4, 4), (4, 16), (2, 2), (3, 30), (1, 64)] {
+        d.observe(passes, tokens, 0.3 * passes as f64 + 0.05 * tokens as f64);
+    }
+    assert!((d.per_pass_ms() - 0.3).abs() < 0.01, "{d:?}");
+    assert!((d.per_token_ms() - 0.05).abs() < 0.01, "{d:?}");
+}

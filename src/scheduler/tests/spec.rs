@@ -1,0 +1,185 @@
+//! Speculation in the core, with a scripted executor: draft positions reserved, verified tokens
+//! folded in, rejected positions' blocks released, and the adaptive depth backing off and
+//! retrying.
+
+use std::time::Duration;
+
+use super::*;
+use crate::spec::{SpecConfig, SpecMethod};
+use crate::step::{DraftOutcome, SampledToken};
+
+/// Plays the executor for one step: each sampled request gets `accept(drafts)` of its drafts
+/// accepted plus one token; the step costs 10 ms plus 4 ms per draft position verified.
+fn execute(out: &SchedulerOutput, step_no: u32, accept: impl Fn(usize) -> usize) -> StepOutput {
+    let mut step = StepOutput::default();
+    let mut rows = 0;
+    for s in out.scheduled.iter().filter(|s| s.sample) {
+        let k = s.num_draft_tokens;
+        let a = accept(k).min(k);
+        for j in 0..=a {
+            step.sampled.push(SampledToken {
+                request_id: s.id,
+                token: RESERVED + 1000 + step_no * 8 + j as u32,
+                logprob: 0.0,
+            });
+        }
+        if k > 0 {
+            step.spec.drafts.push(DraftOutcome {
+                request_id: s.id,
+                proposed: k,
+                accepted: a,
+            });
+        }
+        rows += k;
+    }
+    step.elapsed = Duration::from_micros(10_000 + 4_000 * rows as u64);
+    step
+}
+
+fn spec_cfg() -> SpecConfig {
+    SpecConfig {
+        method: SpecMethod::Ngram,
+        max_depth: 4,
+        ..SpecConfig::default()
+    }
+}
+
+fn long_params(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Runs `steps` steps of one request; returns the draft positions each step reserved.
+fn run(accept: impl Fn(usize) -> usize + Copy, steps: u32) -> Vec<usize> {
+    run_with(long_params(400), accept, steps)
+}
+
+/// `run`, for a request with `params`.
+fn run_with(
+    params: SamplingParams,
+    accept: impl Fn(usize) -> usize + Copy,
+    steps: u32,
+) -> Vec<usize> {
+    let mut core = Scheduler::new(config()).with_speculation(spec_cfg());
+    let mut kv = KvCacheManager::new(256, BLOCK_SIZE, true);
+    let req = NewRequest {
+        params: Arc::new(params),
+        ..request(1)
+    };
+    core.add_request(req, 0.0);
+    let mut depths = Vec::new();
+    let mut known = 13;
+    for n in 0..steps {
+        let t = n as f64 * 0.01;
+        let out = core.schedule(&mut kv, t);
+        depths.push(out.total_num_draft_tokens());
+        let step = execute(&out, n, accept);
+        for u in core.update_from_output(&out, &step, &mut kv, t) {
+            known += u.new_token_ids.len();
+        }
+        // Rollback: never a block past the known tokens.
+        let held = kv.block_table(RequestId(1)).len();
+        assert!(
+            held <= usize::div_ceil(known, BLOCK_SIZE),
+            "step {n}: {held} blocks, {known} tokens"
+        );
+    }
+    depths
+}
+
+#[test]
+fn accepted_drafts_are_kept_and_rejected_positions_release_their_blocks() {
+    let all = run(|k| k, 40);
+    assert!(all.iter().filter(|&&k| k == 4).count() > 20, "{all:?}");
+    let half = run(|k| k / 2, 40);
+    assert!(half.iter().any(|&k| k > 0), "{half:?}");
+}
+
+#[test]
+fn a_request_whose_drafts_always_fail_backs_off_and_is_retried() {
+    let depths = run(|_| 0, 400);
+    let spec_steps = |r: std::ops::Range<usize>| depths[r].iter().filter(|&&k| k > 0).count();
+    // It backs off: most steps after the first failures carry no drafts...
+    assert!(spec_steps(50..400) < 100, "{depths:?}");
+    // ...but it is tried again now and then, not held at 0 for good.
+    assert!(spec_steps(200..400) > 0, "{depths:?}");
+}
+
+#[test]
+fn requests_with_penalties_bias_min_tokens_or_logprobs_never_get_drafts() {
+    // Every draft accepted: a plain request speculates at full depth...
+    assert!(run_with(long_params(100), |k| k, 40).contains(&4));
+    // ...one with any of these never does (verification samples the plain distribution).
+    let base = long_params(100);
+    let cases = [
+        SamplingParams {
+            presence_penalty: 0.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            frequency_penalty: -0.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            repetition_penalty: 1.2,
+            ..base.clone()
+        },
+        SamplingParams {
+            logit_bias: vec![(7, 3.0)],
+            ..base.clone()
+        },
+        SamplingParams {
+            min_tokens: 5,
+            min_tokens_blocked: vec![2],
+            ..base.clone()
+        },
+        SamplingParams {
+            logprobs: Some(0),
+            ..base.clone()
+        },
+        SamplingParams {
+            speculative: false,
+            ..base.clone()
+        },
+    ];
+    for p in cases {
+        assert!(!p.may_speculate(), "{p:?}");
+        let depths = run_with(p.clone(), |k| k, 40);
+        assert!(depths.iter().all(|&k| k == 0), "{p:?}: {depths:?}");
+    }
+}
+
+#[test]
+fn choices_forked_off_one_prompt_never_get_drafts() {
+    let mut core = Scheduler::new(config()).with_speculation(spec_cfg());
+    let mut kv = KvCacheManager::new(256, BLOCK_SIZE, true);
+    // Choices 1, 2, 3 share the prompt's blocks (copy-on-write); request 10 is on its own.
+    let forked = NewRequest {
+        params: Arc::new(long_params(60)),
+        n: 3,
+        ..request(1)
+    };
+    let alone = NewRequest {
+        params: Arc::new(long_params(60)),
+        ..request(10)
+    };
+    core.add_request(forked, 0.0);
+    core.add_request(alone, 0.0);
+    let mut drafts: HashMap<u64, usize> = HashMap::new();
+    for n in 0..80 {
+        let t = n as f64 * 0.01;
+        let out = core.schedule(&mut kv, t);
+        for s in &out.scheduled {
+            *drafts.entry(s.id.0).or_default() += s.num_draft_tokens;
+        }
+        let step = execute(&out, n, |k| k);
+        core.update_from_output(&out, &step, &mut kv, t);
+    }
+    assert!(drafts[&10] > 0, "{drafts:?}");
+    for id in 1..=3 {
+        assert_eq!(drafts.get(&id), Some(&0), "choice {id}: {drafts:?}");
+    }
+}
