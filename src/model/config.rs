@@ -6,6 +6,9 @@
 //! carries `rope_theta` inside). Anything brook cannot run exactly (another architecture, another
 //! activation, a RoPE variant it does not implement) is an error naming the field and value, never
 //! a silent approximation.
+//!
+//! (Just over 600 lines: both RoPE spellings and every family's fields are parsed here; tests
+//! and generation_config are in config/.)
 
 use std::f64::consts::PI;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,9 @@
 //! The output processor on its own: real bounded channels (read with `try_recv`), the fixture
 //! tokenizer, explicit instants. Each test starts from `Harness::default()`-like defaults and
 //! changes one thing.
+//!
+//! (Over 600 lines: the harness is shared by every output-processor test; n > 1 and backlog
+//! cases joined it.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,6 +6,9 @@
 //! decode of the same requests.
 //!
 //! The fake model, the reference decode and the `Engine` that runs them are in `harness.rs`.
+//!
+//! (Over 600 lines: the randomized-load and preemption tests share the harness and reference;
+//! the policy-specific tests are in tests/.)
 
 mod adaptive;
 mod admission;

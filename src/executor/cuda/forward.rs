@@ -27,6 +27,9 @@
 //! before RoPE (cos/sin times longrope's attention factor); both attention kernels, compiled for
 //! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
 //! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
+//!
+//! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead
+//! and I/O live in forward/.)
 
 use std::collections::HashMap;
 

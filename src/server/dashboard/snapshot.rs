@@ -358,7 +358,22 @@ pub fn compute(w: &Window, seq: u64, t_ms: u64, fanout: Fanout) -> Option<Dashbo
         overloaded: label_counts(&now.overloaded, &old.overloaded),
         finish_reasons: label_counts(&now.requests_finished, &old.requests_finished),
         errors: label_counts(&now.request_errors, &old.request_errors),
-        speculative: None,
+        speculative: (now.spec_draft_tokens > 0).then(|| Speculative {
+            // Over the window when it proposed anything, else since start.
+            acceptance_rate: ratio(
+                now.spec_accepted_tokens
+                    .saturating_sub(old.spec_accepted_tokens),
+                now.spec_draft_tokens.saturating_sub(old.spec_draft_tokens),
+            )
+            .or_else(|| ratio(now.spec_accepted_tokens, now.spec_draft_tokens))
+            .unwrap_or(0.0),
+            proposed_tokens_per_s: per_s(now.spec_draft_tokens, prev.spec_draft_tokens, interval_s),
+            accepted_tokens_per_s: per_s(
+                now.spec_accepted_tokens,
+                prev.spec_accepted_tokens,
+                interval_s,
+            ),
+        }),
         fanout,
         chart: ChartPoint {
             t: t_ms as f64 / 1e3,
@@ -420,6 +435,22 @@ mod tests {
         // The 50 observations predate the oldest sample: nothing in the window.
         assert_eq!(s.ttft_ms, None);
         assert!(s.speculative.is_none());
+        // Speculation: 40 draft tokens proposed, 30 accepted in the last 0.5 s.
+        m.spec_draft_tokens.inc_by(40);
+        m.spec_accepted_tokens.inc_by(30);
+        w.push(3.0, m.snapshot());
+        let sp = compute(&w, 7, 3_000, Fanout::default())
+            .unwrap()
+            .speculative
+            .unwrap();
+        assert_eq!(
+            (
+                sp.acceptance_rate,
+                sp.proposed_tokens_per_s,
+                sp.accepted_tokens_per_s
+            ),
+            (0.75, 80.0, 60.0)
+        );
 
         for _ in 0..9 {
             m.ttft.observe(0.015);
