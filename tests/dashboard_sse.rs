@@ -35,14 +35,7 @@ impl Sse {
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status(), 200);
-        let ct = resp
-            .headers()
-            .get("content-type")
-            .unwrap()
-            .to_str()
-            .unwrap();
-        assert_eq!(ct, "text/event-stream");
+        assert_event_stream(&resp);
         assert_eq!(resp.headers().get("cache-control").unwrap(), "no-cache");
         Sse {
             body: Box::pin(resp),

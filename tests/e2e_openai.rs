@@ -47,14 +47,7 @@ async fn stream(server: &TestServer, path: &str, body: Value) -> Vec<Value> {
         .send_json(&body)
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .unwrap()
-        .to_str()
-        .unwrap();
-    assert_eq!(ct, "text/event-stream");
+    assert_event_stream(&resp);
     let bytes = resp.body().limit(1 << 22).await.unwrap();
     sse_events(std::str::from_utf8(&bytes).unwrap())
 }

@@ -284,6 +284,18 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .unwrap()
 }
 
+/// Asserts that `resp` opened a server-sent event stream (200, `text/event-stream`).
+pub fn assert_event_stream<S>(resp: &awc::ClientResponse<S>) {
+    assert_eq!(resp.status(), 200);
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert_eq!(ct, "text/event-stream");
+}
+
 /// Asserts that the Prometheus text `m` holds each of `lines` (a sample with its value).
 pub fn assert_metric_lines(m: &str, lines: &[&str]) {
     for line in lines {
