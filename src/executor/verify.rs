@@ -6,7 +6,7 @@
 //! (`greedy_accepted`).
 
 use crate::request::RequestId;
-use crate::sampling::rejection::{DraftProbs, RejectionSampler};
+use crate::sampling::rejection::{DraftProbs, RejectionSampler, Verify};
 use crate::sampling::sampler::{Sampled, Sampler, TokenCounts};
 use crate::spec::Proposal;
 use crate::step::{BatchInput, DraftOutcome, SampledToken, SeqInput, StepOutput, TopLogprobs};
@@ -181,13 +181,15 @@ impl HostSampler {
         };
         self.verified.clear();
         let accepted = self.rejection.verify(
-            logits,
-            vocab,
-            drafts,
-            q,
-            &s.params,
-            s.seed,
-            s.output_index,
+            Verify {
+                logits,
+                vocab,
+                drafts,
+                q,
+                params: &s.params,
+                seed: s.seed,
+                output_index: s.output_index,
+            },
             &mut self.verified,
         );
         for x in &self.verified {

@@ -64,6 +64,21 @@ pub enum DraftProbs<'a> {
 /// The residual rule: writes the distribution to sample after draft `d` was rejected, given
 /// p and the draft row (None: a point mass on `d`). A parameter only so the statistical test
 /// can show that a wrong rule fails it.
+/// What one request's verification reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Verify<'a> {
+    /// `[k + 1, vocab]` row-major: row j predicts the token at output index `output_index + j`.
+    pub logits: &'a [f32],
+    pub vocab: usize,
+    /// The k proposed tokens.
+    pub drafts: &'a [u32],
+    /// The draft's distributions the tokens were drawn from.
+    pub q: DraftProbs<'a>,
+    pub params: &'a SamplingParams,
+    pub seed: u64,
+    pub output_index: usize,
+}
+
 type ResidualFn = fn(p: &[f32], q: Option<&[f32]>, d: u32, out: &mut Vec<f32>);
 
 /// max(0, p − q), unnormalised.
@@ -91,24 +106,21 @@ impl RejectionSampler {
         Self::default()
     }
 
-    /// Verifies `drafts` (k tokens) with the target's `logits` at the k + 1 positions that
-    /// computed them (`[k + 1, vocab]` row-major: row j predicts the token at output index
-    /// `output_index + j`). Pushes the accepted drafts and then the target's own token to `out`
+    /// Verifies `v.drafts` (k tokens) with the target's logits at the k + 1 positions that
+    /// computed them. Pushes the accepted drafts and then the target's own token to `out`
     /// (1..=k + 1 tokens, logprobs under the unmodified target distribution) and returns how
     /// many drafts were accepted.
-    #[allow(clippy::too_many_arguments)]
-    pub fn verify(
+    pub fn verify(&mut self, v: Verify<'_>, out: &mut Vec<Sampled>) -> usize {
+        self.verify_with(v, out, exact_residual)
+    }
+
+    fn verify_with(
         &mut self,
-        logits: &[f32],
-        vocab: usize,
-        drafts: &[u32],
-        q: DraftProbs,
-        params: &SamplingParams,
-        seed: u64,
-        output_index: usize,
+        v: Verify<'_>,
         out: &mut Vec<Sampled>,
+        residual: ResidualFn,
     ) -> usize {
-        self.verify_with(
+        let Verify {
             logits,
             vocab,
             drafts,
@@ -116,24 +128,7 @@ impl RejectionSampler {
             params,
             seed,
             output_index,
-            out,
-            exact_residual,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn verify_with(
-        &mut self,
-        logits: &[f32],
-        vocab: usize,
-        drafts: &[u32],
-        q: DraftProbs,
-        params: &SamplingParams,
-        seed: u64,
-        output_index: usize,
-        out: &mut Vec<Sampled>,
-        residual: ResidualFn,
-    ) -> usize {
+        } = v;
         let k = drafts.len();
         assert_eq!(logits.len(), (k + 1) * vocab, "one row per draft, plus one");
         if let DraftProbs::Dense(rows) = q {

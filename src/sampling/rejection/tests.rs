@@ -92,17 +92,16 @@ fn speculative_three(
             Proposer::Deterministic => DraftProbs::PointMass,
         };
         let mut verified = Vec::new();
-        let accepted = rs.verify_with(
-            &logits,
-            VOCAB,
-            &drafts,
-            probs,
-            &p,
+        let v = Verify {
+            logits: &logits,
+            vocab: VOCAB,
+            drafts: &drafts,
+            q: probs,
+            params: &p,
             seed,
-            idx,
-            &mut verified,
-            residual,
-        );
+            output_index: idx,
+        };
+        let accepted = rs.verify_with(v, &mut verified, residual);
         assert_eq!(verified.len(), accepted + 1);
         assert_eq!(
             &verified[..accepted]
@@ -248,16 +247,16 @@ fn greedy_accepts_while_drafts_equal_the_argmax_then_corrects() {
     let mut rs = RejectionSampler::new();
     let run = |rs: &mut RejectionSampler, drafts: &[u32]| {
         let mut out = Vec::new();
-        let n = rs.verify(
-            &logits,
-            VOCAB,
+        let v = Verify {
+            logits: &logits,
+            vocab: VOCAB,
             drafts,
-            DraftProbs::PointMass,
-            &greedy,
-            1,
-            0,
-            &mut out,
-        );
+            q: DraftProbs::PointMass,
+            params: &greedy,
+            seed: 1,
+            output_index: 0,
+        };
+        let n = rs.verify(v, &mut out);
         (n, out.iter().map(|s| s.token).collect::<Vec<_>>())
     };
     assert_eq!(
@@ -296,17 +295,16 @@ fn a_rejection_never_returns_the_rejected_point_mass_draft() {
     let mut rejected = 0;
     for seed in 0..2000 {
         let mut out = Vec::new();
-        if rs.verify(
-            &logits,
-            VOCAB,
-            &[0],
-            DraftProbs::PointMass,
-            &p,
+        let v = Verify {
+            logits: &logits,
+            vocab: VOCAB,
+            drafts: &[0],
+            q: DraftProbs::PointMass,
+            params: &p,
             seed,
-            0,
-            &mut out,
-        ) == 0
-        {
+            output_index: 0,
+        };
+        if rs.verify(v, &mut out) == 0 {
             rejected += 1;
             assert_eq!(
                 out[0].token, 2,
