@@ -117,3 +117,27 @@ impl SchedulerOutput {
         self.scheduled.is_empty() && self.kv_copies.is_empty() && self.loading.is_empty()
     }
 }
+
+#[cfg(test)]
+impl ScheduledRequest {
+    /// Tests: a step of a request the executor already holds (no drafts, nothing freed or cut).
+    pub(crate) fn running(
+        id: u64,
+        computed: usize,
+        n: usize,
+        sample: bool,
+        blocks: Vec<u32>,
+    ) -> Self {
+        ScheduledRequest {
+            id: RequestId(id),
+            num_computed_tokens: computed,
+            num_tokens: n,
+            num_draft_tokens: 0,
+            sample,
+            num_freed_blocks: 0,
+            truncate_blocks_to: None,
+            new_block_ids: blocks,
+            new: None,
+        }
+    }
+}

@@ -30,17 +30,7 @@ fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRe
 }
 
 fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {
-    ScheduledRequest {
-        id: RequestId(id),
-        num_computed_tokens: computed,
-        num_tokens: n,
-        num_draft_tokens: 0,
-        sample,
-        num_freed_blocks: 0,
-        truncate_blocks_to: None,
-        new_block_ids: blocks,
-        new: None,
-    }
+    ScheduledRequest::running(id, computed, n, sample, blocks)
 }
 
 fn step(scheduled: Vec<ScheduledRequest>) -> SchedulerOutput {

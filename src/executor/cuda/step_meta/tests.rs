@@ -53,17 +53,7 @@ fn new_req(id: u64, prompt: usize, n: usize, blocks: Vec<u32>) -> ScheduledReque
 }
 
 fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {
-    ScheduledRequest {
-        id: RequestId(id),
-        num_computed_tokens: computed,
-        num_tokens: n,
-        num_draft_tokens: 0,
-        sample,
-        num_freed_blocks: 0,
-        truncate_blocks_to: None,
-        new_block_ids: blocks,
-        new: None,
-    }
+    ScheduledRequest::running(id, computed, n, sample, blocks)
 }
 
 /// The emulated device: block tables (max_seqs + 1 rows, zeroed at start) and what a step's
