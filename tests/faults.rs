@@ -37,6 +37,16 @@ async fn run(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) -> Vec<V
     c.collect(&[id]).await.remove(id).unwrap()
 }
 
+/// The engine serves a new request in full: `max_tokens` tokens, no error.
+async fn assert_serves(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) {
+    let after = run(c, id, prompt, max_tokens).await;
+    assert_eq!(
+        terminal(&after)["usage"]["completion_tokens"],
+        max_tokens,
+        "{after:?}"
+    );
+}
+
 fn failures(m: &str, kind: &str) -> f64 {
     metric(
         m,
@@ -66,12 +76,7 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     assert_eq!(plan.fired(), 1);
     let m = wait_idle(&server).await;
     assert_eq!(failures(&m, "error"), 1.0);
-    let after = run(&mut c, "after", "Hello there, how are you?", 5).await;
-    assert_eq!(
-        terminal(&after)["usage"]["completion_tokens"],
-        5,
-        "{after:?}"
-    );
+    assert_serves(&mut c, "after", "Hello there, how are you?", 5).await;
     assert_eq!(health(&server).await.0, 200);
     c.close().await;
     wait_idle(&server).await;
@@ -126,12 +131,7 @@ async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
         (before as usize / 2) as f64
     );
     assert_eq!(health(&server).await.0, 200);
-    let after = run(&mut c, "b", "Hello", 5).await;
-    assert_eq!(
-        terminal(&after)["usage"]["completion_tokens"],
-        5,
-        "{after:?}"
-    );
+    assert_serves(&mut c, "b", "Hello", 5).await;
     c.close().await;
     wait_idle(&server).await;
     server.stop().await;
@@ -199,12 +199,7 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
         assert!(Instant::now() < deadline, "the engine did not recover");
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
-    let after = run(&mut c, "c", "Hello there", 5).await;
-    assert_eq!(
-        terminal(&after)["usage"]["completion_tokens"],
-        5,
-        "{after:?}"
-    );
+    assert_serves(&mut c, "c", "Hello there", 5).await;
     c.close().await;
     wait_idle(&server).await;
     server.stop().await;
