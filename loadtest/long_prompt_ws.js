@@ -11,6 +11,7 @@
 import ws from "k6/ws";
 import { check } from "k6";
 import { Trend, Counter, Rate } from "k6/metrics";
+import { documentOf } from "./common.js";
 
 const URL = __ENV.BROOK_URL || "ws://127.0.0.1:8080/v1/ws";
 const DOC_BYTES = parseInt(__ENV.DOC_BYTES || "10240", 10);
@@ -36,25 +37,6 @@ const promptTokens = new Trend("brook_prompt_tokens");
 const done = new Rate("brook_request_done");
 const errors = new Counter("brook_error_frames");
 const longRequests = new Counter("brook_long_requests");
-
-// Single-token words of the demo model's tokenizer (models/demo-chat/tokenizer.json).
-const WORDS = ("accessories adjustable authorization breathable cancelling confirmation contacting " +
-  "cushioning deliveries detachable difference dishwasher electronics everything frustrating " +
-  "headphones inconvenience instalments insulation international internationally kitchenware " +
-  "measurements minneapolis neighbours newsletter pittsburgh preferences processing protection " +
-  "reflective replacement ridiculous sacramento smartwatch stationery streetwear sunglasses " +
-  "sustainable understand verification vulcanized washington waterproof").split(" ");
-
-function documentOf(bytes) {
-  const out = [];
-  let len = 0;
-  while (len < bytes) {
-    const w = WORDS[Math.floor(Math.random() * WORDS.length)];
-    out.push(w);
-    len += w.length + 1;
-  }
-  return out.join(" ");
-}
 
 export default function () {
   const id = `vu${__VU}-it${__ITER}`;

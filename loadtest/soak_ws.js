@@ -16,7 +16,7 @@
 // disconnecting ones saw only deltas before they left. Any other error frame fails the run.
 import ws from "k6/ws";
 import { sleep } from "k6";
-import { QUESTIONS } from "./common.js";
+import { QUESTIONS, documentOf } from "./common.js";
 import { Counter, Rate, Trend } from "k6/metrics";
 
 const URL = __ENV.BROOK_URL || "ws://127.0.0.1:8080/v1/ws";
@@ -51,26 +51,6 @@ const requests = new Counter("soak_requests");
 const unexpected = new Counter("soak_unexpected_errors");
 const malformedAnswered = new Rate("soak_malformed_answered");
 const e2e = new Trend("soak_e2e_ms", true);
-
-// Single-token words of the demo model's tokenizer (as loadtest/long_prompt_ws.js), so a
-// ~10 KB document is ~900 tokens and fits the demo model's 1024-token context.
-const WORDS = ("accessories adjustable authorization breathable cancelling confirmation contacting " +
-  "cushioning deliveries detachable difference dishwasher electronics everything frustrating " +
-  "headphones inconvenience instalments insulation international internationally kitchenware " +
-  "measurements minneapolis neighbours newsletter pittsburgh preferences processing protection " +
-  "reflective replacement ridiculous sacramento smartwatch stationery streetwear sunglasses " +
-  "sustainable understand verification vulcanized washington waterproof").split(" ");
-
-function documentOf(bytes) {
-  const out = [];
-  let len = 0;
-  while (len < bytes) {
-    const w = WORDS[Math.floor(Math.random() * WORDS.length)];
-    out.push(w);
-    len += w.length + 1;
-  }
-  return out.join(" ");
-}
 
 function pick(fracs) {
   let r = Math.random();
