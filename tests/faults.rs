@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 use common::faults::{Fault, FaultPlan};
 use common::testing::TestModelSpec;
 use common::*;
-use serde_json::{json, Value};
-
-fn gen(id: &str, prompt: &str, max_tokens: usize) -> Value {
-    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
-}
+use serde_json::Value;
 
 async fn start(cfg: brook::config::Config, plan: &std::sync::Arc<FaultPlan>) -> TestServer {
     start_server_wrapped(cfg, &TestModelSpec::default(), Some(plan.wrap())).await
@@ -33,7 +29,7 @@ async fn health(server: &TestServer) -> (u16, Value) {
 
 /// The one request's terminal frame.
 async fn run(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) -> Vec<Value> {
-    c.send(gen(id, prompt, max_tokens)).await;
+    c.send(generate(id, prompt, max_tokens)).await;
     c.collect(&[id]).await.remove(id).unwrap()
 }
 
@@ -61,8 +57,8 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     let mut c = Client::connect(&server).await;
     // Both requests are in the third step from now, whichever steps their prefills took.
     plan.arm(3, Fault::Error);
-    c.send(gen("a", "Hello there, how are you?", 40)).await;
-    c.send(gen("b", "Where is my order?", 40)).await;
+    c.send(generate("a", "Hello there, how are you?", 40)).await;
+    c.send(generate("b", "Where is my order?", 40)).await;
     let frames = c.collect(&["a", "b"]).await;
     for id in ["a", "b"] {
         let t = terminal(&frames[id]);

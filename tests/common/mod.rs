@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use awc::ws;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use brook::config::Config;
 use brook::engine::EngineHandle;
@@ -207,24 +207,14 @@ impl Client {
         self.send_text(v.to_string()).await;
     }
 
-    /// Next JSON frame (skipping pings), or None when the socket closed. Panics on timeout.
+    /// Next JSON frame (answering pings), or None when the socket closed. Panics on timeout.
     pub async fn recv(&mut self) -> Option<Value> {
         loop {
-            let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next())
-                .await
-                .expect("no frame within 60 s");
-            match frame {
-                Some(Ok(ws::Frame::Text(t))) => return Some(serde_json::from_slice(&t).unwrap()),
-                Some(Ok(ws::Frame::Ping(p))) => {
-                    self.conn.send(ws::Message::Pong(p)).await.unwrap();
-                }
-                Some(Ok(ws::Frame::Close(reason))) => {
-                    self.last_close = reason.map(|r| u16::from(r.code));
-                    return None;
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => panic!("websocket error: {e}"),
-                None => return None,
+            match self.next_frame().await? {
+                ws::Frame::Text(t) => return Some(serde_json::from_slice(&t).unwrap()),
+                ws::Frame::Ping(p) => self.conn.send(ws::Message::Pong(p)).await.unwrap(),
+                ws::Frame::Close(_) => return None,
+                _ => {}
             }
         }
     }
@@ -247,6 +237,20 @@ impl Client {
 
     pub async fn close(mut self) {
         let _ = self.conn.send(ws::Message::Close(None)).await;
+    }
+}
+
+/// A `generate` frame: greedy, `max_tokens` tokens past any eos.
+pub fn generate(id: &str, prompt: &str, max_tokens: usize) -> Value {
+    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+}
+
+/// The HTTP status of a WebSocket upgrade: 101 when accepted, else the refusal's.
+pub async fn upgrade_status(req: awc::ws::WebsocketsRequest) -> u16 {
+    match Client::connect_with(req).await {
+        Ok(_) => 101,
+        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => s.as_u16(),
+        Err(e) => panic!("{e}"),
     }
 }
 
