@@ -72,6 +72,30 @@ fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
     }
 }
 
+/// The test models' usual shape: 256 wide, 8 query heads of 64 over 2 kv heads; each test
+/// sets what else it needs (layers, seed, architecture, window).
+fn gqa_hd64() -> TestModelSpec {
+    TestModelSpec::default()
+        .hidden_size(256)
+        .heads(8, 2)
+        .head_dim(64)
+        .intermediate_size(512)
+}
+
+/// The CUDA options of the serving-path tests: a pool of 24 blocks of `config`'s (small enough
+/// to preempt), 8 sequences, 256 batched tokens.
+fn serving_opts(config: &ModelConfig) -> CudaBackendOptions {
+    CudaBackendOptions {
+        max_kv_cache_bytes: Some(
+            24 * brook::executor::cuda::backend::kv_bytes_per_block(config, BLOCK),
+        ),
+        max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        progress: false,
+        ..Default::default()
+    }
+}
+
 /// The backend's default (what `brook serve` runs); the tests below that need a given prefill
 /// path set the limit themselves.
 fn default_gemm_max_len() -> usize {
@@ -290,15 +314,7 @@ fn check_model_with(spec: TestModelSpec, chunk: usize, num_prompts: usize, gemm_
 
 #[test]
 fn cuda_matches_cpu_gqa_hd64() {
-    check_model(
-        TestModelSpec::default()
-            .hidden_size(256)
-            .heads(8, 2)
-            .head_dim(64)
-            .intermediate_size(512)
-            .layers(3),
-        40,
-    );
+    check_model(gqa_hd64().layers(3), 40);
 }
 
 #[test]
@@ -318,36 +334,21 @@ fn cuda_matches_cpu_mha_hd128_llama3_rope_tied() {
 
 #[test]
 fn cuda_matches_cpu_small_batches_on_gemv() {
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .seed(9);
+    let spec = gqa_hd64().seed(9);
     check_model_with(spec, 100, 3, default_gemm_max_len());
 }
 
 /// Prefill attention on the flash kernel only (`prefill_gemm_max_len` 0).
 #[test]
 fn cuda_matches_cpu_flash_prefill_only() {
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .seed(11);
+    let spec = gqa_hd64().seed(11);
     check_model_with(spec, 40, 12, 0);
 }
 
 /// Prefill attention on the GEMM path only (no limit).
 #[test]
 fn cuda_matches_cpu_gemm_prefill_only() {
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .seed(13);
+    let spec = gqa_hd64().seed(13);
     check_model_with(spec, 40, 12, usize::MAX);
 }
 
@@ -410,12 +411,8 @@ fn cuda_matches_cpu_phi3_hd96_sliding_window() {
 /// window) and in decode, with decode on the gemv kernels.
 #[test]
 fn cuda_matches_cpu_mistral_sliding_window() {
-    let spec = TestModelSpec::default()
+    let spec = gqa_hd64()
         .architecture(Architecture::Mistral)
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
         .sliding_window(Some(37))
         .seed(24);
     check_model_with(spec.clone(), 30, 12, 0);

@@ -64,9 +64,7 @@ async fn cancel_ends_with_cancelled_and_frees_blocks() {
     c.send(generate("after", "again", 3)).await;
     let frames = c.collect(&["after"]).await;
     assert_eq!(terminal(&frames["after"])["finish_reason"], "length");
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 /// Sends one bad frame, expects an error with `code` (and `id`), then checks the socket still
@@ -285,9 +283,7 @@ async fn stop_string_ends_output_and_is_never_sent() {
     let done = terminal(&frames["s"]);
     assert_eq!(done["finish_reason"], "stop");
     assert_eq!(text_of(&frames["s"]), full[..cut]);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]

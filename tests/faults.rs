@@ -74,9 +74,7 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     assert_eq!(failures(&m, "error"), 1.0);
     assert_serves(&mut c, "after", "Hello there, how are you?", 5).await;
     assert_eq!(health(&server).await.0, 200);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -105,9 +103,7 @@ async fn a_panic_rebuilds_the_backend_and_forgets_its_prefix_cache() {
     // change the greedy output.
     let again = run(&mut c, "again", &prompt, 8).await;
     assert_eq!(text_of(&again), reference);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -128,9 +124,7 @@ async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
     );
     assert_eq!(health(&server).await.0, 200);
     assert_serves(&mut c, "b", "Hello", 5).await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -196,9 +190,7 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
     assert_serves(&mut c, "c", "Hello there", 5).await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 /// Speculative decoding with the bundled draft model: a panic in a step that verifies drafts

@@ -67,9 +67,7 @@ async fn a_10kb_prompt_in_continuation_frames_is_answered_like_a_whole_one() {
     assert!(f[0]["prompt_tokens"].as_u64().unwrap() > 1000, "{:?}", f[0]);
     assert_eq!(f[0]["prompt_tokens"], w[0]["prompt_tokens"]);
     assert_eq!(text_of(f), text_of(w));
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -480,9 +478,7 @@ async fn requests_in_flight_per_connection_are_bounded() {
     c.send(json!({"type":"cancel","id":"a"})).await;
     let frames = c.collect(&["a", "d"]).await;
     assert_eq!(terminal(&frames["d"])["type"], "done");
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -534,7 +530,5 @@ async fn malformed_corpus_gets_error_frames_over_a_socket() {
         assert_eq!(f["code"], code.as_str(), "{name}: {f}");
     }
     still_serves(&mut c, "after-corpus").await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }

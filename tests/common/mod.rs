@@ -41,6 +41,14 @@ impl TestServer {
     pub async fn stop(self) {
         self.handle.stop(false).await;
     }
+
+    /// Closes `c`, waits until every request and KV block is released, then stops: the end of
+    /// a test that must leave nothing behind.
+    pub async fn close_and_stop(self, c: Client) {
+        c.close().await;
+        wait_idle(&self).await;
+        self.stop().await;
+    }
 }
 
 /// Writes a model for `spec` into a temp dir.

@@ -2,7 +2,6 @@
 //! counts (kept by the persistent batch's count ops through preemptions, row moves and prefix
 //! hits), logit bias and logprobs, against the CPU reference.
 
-use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::kv::KvCacheManager;
 use brook::model::reference::reference_logits;
 use brook::sampling::sampler::{process_logits, TokenCounts};
@@ -23,12 +22,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(3);
+    let spec = gqa_hd64().layers(3);
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let config = ModelConfig::from_dir(dir.path()).unwrap();
@@ -43,13 +37,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
         })
         .collect();
     let max_tokens = 16;
-    let base = CudaBackendOptions {
-        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-        max_num_batched_tokens: 256,
-        max_num_seqs: 8,
-        progress: false,
-        ..Default::default()
-    };
+    let base = serving_opts(&config);
     // Issue 18's switches: pinned I/O reads the top log-probabilities from its stage; lookahead
     // runs nothing ahead while a row has penalties, and with none (bias and logprobs only) keeps
     // predicted steps whose logit edits and top log-probabilities must be the real step's.

@@ -1,6 +1,5 @@
 //! The CUDA backend on the path `brook serve` runs: steps from a real scheduler.
 
-use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::kv::KvCacheManager;
 use brook::model::reference::reference_logits;
 use brook::scheduler::Scheduler;
@@ -19,12 +18,7 @@ use super::*;
 /// the reference.
 #[test]
 fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(3);
+    let spec = gqa_hd64().layers(3);
     check_scheduler_steps(spec);
 }
 
@@ -33,12 +27,8 @@ fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
 /// (`block_table_update`), which no kernel may read.
 #[test]
 fn cuda_scheduler_steps_free_blocks_behind_a_sliding_window() {
-    let spec = TestModelSpec::default()
+    let spec = gqa_hd64()
         .architecture(Architecture::Mistral)
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
         .layers(3)
         .sliding_window(Some(24))
         .seed(31);
@@ -69,13 +59,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         })
         .collect();
     let max_tokens = 12;
-    let base = CudaBackendOptions {
-        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-        max_num_batched_tokens: 256,
-        max_num_seqs: 8,
-        progress: false,
-        ..Default::default()
-    };
+    let base = serving_opts(&config);
     let variants = [
         ("graphs", base.clone()),
         (
