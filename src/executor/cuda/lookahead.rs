@@ -142,9 +142,7 @@ mod tests {
     use crate::executor::input_batch::InputBatch;
     use crate::request::RequestId;
     use crate::sampling::params::SamplingParams;
-    use crate::step::{
-        NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput,
-    };
+    use crate::step::{SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
 
     const BS: usize = 4;
 
@@ -158,36 +156,12 @@ mod tests {
         blocks: Vec<u32>,
         params: SamplingParams,
     ) -> ScheduledRequest {
-        ScheduledRequest {
-            id: RequestId(id),
-            num_computed_tokens: 0,
-            num_tokens: prompt,
-            num_draft_tokens: 0,
-            sample: true,
-            num_freed_blocks: 0,
-            truncate_blocks_to: None,
-            new_block_ids: blocks,
-            new: Some(NewRequestData {
-                token_ids: (0..prompt as u32).map(|t| t + 10 * id as u32).collect(),
-                num_prompt_tokens: prompt,
-                params: Arc::new(params),
-                seed: id,
-            }),
-        }
+        let tokens = (0..prompt as u32).map(|t| t + 10 * id as u32).collect();
+        ScheduledRequest::first(id, tokens, prompt, blocks, Arc::new(params), id)
     }
 
     fn decode(id: u64, computed: usize, blocks: Vec<u32>) -> ScheduledRequest {
-        ScheduledRequest {
-            id: RequestId(id),
-            num_computed_tokens: computed,
-            num_tokens: 1,
-            num_draft_tokens: 0,
-            sample: true,
-            num_freed_blocks: 0,
-            truncate_blocks_to: None,
-            new_block_ids: blocks,
-            new: None,
-        }
+        ScheduledRequest::running(id, computed, 1, true, blocks)
     }
 
     fn step(reqs: Vec<ScheduledRequest>, finished: Vec<u64>) -> SchedulerOutput {
