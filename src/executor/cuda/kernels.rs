@@ -517,32 +517,16 @@ pub unsafe fn kv_gather(gpu: &Gpu, p: &KvGatherParams, max_ctx: usize) -> anyhow
         p.num_kv_heads
     );
     let tiles = max_ctx.div_ceil(GATHER_KEYS);
-    launch_per_gemm_entry(
-        gpu,
-        "kv_gather",
-        (tiles, p.num_kv_heads, p.num_gemm),
-        128,
-        p,
-    )
+    match gemm_entry_grid(tiles, p.num_kv_heads, p.num_gemm) {
+        Some(grid) => gpu.launch("kv_gather", grid, (128, 1, 1), p),
+        None => Ok(()),
+    }
 }
 
-/// Launches `name`, a kernel of the GEMM prefill path, on a grid of (`tiles`, `heads`, one per
-/// GEMM-path entry); nothing when there is no such entry.
-///
-/// # Safety
-/// As the public launchers.
-unsafe fn launch_per_gemm_entry<P: Copy>(
-    gpu: &Gpu,
-    name: &str,
-    (tiles, heads, num_gemm): (usize, i32, i32),
-    threads: u32,
-    p: &P,
-) -> anyhow::Result<()> {
-    if num_gemm == 0 {
-        return Ok(());
-    }
-    let grid = (tiles as u32, heads as u32, num_gemm as u32);
-    gpu.launch(name, grid, (threads, 1, 1), p)
+/// The grid of a GEMM prefill path kernel: (`tiles`, `heads`, one per GEMM-path entry), or None
+/// when there is no such entry (nothing to launch).
+fn gemm_entry_grid(tiles: usize, heads: i32, num_gemm: i32) -> Option<(u32, u32, u32)> {
+    (num_gemm > 0).then_some((tiles as u32, heads as u32, num_gemm as u32))
 }
 
 /// `max_q_len`: the most queries among the entries (sizes the grid).
@@ -555,8 +539,10 @@ pub unsafe fn causal_softmax(
     max_q_len: usize,
 ) -> anyhow::Result<()> {
     let tiles = max_q_len.div_ceil(SOFTMAX_ROWS);
-    let dims = (tiles, p.num_heads, p.num_gemm);
-    launch_per_gemm_entry(gpu, "causal_softmax", dims, 32 * SOFTMAX_ROWS as u32, p)
+    match gemm_entry_grid(tiles, p.num_heads, p.num_gemm) {
+        Some(grid) => gpu.launch("causal_softmax", grid, (32 * SOFTMAX_ROWS as u32, 1, 1), p),
+        None => Ok(()),
+    }
 }
 
 /// # Safety
