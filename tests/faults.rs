@@ -18,13 +18,7 @@ async fn start(cfg: brook::config::Config, plan: &std::sync::Arc<FaultPlan>) -> 
 
 /// /health's status code and body.
 async fn health(server: &TestServer) -> (u16, Value) {
-    let mut resp = awc::Client::new()
-        .get(server.url("/health"))
-        .send()
-        .await
-        .unwrap();
-    let body: Value = resp.json().await.unwrap();
-    (resp.status().as_u16(), body)
+    http_get_json(&server.url("/health")).await
 }
 
 /// The one request's terminal frame.

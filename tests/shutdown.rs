@@ -138,12 +138,8 @@ async fn start_request(c: &mut Client, id: &str, max_tokens: usize) -> Vec<Value
 
 /// /health's status code and `status` field.
 async fn health(url: &str) -> (u16, String) {
-    let mut resp = awc::Client::new().get(url).send().await.unwrap();
-    let body: Value = resp.json().await.unwrap();
-    (
-        resp.status().as_u16(),
-        body["status"].as_str().unwrap().to_owned(),
-    )
+    let (status, body) = http_get_json(url).await;
+    (status, body["status"].as_str().unwrap().to_owned())
 }
 
 #[actix_rt::test]

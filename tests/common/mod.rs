@@ -286,6 +286,13 @@ pub async fn http_get(url: &str) -> String {
     String::from_utf8(body.to_vec()).unwrap()
 }
 
+/// A GET's status and JSON body.
+pub async fn http_get_json(url: &str) -> (u16, Value) {
+    let mut resp = awc::Client::new().get(url).send().await.unwrap();
+    let body: Value = resp.json().await.unwrap();
+    (resp.status().as_u16(), body)
+}
+
 /// Value of an un-labelled metric in Prometheus text.
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
