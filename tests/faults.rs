@@ -27,6 +27,13 @@ async fn run(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) -> Vec<V
     c.collect(&[id]).await.remove(id).unwrap()
 }
 
+/// Runs request "a", which the armed fault fails: its terminal frame, an `internal` error.
+async fn run_failed(c: &mut Client, prompt: &str, max_tokens: usize) -> Value {
+    let t = terminal(&run(c, "a", prompt, max_tokens).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    t
+}
+
 /// The engine serves a new request in full: `max_tokens` tokens, no error.
 async fn assert_serves(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) {
     let after = run(c, id, prompt, max_tokens).await;
@@ -109,8 +116,7 @@ async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
     let before = metric(&metrics().await, "brook:kv_cache_blocks_total");
     let mut c = Client::connect(&server).await;
     plan.arm(1, Fault::Panic);
-    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    run_failed(&mut c, "Hello", 10).await;
     let m = wait_idle(&server).await;
     assert_eq!(
         metric(&m, "brook:kv_cache_blocks_total"),
@@ -128,8 +134,7 @@ async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
     let server = start(test_config(), &plan).await;
     let mut c = Client::connect(&server).await;
     plan.arm(1, Fault::Panic);
-    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    run_failed(&mut c, "Hello", 10).await;
     wait_idle(&server).await;
     let (status, body) = health(&server).await;
     assert_eq!(status, 503, "{body}");
@@ -158,8 +163,7 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
     let mut c = Client::connect(&server).await;
     plan.arm(2, Fault::Hang(Duration::from_millis(2000)));
     let t0 = Instant::now();
-    let t = terminal(&run(&mut c, "a", "Hello there", 20).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    let t = run_failed(&mut c, "Hello there", 20).await;
     assert!(t["message"].as_str().unwrap().contains("deadline"), "{t}");
     // Failed at the deadline, not when the step came back.
     assert!(
