@@ -119,13 +119,6 @@ __device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16*
   return valid && part == 0 && lane == 0;
 }
 
-// The kernels `name`_m1 .. `name`_m4: `impl` for 1 to 4 rows of x (GEMV_MAX_M in compile.rs).
-#define GEMV_KERNELS(name, Params, impl)                                                        \
-  extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name##_m1(Params p) { impl<1>(p); } \
-  extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name##_m2(Params p) { impl<2>(p); } \
-  extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name##_m3(Params p) { impl<3>(p); } \
-  extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name##_m4(Params p) { impl<4>(p); }
-
 template <int M>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
   pdl_trigger();
@@ -143,7 +136,10 @@ __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
 }
 
 // grid: ceil(n / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
-GEMV_KERNELS(gemv, GemvParams, gemv_impl)
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m1(GemvParams p) { gemv_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m4(GemvParams p) { gemv_impl<4>(p); }
 
 // out[m, j] = silu(x[m]·w[j]) * (x[m]·w[inter + j]): the gate|up projection with the SwiGLU
 // activation in its epilogue (the fused weight keeps gate rows first, then up rows).
@@ -174,7 +170,10 @@ __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
 }
 
 // grid: ceil(inter / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
-GEMV_KERNELS(gemv_silu, GemvSiluParams, gemv_silu_impl)
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m1(GemvSiluParams p) { gemv_silu_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m2(GemvSiluParams p) { gemv_silu_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m3(GemvSiluParams p) { gemv_silu_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_m4(GemvSiluParams p) { gemv_silu_impl<4>(p); }
 
 // The QKV projection of m decode tokens with RoPE (rotate-half, as rope_kv.cu) and the paged K/V
 // write in its epilogue. Warp w owns element pair (i, i + head_dim/2) of head w / (head_dim/2)
@@ -235,4 +234,7 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
 }
 
 // grid: ceil((num_heads + 2 * num_kv_heads) * head_dim / 2 / (GEMV_WARPS / split)), block: 32 * GEMV_WARPS
-GEMV_KERNELS(gemv_qkv_rope, GemvQkvRopeParams, gemv_qkv_rope_impl)
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m1(GemvQkvRopeParams p) { gemv_qkv_rope_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m2(GemvQkvRopeParams p) { gemv_qkv_rope_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m3(GemvQkvRopeParams p) { gemv_qkv_rope_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_m4(GemvQkvRopeParams p) { gemv_qkv_rope_impl<4>(p); }

@@ -551,7 +551,7 @@ pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
     launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p)
 }
 
-/// Launches `{family}_m{m}` (gemv.cu's `GEMV_KERNELS`) over `outputs` outputs, `split` warps
+/// Launches `{family}_m{m}` (gemv.cu) over `outputs` outputs, `split` warps
 /// each, after checking `(m, k, split)`.
 ///
 /// # Safety
