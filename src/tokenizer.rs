@@ -405,12 +405,13 @@ mod tests {
     #[test]
     fn errors_name_the_missing_or_invalid_file() {
         // Each case breaks one file of a good fixture: the error names the file and the fault.
-        let err_after = |edit: &dyn Fn(&Path)| {
+        type Edit<'a> = &'a dyn Fn(&Path);
+        let err_after = |edit: Edit| {
             let dir = TokFixture::default().write();
             edit(dir.path());
             Tokenizer::from_dir(dir.path()).unwrap_err().to_string()
         };
-        let cases: [(&dyn Fn(&Path), &[&str]); 5] = [
+        let cases: [(Edit, &[&str]); 5] = [
             (
                 &|d| std::fs::remove_file(d.join("tokenizer_config.json")).unwrap(),
                 &["tokenizer_config.json", "not found"],
