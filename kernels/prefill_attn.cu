@@ -64,71 +64,103 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// How K/V tiles reach shared memory (-DPF_LOADS, for gpu-bench's comparisons): 1 (default)
+// cp.async.cg (L2 only), 2 cp.async.ca (through L1: GQA heads of one kv head share tiles), 0 the
+// synchronous loads of the kernel before (K and V together, then compute).
+#ifndef PF_LOADS
+#define PF_LOADS 1
+#endif
+// 16-byte chunks of one K or V tile that each thread moves.
+#define PF_CHUNKS (PF_BN * HD / 8 / 128)
+static_assert(PF_BN * HD / 8 % 128 == 0, "a tile's 16-byte chunks split evenly over 128 threads");
+
 // 16 bytes global -> shared, asynchronous; `valid` false zero-fills (keys outside the tile's range
 // must be finite zeros: P = 0 times garbage could be NaN).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if PF_LOADS == 2
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(valid ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// One PF_BN-key tile of `cache` (K or V) into `dst`, keys outside [kv_begin, kv_end) zeroed.
-__device__ __forceinline__ void load_kv_tile(bf16* dst, const bf16* cache, const int* bt, int kv0,
-                                             int kv_begin, int kv_end, int kh,
-                                             const PrefillAttnParams& p) {
-  constexpr int KP = HD + 8;
-  constexpr int CHUNKS = PF_BN * HD / 8;
-  for (int c = threadIdx.x; c < CHUNKS; c += blockDim.x) {
+// This thread's chunks of the PF_BN-key tile at kv0: offsets into a cache in 16-byte units
+// (the same for K and V: computed once a tile), 0xffffffff for keys outside [kv_begin, kv_end).
+__device__ __forceinline__ void tile_offsets(u32* off, const int* bt, int kv0, int kv_begin,
+                                             int kv_end, int kh, const PrefillAttnParams& p) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
     const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
     const int key = kv0 + j;
-    const bool valid = key >= kv_begin && key < kv_end;
-    const bf16* src = cache;  // any valid address: nothing is read when !valid
-    if (valid) {
-      src += kv_offset(bt[key / p.block_size], kh, key % p.block_size, p.num_kv_heads,
-                       p.block_size, HD) + d8;
-    }
-    cp_async16(&dst[j * KP + d8], src, valid);
+    off[i] = key >= kv_begin && key < kv_end
+                 ? (u32)((kv_offset(bt[key / p.block_size], kh, key % p.block_size,
+                                    p.num_kv_heads, p.block_size, HD) + d8) / 8)
+                 : 0xffffffffu;
+  }
+}
+
+// Starts the copy of one tile of `cache` (K or V) into `dst` at this thread's offsets.
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* cache, const u32* off) {
+  constexpr int KP = HD + 8;
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    const bool valid = off[i] != 0xffffffffu;
+    // Any valid address when !valid: nothing is read.
+    cp_async16(&dst[j * KP + d8], cache + (valid ? (size_t)off[i] * 8 : 0), valid);
   }
   cp_async_commit();
 }
 
-// L1 is not coherent across SMs: partials other CTAs wrote are read from L2.
-__device__ __forceinline__ float ld_cg_f32(const float* ptr) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
-  return v;
-}
+// The merge's per-(split, row) weights live in the K tile's shared memory (free by then).
+static_assert(32 * PF_BM * 4 <= PF_BN * (HD + 8) * 2, "merge weights fit in the K tile");
 
-// The last CTA of a (tile, head): merges the num_splits partials of its rows into out.
+// The last CTA of a (tile, head): merges the num_splits partials of its rows into out. Weights
+// first (row r's split s: exp2(m_s - M) / L, into shared memory), then every (row, 4 dims)
+// sums its splits with independent 16-byte loads. Partials other CTAs wrote are read through
+// L2 (__ldcg): L1 is not coherent across SMs.
 __device__ __forceinline__ void merge_prefill_splits(const PrefillAttnParams& p, size_t group,
-                                                     int row0, int q0, int qlen, int h) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rows = min(PF_BM, qlen - q0);
-  for (int r = warp; r < rows; r += blockDim.x >> 5) {
+                                                     int row0, int q0, int qlen, int h,
+                                                     float* w) {
+  const int rows = min(PF_BM, qlen - q0), S = p.num_splits;
+  const float2* ml = (const float2*)p.part_ml + group * S * PF_BM;
+  const float4* acc = (const float4*)p.part_acc + group * S * PF_BM * (HD / 4);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     float mx = NEG_INF;
-    for (int s = 0; s < p.num_splits; s++) {
-      mx = fmaxf(mx, ld_cg_f32(p.part_ml + ((group * p.num_splits + s) * PF_BM + r) * 2));
-    }
+    for (int s = 0; s < S; s++) mx = fmaxf(mx, __ldcg(&ml[s * PF_BM + r]).x);
     float L = 0.f;
-    for (int s = 0; s < p.num_splits; s++) {
-      const float* ml = p.part_ml + ((group * p.num_splits + s) * PF_BM + r) * 2;
-      const float ms = ld_cg_f32(ml);
-      L += ms == NEG_INF ? 0.f : ld_cg_f32(ml + 1) * exp2f(ms - mx);
+    for (int s = 0; s < S; s++) {
+      const float2 v = __ldcg(&ml[s * PF_BM + r]);
+      const float e = v.x == NEG_INF ? 0.f : exp2f(v.x - mx);
+      w[s * PF_BM + r] = e;
+      L += v.y * e;
     }
     const float inv = 1.f / L;
-    bf16* out = p.out + ((size_t)(row0 + q0 + r) * p.num_heads + h) * HD;
-    for (int d = lane; d < HD; d += 32) {
-      float a = 0.f;
-      for (int s = 0; s < p.num_splits; s++) {
-        const size_t ps = (group * p.num_splits + s) * PF_BM + r;
-        const float ms = ld_cg_f32(p.part_ml + ps * 2);
-        if (ms != NEG_INF) a += ld_cg_f32(p.part_acc + ps * HD + d) * exp2f(ms - mx);
-      }
-      out[d] = f2bf(a * inv);
+    for (int s = 0; s < S; s++) w[s * PF_BM + r] *= inv;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * (HD / 4); i += blockDim.x) {
+    const int r = i / (HD / 4), c = i % (HD / 4);
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = 0; s < S; s++) {
+      const float ws = w[s * PF_BM + r];
+      const float4 v = __ldcg(&acc[((size_t)s * PF_BM + r) * (HD / 4) + c]);
+      a.x += ws * v.x;
+      a.y += ws * v.y;
+      a.z += ws * v.z;
+      a.w += ws * v.w;
     }
+    bf16* out = p.out + ((size_t)(row0 + q0 + r) * p.num_heads + h) * HD + c * 4;
+    *(uint2*)out = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
   }
 }
 
@@ -185,13 +217,37 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   const int kv_first = (kt0 + min(ktn, (int)blockIdx.z * per_split)) * PF_BN;
   const int kv_stop = min(kv_end, (kt0 + min(ktn, ((int)blockIdx.z + 1) * per_split)) * PF_BN);
 
-  if (kv_first < kv_stop) load_kv_tile(Ks, p.k_cache, bt, kv_first, kv_begin, kv_end, kh, p);
+  u32 off[PF_CHUNKS];
+#if PF_LOADS
+  if (kv_first < kv_stop) {
+    tile_offsets(off, bt, kv_first, kv_begin, kv_end, kh, p);
+    load_tile_async(Ks, p.k_cache, off);
+  }
+#endif
   for (int kv0 = kv_first; kv0 < kv_stop; kv0 += PF_BN) {
+#if PF_LOADS
     // K of this tile has landed, and every warp is done with the previous tile's V: load this
     // tile's V while S and the softmax compute.
     cp_async_wait_all();
     __syncthreads();
-    load_kv_tile(Vs, p.v_cache, bt, kv0, kv_begin, kv_end, kh, p);
+    load_tile_async(Vs, p.v_cache, off);
+#else
+    __syncthreads();  // the previous tile's shared-memory reads are done
+    tile_offsets(off, bt, kv0, kv_begin, kv_end, kh, p);
+#pragma unroll
+    for (int i = 0; i < PF_CHUNKS; i++) {
+      const int c = threadIdx.x + i * 128;
+      const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (off[i] != 0xffffffffu) {
+        kv = *(const uint4*)(p.k_cache + (size_t)off[i] * 8);
+        vv = *(const uint4*)(p.v_cache + (size_t)off[i] * 8);
+      }
+      *(uint4*)(&Ks[j * KP + d8]) = kv;
+      *(uint4*)(&Vs[j * KP + d8]) = vv;
+    }
+    __syncthreads();
+#endif
 
     // S = Q K^T for this warp's 16 rows x 64 keys.
     float s[PF_BN / 8][4];
@@ -248,12 +304,15 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
       o[nd][2] *= corr_b;
       o[nd][3] *= corr_b;
     }
+#if PF_LOADS
     // V has landed and every warp is done with K: load the next tile's K while O += PV runs.
     cp_async_wait_all();
     __syncthreads();
     if (kv0 + PF_BN < kv_stop) {
-      load_kv_tile(Ks, p.k_cache, bt, kv0 + PF_BN, kv_begin, kv_end, kh, p);
+      tile_offsets(off, bt, kv0 + PF_BN, kv_begin, kv_end, kh, p);
+      load_tile_async(Ks, p.k_cache, off);
     }
+#endif
     // O += P V: P's accumulator layout is the A-fragment layout of k = 16 keys.
 #pragma unroll
     for (int kk = 0; kk < PF_BN / 16; kk++) {
@@ -311,7 +370,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    merge_prefill_splits(p, group, row0, q0, qlen, h);
+    merge_prefill_splits(p, group, row0, q0, qlen, h, (float*)Ks);
     return;
   }
   const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;

@@ -135,7 +135,7 @@ device)
         grep -hE "paged decode .*ctx|decode \[|offline" "$out/log.txt" | grep -v "^===" | tail -80
     fi
     if [ "$what" = prefill18 ]; then
-        step "kernels prefill_attention" timeout 120 ./cuda_kernels --test-threads=1 prefill_attention
+        step "kernels prefill" timeout 120 ./cuda_kernels --test-threads=1 prefill
         step "e2e" timeout 150 ./cuda_e2e --test-threads=1 --nocapture
         : >"$out/prefill18.jsonl"
         if [ -n "${BEFORE:-}" ]; then

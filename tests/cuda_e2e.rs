@@ -385,7 +385,8 @@ fn cuda_matches_cpu_flash_prefill_only() {
 }
 
 /// Chunks of 64 queries at up to 1.4k context on the flash kernel: a step's few tiles x 8 heads
-/// fill nothing, so the kernel splits over the keys (2-5 splits) and merges in the kernel.
+/// fill nothing, so from 1k context on the kernel splits over the keys (2 splits of >= 512 keys)
+/// and merges in the kernel.
 #[test]
 fn cuda_matches_cpu_flash_prefill_split_over_keys() {
     if !have_gpu() {

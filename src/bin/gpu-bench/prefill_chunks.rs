@@ -1,6 +1,8 @@
 //! `gpu-bench prefill-chunks`: one layer's flash prefill attention for one chunk of queries at
 //! the end of a long context (the shapes chunked prefill of long documents runs), split over the
-//! keys as `kernels::prefill_splits` chooses against unsplit, and at each forced split count.
+//! keys as `kernels::prefill_splits` chooses against unsplit, and at each forced split count;
+//! unsplit also with the kernel's synchronous K/V loads (`PF_LOADS=0`, the kernel before
+//! cp.async) and with cp.async through L1 (`PF_LOADS=2`).
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
@@ -32,6 +34,10 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
             block_size: 16,
         };
         gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
+        let variants = [
+            gpu.load_prefill_variant(shape.head_dim, 0)?,
+            gpu.load_prefill_variant(shape.head_dim, 2)?,
+        ];
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
             acc: gpu.alloc(acc * 4)?,
@@ -49,7 +55,9 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         let mut rows = Vec::new();
         for ctx in CONTEXTS {
             for chunk in CHUNKS.into_iter().filter(|&c| c <= ctx) {
-                rows.push(point(&gpu, &shape, &scratch, ctx, chunk, &mut rng)?);
+                rows.push(point(
+                    &gpu, &shape, &scratch, &variants, ctx, chunk, &mut rng,
+                )?);
             }
         }
         emit(
@@ -78,6 +86,7 @@ fn point(
     gpu: &Gpu,
     shape: &AttnShape,
     scratch: &Scratch,
+    variants: &[String; 2],
     ctx: usize,
     chunk: usize,
     rng: &mut ChaCha8Rng,
@@ -144,17 +153,29 @@ fn point(
     let pairs = chunk * (ctx - chunk) + chunk * (chunk + 1) / 2;
     let flops = 4.0 * (h * hd) as f64 * pairs as f64;
     let reps = if chunk * ctx <= 512 * 8192 { 50 } else { 20 };
-    let run = |p: PrefillAttnParams| -> anyhow::Result<(f64, Vec<f32>)> {
+    let default = format!("prefill_attn_hd{hd}");
+    let run_named = |p: PrefillAttnParams, name: &str| -> anyhow::Result<(f64, Vec<f32>)> {
         // SAFETY: every buffer above matches the shapes in the params.
         let ms = time_ms(gpu, 3, reps, |_| unsafe {
-            kernels::prefill_attn(gpu, &p, hd)
+            kernels::prefill_attn_named(gpu, &p, name)
         })?;
         gpu.memset(out.ptr(), 0xff, chunk * h * hd * 2)?;
         // SAFETY: as above.
-        unsafe { kernels::prefill_attn(gpu, &p, hd)? };
+        unsafe { kernels::prefill_attn_named(gpu, &p, name)? };
         Ok((ms * 1e3, read_bf16(gpu, &out, chunk * h * hd)?))
     };
+    let run = |p: PrefillAttnParams| run_named(p, &default);
     let (off_us, reference) = run(params(1, false))?;
+    let mut loads_us = Vec::new();
+    for name in variants {
+        let (us, got) = run_named(params(1, false), name)?;
+        let err = rel_err(&got, &reference);
+        anyhow::ensure!(
+            err < 1e-2,
+            "ctx {ctx} chunk {chunk}: {name} differs by {err:.3e}"
+        );
+        loads_us.push(us);
+    }
     let chosen = prefill_splits(gpu.num_sms, tiles, h, ctx);
     let (on_us, got) = run(params(chosen, false))?;
     let err = rel_err(&got, &reference);
@@ -177,14 +198,17 @@ fn point(
     }
     let tf = |us: f64| flops / (us * 1e-6) / 1e12;
     eprintln!(
-        "prefill chunk {chunk:>4} at ctx {ctx:>5}: unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s), x{:.2}; forced {forced:?}",
+        "prefill chunk {chunk:>4} at ctx {ctx:>5}: sync loads {:8.1} µs, ca {:8.1}, unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s), x{:.2} vs sync; forced {}",
+        loads_us[0],
+        loads_us[1],
         tf(off_us),
         tf(on_us),
-        off_us / on_us
+        loads_us[0] / on_us,
+        serde_json::Value::Object(forced.clone())
     );
     Ok(
         json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen,
-        "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
+        "sync_loads_us": loads_us[0], "ca_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
         "speedup": off_us / on_us, "rel_err": err, "forced_us": forced}),
     )
 }

@@ -502,6 +502,18 @@ pub unsafe fn prefill_attn(
         gpu.has_function(&name),
         "no prefill attention kernel for head_dim {head_dim}: Gpu::load_attention was not called for it"
     );
+    prefill_attn_named(gpu, p, &name)
+}
+
+/// `prefill_attn` through the loaded kernel `name` (a `Gpu::load_prefill_variant` build).
+///
+/// # Safety
+/// As `prefill_attn`.
+pub unsafe fn prefill_attn_named(
+    gpu: &Gpu,
+    p: &PrefillAttnParams,
+    name: &str,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         p.num_splits >= 1
             && (p.num_splits == 1 || (p.part_acc != 0 && p.part_ml != 0 && p.counters != 0)),
@@ -509,7 +521,7 @@ pub unsafe fn prefill_attn(
         p.num_splits
     );
     gpu.launch(
-        &name,
+        name,
         (p.num_tiles as u32, p.num_heads as u32, p.num_splits as u32),
         (128, 1, 1),
         p,
@@ -522,8 +534,9 @@ pub const PREFILL_SPLIT_FILL: usize = 2;
 /// Most split CTAs (tiles x heads x splits) per SM of a launch that splits: two waves (the split
 /// scratch is sized from it).
 pub const PREFILL_SPLIT_CTAS_PER_SM: usize = 2 * PREFILL_SPLIT_FILL;
-/// Fewest key tiles (of 64 keys) a split walks: shorter splits cost more to merge than they gain.
-pub const PREFILL_SPLIT_MIN_KEY_TILES: usize = 4;
+/// Fewest key tiles (of 64 keys) a split walks: shorter splits cost more to merge than they gain
+/// (H200: a 64-query chunk at 2k context took 104 µs in 4 splits of 8 tiles, 132 µs in 8 of 4).
+pub const PREFILL_SPLIT_MIN_KEY_TILES: usize = 8;
 /// Most splits per (tile, head).
 pub const PREFILL_MAX_SPLITS: usize = 32;
 
@@ -737,10 +750,10 @@ mod tests {
     #[test]
     fn prefill_splits_fill_short_chunks_and_stay_within_the_scratch() {
         // Llama-2-7B heads on 132 SMs (a wave: 264 CTAs): one 64-query tile at 16k is 32 CTAs,
-        // 8 splits fill one wave (9 would need two). At 2k the 32 key tiles allow 8 splits of 4.
+        // 8 splits fill one wave (9 would need two). At 2k the 32 key tiles allow 4 splits of 8.
         assert_eq!(prefill_splits(132, 1, 32, 16384), 8);
-        assert_eq!(prefill_splits(132, 1, 32, 2048), 8);
-        assert_eq!(prefill_splits(132, 1, 32, 1024), 4);
+        assert_eq!(prefill_splits(132, 1, 32, 2048), 4);
+        assert_eq!(prefill_splits(132, 1, 32, 1024), 2);
         // 128 CTAs: 2 splits make one wave (3 or 4 would make two).
         assert_eq!(prefill_splits(132, 4, 32, 16384), 2);
         // 150 CTAs: 3 splits are two waves of a third of the keys each.
