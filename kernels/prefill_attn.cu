@@ -19,7 +19,7 @@
 // queries at 16k context is 32 CTAs unsplit (a quarter of an H200); the host picks num_splits from
 // the shape (kernels::prefill_splits): 1 when the tiles x heads already fill the GPU.
 //
-// K/V loads are asynchronous (cp.async, FlashAttention-2's interleaving, no extra shared memory):
+// K/V loads are asynchronous (cp.async.ca, FlashAttention-2's interleaving, no extra shared memory):
 // V of tile j is in flight while S = QK^T and the softmax of tile j compute, and K of tile j + 1
 // while O += PV of tile j does.
 //
@@ -64,11 +64,12 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// How K/V tiles reach shared memory (-DPF_LOADS, for gpu-bench's comparisons): 1 (default)
-// cp.async.cg (L2 only), 2 cp.async.ca (through L1: GQA heads of one kv head share tiles), 0 the
-// synchronous loads of the kernel before (K and V together, then compute).
+// How K/V tiles reach shared memory (-DPF_LOADS, for gpu-bench's comparisons): 2 (default)
+// cp.async.ca (through L1), 1 cp.async.cg (L2 only), 0 synchronous loads (K and V together, then
+// compute: the kernel before cp.async). On the H200 .ca measured 0-10 % faster than .cg, and
+// both 5-15 % faster than synchronous loads (BENCHMARKS.md, issue 18, calls k3a/k3b).
 #ifndef PF_LOADS
-#define PF_LOADS 1
+#define PF_LOADS 2
 #endif
 // 16-byte chunks of one K or V tile that each thread moves.
 #define PF_CHUNKS (PF_BN * HD / 8 / 128)

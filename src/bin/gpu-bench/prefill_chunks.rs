@@ -2,7 +2,7 @@
 //! the end of a long context (the shapes chunked prefill of long documents runs), split over the
 //! keys as `kernels::prefill_splits` chooses against unsplit, and at each forced split count;
 //! unsplit also with the kernel's synchronous K/V loads (`PF_LOADS=0`, the kernel before
-//! cp.async) and with cp.async through L1 (`PF_LOADS=2`).
+//! cp.async) and with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca).
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
@@ -36,7 +36,7 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
         let variants = [
             gpu.load_prefill_variant(shape.head_dim, 0)?,
-            gpu.load_prefill_variant(shape.head_dim, 2)?,
+            gpu.load_prefill_variant(shape.head_dim, 1)?,
         ];
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
@@ -198,7 +198,7 @@ fn point(
     }
     let tf = |us: f64| flops / (us * 1e-6) / 1e12;
     eprintln!(
-        "prefill chunk {chunk:>4} at ctx {ctx:>5}: sync loads {:8.1} µs, ca {:8.1}, unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s), x{:.2} vs sync; forced {}",
+        "prefill chunk {chunk:>4} at ctx {ctx:>5}: sync loads {:8.1} µs, cg {:8.1}, unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s), x{:.2} vs sync; forced {}",
         loads_us[0],
         loads_us[1],
         tf(off_us),
@@ -208,7 +208,7 @@ fn point(
     );
     Ok(
         json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen,
-        "sync_loads_us": loads_us[0], "ca_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
+        "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
         "speedup": off_us / on_us, "rel_err": err, "forced_us": forced}),
     )
 }
