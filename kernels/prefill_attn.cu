@@ -11,6 +11,18 @@
 // `window` of them (the blocks before the tile's first visible key may be freed: block id -1, never
 // read).
 //
+// Split over the keys (flash-decoding style) for chunks too short to fill the GPU: with
+// num_splits > 1 each (tile, head) is spread over num_splits CTAs (grid z), each walking an even
+// share of the tile's key tiles and writing its unnormalised partial O with each row's max and sum
+// (log2 domain) to part_acc / part_ml; the last CTA of the group to arrive (an atomic counter per
+// (tile, head), reset by that CTA for the next launch) merges the partials into out. A chunk of 64
+// queries at 16k context is 32 CTAs unsplit (a quarter of an H200); the host picks num_splits from
+// the shape (kernels::prefill_splits): 1 when the tiles x heads already fill the GPU.
+//
+// K/V loads are asynchronous (cp.async.ca, FlashAttention-2's interleaving, no extra shared memory):
+// V of tile j is in flight while S = QK^T and the softmax of tile j compute, and K of tile j + 1
+// while O += PV of tile j does.
+//
 // Compiled per head dim (Gpu::load_attention, -DHD=<head dim>, a multiple of 16 up to 256); the
 // GQA group is a run-time value (one CTA per query head). Key tiles are 64 keys, 32 for HD > 128
 // (K and V tiles must fit the 48 KB of static shared memory).
@@ -25,12 +37,16 @@ struct PrefillAttnParams {
   const int* context_lens;  // [num_seqs]
   const int* block_tables;  // [num_seqs, max_blocks]
   bf16* out;                // [num_tokens, num_heads, HD]
+  float* part_acc;          // [num_tiles, num_heads, num_splits, PF_BM, HD]  unnormalised partial O
+  float* part_ml;           // [num_tiles, num_heads, num_splits, PF_BM, 2]   (max, sum), log2 domain
+  u32* counters;            // [num_tiles, num_heads] arrivals, zero between launches
   int num_tiles;
   int num_heads;
   int num_kv_heads;
   int block_size;
   int max_blocks;
   int window;               // sliding window in keys; 0: the whole context
+  int num_splits;           // CTAs per (tile, head) over its keys; 1: no partials, no counters
   float scale;
 };
 
@@ -46,6 +62,107 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// How K/V tiles reach shared memory (-DPF_LOADS, for gpu-bench's comparisons): 2 (default)
+// cp.async.ca (through L1), 1 cp.async.cg (L2 only), 0 synchronous loads (K and V together, then
+// compute: the kernel before cp.async). On the H200 .ca measured 0-10 % faster than .cg, and
+// both 5-15 % faster than synchronous loads (BENCHMARKS.md, issue 18, calls k3a/k3b).
+#ifndef PF_LOADS
+#define PF_LOADS 2
+#endif
+// 16-byte chunks of one K or V tile that each thread moves.
+#define PF_CHUNKS (PF_BN * HD / 8 / 128)
+static_assert(PF_BN * HD / 8 % 128 == 0, "a tile's 16-byte chunks split evenly over 128 threads");
+
+// 16 bytes global -> shared, asynchronous; `valid` false zero-fills (keys outside the tile's range
+// must be finite zeros: P = 0 times garbage could be NaN).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if PF_LOADS == 2
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+// This thread's chunks of the PF_BN-key tile at kv0: offsets into a cache in 16-byte units
+// (the same for K and V: computed once a tile), 0xffffffff for keys outside [kv_begin, kv_end).
+__device__ __forceinline__ void tile_offsets(u32* off, const int* bt, int kv0, int kv_begin,
+                                             int kv_end, int kh, const PrefillAttnParams& p) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    const int key = kv0 + j;
+    off[i] = key >= kv_begin && key < kv_end
+                 ? (u32)((kv_offset(bt[key / p.block_size], kh, key % p.block_size,
+                                    p.num_kv_heads, p.block_size, HD) + d8) / 8)
+                 : 0xffffffffu;
+  }
+}
+
+// Starts the copy of one tile of `cache` (K or V) into `dst` at this thread's offsets.
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* cache, const u32* off) {
+  constexpr int KP = HD + 8;
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    const bool valid = off[i] != 0xffffffffu;
+    // Any valid address when !valid: nothing is read.
+    cp_async16(&dst[j * KP + d8], cache + (valid ? (size_t)off[i] * 8 : 0), valid);
+  }
+  cp_async_commit();
+}
+
+// The merge's per-(split, row) weights live in the K tile's shared memory (free by then).
+static_assert(32 * PF_BM * 4 <= PF_BN * (HD + 8) * 2, "merge weights fit in the K tile");
+
+// The last CTA of a (tile, head): merges the num_splits partials of its rows into out. Weights
+// first (row r's split s: exp2(m_s - M) / L, into shared memory), then every (row, 4 dims)
+// sums its splits with independent 16-byte loads. Partials other CTAs wrote are read through
+// L2 (__ldcg): L1 is not coherent across SMs.
+__device__ __forceinline__ void merge_prefill_splits(const PrefillAttnParams& p, size_t group,
+                                                     int row0, int q0, int qlen, int h,
+                                                     float* w) {
+  const int rows = min(PF_BM, qlen - q0), S = p.num_splits;
+  const float2* ml = (const float2*)p.part_ml + group * S * PF_BM;
+  const float4* acc = (const float4*)p.part_acc + group * S * PF_BM * (HD / 4);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    float mx = NEG_INF;
+    for (int s = 0; s < S; s++) mx = fmaxf(mx, __ldcg(&ml[s * PF_BM + r]).x);
+    float L = 0.f;
+    for (int s = 0; s < S; s++) {
+      const float2 v = __ldcg(&ml[s * PF_BM + r]);
+      const float e = v.x == NEG_INF ? 0.f : exp2f(v.x - mx);
+      w[s * PF_BM + r] = e;
+      L += v.y * e;
+    }
+    const float inv = 1.f / L;
+    for (int s = 0; s < S; s++) w[s * PF_BM + r] *= inv;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * (HD / 4); i += blockDim.x) {
+    const int r = i / (HD / 4), c = i % (HD / 4);
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = 0; s < S; s++) {
+      const float ws = w[s * PF_BM + r];
+      const float4 v = __ldcg(&acc[((size_t)s * PF_BM + r) * (HD / 4) + c]);
+      a.x += ws * v.x;
+      a.y += ws * v.y;
+      a.z += ws * v.z;
+      a.w += ws * v.w;
+    }
+    bf16* out = p.out + ((size_t)(row0 + q0 + r) * p.num_heads + h) * HD + c * 4;
+    *(uint2*)out = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+  }
 }
 
 // HD is the -DHD define.
@@ -95,23 +212,43 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   const int kv_begin = max(0, first_pos + q0 - win + 1);
   const int lo_a = pos_a - win + 1, lo_b = pos_b - win + 1;
 
-  for (int kv0 = kv_begin / PF_BN * PF_BN; kv0 < kv_end; kv0 += PF_BN) {
+  // This CTA's share of the key tiles: split blockIdx.z of num_splits (all of them when 1).
+  const int kt0 = kv_begin / PF_BN, ktn = (kv_end + PF_BN - 1) / PF_BN - kt0;
+  const int per_split = (ktn + p.num_splits - 1) / p.num_splits;
+  const int kv_first = (kt0 + min(ktn, (int)blockIdx.z * per_split)) * PF_BN;
+  const int kv_stop = min(kv_end, (kt0 + min(ktn, ((int)blockIdx.z + 1) * per_split)) * PF_BN);
+
+  u32 off[PF_CHUNKS];
+#if PF_LOADS
+  if (kv_first < kv_stop) {
+    tile_offsets(off, bt, kv_first, kv_begin, kv_end, kh, p);
+    load_tile_async(Ks, p.k_cache, off);
+  }
+#endif
+  for (int kv0 = kv_first; kv0 < kv_stop; kv0 += PF_BN) {
+#if PF_LOADS
+    // K of this tile has landed, and every warp is done with the previous tile's V: load this
+    // tile's V while S and the softmax compute.
+    cp_async_wait_all();
+    __syncthreads();
+    load_tile_async(Vs, p.v_cache, off);
+#else
     __syncthreads();  // the previous tile's shared-memory reads are done
-    constexpr int CHUNKS = PF_BN * HD / 8;
-    for (int c = threadIdx.x; c < CHUNKS; c += blockDim.x) {
+    tile_offsets(off, bt, kv0, kv_begin, kv_end, kh, p);
+#pragma unroll
+    for (int i = 0; i < PF_CHUNKS; i++) {
+      const int c = threadIdx.x + i * 128;
       const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
-      const int key = kv0 + j;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (key >= kv_begin && key < kv_end) {
-        const size_t off = kv_offset(bt[key / p.block_size], kh, key % p.block_size,
-                                     p.num_kv_heads, p.block_size, HD) + d8;
-        kv = *(const uint4*)(p.k_cache + off);
-        vv = *(const uint4*)(p.v_cache + off);
+      if (off[i] != 0xffffffffu) {
+        kv = *(const uint4*)(p.k_cache + (size_t)off[i] * 8);
+        vv = *(const uint4*)(p.v_cache + (size_t)off[i] * 8);
       }
       *(uint4*)(&Ks[j * KP + d8]) = kv;
       *(uint4*)(&Vs[j * KP + d8]) = vv;
     }
     __syncthreads();
+#endif
 
     // S = Q K^T for this warp's 16 rows x 64 keys.
     float s[PF_BN / 8][4];
@@ -168,6 +305,15 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
       o[nd][2] *= corr_b;
       o[nd][3] *= corr_b;
     }
+#if PF_LOADS
+    // V has landed and every warp is done with K: load the next tile's K while O += PV runs.
+    cp_async_wait_all();
+    __syncthreads();
+    if (kv0 + PF_BN < kv_stop) {
+      tile_offsets(off, bt, kv0 + PF_BN, kv_begin, kv_end, kh, p);
+      load_tile_async(Ks, p.k_cache, off);
+    }
+#endif
     // O += P V: P's accumulator layout is the A-fragment layout of k = 16 keys.
 #pragma unroll
     for (int kk = 0; kk < PF_BN / 16; kk++) {
@@ -196,6 +342,38 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  if (p.num_splits > 1) {
+    // Partial O (unnormalised), max and sum of every row of the tile (rows past the chunk too:
+    // the merge skips them). A row that saw no key of this split has max -inf, sum 0, O 0.
+    const size_t group = (size_t)tile * p.num_heads + h;
+    const size_t ps = (group * p.num_splits + blockIdx.z) * PF_BM + warp * 16 + g;
+    float* acc_a = p.part_acc + ps * HD + tig * 2;
+    float* acc_b = acc_a + 8 * HD;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      *(float2*)(acc_a + nd * 8) = make_float2(o[nd][0], o[nd][1]);
+      *(float2*)(acc_b + nd * 8) = make_float2(o[nd][2], o[nd][3]);
+    }
+    if (tig == 0) {
+      *(float2*)(p.part_ml + ps * 2) = make_float2(m_a, l_a);
+      *(float2*)(p.part_ml + (ps + 8) * 2) = make_float2(m_b, l_b);
+    }
+    // The last CTA of this (tile, head) to finish merges every split.
+    __shared__ u32 s_last;
+    __threadfence();  // this CTA's partials reach L2 before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u32* c = p.counters + group;
+      const u32 prev = atomicAdd(c, 1u);
+      s_last = prev == (u32)(p.num_splits - 1);
+      if (s_last) *c = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    merge_prefill_splits(p, group, row0, q0, qlen, h, (float*)Ks);
+    return;
+  }
   const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
   if (qa < qlen) {
     bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
@@ -209,7 +387,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   }
 }
 
-// grid: (num_tiles, num_heads), block: 128
+// grid: (num_tiles, num_heads, num_splits), block: 128
 extern "C" __global__ void __launch_bounds__(128) prefill_attn(PrefillAttnParams p) {
   prefill_attn_impl(p);
 }

@@ -9,12 +9,20 @@
 #                                       tests, brook's benchmarks (gpu-bench, and brook bench
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
-#                                       WHAT: all (default) | tests | bench | peers | perf18
+#                                       WHAT: all (default) | tests | bench | peers | perf18 |
+#                                       prefill18
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
 #                                       (attention --decode-only, decode-variants, offline
 #                                       300x1000/1000 default vs all) into $OUT/perf18.jsonl
+#                                       prefill18 (issue 18/19 prefill attention, about 2 min):
+#                                       the flash prefill kernel tests (split over the keys, every
+#                                       head dim), the CUDA-vs-CPU tests, then prefill-chunks
+#                                       (chunks 64-2048 at ctx 2k/8k/16k, split vs unsplit),
+#                                       attention (fresh prompts) and ttft 2048 into
+#                                       $OUT/prefill18.jsonl. With BEFORE=DIR (a gpu-check.sh build
+#                                       of an earlier commit) the same benchmarks of its gpu-bench too
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -84,7 +92,7 @@ device)
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
-        for args in "attention" "gemv-sweep" "prefill-attn" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
+        for args in "attention" "gemv-sweep" "prefill-attn" "prefill-chunks" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
             "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
@@ -125,6 +133,22 @@ device)
             step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/perf18.jsonl'"
         done
         grep -hE "paged decode .*ctx|decode \[|offline" "$out/log.txt" | grep -v "^===" | tail -80
+    fi
+    if [ "$what" = prefill18 ]; then
+        step "kernels prefill" timeout 120 ./cuda_kernels --test-threads=1 prefill
+        step "e2e" timeout 150 ./cuda_e2e --test-threads=1 --nocapture
+        : >"$out/prefill18.jsonl"
+        if [ -n "${BEFORE:-}" ]; then
+            for args in "attention" "ttft --model llama-2-7b --input-len 2048"; do
+                # shellcheck disable=SC2086
+                step "before: gpu-bench $args" timeout 120 sh -c "$BEFORE/gpu-bench $args | sed 's/^{/{\"build\":\"before\",/' >>'$out/prefill18.jsonl'"
+            done
+        fi
+        for args in "prefill-chunks --model llama-2-7b,llama-3-8b" "attention" "ttft --model llama-2-7b --input-len 2048"; do
+            # shellcheck disable=SC2086
+            step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/prefill18.jsonl'"
+        done
+        grep -hE "prefill chunk|prefill attention|ttft" "$out/log.txt" | grep -v "^===" | tail -80
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

@@ -55,6 +55,7 @@ impl CudaBackendOptions {
             // unchanged.
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
+            prefill_split_kv: true,
             step_timing: false,
             progress,
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),

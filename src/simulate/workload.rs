@@ -148,10 +148,11 @@ pub struct EngineModel {
     /// Relative standard deviation of a step's time around the model.
     pub noise: f64,
     /// A prefill chunk's attention costs at least what a chunk of this many queries at the same
-    /// context costs (0: off). brook's flash prefill kernel runs one CTA per 64 queries and
-    /// head, with no split over the keys: a chunk that fills less than one wave of the GPU
-    /// (Llama-2-7B on an H200: 32 heads × 4 tiles = 128 CTAs on 132 SMs, 256 queries) takes as
-    /// long as one that fills it. The scheduler's linear model does not know this.
+    /// context costs (0: off): the floor of a kernel whose short chunks do not fill the GPU. The
+    /// scheduler's linear model does not know it. brook's flash prefill kernel once ran one CTA
+    /// per 64 queries and head with no split over the keys (a floor of 256 queries for
+    /// Llama-2-7B on an H200); it now splits over the keys, which leaves a floor of ~88 queries
+    /// at 8-16k context (BENCHMARKS.md, issue 18, calls k3a/k3b).
     pub prefill_attn_min_query: usize,
 }
 

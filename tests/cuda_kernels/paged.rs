@@ -335,8 +335,15 @@ impl<'a> PrefillRun<'a> {
         }
     }
 
-    /// The flash kernel on `seqs` (64-query tiles).
+    /// The flash kernel on `seqs` (64-query tiles), unsplit.
     pub fn flash(&self, seqs: &[usize], out: &DevBuf) {
+        self.flash_split(seqs, out, 1, 1);
+    }
+
+    /// The flash kernel on `seqs` with `splits` CTAs per (tile, head) over the keys (partials
+    /// poisoned, counters zeroed once), launched `runs` times into `out` (the arrival counters
+    /// must be back at zero for each next launch).
+    pub fn flash_split(&self, seqs: &[usize], out: &DevBuf, splits: usize, runs: usize) {
         let (mut tile_seq, mut tile_q0) = (Vec::new(), Vec::new());
         for &s in seqs {
             for q0 in (0..self.b.seqs[s].0).step_by(PREFILL_TILE) {
@@ -346,6 +353,10 @@ impl<'a> PrefillRun<'a> {
         }
         let (ts, tq) = (dev(self.g, &tile_seq), dev(self.g, &tile_q0));
         let layout = self.b.layout();
+        let groups = tile_seq.len() * self.b.heads;
+        let part_acc = poisoned::<f32>(self.g, groups * splits * PREFILL_TILE * layout.head_dim);
+        let part_ml = poisoned::<f32>(self.g, groups * splits * PREFILL_TILE * 2);
+        let counters = dev(self.g, &vec![0u32; groups]);
         let p = PrefillAttnParams {
             q: self.q.ptr(),
             k_cache: self.paged.k_cache.ptr(),
@@ -357,15 +368,25 @@ impl<'a> PrefillRun<'a> {
             context_lens: self.paged.context_lens.ptr(),
             block_tables: self.paged.block_tables.ptr(),
             out: out.ptr(),
+            part_acc: part_acc.ptr(),
+            part_ml: part_ml.ptr(),
+            counters: counters.ptr(),
             num_tiles: tile_seq.len() as i32,
             num_heads: self.b.heads as i32,
             num_kv_heads: layout.kv_heads as i32,
             block_size: layout.block_size as i32,
             max_blocks: self.b.paged.max_blocks as i32,
             window: self.b.window as i32,
+            num_splits: splits as i32,
             scale: self.b.scale(),
         };
-        unsafe { kernels::prefill_attn(self.g, &p, layout.head_dim).unwrap() };
+        let bytes = self.b.tokens() * self.b.row_elems() * 2;
+        for run in 0..runs {
+            if run > 0 {
+                self.g.memset(out.ptr(), 0xff, bytes).unwrap();
+            }
+            unsafe { kernels::prefill_attn(self.g, &p, layout.head_dim).unwrap() };
+        }
         self.g.sync().unwrap();
     }
 

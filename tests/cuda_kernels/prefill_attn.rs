@@ -1,5 +1,6 @@
 //! `prefill_attn`: the flash prefill kernel (causal, cached prefixes) on a random paged cache,
-//! over the head sizes and GQA groups of the model families, and under a sliding window.
+//! over the head sizes and GQA groups of the model families, under a sliding window, and split
+//! over the keys (chunks at the end of long contexts, the in-kernel merge).
 
 use half::bf16;
 
@@ -8,11 +9,18 @@ use crate::paged::{PrefillBatch, PrefillRun};
 
 /// `seqs`: (query tokens, context); `window`: 0 or a sliding window (blocks before it freed).
 /// Every (sequence, query, head) row against the reference.
-fn check_prefill(
+fn check_prefill(seed: u64, shape: (usize, usize, usize), seqs: &[(usize, usize)], window: usize) {
+    check_prefill_split(seed, shape, seqs, window, 1);
+}
+
+/// As `check_prefill`, with `splits` CTAs per (tile, head) over the keys, launched twice into a
+/// re-poisoned output (the last CTA of each group must leave its arrival counter at zero).
+fn check_prefill_split(
     seed: u64,
     (head_dim, heads, kv_heads): (usize, usize, usize),
     seqs: &[(usize, usize)],
     window: usize,
+    splits: usize,
 ) {
     let Some(g) = attention_gpu(head_dim, heads / kv_heads) else {
         return;
@@ -21,11 +29,15 @@ fn check_prefill(
     let freed = if window > 0 { b.with_window(window) } else { 0 };
     let n = b.tokens() * b.row_elems();
     let out = poisoned::<bf16>(&g, n);
-    PrefillRun::new(&g, &b).flash(&(0..seqs.len()).collect::<Vec<_>>(), &out);
+    let all: Vec<usize> = (0..seqs.len()).collect();
+    match splits {
+        1 => PrefillRun::new(&g, &b).flash(&all, &out),
+        _ => PrefillRun::new(&g, &b).flash_split(&all, &out, splits, 2),
+    }
     let label = |s: usize| {
         let (qlen, c) = seqs[s];
         format!(
-            "prefill hd{head_dim} g{} window {window} ({freed} blocks freed) seq {s} (q {qlen}, ctx {c})",
+            "prefill hd{head_dim} g{} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
             b.group()
         )
     };
@@ -70,4 +82,26 @@ fn prefill_attention_sliding_window() {
     check_prefill(60, (128, 8, 2), &seqs, 50);
     check_prefill(61, (96, 4, 4), &seqs, 64);
     check_prefill(62, (256, 14, 2), &seqs, 17);
+}
+
+/// Split over the keys: chunks whose queries sit at the end of long contexts (1 to 130 queries
+/// at 2-8k keys), a fresh prompt (its early tiles see fewer key tiles than there are splits:
+/// empty splits), split counts that divide the key tiles and ones that do not.
+#[test]
+fn prefill_attention_split_kv_at_long_context() {
+    let seqs = [(64, 4096), (17, 8000), (130, 3000), (2, 2500), (150, 150)];
+    for (i, splits) in [2, 3, 8, 32].into_iter().enumerate() {
+        check_prefill_split(70 + i as u64, (128, 4, 4), &seqs, 0, splits);
+    }
+}
+
+/// Split over the keys for every head dim, under GQA (group 4) and a sliding window (the blocks
+/// before each chunk's window freed: a split's rows may see none of its keys).
+#[test]
+fn prefill_attention_split_kv_gqa_window_every_head_dim() {
+    let seqs = [(40, 2000), (100, 1100), (1, 700)];
+    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
+        check_prefill_split(80 + i as u64, (head_dim, 8, 2), &seqs, 0, 5);
+        check_prefill_split(90 + i as u64, (head_dim, 8, 2), &seqs, 300, 4);
+    }
 }

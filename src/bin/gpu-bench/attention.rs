@@ -34,7 +34,7 @@ pub fn run(decode_only: bool) -> anyhow::Result<()> {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         paged_decode(&gpu, &shape, &mut rng)?;
         if !decode_only {
-            prefill(&gpu, &shape, &mut rng)?;
+            prefill(&mut gpu, &shape, &mut rng)?;
         }
     }
     Ok(())
@@ -182,9 +182,16 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
     Ok(())
 }
 
-/// The flash prefill kernel on 16k tokens of causal prompts of each length.
-fn prefill(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
+/// The flash prefill kernel on 16k tokens of causal prompts of each length; at the same points
+/// its builds with the synchronous K/V loads of the kernel before cp.async (`PF_LOADS=0`) and
+/// with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca).
+fn prefill(gpu: &mut Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
     let (h, hd) = (shape.heads, shape.head_dim);
+    let variants = [
+        gpu.load_prefill_variant(hd, 0)?,
+        gpu.load_prefill_variant(hd, 1)?,
+    ];
+    let gpu = &*gpu;
     let mut prefill_rows = Vec::new();
     for &len in &[128usize, 512, 2048, 8192] {
         let seqs = (16384 / len).max(1);
@@ -199,8 +206,21 @@ fn prefill(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result
         // Causal: QK^T and PV over len (len + 1) / 2 key-query pairs per head.
         let flops = 4.0 * (seqs * h * hd) as f64 * (len * (len + 1) / 2) as f64;
         let tflops = flops / (ms * 1e-3) / 1e12;
-        eprintln!("prefill attention {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s");
-        prefill_rows.push(json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops}));
+        let mut other = Vec::new();
+        for name in &variants {
+            // SAFETY: as above.
+            other.push(time_ms(gpu, 2, 10, |_| unsafe {
+                kernels::prefill_attn_named(gpu, &p, name)
+            })?);
+        }
+        eprintln!(
+            "prefill attention {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s (sync loads {:.3} ms, cp.async.cg {:.3} ms)",
+            other[0], other[1]
+        );
+        prefill_rows.push(
+            json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops,
+            "sync_loads_ms": other[0], "cg_loads_ms": other[1]}),
+        );
     }
     emit(json!({"figure": "prefill_attention", "heads": h, "head_dim": hd, "rows": prefill_rows}));
     Ok(())

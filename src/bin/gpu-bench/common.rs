@@ -198,12 +198,16 @@ impl CausalPrefill {
             context_lens: self.lens.ptr(),
             block_tables: self.block_tables.ptr(),
             out: out.ptr(),
+            part_acc: 0,
+            part_ml: 0,
+            counters: 0,
             num_tiles: self.num_tiles as i32,
             num_heads: shape.heads as i32,
             num_kv_heads: shape.kv_heads as i32,
             block_size: shape.block_size as i32,
             max_blocks: self.blocks_per_seq as i32,
             window: 0,
+            num_splits: 1,
             scale: shape.scale(),
         }
     }

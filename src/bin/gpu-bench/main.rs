@@ -2,6 +2,8 @@
 //!
 //!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
 //!   gpu-bench prefill-attn              prefill attention, GEMM path vs flash kernel by length
+//!   gpu-bench prefill-chunks            flash prefill attention of one chunk (64-2048 queries) at
+//!                                       the end of a 2k/8k/16k context: split over the keys vs not
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
@@ -27,6 +29,7 @@ mod decode;
 mod gemv_sweep;
 mod offline;
 mod prefill_attn;
+mod prefill_chunks;
 mod swap;
 mod ttft;
 mod variants;
@@ -52,6 +55,13 @@ enum Cmd {
     PrefillAttn {
         /// Head shapes of these synthetic models (comma-separated).
         #[arg(long, value_delimiter = ',', default_values_t = [String::from("llama-2-7b"), String::from("llama-3-8b")])]
+        model: Vec<String>,
+    },
+    /// One layer's flash prefill attention for a chunk of 64-2048 queries at the end of a
+    /// 2k/8k/16k context: unsplit, split as the backend chooses, and at forced split counts.
+    PrefillChunks {
+        /// Head shapes of these synthetic models (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [String::from("llama-2-7b")])]
         model: Vec<String>,
     },
     Decode {
@@ -121,6 +131,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Attention { decode_only } => attention::run(decode_only),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
+        Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
         Cmd::Decode {
             model,
             input_len,

@@ -163,6 +163,32 @@ impl Gpu {
         Ok(())
     }
 
+    /// gpu-bench: the flash prefill kernel at `head_dim` built with `-DPF_LOADS=loads` (how K/V
+    /// tiles are loaded; see prefill_attn.cu), loaded as `prefill_attn_hd{H}_loads{L}`; its name.
+    pub fn load_prefill_variant(
+        &mut self,
+        head_dim: usize,
+        loads: usize,
+    ) -> anyhow::Result<String> {
+        let name = format!("prefill_attn_hd{head_dim}_loads{loads}");
+        if self.functions.contains_key(&name) {
+            return Ok(name);
+        }
+        let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
+        let (file, src) = compile::PREFILL_ATTN;
+        let defines = [("HD", head_dim), ("PF_LOADS", loads)];
+        let (ptx, _) = compile::ptx_with(file, src, &arch, &defines)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .with_context(|| format!("loading kernels/{file}.cu {defines:?}"))?;
+        let func = module
+            .load_function("prefill_attn")
+            .context("kernel prefill_attn")?;
+        self.functions.insert(name.clone(), func);
+        Ok(name)
+    }
+
     /// Uninitialised device memory.
     pub fn alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
         alloc_on(&self.stream, bytes)

@@ -39,8 +39,8 @@ use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
-    self, decode_group_ctas, decode_splits_filled, BlockTableUpdateParams, CountUpdate,
-    FeedTokensParams, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
+    self, decode_group_ctas, decode_splits_filled, prefill_split_scratch, BlockTableUpdateParams,
+    CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
 use super::lookahead::{self, LookaheadStats};
 use super::options::CudaBackendOptions;
@@ -83,6 +83,11 @@ struct Activations {
     part_ml: DevBuf,
     /// Arrival counters of the in-kernel split merge (`decode_merge_inline`), zero between launches.
     decode_counters: DevBuf,
+    /// Flash prefill attention's split partials and arrival counters (zero between launches),
+    /// sized by `kernels::prefill_split_scratch`; one element each when splitting is off.
+    prefill_acc: DevBuf,
+    prefill_ml: DevBuf,
+    prefill_counters: DevBuf,
     meta: DevBuf,
     /// The step's outputs: timing stamps, sampled tokens, log-probabilities, top
     /// log-probabilities (`io`).
@@ -232,6 +237,10 @@ impl Forward {
                 .unwrap_or(1),
         };
         let counters = max_seqs * cfg.num_key_value_heads * decode_group_ctas(group);
+        let (pf_acc, pf_ml, pf_counters) = match opts.prefill_split_kv {
+            true => prefill_split_scratch(gpu.num_sms, hd),
+            false => (1, 1, 1),
+        };
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
@@ -247,6 +256,9 @@ impl Forward {
             part_acc: gpu.alloc(partials * h * hd * f4)?,
             part_ml: gpu.alloc(partials * h * 2 * f4)?,
             decode_counters: gpu.alloc(counters * 4)?,
+            prefill_acc: gpu.alloc(pf_acc * f4)?,
+            prefill_ml: gpu.alloc(pf_ml * f4)?,
+            prefill_counters: gpu.alloc(pf_counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
             out: gpu.alloc(out_bytes(max_seqs, true))?,
             work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
@@ -254,6 +266,7 @@ impl Forward {
             count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
+        gpu.memset(act.prefill_counters.ptr(), 0, pf_counters * 4)?;
         // Stamps read before any step wrote them are zero, not garbage.
         gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs, true))?;
         let io = match opts.pinned_io || opts.lookahead {
@@ -367,6 +380,7 @@ impl Forward {
             num_heads: self.cfg.num_attention_heads,
             num_kv_heads: self.cfg.num_key_value_heads,
             decode_ctas_per_sm: self.opts.decode_ctas_per_sm,
+            prefill_split_kv: self.opts.prefill_split_kv,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
             gemm_scores: self.gemm_scores,

@@ -110,6 +110,12 @@ pub struct PrefillAttnParams {
     pub context_lens: u64,
     pub block_tables: u64,
     pub out: u64,
+    /// Split partials, `[num_tiles, num_heads, num_splits, PREFILL_TILE, head_dim]` f32 and
+    /// `[.., PREFILL_TILE, 2]` (max, sum); read only when `num_splits > 1` (`PrefillSplitScratch`).
+    pub part_acc: u64,
+    pub part_ml: u64,
+    /// `[num_tiles, num_heads]` arrival counters, zero between launches (the last CTA resets).
+    pub counters: u64,
     pub num_tiles: i32,
     pub num_heads: i32,
     pub num_kv_heads: i32,
@@ -117,6 +123,8 @@ pub struct PrefillAttnParams {
     pub max_blocks: i32,
     /// Sliding window in keys; 0: the whole context.
     pub window: i32,
+    /// CTAs per (tile, head) over its keys (`prefill_splits`); 1: no partials.
+    pub num_splits: i32,
     pub scale: f32,
 }
 
@@ -496,11 +504,82 @@ pub unsafe fn prefill_attn(
     head_dim: usize,
 ) -> anyhow::Result<()> {
     let name = attention_kernel(gpu, format!("prefill_attn_hd{head_dim}"))?;
+    prefill_attn_named(gpu, p, &name)
+}
+
+/// `prefill_attn` through the loaded kernel `name` (a `Gpu::load_prefill_variant` build).
+///
+/// # Safety
+/// As `prefill_attn`.
+pub unsafe fn prefill_attn_named(
+    gpu: &Gpu,
+    p: &PrefillAttnParams,
+    name: &str,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.num_splits >= 1
+            && (p.num_splits == 1 || (p.part_acc != 0 && p.part_ml != 0 && p.counters != 0)),
+        "prefill attention with {} splits needs split scratch and counters",
+        p.num_splits
+    );
     gpu.launch(
-        &name,
-        (p.num_tiles as u32, p.num_heads as u32, 1),
+        name,
+        (p.num_tiles as u32, p.num_heads as u32, p.num_splits as u32),
         (128, 1, 1),
         p,
+    )
+}
+
+/// Prefill-attention CTAs resident per SM (two at head_dim 128: 185 registers a thread), the
+/// unit of a wave in `prefill_splits`.
+pub const PREFILL_SPLIT_FILL: usize = 2;
+/// Most split CTAs (tiles x heads x splits) per SM of a launch that splits: two waves (the split
+/// scratch is sized from it).
+pub const PREFILL_SPLIT_CTAS_PER_SM: usize = 2 * PREFILL_SPLIT_FILL;
+/// Fewest key tiles (of 64 keys) a split walks: shorter splits cost more to merge than they gain
+/// (H200: a 64-query chunk at 2k context took 104 µs in 4 splits of 8 tiles, 132 µs in 8 of 4).
+pub const PREFILL_SPLIT_MIN_KEY_TILES: usize = 8;
+/// Most splits per (tile, head).
+pub const PREFILL_MAX_SPLITS: usize = 32;
+
+/// Splits per (64-query tile, head) for a flash prefill launch of `num_tiles` tiles whose longest
+/// context is `max_context`. A short chunk at a long context is otherwise a quarter of the GPU
+/// walking 16k keys: one 64-query tile x 32 heads is 32 CTAs. 1 when tiles x heads already fill
+/// a wave (`PREFILL_SPLIT_FILL` CTAs per SM); else the count that minimises waves / splits (a
+/// CTA's time is about its share of the keys), within two waves and at least
+/// `PREFILL_SPLIT_MIN_KEY_TILES` key tiles a split, the fewest among equals (less to merge).
+pub fn prefill_splits(
+    num_sms: u32,
+    num_tiles: usize,
+    num_heads: usize,
+    max_context: usize,
+) -> usize {
+    let ctas = (num_tiles * num_heads).max(1);
+    let wave = PREFILL_SPLIT_FILL * num_sms.max(1) as usize;
+    if ctas >= wave {
+        return 1;
+    }
+    let most = (PREFILL_SPLIT_CTAS_PER_SM * num_sms.max(1) as usize / ctas)
+        .min(max_context.div_ceil(PREFILL_TILE) / PREFILL_SPLIT_MIN_KEY_TILES)
+        .clamp(1, PREFILL_MAX_SPLITS);
+    // waves / splits, compared as fractions: w1 / s1 < w2 / s2.
+    let waves = |s: usize| (ctas * s).div_ceil(wave);
+    (1..=most).fold(1, |best, s| match waves(s) * best < waves(best) * s {
+        true => s,
+        false => best,
+    })
+}
+
+/// Bytes of split scratch (`part_acc`, `part_ml`) and arrival counters that any launch chosen
+/// by `prefill_splits` on `num_sms` SMs needs at `head_dim`: (acc, ml, counters) in elements.
+pub fn prefill_split_scratch(num_sms: u32, head_dim: usize) -> (usize, usize, usize) {
+    // A split launch has fewer than a wave of (tile, head) groups and at most two waves of CTAs.
+    let ctas = PREFILL_SPLIT_CTAS_PER_SM * num_sms as usize;
+    let groups = PREFILL_SPLIT_FILL * num_sms as usize;
+    (
+        ctas * PREFILL_TILE * head_dim,
+        ctas * PREFILL_TILE * 2,
+        groups,
     )
 }
 
@@ -659,6 +738,43 @@ mod tests {
     }
 
     #[test]
+    fn prefill_splits_fill_short_chunks_and_stay_within_the_scratch() {
+        // Llama-2-7B heads on 132 SMs (a wave: 264 CTAs): one 64-query tile at 16k is 32 CTAs,
+        // 8 splits fill one wave (9 would need two). At 2k the 32 key tiles allow 4 splits of 8.
+        assert_eq!(prefill_splits(132, 1, 32, 16384), 8);
+        assert_eq!(prefill_splits(132, 1, 32, 2048), 4);
+        assert_eq!(prefill_splits(132, 1, 32, 1024), 2);
+        // 128 CTAs: 2 splits make one wave (3 or 4 would make two).
+        assert_eq!(prefill_splits(132, 4, 32, 16384), 2);
+        // 150 CTAs: 3 splits are two waves of a third of the keys each.
+        assert_eq!(prefill_splits(132, 5, 30, 16384), 3);
+        // 264 CTAs and more already fill the GPU: a 512-query chunk, a 2048-token prompt.
+        assert_eq!(prefill_splits(132, 8, 32, 16384), 1);
+        assert_eq!(prefill_splits(132, 32, 32, 2048), 1);
+        // Too few keys to split: a short prompt.
+        assert_eq!(prefill_splits(132, 1, 32, 200), 1);
+        assert_eq!(prefill_splits(132, 1, 1, 1 << 20), PREFILL_MAX_SPLITS);
+        // Every split launch fits the scratch sized for the device.
+        for sms in [1, 8, 78, 132] {
+            let (acc, ml, counters) = prefill_split_scratch(sms, 128);
+            for tiles in 1..40 {
+                for heads in [1, 4, 8, 28, 32, 64] {
+                    for ctx in [64, 256, 1000, 4096, 16384, 131072] {
+                        let s = prefill_splits(sms, tiles, heads, ctx);
+                        if s > 1 {
+                            let ctas = tiles * heads * s;
+                            assert!(
+                                ctas * PREFILL_TILE * 128 <= acc && ctas * PREFILL_TILE * 2 <= ml
+                            );
+                            assert!(tiles * heads <= counters, "{sms} {tiles} {heads} {ctx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn attention_covers_every_family_head_dim_and_group() {
         for hd in [64, 80, 96, 128, 256] {
             for group in 1..=16 {
@@ -701,7 +817,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
         assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
-        assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 10 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 13 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);

@@ -54,6 +54,9 @@ pub struct CudaBackendOptions {
     /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
     /// merges; one launch) instead of in `paged_decode_reduce`. On by default (measured).
     pub decode_merge_inline: bool,
+    /// Split flash prefill attention over the keys when a step's query tiles x heads do not
+    /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
+    pub prefill_split_kv: bool,
     /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
     /// (two one-thread launches inside the step) and time the host's phases; read with
     /// `CudaBackend::last_timing`.

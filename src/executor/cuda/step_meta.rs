@@ -15,7 +15,8 @@
 use anyhow::ensure;
 
 use super::kernels::{
-    decode_splits, decode_splits_filled, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
+    decode_splits, decode_splits_filled, prefill_splits, SampleArgs, SampleEdit, PREFILL_TILE,
+    SAMPLE_MAX_TOP,
 };
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
 use crate::sampling::params::SamplingParams;
@@ -150,6 +151,8 @@ pub(super) struct Limits {
     /// Decode split rule: 0, `decode_splits`; else `decode_splits_filled` with this many CTAs
     /// per SM (`CudaBackendOptions::decode_ctas_per_sm`).
     pub decode_ctas_per_sm: usize,
+    /// `CudaBackendOptions::prefill_split_kv`.
+    pub prefill_split_kv: bool,
     pub gemm_max_len: usize,
     pub gemm_keys: usize,
     pub gemm_scores: usize,
@@ -183,6 +186,8 @@ pub(super) struct Step {
     pub ns: usize,
     pub nu: usize,
     pub splits: usize,
+    /// Flash prefill attention's splits over the keys (1: none).
+    pub prefill_splits: usize,
     pub layout: Layout,
 }
 
@@ -296,6 +301,7 @@ pub(super) fn pack(
     );
     host.gemm.clear();
     let (mut nd, mut nt, mut row0, mut max_context) = (s - real_s, 0, 0, 1);
+    let mut flash_context = 0;
     for q in &batch.seqs {
         ensure!(
             batch.block_table(q).len() <= lim.max_blocks,
@@ -309,7 +315,10 @@ pub(super) fn pack(
         } else {
             match planner.place(q.row, row0, q.query_len, q.context_len) {
                 Some(g) => host.gemm.push(g),
-                None => nt += q.query_len.div_ceil(PREFILL_TILE),
+                None => {
+                    nt += q.query_len.div_ceil(PREFILL_TILE);
+                    flash_context = flash_context.max(q.context_len);
+                }
             }
         }
         row0 += q.query_len;
@@ -429,6 +438,10 @@ pub(super) fn pack(
     // The kernel derives each split's length from the context at run time, so a graph captured
     // for a split count serves every context; graphs are keyed by it.
     let splits = lim.decode_splits(nd, max_context);
+    let prefill_splits = match lim.prefill_split_kv && nt > 0 {
+        true => prefill_splits(lim.num_sms, nt, lim.num_heads, flash_context),
+        false => 1,
+    };
     Ok(Step {
         t,
         nd,
@@ -436,6 +449,7 @@ pub(super) fn pack(
         ns,
         nu: updates.len(),
         splits,
+        prefill_splits,
         layout,
     })
 }

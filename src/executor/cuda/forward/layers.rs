@@ -178,12 +178,16 @@ impl Forward {
                     context_lens: m(lay.ctx),
                     block_tables: self.block_tables.ptr(),
                     out: a.attn.ptr(),
+                    part_acc: a.prefill_acc.ptr(),
+                    part_ml: a.prefill_ml.ptr(),
+                    counters: a.prefill_counters.ptr(),
                     num_tiles: step.nt as i32,
                     num_heads: h as i32,
                     num_kv_heads: kvh as i32,
                     block_size: self.opts.block_size as i32,
                     max_blocks: self.max_blocks as i32,
                     window,
+                    num_splits: step.prefill_splits as i32,
                     scale,
                 };
                 kernels::prefill_attn(g, &p, hd)?;

@@ -24,6 +24,7 @@ fn limits() -> Limits {
         num_heads: 4,
         num_kv_heads: 2,
         decode_ctas_per_sm: 0,
+        prefill_split_kv: true,
         gemm_max_len: 64,
         gemm_keys,
         gemm_scores,
