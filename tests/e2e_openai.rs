@@ -205,8 +205,15 @@ async fn n_choices_fork_off_one_prefill_of_the_prompt() {
     let m = wait_idle(&server).await;
     // One engine request: the prompt admitted and looked up in the prefix cache once (three
     // requests would count it three times), its choices forked off that prefill.
-    assert_eq!(metric(&m, "brook:prompt_tokens_total") as u64, prompt, "{m}");
-    assert_eq!(metric(&m, "brook:prefix_cache_queries_total") as u64, prompt);
+    assert_eq!(
+        metric(&m, "brook:prompt_tokens_total") as u64,
+        prompt,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "brook:prefix_cache_queries_total") as u64,
+        prompt
+    );
     // Greedy: every choice is the n = 1 output, each with its own index and finish_reason.
     let (_, one, _) = post(&server, "/v1/completions", body(1)).await;
     let single = one["choices"][0]["text"].as_str().unwrap();

@@ -35,8 +35,8 @@ use std::collections::HashMap;
 
 use crate::kv::block_pool::{BlockHash, BlockId, BlockPool};
 use crate::request::RequestId;
-pub use crate::step::NULL_BLOCK;
 use crate::step::BlockCopy;
+pub use crate::step::NULL_BLOCK;
 
 mod in_flight;
 mod tiers;

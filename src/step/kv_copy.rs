@@ -155,7 +155,12 @@ mod tests {
         use BlockCopy as B;
         assert!(segments(&[]).is_empty());
         // Independent copies of all kinds: one segment.
-        let free = [B::to_host(1, 1), B::to_device(2, 3), B::on_device(4, 5), B::to_host(6, 7)];
+        let free = [
+            B::to_host(1, 1),
+            B::to_device(2, 3),
+            B::on_device(4, 5),
+            B::to_host(6, 7),
+        ];
         assert_eq!(segments(&free), vec![4]);
         // Read after write (device 3 written, then read out), write after read (host 7 read
         // back, then overwritten), write after write (device 9 twice): a new segment each.
@@ -179,18 +184,19 @@ mod tests {
     fn any_order_within_a_segment_matches_list_order() {
         use rand::{Rng, SeedableRng};
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        let apply = |copies: &mut dyn Iterator<Item = BlockCopy>, dev: &mut [u32], host: &mut [u32]| {
-            for c in copies {
-                let v = match c.kind {
-                    CopyKind::HostToDevice => host[c.src as usize],
-                    _ => dev[c.src as usize],
-                };
-                match c.kind {
-                    CopyKind::DeviceToHost => host[c.dst as usize] = v,
-                    _ => dev[c.dst as usize] = v,
+        let apply =
+            |copies: &mut dyn Iterator<Item = BlockCopy>, dev: &mut [u32], host: &mut [u32]| {
+                for c in copies {
+                    let v = match c.kind {
+                        CopyKind::HostToDevice => host[c.src as usize],
+                        _ => dev[c.src as usize],
+                    };
+                    match c.kind {
+                        CopyKind::DeviceToHost => host[c.dst as usize] = v,
+                        _ => dev[c.dst as usize] = v,
+                    }
                 }
-            }
-        };
+            };
         for _ in 0..300 {
             let copies: Vec<BlockCopy> = (0..r.random_range(0..12))
                 .map(|_| {
@@ -208,7 +214,11 @@ mod tests {
             let (mut d2, mut h2) = (init(0), init(100));
             let mut start = 0;
             for end in segments(&copies) {
-                apply(&mut copies[start..end].iter().rev().copied(), &mut d2, &mut h2);
+                apply(
+                    &mut copies[start..end].iter().rev().copied(),
+                    &mut d2,
+                    &mut h2,
+                );
                 start = end;
             }
             assert_eq!((d1, h1), (d2, h2), "{copies:?}");

@@ -194,7 +194,11 @@ mod tests {
         assert_eq!(kv.num_free_blocks(), 4);
         kv.allocate_slots(RequestId(2), 0, 4 * BS).unwrap();
         let (copies, for_forward) = kv.take_step_copies();
-        assert_eq!((copies.len(), for_forward), (3, 3), "all before the forward");
+        assert_eq!(
+            (copies.len(), for_forward),
+            (3, 3),
+            "all before the forward"
+        );
         kv.check_invariants().unwrap();
     }
 

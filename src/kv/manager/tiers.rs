@@ -280,7 +280,11 @@ impl KvCacheManager {
             self.mem.device.release(b);
         }
         self.mem.stats.swapped_out_requests += 1;
-        let host = self.mem.host.as_mut().expect("swap_out_plan found a host tier");
+        let host = self
+            .mem
+            .host
+            .as_mut()
+            .expect("swap_out_plan found a host tier");
         host.swapped.insert(
             req,
             Swapped {

@@ -312,7 +312,11 @@ impl Engine {
                     assert!(!table.contains(&b), "{}: block {b} read under {c:?}", s.id);
                 }
                 if let Some(b) = c.device_read() {
-                    assert!(!written.contains(&b), "{}: block {b} written under {c:?}", s.id);
+                    assert!(
+                        !written.contains(&b),
+                        "{}: block {b} written under {c:?}",
+                        s.id
+                    );
                 }
             }
             // Only blocks a sequence owns alone are written.

@@ -162,9 +162,8 @@ impl Choices {
                 usage,
                 ..
             } => {
-                let completion_tokens = usage
-                    .completion_tokens
-                    .saturating_sub(self.ended_tokens[p]);
+                let completion_tokens =
+                    usage.completion_tokens.saturating_sub(self.ended_tokens[p]);
                 let ev = ChoiceEvent::Finished {
                     finish_reason,
                     completion_tokens,
