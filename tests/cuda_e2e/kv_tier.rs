@@ -42,6 +42,30 @@ fn backend(
 
 type ModelWeightsAlias = brook::model::loader::ModelWeights;
 
+/// The small test model, written to a temporary folder (kept alive by the returned guard).
+fn test_model() -> (tempfile::TempDir, ModelConfig, ModelWeightsAlias) {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &small_spec()).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = load_weights(dir.path(), &config, false).unwrap();
+    (dir, config, weights)
+}
+
+/// Writes device block `b`'s bytes, planes in order (`kv_block`'s layout).
+fn write_block(gpu: &CudaBackend, b: usize, data: &[u8]) {
+    let l = gpu.kv_layout();
+    for (p, chunk) in data.chunks(l.plane_bytes).enumerate() {
+        let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
+        gpu.gpu().upload(at, chunk).unwrap();
+    }
+}
+
+/// Fills device block `b` with `byte`.
+fn poison_block(gpu: &CudaBackend, b: usize, byte: u8) {
+    let l = gpu.kv_layout();
+    write_block(gpu, b, &vec![byte; l.planes * l.plane_bytes]);
+}
+
 /// A block's bytes go device → host → device (and device → device) bit-exactly, through the
 /// copy stream and pinned memory; a poisoned device block is fully overwritten.
 #[test]
@@ -49,28 +73,18 @@ fn cuda_kv_blocks_round_trip_device_host_device_bit_exactly() {
     if !have_gpu() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (_dir, config, weights) = test_model();
     let mut gpu = backend(&config, &weights, 16, 8);
     assert_eq!(gpu.info().num_host_blocks, 8);
     assert!(gpu.copy_bytes_per_s() > 0.0, "measured at start");
     let l = gpu.kv_layout();
     let mut r = ChaCha8Rng::seed_from_u64(5);
     let data: Vec<u8> = (0..l.planes * l.plane_bytes).map(|_| r.random()).collect();
-    for (p, chunk) in data.chunks(l.plane_bytes).enumerate() {
-        let at = l.base + (p * l.plane_stride + 3 * l.plane_bytes) as u64;
-        gpu.gpu().upload(at, chunk).unwrap();
-    }
+    write_block(&gpu, 3, &data);
     gpu.copy_blocks(&[BlockCopy::to_host(3, 1)]).unwrap();
     assert_eq!(gpu.host_kv_block(1), data, "device -> host");
-    for p in 0..l.planes {
-        let at = l.base + (p * l.plane_stride + 3 * l.plane_bytes) as u64;
-        gpu.gpu().memset(at, 0xab, l.plane_bytes).unwrap();
-        let at5 = l.base + (p * l.plane_stride + 5 * l.plane_bytes) as u64;
-        gpu.gpu().memset(at5, 0xab, l.plane_bytes).unwrap();
-    }
+    poison_block(&gpu, 3, 0xab);
+    poison_block(&gpu, 5, 0xab);
     gpu.copy_blocks(&[BlockCopy::to_device(1, 5)]).unwrap();
     assert_eq!(gpu.kv_block(5).unwrap(), data, "host -> device");
     gpu.copy_blocks(&[BlockCopy::on_device(5, 7)]).unwrap();
@@ -95,10 +109,7 @@ fn cuda_gathered_copies_move_what_per_plane_copies_move() {
     if !have_gpu() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (_dir, config, weights) = test_model();
     let mut gpu = backend(&config, &weights, 100, 100);
     let l = gpu.kv_layout();
     let block = l.planes * l.plane_bytes;
@@ -109,10 +120,7 @@ fn cuda_gathered_copies_move_what_per_plane_copies_move() {
             .map(|_| (0..block).map(|_| r.random()).collect())
             .collect();
         for (b, d) in data.iter().enumerate() {
-            for (p, chunk) in d.chunks(l.plane_bytes).enumerate() {
-                let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
-                gpu.gpu().upload(at, chunk).unwrap();
-            }
+            write_block(&gpu, b, d);
         }
         // Device 0..70 out: host 0..40 in a run, then 99, 97, ... scattered.
         let host_of = |i: u32| if i < 40 { i } else { 99 - 2 * (i - 40) };
@@ -120,12 +128,8 @@ fn cuda_gathered_copies_move_what_per_plane_copies_move() {
         // Back from host 5 (device 5's bytes) into device 80 (poisoned), then CoW 80 -> 81.
         list.push(BlockCopy::to_device(5, 80));
         list.push(BlockCopy::on_device(80, 81));
-        for b in [80, 81] {
-            for p in 0..l.planes {
-                let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
-                gpu.gpu().memset(at, 0xff, l.plane_bytes).unwrap();
-            }
-        }
+        poison_block(&gpu, 80, 0xff);
+        poison_block(&gpu, 81, 0xff);
         gpu.copy_blocks(&list).unwrap();
         for i in 0..70u32 {
             let h = gpu.host_kv_block(host_of(i) as usize);
@@ -234,10 +238,7 @@ fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
     if !have_gpu() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (_dir, config, weights) = test_model();
     let mut r = ChaCha8Rng::seed_from_u64(17);
     let vocab = config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..3)
