@@ -2,7 +2,9 @@
 //!
 //! Two tiers: the device tier (the executor's paged pool, whose block ids the block tables
 //! hold) and the host tier (CPU RAM; pinned on CUDA). A step's copies form one ordered list,
-//! applied before the step's forward in list order, on a copy stream of their own on CUDA:
+//! applied in list order, on a copy stream of their own on CUDA; the first
+//! `SchedulerOutput::kv_copies_for_forward` land before the step's forward, the rest may run
+//! under it and land before the next step's (`kv::manager::in_flight`):
 //! - `DeviceToHost`: a block leaves the device (an evicted prefix block written back, a
 //!   preempted request swapped out);
 //! - `HostToDevice`: a block comes back (a host-tier prefix hit, a swapped request resuming);

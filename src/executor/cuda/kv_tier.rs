@@ -79,6 +79,8 @@ pub struct CudaKvTier {
     staging_blocks: usize,
     /// Gather through `staging` (default when there is one) or copy per block and plane.
     gathered: bool,
+    /// Recorded on the compute stream; the copy stream waits on it before a step's copies.
+    computed: CudaEvent,
     /// Recorded after the copies a forward needs; the compute stream waits on it.
     ready: CudaEvent,
     /// Recorded after a step's last copy; the next forward waits on it (`pending`).
@@ -124,6 +126,7 @@ impl CudaKvTier {
             gathered: staging.is_some(),
             staging,
             staging_blocks,
+            computed: ctx.new_event(None)?,
             ready: ctx.new_event(None)?,
             landed: ctx.new_event(None)?,
             pending: false,
@@ -175,7 +178,9 @@ impl CudaKvTier {
         if copies.is_empty() {
             return Ok(());
         }
-        self.copy.join(compute)?;
+        // Events made once and recorded again each step (a `join` would create one per call).
+        self.computed.record(compute)?;
+        self.copy.wait(&self.computed)?;
         let split = for_forward.min(copies.len());
         let (needed, overlapped) = copies.split_at(split);
         if !needed.is_empty() {
