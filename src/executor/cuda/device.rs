@@ -419,6 +419,7 @@ mod tests {
             "paged_decode_reduce",
             "prefill_attn",
             "kv_gather",
+            "kv_stage",
             "causal_softmax",
             "sample",
             "gemv_m1",
