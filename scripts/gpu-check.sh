@@ -10,7 +10,7 @@
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18 |
-#                                       prefill18
+#                                       prefill18 | kv13
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
@@ -23,6 +23,11 @@
 #                                       attention (fresh prompts) and ttft 2048 into
 #                                       $OUT/prefill18.jsonl. With BEFORE=DIR (a gpu-check.sh build
 #                                       of an earlier commit) the same benchmarks of its gpu-bench too
+#                                       kv13 (issue 13, about 3 min): the kv_stage kernel tests, the
+#                                       KV tier's CUDA tests (gathered vs per-plane copies, greedy
+#                                       output across forced swaps with overlapped copies), and
+#                                       gpu-bench swap (per-plane vs gathered GB/s against the
+#                                       contiguous ceiling) into $OUT/kv13.jsonl
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -93,7 +98,8 @@ device)
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
         for args in "attention" "gemv-sweep" "prefill-attn" "prefill-chunks" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
-            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
+            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128" \
+            "swap --model llama-2-7b --host-gib 8"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
         done
@@ -149,6 +155,12 @@ device)
             step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/prefill18.jsonl'"
         done
         grep -hE "prefill chunk|prefill attention|ttft" "$out/log.txt" | grep -v "^===" | tail -80
+    fi
+    if [ "$what" = kv13 ]; then
+        step "kernels kv_stage" timeout 60 ./cuda_kernels --test-threads=1 kv_stage
+        step "e2e kv_tier" timeout 120 ./cuda_e2e --test-threads=1 --nocapture kv_tier
+        : >"$out/kv13.jsonl"
+        step "gpu-bench swap" timeout 400 sh -c "./gpu-bench swap --model llama-2-7b --host-gib 8 >>'$out/kv13.jsonl'"
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

@@ -183,6 +183,43 @@ async fn seeds_reproduce_and_choices_differ() {
 }
 
 #[actix_rt::test]
+async fn n_choices_fork_off_one_prefill_of_the_prompt() {
+    let server = start_server(test_config()).await;
+    let model = served(&server).await;
+    let body = |n: u64| {
+        json!({"model": model, "prompt": "Hello there, how are you today?", "max_tokens": 7,
+               "ignore_eos": true, "n": n, "temperature": 0.0})
+    };
+    let (status, v, _) = post(&server, "/v1/completions", body(3)).await;
+    assert_eq!(status, 200, "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 21, "every choice counts");
+    let m = wait_idle(&server).await;
+    // One engine request: the prompt admitted and looked up in the prefix cache once (three
+    // requests would count it three times), its choices forked off that prefill.
+    assert_eq!(
+        metric(&m, "brook:prompt_tokens_total") as u64,
+        prompt,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "brook:prefix_cache_queries_total") as u64,
+        prompt
+    );
+    // Greedy: every choice is the n = 1 output, each with its own index and finish_reason.
+    let (_, one, _) = post(&server, "/v1/completions", body(1)).await;
+    let single = one["choices"][0]["text"].as_str().unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i as u64);
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(c["text"], single, "choice {i}");
+    }
+    server.stop().await;
+}
+
+#[actix_rt::test]
 async fn errors_have_openais_shape_status_and_count() {
     let server = start_server(test_config()).await;
     let model = served(&server).await;
@@ -278,9 +315,9 @@ async fn overload_is_429_with_retry_after_and_nothing_runs_on() {
     cfg.scheduler.admission.max_waiting_requests = 1;
     let server = start_server(cfg).await;
     let model = served(&server).await;
-    // Three choices: one runs, one waits, the third is refused, and with it the request.
-    let body = json!({"model": model, "prompt": "Hello", "max_tokens": 200, "ignore_eos": true,
-                      "n": 3, "stream": true});
+    // Three prompts: one runs, one waits, the third is refused, and with it the request.
+    let body = json!({"model": model, "prompt": ["Hello", "Hi", "Hey"], "max_tokens": 200,
+                      "ignore_eos": true, "stream": true});
     let (s, v, headers) = post(&server, "/v1/completions", body).await;
     assert_eq!(s, 429, "{v}");
     assert_eq!(v["error"]["code"], "overloaded");
@@ -293,7 +330,7 @@ async fn overload_is_429_with_retry_after_and_nothing_runs_on() {
         .parse()
         .unwrap();
     assert!(secs >= 1);
-    // The admitted choices were aborted with it.
+    // The admitted prompts were aborted with it.
     wait_idle(&server).await;
     server.stop().await;
 }

@@ -22,7 +22,8 @@ pub trait Backend: Send + 'static {
     fn info(&self) -> BackendInfo;
 
     /// Runs one step: applies its block copies between the KV tiers (`step.kv_copies`, in
-    /// order, finished before any kernel reads them), applies its diffs to the backend's persistent input batch
+    /// order; the first `kv_copies_for_forward` land before this step's forward, the rest
+    /// before the next step's: `executor::kv_tier`), applies its diffs to the backend's persistent input batch
     /// (`executor::input_batch`), writes the batch's K/V into the paged pool through
     /// `slot_mapping`, computes logits at each sampling sequence's last position, and samples one
     /// token for each (appended to the backend's own copy of the request's tokens). Steps must

@@ -307,12 +307,14 @@ impl Backend for CpuBackend {
             drafts,
             ..
         } = self;
-        if !step.kv_copies.is_empty() {
-            match host {
-                Some(h) => h.apply(kv, &step.kv_copies)?,
-                // Copy-on-write needs no host tier.
-                None => CpuHostTier::apply_on_device(kv, &step.kv_copies)?,
+        match host {
+            // Every step: the last step's overlapped copies land first.
+            Some(h) => h.apply_step(kv, &step.kv_copies, step.kv_copies_for_forward)?,
+            // Copy-on-write needs no host tier (and the forward waits for it).
+            None if !step.kv_copies.is_empty() => {
+                CpuHostTier::apply_on_device(kv, &step.kv_copies)?
             }
+            None => {}
         }
         input.apply(step)?;
         let mut out = StepOutput::default();

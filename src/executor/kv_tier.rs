@@ -2,10 +2,13 @@
 //! step's block copies (`SchedulerOutput::kv_copies`, `step::kv_copy`) before its forward.
 //!
 //! One interface, two memories: the CPU backend's host tier is plain memory (a second `KvPool`,
-//! copies are memcpys, done in list order before the forward); the CUDA backend's is pinned
-//! host memory, copied on a stream of its own (`executor::cuda::kv_tier`) with an event the
-//! forward's stream waits on, so the copies overlap the host-side preparation of the step and
-//! no kernel reads a block before its copy has landed.
+//! copies are memcpys in list order); the CUDA backend's is pinned host memory, copied on a
+//! stream of its own (`executor::cuda::kv_tier`). Both keep one contract: a step's first
+//! `kv_copies_for_forward` copies land before its forward, the rest may land while it runs and
+//! must land before the next step's forward (`kv::manager::in_flight` plans them so the
+//! forward never touches their blocks). CUDA overlaps them with the forward on events; the CPU
+//! applies them at the start of the next step (`CpuHostTier::apply_step`), after the forward,
+//! so a step that read one would compute from stale bytes here too and tests would see it.
 //!
 //! Every id is checked against its tier before anything is copied: a bad list is an error for
 //! the step (a scheduler bug), never a copy out of bounds.
@@ -51,6 +54,8 @@ pub fn check_copies(copies: &[BlockCopy], device: usize, host: usize) -> anyhow:
 pub struct CpuHostTier {
     host: KvPool,
     bytes_per_s: f64,
+    /// The last step's copies that ran "under" its forward: applied before anything else.
+    pending: Vec<BlockCopy>,
 }
 
 impl CpuHostTier {
@@ -60,6 +65,7 @@ impl CpuHostTier {
         let mut t = CpuHostTier {
             host,
             bytes_per_s: 0.0,
+            pending: Vec::new(),
         };
         t.bytes_per_s = match bytes_per_s {
             Some(b) => b,
@@ -76,8 +82,32 @@ impl CpuHostTier {
         self.bytes_per_s
     }
 
-    /// Copies in order, each on the pools directly (a memcpy per layer, K and V).
+    /// A step's copies: the last step's pending ones, then the first `for_forward` now; the
+    /// rest after the step's forward (at the next call: see the module doc). Every id is
+    /// checked now, so a bad list fails its own step.
+    pub fn apply_step(
+        &mut self,
+        device: &mut KvPool,
+        copies: &[BlockCopy],
+        for_forward: usize,
+    ) -> anyhow::Result<()> {
+        self.apply(device, &[])?;
+        check_copies(copies, device.num_blocks(), self.host.num_blocks())?;
+        let (needed, later) = copies.split_at(for_forward.min(copies.len()));
+        self.apply_now(device, needed)?;
+        self.pending = later.to_vec();
+        Ok(())
+    }
+
+    /// Copies in order after any pending ones, each on the pools directly (a memcpy per layer,
+    /// K and V).
     pub fn apply(&mut self, device: &mut KvPool, copies: &[BlockCopy]) -> anyhow::Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        self.apply_now(device, &pending)?;
+        self.apply_now(device, copies)
+    }
+
+    fn apply_now(&mut self, device: &mut KvPool, copies: &[BlockCopy]) -> anyhow::Result<()> {
         check_copies(copies, device.num_blocks(), self.host.num_blocks())?;
         for c in copies {
             let (s, d) = (c.src as usize, c.dst as usize);
@@ -190,6 +220,27 @@ mod tests {
         .unwrap();
         assert_eq!(dev.block_data(2), a);
         assert_eq!(t.host().block_data(0), b);
+    }
+
+    #[test]
+    fn copies_past_for_forward_land_at_the_next_step() {
+        let (mut dev, host) = pools(4, 2);
+        let mut t = CpuHostTier::new(host, &mut dev, Some(1e9));
+        let (a, b) = (random_block(&dev, 4), random_block(&dev, 5));
+        dev.set_block_data(0, &a);
+        dev.set_block_data(1, &b);
+        // Copy-on-write 0 → 2 before the forward; the swap-out of 1 under it.
+        let copies = [BlockCopy::on_device(0, 2), BlockCopy::to_host(1, 0)];
+        t.apply_step(&mut dev, &copies, 1).unwrap();
+        assert_eq!(dev.block_data(2), a);
+        assert!(t.host().block_data(0).iter().all(|x| x.is_nan()), "not yet");
+        t.apply_step(&mut dev, &[], 0).unwrap();
+        assert_eq!(t.host().block_data(0), b);
+        // A bad id fails its own step, and nothing of it is applied.
+        let bad = [BlockCopy::to_host(1, 1), BlockCopy::to_host(0, 9)];
+        assert!(t.apply_step(&mut dev, &bad, 0).is_err());
+        t.apply_step(&mut dev, &[], 0).unwrap();
+        assert!(t.host().block_data(1).iter().all(|x| x.is_nan()));
     }
 
     #[test]

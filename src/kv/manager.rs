@@ -35,9 +35,10 @@ use std::collections::HashMap;
 
 use crate::kv::block_pool::{BlockHash, BlockId, BlockPool};
 use crate::request::RequestId;
+use crate::step::BlockCopy;
 pub use crate::step::NULL_BLOCK;
-use crate::step::{BlockCopy, CopyKind};
 
+mod in_flight;
 mod tiers;
 
 pub use tiers::TierStats;
@@ -128,38 +129,25 @@ struct Mem {
     stats: TierStats,
     /// Bytes of one block, all layers (metrics only; 0 when not set).
     block_bytes: usize,
+    /// What the planned copies hold until the step is built (`manager/in_flight.rs`).
+    in_flight: in_flight::InFlight,
 }
 
 impl Mem {
     /// Takes `n` device blocks (all or nothing; the caller checked they are free). Cached
-    /// blocks it evicts are written back to the host tier first (copies before any reuse).
+    /// blocks it evicts are written back to the host tier first (copies before any reuse: the
+    /// step's forward waits for them, it writes the blocks).
     fn alloc_device(&mut self, n: usize, out: &mut Vec<BlockId>) {
         let ok = self.device.allocate(n, out);
         debug_assert!(ok, "free blocks were checked by the caller");
-        let Mem {
-            device,
-            host,
-            copies,
-            stats,
-            ..
-        } = self;
         // Drained with or without a host tier (a rebuilt backend may have none any more).
-        for (block, hash) in device.drain_evicted() {
-            if let Some(c) = host.as_mut().and_then(|h| h.offload(block, hash)) {
-                stats.offloaded_blocks += 1;
-                stats.swap_out_blocks += 1;
-                copies.push(c);
+        let evicted: Vec<(BlockId, BlockHash)> = self.device.drain_evicted().collect();
+        for (block, hash) in evicted {
+            if let Some(c) = self.host.as_mut().and_then(|h| h.offload(block, hash)) {
+                self.stats.offloaded_blocks += 1;
+                self.copy(c);
             }
         }
-    }
-
-    fn copy(&mut self, c: BlockCopy) {
-        match c.kind {
-            CopyKind::DeviceToHost => self.stats.swap_out_blocks += 1,
-            CopyKind::HostToDevice => self.stats.swap_in_blocks += 1,
-            CopyKind::DeviceToDevice => self.stats.cow_blocks += 1,
-        }
-        self.copies.push(c);
     }
 }
 
@@ -189,6 +177,7 @@ impl KvCacheManager {
                 copies: Vec::new(),
                 stats: TierStats::default(),
                 block_bytes: 0,
+                in_flight: Default::default(),
             },
             block_size,
             enable_prefix_caching,
@@ -218,7 +207,7 @@ impl KvCacheManager {
 
     /// Blocks an allocation can take now (free, including evictable cached ones).
     pub fn num_free_blocks(&self) -> usize {
-        self.mem.device.num_free()
+        self.mem.num_free()
     }
 
     pub fn prefix_caching_enabled(&self) -> bool {
@@ -322,7 +311,7 @@ impl KvCacheManager {
         let taken_by_hits = entry.hits[..num_hits]
             .iter()
             .filter(|h| match h {
-                Hit::Device(b) => mem.device.ref_count(*b) == 0,
+                Hit::Device(b) => mem.unheld(*b),
                 Hit::Host(_) => true,
             })
             .count();
@@ -336,7 +325,7 @@ impl KvCacheManager {
                     .is_some_and(|&b| b != NULL_BLOCK && mem.device.ref_count(b) > 1)
             });
         let num_cow = usize::from(cow_at.is_some());
-        if num_fresh + taken_by_hits + num_cow > mem.device.num_free() {
+        if !mem.make_free(num_fresh + taken_by_hits + num_cow) {
             return None;
         }
         if entry.blocks.is_empty() && entry.queried_tokens > 0 {
@@ -371,8 +360,11 @@ impl KvCacheManager {
                     let at = entry.blocks.len();
                     mem.alloc_device(1, &mut entry.blocks);
                     let block = entry.blocks[at];
-                    mem.copy(BlockCopy::to_device(host_block, block));
-                    mem.device.cache(block, entry.hashes[i]);
+                    // Read from the next step on (the request is loading): overlapped.
+                    mem.copy_overlapped(
+                        BlockCopy::to_device(host_block, block),
+                        Some(entry.hashes[i]),
+                    );
                     self.stats.host_hit_tokens += bs as u64;
                 }
             }
@@ -483,7 +475,7 @@ impl KvCacheManager {
             entry.num_cached_blocks = 0;
             entry.hits.clear();
         }
-        self.mem.copies.clear();
+        self.mem.drop_planned(true);
         let host = self.mem.host.as_mut().map_or(0, |h| h.forget_cached());
         self.mem.device.forget_cached() + host
     }
@@ -496,7 +488,7 @@ impl KvCacheManager {
             "resizing the KV pool while requests hold blocks"
         );
         self.reqs.clear();
-        self.mem.copies.clear();
+        self.mem.drop_planned(false);
         self.mem.device = BlockPool::new(num_blocks);
         if self.mem.host.is_some() {
             let device = std::mem::replace(&mut self.mem.device, BlockPool::new(0));
@@ -530,9 +522,16 @@ impl KvCacheManager {
     }
 
     /// The copies planned since the last call, in the order they must run; the step being
-    /// built carries them (`SchedulerOutput::kv_copies`).
+    /// built carries them (`SchedulerOutput::kv_copies`). Ends the step's fences
+    /// (`manager/in_flight.rs`).
     pub fn take_copies(&mut self) -> Vec<BlockCopy> {
-        std::mem::take(&mut self.mem.copies)
+        self.take_step_copies().0
+    }
+
+    /// [`KvCacheManager::take_copies`], and how many leading copies the step's forward waits
+    /// for (`SchedulerOutput::kv_copies_for_forward`).
+    pub fn take_step_copies(&mut self) -> (Vec<BlockCopy>, usize) {
+        self.mem.take_copies()
     }
 
     #[cfg(test)]
@@ -546,6 +545,9 @@ impl KvCacheManager {
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         self.mem.device.check_invariants()?;
         let mut refs = vec![0u32; self.mem.device.num_blocks()];
+        for &b in self.mem.fenced() {
+            refs[b as usize] += 1;
+        }
         for (id, entry) in &self.reqs {
             let nulls = entry.blocks.iter().filter(|&&b| b == NULL_BLOCK).count();
             let prefix = entry
@@ -570,7 +572,7 @@ impl KvCacheManager {
         for (b, &r) in refs.iter().enumerate() {
             if self.mem.device.ref_count(b as BlockId) != r {
                 return Err(format!(
-                    "block {b}: ref count {} but {r} tables",
+                    "block {b}: ref count {} but {r} tables and fences",
                     self.mem.device.ref_count(b as BlockId)
                 ));
             }

@@ -452,7 +452,7 @@ impl Scheduler {
                 new,
             });
         }
-        let kv_copies = kv.take_copies();
+        let (kv_copies, kv_copies_for_forward) = kv.take_step_copies();
         let loading = std::mem::take(&mut self.loading);
         let finished_req_ids = if scheduled.is_empty() && kv_copies.is_empty() && loading.is_empty()
         {
@@ -471,6 +471,7 @@ impl Scheduler {
             num_prefill_tokens,
             num_decode_seqs,
             kv_copies,
+            kv_copies_for_forward,
             loading,
         }
     }

@@ -2,7 +2,9 @@
 //!
 //! Two tiers: the device tier (the executor's paged pool, whose block ids the block tables
 //! hold) and the host tier (CPU RAM; pinned on CUDA). A step's copies form one ordered list,
-//! applied before the step's forward in list order, on a copy stream of their own on CUDA:
+//! applied in list order, on a copy stream of their own on CUDA; the first
+//! `SchedulerOutput::kv_copies_for_forward` land before the step's forward, the rest may run
+//! under it and land before the next step's (`kv::manager::in_flight`):
 //! - `DeviceToHost`: a block leaves the device (an evicted prefix block written back, a
 //!   preempted request swapped out);
 //! - `HostToDevice`: a block comes back (a host-tier prefix hit, a swapped request resuming);
@@ -95,6 +97,33 @@ pub fn runs(copies: &[BlockCopy]) -> impl Iterator<Item = (BlockCopy, usize)> + 
     })
 }
 
+/// Splits `copies` into consecutive segments within which no copy touches a block (in its
+/// tier) that an earlier copy of the segment writes, nor writes one an earlier copy reads: the
+/// copies of one segment may run in any order, so a backend batches each segment by kind (one
+/// gather and one large transfer per direction) and still applies the list as if in order.
+/// Returns the segments' ends (exclusive), the last one `copies.len()`.
+pub fn segments(copies: &[BlockCopy]) -> Vec<usize> {
+    use std::collections::HashSet;
+    // (tier is the device, block) read / written within the current segment.
+    let (mut read, mut written) = (HashSet::new(), HashSet::new());
+    let mut ends = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        let src = (c.kind != CopyKind::HostToDevice, c.src);
+        let dst = (c.kind != CopyKind::DeviceToHost, c.dst);
+        if written.contains(&src) || written.contains(&dst) || read.contains(&dst) {
+            ends.push(i);
+            read.clear();
+            written.clear();
+        }
+        read.insert(src);
+        written.insert(dst);
+    }
+    if !copies.is_empty() {
+        ends.push(copies.len());
+    }
+    ends
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +150,80 @@ mod tests {
         assert_eq!(c[3].device_written(), Some(6));
         assert_eq!(c[5].device_read(), Some(7));
         assert_eq!(c[5].device_written(), Some(8));
+    }
+
+    #[test]
+    fn segments_break_only_where_order_matters() {
+        use BlockCopy as B;
+        assert!(segments(&[]).is_empty());
+        // Independent copies of all kinds: one segment.
+        let free = [
+            B::to_host(1, 1),
+            B::to_device(2, 3),
+            B::on_device(4, 5),
+            B::to_host(6, 7),
+        ];
+        assert_eq!(segments(&free), vec![4]);
+        // Read after write (device 3 written, then read out), write after read (host 7 read
+        // back, then overwritten), write after write (device 9 twice): a new segment each.
+        let raw = [B::to_device(0, 3), B::to_host(3, 4)];
+        assert_eq!(segments(&raw), vec![1, 2]);
+        let war = [B::to_device(7, 2), B::to_host(5, 7), B::to_host(6, 8)];
+        assert_eq!(segments(&war), vec![1, 3]);
+        let waw = [B::on_device(1, 9), B::to_device(0, 9)];
+        assert_eq!(segments(&waw), vec![1, 2]);
+        // An eviction write-back of device 4 then a copy back into it, as allocation plans.
+        let evict = [B::to_host(4, 0), B::to_host(8, 1), B::to_device(5, 4)];
+        assert_eq!(segments(&evict), vec![2, 3]);
+        // Ids alike in the other tier do not conflict: host 3 vs device 3.
+        assert_eq!(segments(&[B::to_host(3, 0), B::to_device(3, 1)]), vec![2]);
+        // Reads never conflict with reads.
+        assert_eq!(segments(&[B::to_host(2, 0), B::on_device(2, 6)]), vec![2]);
+    }
+
+    /// Applying each segment's copies in reverse gives what applying the list in order gives.
+    #[test]
+    fn any_order_within_a_segment_matches_list_order() {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let apply =
+            |copies: &mut dyn Iterator<Item = BlockCopy>, dev: &mut [u32], host: &mut [u32]| {
+                for c in copies {
+                    let v = match c.kind {
+                        CopyKind::HostToDevice => host[c.src as usize],
+                        _ => dev[c.src as usize],
+                    };
+                    match c.kind {
+                        CopyKind::DeviceToHost => host[c.dst as usize] = v,
+                        _ => dev[c.dst as usize] = v,
+                    }
+                }
+            };
+        for _ in 0..300 {
+            let copies: Vec<BlockCopy> = (0..r.random_range(0..12))
+                .map(|_| {
+                    let (a, b) = (r.random_range(0..6), r.random_range(0..6));
+                    match r.random_range(0..3) {
+                        0 => BlockCopy::to_host(a, b),
+                        1 => BlockCopy::to_device(a, b),
+                        _ => BlockCopy::on_device(a, (a + 1 + b % 5) % 6),
+                    }
+                })
+                .collect();
+            let init = |k: u32| (0..6).map(|i| i + k).collect::<Vec<u32>>();
+            let (mut d1, mut h1) = (init(0), init(100));
+            apply(&mut copies.iter().copied(), &mut d1, &mut h1);
+            let (mut d2, mut h2) = (init(0), init(100));
+            let mut start = 0;
+            for end in segments(&copies) {
+                apply(
+                    &mut copies[start..end].iter().rev().copied(),
+                    &mut d2,
+                    &mut h2,
+                );
+                start = end;
+            }
+            assert_eq!((d1, h1), (d2, h2), "{copies:?}");
+        }
     }
 }

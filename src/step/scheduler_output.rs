@@ -32,6 +32,11 @@ pub struct SchedulerOutput {
     /// applied, before this step's forward (see `step::kv_copy`). A step may carry copies and
     /// no request (requests whose blocks come back from the host compute from the next step).
     pub kv_copies: Vec<BlockCopy>,
+    /// Leading copies of `kv_copies` this step's forward reads or overwrites the blocks of
+    /// (write-backs of evicted blocks it reuses, copy-on-write): it waits for them. The rest
+    /// run under the forward, and the next step's forward waits for them
+    /// (`kv::manager::in_flight`, `executor::kv_tier`).
+    pub kv_copies_for_forward: usize,
     /// Requests whose blocks this step's copies bring back from the host tier (a swapped
     /// request resuming, a host-tier prefix hit): not computed in this step, but from the next.
     /// Should the step fail, their blocks are suspect too.

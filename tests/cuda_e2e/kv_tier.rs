@@ -42,6 +42,30 @@ fn backend(
 
 type ModelWeightsAlias = brook::model::loader::ModelWeights;
 
+/// The small test model, written to a temporary folder (kept alive by the returned guard).
+fn test_model() -> (tempfile::TempDir, ModelConfig, ModelWeightsAlias) {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &small_spec()).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = load_weights(dir.path(), &config, false).unwrap();
+    (dir, config, weights)
+}
+
+/// Writes device block `b`'s bytes, planes in order (`kv_block`'s layout).
+fn write_block(gpu: &CudaBackend, b: usize, data: &[u8]) {
+    let l = gpu.kv_layout();
+    for (p, chunk) in data.chunks(l.plane_bytes).enumerate() {
+        let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
+        gpu.gpu().upload(at, chunk).unwrap();
+    }
+}
+
+/// Fills device block `b` with `byte`.
+fn poison_block(gpu: &CudaBackend, b: usize, byte: u8) {
+    let l = gpu.kv_layout();
+    write_block(gpu, b, &vec![byte; l.planes * l.plane_bytes]);
+}
+
 /// A block's bytes go device → host → device (and device → device) bit-exactly, through the
 /// copy stream and pinned memory; a poisoned device block is fully overwritten.
 #[test]
@@ -49,28 +73,18 @@ fn cuda_kv_blocks_round_trip_device_host_device_bit_exactly() {
     if !have_gpu() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (_dir, config, weights) = test_model();
     let mut gpu = backend(&config, &weights, 16, 8);
     assert_eq!(gpu.info().num_host_blocks, 8);
     assert!(gpu.copy_bytes_per_s() > 0.0, "measured at start");
     let l = gpu.kv_layout();
     let mut r = ChaCha8Rng::seed_from_u64(5);
     let data: Vec<u8> = (0..l.planes * l.plane_bytes).map(|_| r.random()).collect();
-    for (p, chunk) in data.chunks(l.plane_bytes).enumerate() {
-        let at = l.base + (p * l.plane_stride + 3 * l.plane_bytes) as u64;
-        gpu.gpu().upload(at, chunk).unwrap();
-    }
+    write_block(&gpu, 3, &data);
     gpu.copy_blocks(&[BlockCopy::to_host(3, 1)]).unwrap();
     assert_eq!(gpu.host_kv_block(1), data, "device -> host");
-    for p in 0..l.planes {
-        let at = l.base + (p * l.plane_stride + 3 * l.plane_bytes) as u64;
-        gpu.gpu().memset(at, 0xab, l.plane_bytes).unwrap();
-        let at5 = l.base + (p * l.plane_stride + 5 * l.plane_bytes) as u64;
-        gpu.gpu().memset(at5, 0xab, l.plane_bytes).unwrap();
-    }
+    poison_block(&gpu, 3, 0xab);
+    poison_block(&gpu, 5, 0xab);
     gpu.copy_blocks(&[BlockCopy::to_device(1, 5)]).unwrap();
     assert_eq!(gpu.kv_block(5).unwrap(), data, "host -> device");
     gpu.copy_blocks(&[BlockCopy::on_device(5, 7)]).unwrap();
@@ -86,14 +100,77 @@ fn cuda_kv_blocks_round_trip_device_host_device_bit_exactly() {
     );
 }
 
+/// Gathered copies (the staging buffer, `kv_stage`) and per-plane copies move the same bytes:
+/// 70 blocks out (more than one staging batch, host ids in runs and scattered), a copy back
+/// that reads a host block written earlier in the same list (a new segment), copy-on-write of
+/// it, all in one list; the device blocks written are poisoned first.
+#[test]
+fn cuda_gathered_copies_move_what_per_plane_copies_move() {
+    if !have_gpu() {
+        return;
+    }
+    let (_dir, config, weights) = test_model();
+    let mut gpu = backend(&config, &weights, 100, 100);
+    let l = gpu.kv_layout();
+    let block = l.planes * l.plane_bytes;
+    let mut r = ChaCha8Rng::seed_from_u64(9);
+    for gathered in [true, false] {
+        assert_eq!(gpu.set_gathered_copies(gathered), gathered);
+        let data: Vec<Vec<u8>> = (0..100)
+            .map(|_| (0..block).map(|_| r.random()).collect())
+            .collect();
+        for (b, d) in data.iter().enumerate() {
+            write_block(&gpu, b, d);
+        }
+        // Device 0..70 out: host 0..40 in a run, then 99, 97, ... scattered.
+        let host_of = |i: u32| if i < 40 { i } else { 99 - 2 * (i - 40) };
+        let mut list: Vec<BlockCopy> = (0..70).map(|i| BlockCopy::to_host(i, host_of(i))).collect();
+        // Back from host 5 (device 5's bytes) into device 80 (poisoned), then CoW 80 -> 81.
+        list.push(BlockCopy::to_device(5, 80));
+        list.push(BlockCopy::on_device(80, 81));
+        poison_block(&gpu, 80, 0xff);
+        poison_block(&gpu, 81, 0xff);
+        gpu.copy_blocks(&list).unwrap();
+        for i in 0..70u32 {
+            let h = gpu.host_kv_block(host_of(i) as usize);
+            assert!(
+                h == data[i as usize],
+                "gathered {gathered}: device {i} -> host"
+            );
+        }
+        assert!(
+            gpu.kv_block(80).unwrap() == data[5],
+            "gathered {gathered}: back"
+        );
+        assert!(
+            gpu.kv_block(81).unwrap() == data[5],
+            "gathered {gathered}: cow"
+        );
+        // All 70 back, into other blocks (poisoned by the list's own order: 99 - i).
+        let back: Vec<BlockCopy> = (0..70)
+            .map(|i| BlockCopy::to_device(host_of(i), 99 - i))
+            .collect();
+        gpu.copy_blocks(&back).unwrap();
+        for i in 0..70u32 {
+            let want = &data[i as usize];
+            assert!(
+                &gpu.kv_block(99 - i as usize).unwrap() == want,
+                "host -> {}",
+                99 - i
+            );
+        }
+    }
+}
+
 /// Runs `prompts` (greedy, 48 new tokens) through a real scheduler on the GPU; returns the
-/// outputs and how many preemptions swapped.
+/// outputs, how many preemptions swapped, the copy-on-write blocks and how many copies ran
+/// under a forward (past `kv_copies_for_forward`).
 fn run(
     gpu: &mut CudaBackend,
     prompts: &[Vec<u32>],
     n: usize,
     mode: PreemptionMode,
-) -> (Vec<Vec<u32>>, u64, u64) {
+) -> (Vec<Vec<u32>>, u64, u64, usize) {
     let info = gpu.info();
     let mut kv =
         KvCacheManager::new(info.num_kv_blocks, BLOCK, true).with_host_tier(info.num_host_blocks);
@@ -127,10 +204,11 @@ fn run(
         assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
     }
     let mut outputs = vec![Vec::new(); prompts.len() * n];
-    let mut t = 0.0;
+    let (mut t, mut overlapped) = (0.0, 0);
     while sched.has_unfinished() {
         t += 0.01;
         let out = sched.schedule(&mut kv, t);
+        overlapped += out.kv_copies.len() - out.kv_copies_for_forward;
         let step = if out.is_empty() {
             StepOutput::default()
         } else {
@@ -147,37 +225,41 @@ fn run(
         "host blocks leaked"
     );
     let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
-    (outputs, swaps, kv.tier_stats().cow_blocks)
+    (outputs, swaps, kv.tier_stats().cow_blocks, overlapped)
 }
 
 /// Greedy outputs with forced swap-out/in mid-generation (a pool of 12 blocks: three prompts of
 /// 2-3 blocks are all admitted, then their decodes grow to 5-6 blocks each; a host tier, `swap`
-/// mode), and with `n = 2` forks, equal those of a
-/// pool that never preempts. A mismatch far into a sequence may be a bf16 near-tie (batch
+/// mode; copies back run under the forward, the next forward waits on their event; gathered
+/// and per-plane copies), and with `n = 2` forks, equal those of a pool that never preempts. A mismatch far into a sequence may be a bf16 near-tie (batch
 /// shapes differ between the runs): check the logits' top-2 gap before suspecting the tier.
 #[test]
 fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
     if !have_gpu() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
+    let (_dir, config, weights) = test_model();
     let mut r = ChaCha8Rng::seed_from_u64(17);
     let vocab = config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..3)
         .map(|i| (0..30 + 5 * i).map(|_| r.random_range(1..vocab)).collect())
         .collect();
     let mut big = backend(&config, &weights, 64, 0);
-    let (want, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute);
+    let (want, _, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute);
     drop(big);
     let mut small = backend(&config, &weights, 12, 64);
     assert_eq!(small.info().num_kv_blocks, 12);
-    let (got, swaps, _) = run(&mut small, &prompts, 1, PreemptionMode::Swap);
-    assert!(swaps > 0, "the small pool must swap");
-    assert_eq!(got, want, "swap-out/in changed greedy output");
-    let (forked, _, cow) = run(&mut small, &prompts[..1], 2, PreemptionMode::Swap);
+    for gathered in [true, false] {
+        assert_eq!(small.set_gathered_copies(gathered), gathered);
+        let (got, swaps, _, overlapped) = run(&mut small, &prompts, 1, PreemptionMode::Swap);
+        assert!(swaps > 0, "the small pool must swap");
+        assert!(overlapped > 0, "copies back run under the forward");
+        assert_eq!(
+            got, want,
+            "swap-out/in changed greedy output (gathered {gathered})"
+        );
+    }
+    let (forked, _, cow, _) = run(&mut small, &prompts[..1], 2, PreemptionMode::Swap);
     assert!(cow > 0, "the fork copies the partial block");
     assert_eq!(forked[0], want[0]);
     assert_eq!(forked[1], want[0]);

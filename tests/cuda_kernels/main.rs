@@ -18,6 +18,7 @@ mod gemm;
 mod gemm_prefill;
 mod gemv;
 mod kv_gather;
+mod kv_stage;
 mod paged_decode;
 mod prefill_attn;
 mod rmsnorm;

@@ -248,8 +248,10 @@ class Errors(unittest.TestCase):
         tight = Server("--config", os.path.join(ROOT, "tests", "openai", "tight.toml"))
         try:
             with self.assertRaises(openai.RateLimitError) as cm:
-                tight.client.completions.create(model=MODEL, prompt="Hello", max_tokens=300, n=3,
-                                                extra_body={"ignore_eos": True})
+                # Three prompts: one runs, one waits, the third is refused (an `n` over the
+                # server's one sequence slot would be a 400: the engine forks choices at once).
+                tight.client.completions.create(model=MODEL, prompt=["Hello", "Hi", "Hey"],
+                                                max_tokens=300, extra_body={"ignore_eos": True})
             self.assertGreaterEqual(int(cm.exception.response.headers["retry-after"]), 1)
             self.assertEqual(cm.exception.body["code"], "overloaded")
             tight.wait_idle()

@@ -1,7 +1,9 @@
 //! `gpu-bench swap`: KV block copies between the device pool and the pinned host tier
 //! (`executor::cuda::kv_tier`) for a model's KV shapes, against the copy ceiling: one
-//! contiguous pinned copy of the same bytes. Batches of `n` blocks, consecutive ids (one copy
-//! per plane, or per block and plane towards the block-major host tier) and scattered ids.
+//! contiguous pinned copy of the same bytes. Batches of `n` blocks, consecutive ids and
+//! scattered ids, each two ways: gathered (the default: one `kv_stage` gather or scatter
+//! through a device staging buffer and one transfer per run of host blocks, `copies:
+//! "gathered"`) and per plane (one copy per block and plane, `copies: "per_plane"`).
 
 use std::time::Instant;
 
@@ -30,6 +32,24 @@ pub fn run(model: &str, host_gib: f64) -> anyhow::Result<()> {
         serde_json::json!({"figure": "swap_startup_measure", "model": model,
             "bytes_per_block": per_block, "gb_s": b.copy_bytes_per_s() / 1e9})
     );
+    for (gathered, copies) in [(false, "per_plane"), (true, "gathered")] {
+        anyhow::ensure!(
+            b.set_gathered_copies(gathered) == gathered,
+            "no staging buffer: gathered copies unavailable"
+        );
+        sweep(&mut b, model, copies, per_block, host_blocks)?;
+    }
+    ceiling(&b, model, per_block)
+}
+
+/// Every batch size, consecutive and scattered ids, both directions, in the current mode.
+fn sweep(
+    b: &mut brook::executor::cuda::backend::CudaBackend,
+    model: &str,
+    copies: &str,
+    per_block: usize,
+    host_blocks: usize,
+) -> anyhow::Result<()> {
     for n in [1usize, 8, 64, 256, 1024] {
         for scattered in [false, true] {
             // Scattered: every 2nd id on the device, every 3rd on the host.
@@ -53,13 +73,22 @@ pub fn run(model: &str, host_gib: f64) -> anyhow::Result<()> {
                 println!(
                     "{}",
                     serde_json::json!({"figure": "swap", "model": model, "direction": dir,
-                        "blocks": n, "scattered": scattered, "bytes": n * per_block,
+                        "copies": copies, "blocks": n, "scattered": scattered,
+                        "bytes": n * per_block,
                         "ms": s * 1e3, "gb_s": (n * per_block) as f64 / s / 1e9})
                 );
             }
         }
     }
-    // The ceiling: one contiguous copy of 1024 blocks' bytes between the pool and pinned memory.
+    Ok(())
+}
+
+/// The ceiling: one contiguous copy of 1024 blocks' bytes between the pool and pinned memory.
+fn ceiling(
+    b: &brook::executor::cuda::backend::CudaBackend,
+    model: &str,
+    per_block: usize,
+) -> anyhow::Result<()> {
     let bytes = 1024 * per_block;
     let gpu = b.gpu();
     let mut pinned = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }?;

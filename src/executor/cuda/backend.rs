@@ -107,7 +107,7 @@ impl CudaBackend {
         let fwd = Forward::new(gpu, cfg, weights, opts)?;
         let layout = fwd.kv_layout();
         let block_bytes = layout.planes * layout.plane_bytes;
-        let tier = CudaKvTier::new(&fwd.gpu.stream, &layout, host_bytes / block_bytes)?;
+        let tier = CudaKvTier::new(&fwd.gpu, &layout, host_bytes / block_bytes)?;
         if tier.num_blocks() > 0 {
             tracing::info!(
                 "KV host tier: {} pinned blocks ({:.2} GiB), copies at {:.1} GB/s",
@@ -153,14 +153,23 @@ impl CudaBackend {
     pub fn copy_blocks(&mut self, copies: &[BlockCopy]) -> anyhow::Result<()> {
         self.fwd.gpu.ctx.bind_to_thread()?;
         let layout = self.fwd.kv_layout();
-        self.tier.apply(&self.fwd.gpu.stream, &layout, copies)?;
+        self.tier
+            .apply(&self.fwd.gpu, &layout, copies, copies.len())?;
         self.tier.sync()?;
         self.fwd.gpu.sync()
+    }
+
+    /// Host-tier copies gathered through the staging buffer (the default) or per block and
+    /// plane (benchmarks compare); returns what is in effect.
+    pub fn set_gathered_copies(&mut self, on: bool) -> bool {
+        self.tier.set_gathered(on)
     }
 
     /// Device block `b`'s bytes, planes in order (tests compare tiers with it).
     pub fn kv_block(&self, b: usize) -> anyhow::Result<Vec<u8>> {
         let l = self.fwd.kv_layout();
+        // Copies still running under the last forward land first.
+        self.tier.sync()?;
         let mut out = vec![0u8; l.planes * l.plane_bytes];
         for (p, chunk) in out.chunks_mut(l.plane_bytes).enumerate() {
             let at = l.base + (p * l.plane_stride + b * l.plane_bytes) as u64;
@@ -248,10 +257,15 @@ impl CudaBackend {
         // First, before anything can fail: the drops it carries are not sent again.
         self.input.update(step)?;
         self.fwd.gpu.ctx.bind_to_thread()?;
-        // Copies go out first on their own stream; the forward's stream waits for them.
+        // Copies go out first on their own stream; the forward's stream waits for those it
+        // needs (and for the last step's), the rest run under it.
         let layout = self.fwd.kv_layout();
-        self.tier
-            .apply(&self.fwd.gpu.stream, &layout, &step.kv_copies)?;
+        self.tier.apply(
+            &self.fwd.gpu,
+            &layout,
+            &step.kv_copies,
+            step.kv_copies_for_forward,
+        )?;
         self.updates.clear();
         let (width, rows) = (self.fwd.max_blocks, self.fwd.max_seqs);
         let updates = &mut self.updates;

@@ -31,6 +31,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../kernels/block_table.cu"),
     ),
     ("stamp", include_str!("../../../kernels/stamp.cu")),
+    ("kv_stage", include_str!("../../../kernels/kv_stage.cu")),
     (
         "feed_tokens",
         include_str!("../../../kernels/feed_tokens.cu"),

@@ -1,6 +1,7 @@
 //! The GPU handle: context, one stream, cuBLAS, the compiled kernels, and raw device buffers.
 //!
-//! Everything runs on one stream, so cudarc's per-buffer event tracking is switched off: it
+//! Everything runs on one stream (but the KV tier's block copies, on a stream of their own that
+//! explicit events order: `kv_tier`), so cudarc's per-buffer event tracking is switched off: it
 //! would add an event record/wait per launch and get in the way of CUDA-graph capture. Kernels
 //! take one `#[repr(C)]` parameter struct by value (raw device pointers inside), mirrored in
 //! `kernels/*.cu`.
@@ -310,17 +311,45 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        let mut args = [params as *const P as *mut c_void];
-        result::launch_kernel(
-            f.cu_function(),
-            grid,
-            block,
-            0,
-            self.stream.cu_stream(),
-            &mut args,
-        )
-        .with_context(|| format!("launching {name}"))
+        launch_with(f, name, &self.stream, grid, block, params)
     }
+
+    /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_on<P: Copy>(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
+        launch_with(self.function(name), name, stream, grid, block, params)
+    }
+}
+
+/// # Safety
+/// As `Gpu::launch`.
+unsafe fn launch_with<P: Copy>(
+    f: &CudaFunction,
+    name: &str,
+    stream: &CudaStream,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    params: &P,
+) -> anyhow::Result<()> {
+    let mut args = [params as *const P as *mut c_void];
+    result::launch_kernel(
+        f.cu_function(),
+        grid,
+        block,
+        0,
+        stream.cu_stream(),
+        &mut args,
+    )
+    .with_context(|| format!("launching {name}"))
 }
 
 fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
@@ -416,6 +445,7 @@ mod tests {
             "paged_decode_reduce",
             "prefill_attn",
             "kv_gather",
+            "kv_stage",
             "causal_softmax",
             "sample",
             "gemv_m1",

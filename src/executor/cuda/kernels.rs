@@ -7,7 +7,9 @@
 
 use super::device::Gpu;
 
+mod kv_stage;
 mod step_io;
+pub use kv_stage::*;
 pub use step_io::*;
 
 #[repr(C)]
@@ -821,6 +823,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
+        assert_eq!(
+            std::mem::size_of::<KvStageParams>(),
+            4 * 8 + 3 * 4 + KV_STAGE_MAX_BLOCKS * 4 + 4
+        );
         assert_eq!(
             std::mem::size_of::<CausalSoftmaxParams>(),
             6 * 8 + 3 * 4 + 4

@@ -213,6 +213,8 @@ fn freeing_a_swapped_request_returns_its_host_blocks() {
         admit(&mut kv, &mut mem, r, &tokens(10 + r, 2 * BS + 2)).unwrap();
         assert!(kv.swap_out(RequestId(r)));
     }
+    // The step that carries the copies is built: the fences end.
+    mem.apply(&kv.take_copies());
     assert_eq!(kv.host_usage().unwrap().used_blocks, 6);
     kv.free(RequestId(1));
     kv.free(RequestId(2));

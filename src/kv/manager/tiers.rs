@@ -149,7 +149,7 @@ impl KvCacheManager {
             self.mem.host.as_ref().is_none_or(|h| h.swapped.is_empty()),
             "resizing the host tier while requests are swapped out to it"
         );
-        self.mem.copies.clear();
+        self.mem.drop_planned(true);
         self.mem.host = (num_blocks > 0).then(|| HostTier {
             pool: BlockPool::new(num_blocks),
             swapped: HashMap::new(),
@@ -243,13 +243,7 @@ impl KvCacheManager {
             return false;
         }
         let entry = self.reqs.remove(&req).expect("swap_out_plan found it");
-        let Mem {
-            device,
-            host,
-            copies,
-            stats,
-            ..
-        } = &mut self.mem;
+        let Mem { device, host, .. } = &mut self.mem;
         let host = host.as_mut().expect("swap_out_plan found a host tier");
         let hashes: Vec<Option<BlockHash>> = entry
             .blocks
@@ -264,6 +258,7 @@ impl KvCacheManager {
                 entries[i] = found;
             }
         }
+        let mut out_copies = Vec::new();
         for (i, &b) in entry.blocks.iter().enumerate() {
             if b == NULL_BLOCK || entries[i] != NULL_BLOCK {
                 continue;
@@ -275,13 +270,21 @@ impl KvCacheManager {
             if let Some(h) = hashes[i] {
                 host.pool.cache(out[0], h);
             }
-            copies.push(BlockCopy::to_host(b, out[0]));
-            stats.swap_out_blocks += 1;
+            out_copies.push(BlockCopy::to_host(b, out[0]));
+        }
+        // Copied under this step's forward: the blocks stay fenced off until the step is built.
+        for c in out_copies {
+            self.mem.copy_overlapped(c, None);
         }
         for &b in entry.blocks.iter().rev().filter(|&&b| b != NULL_BLOCK) {
-            device.release(b);
+            self.mem.device.release(b);
         }
-        stats.swapped_out_requests += 1;
+        self.mem.stats.swapped_out_requests += 1;
+        let host = self
+            .mem
+            .host
+            .as_mut()
+            .expect("swap_out_plan found a host tier");
         host.swapped.insert(
             req,
             Swapped {
@@ -304,7 +307,7 @@ impl KvCacheManager {
                 continue;
             }
             match s.hashes[i].and_then(|x| self.mem.device.lookup(x)) {
-                Some(d) => fresh += usize::from(self.mem.device.ref_count(d) == 0),
+                Some(d) => fresh += usize::from(self.mem.unheld(d)),
                 None => {
                     fresh += 1;
                     copies += 1;
@@ -330,7 +333,7 @@ impl KvCacheManager {
         let Some(s) = self.mem.host.as_mut().and_then(|h| h.swapped.remove(&req)) else {
             return false;
         };
-        if self.swap_in_needs(&s).0 > self.mem.device.num_free() {
+        if !self.mem.make_free(self.swap_in_needs(&s).0) {
             self.mem
                 .host
                 .as_mut()
@@ -364,12 +367,9 @@ impl KvCacheManager {
             }
             let at = blocks.len();
             self.mem.alloc_device(1, &mut blocks);
-            let d = blocks[at];
-            self.mem.copies.push(BlockCopy::to_device(h, d));
-            self.mem.stats.swap_in_blocks += 1;
-            if let Some(x) = s.hashes[i] {
-                self.mem.device.cache(d, x);
-            }
+            // Read from the next step on (the request is loading): overlapped.
+            self.mem
+                .copy_overlapped(BlockCopy::to_device(h, blocks[at]), s.hashes[i]);
         }
         let host = self.mem.host.as_mut().expect("it was swapped");
         // Copies run in list order, so the host blocks may be reused by later decisions.

@@ -13,7 +13,7 @@
 use super::*;
 use crate::executor::input_batch::InputBatch;
 use crate::sampling::sampler::sample_seed;
-use crate::step::{CopyKind, SampledToken, NULL_BLOCK};
+use crate::step::{BlockCopy, CopyKind, SampledToken, NULL_BLOCK};
 
 /// The positions a query at `pos` reads: all before it, or the last `window`.
 pub(super) fn visible(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
@@ -67,7 +67,10 @@ impl FakeModel {
             return StepOutput::default();
         }
         self.input.update(out).unwrap();
-        self.copy_blocks(out);
+        // The copies the forward waits for land before it, the rest (worst case) after it:
+        // a forward that touched a block of an overlapped copy would compute wrong tokens.
+        let (needed, overlapped) = out.kv_copies.split_at(out.kv_copies_for_forward);
+        self.copy_blocks(needed);
         let mirror = &mut self.mirror;
         self.input.drain_table_changes(|r, c, id| {
             if mirror.len() <= r {
@@ -122,6 +125,7 @@ impl FakeModel {
                 logprob: -0.5,
             });
         }
+        self.copy_blocks(overlapped);
         sampled.reverse();
         let step = StepOutput {
             sampled,
@@ -134,10 +138,10 @@ impl FakeModel {
 }
 
 impl FakeModel {
-    /// The step's block copies, in order, before its forward (as the backends apply them).
-    fn copy_blocks(&mut self, out: &SchedulerOutput) {
+    /// Block copies, in order.
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) {
         let bs = BLOCK_SIZE;
-        for c in &out.kv_copies {
+        for c in copies {
             let (s, d) = (c.src as usize * bs, c.dst as usize * bs);
             if self.host_slots.len() < (c.src.max(c.dst) as usize + 1) * bs {
                 self.host_slots
@@ -297,8 +301,25 @@ impl Engine {
             }
             assert_eq!(s.num_freed_blocks, self.kv.num_freed_blocks(s.id));
             self.max_freed = self.max_freed.max(s.num_freed_blocks);
-            // Only blocks a sequence owns alone are written.
+            // A copy that runs under the forward: the forward never reads the block it fills,
+            // nor writes the block it reads (reading it alongside is fine).
             let table = self.kv.block_table(s.id);
+            let written: Vec<u32> = (s.num_computed_tokens..end)
+                .map(|pos| table[pos / BLOCK_SIZE])
+                .collect();
+            for c in &out.kv_copies[out.kv_copies_for_forward..] {
+                if let Some(b) = c.device_written() {
+                    assert!(!table.contains(&b), "{}: block {b} read under {c:?}", s.id);
+                }
+                if let Some(b) = c.device_read() {
+                    assert!(
+                        !written.contains(&b),
+                        "{}: block {b} written under {c:?}",
+                        s.id
+                    );
+                }
+            }
+            // Only blocks a sequence owns alone are written.
             for pos in s.num_computed_tokens..end {
                 let block = table[pos / BLOCK_SIZE];
                 assert_eq!(self.kv.pool().ref_count(block), 1);

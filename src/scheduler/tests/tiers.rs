@@ -52,6 +52,10 @@ fn a_swapped_request_resumes_where_it_stopped() {
                 .any(|c| c.kind == CopyKind::DeviceToHost));
         }
         if out.loading.contains(&RequestId(2)) {
+            // Its copies back run under this step's forward (no block of them is read in it).
+            assert!(out.kv_copies[out.kv_copies_for_forward..]
+                .iter()
+                .any(|c| c.kind == CopyKind::HostToDevice));
             // Loading: its blocks come back in this step, it computes nothing in it.
             assert!(out.scheduled.iter().all(|s| s.id != RequestId(2)));
             let next = e.schedule();

@@ -1,6 +1,9 @@
-//! The engine requests behind one API request: `n` choices per prompt, each its own request on
-//! its own sample stream. Dropping [`Choices`] aborts every choice that has not ended, so a
-//! client that goes away (a dropped response stream, a dropped handler) frees its KV blocks.
+//! The engine requests behind one API request: one per prompt, each asking the engine for the
+//! request's `n` choices. The engine forks them off one prefill (shared prompt blocks,
+//! copy-on-write of the partial last block; `scheduler::core::tiers`), the path WebSocket `n`
+//! takes, and choice i samples on `sample_seed(seed, i)` (choice 0 on the seed itself).
+//! Dropping [`Choices`] aborts every request that has not ended (all its choices), so a client
+//! that goes away (a dropped response stream, a dropped handler) frees its KV blocks.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -8,68 +11,61 @@ use std::task::Poll;
 
 use tokio::sync::mpsc;
 
-use crate::engine::{EngineCore, EngineHandle};
+use crate::engine::EngineHandle;
 use crate::error::EngineError;
-use crate::request::{RequestId, StreamEvent};
+use crate::request::{FinishReason, RequestId, StreamEvent, TokenLogprobs};
 use crate::validation::ValidRequest;
 
-/// Submits the `n` choices of one prompt: the same request on distinct sample streams (choice
-/// 0 keeps the request's seed, so `n = 1` is the plain request; choice i > 0 a seed derived
-/// from it; without a seed each draws its own at admission). Submitted back to back, they share
-/// the prompt's KV blocks through the prefix cache once the first has computed them.
-///
-/// The one place `n` is implemented: the KV tier's engine-level fork (shared prompt blocks,
-/// one prefill) replaces this function.
-pub fn fan_out(
-    engine: &EngineCore,
-    req: &ValidRequest,
-    n: usize,
-) -> Vec<(RequestId, mpsc::Receiver<StreamEvent>)> {
-    (0..n)
-        .map(|i| {
-            let seed = req.params().seed.map(|s| choice_seed(s, i));
-            engine.submit(req.with_seed(seed))
-        })
-        .collect()
+/// What the response needs of one choice's stream.
+#[derive(Debug)]
+pub enum ChoiceEvent {
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprobs>,
+    },
+    /// The choice ended: its own completion tokens (the engine's `done` counts every choice of
+    /// a prompt; this is split back per choice).
+    Finished {
+        finish_reason: FinishReason,
+        completion_tokens: usize,
+    },
+    /// The engine failed the prompt's request: every choice of it ends with this one event.
+    Error(EngineError),
 }
 
-/// Choice i's seed: the request's for choice 0, else a SplitMix64 mix of it and i.
-fn choice_seed(seed: u64, i: usize) -> u64 {
-    if i == 0 {
-        return seed;
-    }
-    let mut x = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// One API request's choices, in response order (prompt-major, then choice).
+/// One API request's engine requests, one per prompt; choices in response order
+/// (prompt-major, then choice: index = prompt × n + choice).
 pub struct Choices {
     engine: Arc<EngineHandle>,
+    /// Per prompt: its request's id (its choices are `id .. id + n`; aborting `id` aborts all).
     ids: Vec<RequestId>,
-    /// None once the choice's terminal event was taken.
+    /// Per prompt; None once the request's terminal event was taken.
     rxs: Vec<Option<mpsc::Receiver<StreamEvent>>>,
+    /// Per prompt: completion tokens of its choices that ended before the last.
+    ended_tokens: Vec<usize>,
     /// Choices per prompt.
     pub n: usize,
-    /// Where polling resumes, so no choice starves the others.
+    /// Where polling resumes, so no prompt starves the others.
     next: usize,
 }
 
 impl Choices {
-    /// Submits `n` choices of every request.
-    pub fn submit(engine: Arc<EngineHandle>, reqs: &[ValidRequest], n: usize) -> Self {
-        let (mut ids, mut rxs) = (Vec::new(), Vec::new());
-        for r in reqs {
-            for (id, rx) in fan_out(&engine, r, n) {
-                ids.push(id);
-                rxs.push(Some(rx));
-            }
-        }
+    /// Submits every prompt's request (each carries its `n`, the same for all: the API's).
+    pub fn submit(engine: Arc<EngineHandle>, reqs: &[ValidRequest]) -> Self {
+        let n = reqs.first().map_or(1, ValidRequest::n);
+        debug_assert!(reqs.iter().all(|r| r.n() == n), "one `n` per API request");
+        let (ids, rxs) = reqs
+            .iter()
+            .map(|r| {
+                let (id, rx) = engine.submit(r.clone());
+                (id, Some(rx))
+            })
+            .unzip();
         Choices {
             engine,
             ids,
             rxs,
+            ended_tokens: vec![0; reqs.len()],
             n,
             next: 0,
         }
@@ -77,14 +73,15 @@ impl Choices {
 
     /// Choices over all prompts.
     pub fn count(&self) -> usize {
-        self.ids.len()
+        self.ids.len() * self.n
     }
 
-    /// Waits for every choice's admission: its prompt length (`Started`), or the first
-    /// refusal (`overloaded`), after which the rest are aborted (by the caller dropping `self`).
+    /// Waits for every prompt's admission: its prompt length (`Started`, one per prompt
+    /// whatever its `n`), or the first refusal (`overloaded`), after which the rest are
+    /// aborted (by the caller dropping `self`).
     pub async fn admitted(&mut self) -> Result<Vec<usize>, EngineError> {
-        let mut prompt_tokens = Vec::with_capacity(self.count());
-        for i in 0..self.count() {
+        let mut prompt_tokens = Vec::with_capacity(self.ids.len());
+        for i in 0..self.ids.len() {
             let rx = self.rxs[i].as_mut().expect("admission comes first");
             match rx.recv().await {
                 Some(StreamEvent::Started { prompt_tokens: p }) => prompt_tokens.push(p),
@@ -103,28 +100,29 @@ impl Choices {
         Ok(prompt_tokens)
     }
 
-    /// The next event of any choice, as (choice index, event); None once every choice ended.
-    /// A channel that closes without a terminal event yields `unavailable` for its choice.
-    pub async fn next(&mut self) -> Option<(usize, StreamEvent)> {
+    /// The next event of any choice, as (choice index, event); None once every request ended.
+    /// A channel that closes without a terminal event yields `unavailable` for its prompt.
+    pub async fn next(&mut self) -> Option<(usize, ChoiceEvent)> {
         poll_fn(|cx| {
             let k = self.rxs.len();
             let mut open = false;
             for step in 0..k {
-                let i = (self.next + step) % k;
-                let Some(rx) = self.rxs[i].as_mut() else {
-                    continue;
-                };
-                open = true;
-                let ev = match rx.poll_recv(cx) {
-                    Poll::Pending => continue,
-                    Poll::Ready(Some(ev)) => ev,
-                    Poll::Ready(None) => StreamEvent::Error(gone()),
-                };
-                if ev.is_terminal() {
-                    self.rxs[i] = None;
+                let p = (self.next + step) % k;
+                while let Some(rx) = self.rxs[p].as_mut() {
+                    open = true;
+                    let ev = match rx.poll_recv(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(Some(ev)) => ev,
+                        Poll::Ready(None) => StreamEvent::Error(gone()),
+                    };
+                    if ev.is_terminal() {
+                        self.rxs[p] = None;
+                    }
+                    if let Some((c, out)) = self.choice_event(p, ev) {
+                        self.next = (p + 1) % k;
+                        return Poll::Ready(Some((p * self.n + c, out)));
+                    }
                 }
-                self.next = (i + 1) % k;
-                return Poll::Ready(Some((i, ev)));
             }
             if open {
                 Poll::Pending
@@ -133,6 +131,47 @@ impl Choices {
             }
         })
         .await
+    }
+
+    /// Prompt `p`'s engine event as (choice within the prompt, event); None for what the
+    /// response does not show (`started`).
+    fn choice_event(&mut self, p: usize, ev: StreamEvent) -> Option<(usize, ChoiceEvent)> {
+        Some(match ev {
+            StreamEvent::Started { .. } => return None,
+            StreamEvent::Delta {
+                index,
+                text,
+                logprobs,
+                ..
+            } => (index, ChoiceEvent::Delta { text, logprobs }),
+            StreamEvent::ChoiceDone {
+                index,
+                finish_reason,
+                completion_tokens,
+            } => {
+                self.ended_tokens[p] += completion_tokens;
+                let ev = ChoiceEvent::Finished {
+                    finish_reason,
+                    completion_tokens,
+                };
+                (index, ev)
+            }
+            StreamEvent::Done {
+                index,
+                finish_reason,
+                usage,
+                ..
+            } => {
+                let completion_tokens =
+                    usage.completion_tokens.saturating_sub(self.ended_tokens[p]);
+                let ev = ChoiceEvent::Finished {
+                    finish_reason,
+                    completion_tokens,
+                };
+                (index, ev)
+            }
+            StreamEvent::Error(e) => (0, ChoiceEvent::Error(e)),
+        })
     }
 }
 
@@ -149,21 +188,5 @@ impl Drop for Choices {
         if !open.is_empty() {
             self.engine.abort(open);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn choice_seeds_keep_the_first_and_differ() {
-        assert_eq!(choice_seed(42, 0), 42);
-        let seeds: Vec<u64> = (0..16).map(|i| choice_seed(42, i)).collect();
-        let mut d = seeds.clone();
-        d.sort_unstable();
-        d.dedup();
-        assert_eq!(d.len(), 16);
-        assert_eq!(choice_seed(42, 3), choice_seed(42, 3));
     }
 }

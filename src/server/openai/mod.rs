@@ -2,7 +2,8 @@
 //! `POST /v1/chat/completions`, `POST /v1/completions` (streaming as Server-Sent Events, or
 //! whole), `GET /v1/models`. Both share the WebSocket API's admission path and engine: a body
 //! is parsed into neutral `GenerateRequest`s (`request`), each passes `EngineCore::validate`,
-//! its `n` choices are submitted (`choices::fan_out`), and once the scheduler admitted them all
+//! its request goes to the engine with its `n` (`choices`: the engine forks the choices off
+//! one prefill, shared prompt blocks), and once the scheduler admitted every prompt
 //! (an `overloaded` refusal is a 429 with `Retry-After`, sent before any byte of a stream) the
 //! events become chunks or a body (`stream`, `response`). Errors have OpenAI's shape
 //! (`error`). A client that goes away drops the response, which aborts its requests.
@@ -140,7 +141,7 @@ async fn try_serve(
     if let Some(user) = &parsed.user {
         tracing::debug!(user, "OpenAI API request");
     }
-    let mut choices = choices::Choices::submit(engine.clone().into_inner(), &valid, parsed.n);
+    let mut choices = choices::Choices::submit(engine.clone().into_inner(), &valid);
     let prompt_tokens = choices.admitted().await?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",

@@ -76,9 +76,8 @@ const CHAT_UNSUPPORTED: &[&str] = &[
 pub struct Parsed {
     pub model: String,
     /// One per prompt (a completion may have several; a chat has one).
+    /// Each carries the request's `n` (choices per prompt).
     pub requests: Vec<GenerateRequest>,
-    /// Choices per prompt.
-    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// Some(k): report log-probabilities with k alternatives per token.
@@ -185,12 +184,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
             .map(|input| GenerateRequest {
                 input,
                 params: params.clone(),
-                // `n` fans out here as n requests (`choices::fan_out`); the engine's own `n`
-                // (shared prompt blocks, `index` on events) could replace it.
-                n: None,
+                // The engine forks the `n` choices off one prefill (`choices`).
+                n: Some(n as i64),
             })
             .collect(),
-        n,
         stream,
         include_usage,
         logprobs,

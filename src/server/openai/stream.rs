@@ -11,16 +11,16 @@ use actix_web::web::Bytes;
 use actix_web::HttpResponse;
 use serde_json::Value;
 
-use super::choices::Choices;
+use super::choices::{ChoiceEvent, Choices};
 use super::error::ApiError;
 use super::request::Endpoint;
 use super::response::{self, ChoiceOut, Meta};
 use crate::engine::EngineHandle;
-use crate::request::StreamEvent;
 
-/// Prompt tokens of the usage: each prompt once, however many choices it has (as OpenAI).
-fn prompt_usage(prompt_tokens: &[usize], n: usize) -> usize {
-    prompt_tokens.iter().step_by(n.max(1)).sum()
+/// Prompt tokens of the usage: each prompt once, however many choices it has (as OpenAI;
+/// `prompt_tokens` holds one entry per prompt, and the engine computed each once).
+fn prompt_usage(prompt_tokens: &[usize]) -> usize {
+    prompt_tokens.iter().sum()
 }
 
 fn sse_event(v: &Value) -> Vec<u8> {
@@ -37,7 +37,6 @@ struct Sse {
     engine: Arc<EngineHandle>,
     /// None once the stream ended (an error aborts the other choices at once).
     choices: Option<Choices>,
-    n: usize,
     prompt_tokens: Vec<usize>,
     completion_tokens: usize,
     /// Per choice: characters of text so far (completions' `text_offset`).
@@ -67,7 +66,7 @@ impl Sse {
                 // Every choice ended.
                 let mut out = Vec::new();
                 if self.meta.include_usage {
-                    let prompt = prompt_usage(&self.prompt_tokens, self.n);
+                    let prompt = prompt_usage(&self.prompt_tokens);
                     let u = response::usage_chunk(&self.meta, prompt, self.completion_tokens);
                     out.extend(sse_event(&u));
                 }
@@ -76,9 +75,7 @@ impl Sse {
                 return Some(out.into());
             };
             let chunk = match ev {
-                // Each fanned-out request has n = 1: no choice_done.
-                StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => continue,
-                StreamEvent::Delta { text, logprobs, .. } => {
+                ChoiceEvent::Delta { text, logprobs } => {
                     if text.is_empty() && logprobs.is_empty() {
                         continue;
                     }
@@ -86,16 +83,15 @@ impl Sse {
                     self.offsets[i] += text.chars().count();
                     response::chunk(&self.meta, i, &text, false, lp, None)
                 }
-                StreamEvent::Done {
+                ChoiceEvent::Finished {
                     finish_reason,
-                    usage,
-                    ..
+                    completion_tokens,
                 } => {
-                    self.completion_tokens += usage.completion_tokens;
+                    self.completion_tokens += completion_tokens;
                     response::chunk(&self.meta, i, "", false, None, Some(finish_reason))
                 }
-                StreamEvent::Error(e) => {
-                    // The engine failed this choice: say so in the stream and end it; the
+                ChoiceEvent::Error(e) => {
+                    // The engine failed this prompt's request: say so in the stream and end it; the
                     // other choices are aborted (dropped here).
                     self.engine.metrics.count_error(&e);
                     let mut out = sse_event(&ApiError::from(e).body());
@@ -128,13 +124,11 @@ pub fn sse(
     choices: Choices,
     prompt_tokens: Vec<usize>,
 ) -> HttpResponse {
-    let n = choices.n;
     let k = choices.count();
     let state = Sse {
         meta,
         engine,
         choices: Some(choices),
-        n,
         prompt_tokens,
         completion_tokens: 0,
         offsets: vec![0; k],
@@ -151,7 +145,7 @@ pub fn sse(
         .streaming(body)
 }
 
-/// The whole answer (`stream: false`): every choice to its end. A failed choice fails the
+/// The whole answer (`stream: false`): every choice to its end. A failed prompt fails the
 /// request (the others are aborted when `choices` drops).
 pub async fn complete(
     meta: Meta,
@@ -163,23 +157,21 @@ pub async fn complete(
     while let Some((i, ev)) = choices.next().await {
         let c = &mut out[i];
         match ev {
-            StreamEvent::Started { .. } | StreamEvent::ChoiceDone { .. } => {}
-            StreamEvent::Delta { text, logprobs, .. } => {
+            ChoiceEvent::Delta { text, logprobs } => {
                 c.text.push_str(&text);
                 c.logprobs.extend(logprobs);
             }
-            StreamEvent::Done {
+            ChoiceEvent::Finished {
                 finish_reason,
-                usage,
-                ..
+                completion_tokens,
             } => {
                 c.finish_reason = Some(finish_reason);
-                c.completion_tokens = usage.completion_tokens;
+                c.completion_tokens = completion_tokens;
             }
-            StreamEvent::Error(e) => return Err(e.into()),
+            ChoiceEvent::Error(e) => return Err(e.into()),
         }
     }
-    let prompt = prompt_usage(&prompt_tokens, choices.n);
+    let prompt = prompt_usage(&prompt_tokens);
     let body = response::full(&meta, &engine.tokenizer, &out, prompt);
     Ok(HttpResponse::Ok().json(body))
 }

@@ -24,8 +24,8 @@ fn msgs() -> Value {
 fn a_minimal_chat_request() {
     let p = chat(json!({"model": "m", "messages": msgs()})).unwrap();
     assert_eq!(
-        (p.model.as_str(), p.n, p.stream, p.include_usage),
-        ("m", 1, false, false)
+        (p.model.as_str(), p.requests[0].n, p.stream, p.include_usage),
+        ("m", Some(1), false, false)
     );
     assert_eq!(p.requests.len(), 1);
     let r = &p.requests[0];
@@ -45,8 +45,8 @@ fn every_sampling_field_reaches_the_params() {
     }))
     .unwrap();
     assert_eq!(
-        (p.n, p.stream, p.include_usage, p.logprobs),
-        (2, true, true, Some(3))
+        (p.requests[0].n, p.stream, p.include_usage, p.logprobs),
+        (Some(2), true, true, Some(3))
     );
     assert_eq!(p.user.as_deref(), Some("u1"));
     let r = &p.requests[0].params;
@@ -180,7 +180,8 @@ fn completion_prompts_and_fields() {
         Some(COMPLETION_DEFAULT_MAX_TOKENS)
     );
     let p = completion(json!({"model": "m", "prompt": ["a", "b"], "n": 2, "logprobs": 2, "best_of": 2, "echo": false})).unwrap();
-    assert_eq!((p.requests.len(), p.n, p.logprobs), (2, 2, Some(2)));
+    assert_eq!((p.requests.len(), p.logprobs), (2, Some(2)));
+    assert!(p.requests.iter().all(|r| r.n == Some(2)));
     assert_eq!(p.requests[1].params.logprobs, Some(2));
     let p = completion(json!({"model": "m", "prompt": [1, 2, 3]})).unwrap();
     assert!(matches!(&p.requests[0].input, PromptInput::Tokens(t) if t == &[1, 2, 3]));
