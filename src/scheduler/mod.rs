@@ -143,6 +143,16 @@ pub struct ClassSlo {
     pub ttft_ms: f64,
     /// Inter-token latency: the gap between two output tokens of a request.
     pub itl_ms: f64,
+    /// End to end, arrival to last token (infinite: none). The adaptive policy paces the
+    /// class's decodes to it: each token is due by an even share of what is left after the
+    /// first token, over the expected output (`itl_step_bound_ms`), when that is tighter than
+    /// `itl_ms` (issue 19: 32 tokens at a 50 ms ITL cannot end within 800 ms).
+    #[serde(default = "unbounded_ms")]
+    pub e2e_ms: f64,
+}
+
+fn unbounded_ms() -> f64 {
+    f64::INFINITY
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -159,14 +169,17 @@ impl Default for SloConfig {
             short: ClassSlo {
                 ttft_ms: 300.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
             medium: ClassSlo {
                 ttft_ms: 800.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
             long: ClassSlo {
                 ttft_ms: 4000.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
         }
     }
@@ -207,6 +220,12 @@ pub struct MergeConfig {
     /// default (`inf`): in the simulated e-commerce peak, where KV memory rather than slots is
     /// the limit, promoting documents cost preemptions (BENCHMARKS.md).
     pub promote_after: f64,
+    /// A medium or long request waiting for its first token whose remaining prefill, predicted
+    /// step by step alone with the running decodes, needs at least this fraction of the time
+    /// left to its TTFT deadline is due: one such chunk per step is merged whatever the ITL and
+    /// TTFT slack of others say (`MergeReason::Deadline`), so documents cannot starve behind a
+    /// tight short-request pace. Off by default (`inf`).
+    pub deadline_share: f64,
 }
 
 impl Default for MergeConfig {
@@ -219,6 +238,7 @@ impl Default for MergeConfig {
             min_chunk_tokens: 32,
             progress_tokens: 64,
             promote_after: f64::INFINITY,
+            deadline_share: f64::INFINITY,
         }
     }
 }
@@ -317,6 +337,9 @@ impl SchedulerConfig {
             if !(s.ttft_ms > 0.0 && s.itl_ms > 0.0) {
                 return Err(format!("slo.{name}: ttft_ms and itl_ms must be > 0"));
             }
+            if !(s.e2e_ms > s.ttft_ms) {
+                return Err(format!("slo.{name}: e2e_ms must exceed ttft_ms"));
+            }
         }
         let m = &self.merge;
         if !(0.0..1.0).contains(&m.kv_watermark) {
@@ -327,6 +350,9 @@ impl SchedulerConfig {
         }
         if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
             return Err("merge.itl_headroom must be in (0, 1]".into());
+        }
+        if !(m.deadline_share > 0.0) {
+            return Err("merge.deadline_share must be > 0 (inf: off)".into());
         }
         let e = &self.emergency;
         if !(e.percentile > 0.0 && e.percentile < 1.0) {

@@ -13,7 +13,9 @@
 //!    itself) and within the TTFT slack of every short request still waiting outside the step.
 //!
 //! A prefill that does not fit whole is trimmed to the largest chunk that does (not below
-//! `min_chunk_tokens`; short prompts are never split). Every decision carries a [`MergeReason`]
+//! `min_chunk_tokens`; short prompts are never split). A document whose TTFT deadline needs its
+//! chunk now (`Candidate::due`, `merge.deadline_share`) is merged whole over the latency bound:
+//! the decodes' ITL slack is the price of not starving it. Every decision carries a [`MergeReason`]
 //! that the scheduler counts and logs.
 
 use serde::Serialize;
@@ -66,7 +68,7 @@ pub enum MergeReason {
     /// Merged with its chunk cut to the latency bound.
     Trimmed,
     /// Merged although over the latency bound: the step had no prefill, and waiting requests
-    /// must progress.
+    /// must progress (only short prompts when `merge.deadline_share` is on).
     Progress,
     /// Not merged: its blocks now plus its expected decode horizon exceed the KV threshold.
     KvMemory,
@@ -82,10 +84,13 @@ pub enum MergeReason {
     LongBudget,
     /// Not merged: the KV manager had too few free blocks for the chunk.
     KvAllocation,
+    /// Merged over the latency bound: a document's TTFT deadline needs the chunk now
+    /// (`merge.deadline_share`).
+    Deadline,
 }
 
 impl MergeReason {
-    pub const ALL: [MergeReason; 10] = [
+    pub const ALL: [MergeReason; 11] = [
         MergeReason::Fits,
         MergeReason::Trimmed,
         MergeReason::Progress,
@@ -96,6 +101,7 @@ impl MergeReason {
         MergeReason::SeqLimit,
         MergeReason::LongBudget,
         MergeReason::KvAllocation,
+        MergeReason::Deadline,
     ];
 
     pub fn index(self) -> usize {
@@ -105,7 +111,10 @@ impl MergeReason {
     pub fn merged(self) -> bool {
         matches!(
             self,
-            MergeReason::Fits | MergeReason::Trimmed | MergeReason::Progress
+            MergeReason::Fits
+                | MergeReason::Trimmed
+                | MergeReason::Progress
+                | MergeReason::Deadline
         )
     }
 
@@ -121,6 +130,7 @@ impl MergeReason {
             MergeReason::SeqLimit => "seq_limit",
             MergeReason::LongBudget => "long_budget",
             MergeReason::KvAllocation => "kv_allocation",
+            MergeReason::Deadline => "deadline",
         }
     }
 }
@@ -181,6 +191,9 @@ pub struct Candidate {
     /// Blocks it needs now and over its expected decode horizon; 0 for a running request (its
     /// need is already reserved).
     pub kv_blocks_needed: usize,
+    /// Its TTFT deadline needs this chunk now (`merge.deadline_share`): merged over the latency
+    /// bound, with `wanted` tokens.
+    pub due: bool,
 }
 
 /// What the step leaves for the candidate.
@@ -240,6 +253,12 @@ pub fn should_merge(
         f.add_seq(tokens, b.num_computed + tokens);
         model.predict_ms(&f)
     };
+    if b.due && predict(wanted) > cap_ms {
+        return MergeDecision {
+            reason: MergeReason::Deadline,
+            tokens: wanted,
+        };
+    }
     if predict(wanted) <= cap_ms {
         let reason = if wanted < b.wanted {
             MergeReason::Trimmed
@@ -268,7 +287,9 @@ pub fn should_merge(
             tokens: lo,
         };
     }
-    if !a.has_prefill {
+    // With deadline pull on, documents progress by their deadlines (`due`), not here: a forced
+    // small chunk at long context costs a whole wave floor (issue 19, call e).
+    if !a.has_prefill && (b.lane == Lane::FastLane || !cfg.deadline_share.is_finite()) {
         let tokens = if b.lane == Lane::FastLane {
             wanted
         } else {

@@ -46,6 +46,8 @@ struct MergeState {
     admitted_now: HashSet<RequestId>,
     /// The prefix hit `try_load` looked up for the candidate at hand.
     lookup: Option<usize>,
+    /// A document's chunk went in over the latency bound for its deadline (one a step).
+    due_taken: bool,
 }
 
 /// Whether the walk over a lane goes on.
@@ -77,6 +79,7 @@ impl Scheduler {
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
             lookup: None,
+            due_taken: false,
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -182,10 +185,11 @@ impl Scheduler {
             st.lookup.take().unwrap_or(0)
         };
         let req = &self.requests[&id];
-        let cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
+        let mut cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
+        cand.due = !st.due_taken && self.is_due(req, &cand, &st.decode_only, now);
         let decision = self.decide(st, plan, kv, id, &cand, is_running);
         if decision.reason.merged() {
-            self.take(st, plan, id, &cand, decision.tokens, is_running);
+            self.take(st, plan, id, &cand, decision, is_running);
         } else if lane == Lane::FastLane && !is_running {
             self.note_short_slack(st, id, num_computed, now);
         }
@@ -264,7 +268,41 @@ impl Scheduler {
             wanted,
             min_tokens,
             kv_blocks_needed,
+            due: false,
         }
+    }
+
+    /// Whether a medium or long request's TTFT deadline needs its chunk in this step: its
+    /// remaining prefill in chunks of `cand.wanted`, each predicted as a step alone with the
+    /// decodes (`decodes`, the wave floor and attention included), takes at least
+    /// `merge.deadline_share` of the time left to the deadline. One already past it is not due:
+    /// forcing a lost cause through would only make others late too.
+    fn is_due(&self, req: &Request, cand: &Candidate, decodes: &StepDraft, now: f64) -> bool {
+        let share = self.cfg.merge.deadline_share;
+        if !share.is_finite()
+            || req.class == RequestClass::Short
+            || req.num_output_tokens() > 0
+            || cand.wanted == 0
+        {
+            return false;
+        }
+        let left_ms = (req.arrival - now) * 1e3 + self.cfg.slo.of(req.class).ttft_ms;
+        if left_ms <= 0.0 {
+            return false;
+        }
+        let chunk = match cand.lane {
+            Lane::LongStream => self.cfg.classes.long_prefill_budget,
+            _ => cand.wanted,
+        };
+        let (mut done, end, mut need_ms) = (cand.num_computed, req.compute_target(), 0.0);
+        while done < end && need_ms < share * left_ms {
+            let q = chunk.min(end - done);
+            let mut f = decodes.features;
+            f.add_seq(q, done + q);
+            need_ms += self.cost.predict_ms(&f);
+            done += q;
+        }
+        need_ms >= share * left_ms
     }
 
     /// `should_merge`, then the blocks for what it grants; counted and logged.
@@ -328,10 +366,12 @@ impl Scheduler {
         plan: &mut StepPlan,
         id: RequestId,
         cand: &Candidate,
-        tokens: usize,
+        decision: MergeDecision,
         is_running: bool,
     ) {
+        let (tokens, reason) = (decision.tokens, decision.reason);
         st.draft.add_prefill(cand.num_computed, tokens);
+        st.due_taken |= reason == MergeReason::Deadline;
         plan.push(id, tokens, 0);
         if cand.lane == Lane::LongStream {
             st.long_left = st.long_left.saturating_sub(tokens);
@@ -409,12 +449,24 @@ impl Scheduler {
     /// Never less than `s` itself, the old per-step cap: a request behind its pace (resumed
     /// after a pause, or late already) then catches up by `itl_ms − s` a token instead of
     /// holding every prefill out of the step.
+    ///
+    /// With an end-to-end SLO (`e2e_ms`) the pace `s` is the tighter of the ITL SLO and an even
+    /// share of what the first token left of it over the expected output's remaining gaps (× the
+    /// same headroom): a short answer of 32 tokens whose first came at 100 ms paces at
+    /// 700 / 31 × 0.9 ≈ 20 ms, not 45. One whose first token left nothing keeps the ITL pace.
     fn itl_step_bound_ms(&self, req: &Request, now: f64) -> f64 {
-        let s = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
-        match req.first_token_at {
-            Some(first) => ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s),
-            None => s,
+        let slo = self.cfg.slo.of(req.class);
+        let h = self.cfg.merge.itl_headroom;
+        let mut s = slo.itl_ms * h;
+        let Some(first) = req.first_token_at else {
+            return s;
+        };
+        let gaps = req.num_output_tokens() + self.expected_remaining_output(req);
+        let left_ms = (req.arrival - first) * 1e3 + slo.e2e_ms;
+        if gaps > 1 && left_ms > 0.0 {
+            s = s.min(left_ms * h / (gaps - 1) as f64);
         }
+        ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s)
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,

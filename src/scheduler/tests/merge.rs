@@ -20,6 +20,7 @@ fn candidate() -> Candidate {
         wanted: 20,
         min_tokens: 20.min(MergeConfig::default().min_chunk_tokens),
         kv_blocks_needed: 5,
+        due: false,
     }
 }
 
