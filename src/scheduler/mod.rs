@@ -226,6 +226,16 @@ pub struct MergeConfig {
     /// TTFT slack of others say (`MergeReason::Deadline`), so documents cannot starve behind a
     /// tight short-request pace. Off by default (`inf`).
     pub deadline_share: f64,
+    /// A prefill trimmed to the latency bound is merged only while its predicted cost per token
+    /// stays within this factor of the untrimmed chunk's; dearer, it waits to go whole. Under
+    /// the prefill kernel's wave floor a 64-token chunk at 12k context costs nearly what 512 do
+    /// (issue 19, call e). Off by default (`inf`).
+    pub max_trim_cost: f64,
+    /// Milliseconds of a step beyond its decodes that a due document's chunk
+    /// (`deadline_share`) is guaranteed whatever the decodes' ITL slack; the chunk is trimmed
+    /// to it (or to the slack when that is larger). Small: a due document then progresses in
+    /// short steps the decoding requests absorb, not in lumps they cannot.
+    pub doc_step_ms: f64,
 }
 
 impl Default for MergeConfig {
@@ -239,6 +249,8 @@ impl Default for MergeConfig {
             progress_tokens: 64,
             promote_after: f64::INFINITY,
             deadline_share: f64::INFINITY,
+            max_trim_cost: f64::INFINITY,
+            doc_step_ms: 15.0,
         }
     }
 }
@@ -350,6 +362,12 @@ impl SchedulerConfig {
         }
         if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
             return Err("merge.itl_headroom must be in (0, 1]".into());
+        }
+        if !(m.doc_step_ms > 0.0 && m.doc_step_ms.is_finite()) {
+            return Err("merge.doc_step_ms must be finite and > 0".into());
+        }
+        if !(m.max_trim_cost >= 1.0) {
+            return Err("merge.max_trim_cost must be >= 1 (inf: off)".into());
         }
         if !(m.deadline_share > 0.0) {
             return Err("merge.deadline_share must be > 0 (inf: off)".into());

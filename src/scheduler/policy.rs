@@ -15,7 +15,9 @@
 //! A prefill that does not fit whole is trimmed to the largest chunk that does (not below
 //! `min_chunk_tokens`; short prompts are never split). A document whose TTFT deadline needs its
 //! chunk now (`Candidate::due`, `merge.deadline_share`) is merged whole over the latency bound:
-//! the decodes' ITL slack is the price of not starving it. Every decision carries a [`MergeReason`]
+//! the decodes' ITL slack is the price of not starving it. Its chunk is sized to the step time
+//! it is guaranteed (`merge.doc_step_ms` over the decodes alone, or the slack when larger), so
+//! the step stays short: small steady chunks rather than one 512-token lump a step. Every decision carries a [`MergeReason`]
 //! that the scheduler counts and logs.
 
 use serde::Serialize;
@@ -192,7 +194,7 @@ pub struct Candidate {
     /// need is already reserved).
     pub kv_blocks_needed: usize,
     /// Its TTFT deadline needs this chunk now (`merge.deadline_share`): merged over the latency
-    /// bound, with `wanted` tokens.
+    /// bound, trimmed to `MergeContext::doc_floor_ms` (not below the smallest chunk).
     pub due: bool,
 }
 
@@ -210,6 +212,9 @@ pub struct MergeContext {
     /// Tightest TTFT slack (ms) among short requests waiting outside the step, their own
     /// prefill step deducted (infinite with none).
     pub short_ttft_slack_ms: f64,
+    /// A due document's chunk (`Candidate::due`) may fill the step up to this long whatever
+    /// the slack above says: the step's decodes alone plus `merge.doc_step_ms`.
+    pub doc_floor_ms: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -243,20 +248,40 @@ pub fn should_merge(
     if b.kv_blocks_needed as f64 > ctx.kv_headroom_blocks && !ctx.running_is_empty {
         return MergeDecision::no(MergeReason::KvMemory);
     }
-    let (cap_ms, cap_reason) = if a.itl_target_ms <= ctx.short_ttft_slack_ms {
+    let (mut cap_ms, cap_reason) = if a.itl_target_ms <= ctx.short_ttft_slack_ms {
         (a.itl_target_ms, MergeReason::DecodeItl)
     } else {
         (ctx.short_ttft_slack_ms, MergeReason::ShortTtft)
     };
+    if b.due {
+        cap_ms = cap_ms.max(ctx.doc_floor_ms);
+    }
     let predict = |tokens: usize| {
         let mut f = a.features;
         f.add_seq(tokens, b.num_computed + tokens);
         model.predict_ms(&f)
     };
+    // Whether a chunk of `t` tokens costs per token within `max_trim_cost` × the whole chunk's.
+    let base = model.predict_ms(&a.features);
+    let per_token = |t: usize| (predict(t) - base) / t as f64;
+    let efficient = |t: usize| per_token(t) <= cfg.max_trim_cost * per_token(wanted);
     if b.due && predict(wanted) > cap_ms {
+        // The largest chunk within the bound, the smallest acceptable one when none is.
+        let floor = b.min_tokens.max(cfg.min_chunk_tokens.min(wanted)).max(1);
+        let (mut lo, mut hi) = (floor, wanted);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if predict(mid) <= cap_ms {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        // Under the wave floor a short chunk at long context costs nearly a whole one: whole.
+        let tokens = if efficient(lo) { lo } else { wanted };
         return MergeDecision {
             reason: MergeReason::Deadline,
-            tokens: wanted,
+            tokens,
         };
     }
     if predict(wanted) <= cap_ms {
@@ -282,10 +307,14 @@ pub fn should_merge(
                 hi = mid;
             }
         }
-        return MergeDecision {
-            reason: MergeReason::Trimmed,
-            tokens: lo,
-        };
+        // A trimmed chunk costing per token over `max_trim_cost` × the whole chunk's (a short
+        // chunk at long context under the kernel's wave floor) waits for a step it fits whole.
+        if efficient(lo) {
+            return MergeDecision {
+                reason: MergeReason::Trimmed,
+                tokens: lo,
+            };
+        }
     }
     // With deadline pull on, documents progress by their deadlines (`due`), not here: a forced
     // small chunk at long context costs a whole wave floor (issue 19, call e).

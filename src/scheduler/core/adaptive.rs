@@ -46,8 +46,8 @@ struct MergeState {
     admitted_now: HashSet<RequestId>,
     /// The prefix hit `try_load` looked up for the candidate at hand.
     lookup: Option<usize>,
-    /// A document's chunk went in over the latency bound for its deadline (one a step).
-    due_taken: bool,
+    /// The document whose deadline needs a chunk in this step (`most_due`), until it has one.
+    due: Option<RequestId>,
 }
 
 /// Whether the walk over a lane goes on.
@@ -79,7 +79,7 @@ impl Scheduler {
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
             lookup: None,
-            due_taken: false,
+            due: self.most_due(&draft, now),
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -186,7 +186,7 @@ impl Scheduler {
         };
         let req = &self.requests[&id];
         let mut cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
-        cand.due = !st.due_taken && self.is_due(req, &cand, &st.decode_only, now);
+        cand.due = st.due == Some(id);
         let decision = self.decide(st, plan, kv, id, &cand, is_running);
         if decision.reason.merged() {
             self.take(st, plan, id, &cand, decision, is_running);
@@ -272,37 +272,54 @@ impl Scheduler {
         }
     }
 
-    /// Whether a medium or long request's TTFT deadline needs its chunk in this step: its
-    /// remaining prefill in chunks of `cand.wanted`, each predicted as a step alone with the
-    /// decodes (`decodes`, the wave floor and attention included), takes at least
-    /// `merge.deadline_share` of the time left to the deadline. One already past it is not due:
-    /// forcing a lost cause through would only make others late too.
-    fn is_due(&self, req: &Request, cand: &Candidate, decodes: &StepDraft, now: f64) -> bool {
+    /// The document whose TTFT deadline needs a chunk in this step, if any (`deadline_share`):
+    /// a medium or long request without its first token whose remaining prefill, in its lane's
+    /// chunks each predicted as a step alone with the decodes (`decodes`: attention and wave
+    /// floor included), takes at least `deadline_share` of the time left to its deadline, and
+    /// still fits in it. Of several, the earliest deadline: it keeps its place step after step,
+    /// where ranking by room left would alternate between two and make both late. One that can
+    /// no longer make it is not pulled (it progresses from slack): forcing lost causes through
+    /// an overload would make the short requests late too.
+    fn most_due(&self, decodes: &StepDraft, now: f64) -> Option<RequestId> {
         let share = self.cfg.merge.deadline_share;
-        if !share.is_finite()
-            || req.class == RequestClass::Short
-            || req.num_output_tokens() > 0
-            || cand.wanted == 0
-        {
-            return false;
+        if !share.is_finite() {
+            return None;
         }
-        let left_ms = (req.arrival - now) * 1e3 + self.cfg.slo.of(req.class).ttft_ms;
-        if left_ms <= 0.0 {
-            return false;
+        let docs = self.running.iter().chain(self.waiting.iter()).filter(|id| {
+            let r = &self.requests[id];
+            r.class != RequestClass::Short && r.num_output_tokens() == 0 && !r.loading
+        });
+        let mut best: Option<(f64, RequestId)> = None;
+        for &id in docs {
+            let r = &self.requests[&id];
+            let left_ms = (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
+            if left_ms <= 0.0 || best.is_some_and(|(d, _)| d <= left_ms) {
+                continue;
+            }
+            let need_ms = self.prefill_need_ms(r, decodes, left_ms);
+            if need_ms >= share * left_ms && need_ms < left_ms {
+                best = Some((left_ms, id));
+            }
         }
-        let chunk = match cand.lane {
-            Lane::LongStream => self.cfg.classes.long_prefill_budget,
-            _ => cand.wanted,
+        best.map(|(_, id)| id)
+    }
+
+    /// Predicted time of `req`'s remaining prefill in its lane's chunks, each as a step alone
+    /// with `decodes`; the sum stops once it reaches `enough_ms`.
+    fn prefill_need_ms(&self, req: &Request, decodes: &StepDraft, enough_ms: f64) -> f64 {
+        let chunk = match req.class {
+            RequestClass::Long => self.cfg.classes.long_prefill_budget,
+            _ => self.capped_chunk(self.cfg.max_num_batched_tokens),
         };
-        let (mut done, end, mut need_ms) = (cand.num_computed, req.compute_target(), 0.0);
-        while done < end && need_ms < share * left_ms {
+        let (mut done, end, mut need_ms) = (req.num_computed, req.compute_target(), 0.0);
+        while done < end && need_ms <= enough_ms {
             let q = chunk.min(end - done);
             let mut f = decodes.features;
             f.add_seq(q, done + q);
             need_ms += self.cost.predict_ms(&f);
             done += q;
         }
-        need_ms >= share * left_ms
+        need_ms
     }
 
     /// `should_merge`, then the blocks for what it grants; counted and logged.
@@ -326,6 +343,8 @@ impl Scheduler {
             } else {
                 st.short_slack_ms
             },
+            doc_floor_ms: self.cost.predict_ms(&st.decode_only.features)
+                + self.cfg.merge.doc_step_ms,
         };
         let mut decision = should_merge(&self.cost, &self.cfg.merge, &st.draft, cand, &ctx);
         if decision.reason.merged()
@@ -371,7 +390,9 @@ impl Scheduler {
     ) {
         let (tokens, reason) = (decision.tokens, decision.reason);
         st.draft.add_prefill(cand.num_computed, tokens);
-        st.due_taken |= reason == MergeReason::Deadline;
+        if reason == MergeReason::Deadline {
+            st.due = None;
+        }
         plan.push(id, tokens, 0);
         if cand.lane == Lane::LongStream {
             st.long_left = st.long_left.saturating_sub(tokens);

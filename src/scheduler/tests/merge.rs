@@ -31,6 +31,7 @@ fn context() -> MergeContext {
         kv_headroom_blocks: 100.0,
         running_is_empty: false,
         short_ttft_slack_ms: f64::INFINITY,
+        doc_floor_ms: 0.0,
     }
 }
 
