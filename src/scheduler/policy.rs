@@ -248,14 +248,11 @@ pub fn should_merge(
     if b.kv_blocks_needed as f64 > ctx.kv_headroom_blocks && !ctx.running_is_empty {
         return MergeDecision::no(MergeReason::KvMemory);
     }
-    let (mut cap_ms, cap_reason) = if a.itl_target_ms <= ctx.short_ttft_slack_ms {
+    let (cap_ms, cap_reason) = if a.itl_target_ms <= ctx.short_ttft_slack_ms {
         (a.itl_target_ms, MergeReason::DecodeItl)
     } else {
         (ctx.short_ttft_slack_ms, MergeReason::ShortTtft)
     };
-    if b.due {
-        cap_ms = cap_ms.max(ctx.doc_floor_ms);
-    }
     let predict = |tokens: usize| {
         let mut f = a.features;
         f.add_seq(tokens, b.num_computed + tokens);
@@ -266,12 +263,14 @@ pub fn should_merge(
     let per_token = |t: usize| (predict(t) - base) / t as f64;
     let efficient = |t: usize| per_token(t) <= cfg.max_trim_cost * per_token(wanted);
     if b.due && predict(wanted) > cap_ms {
-        // The largest chunk within the bound, the smallest acceptable one when none is.
+        // The largest chunk within its share (or the slack, when larger), the smallest
+        // acceptable one when none is.
+        let due_cap = cap_ms.max(ctx.doc_floor_ms);
         let floor = b.min_tokens.max(cfg.min_chunk_tokens.min(wanted)).max(1);
-        let (mut lo, mut hi) = (floor, wanted);
+        let (mut lo, mut hi) = (floor, wanted + 1);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if predict(mid) <= cap_ms {
+            if predict(mid) <= due_cap {
                 lo = mid;
             } else {
                 hi = mid;

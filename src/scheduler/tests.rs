@@ -12,6 +12,7 @@
 
 mod adaptive;
 mod admission;
+mod deadline;
 mod harness;
 mod merge;
 mod slack;
