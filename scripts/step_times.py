@@ -14,9 +14,10 @@ and answers three questions:
    pairs the padding adds, with its own coefficient; brook's ATTN_FLOOR_QUERIES is the Q that
    fits call e best).
 2. How often did the ITL guard trim or refuse a chunk, per lane?
-3. What did the long documents wait on: per long request, its arrival (first decision) to its
-   first decode, and the decisions that held it (refused for a decode's ITL, the long lane's
-   budget, trimmed).
+3. What did the long documents wait on: per long request, its first merge decision to its last
+   granted chunk (its prefill's span), and the decisions that held it (refused for a decode's
+   ITL, the long lane's budget); and per run the GPU's busy fraction and the seconds a second
+   spent in steps carrying a document chunk.
 
 Usage: scripts/step_times.py RUNS_DIR_OR_TGZ [--floor 512] [--json OUT]
 The step shape is logged per step, not per chunk: the context of the largest chunk is taken as
@@ -252,7 +253,7 @@ def main():
     print()
     print(f"{'run':<22} {'steps':>6} {'long trim':>9} {'long itl':>8} {'norm trim':>9} "
           f"{'norm itl':>8} {'long docs':>9} {'wait p50 s':>10} {'wait max s':>10} "
-          f"{'held itl':>8} {'held budget':>11}")
+          f"{'held itl':>8} {'held budget':>11} {'busy':>5} {'chunk s/s':>9} {'steps/s':>7}")
     runs_out = {}
     for run, (steps, decisions) in per_run.items():
         counts = defaultdict(int)
@@ -273,7 +274,16 @@ def main():
         waits = [first_done[r] - first_seen[r] for r in first_done]
         itl_held = sum(h.get("decode_itl", 0) for h in held.values())
         budget_held = sum(h.get("long_budget", 0) for h in held.values())
+        # Busy fraction, and seconds a second in steps with a document chunk (>= 128 queries):
+        # what the floor costs when chunks are trimmed small at long context.
+        kept = [x for x in steps if not (x["measured"] > a.warmup_ms and x["prefill"] <= 64)]
+        span = (kept[-1]["t"] - kept[0]["t"]) if len(kept) > 1 else float("nan")
+        busy = sum(x["measured"] for x in kept) / 1e3 / span
+        chunk = sum(x["measured"] for x in kept if x["max_chunk"] >= 128) / 1e3 / span
         r = {
+            "busy": busy,
+            "chunk_s_per_s": chunk,
+            "steps_per_s": len(kept) / span,
             "steps": len(steps),
             "decisions": {f"{l}/{k}": v for (l, k), v in sorted(counts.items())},
             "long_docs": len(first_seen),
@@ -288,7 +298,7 @@ def main():
         print(f"{run:<22} {len(steps):>6} {counts[('long_stream', 'trimmed')]:>9} "
               f"{counts[('long_stream', 'decode_itl')]:>8} {counts[('normal', 'trimmed')]:>9} "
               f"{counts[('normal', 'decode_itl')]:>8} {len(first_seen):>9} {p50:>10} {mx:>10} "
-              f"{itl_held:>8} {budget_held:>11}")
+              f"{itl_held:>8} {budget_held:>11} {busy:5.2f} {chunk:9.2f} {len(kept) / span:7.1f}")
     out["runs"] = runs_out
     if a.json:
         with open(a.json, "w") as fh:
