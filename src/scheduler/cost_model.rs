@@ -1,7 +1,7 @@
 //! Step-time model: predicted executor time of a batch from its shape, fitted online.
 //!
-//! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs
-//!  + e·prefill_floor_pairs` (ms). The first four are the features of a step's shape
+//! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs +
+//! e·prefill_floor_pairs` (ms). The first four are the features of a step's shape
 //! (`StepFeatures::from_step`); `prefill_attn_pairs` is the quadratic part of a prefill chunk's
 //! attention (each query token reads its whole context), which dominates the chunks of a long
 //! document and is not visible in the other three.

@@ -349,7 +349,7 @@ impl SchedulerConfig {
             if !(s.ttft_ms > 0.0 && s.itl_ms > 0.0) {
                 return Err(format!("slo.{name}: ttft_ms and itl_ms must be > 0"));
             }
-            if !(s.e2e_ms > s.ttft_ms) {
+            if s.e2e_ms.is_nan() || s.e2e_ms <= s.ttft_ms {
                 return Err(format!("slo.{name}: e2e_ms must exceed ttft_ms"));
             }
         }
@@ -363,13 +363,13 @@ impl SchedulerConfig {
         if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
             return Err("merge.itl_headroom must be in (0, 1]".into());
         }
-        if !(m.doc_step_ms > 0.0 && m.doc_step_ms.is_finite()) {
+        if !m.doc_step_ms.is_finite() || m.doc_step_ms <= 0.0 {
             return Err("merge.doc_step_ms must be finite and > 0".into());
         }
-        if !(m.max_trim_cost >= 1.0) {
+        if m.max_trim_cost.is_nan() || m.max_trim_cost < 1.0 {
             return Err("merge.max_trim_cost must be >= 1 (inf: off)".into());
         }
-        if !(m.deadline_share > 0.0) {
+        if m.deadline_share.is_nan() || m.deadline_share <= 0.0 {
             return Err("merge.deadline_share must be > 0 (inf: off)".into());
         }
         let e = &self.emergency;

@@ -282,3 +282,19 @@ fn a_document_behind_a_tight_pace_is_pulled_by_its_deadline() {
     assert!(pulled >= 7, "{pulled} {first} {ttft}");
     assert!(ttft <= 0.4, "{ttft}");
 }
+
+#[test]
+fn the_new_knobs_reject_bad_values_with_a_clear_error() {
+    let bad = |f: fn(&mut SchedulerConfig)| {
+        let mut cfg = adaptive();
+        f(&mut cfg);
+        cfg.validate().expect_err("accepted")
+    };
+    assert!(bad(|c| c.slo.short.e2e_ms = 100.0).contains("e2e_ms must exceed ttft_ms"));
+    assert!(bad(|c| c.slo.long.e2e_ms = f64::NAN).contains("slo.long"));
+    assert!(bad(|c| c.merge.deadline_share = 0.0).contains("deadline_share"));
+    assert!(bad(|c| c.merge.max_trim_cost = 0.5).contains("max_trim_cost"));
+    assert!(bad(|c| c.merge.doc_step_ms = 0.0).contains("doc_step_ms"));
+    assert!(bad(|c| c.merge.doc_step_ms = f64::INFINITY).contains("doc_step_ms"));
+    assert!(adaptive().validate().is_ok());
+}
