@@ -33,32 +33,34 @@ def find(figure, **kw):
     return None
 
 
+def rows(figure):
+    return [f for f in figs if f.get("figure") == figure]
+
+
 CMD = "cd .carry/cuda && ./gpu-check.sh device all   (built by scripts/gpu-check.sh build)"
 res = {"device": "NVIDIA H200 (nvidia-h200 lease)", "commit": commit, "date": date, "command": CMD, "figures": {}}
 F = res["figures"]
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=True, gemv_split=0, fused=False, pdl=True, skipped="")
-if d:
-    F["decode_b1_ms_per_token"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv=False)
-if d:
-    F["decode_b1_ms_per_token_cublas"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=False)
-if d:
-    F["decode_b1_ms_per_token_no_graphs"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-o = find("offline_out_tok_s", model="llama-2-7b")
-if o:
-    F["offline_512x128x128_out_tok_s"] = {"value": o["output_tok_s"], "command": "gpu-bench offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128", "detail": o}
-h = find("hf_cb_out_tok_s", model="llama-2-7b")
-if h:
-    F["hf_cb_512x128x128_out_tok_s"] = {"value": h["output_tok_s"], "command": "python3 peers/hf_generate_batch.py --model llama-2-7b", "detail": h}
+DECODE = "gpu-bench decode --model llama-2-7b"
+
+
+def put(name, figure, field, command, **kw):
+    """F[name]: `field` of the first `figure` row matching `kw`, with its command and the row;
+    returns the row (None when there is none)."""
+    f = find(figure, **kw)
+    if f:
+        F[name] = {"value": f[field], "command": command, "detail": f}
+    return f
+
+
+put("decode_b1_ms_per_token", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=True, gemv=True, gemv_split=0, fused=False, pdl=True, skipped="")
+put("decode_b1_ms_per_token_cublas", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=True, gemv=False)
+put("decode_b1_ms_per_token_no_graphs", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=False)
+o = put("offline_512x128x128_out_tok_s", "offline_out_tok_s", "output_tok_s", "gpu-bench offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128", model="llama-2-7b")
+h = put("hf_cb_512x128x128_out_tok_s", "hf_cb_out_tok_s", "output_tok_s", "python3 peers/hf_generate_batch.py --model llama-2-7b", model="llama-2-7b")
 if o and h:
     F["offline_vs_hf_cb"] = {"value": o["output_tok_s"] / h["output_tok_s"]}
-c = find("hf_compiled_b1_ms_per_token", model="llama-2-7b")
-if c:
-    F["hf_compiled_b1_ms_per_token"] = {"value": c["median_ms"], "command": "python3 peers/hf_compiled_b1.py --model llama-2-7b", "detail": c}
-t = find("ttft_b1_ms", model="llama-2-7b")
-if t:
-    F["ttft_b1_2048_ms"] = {"value": t["median_ms"], "command": "gpu-bench ttft --model llama-2-7b --input-len 2048", "detail": t}
+put("hf_compiled_b1_ms_per_token", "hf_compiled_b1_ms_per_token", "median_ms", "python3 peers/hf_compiled_b1.py --model llama-2-7b", model="llama-2-7b")
+put("ttft_b1_2048_ms", "ttft_b1_ms", "median_ms", "gpu-bench ttft --model llama-2-7b --input-len 2048", model="llama-2-7b")
 a = find("paged_decode_attention")
 if a:
     F["paged_decode_attention"] = {"value": [{k: r[k] for k in ("ctx", "batch", "gbps", "pct_of_4300")} for r in a["rows"]], "command": "gpu-bench attention", "detail": a}
@@ -70,22 +72,16 @@ for name, figure in [("brook_bench_synthetic_512x128x128", "brook_bench_512x128x
     if b:
         F[name] = {"value": b["output_tok_s"], "unit": "out tok/s", "command": f"brook bench --synthetic llama-2-7b --device cuda --num-prompts {b['num_prompts']} --input-len {b['input_len']} --output-len {b['output_len']} (gpu-check.sh)", "detail": b}
 for split in (1, 2, 4):
-    d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv_split=split, fused=False, pdl=True)
-    if d:
-        F[f"decode_b1_ms_per_token_split{split}"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, pdl=False)
-if d:
-    F["decode_b1_ms_per_token_no_pdl"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-d = find("decode_b1_ms_per_token", model="llama-2-7b", cuda_graphs=True, gemv_split=0, fused=True, pdl=True)
-if d:
-    F["decode_b1_ms_per_token_fused"] = {"value": d["median_ms"], "command": "gpu-bench decode --model llama-2-7b", "detail": d}
-sk = [f for f in figs if f.get("figure") == "decode_b1_ms_per_token" and f.get("skipped")]
+    put(f"decode_b1_ms_per_token_split{split}", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=True, gemv_split=split, fused=False, pdl=True)
+put("decode_b1_ms_per_token_no_pdl", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=True, pdl=False)
+put("decode_b1_ms_per_token_fused", "decode_b1_ms_per_token", "median_ms", DECODE, model="llama-2-7b", cuda_graphs=True, gemv_split=0, fused=True, pdl=True)
+sk = [f for f in rows("decode_b1_ms_per_token") if f.get("skipped")]
 if sk:
-    F["decode_b1_ms_per_token_without"] = {"value": [{"skipped": f["skipped"], "median_ms": f["median_ms"]} for f in sk], "command": "gpu-bench decode --model llama-2-7b", "note": "the default with that kind of launch left out of every layer (output meaningless): what the kind costs in the step"}
-g = [f for f in figs if f.get("figure") == "gemv_b1"]
+    F["decode_b1_ms_per_token_without"] = {"value": [{"skipped": f["skipped"], "median_ms": f["median_ms"]} for f in sk], "command": DECODE, "note": "the default with that kind of launch left out of every layer (output meaningless): what the kind costs in the step"}
+g = rows("gemv_b1")
 if g:
     F["gemv_b1"] = {"value": [{k: r.get(k) for k in ("model", "layer", "variant", "auto", "us", "gbps")} for r in g], "command": "gpu-bench gemv-sweep"}
-x = [f for f in figs if f.get("figure") == "prefill_attn_crossover"]
+x = rows("prefill_attn_crossover")
 if x:
     F["prefill_attn_crossover"] = {"value": x, "command": "gpu-bench prefill-attn"}
 json.dump(res, sys.stdout, indent=1)

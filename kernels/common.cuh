@@ -43,40 +43,39 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Sum (kMax false) or max (kMax true) over the warp; every lane gets the result.
+template <bool kMax>
+__device__ __forceinline__ float warp_reduce(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<false>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<true>(v); }
+
+// Sum or max over the block, as warp_reduce; every thread gets the result. `scratch` holds >= 32
+// floats; blockDim.x is a multiple of 32. Ends with a barrier so `scratch` can be reused at once.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_reduce<kMax>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nwarps ? scratch[lane] : (kMax ? NEG_INF : 0.f);
+  t = warp_reduce<kMax>(t);
+  __syncthreads();
+  return t;
 }
 
-// Sum over the block; every thread gets the result. `scratch` holds >= 32 floats; blockDim.x is a
-// multiple of 32. Ends with a barrier so `scratch` can be reused at once.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = lane < nwarps ? scratch[lane] : 0.f;
-  t = warp_sum(t);
-  __syncthreads();
-  return t;
+  return block_reduce<false>(v, scratch);
 }
-
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = lane < nwarps ? scratch[lane] : NEG_INF;
-  t = warp_max(t);
-  __syncthreads();
-  return t;
+  return block_reduce<true>(v, scratch);
 }
 
 // Address of token `slot`'s row for kv head `kh` in a paged cache laid out

@@ -83,6 +83,19 @@ __device__ __forceinline__ bool before(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
+// The first of the warp's (best, best_i) in that order; every lane gets it.
+__device__ __forceinline__ void warp_first(float& best, int& best_i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (before(ov, oi, best, best_i)) {
+      best = ov;
+      best_i = oi;
+    }
+  }
+}
+
 // The first element of `row` in that order among those after (after_v, after_i) (pass +inf, -1
 // for all), over the block; every thread gets it. The id is 0x7fffffff when there is none.
 __device__ void block_first(const float* row, int vocab, float after_v, int after_i,
@@ -97,15 +110,7 @@ __device__ void block_first(const float* row, int vocab, float after_v, int afte
       best_i = i;
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (before(ov, oi, best, best_i)) {
-      best = ov;
-      best_i = oi;
-    }
-  }
+  warp_first(best, best_i);
   if (lane == 0) {
     s_val[warp] = best;
     s_idx[warp] = best_i;
@@ -114,15 +119,7 @@ __device__ void block_first(const float* row, int vocab, float after_v, int afte
   if (warp == 0) {
     best = lane < (int)(blockDim.x >> 5) ? s_val[lane] : NEG_INF;
     best_i = lane < (int)(blockDim.x >> 5) ? s_idx[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (before(ov, oi, best, best_i)) {
-        best = ov;
-        best_i = oi;
-      }
-    }
+    warp_first(best, best_i);
     if (lane == 0) {
       s_val[0] = best;
       s_idx[0] = best_i;

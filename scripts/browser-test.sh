@@ -8,10 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-case "$TARGET_DIR" in /*) ;; *) TARGET_DIR=$PWD/$TARGET_DIR ;; esac
-export BROOK_BIN=${BROOK_BIN:-$TARGET_DIR/release/brook}
-[ -x "$BROOK_BIN" ] || { echo "no $BROOK_BIN: run cargo build --release first"; exit 1; }
+. scripts/lib/brook-bin.sh
 
 if ! command -v chromium >/dev/null 2>&1; then
   echo "== installing chromium (Debian package)"

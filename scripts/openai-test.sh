@@ -5,10 +5,7 @@
 # Usage: scripts/openai-test.sh   (env: BROOK_BIN, BROOK_MODEL)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-case "$TARGET_DIR" in /*) ;; *) TARGET_DIR=$PWD/$TARGET_DIR ;; esac
-export BROOK_BIN=${BROOK_BIN:-$TARGET_DIR/release/brook}
-[ -x "$BROOK_BIN" ] || { echo "no $BROOK_BIN: run cargo build --release first"; exit 1; }
+. scripts/lib/brook-bin.sh
 python3 -m pip install --quiet --disable-pip-version-check -r tests/openai/requirements.txt
 python3 -c 'import openai; print("openai", openai.__version__)'
 python3 tests/openai/test_openai_api.py

@@ -277,6 +277,11 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The error `text` is refused with.
+    fn toml_err(text: &str) -> String {
+        Config::from_toml(text).unwrap_err().to_string()
+    }
+
     #[test]
     fn bundled_default_config_parses_and_equals_defaults() {
         let text = include_str!("../configs/brook.toml");
@@ -338,9 +343,7 @@ mod tests {
 
     #[test]
     fn unknown_key_is_an_error_naming_it() {
-        let err = Config::from_toml("[cache]\nblok_size = 8\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[cache]\nblok_size = 8\n");
         assert!(err.contains("blok_size"), "{err}");
     }
 
@@ -348,17 +351,11 @@ mod tests {
     fn server_keys_former_name_and_cross_checks() {
         let cfg = Config::from_toml("[server]\nmax_frame_bytes = 2048\n").unwrap();
         assert_eq!(cfg.server.max_message_bytes, 2048);
-        let err = Config::from_toml("[server]\nidle_timeout_s = 5.0\nping_interval_s = 5.0\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[server]\nidle_timeout_s = 5.0\nping_interval_s = 5.0\n");
         assert!(err.contains("ping_interval_s"), "{err}");
-        let err = Config::from_toml("[server]\napi_key = \"0123456789abcdef\"\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[server]\napi_key = \"0123456789abcdef\"\n");
         assert!(err.contains("api_key"), "keys never come from files: {err}");
-        let err = Config::from_toml("[server]\nallowed_origins = [\"example.com\"]\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[server]\nallowed_origins = [\"example.com\"]\n");
         assert!(err.contains("allowed_origins"), "{err}");
     }
 
@@ -370,21 +367,15 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.speculative.method, crate::spec::SpecMethod::Draft);
         assert_eq!(cfg.speculative.max_depth, 3);
-        let err = Config::from_toml("[speculative]\nmethod = \"draft\"\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[speculative]\nmethod = \"draft\"\n");
         assert!(err.contains("draft_model"), "{err}");
-        let err = Config::from_toml("[speculative]\nmethod = \"ngram\"\nmax_depth = 0\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[speculative]\nmethod = \"ngram\"\nmax_depth = 0\n");
         assert!(err.contains("max_depth"), "{err}");
     }
 
     #[test]
     fn bad_value_is_rejected() {
-        let err = Config::from_toml("[cache]\nblock_size = 12\n")
-            .unwrap_err()
-            .to_string();
+        let err = toml_err("[cache]\nblock_size = 12\n");
         assert!(err.contains("block_size"), "{err}");
     }
 }

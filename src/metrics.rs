@@ -76,53 +76,42 @@ const TOKEN_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
 ];
 
+/// Registers `m` in `registry` (each name once) and hands it back.
+fn register<M: Collector + Clone + 'static>(registry: &Registry, m: M) -> M {
+    registry
+        .register(Box::new(m.clone()))
+        .expect("unique metric");
+    m
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
+            register(&registry, IntGauge::new(name, help).expect("valid metric"))
         };
         let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            register(
+                &registry,
+                IntCounter::new(name, help).expect("valid metric"),
+            )
         };
         let counter_vec = |name: &str, help: &str, label: &str| {
             let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            register(&registry, c)
         };
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
                 .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric");
-            h
+            register(&registry, h)
         };
-        let kv_usage_ratio = Gauge::new(
+        let float_gauge = |name: &str, help: &str| {
+            register(&registry, Gauge::new(name, help).expect("valid metric"))
+        };
+        let kv_usage_ratio = float_gauge(
             "brook:kv_cache_usage_perc",
             "KV cache usage, 0 to 1 (vLLM's name).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(kv_usage_ratio.clone()))
-            .expect("unique metric");
-        let float_gauge = |name: &str, help: &str| {
-            let g = Gauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
+        );
         Metrics {
             requests_running: gauge(
                 "brook:num_requests_running",

@@ -358,47 +358,33 @@ mod tests {
 
     #[test]
     fn structural_errors() {
-        assert!(err(r#"[1,2]"#).error.to_string().contains("object"));
-        assert!(err(r#"{"id":"x"}"#).error.to_string().contains("type"));
-        assert!(err(r#"{"type":"dance","id":"x"}"#)
-            .error
-            .to_string()
-            .contains("dance"));
-        assert!(err(r#"{"type":"generate","id":"x"}"#)
-            .error
-            .to_string()
-            .contains("prompt"));
-        assert!(
-            err(r#"{"type":"generate","id":"x","prompt":"a","messages":[]}"#)
-                .error
-                .to_string()
-                .contains("not both")
-        );
-        assert!(err(r#"{"type":"generate","id":5,"prompt":"a"}"#)
-            .error
-            .to_string()
-            .contains("id"));
-        assert!(err(r#"{"type":"generate","id":"","prompt":"a"}"#)
-            .error
-            .to_string()
-            .contains("id"));
-        assert!(
-            err(r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#)
-                .error
-                .to_string()
-                .contains("max_tokens")
-        );
-        assert!(err(r#"{"type":"generate","id":"x","prompt":7}"#)
-            .error
-            .to_string()
-            .contains("`prompt`"));
-        assert!(
-            err(r#"{"type":"generate","id":"x","prompt":"a","params":[1]}"#)
-                .error
-                .to_string()
-                .contains("params")
-        );
-        assert!(err(r#"{"type":"cancel"}"#).error.to_string().contains("id"));
+        // (frame, a word its error names)
+        let cases = [
+            (r#"[1,2]"#, "object"),
+            (r#"{"id":"x"}"#, "type"),
+            (r#"{"type":"dance","id":"x"}"#, "dance"),
+            (r#"{"type":"generate","id":"x"}"#, "prompt"),
+            (
+                r#"{"type":"generate","id":"x","prompt":"a","messages":[]}"#,
+                "not both",
+            ),
+            (r#"{"type":"generate","id":5,"prompt":"a"}"#, "id"),
+            (r#"{"type":"generate","id":"","prompt":"a"}"#, "id"),
+            (
+                r#"{"type":"generate","id":"x","prompt":"a","params":{"max_tokens":"many"}}"#,
+                "max_tokens",
+            ),
+            (r#"{"type":"generate","id":"x","prompt":7}"#, "`prompt`"),
+            (
+                r#"{"type":"generate","id":"x","prompt":"a","params":[1]}"#,
+                "params",
+            ),
+            (r#"{"type":"cancel"}"#, "id"),
+        ];
+        for (frame, word) in cases {
+            let e = err(frame).error.to_string();
+            assert!(e.contains(word), "{frame}: {e}");
+        }
     }
 
     #[test]

@@ -404,50 +404,39 @@ mod tests {
 
     #[test]
     fn errors_name_the_missing_or_invalid_file() {
-        let dir = TokFixture::default().write();
-        std::fs::remove_file(dir.path().join("tokenizer_config.json")).unwrap();
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("tokenizer_config.json") && err.contains("not found"),
-            "{err}"
-        );
-
-        let dir = TokFixture::default().write();
-        std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("tokenizer.json") && err.contains("not found"),
-            "{err}"
-        );
-
-        let dir = TokFixture::default().write();
-        std::fs::write(dir.path().join("generation_config.json"), "{ not json").unwrap();
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("generation_config.json") && err.contains("cannot parse"),
-            "{err}"
-        );
-
-        let dir = TokFixture::default().write();
-        write_json(
-            dir.path(),
-            "tokenizer_config.json",
-            &json!({"bos_token": 7}),
-        );
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("tokenizer_config.json") && err.contains("bos_token"),
-            "{err}"
-        );
-
-        let dir = TokFixture::default().write();
-        write_json(
-            dir.path(),
-            "tokenizer_config.json",
-            &json!({"eos_token": "<nope>"}),
-        );
-        let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("\"<nope>\" is not in"), "{err}");
+        // Each case breaks one file of a good fixture: the error names the file and the fault.
+        type Edit<'a> = &'a dyn Fn(&Path);
+        let err_after = |edit: Edit| {
+            let dir = TokFixture::default().write();
+            edit(dir.path());
+            Tokenizer::from_dir(dir.path()).unwrap_err().to_string()
+        };
+        let cases: [(Edit, &[&str]); 5] = [
+            (
+                &|d| std::fs::remove_file(d.join("tokenizer_config.json")).unwrap(),
+                &["tokenizer_config.json", "not found"],
+            ),
+            (
+                &|d| std::fs::remove_file(d.join("tokenizer.json")).unwrap(),
+                &["tokenizer.json", "not found"],
+            ),
+            (
+                &|d| std::fs::write(d.join("generation_config.json"), "{ not json").unwrap(),
+                &["generation_config.json", "cannot parse"],
+            ),
+            (
+                &|d| write_json(d, "tokenizer_config.json", &json!({"bos_token": 7})),
+                &["tokenizer_config.json", "bos_token"],
+            ),
+            (
+                &|d| write_json(d, "tokenizer_config.json", &json!({"eos_token": "<nope>"})),
+                &["\"<nope>\" is not in"],
+            ),
+        ];
+        for (edit, needles) in cases {
+            let err = err_after(edit);
+            assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+        }
 
         let dir = TokFixture {
             generation_eos: Some(json!([1, 99999])),

@@ -71,9 +71,7 @@ async fn a_panicking_cuda_step_rebuilds_the_backend_on_the_gpu() {
     c.send(gen("again", 12)).await;
     let again = c.collect(&["again"]).await;
     assert_eq!(text_of(&again["again"]), reference);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]

@@ -62,15 +62,7 @@ fn chat(content: &str, extra: Value) -> Value {
 
 /// The model's folder name is the served model's name; the test model's folder is a tempdir.
 async fn served(server: &TestServer) -> String {
-    let (status, v, _) = {
-        let mut resp = awc::Client::new()
-            .get(server.url("/v1/models"))
-            .send()
-            .await
-            .unwrap();
-        let v: Value = resp.json().await.unwrap();
-        (resp.status().as_u16(), v, ())
-    };
+    let (status, v) = http_get_json(&server.url("/v1/models")).await;
     assert_eq!(status, 200);
     assert_eq!(v["object"], "list");
     v["data"][0]["id"].as_str().unwrap().to_string()
@@ -236,30 +228,15 @@ async fn errors_have_openais_shape_status_and_count() {
         (s, v["error"]["code"].as_str()),
         (404, Some("model_not_found"))
     );
-    let long = "word ".repeat(2000);
-    let (s, v, _) = post(
-        &server,
-        "/v1/completions",
-        json!({"model": model, "prompt": long}),
-    )
-    .await;
-    assert_eq!(
-        (s, v["error"]["code"].as_str()),
-        (413, Some("prompt_too_long")),
-        "{v}"
-    );
-    let huge = "x".repeat(2 << 20);
-    let (s, v, _) = post(
-        &server,
-        "/v1/completions",
-        json!({"model": model, "prompt": huge}),
-    )
-    .await;
-    assert_eq!(
-        (s, v["error"]["code"].as_str()),
-        (413, Some("payload_too_large")),
-        "{v}"
-    );
+    // Too many tokens, then too many bytes for the body limit.
+    for (prompt, code) in [
+        ("word ".repeat(2000), "prompt_too_long"),
+        ("x".repeat(2 << 20), "payload_too_large"),
+    ] {
+        let body = json!({"model": model, "prompt": prompt});
+        let (s, v, _) = post(&server, "/v1/completions", body).await;
+        assert_eq!((s, v["error"]["code"].as_str()), (413, Some(code)), "{v}");
+    }
     let m = http_get(&server.url("/metrics")).await;
     assert!(
         m.contains(r#"brook:request_errors_total{code="invalid_request"} 4"#),

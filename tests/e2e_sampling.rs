@@ -51,9 +51,7 @@ async fn logprobs_come_with_every_token_and_greedy_takes_the_top_one() {
     // Without `logprobs`, deltas carry none.
     let fs = run_one(&mut c, "plain", json!({"max_tokens":3,"ignore_eos":true})).await;
     assert!(fs.iter().all(|f| f.get("logprobs").is_none()), "{fs:?}");
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -90,9 +88,7 @@ async fn logit_bias_and_min_tokens_steer_the_output() {
         .collect();
     assert!(ids[..5].iter().all(|&t| t != eos as u64), "{ids:?}");
     assert_eq!(ids[5], eos as u64);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -126,7 +122,5 @@ async fn presence_and_frequency_penalties_stop_greedy_repeats() {
     p["repetition_penalty"] = json!(20.0);
     let rep = ids(&run_one(&mut c, "rep", p).await);
     assert_ne!(rep, plain);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }

@@ -4,17 +4,13 @@ mod common;
 use common::*;
 use serde_json::json;
 
-fn gen(id: &str, prompt: &str, max_tokens: usize) -> serde_json::Value {
-    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
-}
-
 #[actix_rt::test]
 async fn multiplexed_requests_stream_and_finish() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("a", "Hello there, how are you?", 12)).await;
+    c.send(generate("a", "Hello there, how are you?", 12)).await;
     c.send(json!({"type":"generate","id":"b","messages":[{"role":"user","content":"Where is my order?"}],"params":{"max_tokens":7,"ignore_eos":true,"seed":3}})).await;
-    c.send(gen("c", "Short", 1)).await;
+    c.send(generate("c", "Short", 1)).await;
     let frames = c.collect(&["a", "b", "c"]).await;
     for (id, want) in [("a", 12), ("b", 7), ("c", 1)] {
         let fs = &frames[id];
@@ -48,7 +44,8 @@ async fn multiplexed_requests_stream_and_finish() {
 async fn cancel_ends_with_cancelled_and_frees_blocks() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("long", "Tell me a very long story", 400)).await;
+    c.send(generate("long", "Tell me a very long story", 400))
+        .await;
     // Wait for the first delta, then cancel.
     loop {
         let f = c.recv().await.unwrap();
@@ -64,12 +61,10 @@ async fn cancel_ends_with_cancelled_and_frees_blocks() {
     assert_eq!(done["finish_reason"], "cancelled");
     assert!(done["usage"]["completion_tokens"].as_u64().unwrap() < 400);
     // The socket still works after a cancel.
-    c.send(gen("after", "again", 3)).await;
+    c.send(generate("after", "again", 3)).await;
     let frames = c.collect(&["after"]).await;
     assert_eq!(terminal(&frames["after"])["finish_reason"], "length");
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 /// Sends one bad frame, expects an error with `code` (and `id`), then checks the socket still
@@ -157,12 +152,12 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     // (A binary message closes the socket with 1003: tests/ws_edge.rs.)
 
     // duplicate_id: the first request is still in flight when the second arrives.
-    c.send(gen("dup", "first", 300)).await;
-    c.send(gen("dup", "second", 3)).await;
+    c.send(generate("dup", "first", 300)).await;
+    c.send(generate("dup", "second", 3)).await;
     // overloaded: the connection allows 3 in flight.
-    c.send(gen("o2", "two", 300)).await;
-    c.send(gen("o3", "three", 300)).await;
-    c.send(gen("o4", "four", 3)).await;
+    c.send(generate("o2", "two", 300)).await;
+    c.send(generate("o3", "three", 300)).await;
+    c.send(generate("o4", "four", 3)).await;
     let mut dup_error = false;
     let mut overloaded = false;
     while !(dup_error && overloaded) {
@@ -187,7 +182,7 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
     }
 
     // After all that, a normal request still works on the same socket.
-    c.send(gen("ok", "still alive?", 4)).await;
+    c.send(generate("ok", "still alive?", 4)).await;
     let frames = c.collect(&["ok"]).await;
     assert_eq!(terminal(&frames["ok"])["usage"]["completion_tokens"], 4);
     c.close().await;
@@ -213,7 +208,7 @@ async fn oversized_frame_closes_with_1009_and_others_carry_on() {
     cfg.server.max_message_bytes = 64 * 1024;
     let server = start_server(cfg).await;
     let mut other = Client::connect(&server).await;
-    other.send(gen("keep", "unaffected", 20)).await;
+    other.send(generate("keep", "unaffected", 20)).await;
 
     let mut c = Client::connect(&server).await;
     let huge = json!({"type":"generate","id":"h","prompt":"x".repeat(100 * 1024)}).to_string();
@@ -232,8 +227,8 @@ async fn oversized_frame_closes_with_1009_and_others_carry_on() {
 async fn disconnect_mid_stream_aborts_and_frees_everything() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("a", "streaming away", 400)).await;
-    c.send(gen("b", "and another one", 400)).await;
+    c.send(generate("a", "streaming away", 400)).await;
+    c.send(generate("b", "and another one", 400)).await;
     loop {
         let f = c.recv().await.unwrap();
         if f["type"] == "delta" {
@@ -256,8 +251,12 @@ async fn seeded_sampling_is_independent_of_the_batch() {
     let alone = text_of(&c.collect(&["alone"]).await["alone"]);
     // Same request again, now sharing every step with other requests.
     for i in 0..4 {
-        c.send(gen(&format!("noise{i}"), &"busy ".repeat(i * 7 + 1), 24))
-            .await;
+        c.send(generate(
+            &format!("noise{i}"),
+            &"busy ".repeat(i * 7 + 1),
+            24,
+        ))
+        .await;
     }
     c.send(sampled("crowd")).await;
     let frames = c
@@ -272,7 +271,7 @@ async fn seeded_sampling_is_independent_of_the_batch() {
 async fn stop_string_ends_output_and_is_never_sent() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("full", "The quick brown fox", 40)).await;
+    c.send(generate("full", "The quick brown fox", 40)).await;
     let full = text_of(&c.collect(&["full"]).await["full"]);
     let chars: Vec<char> = full.chars().collect();
     assert!(chars.len() >= 12, "need some text to cut: {full:?}");
@@ -284,9 +283,7 @@ async fn stop_string_ends_output_and_is_never_sent() {
     let done = terminal(&frames["s"]);
     assert_eq!(done["finish_reason"], "stop");
     assert_eq!(text_of(&frames["s"]), full[..cut]);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -332,11 +329,11 @@ async fn adaptive_policy_serves_mixed_lengths() {
     let server = start_server(cfg).await;
     let mut c = Client::connect(&server).await;
     let ids = ["s1", "s2", "m1", "l1"];
-    c.send(gen("s1", "hi", 8)).await;
-    c.send(gen("s2", "hello you", 8)).await;
-    c.send(gen("m1", &"a medium sized prompt ".repeat(4), 8))
+    c.send(generate("s1", "hi", 8)).await;
+    c.send(generate("s2", "hello you", 8)).await;
+    c.send(generate("m1", &"a medium sized prompt ".repeat(4), 8))
         .await;
-    c.send(gen("l1", &"a long document line ".repeat(30), 8))
+    c.send(generate("l1", &"a long document line ".repeat(30), 8))
         .await;
     let frames = c.collect(&ids).await;
     for id in ids {
@@ -408,7 +405,8 @@ async fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
     let mut c = Client::connect(&server).await;
     // Greedy: every choice is the n = 1 output; seeded sampling: choice 0 is n = 1's.
     c.send(json!({"type":"generate","id":"g","prompt":"Hello there, how are you?","n":3,"params":{"max_tokens":9,"ignore_eos":true,"temperature":0.0}})).await;
-    c.send(gen("one", "Hello there, how are you?", 9)).await;
+    c.send(generate("one", "Hello there, how are you?", 9))
+        .await;
     let frames = c.collect(&["g", "one"]).await;
     let text = |fs: &[serde_json::Value], i: u64| -> String {
         fs.iter()

@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 use common::faults::{Fault, FaultPlan};
 use common::testing::TestModelSpec;
 use common::*;
-use serde_json::{json, Value};
-
-fn gen(id: &str, prompt: &str, max_tokens: usize) -> Value {
-    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
-}
+use serde_json::Value;
 
 async fn start(cfg: brook::config::Config, plan: &std::sync::Arc<FaultPlan>) -> TestServer {
     start_server_wrapped(cfg, &TestModelSpec::default(), Some(plan.wrap())).await
@@ -22,19 +18,20 @@ async fn start(cfg: brook::config::Config, plan: &std::sync::Arc<FaultPlan>) -> 
 
 /// /health's status code and body.
 async fn health(server: &TestServer) -> (u16, Value) {
-    let mut resp = awc::Client::new()
-        .get(server.url("/health"))
-        .send()
-        .await
-        .unwrap();
-    let body: Value = resp.json().await.unwrap();
-    (resp.status().as_u16(), body)
+    http_get_json(&server.url("/health")).await
 }
 
 /// The one request's terminal frame.
 async fn run(c: &mut Client, id: &str, prompt: &str, max_tokens: usize) -> Vec<Value> {
-    c.send(gen(id, prompt, max_tokens)).await;
+    c.send(generate(id, prompt, max_tokens)).await;
     c.collect(&[id]).await.remove(id).unwrap()
+}
+
+/// Runs request "a", which the armed fault fails: its terminal frame, an `internal` error.
+async fn run_failed(c: &mut Client, prompt: &str, max_tokens: usize) -> Value {
+    let t = terminal(&run(c, "a", prompt, max_tokens).await).clone();
+    assert_eq!(t["code"], "internal", "{t}");
+    t
 }
 
 /// The engine serves a new request in full: `max_tokens` tokens, no error.
@@ -61,8 +58,8 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     let mut c = Client::connect(&server).await;
     // Both requests are in the third step from now, whichever steps their prefills took.
     plan.arm(3, Fault::Error);
-    c.send(gen("a", "Hello there, how are you?", 40)).await;
-    c.send(gen("b", "Where is my order?", 40)).await;
+    c.send(generate("a", "Hello there, how are you?", 40)).await;
+    c.send(generate("b", "Where is my order?", 40)).await;
     let frames = c.collect(&["a", "b"]).await;
     for id in ["a", "b"] {
         let t = terminal(&frames[id]);
@@ -78,9 +75,7 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     assert_eq!(failures(&m, "error"), 1.0);
     assert_serves(&mut c, "after", "Hello there, how are you?", 5).await;
     assert_eq!(health(&server).await.0, 200);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -109,9 +104,7 @@ async fn a_panic_rebuilds_the_backend_and_forgets_its_prefix_cache() {
     // change the greedy output.
     let again = run(&mut c, "again", &prompt, 8).await;
     assert_eq!(text_of(&again), reference);
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -123,8 +116,7 @@ async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
     let before = metric(&metrics().await, "brook:kv_cache_blocks_total");
     let mut c = Client::connect(&server).await;
     plan.arm(1, Fault::Panic);
-    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    run_failed(&mut c, "Hello", 10).await;
     let m = wait_idle(&server).await;
     assert_eq!(
         metric(&m, "brook:kv_cache_blocks_total"),
@@ -132,9 +124,7 @@ async fn a_rebuilt_backend_with_a_smaller_pool_resizes_the_block_manager() {
     );
     assert_eq!(health(&server).await.0, 200);
     assert_serves(&mut c, "b", "Hello", 5).await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -144,8 +134,7 @@ async fn a_backend_that_cannot_be_rebuilt_leaves_the_server_up_and_unhealthy() {
     let server = start(test_config(), &plan).await;
     let mut c = Client::connect(&server).await;
     plan.arm(1, Fault::Panic);
-    let t = terminal(&run(&mut c, "a", "Hello", 10).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    run_failed(&mut c, "Hello", 10).await;
     wait_idle(&server).await;
     let (status, body) = health(&server).await;
     assert_eq!(status, 503, "{body}");
@@ -174,8 +163,7 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
     let mut c = Client::connect(&server).await;
     plan.arm(2, Fault::Hang(Duration::from_millis(2000)));
     let t0 = Instant::now();
-    let t = terminal(&run(&mut c, "a", "Hello there", 20).await).clone();
-    assert_eq!(t["code"], "internal", "{t}");
+    let t = run_failed(&mut c, "Hello there", 20).await;
     assert!(t["message"].as_str().unwrap().contains("deadline"), "{t}");
     // Failed at the deadline, not when the step came back.
     assert!(
@@ -200,9 +188,7 @@ async fn a_step_past_its_deadline_stalls_the_engine_until_it_returns() {
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
     assert_serves(&mut c, "c", "Hello there", 5).await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 /// Speculative decoding with the bundled draft model: a panic in a step that verifies drafts

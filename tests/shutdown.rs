@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::testing::TestModelSpec;
 use common::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 struct Served {
     child: Child,
@@ -119,7 +119,7 @@ impl Drop for Served {
 }
 
 fn gen(id: &str, max_tokens: usize) -> Value {
-    json!({"type":"generate","id":id,"prompt":"Tell me a long story.","params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+    generate(id, "Tell me a long story.", max_tokens)
 }
 
 /// Sends a request and waits for its first delta: it is in flight.
@@ -138,12 +138,8 @@ async fn start_request(c: &mut Client, id: &str, max_tokens: usize) -> Vec<Value
 
 /// /health's status code and `status` field.
 async fn health(url: &str) -> (u16, String) {
-    let mut resp = awc::Client::new().get(url).send().await.unwrap();
-    let body: Value = resp.json().await.unwrap();
-    (
-        resp.status().as_u16(),
-        body["status"].as_str().unwrap().to_owned(),
-    )
+    let (status, body) = http_get_json(url).await;
+    (status, body["status"].as_str().unwrap().to_owned())
 }
 
 #[actix_rt::test]
@@ -156,14 +152,8 @@ async fn sigterm_drains_the_requests_in_flight_then_exits_0() {
     s.wait_log("SIGTERM: draining");
     assert_eq!(health(&s.url("/health")).await, (503, "draining".into()));
     // No new sockets...
-    let refused = awc::Client::new()
-        .ws(format!("ws://127.0.0.1:{}/v1/ws", s.port))
-        .connect()
-        .await;
-    match refused {
-        Err(awc::error::WsClientError::InvalidResponseStatus(st)) => assert_eq!(st.as_u16(), 503),
-        other => panic!("upgrade during drain: {:?}", other.map(|(r, _)| r.status())),
-    }
+    let upgrade = awc::Client::new().ws(format!("ws://127.0.0.1:{}/v1/ws", s.port));
+    assert_eq!(upgrade_status(upgrade).await, 503, "upgrade during drain");
     // ...and no new requests on the open one, while the one in flight carries on.
     c.send(gen("late", 3)).await;
     let mut late = None;

@@ -13,7 +13,7 @@ use actix_http::ws::{Codec, Frame, Message};
 use actix_web::web::BytesMut;
 use common::testing::TestModelSpec;
 use common::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -109,7 +109,7 @@ impl RawClient {
 }
 
 fn gen(id: &str, max_tokens: usize) -> Value {
-    json!({"type":"generate","id":id,"prompt":"Tell me everything about the ocean.","params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+    generate(id, "Tell me everything about the ocean.", max_tokens)
 }
 
 /// Polls /metrics until `pred` holds (tests may poll; the server does not).

@@ -15,10 +15,6 @@ use common::testing::TestModelSpec;
 use common::*;
 use serde_json::json;
 
-fn gen(id: &str, prompt: &str, max_tokens: usize) -> serde_json::Value {
-    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
-}
-
 /// `text` as FirstText, Continue…, Last fragments of `size` bytes (split anywhere, even
 /// inside a UTF-8 character, as a client may).
 fn fragments(text: &str, size: usize) -> Vec<Message> {
@@ -44,7 +40,7 @@ fn fragments(text: &str, size: usize) -> Vec<Message> {
 
 /// Asserts the next request works on `c` (the socket survived what came before).
 async fn still_serves(c: &mut Client, id: &str) {
-    c.send(gen(id, "still there?", 3)).await;
+    c.send(generate(id, "still there?", 3)).await;
     let frames = c.collect(&[id]).await;
     assert_eq!(terminal(&frames[id])["usage"]["completion_tokens"], 3);
 }
@@ -58,7 +54,7 @@ async fn a_10kb_prompt_in_continuation_frames_is_answered_like_a_whole_one() {
     let mut c = Client::connect(&server).await;
     // ~10 KB with multi-byte characters, so fragment boundaries fall inside them too.
     let doc = "Order 58231 shipped from Lyon; the blender — damaged — did not start. ".repeat(140);
-    let frame = |id: &str| gen(id, &doc, 6).to_string();
+    let frame = |id: &str| generate(id, &doc, 6).to_string();
     assert!(frame("x").len() > 10_000);
     for m in fragments(&frame("frag"), 4096 - 3) {
         c.send_msg(m).await;
@@ -71,16 +67,17 @@ async fn a_10kb_prompt_in_continuation_frames_is_answered_like_a_whole_one() {
     assert!(f[0]["prompt_tokens"].as_u64().unwrap() > 1000, "{:?}", f[0]);
     assert_eq!(f[0]["prompt_tokens"], w[0]["prompt_tokens"]);
     assert_eq!(text_of(f), text_of(w));
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
 async fn pings_between_fragments_are_answered_and_the_message_still_arrives() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    let mut msgs = fragments(&gen("p", "interleaved control frames", 4).to_string(), 20);
+    let mut msgs = fragments(
+        &generate("p", "interleaved control frames", 4).to_string(),
+        20,
+    );
     msgs.insert(1, Message::Ping(Bytes::from_static(b"one")));
     msgs.insert(3, Message::Pong(Bytes::from_static(b"unsolicited")));
     msgs.insert(4, Message::Ping(Bytes::from_static(b"two")));
@@ -116,7 +113,7 @@ async fn framing_violations_close_with_their_codes_and_others_carry_on() {
     cfg.server.max_message_bytes = 16 * 1024;
     let server = start_server(cfg).await;
     let mut other = Client::connect(&server).await;
-    other.send(gen("keep", "unaffected", 40)).await;
+    other.send(generate("keep", "unaffected", 40)).await;
 
     let text = |p: &[u8], fin| Client::raw_frame(p, OpCode::Text, fin);
     let cont = |p: &[u8], fin| Client::raw_frame(p, OpCode::Continue, fin);
@@ -209,7 +206,7 @@ async fn framing_violations_close_with_their_codes_and_others_carry_on() {
     for (what, bytes, code) in cases {
         let mut c = Client::connect(&server).await;
         // A request in flight on the failing socket is aborted and its blocks freed.
-        c.send(gen("doomed", "in flight when the socket fails", 300))
+        c.send(generate("doomed", "in flight when the socket fails", 300))
             .await;
         c.send_raw(&bytes).await;
         assert_eq!(c.expect_close().await, Some(code), "{what}");
@@ -245,7 +242,7 @@ async fn framing_violations_close_with_their_codes_and_others_carry_on() {
 async fn close_handshake_echoes_the_code_and_frees_the_requests() {
     let server = start_server(test_config()).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("a", "about to close", 300)).await;
+    c.send(generate("a", "about to close", 300)).await;
     // Close in the middle of a fragmented message.
     c.send_msg(Message::Continuation(Item::FirstText(Bytes::from_static(
         b"{\"ty",
@@ -312,40 +309,28 @@ async fn api_key_by_header_subprotocol_or_query() {
     let mut cfg = test_config();
     cfg.server.api_key = Some(ApiKey::new(KEY).unwrap());
     let server = start_server(cfg).await;
-    let status = |r: Result<_, awc::error::WsClientError>| match r {
-        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => s.as_u16(),
-        Err(e) => panic!("{e}"),
-        Ok(_) => 101,
-    };
     // Refused: no key, a wrong key each way.
+    assert_eq!(upgrade_status(server.ws_request("/v1/ws")).await, 401);
     assert_eq!(
-        status(Client::connect_with(server.ws_request("/v1/ws")).await),
+        upgrade_status(
+            server
+                .ws_request("/v1/ws")
+                .bearer_auth("wrong-key-0123456789")
+        )
+        .await,
         401
     );
     assert_eq!(
-        status(
-            Client::connect_with(
-                server
-                    .ws_request("/v1/ws")
-                    .bearer_auth("wrong-key-0123456789")
-            )
-            .await
-        ),
+        upgrade_status(
+            server
+                .ws_request("/v1/ws")
+                .protocols(["brook", "bearer.wrong"])
+        )
+        .await,
         401
     );
     assert_eq!(
-        status(
-            Client::connect_with(
-                server
-                    .ws_request("/v1/ws")
-                    .protocols(["brook", "bearer.wrong"])
-            )
-            .await
-        ),
-        401
-    );
-    assert_eq!(
-        status(Client::connect_with(server.ws_request("/v1/ws?api_key=wrong")).await),
+        upgrade_status(server.ws_request("/v1/ws?api_key=wrong")).await,
         401
     );
     // Accepted each way; the subprotocol way is answered with `brook`.
@@ -404,11 +389,11 @@ async fn origins_outside_the_allow_list_are_refused() {
     let mut cfg = test_config();
     cfg.server.allowed_origins = vec!["https://chat.example.com".into()];
     let server = start_server(cfg).await;
-    match Client::connect_with(server.ws_request("/v1/ws").origin("https://evil.example")).await {
-        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => assert_eq!(s.as_u16(), 403),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a foreign origin was let in"),
-    }
+    assert_eq!(
+        upgrade_status(server.ws_request("/v1/ws").origin("https://evil.example")).await,
+        403,
+        "a foreign origin was let in"
+    );
     let (_, mut c) = Client::connect_with(
         server
             .ws_request("/v1/ws")
@@ -419,11 +404,11 @@ async fn origins_outside_the_allow_list_are_refused() {
     still_serves(&mut c, "listed").await;
     // The server's own origin is not implied: it must be listed too.
     let own = format!("http://127.0.0.1:{}", server.port);
-    match Client::connect_with(server.ws_request("/v1/ws").origin(own.as_str())).await {
-        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => assert_eq!(s.as_u16(), 403),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("an unlisted origin was let in"),
-    }
+    assert_eq!(
+        upgrade_status(server.ws_request("/v1/ws").origin(own.as_str())).await,
+        403,
+        "an unlisted origin was let in"
+    );
     // No Origin header: not a browser.
     let mut c = Client::connect(&server).await;
     still_serves(&mut c, "no-origin").await;
@@ -437,11 +422,11 @@ async fn connections_beyond_the_limit_get_503_until_one_closes() {
     let server = start_server(cfg).await;
     let a = Client::connect(&server).await;
     let mut b = Client::connect(&server).await;
-    match Client::connect_with(server.ws_request("/v1/ws")).await {
-        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => assert_eq!(s.as_u16(), 503),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a third connection was let in"),
-    }
+    assert_eq!(
+        upgrade_status(server.ws_request("/v1/ws")).await,
+        503,
+        "a third connection was let in"
+    );
     still_serves(&mut b, "b").await;
     a.close().await;
     // The slot frees once the server has finished the closed session.
@@ -470,9 +455,9 @@ async fn requests_in_flight_per_connection_are_bounded() {
     cfg.server.max_requests_per_connection = 2;
     let server = start_server(cfg).await;
     let mut c = Client::connect(&server).await;
-    c.send(gen("a", "first", 200)).await;
-    c.send(gen("b", "second", 3)).await;
-    c.send(gen("c", "third", 3)).await;
+    c.send(generate("a", "first", 200)).await;
+    c.send(generate("b", "second", 3)).await;
+    c.send(generate("c", "third", 3)).await;
     let mut refused = false;
     let mut b_done = false;
     while !(refused && b_done) {
@@ -489,13 +474,11 @@ async fn requests_in_flight_per_connection_are_bounded() {
         }
     }
     // `b` ended, so there is room again.
-    c.send(gen("d", "fourth", 3)).await;
+    c.send(generate("d", "fourth", 3)).await;
     c.send(json!({"type":"cancel","id":"a"})).await;
     let frames = c.collect(&["a", "d"]).await;
     assert_eq!(terminal(&frames["d"])["type"], "done");
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }
 
 #[actix_rt::test]
@@ -507,7 +490,7 @@ async fn message_rate_is_limited_then_the_socket_closed_with_1008() {
     let server = start_server(cfg).await;
     let mut c = Client::connect(&server).await;
     for i in 0..4 {
-        c.send(gen(&format!("r{i}"), "go", 2)).await;
+        c.send(generate(&format!("r{i}"), "go", 2)).await;
     }
     let frames = c.collect(&["r0", "r1", "r2", "r3"]).await;
     for id in ["r0", "r1", "r2"] {
@@ -522,7 +505,7 @@ async fn message_rate_is_limited_then_the_socket_closed_with_1008() {
     still_serves(&mut c, "after-wait").await;
     // Ignoring it: refused, refused, … then closed.
     for i in 0..10 {
-        c.send(gen(&format!("spam{i}"), "go", 2)).await;
+        c.send(generate(&format!("spam{i}"), "go", 2)).await;
     }
     assert_eq!(c.expect_close().await, Some(1008));
     wait_idle(&server).await;
@@ -547,7 +530,5 @@ async fn malformed_corpus_gets_error_frames_over_a_socket() {
         assert_eq!(f["code"], code.as_str(), "{name}: {f}");
     }
     still_serves(&mut c, "after-corpus").await;
-    c.close().await;
-    wait_idle(&server).await;
-    server.stop().await;
+    server.close_and_stop(c).await;
 }

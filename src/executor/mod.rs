@@ -5,4 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod input_batch;
 pub mod kv_tier;
+/// The serving-path test harness (test-only; tests/cuda_e2e.rs includes it too).
+#[cfg(test)]
+pub mod testing;
 pub mod verify;

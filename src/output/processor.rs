@@ -187,46 +187,28 @@ impl OutputProcessor {
                 },
             );
         }
-        for index in 1..n {
-            self.requests.insert(
-                RequestId(id.0 + index as u64),
-                RequestState {
-                    tx: tx.clone(),
-                    first: id,
-                    index,
-                    backlog: backlog.clone(),
-                    text: text.clone(),
-                    pending_text: String::new(),
-                    pending_logprobs: Vec::new(),
-                    pending_tokens: 0,
-                    prompt_tokens,
-                    completion_tokens: 0,
-                    arrival,
-                    scheduled_at: None,
-                    first_token_at: None,
-                    last_token_at: None,
-                },
-            );
+        // Choice `index`; the choices share the request's channel, socket and text state.
+        let choice = |index| RequestState {
+            tx: tx.clone(),
+            first: id,
+            index,
+            backlog: backlog.clone(),
+            text: text.clone(),
+            pending_text: String::new(),
+            pending_tokens: 0,
+            pending_logprobs: Vec::new(),
+            prompt_tokens,
+            completion_tokens: 0,
+            arrival,
+            scheduled_at: None,
+            first_token_at: None,
+            last_token_at: None,
+        };
+        // Validation makes n >= 1; choice 0 is tracked whatever n says.
+        for index in 0..n.max(1) {
+            self.requests
+                .insert(RequestId(id.0 + index as u64), choice(index));
         }
-        self.requests.insert(
-            id,
-            RequestState {
-                tx,
-                first: id,
-                index: 0,
-                backlog,
-                text,
-                pending_text: String::new(),
-                pending_tokens: 0,
-                pending_logprobs: Vec::new(),
-                prompt_tokens,
-                completion_tokens: 0,
-                arrival,
-                scheduled_at: None,
-                first_token_at: None,
-                last_token_at: None,
-            },
-        );
     }
 
     /// Requests in a batch for the first time: their queueing ends at `now`.

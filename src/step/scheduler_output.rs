@@ -140,4 +140,26 @@ impl ScheduledRequest {
             new: None,
         }
     }
+
+    /// Tests: the first step of a new request, its data sent whole: `n` tokens of the prompt
+    /// `token_ids`, sampling when that completes the prompt.
+    pub(crate) fn first(
+        id: u64,
+        token_ids: Vec<u32>,
+        n: usize,
+        blocks: Vec<u32>,
+        params: Arc<SamplingParams>,
+        seed: u64,
+    ) -> Self {
+        let num_prompt_tokens = token_ids.len();
+        ScheduledRequest {
+            new: Some(NewRequestData {
+                token_ids,
+                num_prompt_tokens,
+                params,
+                seed,
+            }),
+            ..Self::running(id, 0, n, n == num_prompt_tokens, blocks)
+        }
+    }
 }

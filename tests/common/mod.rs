@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use awc::ws;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use brook::config::Config;
 use brook::engine::EngineHandle;
@@ -40,6 +40,14 @@ impl TestServer {
 
     pub async fn stop(self) {
         self.handle.stop(false).await;
+    }
+
+    /// Closes `c`, waits until every request and KV block is released, then stops: the end of
+    /// a test that must leave nothing behind.
+    pub async fn close_and_stop(self, c: Client) {
+        c.close().await;
+        wait_idle(&self).await;
+        self.stop().await;
     }
 }
 
@@ -207,24 +215,14 @@ impl Client {
         self.send_text(v.to_string()).await;
     }
 
-    /// Next JSON frame (skipping pings), or None when the socket closed. Panics on timeout.
+    /// Next JSON frame (answering pings), or None when the socket closed. Panics on timeout.
     pub async fn recv(&mut self) -> Option<Value> {
         loop {
-            let frame = tokio::time::timeout(Duration::from_secs(60), self.conn.next())
-                .await
-                .expect("no frame within 60 s");
-            match frame {
-                Some(Ok(ws::Frame::Text(t))) => return Some(serde_json::from_slice(&t).unwrap()),
-                Some(Ok(ws::Frame::Ping(p))) => {
-                    self.conn.send(ws::Message::Pong(p)).await.unwrap();
-                }
-                Some(Ok(ws::Frame::Close(reason))) => {
-                    self.last_close = reason.map(|r| u16::from(r.code));
-                    return None;
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => panic!("websocket error: {e}"),
-                None => return None,
+            match self.next_frame().await? {
+                ws::Frame::Text(t) => return Some(serde_json::from_slice(&t).unwrap()),
+                ws::Frame::Ping(p) => self.conn.send(ws::Message::Pong(p)).await.unwrap(),
+                ws::Frame::Close(_) => return None,
+                _ => {}
             }
         }
     }
@@ -250,6 +248,20 @@ impl Client {
     }
 }
 
+/// A `generate` frame: greedy, `max_tokens` tokens past any eos.
+pub fn generate(id: &str, prompt: &str, max_tokens: usize) -> Value {
+    json!({"type":"generate","id":id,"prompt":prompt,"params":{"max_tokens":max_tokens,"ignore_eos":true,"temperature":0.0}})
+}
+
+/// The HTTP status of a WebSocket upgrade: 101 when accepted, else the refusal's.
+pub async fn upgrade_status(req: awc::ws::WebsocketsRequest) -> u16 {
+    match Client::connect_with(req).await {
+        Ok(_) => 101,
+        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => s.as_u16(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Concatenated delta text of one request's frames.
 pub fn text_of(frames: &[Value]) -> String {
     frames
@@ -272,6 +284,13 @@ pub async fn http_get(url: &str) -> String {
     let mut resp = awc::Client::new().get(url).send().await.unwrap();
     let body = resp.body().limit(1 << 22).await.unwrap();
     String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// A GET's status and JSON body.
+pub async fn http_get_json(url: &str) -> (u16, Value) {
+    let mut resp = awc::Client::new().get(url).send().await.unwrap();
+    let body: Value = resp.json().await.unwrap();
+    (resp.status().as_u16(), body)
 }
 
 /// Value of an un-labelled metric in Prometheus text.

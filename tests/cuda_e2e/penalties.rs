@@ -2,13 +2,12 @@
 //! counts (kept by the persistent batch's count ops through preemptions, row moves and prefix
 //! hits), logit bias and logprobs, against the CPU reference.
 
-use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::kv::KvCacheManager;
 use brook::model::reference::reference_logits;
 use brook::sampling::sampler::{process_logits, TokenCounts};
-use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
-use brook::step::StepOutput;
+use brook::scheduler::Scheduler;
 
+use super::harness::{run_to_completion, scheduler_config, top2_gap, NEAR_TIE};
 use super::*;
 
 /// Greedy requests with presence, frequency and repetition penalties and a logit bias, through
@@ -23,12 +22,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(3);
+    let spec = gqa_hd64().layers(3);
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let config = ModelConfig::from_dir(dir.path()).unwrap();
@@ -43,13 +37,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
         })
         .collect();
     let max_tokens = 16;
-    let base = CudaBackendOptions {
-        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-        max_num_batched_tokens: 256,
-        max_num_seqs: 8,
-        progress: false,
-        ..Default::default()
-    };
+    let base = serving_opts(&config);
     // Issue 18's switches: pinned I/O reads the top log-probabilities from its stage; lookahead
     // runs nothing ahead while a row has penalties, and with none (bias and logprobs only) keeps
     // predicted steps whose logit edits and top log-probabilities must be the real step's.
@@ -110,42 +98,9 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
         let lookahead = opts.lookahead;
         let mut gpu = CudaBackend::from_weights(config.clone(), &weights, opts).unwrap();
         let mut kv = KvCacheManager::new(gpu.info().num_kv_blocks, BLOCK, true);
-        let mut sched = Scheduler::new(SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len: config.max_position_embeddings,
-            long_prefill_token_threshold: 0,
-            ..SchedulerConfig::default()
-        });
-        for (i, p) in prompts.iter().enumerate() {
-            let req = NewRequest {
-                id: RequestId(i as u64),
-                prompt_token_ids: p.clone(),
-                params: params[i].clone(),
-                seed: 0,
-                eos_token_ids: Arc::from(vec![0u32]),
-                n: 1,
-            };
-            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
-        }
-        let mut outputs = vec![Vec::new(); prompts.len()];
-        let mut logprobs = vec![Vec::new(); prompts.len()];
-        let mut t = 0.0;
-        while sched.has_unfinished() {
-            let out = sched.schedule(&mut kv, t);
-            let step = if out.is_empty() {
-                StepOutput::default()
-            } else {
-                gpu.execute(&out).unwrap()
-            };
-            t += 0.01;
-            for u in sched.update_from_output(&out, &step, &mut kv, t) {
-                assert_eq!(u.logprobs.len(), u.new_token_ids.len());
-                outputs[u.id.0 as usize].extend(u.new_token_ids);
-                logprobs[u.id.0 as usize].extend(u.logprobs);
-            }
-            assert!(t < 100.0, "no progress");
-        }
+        let mut sched = Scheduler::new(scheduler_config(8, 64, config.max_position_embeddings));
+        let run = run_to_completion(&mut gpu, &mut kv, &mut sched, &prompts, &params);
+        let (outputs, logprobs) = (run.tokens, run.logprobs);
         assert!(sched.num_preemptions() > 0, "{name}: no preemption");
         let mut tally = Tally::default();
         let mut processed = Vec::new();
@@ -157,14 +112,8 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
                 let row: Vec<f32> = logits.get(p.len() - 1 + k).unwrap().to_vec1().unwrap();
                 let counts = TokenCounts::new(p, &out[..k]);
                 process_logits(&row, &params[i], k, Some(&counts), &mut processed);
-                tally.compared += 1;
-                if argmax(&processed).0 != token {
-                    if top2_gap(&processed) < NEAR_TIE {
-                        tally.near_tie_mismatches += 1;
-                    } else {
-                        tally.mismatches += 1;
-                        eprintln!("request {i} token {k}: {token} vs {}", argmax(&processed).0);
-                    }
+                if tally.check(&processed, token) {
+                    eprintln!("request {i} token {k}: {token} vs {}", argmax(&processed).0);
                 }
                 let lp = &logprobs[i][k];
                 assert_eq!(lp.token, token);
@@ -177,11 +126,7 @@ fn cuda_penalties_on_the_persistent_batch_match_the_cpu() {
             }
         }
         eprintln!("penalties on the persistent batch, {name}: {tally:?}");
-        assert_eq!(tally.mismatches, 0, "{name}: {tally:?}");
-        assert!(
-            tally.near_tie_mismatches * 20 <= tally.compared,
-            "{name}: {tally:?}"
-        );
+        tally.assert_close(name);
         // Same kernels and params: exactly the default's tokens.
         match name {
             "graphs" => default_outputs = Some(outputs.clone()),

@@ -1,11 +1,10 @@
 //! The CUDA backend on the path `brook serve` runs: steps from a real scheduler.
 
-use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::kv::KvCacheManager;
 use brook::model::reference::reference_logits;
-use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
-use brook::step::StepOutput;
+use brook::scheduler::Scheduler;
 
+use super::harness::{greedy_ignoring_eos, run_to_completion, scheduler_config};
 use super::*;
 
 /// The serving path: a real scheduler's steps through `Backend::execute` (requests sent whole
@@ -19,12 +18,7 @@ use super::*;
 /// the reference.
 #[test]
 fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
-    let spec = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(3);
+    let spec = gqa_hd64().layers(3);
     check_scheduler_steps(spec);
 }
 
@@ -33,12 +27,8 @@ fn cuda_scheduler_steps_on_the_persistent_batch_match_the_cpu() {
 /// (`block_table_update`), which no kernel may read.
 #[test]
 fn cuda_scheduler_steps_free_blocks_behind_a_sliding_window() {
-    let spec = TestModelSpec::default()
+    let spec = gqa_hd64()
         .architecture(Architecture::Mistral)
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
         .layers(3)
         .sliding_window(Some(24))
         .seed(31);
@@ -69,13 +59,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         })
         .collect();
     let max_tokens = 12;
-    let base = CudaBackendOptions {
-        max_kv_cache_bytes: Some(24 * kv_bytes_per_block(&config, BLOCK)),
-        max_num_batched_tokens: 256,
-        max_num_seqs: 8,
-        progress: false,
-        ..Default::default()
-    };
+    let base = serving_opts(&config);
     let variants = [
         ("graphs", base.clone()),
         (
@@ -116,47 +100,10 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         let num_blocks = gpu.info().num_kv_blocks;
         let mut kv =
             KvCacheManager::new(num_blocks, BLOCK, true).with_sliding_window(config.sliding_window);
-        let mut most_freed = 0;
-        let mut sched = Scheduler::new(SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len: config.max_position_embeddings,
-            long_prefill_token_threshold: 0,
-            ..SchedulerConfig::default()
-        });
-        let params = Arc::new(SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(max_tokens)
-        });
-        for (i, p) in prompts.iter().enumerate() {
-            let req = NewRequest {
-                id: RequestId(i as u64),
-                prompt_token_ids: p.clone(),
-                params: params.clone(),
-                seed: 0,
-                eos_token_ids: Arc::from(vec![0u32]),
-                n: 1,
-            };
-            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
-        }
-        let mut outputs = vec![Vec::new(); prompts.len()];
-        let mut t = 0.0;
-        while sched.has_unfinished() {
-            let out = sched.schedule(&mut kv, t);
-            for s in &out.scheduled {
-                most_freed = most_freed.max(s.num_freed_blocks);
-            }
-            let step = if out.is_empty() {
-                StepOutput::default()
-            } else {
-                gpu.execute(&out).unwrap()
-            };
-            t += 0.01;
-            for u in sched.update_from_output(&out, &step, &mut kv, t) {
-                outputs[u.id.0 as usize].extend(u.new_token_ids);
-            }
-            assert!(t < 100.0, "no progress");
-        }
+        let mut sched = Scheduler::new(scheduler_config(8, 64, config.max_position_embeddings));
+        let params = vec![greedy_ignoring_eos(max_tokens); prompts.len()];
+        let run = run_to_completion(&mut gpu, &mut kv, &mut sched, &prompts, &params);
+        let (outputs, most_freed) = (run.tokens, run.most_freed);
         match config.sliding_window {
             // Each request holds a window's blocks at most, so the pool need not preempt.
             Some(w) => assert!(most_freed > 0, "{name}: window {w} freed nothing"),
@@ -173,22 +120,11 @@ fn check_scheduler_steps(spec: TestModelSpec) {
             let logits = reference_logits(&config, &weights, &seq).unwrap();
             for (k, &token) in out.iter().enumerate() {
                 let row: Vec<f32> = logits.get(p.len() - 1 + k).unwrap().to_vec1().unwrap();
-                tally.compared += 1;
-                if argmax(&row).0 != token {
-                    if top2_gap(&row) < NEAR_TIE {
-                        tally.near_tie_mismatches += 1;
-                    } else {
-                        tally.mismatches += 1;
-                    }
-                }
+                tally.check(&row, token);
             }
         }
         eprintln!("persistent batch, {name}: {tally:?}");
-        assert_eq!(tally.mismatches, 0, "{name}: {tally:?}");
-        assert!(
-            tally.near_tie_mismatches * 20 <= tally.compared,
-            "{name}: {tally:?}"
-        );
+        tally.assert_close(name);
         if matches!(name, "pinned_io" | "lookahead") {
             let want = default_outputs.as_ref().unwrap();
             assert!(&outputs == want, "{name}: tokens differ from the default's");

@@ -129,6 +129,43 @@ pub fn log_softmax_at(logits: &[f32], t: usize) -> f32 {
     (logits[t] as f64 - m - z.ln()) as f32
 }
 
+/// Checks each row's token (rows `stride` apart, of which the first `vocab` ids are sampled,
+/// row i with `variants[i % len]`): below `vocab`, the argmax for a greedy row, else among the
+/// CPU sampler's filtered candidates. Returns the reference log-probability of each token.
+fn check_sampled_rows(
+    logits: &[f32],
+    stride: usize,
+    vocab: usize,
+    tokens: &[i32],
+    variants: &[SamplingParams],
+) -> Vec<f32> {
+    let mut sampler = Sampler::new();
+    let mut want_logprobs = Vec::with_capacity(tokens.len());
+    for (i, &tok) in tokens.iter().enumerate() {
+        let p = &variants[i % variants.len()];
+        let row = &logits[i * stride..i * stride + vocab];
+        let tok = tok as usize;
+        assert!(tok < vocab, "row {i}: token {tok} is past the sampled ids");
+        want_logprobs.push(log_softmax_at(row, tok));
+        let (top, m) = argmax(row);
+        if p.is_greedy() {
+            assert_eq!(tok as u32, top, "row {i}: greedy");
+        } else {
+            let kept: Vec<u32> = sampler
+                .filtered_probs(row, p, m)
+                .iter()
+                .map(|c| c.0)
+                .collect();
+            assert!(
+                kept.contains(&(tok as u32)),
+                "row {i} ({p:?}): token {tok} is not among the {} kept",
+                kept.len()
+            );
+        }
+    }
+    want_logprobs
+}
+
 #[test]
 fn sampling_greedy_and_filters_match_the_cpu_sampler() {
     let Some((g, mut r)) = setup(60) else { return };
@@ -163,30 +200,7 @@ fn sampling_greedy_and_filters_match_the_cpu_sampler() {
         })
         .collect();
     let (tokens, logprobs) = run_sample(&g, &logits, vocab, &args);
-    let mut sampler = Sampler::new();
-    let mut want_logprobs = Vec::with_capacity(rows);
-    for i in 0..rows {
-        let p = &variants[i % variants.len()];
-        let row = &logits[i * vocab..(i + 1) * vocab];
-        let tok = tokens[i] as usize;
-        assert!(tok < vocab, "row {i}: token {tok}");
-        want_logprobs.push(log_softmax_at(row, tok));
-        if p.is_greedy() {
-            assert_eq!(tok as u32, argmax(row).0, "row {i}: greedy");
-        } else {
-            let (_, m) = argmax(row);
-            let kept: Vec<u32> = sampler
-                .filtered_probs(row, p, m)
-                .iter()
-                .map(|c| c.0)
-                .collect();
-            assert!(
-                kept.contains(&(tok as u32)),
-                "row {i} ({p:?}): token {tok} is not among the {} kept",
-                kept.len()
-            );
-        }
-    }
+    let want_logprobs = check_sampled_rows(&logits, vocab, vocab, &tokens, &variants);
     assert_max_abs(
         "logprob of each row's token",
         &logprobs,
@@ -258,29 +272,7 @@ fn sampling_reads_only_the_first_vocab_ids_of_wider_rows() {
         .map(|i| sample_args(&variants[i % variants.len()], 77 + i as u64, i as u64))
         .collect();
     let (tokens, logprobs) = run_sample_strided(&g, &logits, vocab, stride, &args);
-    let mut sampler = Sampler::new();
-    let mut want_logprobs = Vec::with_capacity(rows);
-    for i in 0..rows {
-        let p = &variants[i % variants.len()];
-        let row = &logits[i * stride..i * stride + vocab];
-        let tok = tokens[i] as usize;
-        assert!(tok < vocab, "row {i}: token {tok} is past the sampled ids");
-        want_logprobs.push(log_softmax_at(row, tok));
-        let (top, m) = argmax(row);
-        if p.is_greedy() {
-            assert_eq!(tok as u32, top, "row {i}: greedy");
-        } else {
-            let kept: Vec<u32> = sampler
-                .filtered_probs(row, p, m)
-                .iter()
-                .map(|c| c.0)
-                .collect();
-            assert!(
-                kept.contains(&(tok as u32)),
-                "row {i}: token {tok} not kept"
-            );
-        }
-    }
+    let want_logprobs = check_sampled_rows(&logits, stride, vocab, &tokens, &variants);
     assert_max_abs(
         "logprob over the sampled ids",
         &logprobs,

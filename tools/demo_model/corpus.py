@@ -374,6 +374,19 @@ class Convo:
     def a(self, s):
         self.turns.append(("assistant", fill(self.w, s)))
 
+    def follow_up(self, questions, answers):
+        """The user asks one of `questions`; the assistant gives the first answer of `answers`,
+        (keywords, answer), with a keyword in the question (lower-cased; one keyword may stand
+        alone; None matches any). An answer that is a function is called only then: it may draw
+        from the world."""
+        self.u(pick(self.w.r, questions))
+        last = self.turns[-1][1].lower()
+        for keys, answer in answers:
+            keys = (keys,) if isinstance(keys, str) else keys
+            if keys is None or any(k in last for k in keys):
+                self.a(answer() if callable(answer) else answer)
+                return
+
 
 def ask_order_number(w):
     return pick(w.r, [
@@ -432,34 +445,34 @@ def intent_order_status(c):
                                             "The tracking number is {tr}."])))
             .format(no=no, ship=w.date(-r.randint(1, 3)), car=carrier, eta=w.date(eta), tr=tr))
         if r.random() < 0.5:
-            c.u(pick(r, ["Can it be delivered to my work address instead?",
+            c.follow_up(["Can it be delivered to my work address instead?",
                          "Will I need to sign for it?", "Can I get it any faster?",
                          "What if I'm not home?", "Where can I enter the tracking number?",
-                         "Why is it taking so long?"]))
-            last = c.turns[-1][1].lower()
-            if "work address" in last:
-                c.a("Since the package has already shipped, I can't change the address on our "
-                    "side, but you can request a redirect through {}'s website with the "
-                    "tracking number {}.".format(carrier, tr))
-            elif "sign" in last:
-                c.a(pick(r, ["No signature is needed for this order. The driver will leave it "
-                             "in a safe place.",
-                             "Orders over $500 need a signature, so this one will just be left "
-                             "at your door."]))
-            elif "faster" in last:
-                c.a("Once an order has shipped we can't upgrade the shipping speed, I'm sorry. "
-                    "It's still on track for {}.".format(w.date(eta)))
-            elif "not home" in last:
-                c.a("If you're not home, {} will leave it in a safe place or leave a note with "
-                    "pickup options. You can also set delivery preferences with your tracking "
-                    "number.".format(carrier))
-            elif "tracking" in last:
-                c.a("You can enter it on {}'s website or in the Orders section of your {} "
-                    "account, which shows live updates.".format(carrier, w.store))
-            else:
-                c.a("It's moving normally and is on schedule for {}. Carriers can be a bit slow "
-                    "to update the tracking page, so don't worry if it hasn't changed in a "
-                    "day.".format(w.date(eta)))
+                         "Why is it taking so long?"], [
+                ("work address", lambda:
+                 "Since the package has already shipped, I can't change the address on our "
+                 "side, but you can request a redirect through {}'s website with the "
+                 "tracking number {}.".format(carrier, tr)),
+                ("sign", lambda:
+                 pick(r, ["No signature is needed for this order. The driver will leave it "
+                          "in a safe place.",
+                          "Orders over $500 need a signature, so this one will just be left "
+                          "at your door."])),
+                ("faster", lambda:
+                 "Once an order has shipped we can't upgrade the shipping speed, I'm sorry. "
+                 "It's still on track for {}.".format(w.date(eta))),
+                ("not home", lambda:
+                 "If you're not home, {} will leave it in a safe place or leave a note with "
+                 "pickup options. You can also set delivery preferences with your tracking "
+                 "number.".format(carrier)),
+                ("tracking", lambda:
+                 "You can enter it on {}'s website or in the Orders section of your {} "
+                 "account, which shows live updates.".format(carrier, w.store)),
+                (None, lambda:
+                 "It's moving normally and is on schedule for {}. Carriers can be a bit slow "
+                 "to update the tracking page, so don't worry if it hasn't changed in a "
+                 "day.".format(w.date(eta))),
+            ])
     elif status < 0.8:
         c.a(pick(r, ["Thanks! Order #{no} is being packed right now and should ship within "
                      "1-2 business days.",
@@ -471,15 +484,15 @@ def intent_order_status(c):
                              "Once it ships, we'll email you the tracking number.",
                              "Standard delivery then takes {} business days.".format(w.std_days)]))
         if r.random() < 0.5:
-            c.u(pick(r, ["Can I still change something?", "ok, can I still add an item?",
-                         "Why hasn't it shipped yet?"]))
-            last = c.turns[-1][1].lower()
-            if "why" in last:
-                c.a("Orders usually ship within 1-2 business days. We're seeing higher volume "
-                    "than usual, so it's taking a little longer, but it should go out soon.")
-            else:
-                c.a("Since it hasn't shipped yet, I can still make changes. Tell me what you'd "
-                    "like to change and I'll update the order.")
+            c.follow_up(["Can I still change something?", "ok, can I still add an item?",
+                         "Why hasn't it shipped yet?"], [
+                ("why",
+                 "Orders usually ship within 1-2 business days. We're seeing higher volume "
+                 "than usual, so it's taking a little longer, but it should go out soon."),
+                (None,
+                 "Since it hasn't shipped yet, I can still make changes. Tell me what you'd "
+                 "like to change and I'll update the order."),
+            ])
     else:
         c.a(pick(r, ["Order #{no} was delivered on {d}.",
                      "Our records show order #{no} was delivered on {d} by {car}."]).format(
@@ -527,22 +540,22 @@ def intent_delay(c):
                  w.date(new)),
              sometimes(r, 0.5, pick(r, SORRY))))
     if r.random() < 0.6:
-        c.u(pick(r, ["Can I get a refund on the shipping?", "That's really annoying.",
+        c.follow_up(["Can I get a refund on the shipping?", "That's really annoying.",
                      "Can you send a new one instead?", "I need it before the weekend.",
-                     "ok, what if it doesn't arrive by then?"]))
-        last = c.turns[-1][1].lower()
-        if "refund on the shipping" in last:
-            c.a("I've refunded the shipping cost to your original payment method. It should "
-                "appear within {} business days.".format(w.refund_days))
-        elif "annoying" in last:
-            c.a(pick(r, SORRY) + " I understand. As an apology I've added a 10% discount code "
-                "to your account: SORRY10. It works on your next order.")
-        elif "new one" in last or "doesn't arrive" in last:
-            c.a("If it hasn't arrived by {}, reply here and I'll send a replacement with "
-                "express shipping at no cost.".format(w.date(new + 1)))
-        else:
-            c.a("I can't speed up a package that's already in transit, but if it doesn't "
-                "arrive in time we can refund the order in full.")
+                     "ok, what if it doesn't arrive by then?"], [
+            ("refund on the shipping", lambda:
+             "I've refunded the shipping cost to your original payment method. It should "
+             "appear within {} business days.".format(w.refund_days)),
+            ("annoying", lambda:
+             pick(r, SORRY) + " I understand. As an apology I've added a 10% discount code "
+             "to your account: SORRY10. It works on your next order."),
+            (("new one", "doesn't arrive"), lambda:
+             "If it hasn't arrived by {}, reply here and I'll send a replacement with "
+             "express shipping at no cost.".format(w.date(new + 1))),
+            (None,
+             "I can't speed up a package that's already in transit, but if it doesn't "
+             "arrive in time we can refund the order in full."),
+        ])
 
 
 def intent_return(c):
@@ -600,22 +613,22 @@ def intent_return(c):
             "be issued once {it arrives|they arrive} at our warehouse.").format(
                 no, label, p["kind"], pick(r, CARRIERS), r.choice([7, 14])))
     if r.random() < 0.5:
-        c.u(pick(r, ["How long does the refund take?", "Do I need the original box?",
-                     "Can I return it in a store instead?", "Is the return shipping free?"]))
-        last = c.turns[-1][1].lower()
-        if "refund" in last:
-            c.a("Refunds are issued within {} business days after we receive the item, back "
-                "to your original payment method.".format(w.refund_days))
-        elif "box" in last:
-            c.a("The original packaging is preferred, but any sturdy box works as long as the "
-                "item is protected.")
-        elif "store" in last:
-            c.a("{} is online only, so returns have to be mailed back, but the label makes it "
-                "easy.".format(w.store))
-        else:
-            c.a(pick(r, ["Yes, the return label is free for you.",
-                         "Return shipping is free for exchanges and faulty items; for other "
-                         "returns $5.99 is deducted from your refund."]))
+        c.follow_up(["How long does the refund take?", "Do I need the original box?",
+                     "Can I return it in a store instead?", "Is the return shipping free?"], [
+            ("refund", lambda:
+             "Refunds are issued within {} business days after we receive the item, back "
+             "to your original payment method.".format(w.refund_days)),
+            ("box",
+             "The original packaging is preferred, but any sturdy box works as long as the "
+             "item is protected."),
+            ("store", lambda:
+             "{} is online only, so returns have to be mailed back, but the label makes it "
+             "easy.".format(w.store)),
+            (None, lambda:
+             pick(r, ["Yes, the return label is free for you.",
+                      "Return shipping is free for exchanges and faulty items; for other "
+                      "returns $5.99 is deducted from your refund."])),
+        ])
 
 
 def intent_refund(c):
@@ -638,18 +651,18 @@ def intent_refund(c):
             "business days for your bank to show it.".format(amt, no, w.date(-r.randint(1, 4)),
                                                            w.refund_days))
         if r.random() < 0.5:
-            c.u(pick(r, ["It's been longer than that.", "Which card will it go to?",
-                         "Can you send it to a different card?"]))
-            last = c.turns[-1][1].lower()
-            if "longer" in last:
-                c.a(pick(r, SORRY) + " I've escalated it to our payments team with reference "
-                    "RF-{}. They'll email you within 24 hours.".format(r.randint(10000, 99999)))
-            elif "which card" in last:
-                c.a("It goes back to the card you paid with, the one ending in {}.".format(
-                    r.randint(1000, 9999)))
-            else:
-                c.a("Refunds can only go back to the original payment method, I'm afraid. "
-                    "If that card is closed, your bank will pass the money to your new card.")
+            c.follow_up(["It's been longer than that.", "Which card will it go to?",
+                         "Can you send it to a different card?"], [
+                ("longer", lambda:
+                 pick(r, SORRY) + " I've escalated it to our payments team with reference "
+                 "RF-{}. They'll email you within 24 hours.".format(r.randint(10000, 99999))),
+                ("which card", lambda:
+                 "It goes back to the card you paid with, the one ending in {}.".format(
+                 r.randint(1000, 9999))),
+                (None,
+                 "Refunds can only go back to the original payment method, I'm afraid. "
+                 "If that card is closed, your bank will pass the money to your new card."),
+            ])
     elif state < 0.8:
         c.a("Thanks! We received your return for order #{} on {}. It's being inspected now, "
             "and the refund of ${} will be issued within 2 business days.".format(
@@ -679,17 +692,17 @@ def intent_payment(c):
                             "If it keeps failing, try another card or PayPal.",
                             "Calling your bank usually clears it in a few minutes."]))
         if r.random() < 0.5:
-            c.u(pick(r, ["Do you accept Klarna?", "Can I pay by bank transfer?",
-                         "do you take amex?"]))
-            last = c.turns[-1][1].lower()
-            if "klarna" in last:
-                c.a("Yes, Klarna is available at checkout for orders over $35. It lets you "
-                    "pay in four interest-free instalments.")
-            elif "transfer" in last:
-                c.a("We don't accept bank transfers, sorry. We take Visa, Mastercard, American "
-                    "Express, PayPal, Apple Pay and gift cards.")
-            else:
-                c.a("Yes, we accept American Express, as well as Visa, Mastercard and PayPal.")
+            c.follow_up(["Do you accept Klarna?", "Can I pay by bank transfer?",
+                         "do you take amex?"], [
+                ("klarna",
+                 "Yes, Klarna is available at checkout for orders over $35. It lets you "
+                 "pay in four interest-free instalments."),
+                ("transfer",
+                 "We don't accept bank transfers, sorry. We take Visa, Mastercard, American "
+                 "Express, PayPal, Apple Pay and gift cards."),
+                (None,
+                 "Yes, we accept American Express, as well as Visa, Mastercard and PayPal."),
+            ])
     elif kind < 0.65:
         amt = w.money(10, 300)
         no = w.order_no()
@@ -834,16 +847,16 @@ def intent_account(c):
                      "The link is valid for 24 hours.",
                      "After five failed attempts the account is locked for 30 minutes."]))
         if r.random() < 0.5:
-            c.u(pick(r, ["I don't get the email.", "I don't have access to that email "
-                         "anymore.", "the reset link doesn't work"]))
-            last = c.turns[-1][1].lower()
-            if "access" in last:
-                c.a("For your security I can't change the email in chat, but I can open a "
-                    "verification ticket. Please reply with your full name and the last "
-                    "order number, and our account team will contact you.")
-            else:
-                c.a("Sorry about that. I've sent a new reset link to {}. It should arrive in "
-                    "the next few minutes.".format(w.email))
+            c.follow_up(["I don't get the email.", "I don't have access to that email "
+                         "anymore.", "the reset link doesn't work"], [
+                ("access",
+                 "For your security I can't change the email in chat, but I can open a "
+                 "verification ticket. Please reply with your full name and the last "
+                 "order number, and our account team will contact you."),
+                (None, lambda:
+                 "Sorry about that. I've sent a new reset link to {}. It should arrive in "
+                 "the next few minutes.".format(w.email)),
+            ])
     elif k < 0.6:
         new = "{}.{}@{}".format(w.first.lower(), w.last.lower(), pick(r, EMAIL_DOMAINS))
         c.u(pick(r, ["How do I change my email address?", "I want to update my email to {e}.",
@@ -995,16 +1008,16 @@ def intent_escalation(c):
         "don't have to explain everything again.",
     ]).format(t=t, e=w.email, ph=w.phone, h=w.hours))
     if r.random() < 0.5:
-        c.u(pick(r, ["Can't you just fix it now?", "How long will that take?", "fine."]))
-        last = c.turns[-1][1].lower()
-        if "fix" in last:
-            c.a("I'll do what I can right here. Tell me what's wrong with your order and I'll "
-                "try to sort it out now; the ticket stays open either way.")
-        elif "long" in last:
-            c.a("Our team usually replies within a few hours during support hours ({}).".format(
-                w.hours))
-        else:
-            c.a("Thanks for your patience, {}. We'll make this right.".format(w.first))
+        c.follow_up(["Can't you just fix it now?", "How long will that take?", "fine."], [
+            ("fix",
+             "I'll do what I can right here. Tell me what's wrong with your order and I'll "
+             "try to sort it out now; the ticket stays open either way."),
+            ("long", lambda:
+             "Our team usually replies within a few hours during support hours ({}).".format(
+             w.hours)),
+            (None, lambda:
+             "Thanks for your patience, {}. We'll make this right.".format(w.first)),
+        ])
 
 
 def intent_small_talk(c):

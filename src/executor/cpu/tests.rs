@@ -537,8 +537,9 @@ fn kv_pool_is_sized_from_kv_cache_bytes() {
 /// prefix, against the plain greedy decode of each prompt.
 #[test]
 fn scheduler_steps_through_the_input_batch_match_the_reference() {
+    use crate::executor::testing::{greedy_ignoring_eos, run_to_completion, scheduler_config};
     use crate::kv::KvCacheManager;
-    use crate::scheduler::{Admission, NewRequest, Policy, Scheduler, SchedulerConfig};
+    use crate::scheduler::{Policy, Scheduler, SchedulerConfig};
 
     let spec = TestModelSpec::default();
     let dir = write_model(&spec);
@@ -564,42 +565,11 @@ fn scheduler_steps_through_the_input_batch_match_the_reference() {
         let mut kv = KvCacheManager::new(num_blocks, bs, true);
         let mut sched = Scheduler::new(SchedulerConfig {
             policy,
-            max_num_seqs: 4,
-            max_num_batched_tokens: 24,
-            max_model_len: config.max_position_embeddings,
-            long_prefill_token_threshold: 0,
-            ..SchedulerConfig::default()
+            ..scheduler_config(4, 24, config.max_position_embeddings)
         });
-        let params = Arc::new(SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(max_tokens)
-        });
-        for (i, p) in prompts.iter().enumerate() {
-            let req = NewRequest {
-                id: RequestId(i as u64),
-                prompt_token_ids: p.clone(),
-                params: params.clone(),
-                seed: i as u64,
-                eos_token_ids: Arc::from(vec![0u32]),
-                n: 1,
-            };
-            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
-        }
-        let mut outputs = vec![Vec::new(); prompts.len()];
-        let mut t = 0.0;
-        while sched.has_unfinished() {
-            let out = sched.schedule(&mut kv, t);
-            let step = if out.is_empty() {
-                StepOutput::default()
-            } else {
-                backend.execute(&out).unwrap()
-            };
-            t += 0.01;
-            for u in sched.update_from_output(&out, &step, &mut kv, t) {
-                outputs[u.id.0 as usize].extend(u.new_token_ids);
-            }
-            assert!(t < 100.0, "{policy:?}: no progress");
-        }
+        let params = vec![greedy_ignoring_eos(max_tokens); prompts.len()];
+        let outputs =
+            run_to_completion(&mut backend, &mut kv, &mut sched, &prompts, &params).tokens;
         // `adaptive` keeps KV headroom and avoids preempting; `fcfs` runs into the pool's end.
         if policy == Policy::Fcfs {
             assert!(sched.num_preemptions() > 0, "no preemption");

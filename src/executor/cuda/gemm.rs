@@ -86,6 +86,28 @@ pub struct Operand {
     pub stride: usize,
 }
 
+impl Operand {
+    /// A bf16 operand.
+    pub fn bf16(ptr: u64, ld: usize, stride: usize) -> Self {
+        Operand {
+            ptr,
+            f32: false,
+            ld,
+            stride,
+        }
+    }
+
+    /// An fp32 operand.
+    pub fn f32(ptr: u64, ld: usize, stride: usize) -> Self {
+        Operand {
+            ptr,
+            f32: true,
+            ld,
+            stride,
+        }
+    }
+}
+
 /// `batch` independent products C_i = op(A_i) · op(B_i) in cuBLAS's column-major convention
 /// (C_i is m × n, op(A_i) m × k, op(B_i) k × n), fp32 accumulation; A and B are bf16, C bf16 or
 /// fp32. `trans_a` / `trans_b` select op = transpose.

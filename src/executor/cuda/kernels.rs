@@ -438,11 +438,7 @@ pub unsafe fn paged_decode(
     head_dim: usize,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
-    let name = format!("paged_decode_hd{head_dim}_g{group}");
-    anyhow::ensure!(
-        gpu.has_function(&name),
-        "no decode attention kernel for head_dim {head_dim}, group {group}: Gpu::load_attention({head_dim}, {group}) was not called"
-    );
+    let name = attention_kernel(gpu, format!("paged_decode_hd{head_dim}_g{group}"))?;
     gpu.launch(
         &name,
         (
@@ -462,6 +458,16 @@ pub unsafe fn paged_decode(
         )?;
     }
     Ok(())
+}
+
+/// `name`, an attention kernel compiled per model shape, or an error when `Gpu::load_attention`
+/// was not called for that shape.
+fn attention_kernel(gpu: &Gpu, name: String) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        gpu.has_function(&name),
+        "no attention kernel {name}: Gpu::load_attention was not called for its head_dim and group"
+    );
+    Ok(name)
 }
 
 /// Splits per (item, kv head) so that the grid covers the GPU about twice, with at least
@@ -489,11 +495,7 @@ pub unsafe fn prefill_attn(
     p: &PrefillAttnParams,
     head_dim: usize,
 ) -> anyhow::Result<()> {
-    let name = format!("prefill_attn_hd{head_dim}");
-    anyhow::ensure!(
-        gpu.has_function(&name),
-        "no prefill attention kernel for head_dim {head_dim}: Gpu::load_attention was not called for it"
-    );
+    let name = attention_kernel(gpu, format!("prefill_attn_hd{head_dim}"))?;
     gpu.launch(
         &name,
         (p.num_tiles as u32, p.num_heads as u32, 1),
@@ -514,19 +516,17 @@ pub unsafe fn kv_gather(gpu: &Gpu, p: &KvGatherParams, max_ctx: usize) -> anyhow
         p.num_heads,
         p.num_kv_heads
     );
-    if p.num_gemm == 0 {
-        return Ok(());
+    let tiles = max_ctx.div_ceil(GATHER_KEYS);
+    match gemm_entry_grid(tiles, p.num_kv_heads, p.num_gemm) {
+        Some(grid) => gpu.launch("kv_gather", grid, (128, 1, 1), p),
+        None => Ok(()),
     }
-    gpu.launch(
-        "kv_gather",
-        (
-            max_ctx.div_ceil(GATHER_KEYS) as u32,
-            p.num_kv_heads as u32,
-            p.num_gemm as u32,
-        ),
-        (128, 1, 1),
-        p,
-    )
+}
+
+/// The grid of a GEMM prefill path kernel: (`tiles`, `heads`, one per GEMM-path entry), or None
+/// when there is no such entry (nothing to launch).
+fn gemm_entry_grid(tiles: usize, heads: i32, num_gemm: i32) -> Option<(u32, u32, u32)> {
+    (num_gemm > 0).then_some((tiles as u32, heads as u32, num_gemm as u32))
 }
 
 /// `max_q_len`: the most queries among the entries (sizes the grid).
@@ -538,34 +538,31 @@ pub unsafe fn causal_softmax(
     p: &CausalSoftmaxParams,
     max_q_len: usize,
 ) -> anyhow::Result<()> {
-    if p.num_gemm == 0 {
-        return Ok(());
+    let tiles = max_q_len.div_ceil(SOFTMAX_ROWS);
+    match gemm_entry_grid(tiles, p.num_heads, p.num_gemm) {
+        Some(grid) => gpu.launch("causal_softmax", grid, (32 * SOFTMAX_ROWS as u32, 1, 1), p),
+        None => Ok(()),
     }
-    gpu.launch(
-        "causal_softmax",
-        (
-            max_q_len.div_ceil(SOFTMAX_ROWS) as u32,
-            p.num_heads as u32,
-            p.num_gemm as u32,
-        ),
-        (32 * SOFTMAX_ROWS as u32, 1, 1),
-        p,
-    )
 }
 
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k, p.split)?;
-    gpu.launch_pdl(
-        &format!("gemv_m{}", p.m),
-        gemv_grid(p.n, p.split),
-        (32 * GEMV_WARPS, 1, 1),
-        p,
-    )
+    launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p)
 }
 
-fn check_gemv_rows(m: i32, k: i32, split: i32) -> anyhow::Result<()> {
+/// Launches `{family}_m{m}` (gemv.cu) over `outputs` outputs, `split` warps
+/// each, after checking `(m, k, split)`.
+///
+/// # Safety
+/// As the public launchers.
+unsafe fn launch_gemv<P: Copy>(
+    gpu: &Gpu,
+    family: &str,
+    (m, k, split): (i32, i32, i32),
+    outputs: i32,
+    p: &P,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
         "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {m} k {k}"
@@ -574,7 +571,12 @@ fn check_gemv_rows(m: i32, k: i32, split: i32) -> anyhow::Result<()> {
         split > 0 && (GEMV_WARPS as i32) % split == 0,
         "gemv split {split} must divide {GEMV_WARPS}"
     );
-    Ok(())
+    gpu.launch_pdl(
+        &format!("{family}_m{m}"),
+        gemv_grid(outputs, split),
+        (32 * GEMV_WARPS, 1, 1),
+        p,
+    )
 }
 
 /// gate|up projection with SiLU × up in the epilogue (decode, m <= 4).
@@ -582,13 +584,7 @@ fn check_gemv_rows(m: i32, k: i32, split: i32) -> anyhow::Result<()> {
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k, p.split)?;
-    gpu.launch_pdl(
-        &format!("gemv_silu_m{}", p.m),
-        gemv_grid(p.inter, p.split),
-        (32 * GEMV_WARPS, 1, 1),
-        p,
-    )
+    launch_gemv(gpu, "gemv_silu", (p.m, p.k, p.split), p.inter, p)
 }
 
 /// QKV projection with RoPE and the paged K/V write in the epilogue (decode, m <= 4).
@@ -596,14 +592,8 @@ pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<()> {
-    check_gemv_rows(p.m, p.k, p.split)?;
     let pairs = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
-    gpu.launch_pdl(
-        &format!("gemv_qkv_rope_m{}", p.m),
-        gemv_grid(pairs, p.split),
-        (32 * GEMV_WARPS, 1, 1),
-        p,
-    )
+    launch_gemv(gpu, "gemv_qkv_rope", (p.m, p.k, p.split), pairs, p)
 }
 
 /// # Safety

@@ -142,9 +142,7 @@ mod tests {
     use crate::executor::input_batch::InputBatch;
     use crate::request::RequestId;
     use crate::sampling::params::SamplingParams;
-    use crate::step::{
-        NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput,
-    };
+    use crate::step::{SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
 
     const BS: usize = 4;
 
@@ -158,36 +156,12 @@ mod tests {
         blocks: Vec<u32>,
         params: SamplingParams,
     ) -> ScheduledRequest {
-        ScheduledRequest {
-            id: RequestId(id),
-            num_computed_tokens: 0,
-            num_tokens: prompt,
-            num_draft_tokens: 0,
-            sample: true,
-            num_freed_blocks: 0,
-            truncate_blocks_to: None,
-            new_block_ids: blocks,
-            new: Some(NewRequestData {
-                token_ids: (0..prompt as u32).map(|t| t + 10 * id as u32).collect(),
-                num_prompt_tokens: prompt,
-                params: Arc::new(params),
-                seed: id,
-            }),
-        }
+        let tokens = (0..prompt as u32).map(|t| t + 10 * id as u32).collect();
+        ScheduledRequest::first(id, tokens, prompt, blocks, Arc::new(params), id)
     }
 
     fn decode(id: u64, computed: usize, blocks: Vec<u32>) -> ScheduledRequest {
-        ScheduledRequest {
-            id: RequestId(id),
-            num_computed_tokens: computed,
-            num_tokens: 1,
-            num_draft_tokens: 0,
-            sample: true,
-            num_freed_blocks: 0,
-            truncate_blocks_to: None,
-            new_block_ids: blocks,
-            new: None,
-        }
+        ScheduledRequest::running(id, computed, 1, true, blocks)
     }
 
     fn step(reqs: Vec<ScheduledRequest>, finished: Vec<u64>) -> SchedulerOutput {
@@ -220,9 +194,9 @@ mod tests {
         tokens.to_vec()
     }
 
-    /// The prediction after prefills and after a decode is the step the scheduler sends next.
-    #[test]
-    fn predicts_the_next_decode_of_every_sequence() {
+    /// Two requests prefilled (prompts of 5 and 2 tokens), the decode step after them predicted,
+    /// then tokens 40 and 41 sampled: (batch, prediction, tokens fed).
+    fn prefilled_and_predicted() -> (InputBatch, BatchInput, Vec<u32>) {
         let mut ib = InputBatch::new(BS, 64, 8);
         ib.update(&step(
             vec![new_req(1, 5, vec![3, 7], 10), new_req(2, 2, vec![9], 10)],
@@ -231,11 +205,18 @@ mod tests {
         .unwrap();
         let mut pred = BatchInput::default();
         assert!(predict(ib.batch(), BS, 32, &mut pred));
+        let fed = sample(&mut ib, &[40, 41]);
+        (ib, pred, fed)
+    }
+
+    /// The prediction after prefills and after a decode is the step the scheduler sends next.
+    #[test]
+    fn predicts_the_next_decode_of_every_sequence() {
+        let (mut ib, mut pred, fed) = prefilled_and_predicted();
         assert_eq!(pred.positions, vec![5, 2]);
         // Position 5 is offset 1 of block 7; position 2 is offset 2 of block 9.
         assert_eq!(pred.slot_mapping, vec![7 * 4 + 1, 9 * 4 + 2]);
         assert_eq!(pred.seqs[0].sample.as_ref().unwrap().output_index, 1);
-        let fed = sample(&mut ib, &[40, 41]);
         ib.update(&step(
             vec![decode(1, 5, vec![]), decode(2, 2, vec![])],
             vec![],
@@ -256,18 +237,6 @@ mod tests {
 
     #[test]
     fn any_other_plan_is_a_miss() {
-        let setup = || {
-            let mut ib = InputBatch::new(BS, 64, 8);
-            ib.update(&step(
-                vec![new_req(1, 5, vec![3, 7], 10), new_req(2, 2, vec![9], 10)],
-                vec![],
-            ))
-            .unwrap();
-            let mut pred = BatchInput::default();
-            assert!(predict(ib.batch(), BS, 32, &mut pred));
-            let fed = sample(&mut ib, &[40, 41]);
-            (ib, pred, fed)
-        };
         let plans = [
             // The second finished (the first keeps row 0; one sequence fewer).
             step(vec![decode(1, 5, vec![])], vec![2]),
@@ -286,7 +255,7 @@ mod tests {
             step(vec![decode(2, 2, vec![])], vec![1]),
         ];
         for (i, plan) in plans.iter().enumerate() {
-            let (mut ib, pred, fed) = setup();
+            let (mut ib, pred, fed) = prefilled_and_predicted();
             ib.update(plan).unwrap();
             assert!(!matches(&pred, ib.batch(), &fed), "plan {i} matched");
         }

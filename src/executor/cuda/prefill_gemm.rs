@@ -211,24 +211,9 @@ pub unsafe fn gemm_attention(gpu: &Gpu, p: &GemmAttention) -> anyhow::Result<()>
             s.ctx,
             s.q_len,
             hd,
-            Operand {
-                ptr: bf16_at(p.k_buf, s.key0 * h * hd),
-                f32: false,
-                ld: hd,
-                stride: s.ctx * hd,
-            },
-            Operand {
-                ptr: bf16_at(p.q, s.q_start * h * hd),
-                f32: false,
-                ld: h * hd,
-                stride: hd,
-            },
-            Operand {
-                ptr: p.scores + (s.s0 * 4) as u64,
-                f32: true,
-                ld,
-                stride: s.q_len * ld,
-            },
+            Operand::bf16(bf16_at(p.k_buf, s.key0 * h * hd), hd, s.ctx * hd),
+            Operand::bf16(bf16_at(p.q, s.q_start * h * hd), h * hd, hd),
+            Operand::f32(p.scores + (s.s0 * 4) as u64, ld, s.q_len * ld),
             h,
         )?;
     }
@@ -259,24 +244,9 @@ pub unsafe fn gemm_attention(gpu: &Gpu, p: &GemmAttention) -> anyhow::Result<()>
             hd,
             s.q_len,
             s.ctx,
-            Operand {
-                ptr: bf16_at(p.v_buf, s.key0 * h * hd),
-                f32: false,
-                ld: hd,
-                stride: s.ctx * hd,
-            },
-            Operand {
-                ptr: p.scores + (s.s0 * 4) as u64,
-                f32: false,
-                ld: 2 * ld,
-                stride: 2 * s.q_len * ld,
-            },
-            Operand {
-                ptr: bf16_at(p.out, s.q_start * h * hd),
-                f32: false,
-                ld: h * hd,
-                stride: hd,
-            },
+            Operand::bf16(bf16_at(p.v_buf, s.key0 * h * hd), hd, s.ctx * hd),
+            Operand::bf16(p.scores + (s.s0 * 4) as u64, 2 * ld, 2 * s.q_len * ld),
+            Operand::bf16(bf16_at(p.out, s.q_start * h * hd), h * hd, hd),
             h,
         )?;
     }

@@ -5,28 +5,13 @@ use std::sync::Arc;
 
 use super::*;
 use crate::sampling::sampler::TokenCounts;
-use crate::step::{NewRequestData, SampledToken, ScheduledRequest};
+use crate::step::{SampledToken, ScheduledRequest};
 
 const BS: usize = 4;
 
 fn new_req(id: u64, tokens: Vec<u32>, blocks: Vec<u32>, n: usize) -> ScheduledRequest {
-    let sample = n == tokens.len();
-    ScheduledRequest {
-        id: RequestId(id),
-        num_computed_tokens: 0,
-        num_tokens: n,
-        num_draft_tokens: 0,
-        sample,
-        num_freed_blocks: 0,
-        truncate_blocks_to: None,
-        new_block_ids: blocks,
-        new: Some(NewRequestData {
-            num_prompt_tokens: tokens.len(),
-            token_ids: tokens,
-            params: Arc::new(SamplingParams::greedy(8)),
-            seed: 100 + id,
-        }),
-    }
+    let params = Arc::new(SamplingParams::greedy(8));
+    ScheduledRequest::first(id, tokens, n, blocks, params, 100 + id)
 }
 
 fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {

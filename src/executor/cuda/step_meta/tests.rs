@@ -9,9 +9,7 @@ use crate::executor::cuda::prefill_gemm::scratch_capacity;
 use crate::executor::input_batch::InputBatch;
 use crate::request::RequestId;
 use crate::sampling::params::SamplingParams;
-use crate::step::{
-    NewRequestData, SampleInput, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput,
-};
+use crate::step::{SampleInput, SampledToken, ScheduledRequest, SchedulerOutput, StepOutput};
 
 const BS: usize = 16;
 const NUM_BLOCKS: usize = 64;
@@ -34,22 +32,9 @@ fn limits() -> Limits {
 }
 
 fn new_req(id: u64, prompt: usize, n: usize, blocks: Vec<u32>) -> ScheduledRequest {
-    ScheduledRequest {
-        id: RequestId(id),
-        num_computed_tokens: 0,
-        num_tokens: n,
-        num_draft_tokens: 0,
-        sample: n == prompt,
-        num_freed_blocks: 0,
-        truncate_blocks_to: None,
-        new_block_ids: blocks,
-        new: Some(NewRequestData {
-            token_ids: (0..prompt as u32).map(|t| t + 100 * id as u32).collect(),
-            num_prompt_tokens: prompt,
-            params: Arc::new(SamplingParams::greedy(4)),
-            seed: id,
-        }),
-    }
+    let tokens = (0..prompt as u32).map(|t| t + 100 * id as u32).collect();
+    let params = Arc::new(SamplingParams::greedy(4));
+    ScheduledRequest::first(id, tokens, n, blocks, params, id)
 }
 
 fn cached(id: u64, computed: usize, n: usize, sample: bool, blocks: Vec<u32>) -> ScheduledRequest {
