@@ -20,10 +20,13 @@
 #   tar xzf .carry/slo/slo.tgz -C /tmp && /tmp/slo/slo-gpu.sh device
 #
 # The experiment (every duration is an env var, below):
-# 1. scan: FCFS at SCAN_RATES, ascending, until it meets both SLOs for <= TARGET of requests
-#    (the cliff); then once at the midpoint of the last rate above TARGET and the first below;
-# 2. main: at the cliff rate and one rate below it (the last scanned rate above TARGET), FCFS and
-#    adaptive interleaved, REPEATS times;
+# 1. the cliff: with CLIFF_RATE set (the gpu profile: 8 req/s, where FCFS met 33.5-77.6 % in all
+#    seven 20 s runs of calls b and e; a 15 s scan window at 8 once met 100 %, no long document
+#    having arrived in it), that rate and BELOW_RATE; with CLIFF_RATE empty, a scan: FCFS at
+#    SCAN_RATES, ascending, until it meets both SLOs for <= TARGET of requests, then once at the
+#    midpoint of the last rate above TARGET and the first below;
+# 2. main: at the cliff rate REPEATS times and at the rate below BELOW_REPEATS times, FCFS and
+#    adaptive interleaved (the cliff pair first in each repeat);
 # 3. report: scripts/slo_report.py -> $OUT/results.json, $OUT/attainment_vs_rate.png, a table
 #    and the issue's verdict, printed last.
 # Each run starts its own server (clean queues, fit and prefix cache; a 7B start takes seconds),
@@ -39,7 +42,10 @@ profile_defaults() {
     case "${PROFILE:-gpu}" in
     gpu)
         : "${SHAPE:=llama-2-7b-16k}" "${DEVICE:=cuda}" "${CONFIG:=configs/gpu-longtail.toml}"
-        : "${SCAN_RATES:=8 12 18 27 40}" "${SCAN_DURATION_S:=15}" "${RUN_DURATION_S:=20}"
+        # Fixed rates from calls b and e (BENCHMARKS.md); 40 s runs (~16 long documents each,
+        # where 20 s runs saw 4-8 and a lucky window decided the scan): 8 runs, ~380 s.
+        : "${CLIFF_RATE=8}" "${BELOW_RATE:=6}" "${BELOW_REPEATS:=1}"
+        : "${SCAN_RATES:=8 12 18 27 40}" "${SCAN_DURATION_S:=30}" "${RUN_DURATION_S:=40}"
         : "${WARMUP_S:=2}" "${BUDGET_S:=510}" "${SCAN_BUDGET_S:=130}"
         : "${TIMEOUT_S:=20}" "${START_TIMEOUT_S:=180}"
         # The seed's shares (configs/workloads/ecommerce_peak.toml by prompt length): 85 % chat
@@ -63,6 +69,8 @@ profile_defaults() {
         # configs/cpu-longtail.toml (short < 128, long > 400 tokens), documents to match.
         : "${SHAPE:=tiny}" "${DEVICE:=cpu}" "${CONFIG:=configs/cpu-longtail.toml}"
         # The tiny shape serves ~30 req/s of this mix here: its cliff lies within the scan.
+        # Fixed rates by default too (the rehearsal tests the flow; CLIFF_RATE= runs the scan).
+        : "${CLIFF_RATE=16}" "${BELOW_RATE:=8}" "${BELOW_REPEATS:=1}"
         : "${SCAN_RATES:=8 16 32 64}" "${SCAN_DURATION_S:=8}" "${RUN_DURATION_S:=8}"
         : "${WARMUP_S:=1}" "${BUDGET_S:=330}" "${SCAN_BUDGET_S:=120}" "${REPEATS:=2}"
         : "${TIMEOUT_S:=30}" "${START_TIMEOUT_S:=60}"
@@ -283,17 +291,24 @@ device() {
         exit 1
     fi
     grep "test result" "$OUTDIR/preflight.txt"
-    first=${SCAN_RATES%% *}
+    first=${CLIFF_RATE:-${SCAN_RATES%% *}}
     WARMUP_RATE=$(awk -v r="$first" 'BEGIN { printf "%g", r / 2 }')
     {
         echo "commit $(cat "$here/COMMIT" 2>/dev/null), $("$K6" version 2>/dev/null | head -n1)"
-        echo "profile ${PROFILE:-gpu}: $SHAPE on $DEVICE, $CONFIG; scan $SCAN_RATES (${SCAN_DURATION_S} s each), main ${RUN_DURATION_S} s x $REPEATS repeats"
+        if [ -n "$CLIFF_RATE" ]; then
+            echo "profile ${PROFILE:-gpu}: $SHAPE on $DEVICE, $CONFIG; fixed rates: cliff $CLIFF_RATE x $REPEATS, below $BELOW_RATE x $BELOW_REPEATS, ${RUN_DURATION_S} s runs"
+        else
+            echo "profile ${PROFILE:-gpu}: $SHAPE on $DEVICE, $CONFIG; scan $SCAN_RATES (${SCAN_DURATION_S} s each), main ${RUN_DURATION_S} s x $REPEATS repeats"
+        fi
         command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     } | tee "$OUTDIR/summary.txt"
 
-    # 1. Scan: FCFS up the rates until the cliff.
-    local rate prev="" prev_a="" cliff="" below="" found=0 a mid
-    for rate in $SCAN_RATES; do
+    # 1. The cliff: fixed, or a scan of FCFS up the rates.
+    local rate prev="" prev_a="" cliff="" below="" found=0 a mid scan_rates=$SCAN_RATES
+    if [ -n "$CLIFF_RATE" ]; then
+        cliff=$CLIFF_RATE below=$BELOW_RATE found=1 scan_rates=""
+    fi
+    for rate in $scan_rates; do
         if ! fits "$SCAN_DURATION_S" "$SCAN_BUDGET_S"; then
             echo "[$(now_s) s] scan budget (${SCAN_BUDGET_S} s) spent before $rate req/s"
             break
@@ -317,7 +332,7 @@ device() {
         fi
         prev=$rate prev_a=$a
     done
-    if [ "$found" = 1 ] && [ -n "$below" ] && [ "$REFINE" = 1 ] && fits "$SCAN_DURATION_S" "$SCAN_BUDGET_S"; then
+    if [ -z "$CLIFF_RATE" ] && [ "$found" = 1 ] && [ -n "$below" ] && [ "$REFINE" = 1 ] && fits "$SCAN_DURATION_S" "$SCAN_BUDGET_S"; then
         mid=$(awk -v a="$below" -v b="$cliff" 'BEGIN { printf "%g", int((a + b) + 0.5) / 2 }')
         if [ "$mid" != "$below" ] && [ "$mid" != "$cliff" ] && run_one "scan-fcfs-$mid" scan fcfs "$mid" "$SCAN_DURATION_S" 0; then
             if below_target "$(attain "scan-fcfs-$mid")"; then cliff=$mid; else below=$mid; fi
@@ -329,12 +344,15 @@ device() {
         echo "[$(now_s) s] FCFS stayed above $TARGET up to $cliff req/s (last: $prev_a)"
     fi
     [ -n "$below" ] || below=$(awk -v c="$cliff" 'BEGIN { printf "%g", int(c * 1.5 + 0.5) / 2 }')
-    echo "[$(now_s) s] cliff $cliff req/s (found: $found), the rate below: $below req/s" | tee -a "$OUTDIR/summary.txt"
+    local how="found: $found"
+    [ -n "$CLIFF_RATE" ] && how="fixed"
+    echo "[$(now_s) s] cliff $cliff req/s ($how), the rate below: $below req/s" | tee -a "$OUTDIR/summary.txt"
 
     # 2. Both policies at the cliff and below, interleaved, cliff pair first in each repeat.
     local rep r policy skipped=0
     for ((rep = 1; rep <= REPEATS; rep++)); do
         for r in "$cliff" "$below"; do
+            [ "$r" = "$below" ] && [ "$rep" -gt "$BELOW_REPEATS" ] && continue
             if [ "$PARALLEL" = 1 ]; then
                 if ! fits "$RUN_DURATION_S" "$BUDGET_S"; then skipped=$((skipped + 2)); continue; fi
                 run_one "main-$r-r$rep-fcfs" main fcfs "$r" "$RUN_DURATION_S" "$rep" 0 &
@@ -356,6 +374,7 @@ json.dump({"profile": "${PROFILE:-gpu}", "shape": "$SHAPE", "device": "$DEVICE",
   "commit": open("$here/COMMIT").read().strip() if __import__("os").path.exists("$here/COMMIT") else None,
   "scan_rates": "$SCAN_RATES".split(), "target": float("$TARGET"), "cliff_rate": float("$cliff"),
   "cliff_found": bool($found), "below_rate": float("$below"), "repeats": int("$REPEATS"),
+  "cliff_fixed": "$CLIFF_RATE" != "", "below_repeats": int("$BELOW_REPEATS"),
   "scan_duration_s": float("$SCAN_DURATION_S"), "run_duration_s": float("$RUN_DURATION_S"),
   "warmup_s": float("$WARMUP_S"), "budget_s": float("$BUDGET_S"), "skipped_main_runs": int("$skipped"),
   "wall_s": float("$(now_s)"), "parallel": "$PARALLEL" == "1",

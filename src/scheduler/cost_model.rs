@@ -1,9 +1,19 @@
 //! Step-time model: predicted executor time of a batch from its shape, fitted online.
 //!
-//! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs` (ms).
-//! The first four are the features of a step's shape (`StepFeatures::from_step`); the last is the quadratic part of a
-//! prefill chunk's attention (each query token reads its whole context), which dominates the
-//! chunks of a long document and is not visible in the other three.
+//! `t = base + a·prefill_tokens + b·decode_seqs + c·kv_tokens_read + d·prefill_attn_pairs +
+//! e·prefill_floor_pairs` (ms). The first four are the features of a step's shape
+//! (`StepFeatures::from_step`); `prefill_attn_pairs` is the quadratic part of a prefill chunk's
+//! attention (each query token reads its whole context), which dominates the chunks of a long
+//! document and is not visible in the other three.
+//!
+//! `prefill_floor_pairs` is the prefill attention kernel's wave floor: a chunk of fewer than
+//! [`ATTN_FLOOR_QUERIES`] queries at a longer context costs on the H200 about what that many
+//! queries cost (the flash prefill kernel has one CTA per 64 queries and head and no split over
+//! the keys, so a short chunk leaves most SMs idle while each CTA walks the whole context). The
+//! feature is the pairs the padding adds; its coefficient is fitted like the others, so a kernel
+//! without the floor (split-KV) fits it toward 0 (issue 19; `scripts/step_times.py` measured it:
+//! call e's 25,982 steps fit with RMSE 2.9 ms against 4.3 ms for the linear model). A prior of 0
+//! means "no floor": the coefficient is then held at 0, not fitted.
 //!
 //! Fitting is ridge least squares with exponential forgetting (so the model follows a backend
 //! whose speed drifts), pulled toward the configured fallback coefficients in proportion to how
@@ -14,7 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::step::SchedulerOutput;
 
-const N: usize = 5;
+const N: usize = 6;
+
+/// Queries below which a prefill chunk costs as many as this (the wave floor, see above). 512:
+/// the floor that fits call e's steps best (RMSE 2.88 ms; 256: 3.59, 1024: 2.86).
+pub const ATTN_FLOOR_QUERIES: usize = 512;
 
 /// Coefficients of the step-time model, milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
@@ -28,6 +42,14 @@ pub struct CostCoefficients {
     pub per_kv_token_ms: f64,
     /// Per (prefill query token × context token) pair.
     pub per_prefill_attn_pair_ms: f64,
+    /// Per pair the wave floor adds to a short chunk at long context (`prefill_floor_pairs`);
+    /// 0: the backend has no floor, and the fit leaves it at 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub per_prefill_floor_pair_ms: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl Default for CostCoefficients {
@@ -40,6 +62,7 @@ impl Default for CostCoefficients {
             per_decode_seq_ms: 0.015,
             per_kv_token_ms: 1.3e-4,
             per_prefill_attn_pair_ms: 1.3e-6,
+            per_prefill_floor_pair_ms: 0.0,
         }
     }
 }
@@ -52,6 +75,7 @@ impl CostCoefficients {
             self.per_decode_seq_ms,
             self.per_kv_token_ms,
             self.per_prefill_attn_pair_ms,
+            self.per_prefill_floor_pair_ms,
         ]
     }
 
@@ -62,6 +86,7 @@ impl CostCoefficients {
             per_decode_seq_ms: a[2],
             per_kv_token_ms: a[3],
             per_prefill_attn_pair_ms: a[4],
+            per_prefill_floor_pair_ms: a[5],
         }
     }
 
@@ -85,6 +110,8 @@ pub struct StepFeatures {
     pub decode_seqs: f64,
     pub kv_tokens_read: f64,
     pub prefill_attn_pairs: f64,
+    /// Pairs the wave floor adds (`ATTN_FLOOR_QUERIES`).
+    pub prefill_floor_pairs: f64,
 }
 
 impl StepFeatures {
@@ -105,6 +132,7 @@ impl StepFeatures {
         } else {
             self.prefill_tokens += query_len as f64;
             self.prefill_attn_pairs += prefill_pairs(query_len, context_len);
+            self.prefill_floor_pairs += floor_pairs(query_len, context_len);
         }
     }
 
@@ -115,14 +143,21 @@ impl StepFeatures {
             self.decode_seqs,
             self.kv_tokens_read,
             self.prefill_attn_pairs,
+            self.prefill_floor_pairs,
         ]
     }
 }
 
-/// Causal attention pairs of a chunk of `q` tokens ending at position `ctx`.
 /// Attention pairs of a prefill chunk of `q` queries ending at position `ctx`.
 pub fn prefill_pairs(q: usize, ctx: usize) -> f64 {
     q as f64 * (ctx as f64 - q as f64 / 2.0)
+}
+
+/// Pairs the wave floor adds to a chunk of `q` queries ending at `ctx`: it costs as
+/// `min(ATTN_FLOOR_QUERIES, ctx)` queries would. 0 for a whole prompt in one chunk (`q == ctx`).
+pub fn floor_pairs(q: usize, ctx: usize) -> f64 {
+    let padded = q.max(ATTN_FLOOR_QUERIES.min(ctx));
+    prefill_pairs(padded, ctx) - prefill_pairs(q, ctx)
 }
 
 fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
@@ -204,7 +239,8 @@ impl CostModel {
 
     /// Non-negative ridge solution by active set: solve, pin negative coefficients at 0, repeat.
     fn solve(&self) -> Option<[f64; N]> {
-        let mut free = [true; N];
+        // A coefficient whose prior is 0 on the floor feature means the backend has none: held.
+        let mut free: [bool; N] = std::array::from_fn(|i| i != N - 1 || self.prior[i] > 0.0);
         for _ in 0..N {
             let mut a = [[0.0; N]; N];
             let mut b = [0.0; N];

@@ -143,6 +143,16 @@ pub struct ClassSlo {
     pub ttft_ms: f64,
     /// Inter-token latency: the gap between two output tokens of a request.
     pub itl_ms: f64,
+    /// End to end, arrival to last token (infinite: none). The adaptive policy paces the
+    /// class's decodes to it: each token is due by an even share of what is left after the
+    /// first token, over the expected output (`itl_step_bound_ms`), when that is tighter than
+    /// `itl_ms` (issue 19: 32 tokens at a 50 ms ITL cannot end within 800 ms).
+    #[serde(default = "unbounded_ms")]
+    pub e2e_ms: f64,
+}
+
+fn unbounded_ms() -> f64 {
+    f64::INFINITY
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -159,14 +169,17 @@ impl Default for SloConfig {
             short: ClassSlo {
                 ttft_ms: 300.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
             medium: ClassSlo {
                 ttft_ms: 800.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
             long: ClassSlo {
                 ttft_ms: 4000.0,
                 itl_ms: 50.0,
+                e2e_ms: f64::INFINITY,
             },
         }
     }
@@ -207,6 +220,22 @@ pub struct MergeConfig {
     /// default (`inf`): in the simulated e-commerce peak, where KV memory rather than slots is
     /// the limit, promoting documents cost preemptions (BENCHMARKS.md).
     pub promote_after: f64,
+    /// A medium or long request waiting for its first token whose remaining prefill, predicted
+    /// step by step alone with the running decodes, needs at least this fraction of the time
+    /// left to its TTFT deadline is due: one such chunk per step is merged whatever the ITL and
+    /// TTFT slack of others say (`MergeReason::Deadline`), so documents cannot starve behind a
+    /// tight short-request pace. Off by default (`inf`).
+    pub deadline_share: f64,
+    /// A prefill trimmed to the latency bound is merged only while its predicted cost per token
+    /// stays within this factor of the untrimmed chunk's; dearer, it waits to go whole. Under
+    /// the prefill kernel's wave floor a 64-token chunk at 12k context costs nearly what 512 do
+    /// (issue 19, call e). Off by default (`inf`).
+    pub max_trim_cost: f64,
+    /// Milliseconds of a step beyond its decodes that a due document's chunk
+    /// (`deadline_share`) is guaranteed whatever the decodes' ITL slack; the chunk is trimmed
+    /// to it (or to the slack when that is larger). Small: a due document then progresses in
+    /// short steps the decoding requests absorb, not in lumps they cannot.
+    pub doc_step_ms: f64,
 }
 
 impl Default for MergeConfig {
@@ -219,6 +248,9 @@ impl Default for MergeConfig {
             min_chunk_tokens: 32,
             progress_tokens: 64,
             promote_after: f64::INFINITY,
+            deadline_share: f64::INFINITY,
+            max_trim_cost: f64::INFINITY,
+            doc_step_ms: 15.0,
         }
     }
 }
@@ -317,6 +349,9 @@ impl SchedulerConfig {
             if !(s.ttft_ms > 0.0 && s.itl_ms > 0.0) {
                 return Err(format!("slo.{name}: ttft_ms and itl_ms must be > 0"));
             }
+            if s.e2e_ms.is_nan() || s.e2e_ms <= s.ttft_ms {
+                return Err(format!("slo.{name}: e2e_ms must exceed ttft_ms"));
+            }
         }
         let m = &self.merge;
         if !(0.0..1.0).contains(&m.kv_watermark) {
@@ -327,6 +362,15 @@ impl SchedulerConfig {
         }
         if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
             return Err("merge.itl_headroom must be in (0, 1]".into());
+        }
+        if !m.doc_step_ms.is_finite() || m.doc_step_ms <= 0.0 {
+            return Err("merge.doc_step_ms must be finite and > 0".into());
+        }
+        if m.max_trim_cost.is_nan() || m.max_trim_cost < 1.0 {
+            return Err("merge.max_trim_cost must be >= 1 (inf: off)".into());
+        }
+        if m.deadline_share.is_nan() || m.deadline_share <= 0.0 {
+            return Err("merge.deadline_share must be > 0 (inf: off)".into());
         }
         let e = &self.emergency;
         if !(e.percentile > 0.0 && e.percentile < 1.0) {

@@ -13,7 +13,11 @@
 //!    itself) and within the TTFT slack of every short request still waiting outside the step.
 //!
 //! A prefill that does not fit whole is trimmed to the largest chunk that does (not below
-//! `min_chunk_tokens`; short prompts are never split). Every decision carries a [`MergeReason`]
+//! `min_chunk_tokens`; short prompts are never split). A document whose TTFT deadline needs its
+//! chunk now (`Candidate::due`, `merge.deadline_share`) is merged whole over the latency bound:
+//! the decodes' ITL slack is the price of not starving it. Its chunk is sized to the step time
+//! it is guaranteed (`merge.doc_step_ms` over the decodes alone, or the slack when larger), so
+//! the step stays short: small steady chunks rather than one 512-token lump a step. Every decision carries a [`MergeReason`]
 //! that the scheduler counts and logs.
 
 use serde::Serialize;
@@ -66,7 +70,7 @@ pub enum MergeReason {
     /// Merged with its chunk cut to the latency bound.
     Trimmed,
     /// Merged although over the latency bound: the step had no prefill, and waiting requests
-    /// must progress.
+    /// must progress (only short prompts when `merge.deadline_share` is on).
     Progress,
     /// Not merged: its blocks now plus its expected decode horizon exceed the KV threshold.
     KvMemory,
@@ -82,10 +86,13 @@ pub enum MergeReason {
     LongBudget,
     /// Not merged: the KV manager had too few free blocks for the chunk.
     KvAllocation,
+    /// Merged over the latency bound: a document's TTFT deadline needs the chunk now
+    /// (`merge.deadline_share`).
+    Deadline,
 }
 
 impl MergeReason {
-    pub const ALL: [MergeReason; 10] = [
+    pub const ALL: [MergeReason; 11] = [
         MergeReason::Fits,
         MergeReason::Trimmed,
         MergeReason::Progress,
@@ -96,6 +103,7 @@ impl MergeReason {
         MergeReason::SeqLimit,
         MergeReason::LongBudget,
         MergeReason::KvAllocation,
+        MergeReason::Deadline,
     ];
 
     pub fn index(self) -> usize {
@@ -105,7 +113,10 @@ impl MergeReason {
     pub fn merged(self) -> bool {
         matches!(
             self,
-            MergeReason::Fits | MergeReason::Trimmed | MergeReason::Progress
+            MergeReason::Fits
+                | MergeReason::Trimmed
+                | MergeReason::Progress
+                | MergeReason::Deadline
         )
     }
 
@@ -121,6 +132,7 @@ impl MergeReason {
             MergeReason::SeqLimit => "seq_limit",
             MergeReason::LongBudget => "long_budget",
             MergeReason::KvAllocation => "kv_allocation",
+            MergeReason::Deadline => "deadline",
         }
     }
 }
@@ -181,6 +193,9 @@ pub struct Candidate {
     /// Blocks it needs now and over its expected decode horizon; 0 for a running request (its
     /// need is already reserved).
     pub kv_blocks_needed: usize,
+    /// Its TTFT deadline needs this chunk now (`merge.deadline_share`): merged over the latency
+    /// bound, trimmed to `MergeContext::doc_floor_ms` (not below the smallest chunk).
+    pub due: bool,
 }
 
 /// What the step leaves for the candidate.
@@ -197,6 +212,9 @@ pub struct MergeContext {
     /// Tightest TTFT slack (ms) among short requests waiting outside the step, their own
     /// prefill step deducted (infinite with none).
     pub short_ttft_slack_ms: f64,
+    /// A due document's chunk (`Candidate::due`) may fill the step up to this long whatever
+    /// the slack above says: the step's decodes alone plus `merge.doc_step_ms`.
+    pub doc_floor_ms: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -240,6 +258,31 @@ pub fn should_merge(
         f.add_seq(tokens, b.num_computed + tokens);
         model.predict_ms(&f)
     };
+    // Whether a chunk of `t` tokens costs per token within `max_trim_cost` × the whole chunk's.
+    let base = model.predict_ms(&a.features);
+    let per_token = |t: usize| (predict(t) - base) / t as f64;
+    let efficient = |t: usize| per_token(t) <= cfg.max_trim_cost * per_token(wanted);
+    if b.due && predict(wanted) > cap_ms {
+        // The largest chunk within its share (or the slack, when larger), the smallest
+        // acceptable one when none is.
+        let due_cap = cap_ms.max(ctx.doc_floor_ms);
+        let floor = b.min_tokens.max(cfg.min_chunk_tokens.min(wanted)).max(1);
+        let (mut lo, mut hi) = (floor, wanted + 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if predict(mid) <= due_cap {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        // Under the wave floor a short chunk at long context costs nearly a whole one: whole.
+        let tokens = if efficient(lo) { lo } else { wanted };
+        return MergeDecision {
+            reason: MergeReason::Deadline,
+            tokens,
+        };
+    }
     if predict(wanted) <= cap_ms {
         let reason = if wanted < b.wanted {
             MergeReason::Trimmed
@@ -263,12 +306,18 @@ pub fn should_merge(
                 hi = mid;
             }
         }
-        return MergeDecision {
-            reason: MergeReason::Trimmed,
-            tokens: lo,
-        };
+        // A trimmed chunk costing per token over `max_trim_cost` × the whole chunk's (a short
+        // chunk at long context under the kernel's wave floor) waits for a step it fits whole.
+        if efficient(lo) {
+            return MergeDecision {
+                reason: MergeReason::Trimmed,
+                tokens: lo,
+            };
+        }
     }
-    if !a.has_prefill {
+    // With deadline pull on, documents progress by their deadlines (`due`), not here: a forced
+    // small chunk at long context costs a whole wave floor (issue 19, call e).
+    if !a.has_prefill && (b.lane == Lane::FastLane || !cfg.deadline_share.is_finite()) {
         let tokens = if b.lane == Lane::FastLane {
             wanted
         } else {

@@ -12,6 +12,7 @@
 
 mod adaptive;
 mod admission;
+mod deadline;
 mod harness;
 mod merge;
 mod slack;
@@ -561,6 +562,7 @@ fn randomized_run_with(
             short: ClassSlo {
                 ttft_ms: 60.0,
                 itl_ms: 15.0,
+                e2e_ms: f64::INFINITY,
             },
             ..SloConfig::default()
         },

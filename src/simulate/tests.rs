@@ -261,6 +261,7 @@ fn a_chunk_below_the_attention_floor_costs_the_floors_attention() {
         per_decode_seq_ms: 0.0,
         per_kv_token_ms: 0.0,
         per_prefill_attn_pair_ms: 1e-5,
+        per_prefill_floor_pair_ms: 0.0,
     };
     let ms = |floor: usize, computed: usize, q: usize| {
         let mut e = executor::CostModelExecutor::new(cost, 0.0, floor, 1, 16, 16, 20_000);
@@ -283,6 +284,7 @@ fn judge_replaces_the_criterion_and_e2e_is_reported() {
             short: crate::scheduler::ClassSlo {
                 ttft_ms: 1e9,
                 itl_ms: 1e9,
+                e2e_ms: f64::INFINITY,
             },
             ..SloConfig::default()
         }),
@@ -293,6 +295,7 @@ fn judge_replaces_the_criterion_and_e2e_is_reported() {
             short: crate::scheduler::ClassSlo {
                 ttft_ms: 1e-3,
                 itl_ms: 1e-3,
+                e2e_ms: f64::INFINITY,
             },
             ..SloConfig::default()
         },

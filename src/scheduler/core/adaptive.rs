@@ -46,6 +46,8 @@ struct MergeState {
     admitted_now: HashSet<RequestId>,
     /// The prefix hit `try_load` looked up for the candidate at hand.
     lookup: Option<usize>,
+    /// The document whose deadline needs a chunk in this step (`most_due`), until it has one.
+    due: Option<RequestId>,
 }
 
 /// Whether the walk over a lane goes on.
@@ -77,6 +79,7 @@ impl Scheduler {
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
             lookup: None,
+            due: self.most_due(&draft, now),
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -182,10 +185,11 @@ impl Scheduler {
             st.lookup.take().unwrap_or(0)
         };
         let req = &self.requests[&id];
-        let cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
+        let mut cand = self.candidate(req, lane, is_running, num_computed, st.long_left, kv);
+        cand.due = st.due == Some(id);
         let decision = self.decide(st, plan, kv, id, &cand, is_running);
         if decision.reason.merged() {
-            self.take(st, plan, id, &cand, decision.tokens, is_running);
+            self.take(st, plan, id, &cand, decision, is_running);
         } else if lane == Lane::FastLane && !is_running {
             self.note_short_slack(st, id, num_computed, now);
         }
@@ -264,7 +268,58 @@ impl Scheduler {
             wanted,
             min_tokens,
             kv_blocks_needed,
+            due: false,
         }
+    }
+
+    /// The document whose TTFT deadline needs a chunk in this step, if any (`deadline_share`):
+    /// a medium or long request without its first token whose remaining prefill, in its lane's
+    /// chunks each predicted as a step alone with the decodes (`decodes`: attention and wave
+    /// floor included), takes at least `deadline_share` of the time left to its deadline, and
+    /// still fits in it. Of several, the earliest deadline: it keeps its place step after step,
+    /// where ranking by room left would alternate between two and make both late. One that can
+    /// no longer make it is not pulled (it progresses from slack): forcing lost causes through
+    /// an overload would make the short requests late too.
+    fn most_due(&self, decodes: &StepDraft, now: f64) -> Option<RequestId> {
+        let share = self.cfg.merge.deadline_share;
+        if !share.is_finite() {
+            return None;
+        }
+        let docs = self.running.iter().chain(self.waiting.iter()).filter(|id| {
+            let r = &self.requests[id];
+            r.class != RequestClass::Short && r.num_output_tokens() == 0 && !r.loading
+        });
+        let mut best: Option<(f64, RequestId)> = None;
+        for &id in docs {
+            let r = &self.requests[&id];
+            let left_ms = (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
+            if left_ms <= 0.0 || best.is_some_and(|(d, _)| d <= left_ms) {
+                continue;
+            }
+            let need_ms = self.prefill_need_ms(r, decodes, left_ms);
+            if need_ms >= share * left_ms && need_ms < left_ms {
+                best = Some((left_ms, id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Predicted time of `req`'s remaining prefill in its lane's chunks, each as a step alone
+    /// with `decodes`; the sum stops once it reaches `enough_ms`.
+    fn prefill_need_ms(&self, req: &Request, decodes: &StepDraft, enough_ms: f64) -> f64 {
+        let chunk = match req.class {
+            RequestClass::Long => self.cfg.classes.long_prefill_budget,
+            _ => self.capped_chunk(self.cfg.max_num_batched_tokens),
+        };
+        let (mut done, end, mut need_ms) = (req.num_computed, req.compute_target(), 0.0);
+        while done < end && need_ms <= enough_ms {
+            let q = chunk.min(end - done);
+            let mut f = decodes.features;
+            f.add_seq(q, done + q);
+            need_ms += self.cost.predict_ms(&f);
+            done += q;
+        }
+        need_ms
     }
 
     /// `should_merge`, then the blocks for what it grants; counted and logged.
@@ -288,6 +343,8 @@ impl Scheduler {
             } else {
                 st.short_slack_ms
             },
+            doc_floor_ms: self.cost.predict_ms(&st.decode_only.features)
+                + self.cfg.merge.doc_step_ms,
         };
         let mut decision = should_merge(&self.cost, &self.cfg.merge, &st.draft, cand, &ctx);
         if decision.reason.merged()
@@ -328,10 +385,14 @@ impl Scheduler {
         plan: &mut StepPlan,
         id: RequestId,
         cand: &Candidate,
-        tokens: usize,
+        decision: MergeDecision,
         is_running: bool,
     ) {
+        let (tokens, reason) = (decision.tokens, decision.reason);
         st.draft.add_prefill(cand.num_computed, tokens);
+        if reason == MergeReason::Deadline {
+            st.due = None;
+        }
         plan.push(id, tokens, 0);
         if cand.lane == Lane::LongStream {
             st.long_left = st.long_left.saturating_sub(tokens);
@@ -409,12 +470,24 @@ impl Scheduler {
     /// Never less than `s` itself, the old per-step cap: a request behind its pace (resumed
     /// after a pause, or late already) then catches up by `itl_ms − s` a token instead of
     /// holding every prefill out of the step.
+    ///
+    /// With an end-to-end SLO (`e2e_ms`) the pace `s` is the tighter of the ITL SLO and an even
+    /// share of what the first token left of it over the expected output's remaining gaps (× the
+    /// same headroom): a short answer of 32 tokens whose first came at 100 ms paces at
+    /// 700 / 31 × 0.9 ≈ 20 ms, not 45. One whose first token left nothing keeps the ITL pace.
     fn itl_step_bound_ms(&self, req: &Request, now: f64) -> f64 {
-        let s = self.cfg.slo.of(req.class).itl_ms * self.cfg.merge.itl_headroom;
-        match req.first_token_at {
-            Some(first) => ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s),
-            None => s,
+        let slo = self.cfg.slo.of(req.class);
+        let h = self.cfg.merge.itl_headroom;
+        let mut s = slo.itl_ms * h;
+        let Some(first) = req.first_token_at else {
+            return s;
+        };
+        let gaps = req.num_output_tokens() + self.expected_remaining_output(req);
+        let left_ms = (req.arrival - first) * 1e3 + slo.e2e_ms;
+        if gaps > 1 && left_ms > 0.0 {
+            s = s.min(left_ms * h / (gaps - 1) as f64);
         }
+        ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s)
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,

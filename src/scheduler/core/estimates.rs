@@ -36,6 +36,7 @@ impl Scheduler {
             per_decode_seq_ms: f.per_decode_seq_ms.min(p.per_decode_seq_ms),
             per_kv_token_ms: f.per_kv_token_ms.min(p.per_kv_token_ms),
             per_prefill_attn_pair_ms: f.per_prefill_attn_pair_ms.min(p.per_prefill_attn_pair_ms),
+            per_prefill_floor_pair_ms: f.per_prefill_floor_pair_ms.min(p.per_prefill_floor_pair_ms),
         }
     }
 

@@ -21,6 +21,7 @@ fn target(base: f64, per_row: f64) -> CostModel {
         per_decode_seq_ms: per_row,
         per_kv_token_ms: 0.0,
         per_prefill_attn_pair_ms: 0.0,
+        per_prefill_floor_pair_ms: 0.0,
     })
 }
 
@@ -105,6 +106,7 @@ fn a_verification_row_costs_at_least_a_decode_row() {
         per_decode_seq_ms: 1.0,
         per_kv_token_ms: 0.0,
         per_prefill_attn_pair_ms: 0.0,
+        per_prefill_floor_pair_ms: 0.0,
     });
     let d = DraftCost::default();
     assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 4).cap, 0);

@@ -38,6 +38,7 @@ pub(super) fn coarse_cost() -> CostCoefficients {
         per_decode_seq_ms: 1.0,
         per_kv_token_ms: 0.0,
         per_prefill_attn_pair_ms: 0.0,
+        per_prefill_floor_pair_ms: 0.0,
     }
 }
 
@@ -231,6 +232,7 @@ pub(super) fn emergency_config() -> SchedulerConfig {
             short: ClassSlo {
                 ttft_ms: 15.0,
                 itl_ms: 200.0,
+                e2e_ms: f64::INFINITY,
             },
             ..SloConfig::default()
         },
@@ -332,6 +334,7 @@ fn emergency_spares_the_class_whose_slo_broke() {
             medium: ClassSlo {
                 ttft_ms: 1000.0,
                 itl_ms: 1.0,
+                e2e_ms: f64::INFINITY,
             },
             ..SloConfig::default()
         },
@@ -367,6 +370,7 @@ fn a_paused_request_resumes_when_nothing_else_runs() {
     cfg.slo.medium = ClassSlo {
         ttft_ms: 1e12,
         itl_ms: 1e12,
+        e2e_ms: f64::INFINITY,
     };
     let mut e = Engine::new(cfg, 64);
     e.step_s = 0.05;

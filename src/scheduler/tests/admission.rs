@@ -259,6 +259,7 @@ fn cost_model_fit_recovers_the_step_time_from_a_wrong_prior() {
         per_decode_seq_ms: 0.5,
         per_kv_token_ms: 0.0,
         per_prefill_attn_pair_ms: 1e-4,
+        per_prefill_floor_pair_ms: 0.0,
     };
     let mut model = CostModel::new(prior);
     let mut rng = ChaCha8Rng::seed_from_u64(11);

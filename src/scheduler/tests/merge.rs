@@ -20,6 +20,7 @@ fn candidate() -> Candidate {
         wanted: 20,
         min_tokens: 20.min(MergeConfig::default().min_chunk_tokens),
         kv_blocks_needed: 5,
+        due: false,
     }
 }
 
@@ -30,6 +31,7 @@ fn context() -> MergeContext {
         kv_headroom_blocks: 100.0,
         running_is_empty: false,
         short_ttft_slack_ms: f64::INFINITY,
+        doc_floor_ms: 0.0,
     }
 }
 

@@ -68,6 +68,7 @@ fn emergency_after_slow_steps(slow_steps: usize, slow_s: f64) -> bool {
     cfg.slo.short = ClassSlo {
         ttft_ms: 1e6,
         itl_ms: 100.0,
+        e2e_ms: f64::INFINITY,
     };
     let mut e = Engine::new(cfg, 256);
     for id in 1..=4 {
