@@ -226,9 +226,10 @@ pub fn start_wrapped(
         // a rebuilt backend starts with no draft state, the old one's is dropped with it.
         move || -> anyhow::Result<Box<dyn Backend>> {
             let backend: Box<dyn Backend> = match &device {
-                Device::Cuda => Box::new(CudaBackend::load(
+                Device::Cuda => Box::new(CudaBackend::load_speculative(
                     &dir,
                     CudaBackendOptions::from_config(&cfg, progress),
+                    &cfg.speculative,
                 )?),
                 Device::Cpu(_) => Box::new(CpuBackend::load_speculative(
                     &dir,
@@ -289,14 +290,13 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
     )))
 }
 
-/// The CUDA executor does not verify drafts yet (it returns logits at one position per
-/// sequence): refuse rather than serve without what was asked for.
+/// The CUDA executor has no draft-model proposer yet: refuse rather than serve without what
+/// was asked for.
 fn refuse_cuda_speculation(cfg: &Config) -> anyhow::Result<()> {
     anyhow::ensure!(
-        !cfg.speculative.enabled(),
-        "--speculative {} is not implemented on the CUDA executor yet; use --device cpu, or \
-         --speculative off",
-        cfg.speculative.method.as_str()
+        cfg.speculative.method != SpecMethod::Draft,
+        "--speculative draft is not implemented on the CUDA executor yet; use --device cpu, \
+         --speculative ngram or --speculative off"
     );
     Ok(())
 }
@@ -402,7 +402,12 @@ fn synthetic_backend(
                 sample_vocab_size: sample_vocab,
                 ..CudaBackendOptions::from_config(cfg, false)
             };
-            Box::new(CudaBackend::synthetic(model_cfg.clone(), seed, opts)?)
+            Box::new(CudaBackend::synthetic_speculative(
+                model_cfg.clone(),
+                seed,
+                opts,
+                &cfg.speculative,
+            )?)
         }
         Device::Cpu(why) => {
             anyhow::ensure!(

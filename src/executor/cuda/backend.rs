@@ -8,6 +8,15 @@
 //! (`forward`) only the block-table entries that changed since the last step; the device keeps
 //! the tables. Batches built by hand (tests, benchmarks) run through `execute_batch` and
 //! `forward_logits`, which upload their whole tables.
+//!
+//! Speculative decoding (`load_speculative`): before the forward the proposer (n-gram lookup,
+//! or the draft model on this GPU: `cuda::draft`) proposes for the requests the scheduler gave
+//! draft positions; the forward samples each of a verifying sequence's k + 1 rows on the device
+//! (lm_head over those rows only), and `executor::verify::DeviceDraws` keeps the draws while
+//! they equal the drafts — exact for point-mass proposals, so only token ids come back. A draft
+//! model's sampled drafts (dense q) read their rows' logits back for host rejection sampling.
+//! Steps with drafts never run from a CUDA graph (not pure decode) nor ahead (lookahead
+//! cannot predict them); steps without drafts take exactly the path they took before.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,9 +28,12 @@ use super::kv_tier::{CudaKvTier, KvLayout};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
+use crate::executor::verify::{DeviceDraws, HostSampler, Logits, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
-use crate::step::{BatchInput, BlockCopy, SchedulerOutput, StepOutput};
+use crate::spec::ngram::NgramProposer;
+use crate::spec::{Proposer, SpecConfig, SpecMethod};
+use crate::step::{BatchInput, BlockCopy, SampledToken, SchedulerOutput, SpecOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -39,6 +51,70 @@ pub struct CudaBackend {
     timing: Option<StepTiming>,
     /// This step's token-count changes (requests with penalties); reused.
     count_ops: Vec<CountOp>,
+    /// Speculative decoding's proposer and verification state.
+    spec: Speculation,
+}
+
+/// Speculative decoding on the CUDA backend: the proposer, this step's proposals, and the host
+/// side of a draft model's sampled verifications (their logit rows, reused).
+#[derive(Default)]
+struct Speculation {
+    proposer: Option<Box<dyn Proposer>>,
+    drafts: StepDrafts,
+    host_sampler: HostSampler,
+    dense: Vec<f32>,
+}
+
+impl Speculation {
+    /// Proposes drafts for the applied step's requests with draft positions (`input`), into
+    /// `self.drafts`; what it cost into `out`.
+    fn propose(&mut self, input: &InputBatch, out: &mut SpecOutput) -> anyhow::Result<()> {
+        self.drafts.clear();
+        let Some(p) = self.proposer.as_mut() else {
+            return Ok(());
+        };
+        let reqs = input.propose_requests();
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let stats = p.propose(&reqs, &mut self.drafts.proposals)?;
+        self.drafts.ids.extend(reqs.iter().map(|r| r.id));
+        out.elapsed = t.elapsed();
+        (out.passes, out.tokens) = (stats.passes, stats.tokens);
+        Ok(())
+    }
+
+    /// The step's tokens from the device's draws `rows` (one per logit row of `batch`, the
+    /// last launch of `fwd`): as they are without drafts, else verified (`DeviceDraws`).
+    fn verify(
+        &mut self,
+        fwd: &Forward,
+        batch: &BatchInput,
+        rows: Vec<SampledToken>,
+        out: &mut StepOutput,
+    ) -> anyhow::Result<()> {
+        if self.drafts.is_empty() {
+            out.sampled = rows;
+            return Ok(());
+        }
+        let draws = DeviceDraws {
+            batch,
+            rows: &rows,
+            drafts: &self.drafts,
+        };
+        let dense_rows = draws.dense_rows();
+        self.dense.clear();
+        fwd.logit_rows(&dense_rows, &mut self.dense)?;
+        let vocab = fwd.cfg.vocab_size;
+        let logits = Logits {
+            data: &self.dense,
+            vocab,
+            sample_vocab: fwd.opts.sampled_vocab(vocab),
+        };
+        draws.verify(&mut self.host_sampler, logits, out);
+        Ok(())
+    }
 }
 
 /// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
@@ -71,6 +147,40 @@ impl CudaBackend {
         check_supported(&cfg)?;
         let w = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
         Self::new(gpu, cfg, w, opts)
+    }
+
+    /// As `load`, with the proposer `spec` asks for (`opts.max_drafts` at least its depth;
+    /// a draft model's compatibility is the caller's to check, `spec::compat`).
+    pub fn load_speculative(
+        dir: &Path,
+        opts: CudaBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
+        check_spec_options(&opts, spec)?;
+        Self::load(dir, opts)?.with_proposer(spec)
+    }
+
+    /// As `synthetic`, with `spec`'s proposer (n-gram only: a synthetic model has no draft).
+    pub fn synthetic_speculative(
+        cfg: ModelConfig,
+        seed: u64,
+        opts: CudaBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
+        check_spec_options(&opts, spec)?;
+        Self::synthetic(cfg, seed, opts)?.with_proposer(spec)
+    }
+
+    /// Sets the proposer of `spec` (none for `off`).
+    fn with_proposer(mut self, spec: &SpecConfig) -> anyhow::Result<Self> {
+        self.spec.proposer = match spec.method {
+            SpecMethod::Off => None,
+            SpecMethod::Ngram => Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max))),
+            SpecMethod::Draft => {
+                anyhow::bail!("--speculative draft is not implemented on the CUDA executor yet")
+            }
+        };
+        Ok(self)
     }
 
     /// From weights already in memory (tests).
@@ -127,6 +237,7 @@ impl CudaBackend {
             tier,
             timing: None,
             count_ops: Vec::new(),
+            spec: Speculation::default(),
         })
     }
 
@@ -205,13 +316,16 @@ impl CudaBackend {
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
         self.fwd.launch(batch, &self.updates, true, false)?;
-        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
-        Ok(StepOutput {
-            sampled,
-            elapsed: started.elapsed(),
+        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
+        let mut out = StepOutput {
             top_logprobs,
             ..StepOutput::default()
-        })
+        };
+        // Drafts in a hand-built batch are verified as point-mass proposals.
+        self.spec.drafts.fill_from_batch(batch);
+        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
+        out.elapsed = started.elapsed();
+        Ok(out)
     }
 
     /// `updates` := every table entry of a hand-built batch. It overwrites the rows of the
@@ -245,8 +359,16 @@ impl CudaBackend {
     /// One scheduler step through the persistent input batch.
     fn step(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
+        if let Some(p) = self.spec.proposer.as_mut() {
+            for &id in step.finished_req_ids.iter().chain(&step.preempted) {
+                p.forget(id);
+            }
+        }
         // First, before anything can fail: the drops it carries are not sent again.
-        self.input.update(step)?;
+        self.input.apply(step)?;
+        let mut spec = SpecOutput::default();
+        self.spec.propose(&self.input, &mut spec)?;
+        self.input.build(&self.spec.drafts.proposals)?;
         self.fwd.gpu.ctx.bind_to_thread()?;
         // Copies go out first on their own stream; the forward's stream waits for them.
         let layout = self.fwd.kv_layout();
@@ -287,14 +409,15 @@ impl CudaBackend {
             self.fwd.launch(batch, &self.updates, true, true)?;
         }
         let launched = Instant::now();
-        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
+        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
         let waited = Instant::now();
-        let out = StepOutput {
-            sampled,
-            elapsed: started.elapsed(),
+        let mut out = StepOutput {
             top_logprobs,
+            spec,
             ..StepOutput::default()
         };
+        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
+        out.elapsed = started.elapsed();
         self.input.record(&out)?;
         if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
             self.timing = Some(StepTiming {
@@ -339,6 +462,17 @@ impl Backend for CudaBackend {
         }
         res
     }
+}
+
+/// The sampler's buffers must hold every draft the scheduler may give (`max_drafts`).
+fn check_spec_options(opts: &CudaBackendOptions, spec: &SpecConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !spec.enabled() || opts.max_drafts >= spec.max_depth,
+        "speculative depth {} needs CudaBackendOptions::max_drafts >= it (got {})",
+        spec.max_depth,
+        opts.max_drafts
+    );
+    Ok(())
 }
 
 /// Refuses models the CUDA executor cannot run, with the reason (the engine then falls back to

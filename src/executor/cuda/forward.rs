@@ -132,6 +132,9 @@ pub(super) struct Forward {
     pub max_blocks: usize,
     max_tokens: usize,
     pub max_seqs: usize,
+    /// Logit rows a step may sample: one per sequence, plus the drafts of speculative decoding
+    /// (`CudaBackendOptions::max_drafts`).
+    max_rows: usize,
     /// GEMM prefill path: its context limit (at most the longest context), scratch and the
     /// scratch's capacities (key rows, score floats); no scratch when off.
     gemm_max_len: usize,
@@ -194,6 +197,8 @@ impl Forward {
         let max_blocks = max_model_len.div_ceil(opts.block_size);
         let max_seqs = opts.max_num_seqs;
         let max_tokens = opts.max_num_batched_tokens;
+        // Each sequence samples 1 + its drafts rows, and a row is a token of the step.
+        let max_rows = (max_seqs * (1 + opts.max_drafts)).min(max_tokens.max(max_seqs));
         let (d, hd, h) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
         let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
@@ -205,7 +210,7 @@ impl Forward {
             max_seqs,
             max_tiles,
             max_seqs,
-            max_seqs,
+            max_rows,
             max_seqs * MAX_EDITS_PER_ROW,
             table_words,
         )
@@ -242,22 +247,22 @@ impl Forward {
             delta: gpu.alloc(max_tokens * d * bf)?,
             gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * f4)?,
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
-            head_in: gpu.alloc(max_seqs * d * bf)?,
-            logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            head_in: gpu.alloc(max_rows * d * bf)?,
+            logits: gpu.alloc(max_rows * cfg.vocab_size * f4)?,
             part_acc: gpu.alloc(partials * h * hd * f4)?,
             part_ml: gpu.alloc(partials * h * 2 * f4)?,
             decode_counters: gpu.alloc(counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
-            out: gpu.alloc(out_bytes(max_seqs, true))?,
-            work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            out: gpu.alloc(out_bytes(max_rows, true))?,
+            work: gpu.alloc(max_rows * cfg.vocab_size * f4)?,
             counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
             count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         // Stamps read before any step wrote them are zero, not garbage.
-        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs, true))?;
+        gpu.memset(act.out.ptr(), 0, out_bytes(max_rows, true))?;
         let io = match opts.pinned_io || opts.lookahead {
-            true => Some(PinnedIo::new(&gpu, meta_words, max_seqs)?),
+            true => Some(PinnedIo::new(&gpu, meta_words, max_rows)?),
             false => None,
         };
         anyhow::ensure!(
@@ -335,6 +340,7 @@ impl Forward {
             max_blocks,
             max_tokens,
             max_seqs,
+            max_rows,
             gemm_max_len,
             gemm_scratch,
             gemm_keys,
@@ -362,6 +368,7 @@ impl Forward {
         Limits {
             max_tokens: self.max_tokens,
             max_seqs: self.max_seqs,
+            max_rows: self.max_rows,
             max_blocks: self.max_blocks,
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
@@ -471,13 +478,14 @@ impl Forward {
         Ok(step)
     }
 
-    /// The tokens sampled by the last launch of `batch`, in seq order, and the top
+    /// The tokens sampled by the last launch of `batch`, one per logit row in seq order (a
+    /// sequence with drafts has `num_drafts + 1`, its draws at each position), and the top
     /// log-probabilities of the rows that asked; waits for them.
     pub fn sampled(
         &mut self,
         batch: &BatchInput,
     ) -> anyhow::Result<(Vec<SampledToken>, Vec<TopLogprobs>)> {
-        let ns = batch.num_sampled();
+        let ns = batch.num_logit_rows();
         let cur = self.cur.context("no step was launched")?;
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
@@ -533,6 +541,7 @@ impl Forward {
             .seqs
             .iter()
             .filter(|q| q.sample.is_some())
+            .flat_map(|q| std::iter::repeat_n(q, 1 + q.num_drafts))
             .zip(self.tokens_host.iter().zip(&self.logprobs_host))
             .map(|(q, (&token, &logprob))| {
                 let mut token = token as u32;
@@ -562,6 +571,21 @@ impl Forward {
         let mut flat = vec![0f32; ns * v];
         self.gpu.download(&mut flat, self.act.logits.ptr())?;
         Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Appends the fp32 logits of the last launch's sampled rows `ranges` ((first, count)
+    /// pairs) to `out`, in order; waits for the stream. Speculative decoding's host
+    /// verifications read only their own rows.
+    pub fn logit_rows(&self, ranges: &[(usize, usize)], out: &mut Vec<f32>) -> anyhow::Result<()> {
+        let v = self.cfg.vocab_size;
+        for &(first, n) in ranges {
+            anyhow::ensure!(first + n <= self.max_rows, "logit rows {first}+{n}");
+            let at = out.len();
+            out.resize(at + n * v, 0.0);
+            let src = self.act.logits.ptr() + (first * v * 4) as u64;
+            self.gpu.download(&mut out[at..], src)?;
+        }
+        Ok(())
     }
 
     /// The KV pool's layout, for block copies between the tiers (`cuda::kv_tier`).
