@@ -171,7 +171,7 @@ impl CpuBackend {
             (SpecMethod::Draft, Some(d)) => {
                 let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
                 let model = LlamaModel::new(d.config, d.weights)?;
-                Some(Box::new(CpuDraft::new(model, kv, threads.clone())))
+                Some(Box::new(CpuDraft::proposer(model, kv, threads.clone())))
             }
             (SpecMethod::Draft, None) => unreachable!("checked above"),
         };
