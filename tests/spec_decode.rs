@@ -9,19 +9,7 @@ use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::model::config::ModelConfig;
 use brook::sampling::params::SamplingParams;
 use brook::spec::{SpecConfig, SpecMethod};
-use demo::{goldens, root, Run};
-
-fn spec(method: SpecMethod, max_depth: usize) -> SpecConfig {
-    SpecConfig {
-        method,
-        draft_model: (method == SpecMethod::Draft).then(|| root().join("models/demo-chat-draft")),
-        max_depth,
-        // The depth is the cost model's to choose in serving; here every decode speculates at
-        // max_depth, so that the test exercises verification whatever this machine's timings.
-        adaptive: false,
-        ..SpecConfig::default()
-    }
-}
+use demo::{goldens, root, spec, Run};
 
 /// Runs the requests on the CPU backend with the demo target (4-token blocks).
 fn run(spec: SpecConfig, prompts: &[Vec<u32>], params: &[SamplingParams], seed: u64) -> Run {

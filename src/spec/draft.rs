@@ -240,7 +240,10 @@ mod tests {
             seen: Vec::new(),
         });
         let mut out = Vec::new();
-        let reqs = [req(1, &a, &table, &params, 2), req(2, &b, &table, &params, 2)];
+        let reqs = [
+            req(1, &a, &table, &params, 2),
+            req(2, &b, &table, &params, 2),
+        ];
         let stats = p.propose(&reqs, &mut out).unwrap();
         // Pass 0: 10 + 3 tokens in forwards of 8: [a 0..8], [a 8..10, b 0..3]; pass 1: one
         // token each.
@@ -268,6 +271,9 @@ mod tests {
         p.model.seen.clear();
         p.propose(&[req(1, &longer, &table, &params, 1)], &mut out)
             .unwrap();
-        assert_eq!(p.model.seen, vec![(8, vec![(0, 8, false)]), (5, vec![(8, 5, true)])]);
+        assert_eq!(
+            p.model.seen,
+            vec![(8, vec![(0, 8, false)]), (5, vec![(8, 5, true)])]
+        );
     }
 }

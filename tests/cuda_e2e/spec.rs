@@ -6,21 +6,11 @@
 //! Also with CUDA graphs off and with lookahead decode on: steps with drafts take the eager
 //! path and are never launched ahead.
 
+use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::spec::{SpecConfig, SpecMethod};
 
-use super::demo::{self, goldens, root, Run};
+use super::demo::{self, goldens, root, spec, Run};
 use super::*;
-
-fn spec(method: SpecMethod, max_depth: usize) -> SpecConfig {
-    SpecConfig {
-        method,
-        draft_model: (method == SpecMethod::Draft).then(|| root().join("models/demo-chat-draft")),
-        max_depth,
-        // Every decode speculates at max_depth, whatever this machine's timings.
-        adaptive: false,
-        ..SpecConfig::default()
-    }
-}
 
 fn demo_opts(spec: &SpecConfig) -> CudaBackendOptions {
     CudaBackendOptions {
@@ -48,7 +38,7 @@ fn run_cuda(
         spec,
         config.max_position_embeddings,
         &config.eos_token_ids,
-        &reqs,
+        reqs,
         seed,
     )
 }
@@ -135,4 +125,80 @@ fn cuda_spec_ngram_seeded_sampling_equals_no_speculation() {
     let s = spec(SpecMethod::Ngram, 3);
     let got = run_cuda(s.clone(), demo_opts(&s), &reqs, 5);
     assert_same(&got, &want, "ngram sampled");
+}
+
+#[test]
+fn cuda_spec_draft_model_greedy_equals_no_speculation() {
+    if !have_gpu() {
+        return;
+    }
+    let r = check_greedy(SpecMethod::Draft, 4);
+    // The demo draft agrees with its target often: both the accept and the
+    // correct-and-roll-back paths ran.
+    assert!(
+        r.accepted > 0 && r.accepted < r.drafts,
+        "{} of {}",
+        r.accepted,
+        r.drafts
+    );
+}
+
+/// The draft's pool shares the target's block ids: a block's bytes count both models' K/V.
+#[test]
+fn cuda_spec_draft_kv_counts_in_each_block() {
+    if !have_gpu() {
+        return;
+    }
+    let s = spec(SpecMethod::Draft, 2);
+    let dir = root().join("models/demo-chat");
+    let target = ModelConfig::from_dir(&dir).unwrap();
+    let draft = ModelConfig::from_dir(&root().join("models/demo-chat-draft")).unwrap();
+    let b = CudaBackend::load_speculative(&dir, demo_opts(&s), &s).unwrap();
+    let bs = b.info().block_size;
+    assert_eq!(
+        b.info().bytes_per_block,
+        kv_bytes_per_block(&target, bs) + kv_bytes_per_block(&draft, bs)
+    );
+    // Without drafts the sampler's buffers cannot hold a verification: refused at start.
+    let small = CudaBackendOptions {
+        max_drafts: 1,
+        ..demo_opts(&s)
+    };
+    let e = CudaBackend::load_speculative(&dir, small, &s)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("max_drafts"), "{e}");
+}
+
+/// Sampled requests with the draft model: their drafts are drawn from the draft's
+/// distribution, verified on the host from their rows' logits (Leviathan/Chen); seeded, the
+/// same tokens on every run.
+#[test]
+fn cuda_spec_draft_model_seeded_sampling_is_reproducible() {
+    if !have_gpu() {
+        return;
+    }
+    let reqs: Vec<(Vec<u32>, SamplingParams)> = goldens()
+        .into_iter()
+        .take(3)
+        .map(|(p, _)| {
+            let params = SamplingParams {
+                temperature: 0.7,
+                max_tokens: 32,
+                ignore_eos: true,
+                ..SamplingParams::default()
+            };
+            (p, params)
+        })
+        .collect();
+    let s = spec(SpecMethod::Draft, 3);
+    let a = run_cuda(s.clone(), demo_opts(&s), &reqs, 11);
+    let b = run_cuda(s.clone(), demo_opts(&s), &reqs, 11);
+    assert_eq!(a.outputs, b.outputs);
+    assert!(
+        a.drafts > 0 && a.accepted > 0,
+        "{} / {}",
+        a.accepted,
+        a.drafts
+    );
 }

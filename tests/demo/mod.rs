@@ -11,7 +11,7 @@ use brook::kv::KvCacheManager;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
-use brook::spec::SpecConfig;
+use brook::spec::{SpecConfig, SpecMethod};
 use serde_json::Value;
 
 pub fn root() -> PathBuf {
@@ -39,6 +39,19 @@ pub fn goldens() -> Vec<(Vec<u32>, Vec<u32>)> {
         .iter()
         .map(|c| (ids(&c["prompt_token_ids"]), ids(&c["output_token_ids"])))
         .collect()
+}
+
+/// Speculation by `method` at `max_depth` with the bundled draft model for `draft`. The depth
+/// is the cost model's to choose in serving; here every decode speculates at max_depth, so that
+/// the tests exercise verification whatever the machine's timings.
+pub fn spec(method: SpecMethod, max_depth: usize) -> SpecConfig {
+    SpecConfig {
+        method,
+        draft_model: (method == SpecMethod::Draft).then(|| root().join("models/demo-chat-draft")),
+        max_depth,
+        adaptive: false,
+        ..SpecConfig::default()
+    }
 }
 
 /// What a run gave: each request's output ids, and the drafts verified and accepted.

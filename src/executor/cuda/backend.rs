@@ -22,7 +22,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::device::Gpu;
-use super::forward::Forward;
+use super::draft::CudaDraft;
+use super::forward::{Forward, KvSizing};
 use super::kernels;
 use super::kv_tier::{CudaKvTier, KvLayout};
 use super::weights::GpuWeights;
@@ -31,6 +32,7 @@ use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::executor::verify::{DeviceDraws, HostSampler, Logits, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
+use crate::spec::draft::DraftProposer;
 use crate::spec::ngram::NgramProposer;
 use crate::spec::{Proposer, SpecConfig, SpecMethod};
 use crate::step::{BatchInput, BlockCopy, SampledToken, SchedulerOutput, SpecOutput, StepOutput};
@@ -53,6 +55,45 @@ pub struct CudaBackend {
     count_ops: Vec<CountOp>,
     /// Speculative decoding's proposer and verification state.
     spec: Speculation,
+    /// Bytes of one block of the draft model's pool (0: none), which shares the block ids.
+    draft_bytes_per_block: usize,
+}
+
+/// A draft model loaded onto the target's device (`load_speculative`).
+struct DraftParts {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    weights: GpuWeights,
+}
+
+impl DraftParts {
+    fn load(dir: &Path, opts: &CudaBackendOptions) -> anyhow::Result<Self> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        check_supported(&cfg).map_err(|e| anyhow::anyhow!("draft model {}: {e}", dir.display()))?;
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        let weights = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
+        Ok(DraftParts { gpu, cfg, weights })
+    }
+
+    /// The draft's options: the target's sizes (steps, sequences, table width), none of the
+    /// target's extras (host tier, lookahead, pinned staging, timing, drafts of its own).
+    fn options(&self, target: &CudaBackendOptions, target_cfg: &ModelConfig) -> CudaBackendOptions {
+        CudaBackendOptions {
+            max_model_len: match target.max_model_len {
+                0 => target_cfg.max_position_embeddings,
+                n => n,
+            },
+            max_kv_cache_bytes: None,
+            pinned_io: false,
+            lookahead: false,
+            step_timing: false,
+            progress: false,
+            host_kv_cache_bytes: 0,
+            max_drafts: 0,
+            skip: 0,
+            ..target.clone()
+        }
+    }
 }
 
 /// Speculative decoding on the CUDA backend: the proposer, this step's proposals, and the host
@@ -149,15 +190,25 @@ impl CudaBackend {
         Self::new(gpu, cfg, w, opts)
     }
 
-    /// As `load`, with the proposer `spec` asks for (`opts.max_drafts` at least its depth;
-    /// a draft model's compatibility is the caller's to check, `spec::compat`).
+    /// As `load`, with the proposer `spec` asks for (`opts.max_drafts` at least its depth; a
+    /// draft model is loaded from `spec.draft_model` onto the same device, its compatibility
+    /// with the target the caller's to check, `spec::compat`).
     pub fn load_speculative(
         dir: &Path,
         opts: CudaBackendOptions,
         spec: &SpecConfig,
     ) -> anyhow::Result<Self> {
         check_spec_options(&opts, spec)?;
-        Self::load(dir, opts)?.with_proposer(spec)
+        let cfg = ModelConfig::from_dir(dir)?;
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        check_supported(&cfg)?;
+        let draft = match (spec.method, &spec.draft_model) {
+            (SpecMethod::Draft, Some(d)) => Some(DraftParts::load(d, &opts)?),
+            (SpecMethod::Draft, None) => anyhow::bail!("--speculative draft needs --draft-model"),
+            _ => None,
+        };
+        let w = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
+        Self::build(gpu, cfg, w, opts, draft)?.with_proposer(spec)
     }
 
     /// As `synthetic`, with `spec`'s proposer (n-gram only: a synthetic model has no draft).
@@ -171,15 +222,20 @@ impl CudaBackend {
         Self::synthetic(cfg, seed, opts)?.with_proposer(spec)
     }
 
-    /// Sets the proposer of `spec` (none for `off`).
+    /// Sets the proposer of `spec`: none for `off`, n-gram lookup, or the draft model `build`
+    /// loaded.
     fn with_proposer(mut self, spec: &SpecConfig) -> anyhow::Result<Self> {
-        self.spec.proposer = match spec.method {
-            SpecMethod::Off => None,
-            SpecMethod::Ngram => Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max))),
-            SpecMethod::Draft => {
-                anyhow::bail!("--speculative draft is not implemented on the CUDA executor yet")
+        match spec.method {
+            SpecMethod::Off => self.spec.proposer = None,
+            SpecMethod::Ngram => {
+                self.spec.proposer =
+                    Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max)))
             }
-        };
+            SpecMethod::Draft => anyhow::ensure!(
+                self.spec.proposer.is_some(),
+                "--speculative draft without a draft model (a synthetic model has none)"
+            ),
+        }
         Ok(self)
     }
 
@@ -213,8 +269,53 @@ impl CudaBackend {
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
+        Self::build(gpu, cfg, weights, opts, None)
+    }
+
+    /// The backend, with a draft model's forward beside the target's when `draft` is given:
+    /// its activations are allocated first, so that the target's pool is sized after them for
+    /// both models' K/V per block, then the draft's pool gets the target's block count.
+    fn build(
+        gpu: Gpu,
+        cfg: ModelConfig,
+        weights: GpuWeights,
+        opts: CudaBackendOptions,
+        draft: Option<DraftParts>,
+    ) -> anyhow::Result<Self> {
         let host_bytes = opts.host_kv_cache_bytes;
-        let fwd = Forward::new(gpu, cfg, weights, opts)?;
+        let draft = match draft {
+            Some(d) => {
+                let o = d.options(&opts, &cfg);
+                Some(Forward::new(
+                    d.gpu,
+                    d.cfg,
+                    d.weights,
+                    o,
+                    KvSizing::Blocks(1),
+                )?)
+            }
+            None => None,
+        };
+        let draft_bytes_per_block = draft
+            .as_ref()
+            .map_or(0, |d| kv_bytes_per_block(&d.cfg, opts.block_size));
+        let sizing = KvSizing::Free {
+            shared_bytes: draft_bytes_per_block,
+        };
+        let fwd = Forward::new(gpu, cfg, weights, opts, sizing)?;
+        let proposer = match draft {
+            Some(mut d) => {
+                d.resize_kv(fwd.num_blocks)?;
+                tracing::info!(
+                    "draft model on the same GPU: its KV pool {} blocks ({:.2} GiB)",
+                    fwd.num_blocks,
+                    (fwd.num_blocks * draft_bytes_per_block) as f64 / (1u64 << 30) as f64
+                );
+                let p: Box<dyn Proposer> = Box::new(DraftProposer::new(CudaDraft::new(d)));
+                Some(p)
+            }
+            None => None,
+        };
         let layout = fwd.kv_layout();
         let block_bytes = layout.planes * layout.plane_bytes;
         let tier = CudaKvTier::new(&fwd.gpu.stream, &layout, host_bytes / block_bytes)?;
@@ -237,7 +338,11 @@ impl CudaBackend {
             tier,
             timing: None,
             count_ops: Vec::new(),
-            spec: Speculation::default(),
+            spec: Speculation {
+                proposer,
+                ..Speculation::default()
+            },
+            draft_bytes_per_block,
         })
     }
 
@@ -444,7 +549,8 @@ impl Backend for CudaBackend {
             ),
             num_kv_blocks: self.fwd.num_blocks,
             block_size: self.fwd.opts.block_size,
-            bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size),
+            bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size)
+                + self.draft_bytes_per_block,
             num_host_blocks: self.tier.num_blocks(),
             copy_bytes_per_s: self.tier.bytes_per_s(),
         }

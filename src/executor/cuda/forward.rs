@@ -169,12 +169,23 @@ pub(super) struct Forward {
     pub gpu: Gpu,
 }
 
+/// How the KV pool is sized.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum KvSizing {
+    /// From what `gpu_memory_utilization` leaves; each block also costs `shared_bytes` in
+    /// another pool addressed by the same block ids (a draft model's), allocated after.
+    Free { shared_bytes: usize },
+    /// Exactly this many blocks.
+    Blocks(usize),
+}
+
 impl Forward {
     pub fn new(
         mut gpu: Gpu,
         cfg: ModelConfig,
         weights: GpuWeights,
         opts: CudaBackendOptions,
+        sizing: KvSizing,
     ) -> anyhow::Result<Self> {
         gpu.load_attention(
             cfg.head_dim,
@@ -306,7 +317,10 @@ impl Forward {
         if let Some(cap) = opts.max_kv_cache_bytes {
             kv_bytes = kv_bytes.min(cap);
         }
-        let num_blocks = kv_bytes / bytes_per_block;
+        let num_blocks = match sizing {
+            KvSizing::Free { shared_bytes } => kv_bytes / (bytes_per_block + shared_bytes),
+            KvSizing::Blocks(n) => n,
+        };
         anyhow::ensure!(
             num_blocks > 0,
             "no room for the KV cache: {:.1} GiB of {:.1} GiB in use after weights and activations, gpu_memory_utilization {}",
@@ -585,6 +599,19 @@ impl Forward {
             let src = self.act.logits.ptr() + (first * v * 4) as u64;
             self.gpu.download(&mut out[at..], src)?;
         }
+        Ok(())
+    }
+
+    /// Replaces the KV pool by one of `num_blocks` blocks (a draft model's pool, sized once the
+    /// target's is known, before any step: graphs captured so far read the old pool).
+    pub fn resize_kv(&mut self, num_blocks: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(num_blocks > 0, "a KV pool of no blocks");
+        self.graphs.clear();
+        let bytes_per_block = kv_bytes_per_block(&self.cfg, self.opts.block_size);
+        self.kv = self.gpu.alloc(0)?;
+        self.kv = self.gpu.alloc(num_blocks * bytes_per_block)?;
+        self.kv_layer_bytes = num_blocks * bytes_per_block / (2 * self.cfg.num_hidden_layers);
+        self.num_blocks = num_blocks;
         Ok(())
     }
 

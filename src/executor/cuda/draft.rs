@@ -1,0 +1,80 @@
+//! The draft model's forward on the GPU (`spec::draft::DraftModel`; the proposer's passes, its
+//! KV rules and sampling are `spec::draft`'s): a second `Forward` on the target's device, with
+//! its own weights, activations, stream and KV pool. The pool has the target's block count and
+//! is addressed by the target's block ids (the target's pool was sized for both,
+//! `KvSizing::Free`), so draft KV counts in memory pressure and leaves with the request's
+//! blocks. Each pass is a hand-built batch whose rows are its sequences: their whole tables go
+//! up with it (a few hundred entries in the step's one metadata copy). Pure-decode passes (every
+//! pass after the catch-up) replay the draft's own CUDA graphs. Greedy requests take the
+//! device's argmax; a sampled request's logit row comes back for `spec::draft` to draw from.
+//!
+//! The two streams need no events: the draft's results are read on the host (which waits for
+//! its stream) before the target's forward is launched, and the two models share no memory.
+
+use super::forward::Forward;
+use crate::spec::draft::DraftModel;
+use crate::step::BatchInput;
+
+pub struct CudaDraft {
+    fwd: Forward,
+    /// (row · max_blocks + column, block id) of every table entry of a pass; reused.
+    updates: Vec<(u32, u32)>,
+}
+
+impl CudaDraft {
+    pub(super) fn new(fwd: Forward) -> Self {
+        CudaDraft {
+            fwd,
+            updates: Vec::new(),
+        }
+    }
+}
+
+impl DraftModel for CudaDraft {
+    fn vocab(&self) -> usize {
+        self.fwd.cfg.vocab_size
+    }
+
+    fn block_size(&self) -> usize {
+        self.fwd.opts.block_size
+    }
+
+    fn max_tokens(&self) -> usize {
+        self.fwd.opts.max_num_batched_tokens
+    }
+
+    fn forward(
+        &mut self,
+        batch: &BatchInput,
+        argmax: &mut Vec<u32>,
+        logits: Option<&mut Vec<f32>>,
+    ) -> anyhow::Result<()> {
+        let f = &mut self.fwd;
+        f.gpu.ctx.bind_to_thread()?;
+        batch
+            .validate(f.opts.block_size, f.num_blocks)
+            .map_err(|e| anyhow::anyhow!("invalid draft batch: {e}"))?;
+        let width = f.max_blocks;
+        self.updates.clear();
+        for q in &batch.seqs {
+            let table = batch.block_table(q);
+            anyhow::ensure!(
+                q.row < f.max_seqs && table.len() <= width,
+                "draft pass: row {} of {} blocks; the draft has {} rows of {width}",
+                q.row,
+                table.len(),
+                f.max_seqs
+            );
+            let at = (q.row * width) as u32;
+            self.updates
+                .extend(table.iter().enumerate().map(|(c, &id)| (at + c as u32, id)));
+        }
+        f.launch(batch, &self.updates, true, false)?;
+        let (rows, _) = f.sampled(batch)?;
+        argmax.extend(rows.iter().map(|r| r.token));
+        if let Some(l) = logits {
+            f.logit_rows(&[(0, rows.len())], l)?;
+        }
+        Ok(())
+    }
+}
