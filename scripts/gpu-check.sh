@@ -9,12 +9,16 @@
 #                                       tests, brook's benchmarks (gpu-bench, and brook bench
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
-#                                       WHAT: all (default) | tests | bench | peers | perf18
+#                                       WHAT: all (default) | tests | bench | peers | perf18 | spec
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
 #                                       (attention --decode-only, decode-variants, offline
 #                                       300x1000/1000 default vs all) into $OUT/perf18.jsonl
+#                                       spec (issue 12, about 6 min): the CUDA speculative-decoding
+#                                       tests, gpu-bench spec (verification cost, single-stream
+#                                       speedup at a controlled acceptance) into $OUT/spec.jsonl,
+#                                       and the demo pair through brook's actors on CUDA
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -85,7 +89,8 @@ device)
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
         for args in "attention" "gemv-sweep" "prefill-attn" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
-            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
+            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128" \
+            "spec --model llama-2-7b --draft tinyllama-1.1b"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
         done
@@ -125,6 +130,23 @@ device)
             step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/perf18.jsonl'"
         done
         grep -hE "paged decode .*ctx|decode \[|offline" "$out/log.txt" | grep -v "^===" | tail -80
+    fi
+    if [ "$what" = spec ]; then
+        # Issue 12 on the GPU: verification of n-gram and draft-model proposals (greedy equal to
+        # no speculation token for token, seeded sampling, no leaked block), then the figures.
+        step "e2e spec" timeout 180 ./cuda_e2e --test-threads=1 --nocapture spec::
+        step "kernels sample" timeout 60 ./cuda_kernels --test-threads=1 sample
+        : >"$out/spec.jsonl"
+        step "gpu-bench spec" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b >>'$out/spec.jsonl'"
+        : >"$out/brook-bench.jsonl"
+        pair="--model $demo --device cuda --num-prompts 1 --input-len 64 --output-len 256"
+        # shellcheck disable=SC2086
+        step "brook bench demo off" bench_json $pair --speculative off
+        # shellcheck disable=SC2086
+        step "brook bench demo draft" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft"
+        # shellcheck disable=SC2086
+        step "brook bench demo draft fixed" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft" --spec-fixed-depth
+        grep -hE "verify batch|single stream|tokens/s" "$out/log.txt" | grep -v "^===" | tail -60
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

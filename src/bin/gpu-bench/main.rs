@@ -11,6 +11,10 @@
 //!                                       between steps (host overhead), lookahead hits
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
+//!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
+//!                                       drafts vs plain decode at batch 1/8/32 (k 0..5), and
+//!                                       single-stream tokens/s with a random draft model whose
+//!                                       acceptance is controlled (a 0.5/0.7/0.9, k 1..5) vs off
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
 //!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
@@ -27,6 +31,7 @@ mod decode;
 mod gemv_sweep;
 mod offline;
 mod prefill_attn;
+mod spec;
 mod swap;
 mod ttft;
 mod variants;
@@ -97,6 +102,24 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = [String::from("untimed")])]
         variants: Vec<String>,
     },
+    /// Speculative decoding: verification cost by batch and depth, and single-stream speedup
+    /// with a controlled acceptance rate (see `spec`'s module docs).
+    Spec {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// The draft model's synthetic shape (the target's vocabulary).
+        #[arg(long, default_value = "tinyllama-1.1b")]
+        draft: String,
+        /// Context of every sequence in the verification-cost figure.
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        #[arg(long, default_value_t = 128)]
+        input_len: usize,
+        #[arg(long, default_value_t = 256)]
+        output_len: usize,
+    },
     /// Decode through brook's scheduler and persistent batch for the default and each issue-18
     /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
     DecodeVariants {
@@ -129,6 +152,21 @@ fn main() -> anyhow::Result<()> {
         } => decode::run(&model, input_len, output_len, quick),
         Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
+        Cmd::Spec {
+            model,
+            draft,
+            ctx,
+            iters,
+            input_len,
+            output_len,
+        } => spec::run(&spec::Args {
+            model,
+            draft,
+            ctx,
+            iters,
+            input_len,
+            output_len,
+        }),
         Cmd::Offline {
             model,
             num_prompts,

@@ -222,6 +222,44 @@ impl CudaBackend {
         Self::synthetic(cfg, seed, opts)?.with_proposer(spec)
     }
 
+    /// Random weights of `cfg`, with a draft model of random weights of `draft` (the same
+    /// vocabulary) beside it: gpu-bench's synthetic draft/target pair.
+    pub fn synthetic_with_draft(
+        cfg: ModelConfig,
+        draft: ModelConfig,
+        seed: u64,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            cfg.vocab_size == draft.vocab_size,
+            "a draft of vocabulary {} for a target of {}",
+            draft.vocab_size,
+            cfg.vocab_size
+        );
+        anyhow::ensure!(opts.max_drafts > 0, "a draft model needs max_drafts > 0");
+        check_supported(&cfg)?;
+        check_supported(&draft)?;
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        let w = GpuWeights::random(&gpu, &cfg, seed)?;
+        let dgpu = Gpu::open(opts.device_ordinal)?;
+        let dw = GpuWeights::random(&dgpu, &draft, seed + 1)?;
+        let parts = DraftParts {
+            gpu: dgpu,
+            cfg: draft,
+            weights: dw,
+        };
+        Self::build(gpu, cfg, w, opts, Some(parts))
+    }
+
+    /// Benchmarks: replaces the proposer by `f` of it (gpu-bench spec controls how often a
+    /// real draft model's proposals are right).
+    pub fn map_proposer(
+        &mut self,
+        f: impl FnOnce(Option<Box<dyn Proposer>>) -> Option<Box<dyn Proposer>>,
+    ) {
+        self.spec.proposer = f(self.spec.proposer.take());
+    }
+
     /// Sets the proposer of `spec`: none for `off`, n-gram lookup, or the draft model `build`
     /// loaded.
     fn with_proposer(mut self, spec: &SpecConfig) -> anyhow::Result<Self> {
