@@ -294,26 +294,14 @@ impl Text {
 /// inside an actix `System`.
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
-    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
-    let vocab = model_cfg.vocab_size;
-    let mut factory = wrapped(
-        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
-        None,
-    );
-    let backend = factory()?;
+    let backend = synthetic_factory(cfg, name, &model_cfg, seed, model_cfg.vocab_size)?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
         defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
         config: model_cfg,
     };
-    Ok(Arc::new(start_actors(
-        cfg,
-        model,
-        (backend, factory),
-        None,
-        None,
-    )))
+    Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
 }
 
 /// Refuses a draft model that cannot draft for the target (`spec::compat`), before any weight
@@ -368,12 +356,7 @@ pub fn start_synthetic_with_tokenizer(
     let vocab = text.tokenizer.vocab_size();
     let model_cfg = synthetic_config_with_vocab(name, vocab)?;
     let defaults = text.defaults(&model_cfg)?;
-    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
-    let mut factory = wrapped(
-        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
-        None,
-    );
-    let backend = factory()?;
+    let backend = synthetic_factory(cfg, name, &model_cfg, seed, vocab)?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!(
@@ -383,7 +366,24 @@ pub fn start_synthetic_with_tokenizer(
         defaults,
         config: model_cfg,
     };
-    Ok(text.start(cfg, model, (backend, factory)))
+    Ok(text.start(cfg, model, backend))
+}
+
+/// The first synthetic backend and the factory that rebuilds it (`synthetic_backend`).
+fn synthetic_factory(
+    cfg: &Config,
+    name: &str,
+    model_cfg: &ModelConfig,
+    seed: u64,
+    sample_vocab: usize,
+) -> anyhow::Result<(Box<dyn Backend>, BackendFactory)> {
+    let (cfg, model_cfg, name) = (cfg.clone(), model_cfg.clone(), name.to_owned());
+    let mut factory = wrapped(
+        move || synthetic_backend(&cfg, &name, &model_cfg, seed, sample_vocab),
+        None,
+    );
+    let backend = factory()?;
+    Ok((backend, factory))
 }
 
 /// Random weights of `model_cfg` (the synthetic shape `name`) in a backend: generated on the

@@ -8,7 +8,6 @@ use std::path::Path;
 
 use brook::chat::{ChatMessage, ChatTemplate};
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
-use brook::model::config::ModelConfig;
 use brook::sampling::params::SamplingParams;
 use brook::spec::SpecConfig;
 use brook::tokenizer::Tokenizer;
@@ -18,7 +17,6 @@ use serde_json::Value;
 /// Runs every case at once through the scheduler core and the CPU backend; returns each case's
 /// generated ids.
 fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
-    let config = ModelConfig::from_dir(dir).unwrap();
     let opts = CpuBackendOptions {
         block_size: 16,
         kv_cache_bytes: 64 << 20,
@@ -33,15 +31,7 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
         .zip(max_new)
         .map(|(p, &n)| (p.clone(), SamplingParams::greedy(n)))
         .collect();
-    demo::run(
-        &mut backend,
-        SpecConfig::default(),
-        config.max_position_embeddings,
-        &config.eos_token_ids,
-        &reqs,
-        0,
-    )
-    .outputs
+    demo::run(&mut backend, SpecConfig::default(), dir, &reqs, 0).outputs
 }
 
 fn check_model(dir: &Path, cases: &[Value]) {

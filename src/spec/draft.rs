@@ -29,15 +29,16 @@ pub trait DraftModel: Send {
     fn block_size(&self) -> usize;
     /// Most tokens one forward takes.
     fn max_tokens(&self) -> usize;
-    /// Runs `batch` (its K/V written into the draft's pool). For each sampling sequence, in
-    /// order, pushes to `argmax` the argmax of its logits when its params are greedy (any token
-    /// otherwise) and, with `logits`, appends its row of logits.
-    fn forward(
-        &mut self,
-        batch: &BatchInput,
-        argmax: &mut Vec<u32>,
-        logits: Option<&mut Vec<f32>>,
-    ) -> anyhow::Result<()>;
+    /// Runs `batch` (its K/V written into the draft's pool), into `out`.
+    fn forward(&mut self, batch: &BatchInput, out: DraftOut<'_>) -> anyhow::Result<()>;
+}
+
+/// Where a draft forward puts its results: for each sampling sequence, in order, the argmax of
+/// its logits when its params are greedy (any token otherwise) and, when asked for, its row of
+/// logits.
+pub struct DraftOut<'a> {
+    pub argmax: &'a mut Vec<u32>,
+    pub logits: Option<&'a mut Vec<f32>>,
 }
 
 pub struct DraftProposer<M> {
@@ -113,8 +114,11 @@ impl<M: DraftModel> DraftProposer<M> {
             stats.tokens += batch.num_tokens();
             self.argmax.clear();
             self.logits.clear();
-            let logits = any_sampled.then_some(&mut self.logits);
-            self.model.forward(&batch, &mut self.argmax, logits)?;
+            let out_rows = DraftOut {
+                argmax: &mut self.argmax,
+                logits: any_sampled.then_some(&mut self.logits),
+            };
+            self.model.forward(&batch, out_rows)?;
             for (j, &i) in sampling.iter().enumerate() {
                 let r = &reqs[i];
                 let token = if r.params.is_greedy() {
@@ -139,8 +143,7 @@ impl<M: DraftModel> Proposer for DraftProposer<M> {
         reqs: &[ProposeRequest],
         out: &mut Vec<Proposal>,
     ) -> anyhow::Result<ProposeStats> {
-        out.clear();
-        out.resize_with(reqs.len(), Proposal::default);
+        *out = vec![Proposal::default(); reqs.len()];
         let depth = reqs.iter().map(|r| r.max_drafts).max().unwrap_or(0);
         let mut stats = ProposeStats::default();
         for pass in 0..depth {
@@ -174,10 +177,14 @@ mod tests {
     use super::*;
     use crate::sampling::params::SamplingParams;
 
+    /// One forward as `Echo` saw it: its tokens, and per sequence (first position, query
+    /// length, sampled).
+    type Seen = (usize, Vec<(usize, usize, bool)>);
+
     /// A model that records each forward's batch and answers token = position + 1.
     struct Echo {
         max_tokens: usize,
-        seen: Vec<(usize, Vec<(usize, usize, bool)>)>,
+        seen: Vec<Seen>,
     }
 
     impl DraftModel for Echo {
@@ -190,12 +197,7 @@ mod tests {
         fn max_tokens(&self) -> usize {
             self.max_tokens
         }
-        fn forward(
-            &mut self,
-            batch: &BatchInput,
-            argmax: &mut Vec<u32>,
-            _logits: Option<&mut Vec<f32>>,
-        ) -> anyhow::Result<()> {
+        fn forward(&mut self, batch: &BatchInput, out: DraftOut<'_>) -> anyhow::Result<()> {
             self.seen.push((
                 batch.num_tokens(),
                 batch
@@ -205,7 +207,7 @@ mod tests {
                     .collect(),
             ));
             for q in batch.seqs.iter().filter(|q| q.sample.is_some()) {
-                argmax.push(q.context_len as u32);
+                out.argmax.push(q.context_len as u32);
             }
             Ok(())
         }

@@ -9,7 +9,7 @@
 use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::spec::{SpecConfig, SpecMethod};
 
-use super::demo::{self, goldens, root, spec, Run};
+use super::demo::{self, greedy_goldens, root, sampled, spec, Req, Run};
 use super::*;
 
 fn demo_opts(spec: &SpecConfig) -> CudaBackendOptions {
@@ -23,31 +23,23 @@ fn demo_opts(spec: &SpecConfig) -> CudaBackendOptions {
     }
 }
 
-/// Runs `reqs` on the CUDA backend with the demo target, speculating as `spec` says.
-fn run_cuda(
-    spec: SpecConfig,
-    opts: CudaBackendOptions,
-    reqs: &[(Vec<u32>, SamplingParams)],
-    seed: u64,
-) -> Run {
+/// Runs `reqs` on the CUDA backend with the demo target, speculating as `spec` says; None
+/// without a GPU.
+fn run_cuda(spec: SpecConfig, opts: CudaBackendOptions, reqs: &[Req], seed: u64) -> Option<Run> {
+    if !have_gpu() {
+        return None;
+    }
     let dir = root().join("models/demo-chat");
-    let config = ModelConfig::from_dir(&dir).unwrap();
     let mut backend = CudaBackend::load_speculative(&dir, opts, &spec).unwrap();
-    demo::run(
-        &mut backend,
-        spec,
-        config.max_position_embeddings,
-        &config.eos_token_ids,
-        reqs,
-        seed,
-    )
+    Some(demo::run(&mut backend, spec, &dir, reqs, seed))
 }
 
-fn greedy_goldens() -> Vec<(Vec<u32>, SamplingParams)> {
-    goldens()
-        .into_iter()
-        .map(|(p, out)| (p, SamplingParams::greedy(out.len())))
-        .collect()
+/// `reqs` run under each of `specs`, each on a fresh backend (`demo_opts`).
+fn run_pair(specs: (SpecConfig, SpecConfig), reqs: &[Req], seed: u64) -> Option<(Run, Run)> {
+    let (a, b) = specs;
+    let ra = run_cuda(a.clone(), demo_opts(&a), reqs, seed)?;
+    let rb = run_cuda(b.clone(), demo_opts(&b), reqs, seed)?;
+    Some((ra, rb))
 }
 
 /// Asserts `got` equals `want` request by request, naming the first divergence.
@@ -64,12 +56,12 @@ fn assert_same(got: &Run, want: &Run, what: &str) {
     assert!(got.drafts > 0, "{what}: nothing was verified");
 }
 
-fn check_greedy(method: SpecMethod, depth: usize) -> Run {
-    let reqs = greedy_goldens();
-    let off = spec(SpecMethod::Off, depth);
-    let want = run_cuda(off.clone(), demo_opts(&off), &reqs, 0);
+/// Greedy speculation by `method` equals no speculation (graphs on, off, lookahead on); the
+/// speculative run's figures, or None without a GPU.
+fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
+    let (reqs, _) = greedy_goldens();
     let s = spec(method, depth);
-    let got = run_cuda(s.clone(), demo_opts(&s), &reqs, 0);
+    let (want, got) = run_pair((spec(SpecMethod::Off, depth), s.clone()), &reqs, 0)?;
     assert_same(&got, &want, method.as_str());
     // The same with the decode graphs off, and with lookahead decode on.
     for (name, opts) in [
@@ -88,59 +80,27 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Run {
             },
         ),
     ] {
-        let r = run_cuda(s.clone(), opts, &reqs, 0);
+        let r = run_cuda(s.clone(), opts, &reqs, 0)?;
         assert_same(&r, &want, &format!("{} {name}", method.as_str()));
     }
-    got
+    Some(got)
 }
 
-#[test]
-fn cuda_spec_ngram_greedy_equals_no_speculation() {
-    if !have_gpu() {
-        return;
-    }
-    check_greedy(SpecMethod::Ngram, 3);
-}
-
+/// The device's draws at each position are kept while they equal the drafts: the tokens of
+/// no speculation for a seed.
 #[test]
 fn cuda_spec_ngram_seeded_sampling_equals_no_speculation() {
-    if !have_gpu() {
-        return;
+    let pair = (spec(SpecMethod::Off, 3), spec(SpecMethod::Ngram, 3));
+    if let Some((want, got)) = run_pair(pair, &sampled(4, 0.8, 40), 5) {
+        assert_same(&got, &want, "ngram sampled");
     }
-    let reqs: Vec<(Vec<u32>, SamplingParams)> = goldens()
-        .into_iter()
-        .take(4)
-        .map(|(p, _)| {
-            let params = SamplingParams {
-                temperature: 0.8,
-                max_tokens: 40,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            };
-            (p, params)
-        })
-        .collect();
-    let off = spec(SpecMethod::Off, 3);
-    let want = run_cuda(off.clone(), demo_opts(&off), &reqs, 5);
-    let s = spec(SpecMethod::Ngram, 3);
-    let got = run_cuda(s.clone(), demo_opts(&s), &reqs, 5);
-    assert_same(&got, &want, "ngram sampled");
 }
 
 #[test]
 fn cuda_spec_draft_model_greedy_equals_no_speculation() {
-    if !have_gpu() {
-        return;
+    if let Some(r) = check_greedy(SpecMethod::Draft, 4) {
+        r.assert_accepts_and_rejects();
     }
-    let r = check_greedy(SpecMethod::Draft, 4);
-    // The demo draft agrees with its target often: both the accept and the
-    // correct-and-roll-back paths ran.
-    assert!(
-        r.accepted > 0 && r.accepted < r.drafts,
-        "{} of {}",
-        r.accepted,
-        r.drafts
-    );
 }
 
 /// The draft's pool shares the target's block ids: a block's bytes count both models' K/V.
@@ -159,7 +119,8 @@ fn cuda_spec_draft_kv_counts_in_each_block() {
         b.info().bytes_per_block,
         kv_bytes_per_block(&target, bs) + kv_bytes_per_block(&draft, bs)
     );
-    // Without drafts the sampler's buffers cannot hold a verification: refused at start.
+    // Without room for the drafts the sampler's buffers cannot hold a verification: refused
+    // at start.
     let small = CudaBackendOptions {
         max_drafts: 1,
         ..demo_opts(&s)
@@ -175,30 +136,13 @@ fn cuda_spec_draft_kv_counts_in_each_block() {
 /// same tokens on every run.
 #[test]
 fn cuda_spec_draft_model_seeded_sampling_is_reproducible() {
-    if !have_gpu() {
-        return;
+    let pair = (spec(SpecMethod::Draft, 3), spec(SpecMethod::Draft, 3));
+    if let Some((a, b)) = run_pair(pair, &sampled(3, 0.7, 32), 11) {
+        demo::assert_reproducible(&a, &b);
     }
-    let reqs: Vec<(Vec<u32>, SamplingParams)> = goldens()
-        .into_iter()
-        .take(3)
-        .map(|(p, _)| {
-            let params = SamplingParams {
-                temperature: 0.7,
-                max_tokens: 32,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            };
-            (p, params)
-        })
-        .collect();
-    let s = spec(SpecMethod::Draft, 3);
-    let a = run_cuda(s.clone(), demo_opts(&s), &reqs, 11);
-    let b = run_cuda(s.clone(), demo_opts(&s), &reqs, 11);
-    assert_eq!(a.outputs, b.outputs);
-    assert!(
-        a.drafts > 0 && a.accepted > 0,
-        "{} / {}",
-        a.accepted,
-        a.drafts
-    );
+}
+
+#[test]
+fn cuda_spec_ngram_greedy_equals_no_speculation() {
+    check_greedy(SpecMethod::Ngram, 3);
 }

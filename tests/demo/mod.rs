@@ -3,11 +3,12 @@
 //! the demo goldens, speculative decoding on the CPU and speculative decoding on CUDA.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use brook::executor::backend::Backend;
 use brook::kv::KvCacheManager;
+use brook::model::config::ModelConfig;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
@@ -41,6 +42,35 @@ pub fn goldens() -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
+/// A request: prompt ids and sampling params.
+pub type Req = (Vec<u32>, SamplingParams);
+
+/// The golden cases as greedy requests (each for its golden output's length), and the
+/// golden outputs.
+pub fn greedy_goldens() -> (Vec<Req>, Vec<Vec<u32>>) {
+    goldens()
+        .into_iter()
+        .map(|(p, out)| ((p, SamplingParams::greedy(out.len())), out))
+        .unzip()
+}
+
+/// The first `n` golden prompts as sampled requests (`temperature`, `max_tokens`, eos ignored).
+pub fn sampled(n: usize, temperature: f32, max_tokens: usize) -> Vec<Req> {
+    goldens()
+        .into_iter()
+        .take(n)
+        .map(|(p, _)| {
+            let params = SamplingParams {
+                temperature,
+                max_tokens,
+                ignore_eos: true,
+                ..SamplingParams::default()
+            };
+            (p, params)
+        })
+        .collect()
+}
+
 /// Speculation by `method` at `max_depth` with the bundled draft model for `draft`. The depth
 /// is the cost model's to choose in serving; here every decode speculates at max_depth, so that
 /// the tests exercise verification whatever the machine's timings.
@@ -61,28 +91,53 @@ pub struct Run {
     pub accepted: u64,
 }
 
+impl Run {
+    /// The demo draft agrees with its target often: some drafts must be accepted and some
+    /// not, so both the accept and the correct-and-roll-back paths ran.
+    pub fn assert_accepts_and_rejects(&self) {
+        assert!(
+            self.accepted > 0 && self.accepted < self.drafts,
+            "{} of {} drafts accepted",
+            self.accepted,
+            self.drafts
+        );
+    }
+}
+
+/// Two runs of the same seeded sampled requests gave the same tokens, and drafts were verified
+/// and some accepted in them.
+pub fn assert_reproducible(a: &Run, b: &Run) {
+    assert_eq!(a.outputs, b.outputs);
+    assert!(
+        a.drafts > 0 && a.accepted > 0,
+        "{} of {} drafts accepted",
+        a.accepted,
+        a.drafts
+    );
+}
+
 /// Runs every request at once through the scheduler core (a token budget of 64: prefills are
 /// chunked and share steps with decodes and verifications) and `backend`, speculating as
 /// `spec` says; checks after every step that no running request holds a block past its known
 /// tokens (rollback) and at the end that every block is back in the pool. Request i has seed
-/// `seed + i`; eos ends a request at `eos`.
+/// `seed + i`; the model's config (`model_dir`) gives the context and the eos ids.
 pub fn run(
     backend: &mut dyn Backend,
     spec: SpecConfig,
-    max_model_len: usize,
-    eos: &[u32],
-    reqs: &[(Vec<u32>, SamplingParams)],
+    model_dir: &Path,
+    reqs: &[Req],
     seed: u64,
 ) -> Run {
+    let config = ModelConfig::from_dir(model_dir).unwrap();
     let info = backend.info();
     let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
     let mut core = Scheduler::new(SchedulerConfig {
         max_num_batched_tokens: 64,
-        max_model_len,
+        max_model_len: config.max_position_embeddings,
         ..SchedulerConfig::default()
     })
     .with_speculation(spec);
-    let eos: Arc<[u32]> = eos.into();
+    let eos: Arc<[u32]> = config.eos_token_ids.clone().into();
     for (i, (p, params)) in reqs.iter().enumerate() {
         let req = NewRequest {
             id: RequestId(i as u64),

@@ -104,22 +104,7 @@ enum Cmd {
     },
     /// Speculative decoding: verification cost by batch and depth, and single-stream speedup
     /// with a controlled acceptance rate (see `spec`'s module docs).
-    Spec {
-        #[arg(long, default_value = "llama-2-7b")]
-        model: String,
-        /// The draft model's synthetic shape (the target's vocabulary).
-        #[arg(long, default_value = "tinyllama-1.1b")]
-        draft: String,
-        /// Context of every sequence in the verification-cost figure.
-        #[arg(long, default_value_t = 512)]
-        ctx: usize,
-        #[arg(long, default_value_t = 50)]
-        iters: usize,
-        #[arg(long, default_value_t = 128)]
-        input_len: usize,
-        #[arg(long, default_value_t = 256)]
-        output_len: usize,
-    },
+    Spec(spec::Args),
     /// Decode through brook's scheduler and persistent batch for the default and each issue-18
     /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
     DecodeVariants {
@@ -152,21 +137,7 @@ fn main() -> anyhow::Result<()> {
         } => decode::run(&model, input_len, output_len, quick),
         Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
-        Cmd::Spec {
-            model,
-            draft,
-            ctx,
-            iters,
-            input_len,
-            output_len,
-        } => spec::run(&spec::Args {
-            model,
-            draft,
-            ctx,
-            iters,
-            input_len,
-            output_len,
-        }),
+        Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {
             model,
             num_prompts,

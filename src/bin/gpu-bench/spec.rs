@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Result;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
@@ -28,7 +29,7 @@ use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
-use brook::spec::proposer::ProposeStats;
+use brook::spec::proposer::ProposeStats as Stats;
 use brook::spec::{Proposal, ProposeRequest, Proposer, SpecConfig, SpecMethod};
 use brook::step::{BatchInput, SampleInput};
 use rand::{Rng, SeedableRng};
@@ -39,12 +40,21 @@ use crate::common::{backend, bench_options, elapsed_ms, emit, execute, median};
 
 const MAX_K: usize = 5;
 
+#[derive(clap::Args)]
 pub struct Args {
+    #[arg(long, default_value = "llama-2-7b")]
     pub model: String,
+    /// The draft model's synthetic shape (the target's vocabulary).
+    #[arg(long, default_value = "tinyllama-1.1b")]
     pub draft: String,
+    /// Context of every sequence in the verification-cost figure.
+    #[arg(long, default_value_t = 512)]
     pub ctx: usize,
+    #[arg(long, default_value_t = 50)]
     pub iters: usize,
+    #[arg(long, default_value_t = 128)]
     pub input_len: usize,
+    #[arg(long, default_value_t = 256)]
     pub output_len: usize,
 }
 
@@ -127,11 +137,7 @@ struct Controlled {
 }
 
 impl Proposer for Controlled {
-    fn propose(
-        &mut self,
-        reqs: &[ProposeRequest],
-        out: &mut Vec<Proposal>,
-    ) -> anyhow::Result<ProposeStats> {
+    fn propose(&mut self, reqs: &[ProposeRequest], out: &mut Vec<Proposal>) -> Result<Stats> {
         let stats = self.inner.propose(reqs, out)?;
         let a = f32::from_bits(self.accept.load(Ordering::Relaxed));
         for (r, p) in reqs.iter().zip(out.iter_mut()) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::sampling::sampler::argmax;
-use crate::spec::draft::{DraftModel, DraftProposer};
+use crate::spec::draft::{DraftModel, DraftOut, DraftProposer};
 use crate::step::BatchInput;
 
 pub struct CpuDraft {
@@ -40,22 +40,18 @@ impl DraftModel for CpuDraft {
         usize::MAX
     }
 
-    fn forward(
-        &mut self,
-        batch: &BatchInput,
-        tokens: &mut Vec<u32>,
-        logits: Option<&mut Vec<f32>>,
-    ) -> anyhow::Result<()> {
+    fn forward(&mut self, batch: &BatchInput, out: DraftOut<'_>) -> anyhow::Result<()> {
         batch
             .validate(self.kv.block_size(), self.kv.num_blocks())
             .map_err(|e| anyhow::anyhow!("invalid draft batch: {e}"))?;
-        let out = match &self.threads {
+        let logits = match &self.threads {
             Some(pool) => pool.install(|| self.model.forward(batch, &mut self.kv))?,
             None => self.model.forward(batch, &mut self.kv)?,
         };
-        let flat = out.flatten_all()?.to_vec1::<f32>()?;
-        tokens.extend(flat.chunks(self.vocab()).map(|row| argmax(row).0));
-        if let Some(l) = logits {
+        let flat = logits.flatten_all()?.to_vec1::<f32>()?;
+        out.argmax
+            .extend(flat.chunks(self.vocab()).map(|row| argmax(row).0));
+        if let Some(l) = out.logits {
             l.extend_from_slice(&flat);
         }
         Ok(())

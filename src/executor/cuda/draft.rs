@@ -12,7 +12,7 @@
 //! its stream) before the target's forward is launched, and the two models share no memory.
 
 use super::forward::Forward;
-use crate::spec::draft::DraftModel;
+use crate::spec::draft::{DraftModel, DraftOut};
 use crate::step::BatchInput;
 
 pub struct CudaDraft {
@@ -43,12 +43,7 @@ impl DraftModel for CudaDraft {
         self.fwd.opts.max_num_batched_tokens
     }
 
-    fn forward(
-        &mut self,
-        batch: &BatchInput,
-        argmax: &mut Vec<u32>,
-        logits: Option<&mut Vec<f32>>,
-    ) -> anyhow::Result<()> {
+    fn forward(&mut self, batch: &BatchInput, out: DraftOut<'_>) -> anyhow::Result<()> {
         let f = &mut self.fwd;
         f.gpu.ctx.bind_to_thread()?;
         batch
@@ -71,8 +66,8 @@ impl DraftModel for CudaDraft {
         }
         f.launch(batch, &self.updates, true, false)?;
         let (rows, _) = f.sampled(batch)?;
-        argmax.extend(rows.iter().map(|r| r.token));
-        if let Some(l) = logits {
+        out.argmax.extend(rows.iter().map(|r| r.token));
+        if let Some(l) = out.logits {
             f.logit_rows(&[(0, rows.len())], l)?;
         }
         Ok(())
