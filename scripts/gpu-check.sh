@@ -138,6 +138,8 @@ device)
         step "kernels sample" timeout 60 ./cuda_kernels --test-threads=1 sample
         : >"$out/spec.jsonl"
         step "gpu-bench spec" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b >>'$out/spec.jsonl'"
+        # (b) again at fixed depth: what the adaptive depth gives up or saves.
+        step "gpu-bench spec fixed" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b --fixed-depth >>'$out/spec.jsonl'"
         : >"$out/brook-bench.jsonl"
         pair="--model $demo --device cuda --num-prompts 1 --input-len 64 --output-len 256"
         # shellcheck disable=SC2086

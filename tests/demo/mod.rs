@@ -15,8 +15,12 @@ use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
 use brook::spec::{SpecConfig, SpecMethod};
 use serde_json::Value;
 
+/// `BROOK_REPO_DIR` when set (the GPU machine runs test binaries built elsewhere, from a copy of
+/// the repository), else the source tree the test was built from.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("BROOK_REPO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 pub fn fixture() -> Value {

@@ -56,10 +56,17 @@ pub struct Args {
     pub input_len: usize,
     #[arg(long, default_value_t = 256)]
     pub output_len: usize,
+    /// Only (b), at the fixed depth k (every decode gets k drafts) instead of the adaptive
+    /// depth.
+    #[arg(long)]
+    pub fixed_depth: bool,
 }
 
+/// (a) then (b); with `--fixed-depth` only (b), at fixed depth.
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    verify_cost(&a.model, a.ctx, a.iters)?;
+    if !a.fixed_depth {
+        verify_cost(&a.model, a.ctx, a.iters)?;
+    }
     single_stream(a)
 }
 
@@ -283,7 +290,7 @@ fn single_stream(a: &Args) -> anyhow::Result<()> {
         let spec = SpecConfig {
             method: SpecMethod::Draft,
             max_depth: k,
-            adaptive: true,
+            adaptive: !a.fixed_depth,
             ..SpecConfig::default()
         };
         let (mut core, mut kv) = scheduler(&b, spec);
@@ -313,7 +320,7 @@ fn single_stream(a: &Args) -> anyhow::Result<()> {
             );
             emit(
                 json!({"figure": "spec_single_stream", "model": a.model, "draft": a.draft,
-                "method": "draft", "max_depth": k, "adaptive": true, "accept_rate": rate,
+                "method": "draft", "max_depth": k, "adaptive": !a.fixed_depth, "accept_rate": rate,
                 "measured_acceptance": measured, "drafts": s.drafts,
                 "tokens_per_s": s.tokens_per_s, "speedup": s.tokens_per_s / off.tokens_per_s,
                 "diverged_at": diverged, "input_len": a.input_len, "output_len": a.output_len}),
