@@ -22,20 +22,20 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::device::Gpu;
-use super::draft::CudaDraft;
+use super::draft::{CudaDraft, DraftParts};
 use super::forward::{Forward, KvSizing};
 use super::kernels;
 use super::kv_tier::{CudaKvTier, KvLayout};
+use super::speculation::{check_spec_options, Speculation};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
-use crate::executor::verify::{DeviceDraws, HostSampler, Logits, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
 use crate::spec::draft::DraftProposer;
 use crate::spec::ngram::NgramProposer;
 use crate::spec::{Proposer, SpecConfig, SpecMethod};
-use crate::step::{BatchInput, BlockCopy, SampledToken, SchedulerOutput, SpecOutput, StepOutput};
+use crate::step::{BatchInput, BlockCopy, SchedulerOutput, SpecOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -57,105 +57,6 @@ pub struct CudaBackend {
     spec: Speculation,
     /// Bytes of one block of the draft model's pool (0: none), which shares the block ids.
     draft_bytes_per_block: usize,
-}
-
-/// A draft model loaded onto the target's device (`load_speculative`).
-struct DraftParts {
-    gpu: Gpu,
-    cfg: ModelConfig,
-    weights: GpuWeights,
-}
-
-impl DraftParts {
-    fn load(dir: &Path, opts: &CudaBackendOptions) -> anyhow::Result<Self> {
-        let cfg = ModelConfig::from_dir(dir)?;
-        check_supported(&cfg).map_err(|e| anyhow::anyhow!("draft model {}: {e}", dir.display()))?;
-        let gpu = Gpu::open(opts.device_ordinal)?;
-        let weights = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
-        Ok(DraftParts { gpu, cfg, weights })
-    }
-
-    /// The draft's options: the target's sizes (steps, sequences, table width), none of the
-    /// target's extras (host tier, lookahead, pinned staging, timing, drafts of its own).
-    fn options(&self, target: &CudaBackendOptions, target_cfg: &ModelConfig) -> CudaBackendOptions {
-        CudaBackendOptions {
-            max_model_len: match target.max_model_len {
-                0 => target_cfg.max_position_embeddings,
-                n => n,
-            },
-            max_kv_cache_bytes: None,
-            pinned_io: false,
-            lookahead: false,
-            step_timing: false,
-            progress: false,
-            host_kv_cache_bytes: 0,
-            max_drafts: 0,
-            skip: 0,
-            ..target.clone()
-        }
-    }
-}
-
-/// Speculative decoding on the CUDA backend: the proposer, this step's proposals, and the host
-/// side of a draft model's sampled verifications (their logit rows, reused).
-#[derive(Default)]
-struct Speculation {
-    proposer: Option<Box<dyn Proposer>>,
-    drafts: StepDrafts,
-    host_sampler: HostSampler,
-    dense: Vec<f32>,
-}
-
-impl Speculation {
-    /// Proposes drafts for the applied step's requests with draft positions (`input`), into
-    /// `self.drafts`; what it cost into `out`.
-    fn propose(&mut self, input: &InputBatch, out: &mut SpecOutput) -> anyhow::Result<()> {
-        self.drafts.clear();
-        let Some(p) = self.proposer.as_mut() else {
-            return Ok(());
-        };
-        let reqs = input.propose_requests();
-        if reqs.is_empty() {
-            return Ok(());
-        }
-        let t = Instant::now();
-        let stats = p.propose(&reqs, &mut self.drafts.proposals)?;
-        self.drafts.ids.extend(reqs.iter().map(|r| r.id));
-        out.elapsed = t.elapsed();
-        (out.passes, out.tokens) = (stats.passes, stats.tokens);
-        Ok(())
-    }
-
-    /// The step's tokens from the device's draws `rows` (one per logit row of `batch`, the
-    /// last launch of `fwd`): as they are without drafts, else verified (`DeviceDraws`).
-    fn verify(
-        &mut self,
-        fwd: &Forward,
-        batch: &BatchInput,
-        rows: Vec<SampledToken>,
-        out: &mut StepOutput,
-    ) -> anyhow::Result<()> {
-        if self.drafts.is_empty() {
-            out.sampled = rows;
-            return Ok(());
-        }
-        let draws = DeviceDraws {
-            batch,
-            rows: &rows,
-            drafts: &self.drafts,
-        };
-        let dense_rows = draws.dense_rows();
-        self.dense.clear();
-        fwd.logit_rows(&dense_rows, &mut self.dense)?;
-        let vocab = fwd.cfg.vocab_size;
-        let logits = Logits {
-            data: &self.dense,
-            vocab,
-            sample_vocab: fwd.opts.sampled_vocab(vocab),
-        };
-        draws.verify(&mut self.host_sampler, logits, out);
-        Ok(())
-    }
 }
 
 /// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
@@ -203,7 +104,12 @@ impl CudaBackend {
         let gpu = Gpu::open(opts.device_ordinal)?;
         check_supported(&cfg)?;
         let draft = match (spec.method, &spec.draft_model) {
-            (SpecMethod::Draft, Some(d)) => Some(DraftParts::load(d, &opts)?),
+            (SpecMethod::Draft, Some(d)) => {
+                let dcfg = ModelConfig::from_dir(d)?;
+                check_supported(&dcfg)
+                    .map_err(|e| anyhow::anyhow!("draft model {}: {e}", d.display()))?;
+                Some(DraftParts::load(d, dcfg, &opts)?)
+            }
             (SpecMethod::Draft, None) => anyhow::bail!("--speculative draft needs --draft-model"),
             _ => None,
         };
@@ -376,10 +282,7 @@ impl CudaBackend {
             tier,
             timing: None,
             count_ops: Vec::new(),
-            spec: Speculation {
-                proposer,
-                ..Speculation::default()
-            },
+            spec: Speculation::new(proposer),
             draft_bytes_per_block,
         })
     }
@@ -606,17 +509,6 @@ impl Backend for CudaBackend {
         }
         res
     }
-}
-
-/// The sampler's buffers must hold every draft the scheduler may give (`max_drafts`).
-fn check_spec_options(opts: &CudaBackendOptions, spec: &SpecConfig) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !spec.enabled() || opts.max_drafts >= spec.max_depth,
-        "speculative depth {} needs CudaBackendOptions::max_drafts >= it (got {})",
-        spec.max_depth,
-        opts.max_drafts
-    );
-    Ok(())
 }
 
 /// Refuses models the CUDA executor cannot run, with the reason (the engine then falls back to

@@ -11,7 +11,13 @@
 //! The two streams need no events: the draft's results are read on the host (which waits for
 //! its stream) before the target's forward is launched, and the two models share no memory.
 
+use std::path::Path;
+
+use super::device::Gpu;
 use super::forward::Forward;
+use super::options::CudaBackendOptions;
+use super::weights::GpuWeights;
+use crate::model::config::ModelConfig;
 use crate::spec::draft::{DraftModel, DraftOut};
 use crate::step::BatchInput;
 
@@ -71,5 +77,46 @@ impl DraftModel for CudaDraft {
             f.logit_rows(&[(0, rows.len())], l)?;
         }
         Ok(())
+    }
+}
+
+/// A draft model loaded onto the target's device (`load_speculative`).
+pub(super) struct DraftParts {
+    pub gpu: Gpu,
+    pub cfg: ModelConfig,
+    pub weights: GpuWeights,
+}
+
+impl DraftParts {
+    /// The draft in `dir`, whose config `cfg` the CUDA executor supports (checked by the
+    /// caller), loaded onto the target's device.
+    pub fn load(dir: &Path, cfg: ModelConfig, opts: &CudaBackendOptions) -> anyhow::Result<Self> {
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        let weights = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
+        Ok(DraftParts { gpu, cfg, weights })
+    }
+
+    /// The draft's options: the target's sizes (steps, sequences, table width), none of the
+    /// target's extras (host tier, lookahead, pinned staging, timing, drafts of its own).
+    pub fn options(
+        &self,
+        target: &CudaBackendOptions,
+        target_cfg: &ModelConfig,
+    ) -> CudaBackendOptions {
+        CudaBackendOptions {
+            max_model_len: match target.max_model_len {
+                0 => target_cfg.max_position_embeddings,
+                n => n,
+            },
+            max_kv_cache_bytes: None,
+            pinned_io: false,
+            lookahead: false,
+            step_timing: false,
+            progress: false,
+            host_kv_cache_bytes: 0,
+            max_drafts: 0,
+            skip: 0,
+            ..target.clone()
+        }
     }
 }

@@ -28,8 +28,8 @@
 //! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
 //! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
 //!
-//! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead
-//! and I/O live in forward/.)
+//! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead,
+//! I/O and logit read-back live in forward/.)
 
 use std::collections::HashMap;
 
@@ -67,6 +67,7 @@ mod ahead;
 mod counts;
 mod io;
 mod layers;
+mod logits;
 
 struct Activations {
     residual: DevBuf,
@@ -577,29 +578,6 @@ impl Forward {
             })
             .collect::<anyhow::Result<Vec<_>>>()
             .map(|sampled| (sampled, tops))
-    }
-
-    /// The fp32 logits of the last launch's `ns` sampled rows; waits for the stream.
-    pub fn logits(&self, ns: usize) -> anyhow::Result<Vec<Vec<f32>>> {
-        let v = self.cfg.vocab_size;
-        let mut flat = vec![0f32; ns * v];
-        self.gpu.download(&mut flat, self.act.logits.ptr())?;
-        Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
-    }
-
-    /// Appends the fp32 logits of the last launch's sampled rows `ranges` ((first, count)
-    /// pairs) to `out`, in order; waits for the stream. Speculative decoding's host
-    /// verifications read only their own rows.
-    pub fn logit_rows(&self, ranges: &[(usize, usize)], out: &mut Vec<f32>) -> anyhow::Result<()> {
-        let v = self.cfg.vocab_size;
-        for &(first, n) in ranges {
-            anyhow::ensure!(first + n <= self.max_rows, "logit rows {first}+{n}");
-            let at = out.len();
-            out.resize(at + n * v, 0.0);
-            let src = self.act.logits.ptr() + (first * v * 4) as u64;
-            self.gpu.download(&mut out[at..], src)?;
-        }
-        Ok(())
     }
 
     /// Replaces the KV pool by one of `num_blocks` blocks (a draft model's pool, sized once the
