@@ -10,7 +10,7 @@
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18 |
-#                                       prefill18 | kv13
+#                                       prefill18 | kv13 | spec
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
@@ -28,6 +28,10 @@
 #                                       output across forced swaps with overlapped copies), and
 #                                       gpu-bench swap (per-plane vs gathered GB/s against the
 #                                       contiguous ceiling) into $OUT/kv13.jsonl
+#                                       spec (issue 12, about 6 min): the CUDA speculative-decoding
+#                                       tests, gpu-bench spec (verification cost, single-stream
+#                                       speedup at a controlled acceptance) into $OUT/spec.jsonl,
+#                                       and the demo pair through brook's actors on CUDA
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -99,7 +103,8 @@ device)
         : >"$out/brook.jsonl"
         for args in "attention" "gemv-sweep" "prefill-attn" "prefill-chunks" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
             "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128" \
-            "swap --model llama-2-7b --host-gib 8"; do
+            "swap --model llama-2-7b --host-gib 8" \
+            "spec --model llama-2-7b --draft tinyllama-1.1b"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
         done
@@ -161,6 +166,25 @@ device)
         step "e2e kv_tier" timeout 120 ./cuda_e2e --test-threads=1 --nocapture kv_tier
         : >"$out/kv13.jsonl"
         step "gpu-bench swap" timeout 400 sh -c "./gpu-bench swap --model llama-2-7b --host-gib 8 >>'$out/kv13.jsonl'"
+    fi
+    if [ "$what" = spec ]; then
+        # Issue 12 on the GPU: verification of n-gram and draft-model proposals (greedy equal to
+        # no speculation token for token, seeded sampling, no leaked block), then the figures.
+        step "e2e spec" timeout 180 ./cuda_e2e --test-threads=1 --nocapture spec::
+        step "kernels sample" timeout 60 ./cuda_kernels --test-threads=1 sample
+        : >"$out/spec.jsonl"
+        step "gpu-bench spec" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b >>'$out/spec.jsonl'"
+        # (b) again at fixed depth: what the adaptive depth gives up or saves.
+        step "gpu-bench spec fixed" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b --fixed-depth >>'$out/spec.jsonl'"
+        : >"$out/brook-bench.jsonl"
+        pair="--model $demo --device cuda --num-prompts 1 --input-len 64 --output-len 256"
+        # shellcheck disable=SC2086
+        step "brook bench demo off" bench_json $pair --speculative off
+        # shellcheck disable=SC2086
+        step "brook bench demo draft" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft"
+        # shellcheck disable=SC2086
+        step "brook bench demo draft fixed" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft" --spec-fixed-depth
+        grep -hE "verify batch|single stream|tokens/s" "$out/log.txt" | grep -v "^===" | tail -60
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

@@ -192,32 +192,18 @@ pub fn start_wrapped(
     wrap: Option<BackendWrap>,
 ) -> anyhow::Result<Arc<EngineHandle>> {
     let model_cfg = ModelConfig::from_dir(model_dir)?;
-    // Parsed once: the tokenizer takes its bos/eos ids, validation its sampling defaults.
-    let gen = GenerationConfig::from_dir(model_dir)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir_with(model_dir, gen.as_ref())?);
-    let chat = ChatTemplate::from_tokenizer(&tokenizer)?;
-    // Every id that ends generation: the tokenizer's (with generation_config.json's), then
-    // config.json's.
-    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
-    for id in &model_cfg.eos_token_ids {
-        if !eos.contains(id) {
-            eos.push(*id);
-        }
-    }
+    let text = Text::load(model_dir)?;
     // Checked before the weights load, so a bad default fails fast.
-    let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
+    let defaults = text.defaults(&model_cfg)?;
     let spec = &cfg.speculative;
     if let Some(draft_dir) = spec
         .draft_model
         .as_deref()
         .filter(|_| spec.method == SpecMethod::Draft)
     {
-        check_draft(cfg, model_dir, &model_cfg, &tokenizer, draft_dir)?;
+        check_draft(cfg, model_dir, &model_cfg, &text.tokenizer, draft_dir)?;
     }
     let device = pick_device(cfg, &model_cfg)?;
-    if matches!(device, Device::Cuda) {
-        refuse_cuda_speculation(cfg)?;
-    }
     let load = {
         let (cfg, dir) = (cfg.clone(), model_dir.to_path_buf());
         // A rebuild after a panic shows no progress bar.
@@ -226,9 +212,10 @@ pub fn start_wrapped(
         // a rebuilt backend starts with no draft state, the old one's is dropped with it.
         move || -> anyhow::Result<Box<dyn Backend>> {
             let backend: Box<dyn Backend> = match &device {
-                Device::Cuda => Box::new(CudaBackend::load(
+                Device::Cuda => Box::new(CudaBackend::load_speculative(
                     &dir,
                     CudaBackendOptions::from_config(&cfg, progress),
+                    &cfg.speculative,
                 )?),
                 Device::Cpu(_) => Box::new(CpuBackend::load_speculative(
                     &dir,
@@ -251,14 +238,54 @@ pub fn start_wrapped(
         defaults,
         config: model_cfg,
     };
-    let core = start_actors(
-        cfg,
-        model,
-        (backend, factory),
-        Some(tokenizer.clone()),
-        chat,
-    );
-    Ok(Arc::new(EngineHandle { core, tokenizer }))
+    Ok(text.start(cfg, model, (backend, factory)))
+}
+
+/// A model folder's text side: its tokenizer (with generation_config.json's bos/eos ids), chat
+/// template and generation config (parsed once: validation takes its sampling defaults).
+struct Text {
+    tokenizer: Arc<Tokenizer>,
+    chat: Option<ChatTemplate>,
+    gen: Option<GenerationConfig>,
+}
+
+impl Text {
+    fn load(dir: &Path) -> anyhow::Result<Self> {
+        let gen = GenerationConfig::from_dir(dir)?;
+        let tokenizer = Arc::new(Tokenizer::from_dir_with(dir, gen.as_ref())?);
+        let chat = ChatTemplate::from_tokenizer(&tokenizer)?;
+        Ok(Text {
+            tokenizer,
+            chat,
+            gen,
+        })
+    }
+
+    /// The sampling defaults for `model`, with every id that ends generation: the tokenizer's
+    /// (with generation_config.json's), then config.json's.
+    fn defaults(&self, model: &ModelConfig) -> anyhow::Result<ModelDefaults> {
+        let mut eos: Vec<u32> = self.tokenizer.eos_token_ids().to_vec();
+        for id in &model.eos_token_ids {
+            if !eos.contains(id) {
+                eos.push(*id);
+            }
+        }
+        ModelDefaults::new(self.gen.as_ref(), eos, model.vocab_size)
+    }
+
+    /// Starts the actors serving text through this tokenizer.
+    fn start(
+        self,
+        cfg: &Config,
+        model: ModelSource,
+        backend: (Box<dyn Backend>, BackendFactory),
+    ) -> Arc<EngineHandle> {
+        let core = start_actors(cfg, model, backend, Some(self.tokenizer.clone()), self.chat);
+        Arc::new(EngineHandle {
+            core,
+            tokenizer: self.tokenizer,
+        })
+    }
 }
 
 /// Starts the actors on random weights of the synthetic shape `name` (see
@@ -267,38 +294,14 @@ pub fn start_wrapped(
 /// inside an actix `System`.
 pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Arc<EngineCore>> {
     let model_cfg = synthetic_config(name)?;
-    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
-    let vocab = model_cfg.vocab_size;
-    let mut factory = wrapped(
-        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
-        None,
-    );
-    let backend = factory()?;
+    let backend = synthetic_factory(cfg, name, &model_cfg, seed, model_cfg.vocab_size)?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!("random weights (seed {seed})"),
         defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
         config: model_cfg,
     };
-    Ok(Arc::new(start_actors(
-        cfg,
-        model,
-        (backend, factory),
-        None,
-        None,
-    )))
-}
-
-/// The CUDA executor does not verify drafts yet (it returns logits at one position per
-/// sequence): refuse rather than serve without what was asked for.
-fn refuse_cuda_speculation(cfg: &Config) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !cfg.speculative.enabled(),
-        "--speculative {} is not implemented on the CUDA executor yet; use --device cpu, or \
-         --speculative off",
-        cfg.speculative.method.as_str()
-    );
-    Ok(())
+    Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
 }
 
 /// Refuses a draft model that cannot draft for the target (`spec::compat`), before any weight
@@ -349,24 +352,11 @@ pub fn start_synthetic_with_tokenizer(
     seed: u64,
     tokenizer_dir: &Path,
 ) -> anyhow::Result<Arc<EngineHandle>> {
-    let gen = GenerationConfig::from_dir(tokenizer_dir)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir_with(tokenizer_dir, gen.as_ref())?);
-    let chat = ChatTemplate::from_tokenizer(&tokenizer)?;
-    let model_cfg = synthetic_config_with_vocab(name, tokenizer.vocab_size())?;
-    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
-    for id in &model_cfg.eos_token_ids {
-        if !eos.contains(id) {
-            eos.push(*id);
-        }
-    }
-    let defaults = ModelDefaults::new(gen.as_ref(), eos, model_cfg.vocab_size)?;
-    let (cfg2, model_cfg2, name2) = (cfg.clone(), model_cfg.clone(), name.to_owned());
-    let vocab = tokenizer.vocab_size();
-    let mut factory = wrapped(
-        move || synthetic_backend(&cfg2, &name2, &model_cfg2, seed, vocab),
-        None,
-    );
-    let backend = factory()?;
+    let text = Text::load(tokenizer_dir)?;
+    let vocab = text.tokenizer.vocab_size();
+    let model_cfg = synthetic_config_with_vocab(name, vocab)?;
+    let defaults = text.defaults(&model_cfg)?;
+    let backend = synthetic_factory(cfg, name, &model_cfg, seed, vocab)?;
     let model = ModelSource {
         name: name.to_owned(),
         source: format!(
@@ -376,14 +366,24 @@ pub fn start_synthetic_with_tokenizer(
         defaults,
         config: model_cfg,
     };
-    let core = start_actors(
-        cfg,
-        model,
-        (backend, factory),
-        Some(tokenizer.clone()),
-        chat,
+    Ok(text.start(cfg, model, backend))
+}
+
+/// The first synthetic backend and the factory that rebuilds it (`synthetic_backend`).
+fn synthetic_factory(
+    cfg: &Config,
+    name: &str,
+    model_cfg: &ModelConfig,
+    seed: u64,
+    sample_vocab: usize,
+) -> anyhow::Result<(Box<dyn Backend>, BackendFactory)> {
+    let (cfg, model_cfg, name) = (cfg.clone(), model_cfg.clone(), name.to_owned());
+    let mut factory = wrapped(
+        move || synthetic_backend(&cfg, &name, &model_cfg, seed, sample_vocab),
+        None,
     );
-    Ok(Arc::new(EngineHandle { core, tokenizer }))
+    let backend = factory()?;
+    Ok((backend, factory))
 }
 
 /// Random weights of `model_cfg` (the synthetic shape `name`) in a backend: generated on the
@@ -395,20 +395,24 @@ fn synthetic_backend(
     seed: u64,
     sample_vocab: usize,
 ) -> anyhow::Result<Box<dyn Backend>> {
+    anyhow::ensure!(
+        cfg.speculative.method != SpecMethod::Draft,
+        "--speculative draft needs a model folder (a --synthetic model has no draft)"
+    );
     Ok(match pick_device(cfg, model_cfg)? {
         Device::Cuda => {
-            refuse_cuda_speculation(cfg)?;
             let opts = CudaBackendOptions {
                 sample_vocab_size: sample_vocab,
                 ..CudaBackendOptions::from_config(cfg, false)
             };
-            Box::new(CudaBackend::synthetic(model_cfg.clone(), seed, opts)?)
+            Box::new(CudaBackend::synthetic_speculative(
+                model_cfg.clone(),
+                seed,
+                opts,
+                &cfg.speculative,
+            )?)
         }
         Device::Cpu(why) => {
-            anyhow::ensure!(
-                cfg.speculative.method != SpecMethod::Draft,
-                "--speculative draft needs a model folder (a --synthetic model has no draft)"
-            );
             let weights = synthetic_host_weights(name, model_cfg, seed)
                 .map_err(|e| anyhow::anyhow!("{e} ({why})"))?;
             let opts = CpuBackendOptions::from_config(cfg, false);

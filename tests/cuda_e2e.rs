@@ -58,6 +58,14 @@ mod penalties;
 #[path = "cuda_e2e/kv_tier.rs"]
 mod kv_tier;
 
+/// The demo models' goldens and the scheduler loop (shared with tests/spec_decode.rs).
+#[path = "demo/mod.rs"]
+mod demo;
+
+/// Speculative decoding: verification of n-gram and draft-model proposals on the device.
+#[path = "cuda_e2e/spec.rs"]
+mod spec;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {

@@ -2,41 +2,21 @@
 //! the real scheduler core and the paged CPU backend — equal the transformers (float32) golden
 //! outputs token for token. Prompt encoding and chat-template rendering are checked against the
 //! Python tokenizer's ids too. Fixture: tests/fixtures/demo_golden.json (tools/demo_model/).
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod demo;
+
+use std::path::Path;
 
 use brook::chat::{ChatMessage, ChatTemplate};
-use brook::executor::backend::Backend;
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
-use brook::kv::KvCacheManager;
-use brook::model::config::ModelConfig;
-use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
-use brook::scheduler::{Admission, NewRequest, Scheduler, SchedulerConfig};
+use brook::spec::SpecConfig;
 use brook::tokenizer::Tokenizer;
+use demo::{fixture, ids, root};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fixture() -> Value {
-    let text = std::fs::read_to_string(root().join("tests/fixtures/demo_golden.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Runs every case at once through the scheduler core and the CPU backend; returns each case's
 /// generated ids.
 fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
-    let config = ModelConfig::from_dir(dir).unwrap();
     let opts = CpuBackendOptions {
         block_size: 16,
         kv_cache_bytes: 64 << 20,
@@ -46,37 +26,12 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
         copy_bytes_per_s: None,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
-    let info = backend.info();
-    let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
-    // A small budget so prefills are chunked and share steps with decodes.
-    let mut core = Scheduler::new(SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_model_len: config.max_position_embeddings,
-        ..SchedulerConfig::default()
-    });
-    let eos: Arc<[u32]> = config.eos_token_ids.clone().into();
-    for (i, (p, &n)) in prompts.iter().zip(max_new).enumerate() {
-        let req = NewRequest {
-            id: RequestId(i as u64),
-            prompt_token_ids: p.clone(),
-            params: Arc::new(SamplingParams::greedy(n)),
-            seed: 0,
-            eos_token_ids: eos.clone(),
-            n: 1,
-        };
-        assert_eq!(core.add_request(req, 0.0), Admission::Accepted);
-    }
-    let mut out = vec![Vec::new(); prompts.len()];
-    let mut t = 0.0;
-    while core.has_unfinished() {
-        t += 0.01;
-        let plan = core.schedule(&mut kv, t);
-        let step = backend.execute(&plan).unwrap();
-        for u in core.update_from_output(&plan, &step, &mut kv, t) {
-            out[u.id.0 as usize].extend(u.new_token_ids);
-        }
-    }
-    out
+    let reqs: Vec<(Vec<u32>, SamplingParams)> = prompts
+        .iter()
+        .zip(max_new)
+        .map(|(p, &n)| (p.clone(), SamplingParams::greedy(n)))
+        .collect();
+    demo::run(&mut backend, SpecConfig::default(), dir, &reqs, 0).outputs
 }
 
 fn check_model(dir: &Path, cases: &[Value]) {

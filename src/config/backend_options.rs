@@ -60,6 +60,10 @@ impl CudaBackendOptions {
             progress,
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
             sample_vocab_size: 0,
+            max_drafts: match cfg.speculative.enabled() {
+                true => cfg.speculative.max_depth,
+                false => 0,
+            },
             skip: 0,
         }
     }

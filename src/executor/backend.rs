@@ -26,7 +26,9 @@ pub trait Backend: Send + 'static {
     /// before the next step's: `executor::kv_tier`), applies its diffs to the backend's persistent input batch
     /// (`executor::input_batch`), writes the batch's K/V into the paged pool through
     /// `slot_mapping`, computes logits at each sampling sequence's last position, and samples one
-    /// token for each (appended to the backend's own copy of the request's tokens). Steps must
+    /// token for each (appended to the backend's own copy of the request's tokens); a sequence
+    /// with draft positions gets its proposer's drafts, logits at its last k + 1 positions and
+    /// their verification (the accepted drafts, then one token of the target's). Steps must
     /// come in order, none skipped: each is a diff against the last. The step's drops are
     /// applied before anything can fail; after an error the scheduler aborts the step's
     /// requests (their ids come back to be dropped).

@@ -18,7 +18,7 @@ use anyhow::Context;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::InputBatch;
 use crate::executor::kv_tier::{CpuHostTier, KvTier};
-use crate::executor::verify::{HostSampler, StepDrafts};
+use crate::executor::verify::{HostSampler, Logits, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
@@ -171,7 +171,7 @@ impl CpuBackend {
             (SpecMethod::Draft, Some(d)) => {
                 let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
                 let model = LlamaModel::new(d.config, d.weights)?;
-                Some(Box::new(CpuDraft::new(model, kv, threads.clone())))
+                Some(Box::new(CpuDraft::proposer(model, kv, threads.clone())))
             }
             (SpecMethod::Draft, None) => unreachable!("checked above"),
         };
@@ -225,39 +225,19 @@ impl CpuBackend {
         let start = Instant::now();
         let (logits, vocab) =
             forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
-        self.drafts.clear();
-        for s in batch.seqs.iter().filter(|s| s.num_drafts > 0) {
-            self.drafts.ids.push(s.request_id);
-            self.drafts.proposals.push(Default::default());
-        }
+        self.drafts.fill_from_batch(batch);
         let mut out = StepOutput::default();
-        let drafts = hand_built_drafts(batch, &mut self.drafts);
-        self.sampler.sample_batch(
-            batch,
-            &logits,
+        let drafts = &self.drafts;
+        let logits = Logits {
+            data: &logits,
             vocab,
-            self.sample_vocab,
-            drafts,
-            |_| None,
-            &mut out,
-        );
+            sample_vocab: self.sample_vocab,
+        };
+        self.sampler
+            .sample_batch(batch, logits, drafts, |_| None, &mut out);
         out.elapsed = start.elapsed();
         Ok(out)
     }
-}
-
-/// The proposals of a hand-built batch: its drafts, taken from its token ids.
-fn hand_built_drafts<'a>(batch: &BatchInput, d: &'a mut StepDrafts) -> &'a StepDrafts {
-    let mut end = 0;
-    let mut next = 0;
-    for s in &batch.seqs {
-        end += s.query_len;
-        if s.num_drafts > 0 {
-            d.proposals[next].tokens = batch.token_ids[end - s.num_drafts..end].to_vec();
-            next += 1;
-        }
-    }
-    d
 }
 
 /// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
@@ -336,15 +316,12 @@ impl Backend for CpuBackend {
         let (batch, held) = (input.batch(), &*input);
         let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
         let counts = |row| held.counts(row);
-        sampler.sample_batch(
-            batch,
-            &logits,
+        let logits = Logits {
+            data: &logits,
             vocab,
-            *sample_vocab,
-            drafts,
-            counts,
-            &mut out,
-        );
+            sample_vocab: *sample_vocab,
+        };
+        sampler.sample_batch(batch, logits, drafts, counts, &mut out);
         out.elapsed = start.elapsed();
         tracing::trace!(
             tokens = batch.num_tokens(),

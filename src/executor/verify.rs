@@ -1,15 +1,17 @@
 //! Sampling on the host from a step's logits: one token per sampling sequence, or, for a
 //! sequence that carries drafts, their exact verification (`sampling::rejection`) — the
 //! accepted drafts and the target's own token, as consecutive `SampledToken`s, with a
-//! `DraftOutcome`. The CPU backend samples everything here; the CUDA backend brings the logits
-//! of sampled (non-greedy) verifications here and verifies greedy ones from device argmaxes
-//! (`greedy_accepted`).
+//! `DraftOutcome`. The CPU backend samples everything here (`HostSampler`); the CUDA backend
+//! samples every row on the device and verifies point-mass proposals from those draws, bringing
+//! only a draft model's sampled (dense) verifications' logit rows here (`DeviceDraws`).
 
 use crate::request::RequestId;
 use crate::sampling::rejection::{DraftProbs, RejectionSampler, Verify};
 use crate::sampling::sampler::{Sampled, Sampler, TokenCounts};
 use crate::spec::Proposal;
-use crate::step::{BatchInput, DraftOutcome, SampledToken, SeqInput, StepOutput, TopLogprobs};
+use crate::step::{
+    BatchInput, DraftOutcome, SampleInput, SampledToken, SeqInput, StepOutput, TopLogprobs,
+};
 
 /// The proposals of a step, by request, in step order (the requests that had draft positions;
 /// a proposal may hold no token).
@@ -27,6 +29,23 @@ impl StepDrafts {
 
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// The proposals of a batch built by hand (tests, benchmarks): its drafts, taken from its
+    /// token ids, as point masses.
+    pub fn fill_from_batch(&mut self, batch: &BatchInput) {
+        self.clear();
+        let mut end = 0;
+        for s in &batch.seqs {
+            end += s.query_len;
+            if s.num_drafts > 0 {
+                self.ids.push(s.request_id);
+                self.proposals.push(Proposal {
+                    tokens: batch.token_ids[end - s.num_drafts..end].to_vec(),
+                    probs: Vec::new(),
+                });
+            }
+        }
     }
 
     /// Walks the step's sequences in order, yielding each one's proposal (None for a sequence
@@ -54,14 +73,38 @@ impl<'a> DraftCursor<'a> {
     }
 }
 
-/// How many drafts a greedy verification accepts, given the target's argmax at each of the
-/// k + 1 positions: the drafts up to the first that differs from its position's argmax.
-pub fn greedy_accepted(argmax: &[u32], drafts: &[u32]) -> usize {
-    drafts
-        .iter()
-        .zip(argmax)
-        .take_while(|(d, a)| d == a)
-        .count()
+/// A step's logits as the host sampler reads them: `[rows, vocab]` row-major, of which only ids
+/// below `sample_vocab` (≤ `vocab`) are drawn (the first `sample_vocab` logits of each row).
+#[derive(Debug, Clone, Copy)]
+pub struct Logits<'a> {
+    pub data: &'a [f32],
+    pub vocab: usize,
+    pub sample_vocab: usize,
+}
+
+impl<'a> Logits<'a> {
+    /// Rows `first .. first + n`.
+    fn rows(&self, first: usize, n: usize) -> Logits<'a> {
+        Logits {
+            data: &self.data[first * self.vocab..(first + n) * self.vocab],
+            ..*self
+        }
+    }
+}
+
+/// One sequence to sample, or whose drafts to verify.
+#[derive(Clone, Copy)]
+pub struct SeqSample<'a> {
+    pub seq: &'a SeqInput,
+    pub sample: &'a SampleInput,
+    /// Its `1 + drafts.len()` logit rows.
+    pub logits: Logits<'a>,
+    /// The drafts: the last tokens of the sequence's query.
+    pub drafts: &'a [u32],
+    /// What the proposer proposed (None: no draft positions, a plain sample).
+    pub proposal: Option<&'a Proposal>,
+    /// Token counts, for a request with penalties (never one with drafts).
+    pub counts: Option<&'a TokenCounts>,
 }
 
 /// The host sampler: reusable scratch.
@@ -79,75 +122,61 @@ impl HostSampler {
         Self::default()
     }
 
-    /// Samples every sampling sequence of `batch` from `logits` (`[batch.num_logit_rows(),
-    /// vocab]`, rows in seq order), verifying the drafts of those that carry them, into `out`
-    /// (`sampled`, and `spec.drafts` for each sequence of `drafts`). Only ids below
-    /// `sample_vocab` (≤ `vocab`) are drawn: the first `sample_vocab` logits of each row.
-    /// `counts(row)` gives the token counts of the request in input-batch row `row` when it has
-    /// penalties; requests that asked for logprobs get their top list in `out.top_logprobs`.
-    #[allow(clippy::too_many_arguments)]
+    /// Samples every sampling sequence of `batch` from `logits` (`batch.num_logit_rows()`
+    /// rows, in seq order), verifying the drafts of those that carry them, into `out`
+    /// (`sampled`, and `spec.drafts` for each sequence of `drafts`). `counts(row)` gives the
+    /// token counts of the request in input-batch row `row` when it has penalties; requests
+    /// that asked for logprobs get their top list in `out.top_logprobs`.
     pub fn sample_batch<'c>(
         &mut self,
         batch: &BatchInput,
-        logits: &[f32],
-        vocab: usize,
-        sample_vocab: usize,
+        logits: Logits<'_>,
         drafts: &StepDrafts,
         counts: impl Fn(usize) -> Option<&'c TokenCounts>,
         out: &mut StepOutput,
     ) {
-        debug_assert_eq!(logits.len(), batch.num_logit_rows() * vocab);
-        debug_assert!(sample_vocab > 0 && sample_vocab <= vocab);
-        let mut narrow = std::mem::take(&mut self.narrow);
+        debug_assert_eq!(logits.data.len(), batch.num_logit_rows() * logits.vocab);
         let (mut rows, mut end) = (0, 0);
         let mut cursor = drafts.cursor();
         for seq in &batch.seqs {
             end += seq.query_len;
             let proposal = cursor.next_for(seq);
-            let Some(s) = &seq.sample else { continue };
+            let Some(sample) = &seq.sample else { continue };
             let n = seq.num_drafts + 1;
-            let mut seq_logits = &logits[rows * vocab..(rows + n) * vocab];
-            rows += n;
-            if sample_vocab < vocab {
-                // Each row cut to its first `sample_vocab` logits (a synthetic model whose
-                // tokenizer is smaller than its vocabulary).
-                narrow.clear();
-                for row in seq_logits.chunks(vocab) {
-                    narrow.extend_from_slice(&row[..sample_vocab]);
-                }
-                seq_logits = &narrow;
-            }
-            // The drafts are the last tokens of the sequence's query.
-            let drafts = &batch.token_ids[end - seq.num_drafts..end];
-            let counts = counts(seq.row);
             self.sample_seq(
-                seq,
-                s,
-                seq_logits,
-                sample_vocab,
-                drafts,
-                proposal,
-                counts,
+                SeqSample {
+                    seq,
+                    sample,
+                    logits: logits.rows(rows, n),
+                    drafts: &batch.token_ids[end - seq.num_drafts..end],
+                    proposal,
+                    counts: counts(seq.row),
+                },
                 out,
             );
+            rows += n;
         }
-        self.narrow = narrow;
     }
 
     /// One sequence: a plain sample, or the verification of its drafts.
-    #[allow(clippy::too_many_arguments)]
-    fn sample_seq(
-        &mut self,
-        seq: &SeqInput,
-        s: &crate::step::SampleInput,
-        logits: &[f32],
-        vocab: usize,
-        drafts: &[u32],
-        proposal: Option<&Proposal>,
-        counts: Option<&TokenCounts>,
-        out: &mut StepOutput,
-    ) {
-        let id = seq.request_id;
+    pub fn sample_seq(&mut self, x: SeqSample<'_>, out: &mut StepOutput) {
+        let (id, s) = (x.seq.request_id, x.sample);
+        let Logits {
+            data: mut logits,
+            vocab,
+            sample_vocab,
+        } = x.logits;
+        debug_assert!(sample_vocab > 0 && sample_vocab <= vocab);
+        let mut narrow = std::mem::take(&mut self.narrow);
+        if sample_vocab < vocab {
+            // Each row cut to its first `sample_vocab` logits (a synthetic model whose
+            // tokenizer is smaller than its vocabulary).
+            narrow.clear();
+            for row in logits.chunks(vocab) {
+                narrow.extend_from_slice(&row[..sample_vocab]);
+            }
+            logits = &narrow;
+        }
         let push = |out: &mut StepOutput, x: &Sampled| {
             out.sampled.push(SampledToken {
                 request_id: id,
@@ -155,63 +184,154 @@ impl HostSampler {
                 logprob: x.logprob,
             })
         };
-        let Some(p) = proposal else {
-            let x = self
-                .sampler
-                .sample(logits, &s.params, s.seed, s.output_index, counts);
-            push(out, &x);
-            if let Some(k) = s.params.logprobs {
-                let top = self.sampler.top_logprobs(logits, k);
-                out.top_logprobs.push(TopLogprobs {
+        match x.proposal {
+            None => {
+                let t = self
+                    .sampler
+                    .sample(logits, &s.params, s.seed, s.output_index, x.counts);
+                push(out, &t);
+                if let Some(k) = s.params.logprobs {
+                    let top = self.sampler.top_logprobs(logits, k);
+                    out.top_logprobs.push(TopLogprobs {
+                        request_id: id,
+                        top,
+                    });
+                }
+            }
+            Some(p) => {
+                // Verification samples the plain distribution at each position: the scheduler
+                // gives drafts only to requests without penalties, bias, min_tokens or logprobs.
+                debug_assert!(s.params.may_speculate(), "{id}: drafts it may not have");
+                let k = x.drafts.len();
+                debug_assert_eq!(x.drafts, &p.tokens[..k]);
+                let q = if p.probs.is_empty() {
+                    DraftProbs::PointMass
+                } else {
+                    DraftProbs::Dense(&p.probs[..k * sample_vocab])
+                };
+                self.verified.clear();
+                let accepted = self.rejection.verify(
+                    Verify {
+                        logits,
+                        vocab: sample_vocab,
+                        drafts: x.drafts,
+                        q,
+                        params: &s.params,
+                        seed: s.seed,
+                        output_index: s.output_index,
+                    },
+                    &mut self.verified,
+                );
+                for t in &self.verified {
+                    push(out, t);
+                }
+                out.spec.drafts.push(DraftOutcome {
                     request_id: id,
-                    top,
+                    proposed: k,
+                    accepted,
                 });
             }
-            return;
-        };
-        // Verification samples the plain distribution at each position: the scheduler gives
-        // drafts only to requests without penalties, bias, min_tokens or logprobs.
-        debug_assert!(s.params.may_speculate(), "{id}: drafts it may not have");
-        let k = drafts.len();
-        debug_assert_eq!(drafts, &p.tokens[..k]);
-        let q = if p.probs.is_empty() {
-            DraftProbs::PointMass
-        } else {
-            DraftProbs::Dense(&p.probs[..k * vocab])
-        };
-        self.verified.clear();
-        let accepted = self.rejection.verify(
-            Verify {
-                logits,
-                vocab,
-                drafts,
-                q,
-                params: &s.params,
-                seed: s.seed,
-                output_index: s.output_index,
-            },
-            &mut self.verified,
-        );
-        for x in &self.verified {
-            push(out, x);
         }
-        out.spec.drafts.push(DraftOutcome {
-            request_id: id,
-            proposed: k,
-            accepted,
+        self.narrow = narrow;
+    }
+}
+
+/// Verification from the target's own draws (the CUDA backend): the device sampled every one
+/// of a verifying sequence's `k + 1` rows at its output index, with the request's params and
+/// seed — the token decoding without speculation would draw there, given the drafts before it.
+/// A point-mass proposal (n-gram lookup, a draft model's greedy drafts) is verified exactly by
+/// keeping those draws while each equals its draft (`rejection`'s module docs: the same rule),
+/// so only token ids come back from the device. A draft model's sampled drafts (a dense q) need
+/// the target's probabilities: their logit rows are read back and verified here.
+pub struct DeviceDraws<'a> {
+    pub batch: &'a BatchInput,
+    /// One per logit row (`batch.num_logit_rows()`), in order: the device's sample there.
+    pub rows: &'a [SampledToken],
+    pub drafts: &'a StepDrafts,
+}
+
+impl DeviceDraws<'_> {
+    /// The logit rows (first, count) of the sequences verified on the host, in step order:
+    /// those with a dense proposal.
+    pub fn dense_rows(&self) -> Vec<(usize, usize)> {
+        let mut dense = Vec::new();
+        self.walk(|v| {
+            if v.proposal.is_some_and(|p| !p.probs.is_empty()) {
+                dense.push((v.first, v.drafts.len() + 1));
+            }
+        });
+        dense
+    }
+
+    /// The step's output: every sequence's tokens (a plain draw, or the accepted drafts and the
+    /// target's own token) and each verification's outcome, into `out`. `dense`: the logit rows
+    /// of `dense_rows`, concatenated in its order, verified by `host`.
+    pub fn verify(&self, host: &mut HostSampler, dense: Logits<'_>, out: &mut StepOutput) {
+        let mut dense_at = 0;
+        self.walk(|v| {
+            let n = v.drafts.len() + 1;
+            let rows = &self.rows[v.first..v.first + n];
+            let Some(p) = v.proposal else {
+                out.sampled.extend_from_slice(rows);
+                return;
+            };
+            if p.probs.is_empty() {
+                let accepted = rows
+                    .iter()
+                    .zip(v.drafts)
+                    .take_while(|(r, &d)| r.token == d)
+                    .count();
+                out.sampled.extend_from_slice(&rows[..=accepted]);
+                out.spec.drafts.push(DraftOutcome {
+                    request_id: v.seq.request_id,
+                    proposed: v.drafts.len(),
+                    accepted,
+                });
+            } else {
+                host.sample_seq(
+                    SeqSample {
+                        seq: v.seq,
+                        sample: v.sample,
+                        logits: dense.rows(dense_at, n),
+                        drafts: v.drafts,
+                        proposal: Some(p),
+                        counts: None,
+                    },
+                    out,
+                );
+                dense_at += n;
+            }
         });
     }
+
+    /// Calls `f` for each sampling sequence, in order.
+    fn walk<'s>(&'s self, mut f: impl FnMut(Walked<'s>)) {
+        let mut cursor = self.drafts.cursor();
+        let (mut first, mut end) = (0, 0);
+        for seq in &self.batch.seqs {
+            end += seq.query_len;
+            let proposal = cursor.next_for(seq);
+            let Some(sample) = &seq.sample else { continue };
+            f(Walked {
+                seq,
+                sample,
+                first,
+                drafts: &self.batch.token_ids[end - seq.num_drafts..end],
+                proposal,
+            });
+            first += seq.num_drafts + 1;
+        }
+    }
+}
+
+/// A sampling sequence as `DeviceDraws::walk` visits it: its first logit row and its drafts.
+struct Walked<'a> {
+    seq: &'a SeqInput,
+    sample: &'a SampleInput,
+    first: usize,
+    drafts: &'a [u32],
+    proposal: Option<&'a Proposal>,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_acceptance_stops_at_the_first_mismatch() {
-        assert_eq!(greedy_accepted(&[5, 6, 7], &[5, 6]), 2);
-        assert_eq!(greedy_accepted(&[5, 6, 7], &[5, 9]), 1);
-        assert_eq!(greedy_accepted(&[5, 6, 7], &[4, 6]), 0);
-        assert_eq!(greedy_accepted(&[5], &[]), 0);
-    }
-}
+mod tests;

@@ -5,9 +5,10 @@
 //! distribution is exactly the target's.
 //!
 //! Where the parts live:
-//! - this module: the configuration ([`config`]), the [`proposer::Proposer`] seam and the
-//!   n-gram prompt-lookup proposer ([`ngram`]), the draft/target compatibility check
-//!   ([`compat`]); nothing here depends on the scheduler or the executor.
+//! - this module: the configuration ([`config`]), the [`proposer::Proposer`] seam, the
+//!   n-gram prompt-lookup proposer ([`ngram`]), the draft-model proposer over any device's
+//!   forward ([`draft`]), the draft/target compatibility check ([`compat`]); nothing here
+//!   depends on the scheduler or the executor.
 //! - the scheduler chooses each request's depth k every step (`scheduler::spec`: acceptance
 //!   EMA, KV pressure, emergency mode, a cost model of verification against drafting), reserves
 //!   k draft positions in the request's block table (`ScheduledRequest::num_draft_tokens`),
@@ -17,6 +18,7 @@
 //!   `executor::cuda::draft`), runs the target over the k + 1 positions and verifies.
 pub mod compat;
 pub mod config;
+pub mod draft;
 pub mod ngram;
 pub mod proposer;
 

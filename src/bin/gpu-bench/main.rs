@@ -13,6 +13,10 @@
 //!                                       between steps (host overhead), lookahead hits
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
+//!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
+//!                                       drafts vs plain decode at batch 1/8/32 (k 0..5), and
+//!                                       single-stream tokens/s with a random draft model whose
+//!                                       acceptance is controlled (a 0.5/0.7/0.9, k 1..5) vs off
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
 //!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
@@ -30,6 +34,7 @@ mod gemv_sweep;
 mod offline;
 mod prefill_attn;
 mod prefill_chunks;
+mod spec;
 mod swap;
 mod ttft;
 mod variants;
@@ -107,6 +112,9 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = [String::from("untimed")])]
         variants: Vec<String>,
     },
+    /// Speculative decoding: verification cost by batch and depth, and single-stream speedup
+    /// with a controlled acceptance rate (see `spec`'s module docs).
+    Spec(spec::Args),
     /// Decode through brook's scheduler and persistent batch for the default and each issue-18
     /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
     DecodeVariants {
@@ -140,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         } => decode::run(&model, input_len, output_len, quick),
         Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
+        Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {
             model,
             num_prompts,

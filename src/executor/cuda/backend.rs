@@ -8,20 +8,34 @@
 //! (`forward`) only the block-table entries that changed since the last step; the device keeps
 //! the tables. Batches built by hand (tests, benchmarks) run through `execute_batch` and
 //! `forward_logits`, which upload their whole tables.
+//!
+//! Speculative decoding (`load_speculative`): before the forward the proposer (n-gram lookup,
+//! or the draft model on this GPU: `cuda::draft`) proposes for the requests the scheduler gave
+//! draft positions; the forward samples each of a verifying sequence's k + 1 rows on the device
+//! (lm_head over those rows only), and `executor::verify::DeviceDraws` keeps the draws while
+//! they equal the drafts — exact for point-mass proposals, so only token ids come back. A draft
+//! model's sampled drafts (dense q) read their rows' logits back for host rejection sampling.
+//! Steps with drafts never run from a CUDA graph (not pure decode) nor ahead (lookahead
+//! cannot predict them); steps without drafts take exactly the path they took before.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::device::Gpu;
-use super::forward::Forward;
+use super::draft::{CudaDraft, DraftParts};
+use super::forward::{Forward, KvSizing};
 use super::kernels;
 use super::kv_tier::{CudaKvTier, KvLayout};
+use super::speculation::{check_spec_options, Speculation};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
-use crate::step::{BatchInput, BlockCopy, SchedulerOutput, StepOutput};
+use crate::spec::draft::DraftProposer;
+use crate::spec::ngram::NgramProposer;
+use crate::spec::{Proposer, SpecConfig, SpecMethod};
+use crate::step::{BatchInput, BlockCopy, SchedulerOutput, SpecOutput, StepOutput};
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -39,6 +53,10 @@ pub struct CudaBackend {
     timing: Option<StepTiming>,
     /// This step's token-count changes (requests with penalties); reused.
     count_ops: Vec<CountOp>,
+    /// Speculative decoding's proposer and verification state.
+    spec: Speculation,
+    /// Bytes of one block of the draft model's pool (0: none), which shares the block ids.
+    draft_bytes_per_block: usize,
 }
 
 /// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
@@ -73,6 +91,98 @@ impl CudaBackend {
         Self::new(gpu, cfg, w, opts)
     }
 
+    /// As `load`, with the proposer `spec` asks for (`opts.max_drafts` at least its depth; a
+    /// draft model is loaded from `spec.draft_model` onto the same device, its compatibility
+    /// with the target the caller's to check, `spec::compat`).
+    pub fn load_speculative(
+        dir: &Path,
+        opts: CudaBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
+        check_spec_options(&opts, spec)?;
+        let cfg = ModelConfig::from_dir(dir)?;
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        check_supported(&cfg)?;
+        let draft = match (spec.method, &spec.draft_model) {
+            (SpecMethod::Draft, Some(d)) => {
+                let dcfg = ModelConfig::from_dir(d)?;
+                check_supported(&dcfg)
+                    .map_err(|e| anyhow::anyhow!("draft model {}: {e}", d.display()))?;
+                Some(DraftParts::load(d, dcfg, &opts)?)
+            }
+            (SpecMethod::Draft, None) => anyhow::bail!("--speculative draft needs --draft-model"),
+            _ => None,
+        };
+        let w = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
+        Self::build(gpu, cfg, w, opts, draft)?.with_proposer(spec)
+    }
+
+    /// As `synthetic`, with `spec`'s proposer (n-gram only: a synthetic model has no draft).
+    pub fn synthetic_speculative(
+        cfg: ModelConfig,
+        seed: u64,
+        opts: CudaBackendOptions,
+        spec: &SpecConfig,
+    ) -> anyhow::Result<Self> {
+        check_spec_options(&opts, spec)?;
+        Self::synthetic(cfg, seed, opts)?.with_proposer(spec)
+    }
+
+    /// Random weights of `cfg`, with a draft model of random weights of `draft` (the same
+    /// vocabulary) beside it: gpu-bench's synthetic draft/target pair.
+    pub fn synthetic_with_draft(
+        cfg: ModelConfig,
+        draft: ModelConfig,
+        seed: u64,
+        opts: CudaBackendOptions,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            cfg.vocab_size == draft.vocab_size,
+            "a draft of vocabulary {} for a target of {}",
+            draft.vocab_size,
+            cfg.vocab_size
+        );
+        anyhow::ensure!(opts.max_drafts > 0, "a draft model needs max_drafts > 0");
+        check_supported(&cfg)?;
+        check_supported(&draft)?;
+        let gpu = Gpu::open(opts.device_ordinal)?;
+        let w = GpuWeights::random(&gpu, &cfg, seed)?;
+        let dgpu = Gpu::open(opts.device_ordinal)?;
+        let dw = GpuWeights::random(&dgpu, &draft, seed + 1)?;
+        let parts = DraftParts {
+            gpu: dgpu,
+            cfg: draft,
+            weights: dw,
+        };
+        Self::build(gpu, cfg, w, opts, Some(parts))
+    }
+
+    /// Benchmarks: replaces the proposer by `f` of it (gpu-bench spec controls how often a
+    /// real draft model's proposals are right).
+    pub fn map_proposer(
+        &mut self,
+        f: impl FnOnce(Option<Box<dyn Proposer>>) -> Option<Box<dyn Proposer>>,
+    ) {
+        self.spec.proposer = f(self.spec.proposer.take());
+    }
+
+    /// Sets the proposer of `spec`: none for `off`, n-gram lookup, or the draft model `build`
+    /// loaded.
+    fn with_proposer(mut self, spec: &SpecConfig) -> anyhow::Result<Self> {
+        match spec.method {
+            SpecMethod::Off => self.spec.proposer = None,
+            SpecMethod::Ngram => {
+                self.spec.proposer =
+                    Some(Box::new(NgramProposer::new(spec.ngram_min, spec.ngram_max)))
+            }
+            SpecMethod::Draft => anyhow::ensure!(
+                self.spec.proposer.is_some(),
+                "--speculative draft without a draft model (a synthetic model has none)"
+            ),
+        }
+        Ok(self)
+    }
+
     /// From weights already in memory (tests).
     pub fn from_weights(
         cfg: ModelConfig,
@@ -103,8 +213,53 @@ impl CudaBackend {
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
+        Self::build(gpu, cfg, weights, opts, None)
+    }
+
+    /// The backend, with a draft model's forward beside the target's when `draft` is given:
+    /// its activations are allocated first, so that the target's pool is sized after them for
+    /// both models' K/V per block, then the draft's pool gets the target's block count.
+    fn build(
+        gpu: Gpu,
+        cfg: ModelConfig,
+        weights: GpuWeights,
+        opts: CudaBackendOptions,
+        draft: Option<DraftParts>,
+    ) -> anyhow::Result<Self> {
         let host_bytes = opts.host_kv_cache_bytes;
-        let fwd = Forward::new(gpu, cfg, weights, opts)?;
+        let draft = match draft {
+            Some(d) => {
+                let o = d.options(&opts, &cfg);
+                Some(Forward::new(
+                    d.gpu,
+                    d.cfg,
+                    d.weights,
+                    o,
+                    KvSizing::Blocks(1),
+                )?)
+            }
+            None => None,
+        };
+        let draft_bytes_per_block = draft
+            .as_ref()
+            .map_or(0, |d| kv_bytes_per_block(&d.cfg, opts.block_size));
+        let sizing = KvSizing::Free {
+            shared_bytes: draft_bytes_per_block,
+        };
+        let fwd = Forward::new(gpu, cfg, weights, opts, sizing)?;
+        let proposer = match draft {
+            Some(mut d) => {
+                d.resize_kv(fwd.num_blocks)?;
+                tracing::info!(
+                    "draft model on the same GPU: its KV pool {} blocks ({:.2} GiB)",
+                    fwd.num_blocks,
+                    (fwd.num_blocks * draft_bytes_per_block) as f64 / (1u64 << 30) as f64
+                );
+                let p: Box<dyn Proposer> = Box::new(DraftProposer::new(CudaDraft::new(d)));
+                Some(p)
+            }
+            None => None,
+        };
         let layout = fwd.kv_layout();
         let block_bytes = layout.planes * layout.plane_bytes;
         let tier = CudaKvTier::new(&fwd.gpu, &layout, host_bytes / block_bytes)?;
@@ -127,6 +282,8 @@ impl CudaBackend {
             tier,
             timing: None,
             count_ops: Vec::new(),
+            spec: Speculation::new(proposer),
+            draft_bytes_per_block,
         })
     }
 
@@ -214,13 +371,16 @@ impl CudaBackend {
         self.fwd.gpu.ctx.bind_to_thread()?;
         self.whole_tables(batch)?;
         self.fwd.launch(batch, &self.updates, true, false)?;
-        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
-        Ok(StepOutput {
-            sampled,
-            elapsed: started.elapsed(),
+        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
+        let mut out = StepOutput {
             top_logprobs,
             ..StepOutput::default()
-        })
+        };
+        // Drafts in a hand-built batch are verified as point-mass proposals.
+        self.spec.drafts.fill_from_batch(batch);
+        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
+        out.elapsed = started.elapsed();
+        Ok(out)
     }
 
     /// `updates` := every table entry of a hand-built batch. It overwrites the rows of the
@@ -254,8 +414,16 @@ impl CudaBackend {
     /// One scheduler step through the persistent input batch.
     fn step(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
+        if let Some(p) = self.spec.proposer.as_mut() {
+            for &id in step.finished_req_ids.iter().chain(&step.preempted) {
+                p.forget(id);
+            }
+        }
         // First, before anything can fail: the drops it carries are not sent again.
-        self.input.update(step)?;
+        self.input.apply(step)?;
+        let mut spec = SpecOutput::default();
+        self.spec.propose(&self.input, &mut spec)?;
+        self.input.build(&self.spec.drafts.proposals)?;
         self.fwd.gpu.ctx.bind_to_thread()?;
         // Copies go out first on their own stream; the forward's stream waits for those it
         // needs (and for the last step's), the rest run under it.
@@ -301,14 +469,15 @@ impl CudaBackend {
             self.fwd.launch(batch, &self.updates, true, true)?;
         }
         let launched = Instant::now();
-        let (sampled, top_logprobs) = self.fwd.sampled(batch)?;
+        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
         let waited = Instant::now();
-        let out = StepOutput {
-            sampled,
-            elapsed: started.elapsed(),
+        let mut out = StepOutput {
             top_logprobs,
+            spec,
             ..StepOutput::default()
         };
+        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
+        out.elapsed = started.elapsed();
         self.input.record(&out)?;
         if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
             self.timing = Some(StepTiming {
@@ -335,7 +504,8 @@ impl Backend for CudaBackend {
             ),
             num_kv_blocks: self.fwd.num_blocks,
             block_size: self.fwd.opts.block_size,
-            bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size),
+            bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size)
+                + self.draft_bytes_per_block,
             num_host_blocks: self.tier.num_blocks(),
             copy_bytes_per_s: self.tier.bytes_per_s(),
         }

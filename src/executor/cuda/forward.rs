@@ -28,8 +28,8 @@
 //! the model's head_dim and GQA group when the GPU is opened here, read only the sliding window
 //! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
 //!
-//! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead
-//! and I/O live in forward/.)
+//! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead,
+//! I/O and logit read-back live in forward/.)
 
 use std::collections::HashMap;
 
@@ -67,6 +67,7 @@ mod ahead;
 mod counts;
 mod io;
 mod layers;
+mod logits;
 
 struct Activations {
     residual: DevBuf,
@@ -137,6 +138,9 @@ pub(super) struct Forward {
     pub max_blocks: usize,
     max_tokens: usize,
     pub max_seqs: usize,
+    /// Logit rows a step may sample: one per sequence, plus the drafts of speculative decoding
+    /// (`CudaBackendOptions::max_drafts`).
+    max_rows: usize,
     /// GEMM prefill path: its context limit (at most the longest context), scratch and the
     /// scratch's capacities (key rows, score floats); no scratch when off.
     gemm_max_len: usize,
@@ -171,12 +175,23 @@ pub(super) struct Forward {
     pub gpu: Gpu,
 }
 
+/// How the KV pool is sized.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum KvSizing {
+    /// From what `gpu_memory_utilization` leaves; each block also costs `shared_bytes` in
+    /// another pool addressed by the same block ids (a draft model's), allocated after.
+    Free { shared_bytes: usize },
+    /// Exactly this many blocks.
+    Blocks(usize),
+}
+
 impl Forward {
     pub fn new(
         mut gpu: Gpu,
         cfg: ModelConfig,
         weights: GpuWeights,
         opts: CudaBackendOptions,
+        sizing: KvSizing,
     ) -> anyhow::Result<Self> {
         gpu.load_attention(
             cfg.head_dim,
@@ -199,6 +214,8 @@ impl Forward {
         let max_blocks = max_model_len.div_ceil(opts.block_size);
         let max_seqs = opts.max_num_seqs;
         let max_tokens = opts.max_num_batched_tokens;
+        // Each sequence samples 1 + its drafts rows, and a row is a token of the step.
+        let max_rows = (max_seqs * (1 + opts.max_drafts)).min(max_tokens.max(max_seqs));
         let (d, hd, h) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
         let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
@@ -210,7 +227,7 @@ impl Forward {
             max_seqs,
             max_tiles,
             max_seqs,
-            max_seqs,
+            max_rows,
             max_seqs * MAX_EDITS_PER_ROW,
             table_words,
         )
@@ -251,8 +268,8 @@ impl Forward {
             delta: gpu.alloc(max_tokens * d * bf)?,
             gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * f4)?,
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
-            head_in: gpu.alloc(max_seqs * d * bf)?,
-            logits: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            head_in: gpu.alloc(max_rows * d * bf)?,
+            logits: gpu.alloc(max_rows * cfg.vocab_size * f4)?,
             part_acc: gpu.alloc(partials * h * hd * f4)?,
             part_ml: gpu.alloc(partials * h * 2 * f4)?,
             decode_counters: gpu.alloc(counters * 4)?,
@@ -260,17 +277,17 @@ impl Forward {
             prefill_ml: gpu.alloc(pf_ml * f4)?,
             prefill_counters: gpu.alloc(pf_counters * 4)?,
             meta: gpu.alloc(meta_words * 4)?,
-            out: gpu.alloc(out_bytes(max_seqs, true))?,
-            work: gpu.alloc(max_seqs * cfg.vocab_size * f4)?,
+            out: gpu.alloc(out_bytes(max_rows, true))?,
+            work: gpu.alloc(max_rows * cfg.vocab_size * f4)?,
             counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
             count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         gpu.memset(act.prefill_counters.ptr(), 0, pf_counters * 4)?;
         // Stamps read before any step wrote them are zero, not garbage.
-        gpu.memset(act.out.ptr(), 0, out_bytes(max_seqs, true))?;
+        gpu.memset(act.out.ptr(), 0, out_bytes(max_rows, true))?;
         let io = match opts.pinned_io || opts.lookahead {
-            true => Some(PinnedIo::new(&gpu, meta_words, max_seqs)?),
+            true => Some(PinnedIo::new(&gpu, meta_words, max_rows)?),
             false => None,
         };
         anyhow::ensure!(
@@ -314,7 +331,10 @@ impl Forward {
         if let Some(cap) = opts.max_kv_cache_bytes {
             kv_bytes = kv_bytes.min(cap);
         }
-        let num_blocks = kv_bytes / bytes_per_block;
+        let num_blocks = match sizing {
+            KvSizing::Free { shared_bytes } => kv_bytes / (bytes_per_block + shared_bytes),
+            KvSizing::Blocks(n) => n,
+        };
         anyhow::ensure!(
             num_blocks > 0,
             "no room for the KV cache: {:.1} GiB of {:.1} GiB in use after weights and activations, gpu_memory_utilization {}",
@@ -348,6 +368,7 @@ impl Forward {
             max_blocks,
             max_tokens,
             max_seqs,
+            max_rows,
             gemm_max_len,
             gemm_scratch,
             gemm_keys,
@@ -375,6 +396,7 @@ impl Forward {
         Limits {
             max_tokens: self.max_tokens,
             max_seqs: self.max_seqs,
+            max_rows: self.max_rows,
             max_blocks: self.max_blocks,
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
@@ -485,13 +507,14 @@ impl Forward {
         Ok(step)
     }
 
-    /// The tokens sampled by the last launch of `batch`, in seq order, and the top
+    /// The tokens sampled by the last launch of `batch`, one per logit row in seq order (a
+    /// sequence with drafts has `num_drafts + 1`, its draws at each position), and the top
     /// log-probabilities of the rows that asked; waits for them.
     pub fn sampled(
         &mut self,
         batch: &BatchInput,
     ) -> anyhow::Result<(Vec<SampledToken>, Vec<TopLogprobs>)> {
-        let ns = batch.num_sampled();
+        let ns = batch.num_logit_rows();
         let cur = self.cur.context("no step was launched")?;
         self.tokens_host.resize(ns, 0);
         self.logprobs_host.resize(ns, 0.0);
@@ -547,6 +570,7 @@ impl Forward {
             .seqs
             .iter()
             .filter(|q| q.sample.is_some())
+            .flat_map(|q| std::iter::repeat_n(q, 1 + q.num_drafts))
             .zip(self.tokens_host.iter().zip(&self.logprobs_host))
             .map(|(q, (&token, &logprob))| {
                 let mut token = token as u32;
@@ -570,12 +594,17 @@ impl Forward {
             .map(|sampled| (sampled, tops))
     }
 
-    /// The fp32 logits of the last launch's `ns` sampled rows; waits for the stream.
-    pub fn logits(&self, ns: usize) -> anyhow::Result<Vec<Vec<f32>>> {
-        let v = self.cfg.vocab_size;
-        let mut flat = vec![0f32; ns * v];
-        self.gpu.download(&mut flat, self.act.logits.ptr())?;
-        Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
+    /// Replaces the KV pool by one of `num_blocks` blocks (a draft model's pool, sized once the
+    /// target's is known, before any step: graphs captured so far read the old pool).
+    pub fn resize_kv(&mut self, num_blocks: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(num_blocks > 0, "a KV pool of no blocks");
+        self.graphs.clear();
+        let bytes_per_block = kv_bytes_per_block(&self.cfg, self.opts.block_size);
+        self.kv = self.gpu.alloc(0)?;
+        self.kv = self.gpu.alloc(num_blocks * bytes_per_block)?;
+        self.kv_layer_bytes = num_blocks * bytes_per_block / (2 * self.cfg.num_hidden_layers);
+        self.num_blocks = num_blocks;
+        Ok(())
     }
 
     /// The KV pool's layout, for block copies between the tiers (`cuda::kv_tier`).

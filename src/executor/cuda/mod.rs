@@ -14,11 +14,14 @@
 //!   CUDA graphs for decode
 //! - `kv_tier`: the KV host tier in pinned memory, block copies on a copy stream with events
 //! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
+//! - `speculation`: the proposer and the verification of a step's drafts
+//! - `draft`: the draft model's forward (speculative decoding), a second `Forward` on the device
 //! - `lookahead`: which step to launch before the scheduler asks for it, and whether the plan
 //!   that arrives is that step (tested on the CPU)
 pub mod backend;
 pub mod compile;
 pub mod device;
+mod draft;
 mod forward;
 pub mod gemm;
 pub mod kernels;
@@ -26,6 +29,7 @@ pub mod kv_tier;
 mod lookahead;
 pub mod options;
 pub mod prefill_gemm;
+mod speculation;
 mod step_meta;
 pub mod weights;
 

@@ -67,6 +67,9 @@ pub struct CudaBackendOptions {
     /// Sample only ids below this (0: the whole vocabulary): a synthetic model served with a
     /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
     pub sample_vocab_size: usize,
+    /// Speculative decoding: most draft tokens a sequence verifies in one step (0: none). The
+    /// sampler's buffers are sized for `1 + max_drafts` logit rows per sequence.
+    pub max_drafts: usize,
     /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
     /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
     pub skip: u32,

@@ -143,6 +143,9 @@ fn arg_words(a: &SampleArgs) -> [u32; ARG_WORDS] {
 pub(super) struct Limits {
     pub max_tokens: usize,
     pub max_seqs: usize,
+    /// Most logit rows per step: one per sampling sequence, and one per draft (speculative
+    /// decoding; `max_seqs` without).
+    pub max_rows: usize,
     /// Blocks per device block-table row (its stride).
     pub max_blocks: usize,
     pub num_sms: u32,
@@ -324,7 +327,12 @@ pub(super) fn pack(
         row0 += q.query_len;
         max_context = max_context.max(q.context_len);
     }
-    let ns = batch.num_sampled() + (s - real_s);
+    let ns = batch.num_logit_rows() + (s - real_s);
+    ensure!(
+        ns <= lim.max_rows,
+        "step samples {ns} rows; the CUDA backend was sized for {} (max_drafts too small?)",
+        lim.max_rows
+    );
     // The edits' count is known once the rows are packed; nothing before them depends on it.
     let mut layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, 0, updates.len());
     let meta = &mut host.meta;
@@ -355,8 +363,12 @@ pub(super) fn pack(
                 tile += 1;
             }
         }
-        if let Some(smp) = &q.sample {
-            meta[layout.sample_rows + samp] = (start + q.query_len - 1) as u32;
+        // A sequence with drafts samples each of its last `num_drafts + 1` rows at its own
+        // output index: the draws that verify the drafts (`executor::verify::DeviceDraws`).
+        for j in (0..=q.num_drafts).filter(|_| q.sample.is_some()) {
+            let smp = q.sample.as_ref().expect("filtered");
+            let row = start + q.query_len - 1 - q.num_drafts + j;
+            meta[layout.sample_rows + samp] = row as u32;
             samp += 1;
             let p = &smp.params;
             ensure!(
@@ -364,11 +376,19 @@ pub(super) fn pack(
                 "{}: penalties need the persistent batch's token counts",
                 q.request_id
             );
+            // Token counts are bumped once per step: a verification's rows would need them per
+            // position (the scheduler never gives such a request drafts).
+            ensure!(
+                q.num_drafts == 0 || !p.has_penalties(),
+                "{}: drafts for a request with penalties",
+                q.request_id
+            );
+            let output_index = smp.output_index + j;
             let edit_start = host.edits.len();
-            logit_edits(p, smp.output_index, &mut host.edits);
+            logit_edits(p, output_index, &mut host.edits);
             host.args.push(SampleArgs {
                 seed: smp.seed,
-                output_index: smp.output_index as u64,
+                output_index: output_index as u64,
                 temperature: p.temperature,
                 top_p: p.top_p,
                 min_p: p.min_p,

@@ -247,7 +247,11 @@ pub(super) fn collect_top(
     vocab: usize,
 ) -> Vec<TopLogprobs> {
     let mut tops = Vec::new();
-    for (i, q) in batch.seqs.iter().filter(|q| q.sample.is_some()).enumerate() {
+    // A sequence with drafts has 1 + num_drafts rows (it never asks for log-probabilities).
+    let mut next = 0;
+    for q in batch.seqs.iter().filter(|q| q.sample.is_some()) {
+        let i = next;
+        next += 1 + q.num_drafts;
         let Some(k) = q.sample.as_ref().and_then(|s| s.params.logprobs) else {
             continue;
         };

@@ -19,6 +19,7 @@ fn limits() -> Limits {
     Limits {
         max_tokens: 256,
         max_seqs: 8,
+        max_rows: 8,
         max_blocks: 12,
         num_sms: 132,
         num_heads: 4,
@@ -500,4 +501,69 @@ fn edits_sit_between_the_arguments_and_the_table_updates() {
     assert_eq!(&m[l.table_index..l.table_index + 2], &[3, 17]);
     assert_eq!(&m[l.table_value..l.table_value + 2], &[40, 41]);
     assert_eq!(m.len(), l.total);
+}
+
+/// A verification (speculative decoding): a sequence with k drafts samples its last k + 1 rows,
+/// each at its own output index; it is never a graph step; too many rows are refused.
+#[test]
+fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
+    let lim = Limits {
+        max_rows: 5,
+        ..limits()
+    };
+    let mut host = HostMeta::default();
+    let mut b = BatchInput::default();
+    b.push_seq(
+        RequestId(1),
+        &[1],
+        4,
+        &[0],
+        BS,
+        sampled_with(SamplingParams::default(), 2),
+    );
+    // Known token 7 at position 9, drafts 8 and 9 after it.
+    b.push_seq(
+        RequestId(2),
+        &[7, 8, 9],
+        9,
+        &[1],
+        BS,
+        sampled_with(SamplingParams::default(), 5),
+    );
+    b.seqs[1].num_drafts = 2;
+    assert_eq!(b.num_logit_rows(), 4);
+    assert_eq!(graph_bucket(&b, true, lim.max_seqs), None);
+    let step = pack(&lim, &b, None, &[], true, &mut host).unwrap();
+    let (l, m) = (&step.layout, &host.meta);
+    assert_eq!(step.ns, 4);
+    assert_eq!(&m[l.sample_rows..l.sample_rows + 4], &[0, 1, 2, 3]);
+    let index = |k: usize| m[l.args + k * ARG_WORDS + 2];
+    assert_eq!((0..4).map(index).collect::<Vec<_>>(), vec![2, 5, 6, 7]);
+    // Penalties never come with drafts.
+    let mut pen = b.clone();
+    pen.seqs[1].sample = sampled_with(
+        SamplingParams {
+            presence_penalty: 0.5,
+            ..Default::default()
+        },
+        5,
+    );
+    let e = pack(&lim, &pen, None, &[], true, &mut host).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("drafts for a request with penalties"),
+        "{e}"
+    );
+    // More rows than the sampler's buffers hold.
+    b.push_seq(
+        RequestId(3),
+        &[3, 4],
+        2,
+        &[2],
+        BS,
+        sampled_with(SamplingParams::default(), 0),
+    );
+    b.seqs[2].num_drafts = 1;
+    let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
+    assert!(e.to_string().contains("samples 6 rows"), "{e}");
 }

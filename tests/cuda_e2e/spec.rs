@@ -1,0 +1,148 @@
+//! Speculative decoding on the CUDA backend with the bundled demo pair, through the real
+//! scheduler core (`demo::run`): greedy speculative output equals the backend's own
+//! non-speculative greedy output token for token, with n-gram lookup and with the draft model;
+//! seeded sampling with n-gram lookup gives the tokens of no speculation (the device's draws
+//! at each position are kept while they equal the drafts); no KV block leaked by rollback.
+//! Also with CUDA graphs off and with lookahead decode on: steps with drafts take the eager
+//! path and are never launched ahead.
+
+use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::spec::{SpecConfig, SpecMethod};
+
+use super::demo::{self, greedy_goldens, root, sampled, spec, Req, Run};
+use super::*;
+
+fn demo_opts(spec: &SpecConfig) -> CudaBackendOptions {
+    CudaBackendOptions {
+        max_kv_cache_bytes: Some(64 << 20),
+        max_num_batched_tokens: 256,
+        max_num_seqs: 16,
+        max_drafts: spec.max_depth,
+        progress: false,
+        ..Default::default()
+    }
+}
+
+/// Runs `reqs` on the CUDA backend with the demo target, speculating as `spec` says; None
+/// without a GPU.
+fn run_cuda(spec: SpecConfig, opts: CudaBackendOptions, reqs: &[Req], seed: u64) -> Option<Run> {
+    if !have_gpu() {
+        return None;
+    }
+    let dir = root().join("models/demo-chat");
+    let mut backend = CudaBackend::load_speculative(&dir, opts, &spec).unwrap();
+    Some(demo::run(&mut backend, spec, &dir, reqs, seed))
+}
+
+/// `reqs` run under each of `specs`, each on a fresh backend (`demo_opts`).
+fn run_pair(specs: (SpecConfig, SpecConfig), reqs: &[Req], seed: u64) -> Option<(Run, Run)> {
+    let (a, b) = specs;
+    let ra = run_cuda(a.clone(), demo_opts(&a), reqs, seed)?;
+    let rb = run_cuda(b.clone(), demo_opts(&b), reqs, seed)?;
+    Some((ra, rb))
+}
+
+/// Asserts `got` equals `want` request by request, naming the first divergence.
+fn assert_same(got: &Run, want: &Run, what: &str) {
+    for (i, (g, w)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+        let at = g.iter().zip(w).position(|(a, b)| a != b);
+        assert!(
+            g == w,
+            "{what}: request {i} differs from no speculation (first at output {at:?}, lengths {} vs {})",
+            g.len(),
+            w.len()
+        );
+    }
+    assert!(got.drafts > 0, "{what}: nothing was verified");
+}
+
+/// Greedy speculation by `method` equals no speculation (graphs on, off, lookahead on); the
+/// speculative run's figures, or None without a GPU.
+fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
+    let (reqs, _) = greedy_goldens();
+    let s = spec(method, depth);
+    let (want, got) = run_pair((spec(SpecMethod::Off, depth), s.clone()), &reqs, 0)?;
+    assert_same(&got, &want, method.as_str());
+    // The same with the decode graphs off, and with lookahead decode on.
+    for (name, opts) in [
+        (
+            "eager",
+            CudaBackendOptions {
+                cuda_graphs: false,
+                ..demo_opts(&s)
+            },
+        ),
+        (
+            "lookahead",
+            CudaBackendOptions {
+                lookahead: true,
+                ..demo_opts(&s)
+            },
+        ),
+    ] {
+        let r = run_cuda(s.clone(), opts, &reqs, 0)?;
+        assert_same(&r, &want, &format!("{} {name}", method.as_str()));
+    }
+    Some(got)
+}
+
+/// The device's draws at each position are kept while they equal the drafts: the tokens of
+/// no speculation for a seed.
+#[test]
+fn cuda_spec_ngram_seeded_sampling_equals_no_speculation() {
+    let pair = (spec(SpecMethod::Off, 3), spec(SpecMethod::Ngram, 3));
+    if let Some((want, got)) = run_pair(pair, &sampled(4, 0.8, 40), 5) {
+        assert_same(&got, &want, "ngram sampled");
+    }
+}
+
+#[test]
+fn cuda_spec_draft_model_greedy_equals_no_speculation() {
+    if let Some(r) = check_greedy(SpecMethod::Draft, 4) {
+        r.assert_accepts_and_rejects();
+    }
+}
+
+/// The draft's pool shares the target's block ids: a block's bytes count both models' K/V.
+#[test]
+fn cuda_spec_draft_kv_counts_in_each_block() {
+    if !have_gpu() {
+        return;
+    }
+    let s = spec(SpecMethod::Draft, 2);
+    let dir = root().join("models/demo-chat");
+    let target = ModelConfig::from_dir(&dir).unwrap();
+    let draft = ModelConfig::from_dir(&root().join("models/demo-chat-draft")).unwrap();
+    let b = CudaBackend::load_speculative(&dir, demo_opts(&s), &s).unwrap();
+    let bs = b.info().block_size;
+    assert_eq!(
+        b.info().bytes_per_block,
+        kv_bytes_per_block(&target, bs) + kv_bytes_per_block(&draft, bs)
+    );
+    // Without room for the drafts the sampler's buffers cannot hold a verification: refused
+    // at start.
+    let small = CudaBackendOptions {
+        max_drafts: 1,
+        ..demo_opts(&s)
+    };
+    let e = CudaBackend::load_speculative(&dir, small, &s)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("max_drafts"), "{e}");
+}
+
+/// Sampled requests with the draft model: their drafts are drawn from the draft's
+/// distribution, verified on the host from their rows' logits (Leviathan/Chen); seeded, the
+/// same tokens on every run.
+#[test]
+fn cuda_spec_draft_model_seeded_sampling_is_reproducible() {
+    let pair = (spec(SpecMethod::Draft, 3), spec(SpecMethod::Draft, 3));
+    if let Some((a, b)) = run_pair(pair, &sampled(3, 0.7, 32), 11) {
+        demo::assert_reproducible(&a, &b);
+    }
+}
+
+#[test]
+fn cuda_spec_ngram_greedy_equals_no_speculation() {
+    check_greedy(SpecMethod::Ngram, 3);
+}
