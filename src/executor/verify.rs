@@ -5,6 +5,9 @@
 //! samples every row on the device and verifies point-mass proposals from those draws, bringing
 //! only a draft model's sampled (dense) verifications' logit rows here (`DeviceDraws`).
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use crate::request::RequestId;
 use crate::sampling::rejection::{DraftProbs, RejectionSampler, Verify};
 use crate::sampling::sampler::{Sampled, Sampler, TokenCounts};
@@ -304,6 +307,40 @@ impl DeviceDraws<'_> {
         });
     }
 
+    /// Benchmarks only: the step's output with each verification's outcome drawn by `forced`
+    /// instead of compared with the target's draws. A verifying sequence's accepted drafts
+    /// come back as its tokens (their K/V, written by this step, stay), then the target's own
+    /// draw at the first rejected position, or its bonus draw when all were accepted. Dense
+    /// proposals are decided the same way, so their logit rows are not read back.
+    pub fn verify_forced(&self, forced: &mut ForcedAcceptance, out: &mut StepOutput) {
+        self.walk(|v| {
+            let n = v.drafts.len() + 1;
+            let rows = &self.rows[v.first..v.first + n];
+            if v.proposal.is_none() {
+                out.sampled.extend_from_slice(rows);
+                return;
+            }
+            let accepted = forced.accepted(v.drafts.len());
+            let id = v.seq.request_id;
+            out.sampled.extend(
+                v.drafts[..accepted]
+                    .iter()
+                    .zip(rows)
+                    .map(|(&d, r)| SampledToken {
+                        request_id: id,
+                        token: d,
+                        logprob: r.logprob,
+                    }),
+            );
+            out.sampled.push(rows[accepted]);
+            out.spec.drafts.push(DraftOutcome {
+                request_id: id,
+                proposed: v.drafts.len(),
+                accepted,
+            });
+        });
+    }
+
     /// Calls `f` for each sampling sequence, in order.
     fn walk<'s>(&'s self, mut f: impl FnMut(Walked<'s>)) {
         let mut cursor = self.drafts.cursor();
@@ -321,6 +358,43 @@ impl DeviceDraws<'_> {
             });
             first += seq.num_drafts + 1;
         }
+    }
+}
+
+/// Benchmarks only (`CudaBackend::force_acceptance`; no config or serving path reaches it):
+/// each draft is accepted with probability `rate`, in order, from a seeded generator, up to
+/// the first rejection, whatever the target drew there (`DeviceDraws::verify_forced`). Every
+/// cost of speculation stays real — the draft passes, the k + 1-row verification, the rollback
+/// of rejected K/V, adaptive depth reacting to the acceptance it sees — while the acceptance
+/// rate is `rate` by construction: models with random weights accept almost nothing on their
+/// own, and bf16 rounding differs between the verify and decode paths, so a recorded
+/// continuation does not stay the target's.
+#[derive(Debug, Clone)]
+pub struct ForcedAcceptance {
+    rate: f64,
+    rng: ChaCha8Rng,
+}
+
+impl ForcedAcceptance {
+    pub fn new(rate: f64, seed: u64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&rate),
+            "forced acceptance rate {rate} is not in [0, 1]"
+        );
+        Ok(ForcedAcceptance {
+            rate,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        })
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// How many of `k` drafts are accepted: each with probability `rate` until one is not.
+    pub fn accepted(&mut self, k: usize) -> usize {
+        let (rate, rng) = (self.rate, &mut self.rng);
+        (0..k).take_while(|_| rng.random::<f64>() < rate).count()
     }
 }
 

@@ -30,8 +30,11 @@ fn run_cuda(spec: SpecConfig, opts: CudaBackendOptions, reqs: &[Req], seed: u64)
         return None;
     }
     let dir = root().join("models/demo-chat");
+    let rows = opts.max_num_seqs;
     let mut backend = CudaBackend::load_speculative(&dir, opts, &spec).unwrap();
-    Some(demo::run(&mut backend, spec, &dir, reqs, seed))
+    // The scheduler runs at most the backend's rows, as in serving (one config sets both); the
+    // greedy goldens are more requests than that, so some wait for a row.
+    Some(demo::run_rows(&mut backend, rows, spec, &dir, reqs, seed))
 }
 
 /// `reqs` run under each of `specs`, each on a fresh backend (`demo_opts`).

@@ -120,13 +120,28 @@ pub fn assert_reproducible(a: &Run, b: &Run) {
     );
 }
 
-/// Runs every request at once through the scheduler core (a token budget of 64: prefills are
-/// chunked and share steps with decodes and verifications) and `backend`, speculating as
-/// `spec` says; checks after every step that no running request holds a block past its known
-/// tokens (rollback) and at the end that every block is back in the pool. Request i has seed
-/// `seed + i`; the model's config (`model_dir`) gives the context and the eos ids.
+/// `run` with the scheduler's default `max_num_seqs`: for backends without a row limit (CPU).
 pub fn run(
     backend: &mut dyn Backend,
+    spec: SpecConfig,
+    model_dir: &Path,
+    reqs: &[Req],
+    seed: u64,
+) -> Run {
+    let rows = SchedulerConfig::default().max_num_seqs;
+    run_rows(backend, rows, spec, model_dir, reqs, seed)
+}
+
+/// Runs every request at once through the scheduler core (a token budget of 64: prefills are
+/// chunked and share steps with decodes and verifications; at most `max_num_seqs` running,
+/// which must be the backend's own row count, as serving sets both from one config) and
+/// `backend`, speculating as `spec` says; checks after every step that no running request
+/// holds a block past its known tokens (rollback) and at the end that every block is back in
+/// the pool. Request i has seed `seed + i`; the model's config (`model_dir`) gives the context
+/// and the eos ids.
+pub fn run_rows(
+    backend: &mut dyn Backend,
+    max_num_seqs: usize,
     spec: SpecConfig,
     model_dir: &Path,
     reqs: &[Req],
@@ -137,6 +152,7 @@ pub fn run(
     let mut kv = KvCacheManager::new(info.num_kv_blocks, info.block_size, true);
     let mut core = Scheduler::new(SchedulerConfig {
         max_num_batched_tokens: 64,
+        max_num_seqs,
         max_model_len: config.max_position_embeddings,
         ..SchedulerConfig::default()
     })

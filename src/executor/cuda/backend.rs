@@ -30,6 +30,7 @@ use super::speculation::{check_spec_options, Speculation};
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
+use crate::executor::verify::ForcedAcceptance;
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
 use crate::spec::draft::DraftProposer;
@@ -157,13 +158,16 @@ impl CudaBackend {
         Self::build(gpu, cfg, w, opts, Some(parts))
     }
 
-    /// Benchmarks: replaces the proposer by `f` of it (gpu-bench spec controls how often a
-    /// real draft model's proposals are right).
-    pub fn map_proposer(
-        &mut self,
-        f: impl FnOnce(Option<Box<dyn Proposer>>) -> Option<Box<dyn Proposer>>,
-    ) {
-        self.spec.proposer = f(self.spec.proposer.take());
+    /// Benchmarks only (gpu-bench spec; no config or serving path calls it): from now on each
+    /// draft is accepted with probability `rate` (seeded by `seed`) instead of by comparison
+    /// with the target's draws (`executor::verify::ForcedAcceptance`); None: real
+    /// verification again.
+    pub fn force_acceptance(&mut self, rate_and_seed: Option<(f64, u64)>) -> anyhow::Result<()> {
+        self.spec.forced = match rate_and_seed {
+            Some((rate, seed)) => Some(ForcedAcceptance::new(rate, seed)?),
+            None => None,
+        };
+        Ok(())
     }
 
     /// Sets the proposer of `spec`: none for `off`, n-gram lookup, or the draft model `build`

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::forward::Forward;
 use super::options::CudaBackendOptions;
 use crate::executor::input_batch::InputBatch;
-use crate::executor::verify::{DeviceDraws, HostSampler, Logits, StepDrafts};
+use crate::executor::verify::{DeviceDraws, ForcedAcceptance, HostSampler, Logits, StepDrafts};
 use crate::spec::{Proposer, SpecConfig};
 use crate::step::{BatchInput, SampledToken, SpecOutput, StepOutput};
 
@@ -19,6 +19,9 @@ pub(super) struct Speculation {
     pub drafts: StepDrafts,
     host_sampler: HostSampler,
     dense: Vec<f32>,
+    /// Benchmarks only (`CudaBackend::force_acceptance`): verification outcomes drawn at a
+    /// set rate instead of compared with the target's draws. None in serving.
+    pub forced: Option<ForcedAcceptance>,
 }
 
 impl Speculation {
@@ -66,6 +69,10 @@ impl Speculation {
             rows: &rows,
             drafts: &self.drafts,
         };
+        if let Some(f) = self.forced.as_mut() {
+            draws.verify_forced(f, out);
+            return Ok(());
+        }
         let dense_rows = draws.dense_rows();
         self.dense.clear();
         fwd.logit_rows(&dense_rows, &mut self.dense)?;

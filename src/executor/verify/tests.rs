@@ -155,3 +155,46 @@ fn dense_proposals_are_verified_on_the_host_from_their_rows() {
     // Then request 2's own draw.
     assert_eq!(out.sampled[n..], rows(&[(2, 1)])[..]);
 }
+
+#[test]
+fn forced_acceptance_keeps_drafts_at_the_set_rate() {
+    let params = Arc::new(SamplingParams::greedy(64));
+    let b = batch(&[(1, 1, &[5, 6, 7]), (2, 2, &[])], &params);
+    // The target's draws never equal the drafts: only the forced rule accepts anything.
+    let r = rows(&[(1, 15), (1, 14), (1, 13), (1, 12), (2, 11)]);
+    let drafts = point_drafts(&[(1, &[5, 6, 7])]);
+    let draws = DeviceDraws {
+        batch: &b,
+        rows: &r,
+        drafts: &drafts,
+    };
+    let run = |rate: f64| {
+        let mut f = ForcedAcceptance::new(rate, 3).unwrap();
+        let mut out = StepOutput::default();
+        draws.verify_forced(&mut f, &mut out);
+        let got: Vec<(u64, u32)> = out
+            .sampled
+            .iter()
+            .map(|s| (s.request_id.0, s.token))
+            .collect();
+        (got, out.spec.drafts[0].accepted)
+    };
+    // All accepted: the drafts, then the target's bonus draw; the plain request untouched.
+    assert_eq!(
+        run(1.0),
+        (vec![(1, 5), (1, 6), (1, 7), (1, 12), (2, 11)], 3)
+    );
+    // None accepted: the target's own draw at the first position.
+    assert_eq!(run(0.0), (vec![(1, 15), (2, 11)], 0));
+    assert!(ForcedAcceptance::new(1.5, 0).is_err());
+    // Per-draft rate a over many verifications of depth 3: accepted / proposed is near
+    // E[accepted] / 3 = (a + a^2 + a^3) / 3.
+    for a in [0.5f64, 0.8] {
+        let mut f = ForcedAcceptance::new(a, 9).unwrap();
+        let n = 20_000;
+        let total: usize = (0..n).map(|_| f.accepted(3)).sum();
+        let want = (a + a * a + a * a * a) / 3.0;
+        let got = total as f64 / (3 * n) as f64;
+        assert!((got - want).abs() < 0.01, "a {a}: {got} vs {want}");
+    }
+}
