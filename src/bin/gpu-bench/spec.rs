@@ -1,10 +1,14 @@
 //! `gpu-bench spec`: speculative decoding on the CUDA executor (issue 12).
 //!
 //! (a) `verify_ms`: the cost of a step that verifies k drafts per sequence (k + 1 positions:
-//!     eager, flash prefill attention over the k + 1 queries, lm_head and sampling over those
-//!     rows) against the plain decode step (k = 0: the decode kernel, from a CUDA graph), at
-//!     batch 1/8/32, k = 0..=5, every sequence at context `--ctx`. Hand-built batches through
+//!     eager, attention for the k + 1 queries, lm_head and sampling over those rows) against
+//!     the plain decode step (k = 0: the decode kernel, from a CUDA graph), at batch 1/8/32,
+//!     k = 0..=5, every sequence at context `--ctx`. Hand-built batches through
 //!     `execute_batch` (drafts verified as point masses): ms per step, median of `--iters`.
+//!     Four variants split the cost (`VERIFY_VARIANTS`): the default (each verified query a
+//!     decode-attention item), `flash` (the verification as a flash prefill tile), `eager` (no
+//!     graphs: its k = 0 against the default's is the price of eager launches) and
+//!     `no-attention` (attention skipped: the linear layers, norms, lm_head and sampling).
 //! (b) `single_stream`: one request (`--input-len` random prompt, `--output-len` greedy tokens,
 //!     ignore_eos) through brook's scheduler with adaptive depth on (`--fixed-depth`: every
 //!     decode gets k drafts), against speculation off. Target `--model` and draft `--draft`
@@ -24,6 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
+use brook::executor::cuda::options::skip;
 use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::kv::KvCacheManager;
 use brook::model::synthetic::synthetic_config;
@@ -70,64 +75,80 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     single_stream(a)
 }
 
-/// (a): ms per step verifying k drafts per sequence, against plain decode.
+/// The variants of (a): how a verification step's cost splits (each a fresh backend).
+const VERIFY_VARIANTS: &[(&str, fn(&mut CudaBackendOptions))] = &[
+    // The default: each verified query is a decode-attention item; decode from its graph.
+    ("default", |_| {}),
+    // Verification attention as a flash prefill tile (the path before call h).
+    ("flash", |o| o.verify_decode_attention = false),
+    // No CUDA graphs: k = 0 is the eager decode, what a verification step pays for launches.
+    ("eager", |o| o.cuda_graphs = false),
+    // Attention left out (output meaningless): what the rest of the step costs.
+    ("no-attention", |o| o.skip = skip::ATTENTION),
+];
+
+/// (a): ms per step verifying k drafts per sequence, against plain decode (the default
+/// variant's k = 0, from its graph), for each of `VERIFY_VARIANTS`.
 fn verify_cost(model: &str, ctx: usize, iters: usize) -> anyhow::Result<()> {
-    let opts = CudaBackendOptions {
-        max_num_seqs: 32,
-        max_num_batched_tokens: 4096.max(ctx),
-        max_drafts: MAX_K,
-        ..bench_options()
-    };
-    let mut b = backend(model, opts)?;
-    let bs = b.info().block_size;
-    let vocab = b.config().vocab_size as u32;
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let greedy = |index| {
-        Some(SampleInput {
-            params: Arc::new(SamplingParams::greedy(1 << 20)),
-            seed: 0,
-            output_index: index,
-        })
-    };
-    let per_seq = (ctx + MAX_K + 1).div_ceil(bs);
-    for batch in [1usize, 8, 32] {
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
-            .collect();
-        // Each sequence's context computed once (its K/V real numbers, not stale memory).
-        for (i, t) in tables.iter().enumerate() {
-            let prompt: Vec<u32> = (0..ctx).map(|_| rng.random_range(0..vocab)).collect();
-            let mut p = BatchInput::default();
-            p.push_seq(RequestId(i as u64), &prompt, 0, t, bs, greedy(0));
-            b.execute_batch(&p)?;
-        }
-        let mut base_ms = None;
-        for k in 0..=MAX_K {
-            let mut step = BatchInput::default();
+    let mut decode_ms = std::collections::HashMap::new();
+    for &(variant, set) in VERIFY_VARIANTS {
+        let mut opts = CudaBackendOptions {
+            max_num_seqs: 32,
+            max_num_batched_tokens: 4096.max(ctx),
+            max_drafts: MAX_K,
+            ..bench_options()
+        };
+        set(&mut opts);
+        let mut b = backend(model, opts)?;
+        let bs = b.info().block_size;
+        let vocab = b.config().vocab_size as u32;
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let greedy = |index| {
+            Some(SampleInput {
+                params: Arc::new(SamplingParams::greedy(1 << 20)),
+                seed: 0,
+                output_index: index,
+            })
+        };
+        let per_seq = (ctx + MAX_K + 1).div_ceil(bs);
+        for batch in [1usize, 8, 32] {
+            let tables: Vec<Vec<u32>> = (0..batch)
+                .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+                .collect();
+            // Each sequence's context computed once (its K/V real numbers, not stale memory).
             for (i, t) in tables.iter().enumerate() {
-                let q: Vec<u32> = (0..=k).map(|_| rng.random_range(0..vocab)).collect();
-                step.push_seq(RequestId(i as u64), &q, ctx, t, bs, greedy(1));
-                step.seqs.last_mut().expect("pushed").num_drafts = k;
+                let prompt: Vec<u32> = (0..ctx).map(|_| rng.random_range(0..vocab)).collect();
+                let mut p = BatchInput::default();
+                p.push_seq(RequestId(i as u64), &prompt, 0, t, bs, greedy(0));
+                b.execute_batch(&p)?;
             }
-            for _ in 0..3 {
-                b.execute_batch(&step)?;
+            for k in 0..=MAX_K {
+                let mut step = BatchInput::default();
+                for (i, t) in tables.iter().enumerate() {
+                    let q: Vec<u32> = (0..=k).map(|_| rng.random_range(0..vocab)).collect();
+                    step.push_seq(RequestId(i as u64), &q, ctx, t, bs, greedy(1));
+                    step.seqs.last_mut().expect("pushed").num_drafts = k;
+                }
+                for _ in 0..3 {
+                    b.execute_batch(&step)?;
+                }
+                let ms: Vec<f64> = (0..iters)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        b.execute_batch(&step).map(|_| elapsed_ms(t0))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                let med = median(ms);
+                let base = *decode_ms.entry(batch).or_insert(med);
+                eprintln!(
+                    "{model} verify [{variant}] batch {batch} k {k} ctx {ctx}: {med:.3} ms/step ({:.2}x decode)",
+                    med / base
+                );
+                emit(
+                    json!({"figure": "spec_verify_ms", "model": model, "variant": variant,
+                    "batch": batch, "k": k, "ctx": ctx, "median_ms": med, "vs_decode": med / base}),
+                );
             }
-            let ms: Vec<f64> = (0..iters)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    b.execute_batch(&step).map(|_| elapsed_ms(t0))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            let med = median(ms);
-            let base = *base_ms.get_or_insert(med);
-            eprintln!(
-                "{model} verify batch {batch} k {k} ctx {ctx}: {med:.3} ms/step ({:.2}x decode)",
-                med / base
-            );
-            emit(
-                json!({"figure": "spec_verify_ms", "model": model, "batch": batch, "k": k,
-                "ctx": ctx, "median_ms": med, "vs_decode": med / base}),
-            );
         }
     }
     Ok(())
