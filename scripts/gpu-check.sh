@@ -30,7 +30,7 @@
 #                                       contiguous ceiling) into $OUT/kv13.jsonl
 #                                       spec (issue 12, about 4 min): the CUDA speculative-decoding
 #                                       tests, the decode kernel's tests, gpu-bench spec
-#                                       (verification cost in four variants, single-stream speedup
+#                                       (verification cost in five variants, single-stream speedup
 #                                       at a forced acceptance rate) into $OUT/spec.jsonl,
 #                                       and the demo pair through brook's actors on CUDA
 #

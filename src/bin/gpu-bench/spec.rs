@@ -5,10 +5,11 @@
 //!     the plain decode step (k = 0: the decode kernel, from a CUDA graph), at batch 1/8/32,
 //!     k = 0..=5, every sequence at context `--ctx`. Hand-built batches through
 //!     `execute_batch` (drafts verified as point masses): ms per step, median of `--iters`.
-//!     Four variants split the cost (`VERIFY_VARIANTS`): the default (each verified query a
+//!     Five variants split the cost (`VERIFY_VARIANTS`): the default (each verified query a
 //!     decode-attention item), `flash` (the verification as a flash prefill tile), `eager` (no
-//!     graphs: its k = 0 against the default's is the price of eager launches) and
-//!     `no-attention` (attention skipped: the linear layers, norms, lm_head and sampling).
+//!     graphs: its k = 0 against the default's is the price of eager launches), `cublas` (no
+//!     gemv: the linear layers at k + 1 rows) and `no-attention` (attention skipped: the
+//!     linear layers, norms, lm_head and sampling).
 //! (b) `single_stream`: one request (`--input-len` random prompt, `--output-len` greedy tokens,
 //!     ignore_eos) through brook's scheduler with adaptive depth on (`--fixed-depth`: every
 //!     decode gets k drafts), against speculation off. Target `--model` and draft `--draft`
@@ -75,14 +76,20 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     single_stream(a)
 }
 
+/// A variant of (a): its name and what it sets in the options.
+type Variant = (&'static str, fn(&mut CudaBackendOptions));
+
 /// The variants of (a): how a verification step's cost splits (each a fresh backend).
-const VERIFY_VARIANTS: &[(&str, fn(&mut CudaBackendOptions))] = &[
+const VERIFY_VARIANTS: &[Variant] = &[
     // The default: each verified query is a decode-attention item; decode from its graph.
     ("default", |_| {}),
     // Verification attention as a flash prefill tile (the path before call h).
     ("flash", |o| o.verify_decode_attention = false),
     // No CUDA graphs: k = 0 is the eager decode, what a verification step pays for launches.
     ("eager", |o| o.cuda_graphs = false),
+    // cuBLAS for every linear layer: whether brook's gemv at m = k + 1 <= 4 rows still beats
+    // it (its sweep and defaults were measured at m = 1).
+    ("cublas", |o| o.gemv_max_rows = 0),
     // Attention left out (output meaningless): what the rest of the step costs.
     ("no-attention", |o| o.skip = skip::ATTENTION),
 ];
