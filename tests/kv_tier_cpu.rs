@@ -233,3 +233,170 @@ fn n_choices_share_the_prompt_and_copy_the_partial_block_on_write() {
         assert_eq!(r.out[&id], want, "choice {id}");
     }
 }
+
+/// The geometry of the CUDA test `kv_tier::cuda_greedy_output_is_unchanged_by_swapping_and_forking`
+/// (16-token blocks, a 64-token budget, three prompts of 30-40 tokens, 48 greedy tokens each),
+/// with its driver: empty steps are not executed, as the executor actor skips them.
+mod gpu_geometry {
+    use super::*;
+
+    pub const BLOCK: usize = 16;
+
+    pub fn spec() -> TestModelSpec {
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(8, 2)
+            .head_dim(64)
+            .intermediate_size(512)
+            .layers(3)
+    }
+
+    pub fn backend(dir: &Path, device: usize, host: usize) -> CpuBackend {
+        let config = ModelConfig::from_dir(dir).unwrap();
+        let per_block = KvPool::bytes_per_block(&config, BLOCK);
+        CpuBackend::load(
+            dir,
+            CpuBackendOptions {
+                block_size: BLOCK,
+                kv_cache_bytes: device * per_block,
+                num_threads: Some(2),
+                progress: false,
+                host_kv_cache_bytes: host * per_block,
+                copy_bytes_per_s: Some(1e12),
+            },
+        )
+        .unwrap()
+    }
+
+    /// Runs `prompts` (ids `i * n`, `n` choices each) to completion on `backend` through a new
+    /// scheduler; returns the outputs, how many preemptions swapped and the copy-on-write
+    /// blocks, or the first step the backend refused.
+    pub fn run(
+        backend: &mut CpuBackend,
+        prompts: &[Vec<u32>],
+        n: usize,
+        mode: PreemptionMode,
+    ) -> anyhow::Result<(Vec<Vec<u32>>, u64, u64)> {
+        let info = backend.info();
+        let mut kv = KvCacheManager::new(info.num_kv_blocks, BLOCK, true)
+            .with_host_tier(info.num_host_blocks);
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len: 2048,
+            long_prefill_token_threshold: 0,
+            preemption_mode: mode,
+            ..SchedulerConfig::default()
+        });
+        if info.num_host_blocks > 0 {
+            sched.set_swap_cost(Some(SwapCost {
+                bytes_per_block: info.bytes_per_block,
+                bytes_per_s: info.copy_bytes_per_s,
+            }));
+        }
+        let params = Arc::new(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(48)
+        });
+        for (i, p) in prompts.iter().enumerate() {
+            let req = NewRequest {
+                id: RequestId((i * n) as u64),
+                prompt_token_ids: p.clone(),
+                params: params.clone(),
+                seed: 0,
+                eos_token_ids: Arc::from(vec![0u32]),
+                n,
+            };
+            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
+        }
+        let mut outputs = vec![Vec::new(); prompts.len() * n];
+        let mut t = 0.0;
+        while sched.has_unfinished() {
+            t += 0.01;
+            let out = sched.schedule(&mut kv, t);
+            let step = if out.is_empty() {
+                brook::step::StepOutput::default()
+            } else {
+                backend.execute(&out)?
+            };
+            for u in sched.update_from_output(&out, &step, &mut kv, t) {
+                outputs[u.id.0 as usize].extend(u.new_token_ids);
+            }
+        }
+        assert_eq!(kv.usage().used_blocks, 0, "device blocks leaked");
+        assert_eq!(
+            kv.host_usage().unwrap().used_blocks,
+            0,
+            "host blocks leaked"
+        );
+        let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
+        Ok((outputs, swaps, kv.tier_stats().cow_blocks))
+    }
+
+    pub fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+        (0..3)
+            .map(|i| {
+                (0..30 + 5 * i)
+                    .map(|j| ((i * 131 + j * 37 + 5) as u32) % (vocab - 1) + 1)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The CUDA swap-and-fork test's workload on the CPU, each run on a backend of its own (a
+/// backend serves one scheduler for its life): swapping in a 12-block pool and forking
+/// `n = 2` leave greedy output as a pool that never preempts gives it, and the scheduler never
+/// sends a request as new while the executor holds it.
+#[test]
+fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
+    use gpu_geometry::*;
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec()).unwrap();
+    let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
+    let prompts = prompts(vocab);
+    let mut big = backend(dir.path(), 64, 4);
+    let (want, swaps, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute).unwrap();
+    assert_eq!(swaps, 0);
+    let (got, swaps, _) = run(
+        &mut backend(dir.path(), 12, 64),
+        &prompts,
+        1,
+        PreemptionMode::Swap,
+    )
+    .unwrap();
+    assert!(swaps > 0, "the small pool must swap");
+    assert_eq!(got, want, "swap-out/in changed greedy output");
+    let (forked, _, cow) = run(
+        &mut backend(dir.path(), 12, 64),
+        &prompts[..1],
+        2,
+        PreemptionMode::Swap,
+    )
+    .unwrap();
+    assert!(cow > 0, "the fork copies the partial block");
+    assert_eq!(forked, vec![want[0].clone(), want[0].clone()]);
+}
+
+/// Why the CUDA test failed on the H200 (call g, "req-2: sent as new, but the executor holds
+/// it"): it ran a second scheduler on the backend of the first. The requests that finish in a
+/// run's last step are dropped from the executor with the next step it runs, which never comes;
+/// the next scheduler's requests reuse their ids. The persistent batch refuses that step, on
+/// the CPU as on the GPU, and nothing is computed from the stale row.
+#[test]
+fn a_backend_reused_by_a_second_scheduler_refuses_a_request_it_still_holds() {
+    use gpu_geometry::*;
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec()).unwrap();
+    let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
+    let prompts = prompts(vocab);
+    let mut small = backend(dir.path(), 12, 64);
+    run(&mut small, &prompts, 1, PreemptionMode::Swap).unwrap();
+    let err = run(&mut small, &prompts, 1, PreemptionMode::Swap)
+        .expect_err("the first run's last requests are still held")
+        .to_string();
+    assert!(
+        err.contains("req-2: sent as new, but the executor holds it"),
+        "{err}"
+    );
+}

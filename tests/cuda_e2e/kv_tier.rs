@@ -247,9 +247,13 @@ fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
     let mut big = backend(&config, &weights, 64, 0);
     let (want, _, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute);
     drop(big);
-    let mut small = backend(&config, &weights, 12, 64);
-    assert_eq!(small.info().num_kv_blocks, 12);
+    // A backend of its own for each run: a backend serves one scheduler for its life (the
+    // requests finishing in a run's last step stay in its persistent batch, to be dropped with
+    // a next step that never comes, and the next run reuses their ids; H200 call g).
+    let small = || backend(&config, &weights, 12, 64);
     for gathered in [true, false] {
+        let mut small = small();
+        assert_eq!(small.info().num_kv_blocks, 12);
         assert_eq!(small.set_gathered_copies(gathered), gathered);
         let (got, swaps, _, overlapped) = run(&mut small, &prompts, 1, PreemptionMode::Swap);
         assert!(swaps > 0, "the small pool must swap");
@@ -259,7 +263,7 @@ fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
             "swap-out/in changed greedy output (gathered {gathered})"
         );
     }
-    let (forked, _, cow, _) = run(&mut small, &prompts[..1], 2, PreemptionMode::Swap);
+    let (forked, _, cow, _) = run(&mut small(), &prompts[..1], 2, PreemptionMode::Swap);
     assert!(cow > 0, "the fork copies the partial block");
     assert_eq!(forked[0], want[0]);
     assert_eq!(forked[1], want[0]);
