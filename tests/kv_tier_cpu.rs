@@ -269,14 +269,14 @@ mod gpu_geometry {
     }
 
     /// Runs `prompts` (ids `i * n`, `n` choices each) to completion on `backend` through a new
-    /// scheduler; returns the outputs, how many preemptions swapped and the copy-on-write
-    /// blocks, or the first step the backend refused.
+    /// scheduler; returns the outputs, how many preemptions swapped, the copy-on-write blocks
+    /// and how many copies ran under a forward, or the first step the backend refused.
     pub fn run(
         backend: &mut CpuBackend,
         prompts: &[Vec<u32>],
         n: usize,
         mode: PreemptionMode,
-    ) -> anyhow::Result<(Vec<Vec<u32>>, u64, u64)> {
+    ) -> anyhow::Result<(Vec<Vec<u32>>, u64, u64, usize)> {
         let info = backend.info();
         let mut kv = KvCacheManager::new(info.num_kv_blocks, BLOCK, true)
             .with_host_tier(info.num_host_blocks);
@@ -310,10 +310,11 @@ mod gpu_geometry {
             assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
         }
         let mut outputs = vec![Vec::new(); prompts.len() * n];
-        let mut t = 0.0;
+        let (mut t, mut overlapped) = (0.0, 0);
         while sched.has_unfinished() {
             t += 0.01;
             let out = sched.schedule(&mut kv, t);
+            overlapped += out.kv_copies.len() - out.kv_copies_for_forward;
             let step = if out.is_empty() {
                 brook::step::StepOutput::default()
             } else {
@@ -330,7 +331,7 @@ mod gpu_geometry {
             "host blocks leaked"
         );
         let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
-        Ok((outputs, swaps, kv.tier_stats().cow_blocks))
+        Ok((outputs, swaps, kv.tier_stats().cow_blocks, overlapped))
     }
 
     pub fn prompts(vocab: u32) -> Vec<Vec<u32>> {
@@ -356,9 +357,9 @@ fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
     let prompts = prompts(vocab);
     let mut big = backend(dir.path(), 64, 4);
-    let (want, swaps, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute).unwrap();
+    let (want, swaps, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute).unwrap();
     assert_eq!(swaps, 0);
-    let (got, swaps, _) = run(
+    let (got, swaps, _, overlapped) = run(
         &mut backend(dir.path(), 12, 64),
         &prompts,
         1,
@@ -366,8 +367,9 @@ fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
     )
     .unwrap();
     assert!(swaps > 0, "the small pool must swap");
+    assert!(overlapped > 0, "copies back run under the forward");
     assert_eq!(got, want, "swap-out/in changed greedy output");
-    let (forked, _, cow) = run(
+    let (forked, _, cow, _) = run(
         &mut backend(dir.path(), 12, 64),
         &prompts[..1],
         2,
