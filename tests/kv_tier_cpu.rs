@@ -26,6 +26,12 @@ use brook::scheduler::{
 };
 use testing::{write_test_model, TestModelSpec};
 
+/// The serving-path harness shared with the CUDA tests (`run_with_kv_tier`).
+#[path = "../src/executor/testing.rs"]
+#[allow(dead_code)]
+mod harness;
+use harness::run_with_kv_tier;
+
 const BLOCK: usize = 4;
 
 struct Run {
@@ -236,7 +242,7 @@ fn n_choices_share_the_prompt_and_copy_the_partial_block_on_write() {
 
 /// The geometry of the CUDA test `kv_tier::cuda_greedy_output_is_unchanged_by_swapping_and_forking`
 /// (16-token blocks, a 64-token budget, three prompts of 30-40 tokens, 48 greedy tokens each),
-/// with its driver: empty steps are not executed, as the executor actor skips them.
+/// driven as that test drives it (`harness::run_with_kv_tier`).
 mod gpu_geometry {
     use super::*;
 
@@ -268,72 +274,6 @@ mod gpu_geometry {
         .unwrap()
     }
 
-    /// Runs `prompts` (ids `i * n`, `n` choices each) to completion on `backend` through a new
-    /// scheduler; returns the outputs, how many preemptions swapped, the copy-on-write blocks
-    /// and how many copies ran under a forward, or the first step the backend refused.
-    pub fn run(
-        backend: &mut CpuBackend,
-        prompts: &[Vec<u32>],
-        n: usize,
-        mode: PreemptionMode,
-    ) -> anyhow::Result<(Vec<Vec<u32>>, u64, u64, usize)> {
-        let info = backend.info();
-        let mut kv = KvCacheManager::new(info.num_kv_blocks, BLOCK, true)
-            .with_host_tier(info.num_host_blocks);
-        let mut sched = Scheduler::new(SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len: 2048,
-            long_prefill_token_threshold: 0,
-            preemption_mode: mode,
-            ..SchedulerConfig::default()
-        });
-        if info.num_host_blocks > 0 {
-            sched.set_swap_cost(Some(SwapCost {
-                bytes_per_block: info.bytes_per_block,
-                bytes_per_s: info.copy_bytes_per_s,
-            }));
-        }
-        let params = Arc::new(SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(48)
-        });
-        for (i, p) in prompts.iter().enumerate() {
-            let req = NewRequest {
-                id: RequestId((i * n) as u64),
-                prompt_token_ids: p.clone(),
-                params: params.clone(),
-                seed: 0,
-                eos_token_ids: Arc::from(vec![0u32]),
-                n,
-            };
-            assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
-        }
-        let mut outputs = vec![Vec::new(); prompts.len() * n];
-        let (mut t, mut overlapped) = (0.0, 0);
-        while sched.has_unfinished() {
-            t += 0.01;
-            let out = sched.schedule(&mut kv, t);
-            overlapped += out.kv_copies.len() - out.kv_copies_for_forward;
-            let step = if out.is_empty() {
-                brook::step::StepOutput::default()
-            } else {
-                backend.execute(&out)?
-            };
-            for u in sched.update_from_output(&out, &step, &mut kv, t) {
-                outputs[u.id.0 as usize].extend(u.new_token_ids);
-            }
-        }
-        assert_eq!(kv.usage().used_blocks, 0, "device blocks leaked");
-        assert_eq!(
-            kv.host_usage().unwrap().used_blocks,
-            0,
-            "host blocks leaked"
-        );
-        let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
-        Ok((outputs, swaps, kv.tier_stats().cow_blocks, overlapped))
-    }
-
     pub fn prompts(vocab: u32) -> Vec<Vec<u32>> {
         (0..3)
             .map(|i| {
@@ -357,27 +297,21 @@ fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
     let prompts = prompts(vocab);
     let mut big = backend(dir.path(), 64, 4);
-    let (want, swaps, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute).unwrap();
-    assert_eq!(swaps, 0);
-    let (got, swaps, _, overlapped) = run(
-        &mut backend(dir.path(), 12, 64),
-        &prompts,
-        1,
-        PreemptionMode::Swap,
-    )
-    .unwrap();
-    assert!(swaps > 0, "the small pool must swap");
-    assert!(overlapped > 0, "copies back run under the forward");
-    assert_eq!(got, want, "swap-out/in changed greedy output");
-    let (forked, _, cow, _) = run(
-        &mut backend(dir.path(), 12, 64),
-        &prompts[..1],
-        2,
-        PreemptionMode::Swap,
-    )
-    .unwrap();
-    assert!(cow > 0, "the fork copies the partial block");
-    assert_eq!(forked, vec![want[0].clone(), want[0].clone()]);
+    let want = run_with_kv_tier(&mut big, &prompts, 1, 48, PreemptionMode::Recompute).unwrap();
+    assert_eq!(want.swaps, 0);
+    let mut small = backend(dir.path(), 12, 64);
+    let got = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
+    assert!(got.swaps > 0, "the small pool must swap");
+    assert!(
+        got.overlapped_copies > 0,
+        "copies back run under the forward"
+    );
+    assert_eq!(got.tokens, want.tokens, "swap-out/in changed greedy output");
+    let mut small = backend(dir.path(), 12, 64);
+    let forked = run_with_kv_tier(&mut small, &prompts[..1], 2, 48, PreemptionMode::Swap).unwrap();
+    assert!(forked.cow_blocks > 0, "the fork copies the partial block");
+    let want0 = want.tokens[0].clone();
+    assert_eq!(forked.tokens, vec![want0.clone(), want0]);
 }
 
 /// Why the CUDA test failed on the H200 (call g, "req-2: sent as new, but the executor holds
@@ -393,8 +327,8 @@ fn a_backend_reused_by_a_second_scheduler_refuses_a_request_it_still_holds() {
     let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
     let prompts = prompts(vocab);
     let mut small = backend(dir.path(), 12, 64);
-    run(&mut small, &prompts, 1, PreemptionMode::Swap).unwrap();
-    let err = run(&mut small, &prompts, 1, PreemptionMode::Swap)
+    run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
+    let err = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap)
         .expect_err("the first run's last requests are still held")
         .to_string();
     assert!(
