@@ -248,7 +248,7 @@ mod gpu_geometry {
 
     pub const BLOCK: usize = 16;
 
-    pub fn spec() -> TestModelSpec {
+    fn spec() -> TestModelSpec {
         TestModelSpec::default()
             .hidden_size(256)
             .heads(8, 2)
@@ -274,7 +274,15 @@ mod gpu_geometry {
         .unwrap()
     }
 
-    pub fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    /// The model (in a temporary folder, kept alive by the guard) and the three prompts.
+    pub fn model_and_prompts() -> (tempfile::TempDir, Vec<Vec<u32>>) {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), &spec()).unwrap();
+        let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
+        (dir, prompts(vocab))
+    }
+
+    fn prompts(vocab: u32) -> Vec<Vec<u32>> {
         (0..3)
             .map(|i| {
                 (0..30 + 5 * i)
@@ -292,10 +300,7 @@ mod gpu_geometry {
 #[test]
 fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
     use gpu_geometry::*;
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &spec()).unwrap();
-    let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
-    let prompts = prompts(vocab);
+    let (dir, prompts) = model_and_prompts();
     let mut big = backend(dir.path(), 64, 4);
     let want = run_with_kv_tier(&mut big, &prompts, 1, 48, PreemptionMode::Recompute).unwrap();
     assert_eq!(want.swaps, 0);
@@ -318,14 +323,11 @@ fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
 /// it"): it ran a second scheduler on the backend of the first. The requests that finish in a
 /// run's last step are dropped from the executor with the next step it runs, which never comes;
 /// the next scheduler's requests reuse their ids. The persistent batch refuses that step, on
-/// the CPU as on the GPU, and nothing is computed from the stale row.
+/// the CPU as on the GPU.
 #[test]
 fn a_backend_reused_by_a_second_scheduler_refuses_a_request_it_still_holds() {
     use gpu_geometry::*;
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &spec()).unwrap();
-    let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
-    let prompts = prompts(vocab);
+    let (dir, prompts) = model_and_prompts();
     let mut small = backend(dir.path(), 12, 64);
     run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
     let err = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap)
