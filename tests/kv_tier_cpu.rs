@@ -268,7 +268,8 @@ mod gpu_geometry {
                 num_threads: Some(2),
                 progress: false,
                 host_kv_cache_bytes: host * per_block,
-                copy_bytes_per_s: Some(1e12),
+                // The H200's measured rate (call g), so swap-or-not prices as there.
+                copy_bytes_per_s: Some(53e9),
             },
         )
         .unwrap()
