@@ -121,8 +121,10 @@ __device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* cache, co
   cp_async_commit();
 }
 
-// The merge's per-(split, row) weights live in the K tile's shared memory (free by then).
-static_assert(32 * PF_BM * 4 <= PF_BN * (HD + 8) * 2, "merge weights fit in the K tile");
+// The merge's per-(split, row) weights (at most 32 splits) live in the K/V tiles' shared memory
+// (free by then); at small head dims (16) the tiles are smaller than the weights, so the shared
+// array is the larger of the two.
+#define PF_MERGE_BYTES (32 * PF_BM * 4)
 
 // The last CTA of a (tile, head): merges the num_splits partials of its rows into out. Weights
 // first (row r's split s: exp2(m_s - M) / L, into shared memory), then every (row, 4 dims)
@@ -169,8 +171,10 @@ __device__ __forceinline__ void merge_prefill_splits(const PrefillAttnParams& p,
 __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   static_assert(HD % 16 == 0 && HD <= 256, "HD must be a multiple of 16, at most 256");
   constexpr int KP = HD + 8;  // padded row (bf16): 16-byte aligned rows, conflict-free reads
-  __shared__ __align__(16) bf16 Ks[PF_BN * KP];
-  __shared__ __align__(16) bf16 Vs[PF_BN * KP];
+  constexpr int KV_BYTES = 2 * PF_BN * KP * (int)sizeof(bf16);
+  __shared__ __align__(16) unsigned char smem[KV_BYTES > PF_MERGE_BYTES ? KV_BYTES : PF_MERGE_BYTES];
+  bf16* Ks = (bf16*)smem;        // [PF_BN, KP]
+  bf16* Vs = Ks + PF_BN * KP;    // [PF_BN, KP]
 
   const int tile = blockIdx.x, h = blockIdx.y;
   const int kh = h / (p.num_heads / p.num_kv_heads);
@@ -371,7 +375,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    merge_prefill_splits(p, group, row0, q0, qlen, h, (float*)Ks);
+    merge_prefill_splits(p, group, row0, q0, qlen, h, (float*)smem);
     return;
   }
   const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;

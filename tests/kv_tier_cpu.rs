@@ -26,6 +26,12 @@ use brook::scheduler::{
 };
 use testing::{write_test_model, TestModelSpec};
 
+/// The serving-path harness shared with the CUDA tests (`run_with_kv_tier`).
+#[path = "../src/executor/testing.rs"]
+#[allow(dead_code)]
+mod harness;
+use harness::run_with_kv_tier;
+
 const BLOCK: usize = 4;
 
 struct Run {
@@ -232,4 +238,104 @@ fn n_choices_share_the_prompt_and_copy_the_partial_block_on_write() {
     for id in 0..3 {
         assert_eq!(r.out[&id], want, "choice {id}");
     }
+}
+
+/// The geometry of the CUDA test `kv_tier::cuda_greedy_output_is_unchanged_by_swapping_and_forking`
+/// (16-token blocks, a 64-token budget, three prompts of 30-40 tokens, 48 greedy tokens each),
+/// driven as that test drives it (`harness::run_with_kv_tier`).
+mod gpu_geometry {
+    use super::*;
+
+    pub const BLOCK: usize = 16;
+
+    fn spec() -> TestModelSpec {
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(8, 2)
+            .head_dim(64)
+            .intermediate_size(512)
+            .layers(3)
+    }
+
+    pub fn backend(dir: &Path, device: usize, host: usize) -> CpuBackend {
+        let config = ModelConfig::from_dir(dir).unwrap();
+        let per_block = KvPool::bytes_per_block(&config, BLOCK);
+        CpuBackend::load(
+            dir,
+            CpuBackendOptions {
+                block_size: BLOCK,
+                kv_cache_bytes: device * per_block,
+                num_threads: Some(2),
+                progress: false,
+                host_kv_cache_bytes: host * per_block,
+                // The H200's measured rate (call g), so swap-or-not prices as there.
+                copy_bytes_per_s: Some(53e9),
+            },
+        )
+        .unwrap()
+    }
+
+    /// The model (in a temporary folder, kept alive by the guard) and the three prompts.
+    pub fn model_and_prompts() -> (tempfile::TempDir, Vec<Vec<u32>>) {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), &spec()).unwrap();
+        let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
+        (dir, prompts(vocab))
+    }
+
+    fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+        (0..3)
+            .map(|i| {
+                (0..30 + 5 * i)
+                    .map(|j| ((i * 131 + j * 37 + 5) as u32) % (vocab - 1) + 1)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The CUDA swap-and-fork test's workload on the CPU, each run on a backend of its own (a
+/// backend serves one scheduler for its life): swapping in a 12-block pool and forking
+/// `n = 2` leave greedy output as a pool that never preempts gives it, and the scheduler never
+/// sends a request as new while the executor holds it.
+#[test]
+fn the_gpu_tests_swap_and_fork_workload_keeps_greedy_output_on_the_cpu() {
+    use gpu_geometry::*;
+    let (dir, prompts) = model_and_prompts();
+    let mut big = backend(dir.path(), 64, 4);
+    let want = run_with_kv_tier(&mut big, &prompts, 1, 48, PreemptionMode::Recompute).unwrap();
+    assert_eq!(want.swaps, 0);
+    let mut small = backend(dir.path(), 12, 64);
+    let got = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
+    assert!(got.swaps > 0, "the small pool must swap");
+    assert!(
+        got.overlapped_copies > 0,
+        "copies back run under the forward"
+    );
+    assert_eq!(got.tokens, want.tokens, "swap-out/in changed greedy output");
+    let mut small = backend(dir.path(), 12, 64);
+    let forked = run_with_kv_tier(&mut small, &prompts[..1], 2, 48, PreemptionMode::Swap).unwrap();
+    assert!(forked.cow_blocks > 0, "the fork copies the partial block");
+    let want0 = want.tokens[0].clone();
+    assert_eq!(forked.tokens, vec![want0.clone(), want0]);
+}
+
+/// Why the CUDA test failed on the H200 (call g, "req-2: sent as new, but the executor holds
+/// it"): it ran a second scheduler on the backend of the first. The requests that finish in a
+/// run's last step are dropped from the executor with the next step it runs, which never comes;
+/// the next scheduler's requests reuse their ids. The persistent batch refuses that step, on
+/// the CPU as on the GPU.
+#[test]
+fn a_backend_reused_by_a_second_scheduler_refuses_a_request_it_still_holds() {
+    use gpu_geometry::*;
+    let (dir, prompts) = model_and_prompts();
+    let mut small = backend(dir.path(), 12, 64);
+    run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
+    let err = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap)
+        .expect_err("the first run's last requests are still held")
+        .to_string();
+    assert!(
+        err.contains("req-2: sent as new, but the executor holds it"),
+        "{err}"
+    );
 }

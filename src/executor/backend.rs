@@ -31,6 +31,8 @@ pub trait Backend: Send + 'static {
     /// their verification (the accepted drafts, then one token of the target's). Steps must
     /// come in order, none skipped: each is a diff against the last. The step's drops are
     /// applied before anything can fail; after an error the scheduler aborts the step's
-    /// requests (their ids come back to be dropped).
+    /// requests (their ids come back to be dropped). A backend serves one scheduler for its
+    /// life: finished requests are dropped with the scheduler's next step, so a second
+    /// scheduler on the same backend would send ids it still holds.
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput>;
 }

@@ -37,6 +37,9 @@
 //! every one to `update_from_output` (with a default `StepOutput` when it was empty) before the
 //! next `schedule`. Aborts and finishes may come at any time; a step's results for a request
 //! that is gone are dropped, and the executor is told to drop it with the next step it runs.
+//! So an executor serves one scheduler for its life: the requests that finish in the last step
+//! a scheduler runs stay in the executor's persistent batch, and a second scheduler's requests
+//! would reuse their ids (the batch refuses that step: "sent as new, but the executor holds it").
 //!
 //! Past 600 lines since speculation and logprobs met in `update_from_output`/`fold`: the loop
 //! and its result folding share the step's bookkeeping; the policies are in core/ already.

@@ -1,11 +1,10 @@
 //! The KV memory tier on the GPU: pinned host blocks, copies on the copy stream.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
-use brook::kv::KvCacheManager;
-use brook::scheduler::{
-    Admission, NewRequest, PreemptDecision, PreemptionMode, Scheduler, SchedulerConfig, SwapCost,
-};
-use brook::step::{BlockCopy, StepOutput};
+use brook::scheduler::PreemptionMode;
+use brook::step::BlockCopy;
+
+use super::harness::run_with_kv_tier;
 
 use super::*;
 
@@ -162,72 +161,6 @@ fn cuda_gathered_copies_move_what_per_plane_copies_move() {
     }
 }
 
-/// Runs `prompts` (greedy, 48 new tokens) through a real scheduler on the GPU; returns the
-/// outputs, how many preemptions swapped, the copy-on-write blocks and how many copies ran
-/// under a forward (past `kv_copies_for_forward`).
-fn run(
-    gpu: &mut CudaBackend,
-    prompts: &[Vec<u32>],
-    n: usize,
-    mode: PreemptionMode,
-) -> (Vec<Vec<u32>>, u64, u64, usize) {
-    let info = gpu.info();
-    let mut kv =
-        KvCacheManager::new(info.num_kv_blocks, BLOCK, true).with_host_tier(info.num_host_blocks);
-    let mut sched = Scheduler::new(SchedulerConfig {
-        max_num_seqs: 8,
-        max_num_batched_tokens: 64,
-        max_model_len: 2048,
-        long_prefill_token_threshold: 0,
-        preemption_mode: mode,
-        ..SchedulerConfig::default()
-    });
-    if info.num_host_blocks > 0 {
-        sched.set_swap_cost(Some(SwapCost {
-            bytes_per_block: info.bytes_per_block,
-            bytes_per_s: info.copy_bytes_per_s,
-        }));
-    }
-    let params = Arc::new(SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(48)
-    });
-    for (i, p) in prompts.iter().enumerate() {
-        let req = NewRequest {
-            id: RequestId((i * n) as u64),
-            prompt_token_ids: p.clone(),
-            params: params.clone(),
-            seed: 0,
-            eos_token_ids: Arc::from(vec![0u32]),
-            n,
-        };
-        assert_eq!(sched.add_request(req, 0.0), Admission::Accepted);
-    }
-    let mut outputs = vec![Vec::new(); prompts.len() * n];
-    let (mut t, mut overlapped) = (0.0, 0);
-    while sched.has_unfinished() {
-        t += 0.01;
-        let out = sched.schedule(&mut kv, t);
-        overlapped += out.kv_copies.len() - out.kv_copies_for_forward;
-        let step = if out.is_empty() {
-            StepOutput::default()
-        } else {
-            gpu.execute(&out).unwrap()
-        };
-        for u in sched.update_from_output(&out, &step, &mut kv, t) {
-            outputs[u.id.0 as usize].extend(u.new_token_ids);
-        }
-    }
-    assert_eq!(kv.usage().used_blocks, 0, "device blocks leaked");
-    assert_eq!(
-        kv.host_usage().map_or(0, |h| h.used_blocks),
-        0,
-        "host blocks leaked"
-    );
-    let swaps = sched.stats().preempt_count(PreemptDecision::Swap);
-    (outputs, swaps, kv.tier_stats().cow_blocks, overlapped)
-}
-
 /// Greedy outputs with forced swap-out/in mid-generation (a pool of 12 blocks: three prompts of
 /// 2-3 blocks are all admitted, then their decodes grow to 5-6 blocks each; a host tier, `swap`
 /// mode; copies back run under the forward, the next forward waits on their event; gathered
@@ -245,22 +178,31 @@ fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
         .map(|i| (0..30 + 5 * i).map(|_| r.random_range(1..vocab)).collect())
         .collect();
     let mut big = backend(&config, &weights, 64, 0);
-    let (want, _, _, _) = run(&mut big, &prompts, 1, PreemptionMode::Recompute);
+    let want = run_with_kv_tier(&mut big, &prompts, 1, 48, PreemptionMode::Recompute)
+        .unwrap()
+        .tokens;
     drop(big);
-    let mut small = backend(&config, &weights, 12, 64);
-    assert_eq!(small.info().num_kv_blocks, 12);
+    // A backend of its own for each run: a backend serves one scheduler for its life (the
+    // requests finishing in a run's last step stay in its persistent batch, to be dropped with
+    // a next step that never comes, and the next run reuses their ids; H200 call g).
+    let small = || backend(&config, &weights, 12, 64);
     for gathered in [true, false] {
+        let mut small = small();
+        assert_eq!(small.info().num_kv_blocks, 12);
         assert_eq!(small.set_gathered_copies(gathered), gathered);
-        let (got, swaps, _, overlapped) = run(&mut small, &prompts, 1, PreemptionMode::Swap);
-        assert!(swaps > 0, "the small pool must swap");
-        assert!(overlapped > 0, "copies back run under the forward");
+        let got = run_with_kv_tier(&mut small, &prompts, 1, 48, PreemptionMode::Swap).unwrap();
+        assert!(got.swaps > 0, "the small pool must swap");
+        assert!(
+            got.overlapped_copies > 0,
+            "copies back run under the forward"
+        );
         assert_eq!(
-            got, want,
+            got.tokens, want,
             "swap-out/in changed greedy output (gathered {gathered})"
         );
     }
-    let (forked, _, cow, _) = run(&mut small, &prompts[..1], 2, PreemptionMode::Swap);
-    assert!(cow > 0, "the fork copies the partial block");
-    assert_eq!(forked[0], want[0]);
-    assert_eq!(forked[1], want[0]);
+    let forked =
+        run_with_kv_tier(&mut small(), &prompts[..1], 2, 48, PreemptionMode::Swap).unwrap();
+    assert!(forked.cow_blocks > 0, "the fork copies the partial block");
+    assert_eq!(forked.tokens, vec![want[0].clone(), want[0].clone()]);
 }
