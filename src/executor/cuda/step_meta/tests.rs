@@ -506,15 +506,9 @@ fn edits_sit_between_the_arguments_and_the_table_updates() {
     assert_eq!(m.len(), l.total);
 }
 
-/// A verification (speculative decoding): a sequence with k drafts samples its last k + 1 rows,
-/// each at its own output index; it is never a graph step; too many rows are refused.
-#[test]
-fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
-    let lim = Limits {
-        max_rows: 5,
-        ..limits()
-    };
-    let mut host = HostMeta::default();
+/// A decode at position 4 (output index 2), then known token 7 at position 9 with drafts 8 and 9
+/// at 10 and 11 (output index 5).
+fn decode_and_verification() -> BatchInput {
     let mut b = BatchInput::default();
     b.push_seq(
         RequestId(1),
@@ -524,7 +518,6 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
         BS,
         sampled_with(SamplingParams::default(), 2),
     );
-    // Known token 7 at position 9, drafts 8 and 9 after it.
     b.push_seq(
         RequestId(2),
         &[7, 8, 9],
@@ -534,6 +527,19 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
         sampled_with(SamplingParams::default(), 5),
     );
     b.seqs[1].num_drafts = 2;
+    b
+}
+
+/// A verification (speculative decoding): a sequence with k drafts samples its last k + 1 rows,
+/// each at its own output index; it is never a graph step; too many rows are refused.
+#[test]
+fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
+    let lim = Limits {
+        max_rows: 5,
+        ..limits()
+    };
+    let mut host = HostMeta::default();
+    let mut b = decode_and_verification();
     assert_eq!(b.num_logit_rows(), 4);
     assert_eq!(graph_bucket(&b, true, lim.max_seqs), None);
     let step = pack(&lim, &b, None, &[], true, &mut host).unwrap();
@@ -583,25 +589,7 @@ fn verification_queries_are_decode_items_each_over_its_own_prefix() {
         ..limits()
     };
     let mut host = HostMeta::default();
-    let mut b = BatchInput::default();
-    // A decode at position 4 (5 keys), then known token 7 at position 9 with drafts at 10, 11.
-    b.push_seq(
-        RequestId(1),
-        &[1],
-        4,
-        &[0],
-        BS,
-        sampled_with(SamplingParams::default(), 2),
-    );
-    b.push_seq(
-        RequestId(2),
-        &[7, 8, 9],
-        9,
-        &[1],
-        BS,
-        sampled_with(SamplingParams::default(), 5),
-    );
-    b.seqs[1].num_drafts = 2;
+    let b = decode_and_verification();
     let step = pack(&lim, &b, None, &[], true, &mut host).unwrap();
     let (l, m) = (&step.layout, &host.meta);
     assert_eq!((step.nd, step.nt), (4, 0));
