@@ -83,7 +83,7 @@ type Variant = (&'static str, fn(&mut CudaBackendOptions));
 const VERIFY_VARIANTS: &[Variant] = &[
     // The default: each verified query is a decode-attention item; decode from its graph.
     ("default", |_| {}),
-    // Verification attention as a flash prefill tile (the path before call h).
+    // Verification attention as a flash prefill tile (the path call g measured).
     ("flash", |o| o.verify_decode_attention = false),
     // No CUDA graphs: k = 0 is the eager decode, what a verification step pays for launches.
     ("eager", |o| o.cuda_graphs = false),
