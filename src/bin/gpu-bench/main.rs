@@ -113,7 +113,7 @@ enum Cmd {
         variants: Vec<String>,
     },
     /// Speculative decoding: verification cost by batch and depth, and single-stream speedup
-    /// with a controlled acceptance rate (see `spec`'s module docs).
+    /// at a forced acceptance rate (see `spec`'s module docs).
     Spec(spec::Args),
     /// Decode through brook's scheduler and persistent batch for the default and each issue-18
     /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
