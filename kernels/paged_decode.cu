@@ -24,11 +24,9 @@ struct PagedDecodeParams {
   const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
   const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
   const int* item_row;      // [num_items]  token row of each decode query (row of q and out)
-  const int* item_seq;      // [num_items]  its sequence: row of block_tables
+  const int* item_seq;      // [num_items]  its sequence: row of block_tables and context_lens
   const int* block_tables;  // [num_seqs, max_blocks]
-  const int* context_lens;  // [num_items]  keys visible to the query (its position + 1): per
-                            // item, so a verification's k + 1 queries of one sequence each
-                            // see their own causal prefix
+  const int* context_lens;  // [num_seqs]   keys visible to the query (its position + 1)
   bf16* out;                // [num_tokens, num_heads, HD]
   float* part_acc;          // [num_items, num_heads, num_splits, HD]  unnormalised partial sums
   float* part_ml;           // [num_items, num_heads, num_splits, 2]   (max, sum), log2 domain
@@ -103,7 +101,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   const int sub = lane / LANES, dl = lane % LANES;
   const bool active = dl < USED;
   const int seq = p.item_seq[item], row = p.item_row[item];
-  const int ctx = p.context_lens[item];
+  const int ctx = p.context_lens[seq];
   const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
   const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
   const int begin = first + split * per, end = min(ctx, begin + per);

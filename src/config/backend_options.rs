@@ -56,7 +56,6 @@ impl CudaBackendOptions {
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
             prefill_split_kv: true,
-            verify_decode_attention: true,
             step_timing: false,
             progress,
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),

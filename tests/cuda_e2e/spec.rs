@@ -3,9 +3,8 @@
 //! non-speculative greedy output token for token, with n-gram lookup and with the draft model;
 //! seeded sampling with n-gram lookup gives the tokens of no speculation (the device's draws
 //! at each position are kept while they equal the drafts); no KV block leaked by rollback.
-//! Also with CUDA graphs off, with lookahead decode on (steps with drafts take the eager path
-//! and are never launched ahead), and with verification attention on the flash prefill kernel
-//! instead of the decode kernel (`verify_decode_attention`).
+//! Also with CUDA graphs off and with lookahead decode on: steps with drafts take the eager
+//! path and are never launched ahead.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::spec::{SpecConfig, SpecMethod};
@@ -67,8 +66,7 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
     let s = spec(method, depth);
     let (want, got) = run_pair((spec(SpecMethod::Off, depth), s.clone()), &reqs, 0)?;
     assert_same(&got, &want, method.as_str());
-    // The same with the decode graphs off, with lookahead decode on, and with verification
-    // attention on the flash prefill kernel instead of the decode kernel.
+    // The same with the decode graphs off, and with lookahead decode on.
     for (name, opts) in [
         (
             "eager",
@@ -81,13 +79,6 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
             "lookahead",
             CudaBackendOptions {
                 lookahead: true,
-                ..demo_opts(&s)
-            },
-        ),
-        (
-            "flash verify",
-            CudaBackendOptions {
-                verify_decode_attention: false,
                 ..demo_opts(&s)
             },
         ),
@@ -157,67 +148,4 @@ fn cuda_spec_draft_model_seeded_sampling_is_reproducible() {
 #[test]
 fn cuda_spec_ngram_greedy_equals_no_speculation() {
     check_greedy(SpecMethod::Ngram, 3);
-}
-
-/// A verification's k + 1 logit rows equal the logits of decoding the same tokens one step at a
-/// time (within the CPU comparisons' 2e-2), with its attention on the decode kernel (one item
-/// per query, each over its own prefix) and on the flash prefill kernel; the context crosses a
-/// block boundary between the queries.
-#[test]
-fn cuda_verify_rows_match_step_by_step_decode() {
-    if !have_gpu() {
-        return;
-    }
-    let dir = root().join("models/demo-chat");
-    let greedy = |index| {
-        Some(SampleInput {
-            params: Arc::new(SamplingParams::greedy(64)),
-            seed: 0,
-            output_index: index,
-        })
-    };
-    for on_decode in [true, false] {
-        let s = spec(SpecMethod::Ngram, 4);
-        let opts = CudaBackendOptions {
-            verify_decode_attention: on_decode,
-            ..demo_opts(&s)
-        };
-        let mut b = CudaBackend::load(&dir, opts).unwrap();
-        let bs = b.info().block_size;
-        let prompt: Vec<u32> = (0..(2 * bs as u32 - 3)).map(|i| 10 + 7 * i).collect();
-        let table: Vec<u32> = (0..4).collect();
-        let mut p = BatchInput::default();
-        p.push_seq(RequestId(0), &prompt, 0, &table, bs, greedy(0));
-        b.forward_logits(&p).unwrap();
-        // The last known token, then 4 drafts.
-        let toks = [21u32, 5, 99, 42, 7];
-        let want: Vec<Vec<f32>> = toks
-            .iter()
-            .enumerate()
-            .map(|(j, &t)| {
-                let mut d = BatchInput::default();
-                d.push_seq(
-                    RequestId(0),
-                    &[t],
-                    prompt.len() + j,
-                    &table,
-                    bs,
-                    greedy(1 + j),
-                );
-                b.forward_logits(&d).unwrap().remove(0)
-            })
-            .collect();
-        let mut v = BatchInput::default();
-        v.push_seq(RequestId(0), &toks, prompt.len(), &table, bs, greedy(1));
-        v.seqs[0].num_drafts = toks.len() - 1;
-        let got = b.forward_logits(&v).unwrap();
-        assert_eq!(got.len(), toks.len());
-        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-            let e = rel_err(g, w);
-            assert!(
-                e < 2e-2,
-                "on_decode {on_decode}: row {j} relative error {e} against step-by-step decode"
-            );
-        }
-    }
 }

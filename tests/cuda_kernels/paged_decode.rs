@@ -1,6 +1,5 @@
-//! `paged_decode`: one query row per item (a decode, or one of a verification's k + 1 queries:
-//! items of one sequence, each over its own prefix) over its paged context, split-k or not, for
-//! every head size and GQA group the model families use, with and without a sliding window; the
+//! `paged_decode`: one query row per sequence over its paged context, split-k or not, for every
+//! head size and GQA group the model families use, with and without a sliding window; the
 //! splits merged by `paged_decode_reduce` or inside the kernel (arrival counters), and the split
 //! rule that fills the GPU at batch 1 (`decode_splits_filled`).
 
@@ -33,9 +32,6 @@ struct Decode {
     inline: bool,
     /// With `splits` None: `decode_splits_filled` with this many CTAs per SM (0: `decode_splits`).
     ctas_per_sm: usize,
-    /// Also this many earlier queries of each sequence (a verification's k + 1 queries are
-    /// items of one sequence, each over its own causal prefix).
-    verify: usize,
 }
 
 impl Default for Decode {
@@ -50,7 +46,6 @@ impl Default for Decode {
             window: 0,
             inline: false,
             ctas_per_sm: 0,
-            verify: 0,
         }
     }
 }
@@ -73,22 +68,13 @@ impl Decode {
         let mut freed = 0;
         if self.window > 0 {
             for (s, &c) in ctx.iter().enumerate() {
-                freed += paged.free_before(s, c.saturating_sub(self.window + self.verify));
+                freed += paged.free_before(s, c.saturating_sub(self.window));
             }
         }
         // Items in a shuffled order, on token rows with gaps, as in a mixed batch.
-        let mut item_seq: Vec<i32> = (0..ctx.len() as i32).collect();
+        let n = ctx.len();
+        let mut item_seq: Vec<i32> = (0..n as i32).collect();
         item_seq.shuffle(&mut r);
-        // Contexts are per item: a verification's earlier queries share its sequence, each
-        // over its own prefix.
-        let mut item_ctx: Vec<usize> = item_seq.iter().map(|&s| ctx[s as usize]).collect();
-        for (s, &c) in ctx.iter().enumerate() {
-            for j in (1..=self.verify).filter(|&j| j < c) {
-                item_seq.push(s as i32);
-                item_ctx.push(c - j);
-            }
-        }
-        let n = item_seq.len();
         let item_row: Vec<i32> = (0..n as i32).map(|i| 2 * i + 1).collect();
         let rows = 2 * n + 1;
         let q = rand_bf16(&mut r, rows * heads * hd, 1.0);
@@ -98,7 +84,6 @@ impl Decode {
             c => decode_splits_filled(g.num_sms, c, n, self.kv_heads, group, max_ctx),
         });
         let (qb, rows_b, seqs_b) = (dev(&g, &q), dev(&g, &item_row), dev(&g, &item_seq));
-        let ctx_b = dev(&g, &item_ctx.iter().map(|&c| c as i32).collect::<Vec<_>>());
         let dp = paged.upload(&g);
         let out = poisoned::<bf16>(&g, rows * heads * hd);
         let part_acc = poisoned::<f32>(&g, n * heads * num_splits * hd);
@@ -113,7 +98,7 @@ impl Decode {
             item_row: rows_b.ptr(),
             item_seq: seqs_b.ptr(),
             block_tables: dp.block_tables.ptr(),
-            context_lens: ctx_b.ptr(),
+            context_lens: dp.context_lens.ptr(),
             out: out.ptr(),
             part_acc: part_acc.ptr(),
             part_ml: part_ml.ptr(),
@@ -152,14 +137,14 @@ impl Decode {
                     &qf[o..o + hd],
                     s,
                     h / group,
-                    item_ctx[i],
+                    ctx[s],
                     self.window,
                     scale as f64,
                 );
                 assert_close(
                     &format!(
                         "decode hd{hd} g{group} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.inline, self.window, item_ctx[i]
+                        self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -300,28 +285,4 @@ fn paged_decode_filled_splits() {
             .run();
         }
     }
-}
-
-/// A verification's queries on the decode kernel (`verify_decode_attention`): several items of
-/// one sequence, each seeing the keys up to its own position, with and without a window, merged
-/// in the kernel as the backend runs it.
-#[test]
-fn paged_decode_verification_items_share_a_sequence() {
-    Decode {
-        seed: 31,
-        ctx: vec![5, 333, 1000, 2],
-        verify: 3,
-        inline: true,
-        ctas_per_sm: 8,
-        ..Decode::default()
-    }
-    .run();
-    Decode {
-        seed: 32,
-        ctx: vec![700, 90],
-        verify: 5,
-        window: 64,
-        ..Decode::default()
-    }
-    .run();
 }

@@ -5,11 +5,11 @@
 //!     the plain decode step (k = 0: the decode kernel, from a CUDA graph), at batch 1/8/32,
 //!     k = 0..=5, every sequence at context `--ctx`. Hand-built batches through
 //!     `execute_batch` (drafts verified as point masses): ms per step, median of `--iters`.
-//!     Five variants split the cost (`VERIFY_VARIANTS`): the default (each verified query a
-//!     decode-attention item), `flash` (the verification as a flash prefill tile), `eager` (no
-//!     graphs: its k = 0 against the default's is the price of eager launches), `cublas` (no
-//!     gemv: the linear layers at k + 1 rows) and `no-attention` (attention skipped: the
-//!     linear layers, norms, lm_head and sampling).
+//!     Four variants split the cost (`VERIFY_VARIANTS`): the default (the verification's
+//!     k + 1 queries as a flash prefill tile), `eager` (no graphs: its k = 0 against the
+//!     default's is the price of eager launches), `cublas` (no gemv: the linear layers at k + 1
+//!     rows) and `no-attention` (attention skipped: the linear layers, norms, lm_head and
+//!     sampling).
 //! (b) `single_stream`: one request (`--input-len` random prompt, `--output-len` greedy tokens,
 //!     ignore_eos) through brook's scheduler with adaptive depth on (`--fixed-depth`: every
 //!     decode gets k drafts), against speculation off. Target `--model` and draft `--draft`
@@ -81,10 +81,8 @@ type Variant = (&'static str, fn(&mut CudaBackendOptions));
 
 /// The variants of (a): how a verification step's cost splits (each a fresh backend).
 const VERIFY_VARIANTS: &[Variant] = &[
-    // The default: each verified query is a decode-attention item; decode from its graph.
+    // The default: the verification's queries as a flash prefill tile; decode from its graph.
     ("default", |_| {}),
-    // Verification attention as a flash prefill tile (the path call g measured).
-    ("flash", |o| o.verify_decode_attention = false),
     // No CUDA graphs: k = 0 is the eager decode, what a verification step pays for launches.
     ("eager", |o| o.cuda_graphs = false),
     // cuBLAS for every linear layer: whether brook's gemv at m = k + 1 <= 4 rows still beats

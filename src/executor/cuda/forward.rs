@@ -141,8 +141,6 @@ pub(super) struct Forward {
     /// Logit rows a step may sample: one per sequence, plus the drafts of speculative decoding
     /// (`CudaBackendOptions::max_drafts`).
     max_rows: usize,
-    /// Most decode attention items per step (`step_meta::Limits::max_items`).
-    max_items: usize,
     /// GEMM prefill path: its context limit (at most the longest context), scratch and the
     /// scratch's capacities (key rows, score floats); no scratch when off.
     gemm_max_len: usize,
@@ -218,12 +216,6 @@ impl Forward {
         let max_tokens = opts.max_num_batched_tokens;
         // Each sequence samples 1 + its drafts rows, and a row is a token of the step.
         let max_rows = (max_seqs * (1 + opts.max_drafts)).min(max_tokens.max(max_seqs));
-        // Decode attention items: one per decoding sequence (or graph padding), and with
-        // verifications on the decode kernel one per verified query (each a sampled row).
-        let max_items = match opts.verify_decode_attention && opts.max_drafts > 0 {
-            true => max_seqs + max_rows,
-            false => max_seqs,
-        };
         let (d, hd, h) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
         let max_tiles = max_tokens / PREFILL_TILE + max_seqs;
@@ -232,7 +224,7 @@ impl Forward {
         let meta_words = Layout::new(
             max_tokens,
             max_seqs + 1,
-            max_items,
+            max_seqs,
             max_tiles,
             max_seqs,
             max_rows,
@@ -245,8 +237,8 @@ impl Forward {
         // allows, and one arrival counter per (item, kv head slice) for the in-kernel merge.
         let group = h / cfg.num_key_value_heads;
         let partials = match opts.decode_ctas_per_sm {
-            0 => max_items * MAX_SPLITS,
-            c => (1..=max_items)
+            0 => max_seqs * MAX_SPLITS,
+            c => (1..=max_seqs)
                 .map(|n| {
                     let splits = decode_splits_filled(
                         gpu.num_sms,
@@ -261,7 +253,7 @@ impl Forward {
                 .max()
                 .unwrap_or(1),
         };
-        let counters = max_items * cfg.num_key_value_heads * decode_group_ctas(group);
+        let counters = max_seqs * cfg.num_key_value_heads * decode_group_ctas(group);
         let (pf_acc, pf_ml, pf_counters) = match opts.prefill_split_kv {
             true => prefill_split_scratch(gpu.num_sms, hd),
             false => (1, 1, 1),
@@ -377,7 +369,6 @@ impl Forward {
             max_tokens,
             max_seqs,
             max_rows,
-            max_items,
             gemm_max_len,
             gemm_scratch,
             gemm_keys,
@@ -406,8 +397,6 @@ impl Forward {
             max_tokens: self.max_tokens,
             max_seqs: self.max_seqs,
             max_rows: self.max_rows,
-            max_items: self.max_items,
-            verify_on_decode: self.opts.verify_decode_attention,
             max_blocks: self.max_blocks,
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,

@@ -80,7 +80,6 @@ pub struct PagedDecodeParams {
     pub item_row: u64,
     pub item_seq: u64,
     pub block_tables: u64,
-    /// `[num_items]`: each item's keys (its position + 1), per item, not per sequence.
     pub context_lens: u64,
     pub out: u64,
     pub part_acc: u64,

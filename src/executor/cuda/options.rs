@@ -57,11 +57,6 @@ pub struct CudaBackendOptions {
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
     pub prefill_split_kv: bool,
-    /// A verification's k + 1 queries (a decode with k drafts) run attention on the decode
-    /// kernel, one item each over its own causal prefix, instead of as a flash prefill tile
-    /// (64 query rows computed for k + 1). On by default; off for comparison (`gpu-bench
-    /// spec`, the CUDA spec tests).
-    pub verify_decode_attention: bool,
     /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
     /// (two one-thread launches inside the step) and time the host's phases; read with
     /// `CudaBackend::last_timing`.

@@ -20,7 +20,7 @@ use super::kernels::{
 };
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
 use crate::sampling::params::SamplingParams;
-use crate::step::{BatchInput, SeqInput};
+use crate::step::BatchInput;
 
 /// Batch sizes decode graphs are captured for; a step is padded up to the next one.
 pub(super) const GRAPH_BUCKETS: &[usize] = &[
@@ -38,9 +38,6 @@ pub(super) struct Layout {
     pub q_len: usize,
     pub dec_row: usize,
     pub dec_seq: usize,
-    /// Each decode item's context (keys it sees): per item, as a verification's k + 1 queries
-    /// of one sequence are items too.
-    pub dec_ctx: usize,
     pub tile_seq: usize,
     pub tile_q0: usize,
     pub gemm_seq: usize,
@@ -88,7 +85,6 @@ impl Layout {
             q_len: take(w),
             dec_row: take(nd),
             dec_seq: take(nd),
-            dec_ctx: take(nd),
             tile_seq: take(nt),
             tile_q0: take(nt),
             gemm_seq: take(ng),
@@ -150,13 +146,6 @@ pub(super) struct Limits {
     /// Most logit rows per step: one per sampling sequence, and one per draft (speculative
     /// decoding; `max_seqs` without).
     pub max_rows: usize,
-    /// Most decode attention items per step (their split scratch and counters): `max_seqs`,
-    /// plus `max_rows` when verifications run on the decode kernel.
-    pub max_items: usize,
-    /// `CudaBackendOptions::verify_decode_attention`: each query of a verification (a decode
-    /// with k drafts, k + 1 queries) is a decode-attention item over its own causal prefix,
-    /// instead of a flash prefill tile of 64 query rows that holds k + 1.
-    pub verify_on_decode: bool,
     /// Blocks per device block-table row (its stride).
     pub max_blocks: usize,
     pub num_sms: u32,
@@ -314,8 +303,6 @@ pub(super) fn pack(
         lim.gemm_scores,
     );
     host.gemm.clear();
-    let on_decode =
-        |q: &SeqInput| lim.verify_on_decode && q.num_drafts > 0 && q.query_len == q.num_drafts + 1;
     let (mut nd, mut nt, mut row0, mut max_context) = (s - real_s, 0, 0, 1);
     let mut flash_context = 0;
     for q in &batch.seqs {
@@ -328,8 +315,6 @@ pub(super) fn pack(
         );
         if q.query_len == 1 {
             nd += 1;
-        } else if on_decode(q) {
-            nd += q.query_len;
         } else {
             match planner.place(q.row, row0, q.query_len, q.context_len) {
                 Some(g) => host.gemm.push(g),
@@ -348,11 +333,6 @@ pub(super) fn pack(
         "step samples {ns} rows; the CUDA backend was sized for {} (max_drafts too small?)",
         lim.max_rows
     );
-    ensure!(
-        nd <= lim.max_items,
-        "step has {nd} decode attention items; the CUDA backend was sized for {}",
-        lim.max_items
-    );
     // The edits' count is known once the rows are packed; nothing before them depends on it.
     let mut layout = Layout::new(t, w, nd, nt, host.gemm.len(), ns, 0, updates.len());
     let meta = &mut host.meta;
@@ -370,14 +350,10 @@ pub(super) fn pack(
         meta[layout.ctx + r] = q.context_len as u32;
         meta[layout.q_start + r] = start as u32;
         meta[layout.q_len + r] = q.query_len as u32;
-        if q.query_len == 1 || on_decode(q) {
-            // Query j of the sequence's q_len sees the keys up to its own position.
-            for j in 0..q.query_len {
-                meta[layout.dec_row + dec] = (start + j) as u32;
-                meta[layout.dec_seq + dec] = r as u32;
-                meta[layout.dec_ctx + dec] = (q.context_len - (q.query_len - 1 - j)) as u32;
-                dec += 1;
-            }
+        if q.query_len == 1 {
+            meta[layout.dec_row + dec] = start as u32;
+            meta[layout.dec_seq + dec] = r as u32;
+            dec += 1;
         } else if host.gemm.get(next_gemm).is_some_and(|g| g.seq == r) {
             next_gemm += 1;
         } else {
@@ -444,7 +420,6 @@ pub(super) fn pack(
             meta[layout.slots + row] = u32::MAX;
             meta[layout.dec_row + dec] = row as u32;
             meta[layout.dec_seq + dec] = pad_row as u32;
-            meta[layout.dec_ctx + dec] = 1;
             dec += 1;
             meta[layout.sample_rows + samp] = row as u32;
             samp += 1;

@@ -20,8 +20,6 @@ fn limits() -> Limits {
         max_tokens: 256,
         max_seqs: 8,
         max_rows: 8,
-        max_items: 8,
-        verify_on_decode: false,
         max_blocks: 12,
         num_sms: 132,
         num_heads: 4,
@@ -315,10 +313,9 @@ fn layout_sections_are_disjoint_and_depend_on_counts_only() {
     assert_eq!(l.tokens, 0);
     assert_eq!(l.positions, 10);
     assert_eq!(l.ctx, 30);
-    // Decode items: row, sequence and context each.
-    assert_eq!(l.gemm_seq, 30 + 9 + 6 + 2);
-    assert_eq!(l.sample_rows, 30 + 9 + 6 + 2 + 6);
-    // 53 + 3 = 56 words: the arguments start on that even word, ARG_WORDS each.
+    assert_eq!(l.gemm_seq, 30 + 9 + 4 + 2);
+    assert_eq!(l.sample_rows, 30 + 9 + 4 + 2 + 6);
+    // 51 + 3 = 54 words: the arguments start on that even word, ARG_WORDS each.
     assert_eq!(l.args, l.sample_rows + 3);
     assert_eq!(l.args % 2, 0);
     assert_eq!(ARG_WORDS, 16);
@@ -506,30 +503,6 @@ fn edits_sit_between_the_arguments_and_the_table_updates() {
     assert_eq!(m.len(), l.total);
 }
 
-/// A decode at position 4 (output index 2), then known token 7 at position 9 with drafts 8 and 9
-/// at 10 and 11 (output index 5).
-fn decode_and_verification() -> BatchInput {
-    let mut b = BatchInput::default();
-    b.push_seq(
-        RequestId(1),
-        &[1],
-        4,
-        &[0],
-        BS,
-        sampled_with(SamplingParams::default(), 2),
-    );
-    b.push_seq(
-        RequestId(2),
-        &[7, 8, 9],
-        9,
-        &[1],
-        BS,
-        sampled_with(SamplingParams::default(), 5),
-    );
-    b.seqs[1].num_drafts = 2;
-    b
-}
-
 /// A verification (speculative decoding): a sequence with k drafts samples its last k + 1 rows,
 /// each at its own output index; it is never a graph step; too many rows are refused.
 #[test]
@@ -539,7 +512,25 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
         ..limits()
     };
     let mut host = HostMeta::default();
-    let mut b = decode_and_verification();
+    let mut b = BatchInput::default();
+    b.push_seq(
+        RequestId(1),
+        &[1],
+        4,
+        &[0],
+        BS,
+        sampled_with(SamplingParams::default(), 2),
+    );
+    // Known token 7 at position 9, drafts 8 and 9 after it.
+    b.push_seq(
+        RequestId(2),
+        &[7, 8, 9],
+        9,
+        &[1],
+        BS,
+        sampled_with(SamplingParams::default(), 5),
+    );
+    b.seqs[1].num_drafts = 2;
     assert_eq!(b.num_logit_rows(), 4);
     assert_eq!(graph_bucket(&b, true, lim.max_seqs), None);
     let step = pack(&lim, &b, None, &[], true, &mut host).unwrap();
@@ -575,50 +566,4 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
     b.seqs[2].num_drafts = 1;
     let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
     assert!(e.to_string().contains("samples 6 rows"), "{e}");
-}
-
-/// With `verify_on_decode`, each of a verification's k + 1 queries is a decode attention item
-/// over its own causal prefix (no prefill tile); without, the prefill path takes it. More
-/// items than the split scratch holds are refused.
-#[test]
-fn verification_queries_are_decode_items_each_over_its_own_prefix() {
-    let lim = Limits {
-        max_rows: 5,
-        max_items: 8 + 5,
-        verify_on_decode: true,
-        ..limits()
-    };
-    let mut host = HostMeta::default();
-    let b = decode_and_verification();
-    let step = pack(&lim, &b, None, &[], true, &mut host).unwrap();
-    let (l, m) = (&step.layout, &host.meta);
-    assert_eq!((step.nd, step.nt), (4, 0));
-    let items = |at: usize| m[at..at + 4].to_vec();
-    assert_eq!(items(l.dec_row), vec![0, 1, 2, 3]);
-    let (r1, r2) = (b.seqs[0].row as u32, b.seqs[1].row as u32);
-    assert_eq!(items(l.dec_seq), vec![r1, r2, r2, r2]);
-    assert_eq!(items(l.dec_ctx), vec![5, 10, 11, 12]);
-    // The sequence's own context is still its last query's.
-    assert_eq!(m[l.ctx + b.seqs[1].row], 12);
-    // Off: the verification on the prefill path (GEMM here: 12 keys are within its limit),
-    // one decode item.
-    let off = Limits {
-        verify_on_decode: false,
-        ..lim
-    };
-    let step = pack(&off, &b, None, &[], true, &mut host).unwrap();
-    assert_eq!((step.nd, step.nt + host.gemm.len()), (1, 1));
-    assert_eq!(host.meta[step.layout.dec_ctx], 5);
-    // A prefill chunk of several tokens without drafts stays on the flash path.
-    let mut chunk = BatchInput::default();
-    chunk.push_seq(RequestId(3), &[1, 2, 3], 0, &[2], BS, None);
-    let step = pack(&lim, &chunk, None, &[], true, &mut host).unwrap();
-    assert_eq!((step.nd, step.nt + host.gemm.len()), (0, 1));
-    // More items than the scratch holds.
-    let small = Limits {
-        max_items: 3,
-        ..lim
-    };
-    let e = pack(&small, &b, None, &[], true, &mut host).unwrap_err();
-    assert!(e.to_string().contains("4 decode attention items"), "{e}");
 }
