@@ -32,12 +32,8 @@ fn doc(due: bool) -> Candidate {
 
 fn ctx(doc_floor_ms: f64) -> MergeContext {
     MergeContext {
-        token_budget_left: 1000,
-        seq_available: true,
-        kv_headroom_blocks: 100.0,
-        running_is_empty: false,
-        short_ttft_slack_ms: f64::INFINITY,
         doc_floor_ms,
+        ..super::merge::context()
     }
 }
 
@@ -208,15 +204,7 @@ fn merged_under_short_e2e(e2e_ms: f64) -> usize {
     for _ in 0..4 {
         e.step();
     }
-    e.add(request(5).prompt_len(40));
-    let (out, _) = e.step();
-    let tokens = scheduled(&out)
-        .iter()
-        .find(|&&(id, _)| id == 5)
-        .map_or(0, |&(_, n)| n);
-    e.run_to_completion();
-    e.assert_matches_reference();
-    tokens
+    super::slack::tokens_merged_for_a_new_prompt(&mut e)
 }
 
 #[test]

@@ -24,7 +24,7 @@ fn candidate() -> Candidate {
     }
 }
 
-fn context() -> MergeContext {
+pub(super) fn context() -> MergeContext {
     MergeContext {
         token_budget_left: 1000,
         seq_available: true,

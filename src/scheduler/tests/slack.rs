@@ -25,6 +25,12 @@ fn prefill_merged_after(decode_steps: usize, step_s: f64) -> usize {
     for _ in 0..decode_steps {
         e.step();
     }
+    tokens_merged_for_a_new_prompt(&mut e)
+}
+
+/// Adds a 40-token prompt (request 5) to `e`, steps once and returns how many of its tokens
+/// that step merged; then runs everything to completion against the reference.
+pub(super) fn tokens_merged_for_a_new_prompt(e: &mut Engine) -> usize {
     e.add(request(5).prompt_len(40));
     let (out, _) = e.step();
     let tokens = scheduled(&out)
