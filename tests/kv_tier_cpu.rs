@@ -248,15 +248,6 @@ mod gpu_geometry {
 
     pub const BLOCK: usize = 16;
 
-    fn spec() -> TestModelSpec {
-        TestModelSpec::default()
-            .hidden_size(256)
-            .heads(8, 2)
-            .head_dim(64)
-            .intermediate_size(512)
-            .layers(3)
-    }
-
     pub fn backend(dir: &Path, device: usize, host: usize) -> CpuBackend {
         let config = ModelConfig::from_dir(dir).unwrap();
         let per_block = KvPool::bytes_per_block(&config, BLOCK);
@@ -278,7 +269,7 @@ mod gpu_geometry {
     /// The model (in a temporary folder, kept alive by the guard) and the three prompts.
     pub fn model_and_prompts() -> (tempfile::TempDir, Vec<Vec<u32>>) {
         let dir = tempfile::tempdir().unwrap();
-        write_test_model(dir.path(), &spec()).unwrap();
+        write_test_model(dir.path(), &TestModelSpec::kv_tier()).unwrap();
         let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size as u32;
         (dir, prompts(vocab))
     }

@@ -109,6 +109,16 @@ impl Default for TestModelSpec {
 }
 
 impl TestModelSpec {
+    /// The KV tier tests' model (CPU and CUDA alike): 3 layers, GQA 8/2, head_dim 64, so a
+    /// block is many planes and a swap moves real bytes.
+    pub fn kv_tier() -> Self {
+        TestModelSpec::default()
+            .hidden_size(256)
+            .heads(8, 2)
+            .head_dim(64)
+            .intermediate_size(512)
+            .layers(3)
+    }
     pub fn architecture(mut self, a: Architecture) -> Self {
         self.architecture = a;
         self

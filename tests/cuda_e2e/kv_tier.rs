@@ -8,15 +8,6 @@ use super::harness::run_with_kv_tier;
 
 use super::*;
 
-fn small_spec() -> TestModelSpec {
-    TestModelSpec::default()
-        .hidden_size(256)
-        .heads(8, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(3)
-}
-
 fn backend(
     config: &ModelConfig,
     weights: &ModelWeightsAlias,
@@ -44,7 +35,7 @@ type ModelWeightsAlias = brook::model::loader::ModelWeights;
 /// The small test model, written to a temporary folder (kept alive by the returned guard).
 fn test_model() -> (tempfile::TempDir, ModelConfig, ModelWeightsAlias) {
     let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &small_spec()).unwrap();
+    write_test_model(dir.path(), &TestModelSpec::kv_tier()).unwrap();
     let config = ModelConfig::from_dir(dir.path()).unwrap();
     let weights = load_weights(dir.path(), &config, false).unwrap();
     (dir, config, weights)

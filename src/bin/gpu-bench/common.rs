@@ -108,6 +108,17 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
+    /// The head shape of the synthetic model `name`, with 16-token blocks.
+    pub fn of_model(name: &str) -> anyhow::Result<AttnShape> {
+        let cfg = synthetic_config(name)?;
+        Ok(AttnShape {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            block_size: 16,
+        })
+    }
+
     pub fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
     }

@@ -5,7 +5,6 @@ use anyhow::Context;
 use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{self, scores_ld};
 use brook::executor::cuda::prefill_gemm::{gemm_attention, GemmAttention, GemmPlanner, GemmSeq};
-use brook::model::synthetic::synthetic_config;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -21,17 +20,8 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     const LENS: [usize; 8] = [16, 32, 64, 128, 256, 512, 1024, 2048];
     for model in models {
-        let cfg = synthetic_config(model)?;
-        let shape = AttnShape {
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            block_size: 16,
-        };
-        gpu.load_attention(
-            cfg.head_dim,
-            cfg.num_attention_heads / cfg.num_key_value_heads,
-        )?;
+        let shape = AttnShape::of_model(model)?;
+        gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
         // Batch 32 too (up to 16k tokens a step), as the GEMM path's launches grow per sequence.
         for batch in [1usize, 8, 32] {
             let mut points = Vec::new();

@@ -8,7 +8,6 @@ use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
     self, prefill_split_scratch, prefill_splits, PrefillAttnParams, PREFILL_TILE,
 };
-use brook::model::synthetic::synthetic_config;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -26,13 +25,7 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
     let mut gpu = Gpu::open(0)?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for model in models {
-        let cfg = synthetic_config(model)?;
-        let shape = AttnShape {
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            block_size: 16,
-        };
+        let shape = AttnShape::of_model(model)?;
         gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
         let variants = [
             gpu.load_prefill_variant(shape.head_dim, 0)?,
