@@ -255,10 +255,7 @@ fn forward_flat(
         Some(pool) => pool.install(|| model.forward(batch, kv))?,
         None => model.forward(batch, kv)?,
     };
-    Ok((
-        logits.flatten_all()?.to_vec1::<f32>()?,
-        model.config().vocab_size,
-    ))
+    Ok((logits, model.config().vocab_size))
 }
 
 impl Backend for CpuBackend {

@@ -2,8 +2,10 @@
 //! windows, longrope) over one flattened, paged batch (see `step::batch`): the path the CPU
 //! executor runs every engine step.
 //!
-//! Projections and the MLP are candle f32 GEMMs over all of the batch's tokens at once
-//! (`[num_tokens, hidden] × Wᵀ`), whatever mix of prefill chunks and decodes they come from.
+//! Projections and the MLP are f32 matmuls over all of the batch's tokens at once
+//! (`[num_tokens, hidden] × Wᵀ`, `model::cpu_ops`), whatever mix of prefill chunks and decodes
+//! they come from: a few rows (decodes, a verification's k + 1) stream each weight once, so
+//! verifying k drafts costs about what one decode row does.
 //! Attention is plain Rust, parallel over (token, head) with rayon: each query token attends to
 //! positions `0..=its position` of its own sequence, reading K/V through the sequence's block
 //! table. That covers the prefix cached by earlier steps and this step's own chunk alike, because
@@ -14,11 +16,12 @@
 //! q/k/v and gate/up are fused into one weight each at load (as vLLM does), so a layer runs four
 //! GEMMs: qkv, o, gate_up, down.
 
-use candle_core::{Device, Module, Tensor};
+use candle_core::Tensor;
 use candle_nn::Linear;
 use rayon::prelude::*;
 
 use crate::model::config::ModelConfig;
+use crate::model::cpu_ops::{add_assign, matmul_wt, rms_norm, swiglu, to_vec, Dense};
 use crate::model::loader::ModelWeights;
 use crate::step::BatchInput;
 
@@ -115,31 +118,33 @@ impl KvPool {
 }
 
 struct LayerParams {
-    input_layernorm: Tensor,
+    input_layernorm: Vec<f32>,
     /// q, k and v projections stacked: `[q_dim + 2 * kv_dim, hidden]`.
-    qkv_proj: Linear,
-    o_proj: Linear,
-    post_attention_layernorm: Tensor,
+    qkv_proj: Dense,
+    o_proj: Dense,
+    post_attention_layernorm: Vec<f32>,
     /// gate and up projections stacked: `[2 * intermediate, hidden]`.
-    gate_up_proj: Linear,
-    down_proj: Linear,
+    gate_up_proj: Dense,
+    down_proj: Dense,
     /// Qwen3's per-head RMSNorm weights, `[head_dim]` each.
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 pub struct LlamaModel {
     config: ModelConfig,
-    embed_tokens: Tensor,
+    /// `[vocab, hidden]`.
+    embed_tokens: Vec<f32>,
     layers: Vec<LayerParams>,
-    norm: Tensor,
-    lm_head: Linear,
+    norm: Vec<f32>,
+    /// None: tied to `embed_tokens`.
+    lm_head: Option<Dense>,
     /// `cos(pos · inv_freq[i])` and `sin(…)` (times longrope's attention factor),
     /// `[max_position_embeddings, head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
 }
 
-fn stack(parts: &[&Linear]) -> candle_core::Result<Linear> {
+fn stack(parts: &[&Linear]) -> candle_core::Result<Dense> {
     let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
     let bias = match parts
         .iter()
@@ -149,7 +154,7 @@ fn stack(parts: &[&Linear]) -> candle_core::Result<Linear> {
         Some(biases) => Some(Tensor::cat(&biases, 0)?),
         None => None,
     };
-    Ok(Linear::new(Tensor::cat(&weights, 0)?, bias))
+    Dense::from_linear(&Linear::new(Tensor::cat(&weights, 0)?, bias))
 }
 
 impl LlamaModel {
@@ -161,7 +166,7 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
-            ..
+            lm_head_tied,
         } = weights;
         let mut fused = Vec::with_capacity(layers.len());
         for l in layers {
@@ -170,12 +175,12 @@ impl LlamaModel {
                 _ => None,
             };
             fused.push(LayerParams {
-                input_layernorm: l.input_layernorm,
+                input_layernorm: to_vec(&l.input_layernorm)?,
                 qkv_proj: stack(&[&l.q_proj, &l.k_proj, &l.v_proj])?,
-                o_proj: l.o_proj,
-                post_attention_layernorm: l.post_attention_layernorm,
+                o_proj: Dense::from_linear(&l.o_proj)?,
+                post_attention_layernorm: to_vec(&l.post_attention_layernorm)?,
                 gate_up_proj: stack(&[&l.gate_proj, &l.up_proj])?,
-                down_proj: l.down_proj,
+                down_proj: Dense::from_linear(&l.down_proj)?,
                 qk_norm,
             });
         }
@@ -192,11 +197,15 @@ impl LlamaModel {
                 rope_sin.push((angle.sin() * mscale) as f32);
             }
         }
+        let lm_head = match lm_head_tied {
+            true => None,
+            false => Some(Dense::from_linear(&lm_head)?),
+        };
         Ok(LlamaModel {
             config,
-            embed_tokens,
+            embed_tokens: to_vec(&embed_tokens)?,
             layers: fused,
-            norm,
+            norm: to_vec(&norm)?,
             lm_head,
             rope_cos,
             rope_sin,
@@ -209,9 +218,9 @@ impl LlamaModel {
 
     /// Runs the batch through the model, writing its K/V into `kv`, and returns the logits at the
     /// last position of each sequence whose `sample` is Some — at its last `num_drafts + 1`
-    /// positions when it verifies drafts — `[batch.num_logit_rows(), vocab]` in seq order.
-    /// The batch must be valid (`BatchInput::validate`) for `kv`'s block size and count.
-    pub fn forward(&self, batch: &BatchInput, kv: &mut KvPool) -> anyhow::Result<Tensor> {
+    /// positions when it verifies drafts — `[batch.num_logit_rows(), vocab]` row-major, in seq
+    /// order. The batch must be valid (`BatchInput::validate`) for `kv`'s block size and count.
+    pub fn forward(&self, batch: &BatchInput, kv: &mut KvPool) -> anyhow::Result<Vec<f32>> {
         let c = &self.config;
         let n = batch.num_tokens();
         if let Some(&p) = batch
@@ -231,46 +240,53 @@ impl LlamaModel {
         {
             anyhow::bail!("token id {t} is outside the vocabulary of {}", c.vocab_size);
         }
-        let sampled_rows: Vec<u32> = logit_rows(batch).map(|row| row as u32).collect();
         anyhow::ensure!(
             kv.kv_dim == c.kv_dim() && kv.k.len() == self.layers.len(),
             "KV pool shape does not match the model"
         );
-        let no_logits = || Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &Device::Cpu);
         if n == 0 {
-            return Ok(no_logits()?);
+            return Ok(Vec::new());
         }
-        let plan = AttentionPlan::new(batch);
-        let ids = Tensor::from_slice(&batch.token_ids, n, &Device::Cpu)?;
-        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let plan = AttentionPlan::new(batch, c.sliding_window.unwrap_or(usize::MAX));
+        let hs = c.hidden_size;
+        let mut x = Vec::with_capacity(n * hs);
+        for &t in &batch.token_ids {
+            x.extend_from_slice(&self.embed_tokens[t as usize * hs..][..hs]);
+        }
         let eps = c.rms_norm_eps as f32;
         let q_dim = c.q_dim();
+        // Buffers reused by every layer.
+        let (mut h, mut qkv, mut attn, mut proj, mut gate_up, mut act) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (layer_idx, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.input_layernorm, eps)?;
-            let mut qkv = layer
-                .qkv_proj
-                .forward(&h)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
+            rms_norm(&x, &layer.input_layernorm, eps, &mut h);
+            layer.qkv_proj.forward(&h, n, &mut qkv);
             self.rope_and_store(&mut qkv, batch, kv, layer_idx, layer.qk_norm.as_ref());
-            let mut attn = vec![0f32; n * q_dim];
+            attn.clear();
+            attn.resize(n * q_dim, 0.0);
             paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
-            let attn = Tensor::from_vec(attn, (n, q_dim), &Device::Cpu)?;
-            x = (x + layer.o_proj.forward(&attn)?)?;
+            layer.o_proj.forward(&attn, n, &mut proj);
+            add_assign(&mut x, &proj);
 
-            let h = candle_nn::ops::rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            let gate_up = layer.gate_up_proj.forward(&h)?;
-            let act = swiglu(gate_up, c.intermediate_size)?;
-            x = (x + layer.down_proj.forward(&act)?)?;
+            rms_norm(&x, &layer.post_attention_layernorm, eps, &mut h);
+            layer.gate_up_proj.forward(&h, n, &mut gate_up);
+            swiglu(&gate_up, c.intermediate_size, &mut act);
+            layer.down_proj.forward(&act, n, &mut proj);
+            add_assign(&mut x, &proj);
         }
         // Prefill chunks that end before their prompt does only fill the cache.
-        if sampled_rows.is_empty() {
-            return Ok(no_logits()?);
+        let mut last = Vec::with_capacity(batch.num_logit_rows() * hs);
+        for row in logit_rows(batch) {
+            last.extend_from_slice(&x[row * hs..(row + 1) * hs]);
         }
-        let rows = Tensor::from_vec(sampled_rows, ((),), &Device::Cpu)?;
-        let last = x.index_select(&rows, 0)?;
-        let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
-        Ok(self.lm_head.forward(&last)?)
+        let rows = last.len() / hs;
+        rms_norm(&last, &self.norm, eps, &mut h);
+        let mut logits = Vec::new();
+        match &self.lm_head {
+            Some(head) => head.forward(&h, rows, &mut logits),
+            None => matmul_wt(&h, rows, &self.embed_tokens, c.vocab_size, hs, &mut logits),
+        }
+        Ok(logits)
     }
 
     /// Normalises each q and k head when the model has q/k norms (Qwen3), rotates the q and k
@@ -289,9 +305,7 @@ impl LlamaModel {
         let row_len = q_dim + 2 * kv_dim;
         let half = hd / 2;
         let eps = c.rms_norm_eps as f32;
-        qkv.par_chunks_mut(row_len)
-            .zip(batch.positions.par_iter())
-            .for_each(|(row, &pos)| {
+        let rotate = |(row, &pos): (&mut [f32], &u32)| {
                 let cos = &self.rope_cos[pos as usize * half..][..half];
                 let sin = &self.rope_sin[pos as usize * half..][..half];
                 // q heads then k heads: both rotated the same way (transformers' rotate_half layout:
@@ -309,7 +323,15 @@ impl LlamaModel {
                         x2[i] = b * cos[i] + a * sin[i];
                     }
                 }
-            });
+            };
+        // A fork costs more than rotating a few rows.
+        if batch.positions.len() >= PAR_MIN_ROWS {
+            qkv.par_chunks_mut(row_len)
+                .zip(batch.positions.par_iter())
+                .for_each(rotate);
+        } else {
+            qkv.chunks_mut(row_len).zip(&batch.positions).for_each(rotate);
+        }
         let (k_cache, v_cache) = (&mut kv.k[layer], &mut kv.v[layer]);
         for (row, &slot) in qkv.chunks_exact(row_len).zip(&batch.slot_mapping) {
             let dst = slot as usize * kv_dim..(slot as usize + 1) * kv_dim;
@@ -317,13 +339,6 @@ impl LlamaModel {
             v_cache[dst].copy_from_slice(&row[q_dim + kv_dim..]);
         }
     }
-}
-
-/// `silu(gate) * up` from the fused `[num_tokens, gate | up]` projection.
-fn swiglu(gate_up: Tensor, intermediate: usize) -> candle_core::Result<Tensor> {
-    let gate = gate_up.narrow(1, 0, intermediate)?;
-    let up = gate_up.narrow(1, intermediate, intermediate)?;
-    gate.silu()? * up
 }
 
 /// The rows of the flattened batch whose logits are returned, in order: each sampling
@@ -346,10 +361,12 @@ struct AttentionPlan<'a> {
     /// For each token: its position (it attends to positions `0..=pos`) and its sequence's block
     /// table.
     tokens: Vec<(usize, &'a [u32])>,
+    /// Keys read by one query head over all the tokens (attention's work, for the fork decision).
+    keys: usize,
 }
 
 impl<'a> AttentionPlan<'a> {
-    fn new(batch: &'a BatchInput) -> Self {
+    fn new(batch: &'a BatchInput, window: usize) -> Self {
         let mut tokens = Vec::with_capacity(batch.num_tokens());
         let mut row = 0;
         for s in &batch.seqs {
@@ -358,7 +375,9 @@ impl<'a> AttentionPlan<'a> {
                 row += 1;
             }
         }
-        AttentionPlan { tokens }
+        // Keys are at most the window (attention reads the last `window` positions).
+        let keys = tokens.iter().map(|&(pos, _)| (pos + 1).min(window)).sum();
+        AttentionPlan { tokens, keys }
     }
 }
 
@@ -381,9 +400,7 @@ fn paged_attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let window = c.sliding_window.unwrap_or(usize::MAX);
     let (k_cache, v_cache) = (&kv.k[layer][..], &kv.v[layer][..]);
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(Vec::<f32>::new, |scores, (i, o)| {
+    let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
             let (t, h) = (i / heads, i % heads);
             let (pos, block_table) = plan.tokens[t];
             let q = &qkv[t * row_len + h * hd..][..hd];
@@ -411,8 +428,26 @@ fn paged_attention(
             }
             let inv = 1.0 / sum;
             o.iter_mut().for_each(|x| *x *= inv);
-        });
+        };
+    // Parallel over (token, head) when there is enough to share: a fork costs what a few
+    // hundred thousand multiply-adds do (a short single-stream decode stays on one thread).
+    if 2 * plan.keys * heads * hd >= PAR_MIN_ATTENTION_MACS {
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::<f32>::new, head);
+    } else {
+        let mut scores = Vec::new();
+        out.chunks_mut(hd)
+            .enumerate()
+            .for_each(|item| head(&mut scores, item));
+    }
 }
+
+/// Rows from which rotary embedding runs in parallel.
+const PAR_MIN_ROWS: usize = 64;
+/// Multiply-adds (query · key and weight · value, over every token and head) from which
+/// attention runs in parallel.
+const PAR_MIN_ATTENTION_MACS: usize = 1 << 18;
 
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -48,7 +48,7 @@ impl DraftModel for CpuDraft {
             Some(pool) => pool.install(|| self.model.forward(batch, &mut self.kv))?,
             None => self.model.forward(batch, &mut self.kv)?,
         };
-        let flat = logits.flatten_all()?.to_vec1::<f32>()?;
+        let flat = logits;
         out.argmax
             .extend(flat.chunks(self.vocab()).map(|row| argmax(row).0));
         if let Some(l) = out.logits {

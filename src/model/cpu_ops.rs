@@ -1,0 +1,425 @@
+//! The f32 kernels of the CPU forward (`model::llama`), on plain slices: `x · Wᵀ` for a linear
+//! layer, RMSNorm, SwiGLU, the residual add.
+//!
+//! Why not candle's matmul: a decode step (1 row per sequence) and a verification (k + 1 rows) are
+//! bound by reading the weights once, but candle's CPU matmul packs the weight panel on every
+//! call (so k + 1 rows cost ≈ 3× one row) and asks for the machine's core count on every call
+//! (on Linux that reads /proc/cpuinfo: ≈ 10 % of a decode step of the demo model). Up to
+//! `STREAM_MAX_ROWS` rows we stream the weight once, each row of W meeting every row of x while
+//! it is in L1 (`stream`); more rows (prefill chunks, large decode batches) go to `gemm`, which
+//! is compute-bound there and worth its packing.
+//!
+//! Each output of `stream` is one fixed sequence of operations (an 8-lane accumulator over k in
+//! order, reduced in a fixed order, then the tail), whatever the number of rows and wherever the
+//! row falls in a tile: a row's result does not depend on the other rows of the batch.
+
+use candle_core::Tensor;
+use candle_nn::Linear;
+use rayon::prelude::*;
+
+/// Rows at most this many go through the weight-streaming kernel; more through `gemm`.
+pub const STREAM_MAX_ROWS: usize = 32;
+/// Multiply-adds below which a kernel runs on the calling thread: a rayon fork costs a few
+/// microseconds, what ≈ 100k multiply-adds take on one core (the draft model's layers are
+/// below it at one row).
+const PAR_MIN_MACS: usize = 1 << 17;
+/// Rows of W per parallel task of `stream`.
+const STREAM_CHUNK: usize = 64;
+/// Rows of x per parallel task of the row-wise ops (norms, activations).
+const ROWS_PER_TASK: usize = 64;
+
+/// A linear layer: weight `[n, k]` row-major (PyTorch's `[out_features, in_features]`), bias `[n]`.
+pub struct Dense {
+    w: Vec<f32>,
+    n: usize,
+    k: usize,
+    bias: Option<Vec<f32>>,
+}
+
+impl Dense {
+    pub fn new(w: Vec<f32>, n: usize, k: usize, bias: Option<Vec<f32>>) -> Self {
+        assert_eq!(w.len(), n * k, "weight is not [{n}, {k}]");
+        assert!(bias.as_ref().is_none_or(|b| b.len() == n), "bias is not [{n}]");
+        Dense { w, n, k, bias }
+    }
+
+    /// From candle's `Linear` (weight `[n, k]`).
+    pub fn from_linear(l: &Linear) -> candle_core::Result<Self> {
+        let (n, k) = l.weight().dims2()?;
+        let w = to_vec(l.weight())?;
+        let bias = l.bias().map(to_vec).transpose()?;
+        Ok(Dense::new(w, n, k, bias))
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ (+ bias)`; `out` is resized.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut Vec<f32>) {
+        matmul_wt(x, m, &self.w, self.n, self.k, out);
+        if let Some(b) = &self.bias {
+            out.chunks_exact_mut(self.n)
+                .for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+        }
+    }
+}
+
+/// A tensor's values, flattened.
+pub fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ`; `out` is resized.
+pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut Vec<f32>) {
+    assert_eq!(x.len(), m * k);
+    assert_eq!(w.len(), n * k);
+    out.clear();
+    out.resize(m * n, 0.0);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let parallel = m * n * k >= PAR_MIN_MACS && rayon::current_num_threads() > 1;
+    if m <= STREAM_MAX_ROWS {
+        stream(x, m, w, n, k, out, parallel);
+        return;
+    }
+    let parallelism = if parallel {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: dst is [m, n] (row stride n), lhs [m, k] (row stride k), rhs = wᵀ, [k, n] read
+    // with row stride 1 and column stride k from w's n·k floats; the lengths are checked above.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// The weight-streaming matmul: tasks over blocks of W's rows, each computing `[rows, m]` of
+/// the transposed output, then one transpose (m·n floats, small).
+fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], parallel: bool) {
+    let mut out_t = vec![0f32; n * m];
+    let task = |(b, ot): (usize, &mut [f32])| {
+        let j0 = b * STREAM_CHUNK;
+        let rows = ot.len() / m;
+        block(x, m, &w[j0 * k..(j0 + rows) * k], rows, k, ot);
+    };
+    if parallel {
+        out_t
+            .par_chunks_mut(STREAM_CHUNK * m)
+            .enumerate()
+            .for_each(task);
+    } else {
+        out_t.chunks_mut(STREAM_CHUNK * m).enumerate().for_each(task);
+    }
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            out[i * n + j] = v;
+        }
+    }
+}
+
+/// Rows of x and of W per micro-kernel call: 2 × 4 accumulators, 6 loads per 8 multiply-adds.
+const MR: usize = 2;
+const NR: usize = 4;
+
+/// `ot[rows, m]` = W-block `[rows, k]` · xᵀ.
+fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ot: &mut [f32]) {
+    let mut j = 0;
+    while j < rows {
+        let c = (rows - j).min(NR);
+        let wj = &w[j * k..(j + c) * k];
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(MR);
+            let xi = &x[i * k..(i + r) * k];
+            let mut acc = [[0f32; NR]; MR];
+            micro(xi, r, wj, c, k, &mut acc);
+            for (dr, row) in acc.iter().enumerate().take(r) {
+                for (dc, &v) in row.iter().enumerate().take(c) {
+                    ot[(j + dc) * m + i + dr] = v;
+                }
+            }
+            i += r;
+        }
+        j += c;
+    }
+}
+
+/// `acc[r][c] = dot(x row r, w row c)` for r < rn ≤ MR, c < cn ≤ NR.
+fn micro(x: &[f32], rn: usize, w: &[f32], cn: usize, k: usize, acc: &mut [[f32; NR]; MR]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above); slices hold rn (cn) rows of k.
+        unsafe {
+            match (rn, cn) {
+                (1, 1) => avx2::micro::<1, 1>(x, w, k, acc),
+                (1, 2) => avx2::micro::<1, 2>(x, w, k, acc),
+                (1, 3) => avx2::micro::<1, 3>(x, w, k, acc),
+                (1, 4) => avx2::micro::<1, 4>(x, w, k, acc),
+                (2, 1) => avx2::micro::<2, 1>(x, w, k, acc),
+                (2, 2) => avx2::micro::<2, 2>(x, w, k, acc),
+                (2, 3) => avx2::micro::<2, 3>(x, w, k, acc),
+                (2, 4) => avx2::micro::<2, 4>(x, w, k, acc),
+                _ => unreachable!("micro-kernel shape {rn}x{cn}"),
+            }
+        }
+        return;
+    }
+    for (r, row) in acc.iter_mut().enumerate().take(rn) {
+        for (c, a) in row.iter_mut().enumerate().take(cn) {
+            *a = dot_lanes(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
+        }
+    }
+}
+
+/// The portable dot product: eight lanes over k (the loop vectorises), reduced pairwise.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    reduce8(&acc) + tail
+}
+
+/// One fixed order of summing eight lanes.
+#[inline(always)]
+fn reduce8(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{reduce8, MR, NR};
+
+    /// R rows of x against C rows of W, each output one 8-lane FMA accumulator over k.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `x` holds R rows of `k`, `w` C rows of `k`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn micro<const R: usize, const C: usize>(
+        x: &[f32],
+        w: &[f32],
+        k: usize,
+        out: &mut [[f32; NR]; MR],
+    ) {
+        debug_assert!(x.len() >= R * k && w.len() >= C * k);
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let k8 = k / 8 * 8;
+        let mut p = 0;
+        // W streams from memory once: fetch the next micro-panel's lines (NR rows on) while
+        // this one computes (each line of 16 floats once; harmless past the end: prefetches
+        // do not fault).
+        let ahead = wp.wrapping_add(NR * k);
+        while p < k8 {
+            if p % 16 == 0 {
+                for c in 0..C {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * k + p).cast());
+                }
+            }
+            let mut wv = [_mm256_setzero_ps(); C];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(wp.add(c * k + p));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xp.add(r * k + p));
+                for c in 0..C {
+                    a[c] = _mm256_fmadd_ps(xv, wv[c], a[c]);
+                }
+            }
+            p += 8;
+        }
+        for r in 0..R {
+            for c in 0..C {
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][c]);
+                let mut s = reduce8(&lanes);
+                for q in k8..k {
+                    s += x[r * k + q] * w[c * k + q];
+                }
+                out[r][c] = s;
+            }
+        }
+    }
+}
+
+/// Runs `f` over `rows` rows of `width` in `data` (with the row index), in parallel when there
+/// are enough rows.
+fn rows_mut(data: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = data.len() / width.max(1);
+    if rows >= 2 * ROWS_PER_TASK && rayon::current_num_threads() > 1 {
+        data.par_chunks_mut(width * ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(b, chunk)| {
+                for (i, row) in chunk.chunks_exact_mut(width).enumerate() {
+                    f(b * ROWS_PER_TASK + i, row)
+                }
+            });
+    } else {
+        data.chunks_exact_mut(width)
+            .enumerate()
+            .for_each(|(i, row)| f(i, row));
+    }
+}
+
+/// `out = rmsnorm(x) * weight`, row by row (`x` is `[rows, weight.len()]`); `out` is resized.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let h = weight.len();
+    out.clear();
+    out.resize(x.len(), 0.0);
+    rows_mut(out, h, |i, o| {
+        let xi = &x[i * h..(i + 1) * h];
+        let ss: f32 = xi.iter().map(|v| v * v).sum();
+        let inv = (ss / h as f32 + eps).sqrt().recip();
+        for ((o, &v), &w) in o.iter_mut().zip(xi).zip(weight) {
+            *o = v * inv * w;
+        }
+    });
+}
+
+/// `out = silu(gate) * up` from the fused `[rows, gate | up]`; `out` is `[rows, intermediate]`.
+pub fn swiglu(gate_up: &[f32], intermediate: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(gate_up.len() / 2, 0.0);
+    rows_mut(out, intermediate, |i, o| {
+        let (g, u) = gate_up[i * 2 * intermediate..(i + 1) * 2 * intermediate].split_at(intermediate);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    });
+}
+
+/// `x += y`.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
+        let mut out = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|p| x[i * k + p] as f64 * w[j * k + p] as f64)
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Every path (streamed, sequential and parallel, every micro-kernel edge; gemm) against an
+    /// f64 reference, on shapes with ragged edges and k not a multiple of 8.
+    #[test]
+    fn matmul_matches_the_reference_on_every_path() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 7, 13),
+            (3, 5, 8),
+            (5, 131, 384),
+            (2, 4096, 64),
+            (STREAM_MAX_ROWS, 67, 100),
+            (STREAM_MAX_ROWS + 1, 67, 100),
+            (70, 130, 385),
+        ] {
+            let (x, w) = (rand_vec(m * k, 1), rand_vec(n * k, 2));
+            let want = reference(&x, m, &w, n, k);
+            for par in [false, true] {
+                let mut out = vec![f32::NAN; 3];
+                let run = |out: &mut Vec<f32>| matmul_wt(&x, m, &w, n, k, out);
+                if par {
+                    pool.install(|| run(&mut out));
+                } else {
+                    run(&mut out);
+                }
+                assert_eq!(out.len(), m * n);
+                for (g, w) in out.iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{m}x{n}x{k} par={par}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A row's streamed result is bit-for-bit the same whatever the other rows: verification
+    /// over k + 1 rows gives the logits of k + 1 separate one-row steps.
+    #[test]
+    fn a_streamed_row_does_not_depend_on_the_other_rows() {
+        let (m, n, k) = (STREAM_MAX_ROWS, 300, 392);
+        let (x, w) = (rand_vec(m * k, 3), rand_vec(n * k, 4));
+        let mut all = Vec::new();
+        matmul_wt(&x, m, &w, n, k, &mut all);
+        let mut one = Vec::new();
+        for i in 0..m {
+            for rows in [1, 2, 3] {
+                let take = rows.min(m - i);
+                matmul_wt(&x[i * k..(i + take) * k], take, &w, n, k, &mut one);
+                assert!(
+                    one[..n].iter().zip(&all[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "row {i} alone (with {take} rows) differs"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bias_norm_and_swiglu() {
+        let d = Dense::new(vec![1.0, 2.0, 3.0, 4.0], 2, 2, Some(vec![0.5, -1.0]));
+        let mut out = Vec::new();
+        d.forward(&[1.0, 1.0, 0.0, 1.0], 2, &mut out);
+        assert_eq!(out, vec![3.5, 6.0, 2.5, 3.0]);
+        rms_norm(&[3.0, 4.0], &[1.0, 2.0], 0.0, &mut out);
+        let inv = (12.5f32).sqrt().recip();
+        assert_eq!(out, vec![3.0 * inv * 1.0, 4.0 * inv * 2.0]);
+        swiglu(&[0.0, 2.0, 3.0, 5.0], 2, &mut out);
+        assert_eq!(out, vec![0.0, 2.0 / (1.0 + (-2.0f32).exp()) * 5.0]);
+    }
+}
