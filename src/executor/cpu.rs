@@ -1,6 +1,8 @@
 //! The CPU backend: the Llama-family forward on candle (f32) over a paged KV pool, then per-request
-//! sampling. It lives on the executor's thread; with `num_threads` set it runs its GEMMs and
-//! attention on a rayon pool of its own, so it does not compete with other rayon users.
+//! sampling. It lives on the executor's thread and runs each step on a rayon pool of its own
+//! (`num_threads`, or rayon's default count), so it does not compete with other rayon users. The
+//! whole step runs inside the pool (one hand-over per step): a parallel op called from outside a
+//! pool hands its work over and sleeps until it is done, dozens of times a step.
 //!
 //! Speculative decoding: with a proposer (`load_speculative`: n-gram lookup, or a draft model
 //! whose K/V shares the target's block ids, `draft.rs`) a step first proposes drafts for the
@@ -34,7 +36,7 @@ pub struct CpuBackendOptions {
     pub block_size: usize,
     /// Memory for the KV pool (f32 K and V, all layers); the block count is derived from it.
     pub kv_cache_bytes: usize,
-    /// Threads for the forward; `None` uses rayon's global pool.
+    /// Threads for the forward; `None`: rayon's default (`RAYON_NUM_THREADS`, else every core).
     pub num_threads: Option<usize>,
     /// Show a progress bar on stderr while weights load.
     pub progress: bool,
@@ -48,7 +50,7 @@ pub struct CpuBackendOptions {
 pub struct CpuBackend {
     model: LlamaModel,
     kv: KvPool,
-    threads: Option<Arc<rayon::ThreadPool>>,
+    threads: Arc<rayon::ThreadPool>,
     sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
     input: InputBatch,
@@ -136,16 +138,13 @@ impl CpuBackend {
                 config.max_position_embeddings
             );
         }
-        let threads = match opts.num_threads {
-            None => None,
-            Some(n) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("brook-cpu-{i}"))
-                    .build()
-                    .context("building the CPU executor's thread pool")?,
-            )),
-        };
+        let threads = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(opts.num_threads.unwrap_or(0))
+                .thread_name(|i| format!("brook-cpu-{i}"))
+                .build()
+                .context("building the CPU executor's thread pool")?,
+        );
         let mut kv = KvPool::new(&config, num_blocks, opts.block_size);
         // The host tier holds the target's K/V only: a request swapped out is forgotten by the
         // draft model (it is among the step's preempted), which recomputes its own K/V.
@@ -171,7 +170,7 @@ impl CpuBackend {
             (SpecMethod::Draft, Some(d)) => {
                 let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
                 let model = LlamaModel::new(d.config, d.weights)?;
-                Some(Box::new(CpuDraft::proposer(model, kv, threads.clone())))
+                Some(Box::new(CpuDraft::proposer(model, kv, Some(threads.clone()))))
             }
             (SpecMethod::Draft, None) => unreachable!("checked above"),
         };
@@ -213,8 +212,7 @@ impl CpuBackend {
 
     /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) =
-            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
+        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, &self.threads, batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
@@ -223,8 +221,7 @@ impl CpuBackend {
     /// earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
-        let (logits, vocab) =
-            forward_flat(&self.model, &mut self.kv, self.threads.as_deref(), batch)?;
+        let (logits, vocab) = forward_flat(&self.model, &mut self.kv, &self.threads, batch)?;
         self.drafts.fill_from_batch(batch);
         let mut out = StepOutput::default();
         let drafts = &self.drafts;
@@ -244,17 +241,15 @@ impl CpuBackend {
 fn forward_flat(
     model: &LlamaModel,
     kv: &mut KvPool,
-    threads: Option<&rayon::ThreadPool>,
+    threads: &rayon::ThreadPool,
     batch: &BatchInput,
 ) -> anyhow::Result<(Vec<f32>, usize)> {
     batch
         .validate(kv.block_size(), kv.num_blocks())
         .and_then(|()| batch.validate_window(kv.block_size(), model.config().sliding_window))
         .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
-    let logits = match threads {
-        Some(pool) => pool.install(|| model.forward(batch, kv))?,
-        None => model.forward(batch, kv)?,
-    };
+    // Within the pool already (a step), `install` runs the forward in place.
+    let logits = threads.install(|| model.forward(batch, kv))?;
     Ok((logits, model.config().vocab_size))
 }
 
@@ -271,6 +266,14 @@ impl Backend for CpuBackend {
     }
 
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
+        let pool = Arc::clone(&self.threads);
+        pool.install(|| self.execute_in_pool(step))
+    }
+}
+
+impl CpuBackend {
+    /// One step, on a thread of the backend's pool (`execute`).
+    fn execute_in_pool(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
         let CpuBackend {
             model,
@@ -293,7 +296,9 @@ impl Backend for CpuBackend {
             }
             None => {}
         }
+        let t_a = Instant::now();
         input.apply(step)?;
+        let t_apply = t_a.elapsed().as_secs_f64()*1e6;
         let mut out = StepOutput::default();
         drafts.clear();
         if let Some(p) = proposer {
@@ -309,9 +314,14 @@ impl Backend for CpuBackend {
                 (out.spec.passes, out.spec.tokens) = (stats.passes, stats.tokens);
             }
         }
+        let t_b = Instant::now();
         input.build(&drafts.proposals)?;
+        let t_build = t_b.elapsed().as_secs_f64()*1e6;
         let (batch, held) = (input.batch(), &*input);
-        let (logits, vocab) = forward_flat(model, kv, threads.as_deref(), batch)?;
+        let t_f = Instant::now();
+        let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
+        let t_fwd = t_f.elapsed().as_secs_f64()*1e6;
+        let t_s = Instant::now();
         let counts = |row| held.counts(row);
         let logits = Logits {
             data: &logits,
@@ -319,7 +329,9 @@ impl Backend for CpuBackend {
             sample_vocab: *sample_vocab,
         };
         sampler.sample_batch(batch, logits, drafts, counts, &mut out);
+        let t_sample = t_s.elapsed().as_secs_f64()*1e6;
         out.elapsed = start.elapsed();
+        tracing::trace!(target: "brook::executor::prof", t_apply, t_build, t_fwd, t_sample, total = out.elapsed.as_secs_f64()*1e6, "exe");
         tracing::trace!(
             tokens = batch.num_tokens(),
             drafts = batch.num_drafts(),

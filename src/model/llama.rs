@@ -258,21 +258,35 @@ impl LlamaModel {
         // Buffers reused by every layer.
         let (mut h, mut qkv, mut attn, mut proj, mut gate_up, mut act) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let t0 = std::time::Instant::now();
+        let mut tm = [0f64; 8];
+        let mut lap = std::time::Instant::now();
+        let mut tick = |i: usize, tm: &mut [f64; 8]| { let now = std::time::Instant::now(); tm[i] += (now - lap).as_secs_f64() * 1e6; lap = now; };
         for (layer_idx, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.input_layernorm, eps, &mut h);
+            tick(0, &mut tm);
             layer.qkv_proj.forward(&h, n, &mut qkv);
+            tick(1, &mut tm);
             self.rope_and_store(&mut qkv, batch, kv, layer_idx, layer.qk_norm.as_ref());
+            tick(2, &mut tm);
             attn.clear();
             attn.resize(n * q_dim, 0.0);
             paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
+            tick(3, &mut tm);
             layer.o_proj.forward(&attn, n, &mut proj);
+            tick(1, &mut tm);
             add_assign(&mut x, &proj);
 
             rms_norm(&x, &layer.post_attention_layernorm, eps, &mut h);
+            tick(0, &mut tm);
             layer.gate_up_proj.forward(&h, n, &mut gate_up);
+            tick(1, &mut tm);
             swiglu(&gate_up, c.intermediate_size, &mut act);
+            tick(0, &mut tm);
             layer.down_proj.forward(&act, n, &mut proj);
+            tick(1, &mut tm);
             add_assign(&mut x, &proj);
+            tick(0, &mut tm);
         }
         // Prefill chunks that end before their prompt does only fill the cache.
         let mut last = Vec::with_capacity(batch.num_logit_rows() * hs);
@@ -286,6 +300,8 @@ impl LlamaModel {
             Some(head) => head.forward(&h, rows, &mut logits),
             None => matmul_wt(&h, rows, &self.embed_tokens, c.vocab_size, hs, &mut logits),
         }
+        tick(4, &mut tm);
+        tracing::trace!(target: "brook::executor::prof", n, layers = self.layers.len(), ew = tm[0], mm = tm[1], rope = tm[2], attn = tm[3], head = tm[4], total = t0.elapsed().as_secs_f64() * 1e6, "fwd");
         Ok(logits)
     }
 
@@ -381,8 +397,8 @@ impl<'a> AttentionPlan<'a> {
     }
 }
 
-/// Causal attention of every (token, query head) of the batch over its sequence's paged K/V.
-/// Two passes over the keys (scores with their max, then exp-weighted values), in f32. Query
+/// Causal attention of every (token, query head) of the batch over its sequence's paged K/V
+/// (`attend`). Query
 /// head `h` reads kv head `h / (num_heads / num_kv_heads)` (GQA; MQA and MHA are the extremes).
 fn paged_attention(
     qkv: &[f32],
@@ -401,34 +417,29 @@ fn paged_attention(
     let window = c.sliding_window.unwrap_or(usize::MAX);
     let (k_cache, v_cache) = (&kv.k[layer][..], &kv.v[layer][..]);
     let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
-            let (t, h) = (i / heads, i % heads);
-            let (pos, block_table) = plan.tokens[t];
-            let q = &qkv[t * row_len + h * hd..][..hd];
-            let head_off = (h / group) * hd;
+        let (t, h) = (i / heads, i % heads);
+        let (pos, table) = plan.tokens[t];
+        let job = HeadJob {
+            q: &qkv[t * row_len + h * hd..][..hd],
+            table,
+            bs,
             // Keys first..=pos: the whole prefix, or the last `window` positions.
-            let (first, ctx) = ((pos + 1).saturating_sub(window), pos + 1);
-            let slot = |j: usize| block_table[j / bs] as usize * bs + j % bs;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in first..ctx {
-                let k = &k_cache[slot(j) * kv_dim + head_off..][..hd];
-                let s = dot(q, k) * scale;
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0.0;
-            o.fill(0.0);
-            for (j, s) in (first..ctx).zip(scores.iter()) {
-                let p = (s - max).exp();
-                sum += p;
-                let v = &v_cache[slot(j) * kv_dim + head_off..][..hd];
-                for (o, &v) in o.iter_mut().zip(v) {
-                    *o += p * v;
-                }
-            }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|x| *x *= inv);
+            first: (pos + 1).saturating_sub(window),
+            ctx: pos + 1,
+            k_cache,
+            v_cache,
+            kv_dim,
+            head_off: (h / group) * hd,
+            scale,
         };
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe { attend_avx2(&job, scores, o) };
+            return;
+        }
+        attend(&job, scores, o);
+    };
     // Parallel over (token, head) when there is enough to share: a fork costs what a few
     // hundred thousand multiply-adds do (a short single-stream decode stays on one thread).
     if 2 * plan.keys * heads * hd >= PAR_MIN_ATTENTION_MACS {
@@ -441,6 +452,72 @@ fn paged_attention(
             .enumerate()
             .for_each(|item| head(&mut scores, item));
     }
+}
+
+/// One query head's attention: its query, and where its keys are.
+struct HeadJob<'a> {
+    q: &'a [f32],
+    table: &'a [u32],
+    bs: usize,
+    /// Keys `first..ctx`.
+    first: usize,
+    ctx: usize,
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    kv_dim: usize,
+    head_off: usize,
+    scale: f32,
+}
+
+impl HeadJob<'_> {
+    /// The slots of positions `first..ctx`, block by block (no division per key).
+    fn slots(&self) -> impl Iterator<Item = usize> + '_ {
+        let bs = self.bs;
+        (self.first / bs..self.ctx.div_ceil(bs)).flat_map(move |b| {
+            let base = self.table[b] as usize * bs;
+            let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.ctx));
+            base + lo - b * bs..base + hi - b * bs
+        })
+    }
+}
+
+/// `o = softmax(q · Kᵀ · scale) · V` over the job's keys. Two passes over the keys (scores with
+/// their max, then exp-weighted values), in f32. The same operations in the same order whether
+/// compiled for AVX2 or not (Rust does not contract a * b + c into an FMA), so the result does
+/// not depend on the CPU's features.
+#[inline(always)]
+fn attend(j: &HeadJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let hd = o.len();
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for slot in j.slots() {
+        let k = &j.k_cache[slot * j.kv_dim + j.head_off..][..hd];
+        let s = dot(j.q, k) * j.scale;
+        max = max.max(s);
+        scores.push(s);
+    }
+    let mut sum = 0.0;
+    o.fill(0.0);
+    for (slot, s) in j.slots().zip(scores.iter()) {
+        let p = (s - max).exp();
+        sum += p;
+        let v = &j.v_cache[slot * j.kv_dim + j.head_off..][..hd];
+        for (o, &v) in o.iter_mut().zip(v) {
+            *o += p * v;
+        }
+    }
+    let inv = 1.0 / sum;
+    o.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `attend` compiled with 8-wide vectors.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(j: &HeadJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    attend(j, scores, o)
 }
 
 /// Rows from which rotary embedding runs in parallel.
