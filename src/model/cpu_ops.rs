@@ -140,19 +140,31 @@ fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], p
     }
 }
 
-/// Rows of x and of W per micro-kernel call: 2 × 4 accumulators, 6 loads per 8 multiply-adds.
-const MR: usize = 2;
+/// Most rows of x and of W per micro-kernel call.
+const MR: usize = 6;
 const NR: usize = 4;
+
+/// The micro-kernel's shape for `m` rows of x: (rows of x, rows of W) per call. One or two rows
+/// of x meet 4 rows of W (enough independent accumulators to hide the FMA latency); more, up to
+/// 6 rows of x meet 2 of W (12 accumulators; each vector of W loaded once for 6 FMAs).
+fn tile(m: usize) -> (usize, usize) {
+    if m <= 2 {
+        (2, 4)
+    } else {
+        (6, 2)
+    }
+}
 
 /// `ot[rows, m]` = W-block `[rows, k]` · xᵀ.
 fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ot: &mut [f32]) {
+    let (tr, tc) = tile(m);
     let mut j = 0;
     while j < rows {
-        let c = (rows - j).min(NR);
+        let c = (rows - j).min(tc);
         let wj = &w[j * k..(j + c) * k];
         let mut i = 0;
         while i < m {
-            let r = (m - i).min(MR);
+            let r = (m - i).min(tr);
             let xi = &x[i * k..(i + r) * k];
             let mut acc = [[0f32; NR]; MR];
             micro(xi, r, wj, c, k, &mut acc);
@@ -182,6 +194,14 @@ fn micro(x: &[f32], rn: usize, w: &[f32], cn: usize, k: usize, acc: &mut [[f32; 
                 (2, 2) => avx2::micro::<2, 2>(x, w, k, acc),
                 (2, 3) => avx2::micro::<2, 3>(x, w, k, acc),
                 (2, 4) => avx2::micro::<2, 4>(x, w, k, acc),
+                (3, 1) => avx2::micro::<3, 1>(x, w, k, acc),
+                (3, 2) => avx2::micro::<3, 2>(x, w, k, acc),
+                (4, 1) => avx2::micro::<4, 1>(x, w, k, acc),
+                (4, 2) => avx2::micro::<4, 2>(x, w, k, acc),
+                (5, 1) => avx2::micro::<5, 1>(x, w, k, acc),
+                (5, 2) => avx2::micro::<5, 2>(x, w, k, acc),
+                (6, 1) => avx2::micro::<6, 1>(x, w, k, acc),
+                (6, 2) => avx2::micro::<6, 2>(x, w, k, acc),
                 _ => unreachable!("micro-kernel shape {rn}x{cn}"),
             }
         }

@@ -158,6 +158,9 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 pub struct Acceptance {
     accepted: f64,
     tested: f64,
+    /// The request's length when it last got drafts (0: never): the draft model has computed
+    /// about that much of it, and catches up on the rest before it drafts again.
+    pub synced: usize,
 }
 
 impl Acceptance {
@@ -165,6 +168,7 @@ impl Acceptance {
         Acceptance {
             accepted: prior,
             tested: 1.0,
+            synced: 0,
         }
     }
 
@@ -311,13 +315,16 @@ impl DepthChoice {
 
 /// Chooses the cap (0..=`ceiling`) maximising expected tokens per ms of the step whose decodes
 /// are `decodes` (features of a plain decode step), where the requests of acceptances `alphas`
-/// may speculate and `others` decodes may not.
+/// may speculate and `others` decodes may not. Any speculation first costs the draft model
+/// `catch_up` tokens (the parts of those requests it has not computed: whole prompts when they
+/// never speculated; at batch 64 on the CPU that is several decode steps' time).
 pub fn choose_depth(
     target: &CostModel,
     draft: &DraftCost,
     decodes: &StepFeatures,
     alphas: &[f64],
     others: usize,
+    catch_up: usize,
     ceiling: usize,
 ) -> DepthChoice {
     let n = alphas.len();
@@ -335,7 +342,10 @@ pub fn choose_depth(
         false => c.per_prefill_token_ms,
     };
     let base_ms = target.predict_ms(decodes);
-    let step_ms = |k: usize| base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n);
+    let step_ms = |k: usize| {
+        let catch_up = if k > 0 { catch_up } else { 0 };
+        base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n + catch_up)
+    };
     let rate = |k: usize| {
         let tokens = others as f64 + alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>();
         tokens / step_ms(k).max(1e-6)

@@ -10,7 +10,7 @@ use crate::scheduler::spec::{
     self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, MIN_FIT_STEPS,
 };
 use crate::scheduler::CostCoefficients;
-use crate::spec::SpecConfig;
+use crate::spec::{SpecConfig, SpecMethod};
 use crate::step::{DraftOutcome, SchedulerOutput, StepOutput};
 
 /// Engine-wide acceptance weight per verification (slower than a request's own).
@@ -37,6 +37,8 @@ pub(crate) struct SpecState {
     /// Depths given this step to decodes that could speculate, and how many such decodes.
     depth_sum: usize,
     depth_seqs: usize,
+    /// Decodes given drafts this step while the draft model's cost is unmeasured (`probing`).
+    probes: usize,
 }
 
 impl SpecState {
@@ -50,8 +52,25 @@ impl SpecState {
             ceiling: 0,
             depth_sum: 0,
             depth_seqs: 0,
+            probes: 0,
             cfg,
         }
+    }
+}
+
+impl SpecState {
+    /// The adaptive policy has not yet measured the draft model's cost well (its fit starts at
+    /// zero cost): for its first `MIN_FIT_STEPS` drafting steps one decode per step probes it,
+    /// at the rules' ceiling whatever the cost model says, and no other decode drafts. Why not
+    /// let the cost model choose from the start: with a zero draft cost it sends the whole
+    /// batch, and a request's first drafts include the draft model's catch-up over its prompt
+    /// (measured on the CPU at batch 64: one such step took 223 ms of drafting against 16 ms
+    /// for a decode step); and a fit from one catch-up-heavy step cannot split the time between
+    /// passes and tokens, which can price drafting out for good (no more samples come at k = 0).
+    fn probing(&self) -> bool {
+        self.cfg.adaptive
+            && self.cfg.method == SpecMethod::Draft
+            && self.draft.samples() < MIN_FIT_STEPS
     }
 }
 
@@ -66,13 +85,14 @@ impl Scheduler {
     pub(super) fn plan_speculation(&mut self, kv: &KvCacheManager) {
         self.spec.choice = DepthChoice::NONE;
         self.spec.ceiling = 0;
-        (self.spec.depth_sum, self.spec.depth_seqs) = (0, 0);
+        (self.spec.depth_sum, self.spec.depth_seqs, self.spec.probes) = (0, 0, 0);
         if !self.spec.cfg.enabled() {
             return;
         }
         let mut decodes = StepFeatures::default();
         let mut alphas = Vec::new();
         let mut others = 0;
+        let mut catch_up = 0;
         for id in &self.running {
             let r = &self.requests[id];
             if r.num_uncomputed() != 1 {
@@ -80,7 +100,15 @@ impl Scheduler {
             }
             decodes.add_seq(1, r.num_computed + 1);
             match &r.spec {
-                Some(a) => alphas.push(a.rate()),
+                Some(a) => {
+                    alphas.push(a.rate());
+                    // The executor dropped its state (preempted): the draft model starts over.
+                    let synced = if r.executor_blocks.is_some() { a.synced } else { 0 };
+                    // What a step of drafting feeds anyway (the last verification's accepted
+                    // tokens) is in the draft's fit; beyond that is catch-up.
+                    catch_up += (r.num_tokens() - synced.min(r.num_tokens()))
+                        .saturating_sub(self.spec.cfg.max_depth + 1);
+                }
                 None => others += 1,
             }
         }
@@ -106,7 +134,9 @@ impl Scheduler {
         }
         let s = &self.spec;
         self.spec.choice = match s.cfg.adaptive {
-            true => spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, max),
+            true => {
+                spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, catch_up, max)
+            }
             false => DepthChoice::fixed(max),
         };
         tracing::trace!(
@@ -129,12 +159,22 @@ impl Scheduler {
         // Optimistic: a request held at depth 0 by its estimate (or by a cap its estimate
         // pulled to 0) is tried again, and falls back at once if it still fails.
         let retry_rate = self.spec.engine.rate().max(self.spec.cfg.acceptance_prior);
+        // While probing, the step's first decode that may speculate drafts at the rules'
+        // ceiling and no other does.
+        let probe = match self.spec.probing() {
+            true => Some(self.spec.probes == 0),
+            false => None,
+        };
         let req = self.requests.get_mut(&id).expect("a decode is known");
         let Some(acc) = req.spec.as_mut() else {
             return 0;
         };
-        let mut k = choice.depth_for(acc.rate());
-        if allowed && k == 0 {
+        let mut k = match probe {
+            Some(true) => self.spec.ceiling,
+            Some(false) => 0,
+            None => choice.depth_for(acc.rate()),
+        };
+        if allowed && k == 0 && probe.is_none() {
             acc.relax(retry_rate, RELAX);
         }
         // The step appends at most k + 1 tokens.
@@ -144,6 +184,13 @@ impl Scheduler {
             .saturating_sub(req.num_output_tokens())
             .min(max_len.saturating_sub(req.num_tokens()));
         k = k.min(left.saturating_sub(1)).min(budget.saturating_sub(1));
+        if k > 0 {
+            self.spec.probes += usize::from(probe.is_some());
+            let len = req.num_tokens();
+            if let Some(acc) = req.spec.as_mut() {
+                acc.synced = len;
+            }
+        }
         self.spec.depth_sum += k;
         self.spec.depth_seqs += 1;
         k

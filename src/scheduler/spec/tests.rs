@@ -80,7 +80,7 @@ fn a_single_stream_speculates_on_a_memory_bound_step() {
     for _ in 0..10 {
         d.observe(4, 4, 1.2);
     }
-    let c = choose_depth(&t, &d, &decodes(1), &[0.8], 0, 4);
+    let c = choose_depth(&t, &d, &decodes(1), &[0.8], 0, 0, 4);
     assert_eq!(c.cap, 4, "{c:?}");
     assert_eq!(c.depth_for(0.8), 4);
 }
@@ -90,10 +90,10 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     // Every row costs 0.25 ms: at batch 64 a verification row costs what a decode does.
     let t = target(2.0, 0.25);
     let d = DraftCost::default();
-    assert!(choose_depth(&t, &d, &decodes(1), &[0.8], 0, 4).cap > 0);
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 4).cap, 0);
+    assert!(choose_depth(&t, &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 0, 4).cap, 0);
     // A perfect proposer still pays there: every row it adds is a token.
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 4).cap, 4);
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 0, 4).cap, 4);
 }
 
 #[test]
@@ -109,14 +109,14 @@ fn a_verification_row_costs_at_least_a_decode_row() {
         per_prefill_floor_pair_ms: 0.0,
     });
     let d = DraftCost::default();
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 4).cap, 0);
+    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4).cap, 0);
 }
 
 #[test]
 fn a_memory_bound_gpu_speculates_at_batch_64_too() {
     // The H200 prior for a 7B model: rows are cheap against the weights' read.
     let t = CostModel::new(CostCoefficients::default());
-    let c = choose_depth(&t, &DraftCost::default(), &decodes(64), &[0.7; 64], 0, 4);
+    let c = choose_depth(&t, &DraftCost::default(), &decodes(64), &[0.7; 64], 0, 0, 4);
     assert!(c.cap > 0, "{c:?}");
 }
 
@@ -125,7 +125,7 @@ fn depth_falls_with_acceptance() {
     let t = target(2.0, 0.1);
     let mut d = DraftCost::default();
     d.observe(4, 4, 1.2);
-    let c = choose_depth(&t, &d, &decodes(4), &[0.9, 0.5, 0.1, 0.9], 0, 4);
+    let c = choose_depth(&t, &d, &decodes(4), &[0.9, 0.5, 0.1, 0.9], 0, 0, 4);
     assert!(c.cap > 0);
     let ks: Vec<usize> = [0.9, 0.5, 0.1, 0.02].map(|a| c.depth_for(a)).to_vec();
     assert!(ks.windows(2).all(|w| w[0] >= w[1]), "{ks:?}");
@@ -133,7 +133,7 @@ fn depth_falls_with_acceptance() {
     assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
     // Nobody may speculate: no depth.
     assert_eq!(
-        choose_depth(&t, &d, &decodes(4), &[], 4, 4),
+        choose_depth(&t, &d, &decodes(4), &[], 4, 0, 4),
         DepthChoice::NONE
     );
 }
