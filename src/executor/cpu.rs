@@ -170,7 +170,11 @@ impl CpuBackend {
             (SpecMethod::Draft, Some(d)) => {
                 let kv = KvPool::new(&d.config, num_blocks, opts.block_size);
                 let model = LlamaModel::new(d.config, d.weights)?;
-                Some(Box::new(CpuDraft::proposer(model, kv, Some(threads.clone()))))
+                Some(Box::new(CpuDraft::proposer(
+                    model,
+                    kv,
+                    Some(threads.clone()),
+                )))
             }
             (SpecMethod::Draft, None) => unreachable!("checked above"),
         };
@@ -296,9 +300,7 @@ impl CpuBackend {
             }
             None => {}
         }
-        let t_a = Instant::now();
         input.apply(step)?;
-        let t_apply = t_a.elapsed().as_secs_f64()*1e6;
         let mut out = StepOutput::default();
         drafts.clear();
         if let Some(p) = proposer {
@@ -314,14 +316,9 @@ impl CpuBackend {
                 (out.spec.passes, out.spec.tokens) = (stats.passes, stats.tokens);
             }
         }
-        let t_b = Instant::now();
         input.build(&drafts.proposals)?;
-        let t_build = t_b.elapsed().as_secs_f64()*1e6;
         let (batch, held) = (input.batch(), &*input);
-        let t_f = Instant::now();
         let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
-        let t_fwd = t_f.elapsed().as_secs_f64()*1e6;
-        let t_s = Instant::now();
         let counts = |row| held.counts(row);
         let logits = Logits {
             data: &logits,
@@ -329,9 +326,7 @@ impl CpuBackend {
             sample_vocab: *sample_vocab,
         };
         sampler.sample_batch(batch, logits, drafts, counts, &mut out);
-        let t_sample = t_s.elapsed().as_secs_f64()*1e6;
         out.elapsed = start.elapsed();
-        tracing::trace!(target: "brook::executor::prof", t_apply, t_build, t_fwd, t_sample, total = out.elapsed.as_secs_f64()*1e6, "exe");
         tracing::trace!(
             tokens = batch.num_tokens(),
             drafts = batch.num_drafts(),

@@ -22,7 +22,7 @@ pub const STREAM_MAX_ROWS: usize = 32;
 /// Multiply-adds below which a kernel runs on the calling thread: a rayon fork costs a few
 /// microseconds, what ≈ 100k multiply-adds take on one core (the draft model's layers are
 /// below it at one row).
-const PAR_MIN_MACS: usize = 1 << 17;
+const PAR_MIN_MACS: usize = 1 << 15;
 /// Rows of W per parallel task of `stream`.
 const STREAM_CHUNK: usize = 64;
 /// Rows of x per parallel task of the row-wise ops (norms, activations).
@@ -39,7 +39,10 @@ pub struct Dense {
 impl Dense {
     pub fn new(w: Vec<f32>, n: usize, k: usize, bias: Option<Vec<f32>>) -> Self {
         assert_eq!(w.len(), n * k, "weight is not [{n}, {k}]");
-        assert!(bias.as_ref().is_none_or(|b| b.len() == n), "bias is not [{n}]");
+        assert!(
+            bias.as_ref().is_none_or(|b| b.len() == n),
+            "bias is not [{n}]"
+        );
         Dense { w, n, k, bias }
     }
 
@@ -131,7 +134,10 @@ fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], p
             .enumerate()
             .for_each(task);
     } else {
-        out_t.chunks_mut(STREAM_CHUNK * m).enumerate().for_each(task);
+        out_t
+            .chunks_mut(STREAM_CHUNK * m)
+            .enumerate()
+            .for_each(task);
     }
     for (j, col) in out_t.chunks_exact(m).enumerate() {
         for (i, &v) in col.iter().enumerate() {
@@ -335,7 +341,8 @@ pub fn swiglu(gate_up: &[f32], intermediate: usize, out: &mut Vec<f32>) {
     out.clear();
     out.resize(gate_up.len() / 2, 0.0);
     rows_mut(out, intermediate, |i, o| {
-        let (g, u) = gate_up[i * 2 * intermediate..(i + 1) * 2 * intermediate].split_at(intermediate);
+        let (g, u) =
+            gate_up[i * 2 * intermediate..(i + 1) * 2 * intermediate].split_at(intermediate);
         for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
             *o = g / (1.0 + (-g).exp()) * u;
         }
@@ -352,10 +359,14 @@ mod tests {
     use super::*;
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
@@ -377,7 +388,10 @@ mod tests {
     /// f64 reference, on shapes with ragged edges and k not a multiple of 8.
     #[test]
     fn matmul_matches_the_reference_on_every_path() {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 7, 13),
@@ -423,7 +437,10 @@ mod tests {
                 let take = rows.min(m - i);
                 matmul_wt(&x[i * k..(i + take) * k], take, &w, n, k, &mut one);
                 assert!(
-                    one[..n].iter().zip(&all[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    one[..n]
+                        .iter()
+                        .zip(&all[i * n..(i + 1) * n])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "row {i} alone (with {take} rows) differs"
                 );
             }

@@ -256,37 +256,23 @@ impl LlamaModel {
         let eps = c.rms_norm_eps as f32;
         let q_dim = c.q_dim();
         // Buffers reused by every layer.
-        let (mut h, mut qkv, mut attn, mut proj, mut gate_up, mut act) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let t0 = std::time::Instant::now();
-        let mut tm = [0f64; 8];
-        let mut lap = std::time::Instant::now();
-        let mut tick = |i: usize, tm: &mut [f64; 8]| { let now = std::time::Instant::now(); tm[i] += (now - lap).as_secs_f64() * 1e6; lap = now; };
+        let [mut h, mut qkv, mut attn, mut proj, mut gate_up, mut act]: [Vec<f32>; 6] =
+            Default::default();
         for (layer_idx, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.input_layernorm, eps, &mut h);
-            tick(0, &mut tm);
             layer.qkv_proj.forward(&h, n, &mut qkv);
-            tick(1, &mut tm);
             self.rope_and_store(&mut qkv, batch, kv, layer_idx, layer.qk_norm.as_ref());
-            tick(2, &mut tm);
             attn.clear();
             attn.resize(n * q_dim, 0.0);
             paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
-            tick(3, &mut tm);
             layer.o_proj.forward(&attn, n, &mut proj);
-            tick(1, &mut tm);
             add_assign(&mut x, &proj);
 
             rms_norm(&x, &layer.post_attention_layernorm, eps, &mut h);
-            tick(0, &mut tm);
             layer.gate_up_proj.forward(&h, n, &mut gate_up);
-            tick(1, &mut tm);
             swiglu(&gate_up, c.intermediate_size, &mut act);
-            tick(0, &mut tm);
             layer.down_proj.forward(&act, n, &mut proj);
-            tick(1, &mut tm);
             add_assign(&mut x, &proj);
-            tick(0, &mut tm);
         }
         // Prefill chunks that end before their prompt does only fill the cache.
         let mut last = Vec::with_capacity(batch.num_logit_rows() * hs);
@@ -300,8 +286,6 @@ impl LlamaModel {
             Some(head) => head.forward(&h, rows, &mut logits),
             None => matmul_wt(&h, rows, &self.embed_tokens, c.vocab_size, hs, &mut logits),
         }
-        tick(4, &mut tm);
-        tracing::trace!(target: "brook::executor::prof", n, layers = self.layers.len(), ew = tm[0], mm = tm[1], rope = tm[2], attn = tm[3], head = tm[4], total = t0.elapsed().as_secs_f64() * 1e6, "fwd");
         Ok(logits)
     }
 
@@ -322,31 +306,33 @@ impl LlamaModel {
         let half = hd / 2;
         let eps = c.rms_norm_eps as f32;
         let rotate = |(row, &pos): (&mut [f32], &u32)| {
-                let cos = &self.rope_cos[pos as usize * half..][..half];
-                let sin = &self.rope_sin[pos as usize * half..][..half];
-                // q heads then k heads: both rotated the same way (transformers' rotate_half layout:
-                // pair i is (x[i], x[i + head_dim/2])).
-                for (h, head) in row[..q_dim + kv_dim].chunks_exact_mut(hd).enumerate() {
-                    if let Some((qn, kn)) = qk_norm {
-                        let w = if h * hd < q_dim { qn } else { kn };
-                        let inv = (dot(head, head) / hd as f32 + eps).sqrt().recip();
-                        head.iter_mut().zip(w).for_each(|(x, w)| *x *= inv * w);
-                    }
-                    let (x1, x2) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (a, b) = (x1[i], x2[i]);
-                        x1[i] = a * cos[i] - b * sin[i];
-                        x2[i] = b * cos[i] + a * sin[i];
-                    }
+            let cos = &self.rope_cos[pos as usize * half..][..half];
+            let sin = &self.rope_sin[pos as usize * half..][..half];
+            // q heads then k heads: both rotated the same way (transformers' rotate_half layout:
+            // pair i is (x[i], x[i + head_dim/2])).
+            for (h, head) in row[..q_dim + kv_dim].chunks_exact_mut(hd).enumerate() {
+                if let Some((qn, kn)) = qk_norm {
+                    let w = if h * hd < q_dim { qn } else { kn };
+                    let inv = (dot(head, head) / hd as f32 + eps).sqrt().recip();
+                    head.iter_mut().zip(w).for_each(|(x, w)| *x *= inv * w);
                 }
-            };
+                let (x1, x2) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (x1[i], x2[i]);
+                    x1[i] = a * cos[i] - b * sin[i];
+                    x2[i] = b * cos[i] + a * sin[i];
+                }
+            }
+        };
         // A fork costs more than rotating a few rows.
         if batch.positions.len() >= PAR_MIN_ROWS {
             qkv.par_chunks_mut(row_len)
                 .zip(batch.positions.par_iter())
                 .for_each(rotate);
         } else {
-            qkv.chunks_mut(row_len).zip(&batch.positions).for_each(rotate);
+            qkv.chunks_mut(row_len)
+                .zip(&batch.positions)
+                .for_each(rotate);
         }
         let (k_cache, v_cache) = (&mut kv.k[layer], &mut kv.v[layer]);
         for (row, &slot) in qkv.chunks_exact(row_len).zip(&batch.slot_mapping) {

@@ -103,7 +103,11 @@ impl Scheduler {
                 Some(a) => {
                     alphas.push(a.rate());
                     // The executor dropped its state (preempted): the draft model starts over.
-                    let synced = if r.executor_blocks.is_some() { a.synced } else { 0 };
+                    let synced = if r.executor_blocks.is_some() {
+                        a.synced
+                    } else {
+                        0
+                    };
                     // What a step of drafting feeds anyway (the last verification's accepted
                     // tokens) is in the draft's fit; beyond that is catch-up.
                     catch_up += (r.num_tokens() - synced.min(r.num_tokens()))
@@ -134,9 +138,9 @@ impl Scheduler {
         }
         let s = &self.spec;
         self.spec.choice = match s.cfg.adaptive {
-            true => {
-                spec::choose_depth(&s.target, &s.draft, &decodes, &alphas, others, catch_up, max)
-            }
+            true => spec::choose_depth(
+                &s.target, &s.draft, &decodes, &alphas, others, catch_up, max,
+            ),
             false => DepthChoice::fixed(max),
         };
         tracing::trace!(

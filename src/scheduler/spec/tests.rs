@@ -91,9 +91,15 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     let t = target(2.0, 0.25);
     let d = DraftCost::default();
     assert!(choose_depth(&t, &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 0, 4).cap, 0);
+    assert_eq!(
+        choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 0, 4).cap,
+        0
+    );
     // A perfect proposer still pays there: every row it adds is a token.
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 0, 4).cap, 4);
+    assert_eq!(
+        choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 0, 4).cap,
+        4
+    );
 }
 
 #[test]
@@ -109,7 +115,10 @@ fn a_verification_row_costs_at_least_a_decode_row() {
         per_prefill_floor_pair_ms: 0.0,
     });
     let d = DraftCost::default();
-    assert_eq!(choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4).cap, 0);
+    assert_eq!(
+        choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4).cap,
+        0
+    );
 }
 
 #[test]
