@@ -105,6 +105,9 @@ pub struct CacheConfig {
     /// Copy bandwidth between the tiers for the swap-or-recompute decision, GB/s; 0 = measure
     /// at start.
     pub swap_bandwidth_gbs: f64,
+    /// KV cache element type: auto (the model's dtype), bf16, or fp8 (e4m3, scale 1; CUDA
+    /// executor on sm_89+ only: the CPU executor refuses it at start).
+    pub kv_cache_dtype: crate::executor::cuda::KvCacheDtype,
 }
 
 impl CacheConfig {
@@ -160,6 +163,7 @@ impl Default for CacheConfig {
             enable_prefix_caching: true,
             cpu_kv_cache_gib: 0.0,
             swap_bandwidth_gbs: 0.0,
+            kv_cache_dtype: Default::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ use brook::sampling::params::SamplingParams;
 use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput, StepOutput};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// One figure: a JSON object on its own line of stdout.
@@ -99,6 +100,34 @@ pub fn random_bf16(gpu: &Gpu, elems: usize, seed: u64) -> anyhow::Result<DevBuf>
     Ok(b)
 }
 
+/// `elems` KV cache elements of random values in the cache's dtype (`Gpu::kv_fp8`): bf16 as
+/// `random_bf16`; e4m3 bytes generated on the host (seeded), of either sign, magnitudes 2^-4 to
+/// 0.94 (exponent fields 3..6, any mantissa): never NaN, which a random byte can be.
+pub fn random_kv(gpu: &Gpu, elems: usize, seed: u64) -> anyhow::Result<DevBuf> {
+    if !gpu.kv_fp8() {
+        return random_bf16(gpu, elems, seed);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut bytes = vec![0u8; elems];
+    for chunk in bytes.chunks_mut(8) {
+        let r: u64 = rng.random();
+        for (i, b) in chunk.iter_mut().enumerate() {
+            let x = (r >> (8 * i)) as u8;
+            *b = (x & 0x87) | ((3 + ((x >> 3) & 3)) << 3);
+        }
+    }
+    upload(gpu, &bytes)
+}
+
+/// Bytes of one KV cache element on `gpu` (`Gpu::kv_fp8`).
+pub fn kv_elem_bytes(gpu: &Gpu) -> usize {
+    if gpu.kv_fp8() {
+        1
+    } else {
+        2
+    }
+}
+
 /// The head shape of one attention layer and the KV block size.
 pub struct AttnShape {
     pub heads: usize,
@@ -144,7 +173,8 @@ pub struct CausalPrefill {
 }
 
 impl CausalPrefill {
-    /// K, V and Q filled with seeds `seed`, `seed + 1` and `seed + 2`.
+    /// K, V and Q filled with seeds `seed`, `seed + 1` and `seed + 2`; K and V in the cache's
+    /// dtype (`random_kv`).
     pub fn new(
         gpu: &Gpu,
         shape: &AttnShape,
@@ -161,8 +191,8 @@ impl CausalPrefill {
         );
         let cache_elems = num_blocks * kvh * bs * hd;
         let (k_cache, v_cache) = (
-            random_bf16(gpu, cache_elems, seed)?,
-            random_bf16(gpu, cache_elems, seed + 1)?,
+            random_kv(gpu, cache_elems, seed)?,
+            random_kv(gpu, cache_elems, seed + 1)?,
         );
         let q = random_bf16(gpu, seqs * len * h * hd, seed + 2)?;
         let blocks_per_seq = len.div_ceil(bs);

@@ -3,20 +3,29 @@
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::CudaBackendOptions;
+use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
 
-/// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
-pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
+/// One prompt in one step (prefill + first token), median of 5 on fresh blocks; once per KV
+/// cache dtype.
+pub fn run(model: &str, input_len: usize, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
+    for &dtype in dtypes {
+        run_one(model, input_len, dtype)?;
+    }
+    Ok(())
+}
+
+fn run_one(model: &str, input_len: usize, dtype: KvCacheDtype) -> anyhow::Result<()> {
     let mut b = backend(
         model,
         CudaBackendOptions {
             max_num_seqs: 8,
             max_num_batched_tokens: input_len,
+            kv_cache_dtype: dtype,
             ..bench_options()
         },
     )?;
@@ -41,7 +50,10 @@ pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
         times.push(elapsed_ms(t0));
     }
     let med = median(times[1..].to_vec());
-    eprintln!("{model} ttft for {input_len} tokens: {med:.2} ms (runs {times:.2?})");
-    emit(json!({"figure": "ttft_b1_ms", "model": model, "input_len": input_len, "median_ms": med}));
+    let kv = dtype.as_str();
+    eprintln!("{model} ttft for {input_len} tokens, kv {kv}: {med:.2} ms (runs {times:.2?})");
+    emit(
+        json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med}),
+    );
     Ok(())
 }

@@ -38,6 +38,15 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The files among `SOURCES` whose kernels write or gather the paged KV cache: built a second
+/// time with `-DKV_FP8=1` for an e4m3 cache (`Gpu::set_kv_fp8`). kv_stage moves bytes and needs
+/// no build of its own.
+pub const KV_SOURCES: &[(&str, &str)] = &[
+    ("rope_kv", include_str!("../../../kernels/rope_kv.cu")),
+    ("gemv", include_str!("../../../kernels/gemv.cu")),
+    ("kv_gather", include_str!("../../../kernels/kv_gather.cu")),
+];
+
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu). A fact of the sources above, kept here
 /// (re-exported by `kernels`) so `device` can default to it without depending on `kernels`,
 /// which depends on `device`.
