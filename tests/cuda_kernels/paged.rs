@@ -115,11 +115,7 @@ pub struct Paged {
 }
 
 impl Paged {
-    pub fn random(r: &mut ChaCha8Rng, ctx: &[usize], spare: usize, layout: KvLayout) -> Paged {
-        Paged::random_kv(r, ctx, spare, layout, false)
-    }
-
-    /// `random` with an e4m3 cache when `fp8` (`Cache`).
+    /// `ctx` sequences over a random cache (e4m3 when `fp8`, see `Cache`).
     pub fn random_kv(
         r: &mut ChaCha8Rng,
         ctx: &[usize],

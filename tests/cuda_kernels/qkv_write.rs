@@ -170,12 +170,8 @@ pub struct QkvDev {
 }
 
 impl QkvDev {
-    pub fn new(g: &Gpu, write: &QkvWrite, num_blocks: usize) -> Self {
-        QkvDev::new_kv(g, write, num_blocks, false)
-    }
-
-    /// `new` with an e4m3 cache when `fp8`.
-    pub fn new_kv(g: &Gpu, write: &QkvWrite, num_blocks: usize, fp8: bool) -> Self {
+    /// Poisoned outputs for `write` over a cache of `num_blocks` (e4m3 when `fp8`).
+    pub fn new(g: &Gpu, write: &QkvWrite, num_blocks: usize, fp8: bool) -> Self {
         let l = write.layout;
         let q_elems = write.positions.len() * write.heads * l.head_dim;
         let cache_elems = num_blocks * l.kv_heads * l.block_size * l.head_dim;
@@ -196,13 +192,9 @@ impl QkvDev {
         }
     }
 
-    /// Reads the outputs back and checks them against `write` of `qkv` (`QkvWrite::check`).
-    pub fn check(&self, g: &Gpu, what: &str, write: &QkvWrite, qkv: &[f32], v_exact: bool) {
-        self.check_slack(g, what, write, qkv, v_exact, 0.0);
-    }
-
-    /// `check` with `fp8_slack` for an e4m3 cache (`assert_e4m3`).
-    pub fn check_slack(
+    /// Reads the outputs back and checks them against `write` of `qkv` (`QkvWrite::check`;
+    /// `fp8_slack` for an e4m3 cache, `assert_e4m3`).
+    pub fn check(
         &self,
         g: &Gpu,
         what: &str,
