@@ -22,11 +22,6 @@ pub fn gpu() -> Option<Gpu> {
     }
 }
 
-/// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`).
-pub fn attention_gpu(head_dim: usize, group: usize) -> Option<Gpu> {
-    attention_gpu_kv(head_dim, group, false)
-}
-
 /// `gpu()` with the KV cache kernels for an e4m3 cache when `fp8` (`Gpu::set_kv_fp8`).
 pub fn kv_gpu(fp8: bool) -> Option<Gpu> {
     let mut g = gpu()?;
@@ -35,7 +30,8 @@ pub fn kv_gpu(fp8: bool) -> Option<Gpu> {
     Some(g)
 }
 
-/// `attention_gpu` for a cache of either dtype (`fp8`: e4m3).
+/// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`), for a cache
+/// of either dtype (`fp8`: e4m3).
 pub fn attention_gpu_kv(head_dim: usize, group: usize, fp8: bool) -> Option<Gpu> {
     let mut g = kv_gpu(fp8)?;
     g.load_attention(head_dim, group)
