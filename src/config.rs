@@ -377,6 +377,37 @@ mod tests {
         assert!(err.contains("max_depth"), "{err}");
     }
 
+    /// `cache.kv_cache_dtype` (and `--kv-cache-dtype`) reach the CUDA options; the CPU
+    /// executor refuses fp8 at start, before loading weights, saying what to do.
+    #[test]
+    fn kv_cache_dtype_flows_to_cuda_and_the_cpu_refuses_fp8() {
+        use crate::executor::cuda::{CudaBackendOptions, KvCacheDtype};
+        assert_eq!(Config::default().cache.kv_cache_dtype, KvCacheDtype::Auto);
+        let cfg = Config::from_toml("[cache]\nkv_cache_dtype = \"fp8\"\n").unwrap();
+        assert_eq!(cfg.cache.kv_cache_dtype, KvCacheDtype::Fp8);
+        let cuda = CudaBackendOptions::from_config(&cfg, false);
+        assert_eq!(cuda.kv_cache_dtype, KvCacheDtype::Fp8);
+        assert_eq!(
+            (KvCacheDtype::Auto.cuda_bytes(), KvCacheDtype::Bf16.cuda_bytes()),
+            (2, 2)
+        );
+        assert_eq!(KvCacheDtype::Fp8.cuda_bytes(), 1);
+        let err = toml_err("[cache]\nkv_cache_dtype = \"fp16\"\n");
+        assert!(err.contains("fp16"), "{err}");
+
+        let mut cfg = cfg;
+        cfg.model.device = "cpu".into();
+        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
+        let err = match crate::engine::start(&cfg, &demo, false) {
+            Ok(_) => panic!("the CPU executor started with an fp8 KV cache"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.contains("--kv-cache-dtype fp8") && err.contains("CPU"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn bad_value_is_rejected() {
         let err = toml_err("[cache]\nblock_size = 12\n");
