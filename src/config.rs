@@ -388,7 +388,10 @@ mod tests {
         let cuda = CudaBackendOptions::from_config(&cfg, false);
         assert_eq!(cuda.kv_cache_dtype, KvCacheDtype::Fp8);
         assert_eq!(
-            (KvCacheDtype::Auto.cuda_bytes(), KvCacheDtype::Bf16.cuda_bytes()),
+            (
+                KvCacheDtype::Auto.cuda_bytes(),
+                KvCacheDtype::Bf16.cuda_bytes()
+            ),
             (2, 2)
         );
         assert_eq!(KvCacheDtype::Fp8.cuda_bytes(), 1);

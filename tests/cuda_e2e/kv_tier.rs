@@ -1,6 +1,7 @@
 //! The KV memory tier on the GPU: pinned host blocks, copies on the copy stream.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::executor::cuda::KvCacheDtype;
 use brook::scheduler::PreemptionMode;
 use brook::step::BlockCopy;
 
@@ -14,7 +15,7 @@ fn backend(
     device: usize,
     host: usize,
 ) -> CudaBackend {
-    let per_block = kv_bytes_per_block(config, BLOCK);
+    let per_block = kv_bytes_per_block(config, BLOCK, KvCacheDtype::Auto);
     CudaBackend::from_weights(
         config.clone(),
         weights,
