@@ -203,6 +203,34 @@ mod tests {
                 );
             }
         }
+        // The e4m3-cache builds (-DKV_FP8=1, sm_89+): the cache writers and gatherer, and the
+        // attention kernels down to the tiny checkpoints' head dim 16.
+        for (name, src) in KV_SOURCES {
+            let (ptx, _) = ptx_with(name, src, "compute_90", &[("KV_FP8", 1)])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry"), "{name} KV_FP8");
+        }
+        for hd in [16, 64, 80, 96, 128, 256] {
+            let fp8 = ("KV_FP8", 1);
+            let (name, src) = PREFILL_ATTN;
+            let (ptx, _) = ptx_with(name, src, "compute_90", &[("HD", hd), fp8])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry prefill_attn"), "hd {hd} fp8");
+            for group in [1, 4, 5, 8, 16] {
+                let (name, src) = PAGED_DECODE;
+                let (ptx, _) = ptx_with(
+                    name,
+                    src,
+                    "compute_90",
+                    &[("HD", hd), ("GROUP", group), fp8],
+                )
+                .unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(
+                    ptx.to_src().contains(".entry paged_decode"),
+                    "hd {hd} g {group} fp8"
+                );
+            }
+        }
         let (_, cached) = ptx_with(
             PAGED_DECODE.0,
             PAGED_DECODE.1,
