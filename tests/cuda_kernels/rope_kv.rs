@@ -234,7 +234,6 @@ fn rope_kv_writes_an_e4m3_cache() {
         rope_scale: 1.19,
         llama3: true,
         fp8: true,
-        ..Rope::default()
     }
     .run();
 }
