@@ -92,6 +92,10 @@ enum Cmd {
         model: String,
         #[arg(long, default_value_t = 2048)]
         input_len: usize,
+        /// Also time the step with each kind of launch left out (norms, RoPE, attention, SiLU,
+        /// the linear layers): what each costs inside the prefill.
+        #[arg(long)]
+        breakdown: bool,
     },
     Offline {
         #[arg(long, default_value = "llama-2-7b")]
@@ -146,7 +150,11 @@ fn main() -> anyhow::Result<()> {
             output_len,
             quick,
         } => decode::run(&model, input_len, output_len, quick),
-        Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
+        Cmd::Ttft {
+            model,
+            input_len,
+            breakdown,
+        } => ttft::run(&model, input_len, breakdown),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {
