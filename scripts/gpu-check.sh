@@ -20,7 +20,8 @@
 #                                       the flash prefill kernel tests (split over the keys, every
 #                                       head dim), the CUDA-vs-CPU tests, then prefill-chunks
 #                                       (chunks 64-2048 at ctx 2k/8k/16k, split vs unsplit),
-#                                       attention (fresh prompts) and ttft 2048 into
+#                                       attention (fresh prompts) and ttft 2048 (with each kind of
+#                                       launch left out in turn: --breakdown) into
 #                                       $OUT/prefill18.jsonl. With BEFORE=DIR (a gpu-check.sh build
 #                                       of an earlier commit) the same benchmarks of its gpu-bench too
 #                                       kv13 (issue 13, about 3 min): the kv_stage kernel tests, the
@@ -165,7 +166,7 @@ device)
                 step "before: gpu-bench $args" timeout 120 sh -c "$BEFORE/gpu-bench $args | sed 's/^{/{\"build\":\"before\",/' >>'$out/prefill18.jsonl'"
             done
         fi
-        for args in "prefill-chunks --model llama-2-7b,llama-3-8b" "attention" "ttft --model llama-2-7b --input-len 2048"; do
+        for args in "prefill-chunks --model llama-2-7b,llama-3-8b" "attention" "ttft --model llama-2-7b --input-len 2048 --breakdown"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/prefill18.jsonl'"
         done

@@ -8,7 +8,7 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -255,6 +255,20 @@ impl CausalPrefill {
 }
 
 /// brook's defaults with the progress bar off; each bench overrides what it measures.
+/// Leave-one-out variants (`CudaBackendOptions::skip`): what each kind of launch costs inside a
+/// step is the default's time minus the time with that kind left out.
+pub const SKIPS: [(&str, u32); 6] = [
+    ("norms", skip::NORMS),
+    ("rope", skip::ROPE),
+    ("attention", skip::ATTENTION),
+    ("silu", skip::SILU),
+    (
+        "all but linear",
+        skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
+    ),
+    ("linear", skip::LINEAR),
+];
+
 pub fn bench_options() -> CudaBackendOptions {
     CudaBackendOptions {
         progress: false,

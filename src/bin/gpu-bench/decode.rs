@@ -4,12 +4,12 @@
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{skip, CudaBackendOptions, KvCacheDtype};
+use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step, SKIPS};
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, for brook's defaults and
 /// then one setting changed at a time.
@@ -72,21 +72,10 @@ fn run_dtype(
         },
     ];
     // What each kind of launch costs inside the step: the default with that kind left out.
-    let skips = [
-        ("norms", skip::NORMS),
-        ("rope", skip::ROPE),
-        ("attention", skip::ATTENTION),
-        ("silu", skip::SILU),
-        (
-            "all but linear",
-            skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
-        ),
-        ("linear", skip::LINEAR),
-    ];
     let variants = variants
         .into_iter()
         .map(|o| (o, ""))
-        .chain(skips.into_iter().map(|(name, bits)| {
+        .chain(SKIPS.into_iter().map(|(name, bits)| {
             (
                 CudaBackendOptions {
                     skip: bits,

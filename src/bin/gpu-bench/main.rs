@@ -103,6 +103,10 @@ enum Cmd {
         model: String,
         #[arg(long, default_value_t = 2048)]
         input_len: usize,
+        /// Also time the step with each kind of launch left out (norms, RoPE, attention, SiLU,
+        /// the linear layers): what each costs inside the prefill.
+        #[arg(long)]
+        breakdown: bool,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
@@ -171,8 +175,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Ttft {
             model,
             input_len,
+            breakdown,
             kv_cache_dtype,
-        } => ttft::run(&model, input_len, &kv_cache_dtype),
+        } => ttft::run(&model, input_len, breakdown, &kv_cache_dtype),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {

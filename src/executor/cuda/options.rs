@@ -71,7 +71,8 @@ pub struct CudaBackendOptions {
     /// sampler's buffers are sized for `1 + max_drafts` logit rows per sequence.
     pub max_drafts: usize,
     /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
-    /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
+    /// each costs inside a step (decode or prefill); the step's output is then meaningless. 0
+    /// otherwise.
     pub skip: u32,
     /// The paged KV cache's element type (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
@@ -126,6 +127,7 @@ impl CudaBackendOptions {
 pub mod skip {
     pub const NORMS: u32 = 1;
     pub const ROPE: u32 = 2;
+    /// Decode and prefill attention (flash tiles and the GEMM path).
     pub const ATTENTION: u32 = 4;
     pub const SILU: u32 = 8;
     /// The layers' linear projections (not the LM head).
