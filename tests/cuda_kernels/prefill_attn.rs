@@ -141,7 +141,7 @@ fn prefill_attention_fp8_cached_prefix_every_head_dim() {
 fn prefill_attention_fp8_split_kv_and_window() {
     let seqs = [(64, 4096), (17, 8000), (130, 3000), (2, 2500), (150, 150)];
     for (i, splits) in [2, 8, 32].into_iter().enumerate() {
-        check_prefill_kv(720 + i as u64, (128, 32, 8), &seqs, 0, splits, true);
+        check_prefill_kv(720 + i as u64, (128, 8, 2), &seqs, 0, splits, true);
     }
     let seqs = [(150, 150), (40, 300), (1, 70), (64, 1000), (97, 97)];
     check_prefill_kv(730, (128, 8, 2), &seqs, 50, 1, true);
