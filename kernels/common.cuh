@@ -43,6 +43,74 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 
+// The paged KV cache's element type. Default: bf16, the model's dtype. With -DKV_FP8=1 (`--kv-cache-dtype
+// fp8`, Gpu::set_kv_fp8): fp8 e4m3 with a per-tensor scale of 1 (no calibration, vLLM's default):
+// half the bytes a token. Writes saturate at +-448 (cvt .satfinite, what cuda_fp8.h's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) compiles to); reads are exact (every e4m3
+// value is an f16 and a bf16). Both conversions are sm_89+ instructions: the host refuses fp8 on
+// older GPUs. KV_VEC: cache elements in one 16-byte load.
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+#if KV_FP8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "KV_FP8 needs sm_89 or newer (e4m3 conversions)"
+#endif
+typedef unsigned char kv_t;  // e4m3 bits
+#define KV_VEC 16
+
+__device__ __forceinline__ kv_t f2kv(float f) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(f));
+  return (kv_t)r;  // f went to the low byte
+}
+
+// Two e4m3 (the low byte first in memory) to two f16 in one register, the low byte's low.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(unsigned short x) {
+  u32 r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+
+__device__ __forceinline__ float h2f(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+// Four e4m3 (one 32-bit word, the low byte first in memory) to four floats, in memory order.
+__device__ __forceinline__ void e4m3x4_to_f(u32 w, float* out) {
+  const u32 lo = e4m3x2_to_f16x2((unsigned short)(w & 0xffffu));
+  const u32 hi = e4m3x2_to_f16x2((unsigned short)(w >> 16));
+  out[0] = h2f((unsigned short)(lo & 0xffffu));
+  out[1] = h2f((unsigned short)(lo >> 16));
+  out[2] = h2f((unsigned short)(hi & 0xffffu));
+  out[3] = h2f((unsigned short)(hi >> 16));
+}
+
+// Sixteen e4m3 (one 16-byte load) to sixteen floats, in memory order.
+__device__ __forceinline__ void e4m3x16_to_f(uint4 v, float* out) {
+  e4m3x4_to_f(v.x, out);
+  e4m3x4_to_f(v.y, out + 4);
+  e4m3x4_to_f(v.z, out + 8);
+  e4m3x4_to_f(v.w, out + 12);
+}
+
+// Sixteen e4m3 to sixteen bf16 (exact: e4m3 fits bf16), in memory order, as two 16-byte words.
+__device__ __forceinline__ void e4m3x16_to_bf16(uint4 v, uint4* lo, uint4* hi) {
+  float f[16];
+  e4m3x16_to_f(v, f);
+  *lo = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                   pack_bf16x2(f[6], f[7]));
+  *hi = make_uint4(pack_bf16x2(f[8], f[9]), pack_bf16x2(f[10], f[11]),
+                   pack_bf16x2(f[12], f[13]), pack_bf16x2(f[14], f[15]));
+}
+#else
+typedef bf16 kv_t;
+#define KV_VEC 8
+__device__ __forceinline__ kv_t f2kv(float f) { return f2bf(f); }
+#endif
+
 // Sum (kMax false) or max (kMax true) over the warp; every lane gets the result.
 template <bool kMax>
 __device__ __forceinline__ float warp_reduce(float v) {

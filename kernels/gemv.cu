@@ -185,8 +185,8 @@ struct GemvQkvRopeParams {
   const u32* slots;       // [m]  block_id * block_size + offset; 0xffffffff: don't write K/V
   const float* inv_freq;  // [head_dim / 2]
   bf16* q_out;            // [m, num_heads, head_dim]
-  bf16* k_cache;          // [num_blocks, num_kv_heads, block_size, head_dim]
-  bf16* v_cache;          // same
+  kv_t* k_cache;          // [num_blocks, num_kv_heads, block_size, head_dim]  bf16, or e4m3
+  kv_t* v_cache;          // same                                               (KV_FP8)
   int m;
   int k;
   int num_heads;
@@ -217,6 +217,23 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
       b = b * c + a * s;
       a = a2;
     }
+#if KV_FP8
+    // q stays bf16, k and v go to the cache in its dtype.
+    if (is_q) {
+      bf16* dst = p.q_out + ((size_t)m * p.num_heads + head) * p.head_dim;
+      dst[i] = f2bf(a);
+      dst[i + half] = f2bf(b);
+    } else {
+      const u32 slot = p.slots[m];
+      if (slot == 0xffffffffu) continue;  // padding token: nothing to write
+      const int kh = head - p.num_heads - (is_v ? p.num_kv_heads : 0);
+      const size_t o = kv_offset((int)(slot / p.block_size), kh, (int)(slot % p.block_size),
+                                 p.num_kv_heads, p.block_size, p.head_dim);
+      kv_t* dst = (is_v ? p.v_cache : p.k_cache) + o;
+      dst[i] = f2kv(a);
+      dst[i + half] = f2kv(b);
+    }
+#else
     bf16* dst;
     if (is_q) {
       dst = p.q_out + ((size_t)m * p.num_heads + head) * p.head_dim;
@@ -230,6 +247,7 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
     }
     dst[i] = f2bf(a);
     dst[i + half] = f2bf(b);
+#endif
   }
 }
 

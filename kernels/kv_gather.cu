@@ -7,9 +7,11 @@
 // a constant stride between heads) covers all heads. The extra writes are ctx * num_heads * HD * 4
 // bytes, microseconds at the context lengths this path serves; the alternative (pointer-array
 // batched GEMMs, or one call per group member) costs more launches or per-step pointer tables.
+// The output is bf16 whatever the cache's dtype: an e4m3 cache (-DKV_FP8=1) is widened here, so
+// the GEMMs are the same either way.
 struct KvGatherParams {
-  const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, head_dim]
-  const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, head_dim]
+  const kv_t* k_cache;      // [num_blocks, num_kv_heads, block_size, head_dim]  bf16, or e4m3
+  const kv_t* v_cache;      // [num_blocks, num_kv_heads, block_size, head_dim]  (KV_FP8)
   const int* gemm_seq;      // [num_gemm]  sequence of each GEMM-path entry (row of the tables below)
   const int* gemm_key0;     // [num_gemm]  its first key row in k_out/v_out (prefix sum of contexts)
   const int* context_lens;  // [num_seqs]
@@ -27,13 +29,36 @@ struct KvGatherParams {
 #define GATHER_KEYS 32  // keys per CTA
 
 // grid: (ceil(max context / GATHER_KEYS), num_kv_heads, num_gemm), block: 128.
-// Each thread moves 16-byte pieces (8 bf16) of one key row: one read from the cache, G writes.
+// Each thread moves 16-byte pieces (8 bf16, or 16 e4m3) of one key row: one read from the cache,
+// G writes.
 extern "C" __global__ void kv_gather(KvGatherParams p) {
   const int e = blockIdx.z, kh = blockIdx.y;
   const int seq = p.gemm_seq[e], ctx = p.context_lens[seq];
   const int j0 = blockIdx.x * GATHER_KEYS;
   if (j0 >= ctx) return;
   const int group = p.num_heads / p.num_kv_heads;
+#if KV_FP8
+  // 16-byte pieces of 16 e4m3 in, two 16-byte pieces of 16 bf16 out.
+  const int pieces = p.head_dim / 16;
+  const int n = min(GATHER_KEYS, ctx - j0) * pieces;
+  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+  const size_t base = (size_t)p.gemm_key0[e] * p.num_heads * p.head_dim;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    const int j = j0 + c / pieces, d16 = (c % pieces) * 16;
+    const size_t src = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
+                                 p.block_size, p.head_dim) + d16;
+    uint4 k0, k1, v0, v1;
+    e4m3x16_to_bf16(*(const uint4*)(p.k_cache + src), &k0, &k1);
+    e4m3x16_to_bf16(*(const uint4*)(p.v_cache + src), &v0, &v1);
+    for (int g = 0; g < group; g++) {
+      const size_t dst = base + ((size_t)(kh * group + g) * ctx + j) * p.head_dim + d16;
+      *(uint4*)(p.k_out + dst) = k0;
+      *(uint4*)(p.k_out + dst + 8) = k1;
+      *(uint4*)(p.v_out + dst) = v0;
+      *(uint4*)(p.v_out + dst + 8) = v1;
+    }
+  }
+#else
   const int pieces = p.head_dim / 8;  // 16-byte pieces per row
   const int n = min(GATHER_KEYS, ctx - j0) * pieces;
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
@@ -50,4 +75,5 @@ extern "C" __global__ void kv_gather(KvGatherParams p) {
       *(uint4*)(p.v_out + dst) = vv;
     }
   }
+#endif
 }

@@ -9,7 +9,10 @@
 // whose CTAs read the same K/V rows, from L2 after the first), so each K/V row is read once for
 // all of its heads. HD/8 lanes share a token (16 B of K and of V per lane, coalesced), rounded up
 // to a power of two (idle lanes for HD 80 or 96), a warp covers 32/LANES tokens per step, and
-// every lane keeps U steps of loads in flight. Each split keeps an online softmax; when
+// every lane keeps U steps of loads in flight. With an e4m3 cache (-DKV_FP8=1) a lane's 16-byte
+// load holds 16 elements, so HD/16 lanes share a token, a warp covers twice the tokens per step,
+// and each lane keeps 16 dims of q and of the accumulator per head: twice the registers per head,
+// so a CTA serves at most 4 query heads (DECODE_GC_MAX) instead of 8. Each split keeps an online softmax; when
 // num_splits > 1 the partial results go to part_acc/part_ml and are merged either by
 // `paged_decode_reduce` (a second launch) or, with `counters` set, inside this kernel: every CTA
 // of an (item, kv-head slice) counts itself in on an atomic counter after its partials are
@@ -21,8 +24,8 @@
 // read.
 struct PagedDecodeParams {
   const bf16* q;            // [num_tokens, num_heads, HD]
-  const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
-  const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const kv_t* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]  bf16, or e4m3 (KV_FP8)
+  const kv_t* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
   const int* item_row;      // [num_items]  token row of each decode query (row of q and out)
   const int* item_seq;      // [num_items]  its sequence: row of block_tables and context_lens
   const int* block_tables;  // [num_seqs, max_blocks]
@@ -46,7 +49,11 @@ struct PagedDecodeParams {
 #error "paged_decode.cu is compiled with -DHD=<head dim> -DGROUP=<query heads per kv head>"
 #endif
 // Query heads per CTA and CTAs per kv head (DECODE_GROUP_CTAS mirrors this in kernels.rs).
+#if KV_FP8
+#define DECODE_GC_MAX 4
+#else
 #define DECODE_GC_MAX 8
+#endif
 #define DECODE_GROUP_CTAS ((GROUP + DECODE_GC_MAX - 1) / DECODE_GC_MAX)
 #define DECODE_GC ((GROUP + DECODE_GROUP_CTAS - 1) / DECODE_GROUP_CTAS)
 
@@ -82,9 +89,10 @@ __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int ite
 // HD is the -DHD define; G the query heads per CTA (DECODE_GC).
 template <int G>
 __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
-  constexpr int USED = HD / 8;    // lanes that hold a slice of the head
+  constexpr int USED = HD / KV_VEC;  // lanes that hold a slice of the head
   constexpr int LANES = USED <= 2 ? 2 : USED <= 4 ? 4 : USED <= 8 ? 8 : USED <= 16 ? 16 : 32;
-  static_assert(HD % 8 == 0 && USED <= 32, "HD must be a multiple of 8, at most 256");
+  static_assert(HD % KV_VEC == 0 && USED <= 32,
+                "HD must be a multiple of 8 (16 with KV_FP8), at most 256");
   constexpr int TPW = 32 / LANES; // tokens per warp step
   constexpr int NS = DECODE_WARPS * TPW;  // independent softmax states per CTA
   constexpr int U = 4;            // steps in flight per lane
@@ -107,10 +115,23 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   const int begin = first + split * per, end = min(ctx, begin + per);
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
 
-  float q[G][8];
+  float q[G][KV_VEC];
   const float qs = p.scale * LOG2E;
 #pragma unroll
   for (int g = 0; g < G; g++) {
+#if KV_FP8
+    // q is bf16: this lane's 16 dims are two 16-byte loads.
+    const bf16* qrow = p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * KV_VEC;
+    const bool load = active && g < gn;
+    const uint4 v0 = load ? *(const uint4*)qrow : make_uint4(0, 0, 0, 0);
+    const uint4 v1 = load ? *(const uint4*)(qrow + 8) : make_uint4(0, 0, 0, 0);
+    const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      q[g][2 * e] = bf_lo(w[e]) * qs;
+      q[g][2 * e + 1] = bf_hi(w[e]) * qs;
+    }
+#else
     const uint4 v = active && g < gn
                         ? *(const uint4*)(p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * 8)
                         : make_uint4(0, 0, 0, 0);
@@ -120,14 +141,15 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       q[g][2 * e] = bf_lo(w[e]) * qs;
       q[g][2 * e + 1] = bf_hi(w[e]) * qs;
     }
+#endif
   }
-  float m[G], l[G], acc[G][8];
+  float m[G], l[G], acc[G][KV_VEC];
 #pragma unroll
   for (int g = 0; g < G; g++) {
     m[g] = NEG_INF;
     l[g] = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+    for (int e = 0; e < KV_VEC; e++) acc[g][e] = 0.f;
   }
 
   constexpr int STEP = DECODE_WARPS * TPW;
@@ -141,7 +163,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       valid[u] = j < end;
       if (valid[u] && active) {
         const size_t o = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
-                                   p.block_size, HD) + dl * 8;
+                                   p.block_size, HD) + dl * KV_VEC;
         kv[u] = *(const uint4*)(p.k_cache + o);
         vv[u] = *(const uint4*)(p.v_cache + o);
       } else {
@@ -151,6 +173,16 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
+#if KV_FP8
+      float kf[KV_VEC], vf[KV_VEC];
+      e4m3x16_to_f(kv[u], kf);
+      e4m3x16_to_f(vv[u], vf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < KV_VEC; e++) dot += q[g][e] * kf[e];
+#else
       const u32 kw[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
       const u32 vw[4] = {vv[u].x, vv[u].y, vv[u].z, vv[u].w};
       float vf[8];
@@ -167,6 +199,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
           dot += q[g][2 * e] * bf_lo(kw[e]);
           dot += q[g][2 * e + 1] * bf_hi(kw[e]);
         }
+#endif
 #pragma unroll
         for (int o = LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
         if (!valid[u]) dot = NEG_INF;
@@ -175,7 +208,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
         const float pr = dot == NEG_INF ? 0.f : exp2f(dot - mn);
         l[g] = l[g] * corr + pr;
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
+        for (int e = 0; e < KV_VEC; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
         m[g] = mn;
       }
     }
@@ -186,7 +219,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   for (int g = 0; g < G; g++) {
     if (active) {
 #pragma unroll
-      for (int e = 0; e < 8; e++) s_acc[state][g][dl * 8 + e] = acc[g][e];
+      for (int e = 0; e < KV_VEC; e++) s_acc[state][g][dl * KV_VEC + e] = acc[g][e];
     }
     if (dl == 0) {
       s_m[state][g] = m[g];

@@ -23,13 +23,22 @@
 // V of tile j is in flight while S = QK^T and the softmax of tile j compute, and K of tile j + 1
 // while O += PV of tile j does.
 //
+// An e4m3 cache (-DKV_FP8=1): each tile is cp.async'ed as e4m3 into a one-tile staging buffer
+// (K and V take turns in it), and each thread widens the chunks it loaded into the bf16 tile
+// (exact) right after its wait, before the barrier that publishes the tile. So the mma loops,
+// the ldmatrix.trans of V and the pipelining are the bf16 kernel's, and each element is converted
+// once per CTA; converting while building fragments instead would repeat it in all 4 warps, and
+// ldmatrix.trans cannot transpose 8-bit V into bf16 fragments. The staging costs PF_BN * HD bytes
+// of shared memory (8 KB at HD 128: 43 KB in all, within the static 48 KB); a thread reuses only
+// the staging chunks it converted itself, so the turns need no extra barrier.
+//
 // Compiled per head dim (Gpu::load_attention, -DHD=<head dim>, a multiple of 16 up to 256); the
 // GQA group is a run-time value (one CTA per query head). Key tiles are 64 keys, 32 for HD > 128
 // (K and V tiles must fit the 48 KB of static shared memory).
 struct PrefillAttnParams {
   const bf16* q;            // [num_tokens, num_heads, HD]
-  const bf16* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]
-  const bf16* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
+  const kv_t* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]  bf16, or e4m3 (KV_FP8)
+  const kv_t* v_cache;      // [num_blocks, num_kv_heads, block_size, HD]
   const int* tile_seq;      // [num_tiles]  sequence of each 64-query tile
   const int* tile_q0;       // [num_tiles]  its first query, counted within the sequence's chunk
   const int* q_start;       // [num_seqs]   token row of each sequence's first query
@@ -72,8 +81,16 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
 #define PF_LOADS 2
 #endif
 // 16-byte chunks of one K or V tile that each thread moves.
+#if KV_FP8
+// 16 e4m3 a chunk: at HD 16 a tile is 64 chunks, and half the threads idle.
+#define PF_TILE_CHUNKS (PF_BN * HD / KV_VEC)
+#define PF_CHUNKS ((PF_TILE_CHUNKS + 127) / 128)
+#define PF_STAGE_BYTES (PF_BN * HD)
+#else
 #define PF_CHUNKS (PF_BN * HD / 8 / 128)
 static_assert(PF_BN * HD / 8 % 128 == 0, "a tile's 16-byte chunks split evenly over 128 threads");
+#define PF_STAGE_BYTES 0
+#endif
 
 // 16 bytes global -> shared, asynchronous; `valid` false zero-fills (keys outside the tile's range
 // must be finite zeros: P = 0 times garbage could be NaN).
@@ -98,11 +115,17 @@ __device__ __forceinline__ void tile_offsets(u32* off, const int* bt, int kv0, i
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
     const int c = threadIdx.x + i * 128;
-    const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    const int j = c / (HD / KV_VEC), d8 = (c % (HD / KV_VEC)) * KV_VEC;
     const int key = kv0 + j;
+#if KV_FP8
+    if (c >= PF_TILE_CHUNKS) {  // past the tile (HD 16): never loaded
+      off[i] = 0xffffffffu;
+      continue;
+    }
+#endif
     off[i] = key >= kv_begin && key < kv_end
                  ? (u32)((kv_offset(bt[key / p.block_size], kh, key % p.block_size,
-                                    p.num_kv_heads, p.block_size, HD) + d8) / 8)
+                                    p.num_kv_heads, p.block_size, HD) + d8) / KV_VEC)
                  : 0xffffffffu;
   }
 }
@@ -120,6 +143,39 @@ __device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* cache, co
   }
   cp_async_commit();
 }
+
+#if KV_FP8
+// Starts the copy of one e4m3 tile of `cache` into the staging buffer `dst` ([PF_BN * HD], this
+// thread's chunks at c * 16).
+__device__ __forceinline__ void load_tile_async(kv_t* dst, const kv_t* cache, const u32* off) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    if (c < PF_TILE_CHUNKS) {
+      const bool valid = off[i] != 0xffffffffu;
+      cp_async16(&dst[c * KV_VEC], cache + (valid ? (size_t)off[i] * KV_VEC : 0), valid);
+    }
+  }
+  cp_async_commit();
+}
+
+// This thread's staged chunks widened to bf16 into the tile `dst` ([PF_BN, HD + 8]). Zero-filled
+// chunks (keys outside the range) become bf16 zeros.
+__device__ __forceinline__ void widen_tile(bf16* dst, const kv_t* src) {
+  constexpr int KP = HD + 8;
+#pragma unroll 1  // one chunk's 16 values live at a time: the mma loop's registers are all taken
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    if (c < PF_TILE_CHUNKS) {
+      const int j = c / (HD / KV_VEC), d16 = (c % (HD / KV_VEC)) * KV_VEC;
+      uint4 lo, hi;
+      e4m3x16_to_bf16(*(const uint4*)&src[c * KV_VEC], &lo, &hi);
+      *(uint4*)&dst[j * KP + d16] = lo;
+      *(uint4*)&dst[j * KP + d16 + 8] = hi;
+    }
+  }
+}
+#endif
 
 // The merge's per-(split, row) weights (at most 32 splits) live in the K/V tiles' shared memory
 // (free by then); at small head dims (16) the tiles are smaller than the weights, so the shared
@@ -172,9 +228,17 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   static_assert(HD % 16 == 0 && HD <= 256, "HD must be a multiple of 16, at most 256");
   constexpr int KP = HD + 8;  // padded row (bf16): 16-byte aligned rows, conflict-free reads
   constexpr int KV_BYTES = 2 * PF_BN * KP * (int)sizeof(bf16);
-  __shared__ __align__(16) unsigned char smem[KV_BYTES > PF_MERGE_BYTES ? KV_BYTES : PF_MERGE_BYTES];
+  constexpr int TILE_BYTES = KV_BYTES + PF_STAGE_BYTES;
+  __shared__ __align__(16) unsigned char smem[TILE_BYTES > PF_MERGE_BYTES ? TILE_BYTES : PF_MERGE_BYTES];
   bf16* Ks = (bf16*)smem;        // [PF_BN, KP]
   bf16* Vs = Ks + PF_BN * KP;    // [PF_BN, KP]
+#if PF_LOADS && KV_FP8
+  kv_t* Kin = (kv_t*)(smem + KV_BYTES);  // [PF_BN * HD] e4m3 staging, K's and V's in turn
+  kv_t* Vin = Kin;
+#elif PF_LOADS
+  bf16* Kin = Ks;  // cp.async lands in the tiles themselves
+  bf16* Vin = Vs;
+#endif
 
   const int tile = blockIdx.x, h = blockIdx.y;
   const int kh = h / (p.num_heads / p.num_kv_heads);
@@ -226,7 +290,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 #if PF_LOADS
   if (kv_first < kv_stop) {
     tile_offsets(off, bt, kv_first, kv_begin, kv_end, kh, p);
-    load_tile_async(Ks, p.k_cache, off);
+    load_tile_async(Kin, p.k_cache, off);
   }
 #endif
   for (int kv0 = kv_first; kv0 < kv_stop; kv0 += PF_BN) {
@@ -234,14 +298,33 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
     // K of this tile has landed, and every warp is done with the previous tile's V: load this
     // tile's V while S and the softmax compute.
     cp_async_wait_all();
+#if KV_FP8
+    widen_tile(Ks, Kin);  // every warp is past the previous tile's S (the mid-loop barrier)
+#endif
     __syncthreads();
-    load_tile_async(Vs, p.v_cache, off);
+    load_tile_async(Vin, p.v_cache, off);
 #else
     __syncthreads();  // the previous tile's shared-memory reads are done
     tile_offsets(off, bt, kv0, kv_begin, kv_end, kh, p);
 #pragma unroll
     for (int i = 0; i < PF_CHUNKS; i++) {
       const int c = threadIdx.x + i * 128;
+#if KV_FP8
+      if (c >= PF_TILE_CHUNKS) continue;
+      const int j = c / (HD / KV_VEC), d16 = (c % (HD / KV_VEC)) * KV_VEC;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (off[i] != 0xffffffffu) {
+        kv = *(const uint4*)(p.k_cache + (size_t)off[i] * KV_VEC);
+        vv = *(const uint4*)(p.v_cache + (size_t)off[i] * KV_VEC);
+      }
+      uint4 lo, hi;
+      e4m3x16_to_bf16(kv, &lo, &hi);
+      *(uint4*)(&Ks[j * KP + d16]) = lo;
+      *(uint4*)(&Ks[j * KP + d16 + 8]) = hi;
+      e4m3x16_to_bf16(vv, &lo, &hi);
+      *(uint4*)(&Vs[j * KP + d16]) = lo;
+      *(uint4*)(&Vs[j * KP + d16 + 8]) = hi;
+#else
       const int j = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (off[i] != 0xffffffffu) {
@@ -250,6 +333,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
       }
       *(uint4*)(&Ks[j * KP + d8]) = kv;
       *(uint4*)(&Vs[j * KP + d8]) = vv;
+#endif
     }
     __syncthreads();
 #endif
@@ -312,10 +396,13 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 #if PF_LOADS
     // V has landed and every warp is done with K: load the next tile's K while O += PV runs.
     cp_async_wait_all();
+#if KV_FP8
+    widen_tile(Vs, Vin);  // every warp is past the previous tile's PV (the loop-top barrier)
+#endif
     __syncthreads();
     if (kv0 + PF_BN < kv_stop) {
       tile_offsets(off, bt, kv0 + PF_BN, kv_begin, kv_end, kh, p);
-      load_tile_async(Ks, p.k_cache, off);
+      load_tile_async(Kin, p.k_cache, off);
     }
 #endif
     // O += P V: P's accumulator layout is the A-fragment layout of k = 16 keys.

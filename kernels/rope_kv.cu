@@ -1,5 +1,5 @@
 // RoPE (rotate-half layout, as in HF Llama) on q and k, fused with writing k and v into the paged
-// KV cache through the slot mapping. The inverse frequencies come from the host, so llama3,
+// KV cache through the slot mapping (in the cache's dtype, kv_t: bf16, or e4m3 with -DKV_FP8=1). The inverse frequencies come from the host, so llama3,
 // longrope (or any other) frequency scaling costs nothing here; longrope's attention factor
 // scales cos and sin (`rope_scale`). q, k and v arrive as the QKV GEMM's fp32 output and are
 // rounded to bf16 once, after the rotation (bf16 before it measurably moved the logits). Two
@@ -14,8 +14,8 @@ struct RopeKvParams {
   const bf16* q_norm;       // [head_dim] RMSNorm weight of every q head, or null (then k_norm too)
   const bf16* k_norm;       // [head_dim]
   bf16* q_out;              // [num_tokens, num_heads, head_dim]
-  bf16* k_cache;            // [num_blocks, num_kv_heads, block_size, head_dim]
-  bf16* v_cache;            // same
+  kv_t* k_cache;            // [num_blocks, num_kv_heads, block_size, head_dim]  bf16, or e4m3
+  kv_t* v_cache;            // same                                               (KV_FP8)
   int num_tokens;
   int num_heads;
   int num_kv_heads;
@@ -63,16 +63,31 @@ extern "C" __global__ void rope_kv(RopeKvParams p) {
     sincosf((float)p.positions[t] * p.inv_freq[i], &s, &c);
     s *= p.rope_scale;
     c *= p.rope_scale;
+#if KV_FP8
+    // q stays bf16, k goes to the cache in its dtype.
+    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+    if (is_q) {
+      bf16* dst = p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim;
+      dst[i] = f2bf(y1);
+      dst[i + half] = f2bf(y2);
+    } else {
+      kv_t* dst =
+          p.k_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
+      dst[i] = f2kv(y1);
+      dst[i + half] = f2kv(y2);
+    }
+#else
     bf16* dst = is_q ? p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim
                      : p.k_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
     dst[i] = f2bf(x1 * c - x2 * s);
     dst[i + half] = f2bf(x2 * c + x1 * s);
+#endif
   }
   if (!is_q) {
     const int vcol = (p.num_heads + p.num_kv_heads + kh) * p.head_dim;
     const float* v = row + vcol;
-    bf16* dst = p.v_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
+    kv_t* dst = p.v_cache + kv_offset(block, kh, off, p.num_kv_heads, p.block_size, p.head_dim);
     for (int d = i; d < p.head_dim; d += blockDim.x)
-      dst[d] = f2bf(v[d] + (p.qkv_bias ? bf2f(p.qkv_bias[vcol + d]) : 0.f));
+      dst[d] = f2kv(v[d] + (p.qkv_bias ? bf2f(p.qkv_bias[vcol + d]) : 0.f));
   }
 }

@@ -10,7 +10,7 @@
 #                                       --synthetic) and the transformers peers; logs and JSON
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18 |
-#                                       prefill18 | kv13 | spec
+#                                       prefill18 | kv13 | spec | fp8 | fp8bench
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
@@ -20,7 +20,8 @@
 #                                       the flash prefill kernel tests (split over the keys, every
 #                                       head dim), the CUDA-vs-CPU tests, then prefill-chunks
 #                                       (chunks 64-2048 at ctx 2k/8k/16k, split vs unsplit),
-#                                       attention (fresh prompts) and ttft 2048 into
+#                                       attention (fresh prompts) and ttft 2048 (with each kind of
+#                                       launch left out in turn: --breakdown) into
 #                                       $OUT/prefill18.jsonl. With BEFORE=DIR (a gpu-check.sh build
 #                                       of an earlier commit) the same benchmarks of its gpu-bench too
 #                                       kv13 (issue 13, about 3 min): the kv_stage kernel tests, the
@@ -33,6 +34,15 @@
 #                                       (verification cost in four variants, single-stream speedup
 #                                       at a forced acceptance rate) into $OUT/spec.jsonl,
 #                                       and the demo pair through brook's actors on CUDA
+#                                       fp8 (issue 18, fp8 KV cache, about 5 min): the bf16
+#                                       attention and write kernel tests first (the default path
+#                                       must be unchanged), then every fp8 / e4m3 kernel test, the
+#                                       fp8-vs-bf16 CUDA tests (kv_fp8, kv_tier), then the whole
+#                                       CUDA-vs-CPU suite (graph decode on the default path)
+#                                       fp8bench (about 8 min): bf16 vs fp8 in one process each:
+#                                       attention --decode-only, offline llama-2-7b 512x128/128
+#                                       and 300x1000/1000, llama-3-8b 300x1000/1000, decode and
+#                                       ttft batch 1, into $OUT/fp8.jsonl
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -156,7 +166,7 @@ device)
                 step "before: gpu-bench $args" timeout 120 sh -c "$BEFORE/gpu-bench $args | sed 's/^{/{\"build\":\"before\",/' >>'$out/prefill18.jsonl'"
             done
         fi
-        for args in "prefill-chunks --model llama-2-7b,llama-3-8b" "attention" "ttft --model llama-2-7b --input-len 2048"; do
+        for args in "prefill-chunks --model llama-2-7b,llama-3-8b" "attention" "ttft --model llama-2-7b --input-len 2048 --breakdown"; do
             # shellcheck disable=SC2086
             step "gpu-bench $args" timeout 200 sh -c "./gpu-bench $args >>'$out/prefill18.jsonl'"
         done
@@ -186,6 +196,29 @@ device)
         # shellcheck disable=SC2086
         step "brook bench demo draft fixed" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft" --spec-fixed-depth
         grep -hE "verify batch|single stream|tokens/s" "$out/log.txt" | grep -v "^===" | tail -60
+    fi
+    if [ "$what" = fp8 ]; then
+        # The default (bf16) build of every kernel that gained a KV_FP8 path, first: its PTX is
+        # unchanged, but a failure here means stop.
+        step "kernels bf16 (paged_decode prefill rope_kv gemv kv_gather gemm_prefill)" timeout 200 \
+            ./cuda_kernels --test-threads=1 --skip fp8 --skip e4m3 paged_decode prefill rope_kv gemv kv_gather gemm_prefill
+        step "kernels fp8" timeout 200 ./cuda_kernels --test-threads=1 fp8 e4m3
+        step "e2e kv_fp8 + kv_tier" timeout 150 ./cuda_e2e --test-threads=1 --nocapture kv_fp8 kv_tier
+        step "e2e (all: graph decode on the default path)" timeout 150 ./cuda_e2e --test-threads=1 --nocapture
+        grep -hE "fp8 vs bf16|demo model, fp8" "$out/log.txt" | tail -20
+    fi
+    if [ "$what" = fp8bench ]; then
+        : >"$out/fp8.jsonl"
+        for args in "attention --decode-only --kv-cache-dtype bf16,fp8" \
+            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --kv-cache-dtype bf16,fp8" \
+            "offline --model llama-2-7b --num-prompts 300 --input-len 1000 --output-len 1000 --kv-cache-dtype bf16,fp8" \
+            "offline --model llama-3-8b --num-prompts 300 --input-len 1000 --output-len 1000 --kv-cache-dtype bf16,fp8" \
+            "decode --model llama-2-7b --input-len 4096 --quick --kv-cache-dtype bf16,fp8" \
+            "ttft --model llama-2-7b --input-len 2048 --kv-cache-dtype bf16,fp8"; do
+            # shellcheck disable=SC2086
+            step "gpu-bench $args" timeout 280 sh -c "./gpu-bench $args >>'$out/fp8.jsonl'"
+        done
+        grep -hE "paged decode .*ctx|offline|decode batch 1|ttft" "$out/log.txt" | grep -v "^===" | tail -120
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

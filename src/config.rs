@@ -105,6 +105,9 @@ pub struct CacheConfig {
     /// Copy bandwidth between the tiers for the swap-or-recompute decision, GB/s; 0 = measure
     /// at start.
     pub swap_bandwidth_gbs: f64,
+    /// KV cache element type: auto (the model's dtype), bf16, or fp8 (e4m3, scale 1; CUDA
+    /// executor on sm_89+ only: the CPU executor refuses it at start).
+    pub kv_cache_dtype: crate::executor::cuda::KvCacheDtype,
 }
 
 impl CacheConfig {
@@ -160,6 +163,7 @@ impl Default for CacheConfig {
             enable_prefix_caching: true,
             cpu_kv_cache_gib: 0.0,
             swap_bandwidth_gbs: 0.0,
+            kv_cache_dtype: Default::default(),
         }
     }
 }
@@ -371,6 +375,40 @@ mod tests {
         assert!(err.contains("draft_model"), "{err}");
         let err = toml_err("[speculative]\nmethod = \"ngram\"\nmax_depth = 0\n");
         assert!(err.contains("max_depth"), "{err}");
+    }
+
+    /// `cache.kv_cache_dtype` (and `--kv-cache-dtype`) reach the CUDA options; the CPU
+    /// executor refuses fp8 at start, before loading weights, saying what to do.
+    #[test]
+    fn kv_cache_dtype_flows_to_cuda_and_the_cpu_refuses_fp8() {
+        use crate::executor::cuda::{CudaBackendOptions, KvCacheDtype};
+        assert_eq!(Config::default().cache.kv_cache_dtype, KvCacheDtype::Auto);
+        let cfg = Config::from_toml("[cache]\nkv_cache_dtype = \"fp8\"\n").unwrap();
+        assert_eq!(cfg.cache.kv_cache_dtype, KvCacheDtype::Fp8);
+        let cuda = CudaBackendOptions::from_config(&cfg, false);
+        assert_eq!(cuda.kv_cache_dtype, KvCacheDtype::Fp8);
+        assert_eq!(
+            (
+                KvCacheDtype::Auto.cuda_bytes(),
+                KvCacheDtype::Bf16.cuda_bytes()
+            ),
+            (2, 2)
+        );
+        assert_eq!(KvCacheDtype::Fp8.cuda_bytes(), 1);
+        let err = toml_err("[cache]\nkv_cache_dtype = \"fp16\"\n");
+        assert!(err.contains("fp16"), "{err}");
+
+        let mut cfg = cfg;
+        cfg.model.device = "cpu".into();
+        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
+        let err = match crate::engine::start(&cfg, &demo, false) {
+            Ok(_) => panic!("the CPU executor started with an fp8 KV cache"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.contains("--kv-cache-dtype fp8") && err.contains("CPU"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -566,6 +566,17 @@ enum Device {
 /// when there is one that cannot run this model. `--device cuda` fails with the reason when it
 /// cannot.
 fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
+    let device = pick_device_for(cfg, model)?;
+    if let Device::Cpu(why) = &device {
+        anyhow::ensure!(
+            !cfg.cache.kv_cache_dtype.is_fp8(),
+            "--kv-cache-dtype fp8 needs the CUDA executor, and this runs on the CPU ({why}); use --kv-cache-dtype auto"
+        );
+    }
+    Ok(device)
+}
+
+fn pick_device_for(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
     match cfg.model.device.as_str() {
         "cuda" => {
             cuda::probe()

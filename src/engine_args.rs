@@ -43,6 +43,11 @@ pub struct EngineArgs {
     /// Fraction of GPU memory for weights + KV (CUDA executor).
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
+    /// KV cache element type: auto (the model's dtype, bf16 on CUDA), bf16, or fp8 (e4m3,
+    /// per-tensor scale 1: half the bytes a token, twice the tokens in the pool). fp8 needs the
+    /// CUDA executor on sm_89+; the CPU executor refuses it at start.
+    #[arg(long, value_enum)]
+    pub kv_cache_dtype: Option<crate::executor::cuda::KvCacheDtype>,
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
@@ -112,6 +117,9 @@ impl EngineArgs {
         }
         if let Some(u) = self.gpu_memory_utilization {
             cfg.cache.gpu_memory_utilization = u;
+        }
+        if let Some(d) = self.kv_cache_dtype {
+            cfg.cache.kv_cache_dtype = d;
         }
         let spec = &mut cfg.speculative;
         if let Some(d) = &self.draft_model {

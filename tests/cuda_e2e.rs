@@ -66,6 +66,10 @@ mod demo;
 #[path = "cuda_e2e/spec.rs"]
 mod spec;
 
+/// The fp8 (e4m3) KV cache against the bf16 one.
+#[path = "cuda_e2e/kv_fp8.rs"]
+mod kv_fp8;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
@@ -95,7 +99,11 @@ fn gqa_hd64() -> TestModelSpec {
 fn serving_opts(config: &ModelConfig) -> CudaBackendOptions {
     CudaBackendOptions {
         max_kv_cache_bytes: Some(
-            24 * brook::executor::cuda::backend::kv_bytes_per_block(config, BLOCK),
+            24 * brook::executor::cuda::backend::kv_bytes_per_block(
+                config,
+                BLOCK,
+                brook::executor::cuda::KvCacheDtype::Auto,
+            ),
         ),
         max_num_batched_tokens: 256,
         max_num_seqs: 8,

@@ -65,6 +65,7 @@ impl CudaBackendOptions {
                 false => 0,
             },
             skip: 0,
+            kv_cache_dtype: cfg.cache.kv_cache_dtype,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The KV memory tier on the GPU: pinned host blocks, copies on the copy stream.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::executor::cuda::KvCacheDtype;
 use brook::scheduler::PreemptionMode;
 use brook::step::BlockCopy;
 
@@ -14,7 +15,18 @@ fn backend(
     device: usize,
     host: usize,
 ) -> CudaBackend {
-    let per_block = kv_bytes_per_block(config, BLOCK);
+    backend_kv(config, weights, device, host, KvCacheDtype::Auto)
+}
+
+/// `backend` with a KV cache of `dtype` (blocks counted in its bytes).
+fn backend_kv(
+    config: &ModelConfig,
+    weights: &ModelWeightsAlias,
+    device: usize,
+    host: usize,
+    dtype: KvCacheDtype,
+) -> CudaBackend {
+    let per_block = kv_bytes_per_block(config, BLOCK, dtype);
     CudaBackend::from_weights(
         config.clone(),
         weights,
@@ -23,6 +35,7 @@ fn backend(
             max_num_batched_tokens: 256,
             max_num_seqs: 8,
             host_kv_cache_bytes: host * per_block,
+            kv_cache_dtype: dtype,
             progress: false,
             ..Default::default()
         },
@@ -159,9 +172,22 @@ fn cuda_gathered_copies_move_what_per_plane_copies_move() {
 /// shapes differ between the runs): check the logits' top-2 gap before suspecting the tier.
 #[test]
 fn cuda_greedy_output_is_unchanged_by_swapping_and_forking() {
+    swapping_and_forking(KvCacheDtype::Auto);
+}
+
+/// As above over an fp8 (e4m3) cache: its blocks (half the bytes) swap, come back and fork
+/// bit-exactly, so greedy output equals the fp8 pool's that never preempts.
+#[test]
+fn cuda_fp8_greedy_output_is_unchanged_by_swapping_and_forking() {
+    swapping_and_forking(KvCacheDtype::Fp8);
+}
+
+fn swapping_and_forking(dtype: KvCacheDtype) {
     if !have_gpu() {
         return;
     }
+    let backend =
+        |c: &ModelConfig, w: &ModelWeightsAlias, d: usize, h: usize| backend_kv(c, w, d, h, dtype);
     let (_dir, config, weights) = test_model();
     let mut r = ChaCha8Rng::seed_from_u64(17);
     let vocab = config.vocab_size as u32;

@@ -7,6 +7,7 @@
 //! path and are never launched ahead.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
+use brook::executor::cuda::KvCacheDtype;
 use brook::spec::{SpecConfig, SpecMethod};
 
 use super::demo::{self, greedy_goldens, root, sampled, spec, Req, Run};
@@ -120,7 +121,8 @@ fn cuda_spec_draft_kv_counts_in_each_block() {
     let bs = b.info().block_size;
     assert_eq!(
         b.info().bytes_per_block,
-        kv_bytes_per_block(&target, bs) + kv_bytes_per_block(&draft, bs)
+        kv_bytes_per_block(&target, bs, KvCacheDtype::Auto)
+            + kv_bytes_per_block(&draft, bs, KvCacheDtype::Auto)
     );
     // Without room for the drafts the sampler's buffers cannot hold a verification: refused
     // at start.

@@ -7,9 +7,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use brook::model::config::RopeScaling;
 use half::bf16;
 
-use crate::harness::{assert_close, assert_max_abs, inv_freqs, rand_f32, rng, rope_ref};
+use crate::harness::{
+    assert_close, assert_max_abs, e4m3, e4m3_to_f32, inv_freqs, rand_f32, rng, rope_ref,
+    through_e4m3,
+};
 use crate::paged::{KvLayout, PrefillBatch};
-use crate::qkv_write::{QkvWrite, QkvWritten};
+use crate::qkv_write::{assert_e4m3, QkvWrite, QkvWritten};
 
 fn panics(f: impl FnOnce()) -> bool {
     catch_unwind(AssertUnwindSafe(f)).is_err()
@@ -77,6 +80,8 @@ fn qkv_write_check_accepts_the_reference_and_rejects_stray_writes() {
             q: &q,
             k_cache: k,
             v_cache: v,
+            fp8: false,
+            fp8_slack: 0.0,
         };
         write.check("cpu", &qkv, got, v_exact);
     };
@@ -142,4 +147,77 @@ fn window_reference_ignores_keys_before_the_window_and_freed_blocks() {
     let want = full.paged.attend_window_ref(&q, 0, 0, 100, 30, 0.25);
     assert_eq!(&b[39 * e..39 * e + 16], &want[..]);
     assert_ne!(want, full.paged.attend_window_ref(&q, 0, 0, 100, 0, 0.25));
+}
+
+/// The CPU reference quantizer (float8's e4m3) on values whose bytes are known: round to nearest
+/// even, subnormals down to 2^-9, saturation at ±448 (never NaN for a finite input), as the
+/// kernels' `cvt.rn.satfinite.e4m3x2.f32`.
+#[test]
+fn e4m3_quantizer_rounds_to_nearest_even_and_saturates() {
+    for (x, bits) in [
+        (0.0f32, 0x00u8),
+        (-0.0, 0x80),
+        (1.0, 0x38),
+        (-1.0, 0xb8),
+        (1.125, 0x39),
+        (1.0625, 0x38), // halfway between 1 and 1.125: to even (1)
+        (1.1875, 0x3a), // halfway between 1.125 and 1.25: to even (1.25)
+        (1.06, 0x38),
+        (1.07, 0x39),
+        (1.1, 0x39),
+        (0.0625, 0x18), // 2^-4
+        (240.0, 0x77),
+        (448.0, 0x7e), // the largest finite
+        (449.0, 0x7e),
+        (500.0, 0x7e), // saturates (no inf in e4m3; 0x7f is NaN)
+        (1e9, 0x7e),
+        (-1e9, 0xfe),
+        (f32::INFINITY, 0x7e),
+        (0.015625, 0x08),     // 2^-6, the smallest normal
+        (0.001953125, 0x01),  // 2^-9, the smallest subnormal
+        (0.0009765625, 0x00), // 2^-10: halfway to 2^-9, to even (0)
+        (0.0029296875, 0x02), // 1.5 * 2^-9: halfway, to even (2 * 2^-9)
+        (0.0048828125, 0x02), // 2.5 * 2^-9: halfway, to even (2 * 2^-9)
+    ] {
+        assert_eq!(e4m3(x), bits, "{x}");
+    }
+    assert!(e4m3_to_f32(e4m3(f32::NAN)).is_nan());
+    assert!(e4m3_to_f32(0xff).is_nan(), "poison reads as NaN");
+    // Every finite byte reads back to a value that quantizes to itself.
+    for b in (0u8..=0xff).filter(|b| b & 0x7f != 0x7f) {
+        let x = e4m3_to_f32(b);
+        assert_eq!(e4m3(x), b, "{b:#04x} -> {x}");
+        assert_eq!(
+            bf16::from_f32(x).to_f32(),
+            x,
+            "{b:#04x}: e4m3 is exact in bf16"
+        );
+    }
+    assert_eq!(e4m3_to_f32(0x7e), 448.0);
+    assert_eq!(through_e4m3(0.3), 0.3125);
+}
+
+#[test]
+fn e4m3_check_accepts_the_quantized_reference_and_rejects_a_step() {
+    let want = [0.3f32, -1.7, 90.0, 1e-5, -3.0e-3];
+    let got: Vec<f32> = want.iter().map(|&x| through_e4m3(x)).collect();
+    assert_e4m3("exact", &got, &want, 0.0);
+    assert_e4m3("slack", &got, &want, 1e-3);
+    for i in 0..want.len() {
+        // One e4m3 step off, or NaN (an unwritten byte): rejected even with slack.
+        let mut bad = got.clone();
+        let b = e4m3(bad[i]);
+        bad[i] = e4m3_to_f32(if b & 0x7f == 0x7e { b - 1 } else { b + 1 });
+        assert!(panics(|| assert_e4m3("step", &bad, &want, 1e-3)), "{i}");
+        bad[i] = f32::NAN;
+        assert!(panics(|| assert_e4m3("nan", &bad, &want, 1e-3)), "{i}");
+    }
+    // At a rounding boundary (1.0625, between 1 and 1.125) slack accepts either neighbour.
+    assert_e4m3("tie", &[1.125], &[1.0625], 1e-3);
+    assert!(panics(|| assert_e4m3(
+        "tie exact",
+        &[1.125],
+        &[1.0625],
+        0.0
+    )));
 }

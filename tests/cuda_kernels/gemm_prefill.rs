@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use crate::harness::{assert_close, attention_gpu, poisoned, read_bf16, rng};
+use crate::harness::{assert_close, attention_gpu_kv, poisoned, read_bf16, rng};
 use crate::paged::{PrefillBatch, PrefillRun};
 
 /// `seqs`: (query tokens, context); `on_flash`: the sequences the flash kernel takes, the GEMM
@@ -12,14 +12,26 @@ use crate::paged::{PrefillBatch, PrefillRun};
 /// the flash kernel on the same inputs.
 fn check_gemm_prefill(
     seed: u64,
-    (head_dim, heads, kv_heads): (usize, usize, usize),
+    shape: (usize, usize, usize),
     seqs: &[(usize, usize)],
     on_flash: &[usize],
 ) {
-    let Some(g) = attention_gpu(head_dim, heads / kv_heads) else {
+    check_gemm_prefill_kv(seed, shape, seqs, on_flash, false);
+}
+
+/// `check_gemm_prefill` over an e4m3 cache when `fp8` (kv_gather widens it to bf16).
+fn check_gemm_prefill_kv(
+    seed: u64,
+    (head_dim, heads, kv_heads): (usize, usize, usize),
+    seqs: &[(usize, usize)],
+    on_flash: &[usize],
+    fp8: bool,
+) {
+    let Some(g) = attention_gpu_kv(head_dim, heads / kv_heads, fp8) else {
         return;
     };
-    let b = PrefillBatch::random(&mut rng(seed), head_dim, heads, kv_heads, seqs);
+    let shape = (head_dim, heads, kv_heads);
+    let b = PrefillBatch::random_kv(&mut rng(seed), shape, seqs, fp8);
     let run = PrefillRun::new(&g, &b);
     let on_gemm: Vec<usize> = (0..seqs.len()).filter(|s| !on_flash.contains(s)).collect();
     let n = b.tokens() * b.row_elems();
@@ -37,7 +49,7 @@ fn check_gemm_prefill(
         } else {
             "gemm"
         };
-        format!("mixed batch hd{head_dim} g{group} seq {s} ({path}, q {qlen}, ctx {c})")
+        format!("mixed batch hd{head_dim} g{group} fp8 {fp8} seq {s} ({path}, q {qlen}, ctx {c})")
     };
     b.assert_rows(&read_bf16(&g, &mixed, n), &b.reference(), 1.5e-2, label);
 
@@ -82,4 +94,11 @@ fn gemm_prefill_gqa_groups_4_8_and_3() {
 fn gemm_prefill_alone() {
     // Every sequence on the GEMM path (no flash launch in the mixed run).
     check_gemm_prefill(74, (128, 4, 2), &[(3, 3), (250, 256), (7, 19)], &[]);
+}
+
+#[test]
+fn gemm_prefill_fp8_cache_mixed_with_flash() {
+    let seqs = [(70, 70), (5, 200), (130, 300), (64, 64), (2, 2), (33, 95)];
+    check_gemm_prefill_kv(75, (128, 4, 4), &seqs, &[2, 3], true);
+    check_gemm_prefill_kv(76, (64, 8, 2), &[(65, 65), (17, 1000), (3, 41)], &[1], true);
 }

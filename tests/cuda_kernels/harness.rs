@@ -22,12 +22,43 @@ pub fn gpu() -> Option<Gpu> {
     }
 }
 
-/// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`).
-pub fn attention_gpu(head_dim: usize, group: usize) -> Option<Gpu> {
+/// `gpu()` with the KV cache kernels for an e4m3 cache when `fp8` (`Gpu::set_kv_fp8`).
+pub fn kv_gpu(fp8: bool) -> Option<Gpu> {
     let mut g = gpu()?;
-    g.load_attention(head_dim, group)
-        .unwrap_or_else(|e| panic!("attention kernels hd{head_dim} g{group}: {e:#}"));
+    g.set_kv_fp8(fp8)
+        .unwrap_or_else(|e| panic!("fp8 KV kernels: {e:#}"));
     Some(g)
+}
+
+/// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`), for a cache
+/// of either dtype (`fp8`: e4m3).
+pub fn attention_gpu_kv(head_dim: usize, group: usize, fp8: bool) -> Option<Gpu> {
+    let mut g = kv_gpu(fp8)?;
+    g.load_attention(head_dim, group)
+        .unwrap_or_else(|e| panic!("attention kernels hd{head_dim} g{group} fp8 {fp8}: {e:#}"));
+    Some(g)
+}
+
+/// The CPU reference quantizer of the fp8 KV cache: `x` as e4m3 bits, rounded to nearest even
+/// and saturated at ±448 (the kernels' `cvt.rn.satfinite.e4m3x2.f32`), NaN to NaN.
+pub fn e4m3(x: f32) -> u8 {
+    float8::F8E4M3::from_f32(x).to_bits()
+}
+
+/// The value of e4m3 bits (0xff, what `poisoned` leaves, is NaN).
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    float8::F8E4M3::from_bits(b).to_f32()
+}
+
+/// `x` through the e4m3 cache: quantized and read back.
+pub fn through_e4m3(x: f32) -> f32 {
+    e4m3_to_f32(e4m3(x))
+}
+
+/// `n` e4m3 values of a device buffer, as f32.
+pub fn read_e4m3(g: &Gpu, b: &DevBuf, n: usize) -> Vec<f32> {
+    let raw: Vec<u8> = read(g, b, n);
+    raw.into_iter().map(e4m3_to_f32).collect()
 }
 
 /// `gpu()` and a random source seeded with `seed`, for a test that draws its inputs once.

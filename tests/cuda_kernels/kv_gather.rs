@@ -4,13 +4,27 @@
 use brook::executor::cuda::kernels::{self, KvGatherParams};
 use half::bf16;
 
-use crate::harness::{dev, gpu, poisoned, read, rng};
+use crate::harness::{dev, kv_gpu, poisoned, read, rng};
 use crate::paged::{KvLayout, Paged};
 
 #[test]
 fn kv_gather_copies_contexts_per_query_head() {
-    let Some(g) = gpu() else { return };
-    for (seed, head_dim, heads, kv_heads) in [(80u64, 128usize, 4usize, 4usize), (81, 64, 6, 2)] {
+    gather(false);
+}
+
+/// From an e4m3 cache: the same rows widened to bf16, exactly (every e4m3 value is a bf16).
+#[test]
+fn kv_gather_widens_an_e4m3_cache() {
+    gather(true);
+}
+
+fn gather(fp8: bool) {
+    let Some(g) = kv_gpu(fp8) else { return };
+    for (seed, head_dim, heads, kv_heads) in [
+        (80u64, 128usize, 4usize, 4usize),
+        (81, 64, 6, 2),
+        (82, 16, 8, 2),
+    ] {
         let mut r = rng(seed);
         let bs = 16;
         let ctx = [45usize, 1, 300, 17, 64];
@@ -19,7 +33,7 @@ fn kv_gather_copies_contexts_per_query_head() {
             block_size: bs,
             head_dim,
         };
-        let paged = Paged::random(&mut r, &ctx, 3, layout);
+        let paged = Paged::random_kv(&mut r, &ctx, 3, layout, fp8);
         // Entries name sequences out of order and skip one (it is on the flash path).
         let entries = [3usize, 0, 4, 2];
         let mut key0 = Vec::new();
@@ -70,12 +84,12 @@ fn kv_gather_copies_contexts_per_query_head() {
                     assert_eq!(
                         &kg[o..o + head_dim],
                         &bits(paged.cache.k_row(slot, h / group))[..],
-                        "k: entry {e} (seq {s}) head {h} key {j}"
+                        "k fp8 {fp8}: entry {e} (seq {s}) head {h} key {j}"
                     );
                     assert_eq!(
                         &vg[o..o + head_dim],
                         &bits(paged.cache.v_row(slot, h / group))[..],
-                        "v: entry {e} (seq {s}) head {h} key {j}"
+                        "v fp8 {fp8}: entry {e} (seq {s}) head {h} key {j}"
                     );
                 }
             }

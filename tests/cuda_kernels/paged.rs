@@ -9,7 +9,9 @@ use half::bf16;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::harness::{assert_close, dev, poisoned, rand_bf16, to_f32};
+use crate::harness::{
+    assert_close, dev, e4m3, poisoned, rand_bf16, rand_f32, through_e4m3, to_f32,
+};
 
 /// Where (slot, kv head) rows sit in a cache [num_blocks, kv_heads, block_size, head_dim].
 #[derive(Clone, Copy)]
@@ -26,20 +28,45 @@ impl KvLayout {
     }
 }
 
-/// A paged cache with random contents.
+/// A paged cache with random contents. An e4m3 cache (`fp8`) holds random values quantized
+/// by the CPU reference quantizer (`harness::e4m3`); `k` and `v` hold them as bf16 (exact: every
+/// e4m3 value is a bf16), so the references read them as they read a bf16 cache, and `upload`
+/// sends their e4m3 bits.
 pub struct Cache {
     pub k: Vec<bf16>,
     pub v: Vec<bf16>,
     pub layout: KvLayout,
+    pub fp8: bool,
 }
 
 impl Cache {
-    fn random(r: &mut ChaCha8Rng, num_blocks: usize, layout: KvLayout) -> Cache {
+    fn random(r: &mut ChaCha8Rng, num_blocks: usize, layout: KvLayout, fp8: bool) -> Cache {
         let n = num_blocks * layout.kv_heads * layout.block_size * layout.head_dim;
+        let values = |r: &mut ChaCha8Rng| -> Vec<bf16> {
+            match fp8 {
+                false => rand_bf16(r, n, 1.0),
+                true => rand_f32(r, n, 1.0)
+                    .into_iter()
+                    .map(|x| bf16::from_f32(through_e4m3(x)))
+                    .collect(),
+            }
+        };
         Cache {
-            k: rand_bf16(r, n, 1.0),
-            v: rand_bf16(r, n, 1.0),
+            k: values(r),
+            v: values(r),
             layout,
+            fp8,
+        }
+    }
+
+    /// K or V as the device holds it.
+    fn upload_one(&self, g: &Gpu, x: &[bf16]) -> DevBuf {
+        match self.fp8 {
+            false => dev(g, x),
+            true => {
+                let bits: Vec<u8> = x.iter().map(|v| e4m3(v.to_f32())).collect();
+                dev(g, &bits)
+            }
         }
     }
 
@@ -88,10 +115,17 @@ pub struct Paged {
 }
 
 impl Paged {
-    pub fn random(r: &mut ChaCha8Rng, ctx: &[usize], spare: usize, layout: KvLayout) -> Paged {
+    /// `ctx` sequences over a random cache (e4m3 when `fp8`, see `Cache`).
+    pub fn random_kv(
+        r: &mut ChaCha8Rng,
+        ctx: &[usize],
+        spare: usize,
+        layout: KvLayout,
+        fp8: bool,
+    ) -> Paged {
         let bs = layout.block_size;
         let num_blocks = ctx.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + spare;
-        let cache = Cache::random(r, num_blocks, layout);
+        let cache = Cache::random(r, num_blocks, layout, fp8);
         let (bt, max_blocks) = block_tables(r, ctx, bs, num_blocks);
         Paged {
             cache,
@@ -159,8 +193,8 @@ impl Paged {
     pub fn upload(&self, g: &Gpu) -> DevPaged {
         let ctx: Vec<i32> = self.ctx.iter().map(|&c| c as i32).collect();
         DevPaged {
-            k_cache: dev(g, &self.cache.k),
-            v_cache: dev(g, &self.cache.v),
+            k_cache: self.cache.upload_one(g, &self.cache.k),
+            v_cache: self.cache.upload_one(g, &self.cache.v),
             block_tables: dev(g, &self.bt),
             context_lens: dev(g, &ctx),
         }
@@ -195,13 +229,23 @@ impl PrefillBatch {
         kv_heads: usize,
         seqs: &[(usize, usize)],
     ) -> PrefillBatch {
+        PrefillBatch::random_kv(r, (head_dim, heads, kv_heads), seqs, false)
+    }
+
+    /// `random` over an e4m3 cache when `fp8` (`Cache`).
+    pub fn random_kv(
+        r: &mut ChaCha8Rng,
+        (head_dim, heads, kv_heads): (usize, usize, usize),
+        seqs: &[(usize, usize)],
+        fp8: bool,
+    ) -> PrefillBatch {
         let layout = KvLayout {
             kv_heads,
             block_size: 16,
             head_dim,
         };
         let ctx: Vec<usize> = seqs.iter().map(|s| s.1).collect();
-        let paged = Paged::random(r, &ctx, 5, layout);
+        let paged = Paged::random_kv(r, &ctx, 5, layout, fp8);
         let mut q_start = Vec::new();
         let mut t = 0;
         for &(qlen, c) in seqs {

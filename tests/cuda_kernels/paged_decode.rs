@@ -1,16 +1,17 @@
 //! `paged_decode`: one query row per sequence over its paged context, split-k or not, for every
 //! head size and GQA group the model families use, with and without a sliding window; the
 //! splits merged by `paged_decode_reduce` or inside the kernel (arrival counters), and the split
-//! rule that fills the GPU at batch 1 (`decode_splits_filled`).
+//! rule that fills the GPU at batch 1 (`decode_splits_filled`); and all of it again over an
+//! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA).
 
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas, decode_splits, decode_splits_filled, PagedDecodeParams,
+    self, decode_group_ctas_for, decode_splits, decode_splits_filled, PagedDecodeParams,
 };
 use half::bf16;
 use rand::seq::SliceRandom;
 
 use crate::harness::{
-    assert_close, attention_gpu, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
+    assert_close, attention_gpu_kv, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 
@@ -32,6 +33,8 @@ struct Decode {
     inline: bool,
     /// With `splits` None: `decode_splits_filled` with this many CTAs per SM (0: `decode_splits`).
     ctas_per_sm: usize,
+    /// An e4m3 cache (the `-DKV_FP8` kernel); the reference reads the same quantized values.
+    fp8: bool,
 }
 
 impl Default for Decode {
@@ -46,6 +49,7 @@ impl Default for Decode {
             window: 0,
             inline: false,
             ctas_per_sm: 0,
+            fp8: false,
         }
     }
 }
@@ -53,7 +57,7 @@ impl Default for Decode {
 impl Decode {
     fn run(&self) {
         let group = self.heads / self.kv_heads;
-        let Some(g) = attention_gpu(self.head_dim, group) else {
+        let Some(g) = attention_gpu_kv(self.head_dim, group, self.fp8) else {
             return;
         };
         let mut r = rng(self.seed);
@@ -64,7 +68,7 @@ impl Decode {
             head_dim: hd,
         };
         let ctx = &self.ctx;
-        let mut paged = Paged::random(&mut r, ctx, 7, layout);
+        let mut paged = Paged::random_kv(&mut r, ctx, 7, layout, self.fp8);
         let mut freed = 0;
         if self.window > 0 {
             for (s, &c) in ctx.iter().enumerate() {
@@ -88,7 +92,7 @@ impl Decode {
         let out = poisoned::<bf16>(&g, rows * heads * hd);
         let part_acc = poisoned::<f32>(&g, n * heads * num_splits * hd);
         let part_ml = poisoned::<f32>(&g, n * heads * num_splits * 2);
-        let num_counters = n * self.kv_heads * decode_group_ctas(group);
+        let num_counters = n * self.kv_heads * decode_group_ctas_for(group, self.fp8);
         let counters = dev(&g, &vec![0u32; num_counters]);
         let scale = 1.0 / (hd as f32).sqrt();
         let p = PagedDecodeParams {
@@ -143,8 +147,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode hd{hd} g{group} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.inline, self.window, ctx[s]
+                        "decode hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.fp8, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -284,5 +288,69 @@ fn paged_decode_filled_splits() {
             }
             .run();
         }
+    }
+}
+
+/// An e4m3 cache: every head size (16 for the tiny test checkpoints) against groups 1..16
+/// (5..8 take two CTAs per kv head at 4 heads a CTA, 13..16 four), split and not.
+#[test]
+fn paged_decode_fp8_every_head_dim_and_group() {
+    for (i, head_dim) in [16, 64, 80, 96, 128, 256].into_iter().enumerate() {
+        for group in 1..=16 {
+            Decode {
+                seed: 600 + (i * 16 + group) as u64,
+                head_dim,
+                heads: 2 * group,
+                kv_heads: 2,
+                ctx: vec![3, 37, 301],
+                splits: Some(1 + group % 3),
+                fp8: true,
+                ..Decode::default()
+            }
+            .run();
+        }
+    }
+}
+
+/// An e4m3 cache at batch sizes 1 to 40 and contexts from 1 to 8k, on Llama-2-7B's (MHA) and
+/// Llama-3-8B's (GQA 4) head shapes: the split rules the backend uses, merged both ways (the
+/// in-kernel merge twice on the same counters), and under a sliding window.
+#[test]
+fn paged_decode_fp8_batches_contexts_merges_and_window() {
+    let batch40: Vec<usize> = (0..40).map(|i| 1 + i * 97 % 2100).collect();
+    for (seed, heads, kv_heads, ctx) in [
+        (640, 32, 32, vec![8191]),
+        (641, 32, 8, vec![4100]),
+        (642, 32, 32, vec![1, 17, 300, 1000, 2049]),
+        (643, 32, 8, batch40.clone()),
+        (644, 8, 8, batch40),
+    ] {
+        for (ctas, inline) in [(0, false), (8, true), (4, false)] {
+            Decode {
+                seed,
+                heads,
+                kv_heads,
+                ctx: ctx.clone(),
+                ctas_per_sm: ctas,
+                inline,
+                fp8: true,
+                ..Decode::default()
+            }
+            .run();
+        }
+    }
+    for (seed, head_dim, group, splits) in [(650, 128, 4, None), (651, 96, 1, Some(5))] {
+        Decode {
+            seed,
+            head_dim,
+            heads: 2 * group,
+            window: 100,
+            ctx: vec![1, 99, 100, 101, 517, 2050],
+            splits,
+            inline: true,
+            fp8: true,
+            ..Decode::default()
+        }
+        .run();
     }
 }

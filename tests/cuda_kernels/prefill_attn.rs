@@ -1,10 +1,11 @@
 //! `prefill_attn`: the flash prefill kernel (causal, cached prefixes) on a random paged cache,
 //! over the head sizes and GQA groups of the model families, under a sliding window, and split
-//! over the keys (chunks at the end of long contexts, the in-kernel merge).
+//! over the keys (chunks at the end of long contexts, the in-kernel merge); and over an e4m3
+//! cache (tiles staged as e4m3 and widened in shared memory).
 
 use half::bf16;
 
-use crate::harness::{attention_gpu, poisoned, read_bf16, rng};
+use crate::harness::{attention_gpu_kv, poisoned, read_bf16, rng};
 use crate::paged::{PrefillBatch, PrefillRun};
 
 /// `seqs`: (query tokens, context); `window`: 0 or a sliding window (blocks before it freed).
@@ -17,15 +18,29 @@ fn check_prefill(seed: u64, shape: (usize, usize, usize), seqs: &[(usize, usize)
 /// re-poisoned output (the last CTA of each group must leave its arrival counter at zero).
 fn check_prefill_split(
     seed: u64,
-    (head_dim, heads, kv_heads): (usize, usize, usize),
+    shape: (usize, usize, usize),
     seqs: &[(usize, usize)],
     window: usize,
     splits: usize,
 ) {
-    let Some(g) = attention_gpu(head_dim, heads / kv_heads) else {
+    check_prefill_kv(seed, shape, seqs, window, splits, false);
+}
+
+/// `check_prefill_split` over an e4m3 cache when `fp8` (the reference reads the same quantized
+/// K and V).
+fn check_prefill_kv(
+    seed: u64,
+    (head_dim, heads, kv_heads): (usize, usize, usize),
+    seqs: &[(usize, usize)],
+    window: usize,
+    splits: usize,
+    fp8: bool,
+) {
+    let Some(g) = attention_gpu_kv(head_dim, heads / kv_heads, fp8) else {
         return;
     };
-    let mut b = PrefillBatch::random(&mut rng(seed), head_dim, heads, kv_heads, seqs);
+    let shape = (head_dim, heads, kv_heads);
+    let mut b = PrefillBatch::random_kv(&mut rng(seed), shape, seqs, fp8);
     let freed = if window > 0 { b.with_window(window) } else { 0 };
     let n = b.tokens() * b.row_elems();
     let out = poisoned::<bf16>(&g, n);
@@ -37,7 +52,7 @@ fn check_prefill_split(
     let label = |s: usize| {
         let (qlen, c) = seqs[s];
         format!(
-            "prefill hd{head_dim} g{} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
+            "prefill hd{head_dim} g{} fp8 {fp8} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
             b.group()
         )
     };
@@ -104,4 +119,31 @@ fn prefill_attention_split_kv_gqa_window_every_head_dim() {
         check_prefill_split(80 + i as u64, (head_dim, 8, 2), &seqs, 0, 5);
         check_prefill_split(90 + i as u64, (head_dim, 8, 2), &seqs, 300, 4);
     }
+}
+
+/// An e4m3 cache: fresh prompts, cached prefixes (the chunk's queries read prefix keys through
+/// the block table) and a chunk ending a long prefix, for every head size (16: the tiny test
+/// checkpoints, where a tile is 64 chunks for 128 threads) and groups 1, 4, 7.
+#[test]
+fn prefill_attention_fp8_cached_prefix_every_head_dim() {
+    let seqs = [(70, 70), (5, 200), (130, 300), (64, 64), (2, 2), (17, 1000)];
+    for (i, head_dim) in [16, 64, 80, 96, 128, 256].into_iter().enumerate() {
+        for (j, group) in [1, 4, 7].into_iter().enumerate() {
+            let seed = 700 + (3 * i + j) as u64;
+            check_prefill_kv(seed, (head_dim, 2 * group, 2), &seqs, 0, 1, true);
+        }
+    }
+}
+
+/// An e4m3 cache split over the keys (the in-kernel merge, twice on the same counters) and
+/// under a sliding window (blocks before it freed).
+#[test]
+fn prefill_attention_fp8_split_kv_and_window() {
+    let seqs = [(64, 4096), (17, 8000), (130, 3000), (2, 2500), (150, 150)];
+    for (i, splits) in [2, 8, 32].into_iter().enumerate() {
+        check_prefill_kv(720 + i as u64, (128, 8, 2), &seqs, 0, splits, true);
+    }
+    let seqs = [(150, 150), (40, 300), (1, 70), (64, 1000), (97, 97)];
+    check_prefill_kv(730, (128, 8, 2), &seqs, 50, 1, true);
+    check_prefill_kv(731, (96, 4, 4), &seqs, 64, 4, true);
 }

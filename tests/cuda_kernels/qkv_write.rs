@@ -1,5 +1,6 @@
 //! The RoPE + paged K/V write shared by `rope_kv` and `gemv_qkv_rope`: where each token goes,
-//! the poisoned outputs, and the checker of what was written (and that nothing else was).
+//! the poisoned outputs, and the checker of what was written (and that nothing else was), into
+//! a bf16 or an e4m3 cache.
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use half::bf16;
@@ -7,7 +8,9 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::harness::{assert_close, dev, poisoned, read_bf16, rope_ref};
+use crate::harness::{
+    assert_close, dev, e4m3, poisoned, read_bf16, read_e4m3, rope_ref, through_e4m3,
+};
 use crate::paged::KvLayout;
 
 /// Where a Q/K/V write puts each token: its position (for RoPE) and its cache slot
@@ -45,7 +48,9 @@ impl QkvWrite {
     /// Checks what was written from the rows `qkv` ([tokens, (heads + 2 kv_heads) head_dim],
     /// f32): Q rotated at each position, K rotated and V stored at each token's slot, nothing
     /// written elsewhere in the cache (still NaN). V must equal its bf16 rounding exactly when
-    /// `v_exact`, else lie within the rotation's tolerance.
+    /// `v_exact`, else lie within the rotation's tolerance. An e4m3 cache (`got.fp8`): K and V
+    /// are the CPU quantizer's bytes of the reference (`assert_e4m3`), V exactly when `v_exact`,
+    /// else (and K always) up to `got.fp8_slack`.
     pub fn check(&self, what: &str, qkv: &[f32], got: QkvWritten, v_exact: bool) {
         let (heads, layout) = (self.heads, self.layout);
         let (kv_heads, head_dim) = (layout.kv_heads, layout.head_dim);
@@ -70,6 +75,23 @@ impl QkvWrite {
                 let o = layout.offset(slot as usize, kh);
                 let kr = (heads + kh) * head_dim;
                 let vr = (heads + kv_heads + kh) * head_dim;
+                written[o..o + head_dim].iter_mut().for_each(|w| *w = true);
+                if got.fp8 {
+                    let slack = got.fp8_slack;
+                    assert_e4m3(
+                        &format!("{what} k token {t} kv head {kh}"),
+                        &got.k_cache[o..o + head_dim],
+                        &rot(&row[kr..kr + head_dim], pos),
+                        slack,
+                    );
+                    assert_e4m3(
+                        &format!("{what} v token {t} kv head {kh}"),
+                        &got.v_cache[o..o + head_dim],
+                        &row[vr..vr + head_dim],
+                        if v_exact { 0.0 } else { slack },
+                    );
+                    continue;
+                }
                 assert_close(
                     &format!("{what} k token {t} kv head {kh}"),
                     &got.k_cache[o..o + head_dim],
@@ -89,7 +111,6 @@ impl QkvWrite {
                         8e-3,
                     );
                 }
-                written[o..o + head_dim].iter_mut().for_each(|w| *w = true);
             }
         }
         assert!(
@@ -103,11 +124,35 @@ impl QkvWrite {
     }
 }
 
-/// Q rows and the whole K and V caches as read back.
+/// `got`, read back from an e4m3 cache, is the CPU quantizer's e4m3 of `want`, element by
+/// element; where the kernel's fp32 arithmetic (sincosf, fp32 sums) may land on the other side
+/// of a rounding boundary from the f64 reference, the byte of `want ± slack·(|want| + 1e-3)` is
+/// accepted too (`slack` 0: exact).
+pub fn assert_e4m3(what: &str, got: &[f32], want: &[f32], slack: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let d = slack * (w.abs() + 1e-3);
+        let ok = [w, w - d, w + d]
+            .iter()
+            .any(|&x| through_e4m3(x).to_bits() == g.to_bits());
+        assert!(
+            ok,
+            "{what}: element {i} is {g} (e4m3 {:#04x}), the reference {w} quantizes to {} (slack {slack:.0e})",
+            e4m3(g),
+            through_e4m3(w)
+        );
+    }
+}
+
+/// Q rows and the whole K and V caches as read back (K and V as f32 of their bf16 or e4m3).
 pub struct QkvWritten<'a> {
     pub q: &'a [f32],
     pub k_cache: &'a [f32],
     pub v_cache: &'a [f32],
+    /// The cache is e4m3.
+    pub fp8: bool,
+    /// The relative slack of `assert_e4m3` for K (and V unless exact).
+    pub fp8_slack: f32,
 }
 
 /// A Q/K/V write on the device: its inputs uploaded, its outputs poisoned before the run.
@@ -120,31 +165,54 @@ pub struct QkvDev {
     pub v_cache: DevBuf,
     q_elems: usize,
     cache_elems: usize,
+    /// The cache is e4m3 (one byte an element; 0xff poison is NaN there too).
+    fp8: bool,
 }
 
 impl QkvDev {
-    pub fn new(g: &Gpu, write: &QkvWrite, num_blocks: usize) -> Self {
+    /// Poisoned outputs for `write` over a cache of `num_blocks` (e4m3 when `fp8`).
+    pub fn new(g: &Gpu, write: &QkvWrite, num_blocks: usize, fp8: bool) -> Self {
         let l = write.layout;
         let q_elems = write.positions.len() * write.heads * l.head_dim;
         let cache_elems = num_blocks * l.kv_heads * l.block_size * l.head_dim;
+        let cache = || match fp8 {
+            false => poisoned::<bf16>(g, cache_elems),
+            true => poisoned::<u8>(g, cache_elems),
+        };
         QkvDev {
             positions: dev(g, &write.positions),
             slots: dev(g, &write.slots),
             inv_freq: dev(g, &write.inv_freq),
             q_out: poisoned::<bf16>(g, q_elems),
-            k_cache: poisoned::<bf16>(g, cache_elems),
-            v_cache: poisoned::<bf16>(g, cache_elems),
+            k_cache: cache(),
+            v_cache: cache(),
             q_elems,
             cache_elems,
+            fp8,
         }
     }
 
-    /// Reads the outputs back and checks them against `write` of `qkv` (`QkvWrite::check`).
-    pub fn check(&self, g: &Gpu, what: &str, write: &QkvWrite, qkv: &[f32], v_exact: bool) {
+    /// Reads the outputs back and checks them against `write` of `qkv` (`QkvWrite::check`;
+    /// `fp8_slack` for an e4m3 cache, `assert_e4m3`).
+    pub fn check(
+        &self,
+        g: &Gpu,
+        what: &str,
+        write: &QkvWrite,
+        qkv: &[f32],
+        v_exact: bool,
+        fp8_slack: f32,
+    ) {
+        let read_cache = |b: &DevBuf| match self.fp8 {
+            false => read_bf16(g, b, self.cache_elems),
+            true => read_e4m3(g, b, self.cache_elems),
+        };
         let got = QkvWritten {
             q: &read_bf16(g, &self.q_out, self.q_elems),
-            k_cache: &read_bf16(g, &self.k_cache, self.cache_elems),
-            v_cache: &read_bf16(g, &self.v_cache, self.cache_elems),
+            k_cache: &read_cache(&self.k_cache),
+            v_cache: &read_cache(&self.v_cache),
+            fp8: self.fp8,
+            fp8_slack,
         };
         write.check(what, qkv, got, v_exact);
     }

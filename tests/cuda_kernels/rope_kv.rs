@@ -1,12 +1,13 @@
 //! `rope_kv`: RoPE on Q and K from the fp32 QKV rows, K and V written to the paged cache; with
-//! the per-family extras first (q/k/v bias, RMSNorm of each q and k head, longrope's scale).
+//! the per-family extras first (q/k/v bias, RMSNorm of each q and k head, longrope's scale);
+//! into a bf16 or an e4m3 cache.
 
 use brook::executor::cuda::kernels::{self, RopeKvParams};
 use brook::model::config::RopeScaling;
 use half::bf16;
 use rand_chacha::ChaCha8Rng;
 
-use crate::harness::{dev, gpu, inv_freqs, rand_bf16, rand_f32, rng, to_f32};
+use crate::harness::{dev, inv_freqs, kv_gpu, rand_bf16, rand_f32, rng, to_f32};
 use crate::paged::KvLayout;
 use crate::qkv_write::{QkvDev, QkvWrite};
 
@@ -21,6 +22,8 @@ struct Rope {
     bias: bool,
     qk_norm: bool,
     rope_scale: f32,
+    /// Write an e4m3 cache (the `-DKV_FP8` kernel), checked byte for byte.
+    fp8: bool,
 }
 
 impl Default for Rope {
@@ -34,6 +37,7 @@ impl Default for Rope {
             bias: false,
             qk_norm: false,
             rope_scale: 1.0,
+            fp8: false,
         }
     }
 }
@@ -73,7 +77,7 @@ impl Rope {
     }
 
     fn run(&self) {
-        let Some(g) = gpu() else { return };
+        let Some(g) = kv_gpu(self.fp8) else { return };
         let mut r: ChaCha8Rng = rng(self.seed);
         let (hd, heads, kv_heads) = (self.head_dim, self.heads, self.kv_heads);
         let (t, bs, num_blocks) = (29, 16, 40);
@@ -107,7 +111,7 @@ impl Rope {
             .map(|x| bf16::from_f32(1.0 - x))
             .collect();
         let (bias_b, qn_b, kn_b) = (dev(&g, &bias), dev(&g, &qn), dev(&g, &kn));
-        let (qb, d) = (dev(&g, &qkv), QkvDev::new(&g, &write, num_blocks));
+        let (qb, d) = (dev(&g, &qkv), QkvDev::new(&g, &write, num_blocks, self.fp8));
         let p = RopeKvParams {
             qkv: qb.ptr(),
             positions: d.positions.ptr(),
@@ -132,10 +136,13 @@ impl Rope {
         let want = self.transformed(&qkv, &to_f32(&bias), &to_f32(&qn), &to_f32(&kn), t);
         // V is stored as its input (plus bias) rounded to bf16; bit for bit without a bias.
         let what = format!(
-            "rope hd{hd} bias {} qk_norm {} scale {}",
-            self.bias, self.qk_norm, self.rope_scale
+            "rope hd{hd} bias {} qk_norm {} scale {} fp8 {}",
+            self.bias, self.qk_norm, self.rope_scale, self.fp8
         );
-        d.check(&g, &what, &write, &want, plain);
+        // e4m3: V's bytes exactly the CPU quantizer's when plain; K's (and V's otherwise) too,
+        // but for a reference within 0.1 % of a rounding boundary (the kernel's fp32 angle at
+        // positions up to 5000 is off by ~1e-4 rad from the f64 one).
+        d.check(&g, &what, &write, &want, plain, 1e-3);
     }
 }
 
@@ -200,6 +207,33 @@ fn rope_kv_bias_norm_and_longrope_scale_together() {
         qk_norm: true,
         rope_scale: 1.19,
         ..Rope::default()
+    }
+    .run();
+}
+
+/// An e4m3 cache: K and V bytes against the CPU quantizer, at every head size, with the
+/// per-family extras, and nothing written outside the slot mapping (poison stays NaN).
+#[test]
+fn rope_kv_writes_an_e4m3_cache() {
+    for (i, head_dim) in [16, 64, 80, 96, 128, 256].into_iter().enumerate() {
+        Rope {
+            seed: 60 + i as u64,
+            head_dim,
+            fp8: true,
+            ..Rope::default()
+        }
+        .run();
+    }
+    Rope {
+        seed: 66,
+        head_dim: 96,
+        heads: 7,
+        kv_heads: 1,
+        bias: true,
+        qk_norm: true,
+        rope_scale: 1.19,
+        llama3: true,
+        fp8: true,
     }
     .run();
 }

@@ -3,15 +3,17 @@
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas, decode_splits_filled, PagedDecodeParams,
+    self, decode_group_ctas_for, decode_splits_filled, PagedDecodeParams,
 };
+use brook::executor::cuda::KvCacheDtype;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{
-    emit, random_bf16, read_bf16, rel_err, time_ms, upload, AttnShape, CausalPrefill,
+    emit, kv_elem_bytes, random_bf16, random_kv, read_bf16, rel_err, time_ms, upload, AttnShape,
+    CausalPrefill,
 };
 
 /// Paged decode attention at the head shapes of Llama-2-7B (32 heads, 32 kv heads, head_dim
@@ -19,22 +21,26 @@ use crate::common::{
 /// once + Q + output. Several disjoint caches are rotated so small
 /// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts (unless
 /// `decode_only`).
-pub fn run(decode_only: bool) -> anyhow::Result<()> {
+pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
     let mut gpu = Gpu::open(0)?;
-    // Llama-2-7B (MHA, head_dim 128) first, as before; then Qwen2.5-7B's 7 query heads per kv
-    // head and Phi-3-mini's head_dim 96.
-    for (heads, kv_heads, head_dim) in [(32, 32, 128), (28, 4, 128), (32, 32, 96)] {
-        let shape = AttnShape {
-            heads,
-            kv_heads,
-            head_dim,
-            block_size: 16,
-        };
-        gpu.load_attention(head_dim, heads / kv_heads)?;
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
-        paged_decode(&gpu, &shape, &mut rng)?;
-        if !decode_only {
-            prefill(&mut gpu, &shape, &mut rng)?;
+    for &dtype in dtypes {
+        // Kernels for this cache dtype (e4m3: the -DKV_FP8 builds) and caches filled in it.
+        gpu.set_kv_fp8(dtype.is_fp8())?;
+        // Llama-2-7B (MHA, head_dim 128) first, as before; then Qwen2.5-7B's 7 query heads per
+        // kv head and Phi-3-mini's head_dim 96.
+        for (heads, kv_heads, head_dim) in [(32, 32, 128), (28, 4, 128), (32, 32, 96)] {
+            let shape = AttnShape {
+                heads,
+                kv_heads,
+                head_dim,
+                block_size: 16,
+            };
+            gpu.load_attention(head_dim, heads / kv_heads)?;
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            paged_decode(&gpu, &shape, &mut rng, dtype)?;
+            if !decode_only {
+                prefill(&mut gpu, &shape, &mut rng, dtype)?;
+            }
         }
     }
     Ok(())
@@ -77,24 +83,30 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
     },
 ];
 
-fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
+fn paged_decode(
+    gpu: &Gpu,
+    shape: &AttnShape,
+    rng: &mut ChaCha8Rng,
+    dtype: KvCacheDtype,
+) -> anyhow::Result<()> {
     let (h, kvh, hd, bs) = (
         shape.heads,
         shape.kv_heads,
         shape.head_dim,
         shape.block_size,
     );
+    let kv = dtype.as_str();
     let mut rows = Vec::new();
     for &ctx in &[1024usize, 4096, 16384] {
         for &batch in &[1usize, 16, 64] {
             let blocks_per_seq = ctx.div_ceil(bs);
-            let kv_bytes = batch * ctx * kvh * hd * 2 * 2;
+            let kv_bytes = batch * ctx * kvh * hd * 2 * kv_elem_bytes(gpu);
             let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
             let num_blocks = sets * batch * blocks_per_seq;
             let cache_elems = num_blocks * kvh * bs * hd;
             let (k, v) = (
-                random_bf16(gpu, cache_elems, 11)?,
-                random_bf16(gpu, cache_elems, 12)?,
+                random_kv(gpu, cache_elems, 11)?,
+                random_kv(gpu, cache_elems, 12)?,
             );
             let q = random_bf16(gpu, batch * h * hd, 13)?;
             let out = gpu.alloc(batch * h * hd * 2)?;
@@ -119,7 +131,7 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
                 gpu.alloc(batch * h * most * hd * 4)?,
                 gpu.alloc(batch * h * most * 2 * 4)?,
             );
-            let num_counters = batch * kvh * decode_group_ctas(group);
+            let num_counters = batch * kvh * decode_group_ctas_for(group, gpu.kv_fp8());
             let counters = gpu.alloc(num_counters * 4)?;
             gpu.memset(counters.ptr(), 0, num_counters * 4)?;
             // Each variant's output against the default's on the same inputs (the last set).
@@ -163,7 +175,7 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
                 let bytes = kv_bytes + 2 * batch * h * hd * 2;
                 let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
                 eprintln!(
-                "paged decode {:<12} ctx {ctx:>5} batch {batch:>2}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits, rel. err. vs default {err:.1e}",
+                "paged decode {:<12} kv {kv} ctx {ctx:>5} batch {batch:>2}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits, rel. err. vs default {err:.1e}",
                 var.name,
                 gbps / 43.0
             );
@@ -172,12 +184,12 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
                     "{}: output differs from the default's by {err:.3e}",
                     var.name
                 );
-                rows.push(json!({"variant": var.name, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits, "rel_err_vs_default": err}));
+                rows.push(json!({"variant": var.name, "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits, "rel_err_vs_default": err}));
             }
         }
     }
     emit(
-        json!({"figure": "paged_decode_attention", "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
+        json!({"figure": "paged_decode_attention", "kv_cache_dtype": kv, "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
     );
     Ok(())
 }
@@ -185,7 +197,12 @@ fn paged_decode(gpu: &Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::R
 /// The flash prefill kernel on 16k tokens of causal prompts of each length; at the same points
 /// its builds with the synchronous K/V loads of the kernel before cp.async (`PF_LOADS=0`) and
 /// with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca).
-fn prefill(gpu: &mut Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Result<()> {
+fn prefill(
+    gpu: &mut Gpu,
+    shape: &AttnShape,
+    rng: &mut ChaCha8Rng,
+    dtype: KvCacheDtype,
+) -> anyhow::Result<()> {
     let (h, hd) = (shape.heads, shape.head_dim);
     let variants = [
         gpu.load_prefill_variant(hd, 0)?,
@@ -214,14 +231,18 @@ fn prefill(gpu: &mut Gpu, shape: &AttnShape, rng: &mut ChaCha8Rng) -> anyhow::Re
             })?);
         }
         eprintln!(
-            "prefill attention {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s (sync loads {:.3} ms, cp.async.cg {:.3} ms)",
-            other[0], other[1]
+            "prefill attention kv {} {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s (sync loads {:.3} ms, cp.async.cg {:.3} ms)",
+            dtype.as_str(),
+            other[0],
+            other[1]
         );
         prefill_rows.push(
             json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops,
             "sync_loads_ms": other[0], "cg_loads_ms": other[1]}),
         );
     }
-    emit(json!({"figure": "prefill_attention", "heads": h, "head_dim": hd, "rows": prefill_rows}));
+    emit(
+        json!({"figure": "prefill_attention", "kv_cache_dtype": dtype.as_str(), "heads": h, "head_dim": hd, "rows": prefill_rows}),
+    );
     Ok(())
 }

@@ -8,13 +8,14 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput, StepOutput};
 use cudarc::driver::sys::CUevent_flags;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// One figure: a JSON object on its own line of stdout.
@@ -99,6 +100,41 @@ pub fn random_bf16(gpu: &Gpu, elems: usize, seed: u64) -> anyhow::Result<DevBuf>
     Ok(b)
 }
 
+/// `elems` KV cache elements of random values in the cache's dtype (`Gpu::kv_fp8`): bf16 as
+/// `random_bf16`; e4m3 bytes of either sign, magnitudes 2^-4 to 0.94 (exponent fields 3..6, any
+/// mantissa: never NaN, which a random byte can be), generated on the host as one seeded 16 MiB
+/// pattern repeated over the buffer (benchmark caches reach gigabytes; the timing does not care
+/// that the values repeat).
+pub fn random_kv(gpu: &Gpu, elems: usize, seed: u64) -> anyhow::Result<DevBuf> {
+    if !gpu.kv_fp8() {
+        return random_bf16(gpu, elems, seed);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pattern = vec![0u8; elems.min(16 << 20)];
+    for chunk in pattern.chunks_mut(8) {
+        let r: u64 = rng.random();
+        for (i, b) in chunk.iter_mut().enumerate() {
+            let x = (r >> (8 * i)) as u8;
+            *b = (x & 0x87) | ((3 + ((x >> 3) & 3)) << 3);
+        }
+    }
+    let buf = gpu.alloc(elems)?;
+    for at in (0..elems).step_by(pattern.len().max(1)) {
+        let n = pattern.len().min(elems - at);
+        gpu.upload(buf.ptr() + at as u64, &pattern[..n])?;
+    }
+    Ok(buf)
+}
+
+/// Bytes of one KV cache element on `gpu` (`Gpu::kv_fp8`).
+pub fn kv_elem_bytes(gpu: &Gpu) -> usize {
+    if gpu.kv_fp8() {
+        1
+    } else {
+        2
+    }
+}
+
 /// The head shape of one attention layer and the KV block size.
 pub struct AttnShape {
     pub heads: usize,
@@ -144,7 +180,8 @@ pub struct CausalPrefill {
 }
 
 impl CausalPrefill {
-    /// K, V and Q filled with seeds `seed`, `seed + 1` and `seed + 2`.
+    /// K, V and Q filled with seeds `seed`, `seed + 1` and `seed + 2`; K and V in the cache's
+    /// dtype (`random_kv`).
     pub fn new(
         gpu: &Gpu,
         shape: &AttnShape,
@@ -161,8 +198,8 @@ impl CausalPrefill {
         );
         let cache_elems = num_blocks * kvh * bs * hd;
         let (k_cache, v_cache) = (
-            random_bf16(gpu, cache_elems, seed)?,
-            random_bf16(gpu, cache_elems, seed + 1)?,
+            random_kv(gpu, cache_elems, seed)?,
+            random_kv(gpu, cache_elems, seed + 1)?,
         );
         let q = random_bf16(gpu, seqs * len * h * hd, seed + 2)?;
         let blocks_per_seq = len.div_ceil(bs);
@@ -225,6 +262,20 @@ impl CausalPrefill {
 }
 
 /// brook's defaults with the progress bar off; each bench overrides what it measures.
+/// Leave-one-out variants (`CudaBackendOptions::skip`): what each kind of launch costs inside a
+/// step is the default's time minus the time with that kind left out.
+pub const SKIPS: [(&str, u32); 6] = [
+    ("norms", skip::NORMS),
+    ("rope", skip::ROPE),
+    ("attention", skip::ATTENTION),
+    ("silu", skip::SILU),
+    (
+        "all but linear",
+        skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
+    ),
+    ("linear", skip::LINEAR),
+];
+
 pub fn bench_options() -> CudaBackendOptions {
     CudaBackendOptions {
         progress: false,

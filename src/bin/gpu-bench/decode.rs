@@ -4,19 +4,40 @@
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{skip, CudaBackendOptions};
+use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step, SKIPS};
 
 /// Batch-1 greedy decode after a prompt: median step time over the run, for brook's defaults and
 /// then one setting changed at a time.
-pub fn run(model: &str, input_len: usize, output_len: usize, quick: bool) -> anyhow::Result<()> {
+pub fn run(
+    model: &str,
+    input_len: usize,
+    output_len: usize,
+    quick: bool,
+    dtypes: &[KvCacheDtype],
+) -> anyhow::Result<()> {
+    for &dtype in dtypes {
+        run_dtype(model, input_len, output_len, quick, dtype)?;
+    }
+    Ok(())
+}
+
+/// `run` for one KV cache dtype.
+fn run_dtype(
+    model: &str,
+    input_len: usize,
+    output_len: usize,
+    quick: bool,
+    dtype: KvCacheDtype,
+) -> anyhow::Result<()> {
     let base = CudaBackendOptions {
         max_num_seqs: 8,
         max_num_batched_tokens: input_len.max(256),
+        kv_cache_dtype: dtype,
         ..bench_options()
     };
     let variants = [
@@ -51,21 +72,10 @@ pub fn run(model: &str, input_len: usize, output_len: usize, quick: bool) -> any
         },
     ];
     // What each kind of launch costs inside the step: the default with that kind left out.
-    let skips = [
-        ("norms", skip::NORMS),
-        ("rope", skip::ROPE),
-        ("attention", skip::ATTENTION),
-        ("silu", skip::SILU),
-        (
-            "all but linear",
-            skip::NORMS | skip::ROPE | skip::ATTENTION | skip::SILU,
-        ),
-        ("linear", skip::LINEAR),
-    ];
     let variants = variants
         .into_iter()
         .map(|o| (o, ""))
-        .chain(skips.into_iter().map(|(name, bits)| {
+        .chain(SKIPS.into_iter().map(|(name, bits)| {
             (
                 CudaBackendOptions {
                     skip: bits,
@@ -103,10 +113,11 @@ pub fn run(model: &str, input_len: usize, output_len: usize, quick: bool) -> any
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, graphs {graphs}, gemv {gemv}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "cuda_graphs": graphs, "gemv": gemv, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

@@ -1,6 +1,10 @@
 //! `gpu-bench`: measurements of the CUDA executor on synthetic (random, GPU-generated) weights.
 //!
 //!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
+//!
+//! attention, decode, ttft and offline take `--kv-cache-dtype bf16,fp8` (comma-separated: each
+//! dtype in turn in one process, each figure tagged with its `kv_cache_dtype`) for A/B runs.
+//!
 //!   gpu-bench prefill-attn              prefill attention, GEMM path vs flash kernel by length
 //!   gpu-bench prefill-chunks            flash prefill attention of one chunk (64-2048 queries) at
 //!                                       the end of a 2k/8k/16k context: split over the keys vs not
@@ -39,6 +43,7 @@ mod swap;
 mod ttft;
 mod variants;
 
+use brook::executor::cuda::KvCacheDtype;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -53,6 +58,9 @@ enum Cmd {
         /// Paged decode attention only (every split rule and merge), not the prefill kernel.
         #[arg(long)]
         decode_only: bool,
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
+        kv_cache_dtype: Vec<KvCacheDtype>,
     },
     GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
@@ -79,6 +87,9 @@ enum Cmd {
         /// brook's defaults only (no variants): for a profiler run.
         #[arg(long)]
         quick: bool,
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
+        kv_cache_dtype: Vec<KvCacheDtype>,
     },
     Swap {
         #[arg(long, default_value = "llama-2-7b")]
@@ -92,6 +103,13 @@ enum Cmd {
         model: String,
         #[arg(long, default_value_t = 2048)]
         input_len: usize,
+        /// Also time the step with each kind of launch left out (norms, RoPE, attention, SiLU,
+        /// the linear layers): what each costs inside the prefill.
+        #[arg(long)]
+        breakdown: bool,
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
+        kv_cache_dtype: Vec<KvCacheDtype>,
     },
     Offline {
         #[arg(long, default_value = "llama-2-7b")]
@@ -111,6 +129,10 @@ enum Cmd {
         /// Issue-18 switch sets to run in turn (`decode-variants` names), e.g. default,all.
         #[arg(long, value_delimiter = ',', default_values_t = [String::from("untimed")])]
         variants: Vec<String>,
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8: each variant once
+        /// per dtype, on a fresh backend.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
+        kv_cache_dtype: Vec<KvCacheDtype>,
     },
     /// Speculative decoding: verification cost by batch and depth, and single-stream speedup
     /// at a forced acceptance rate (see `spec`'s module docs).
@@ -136,7 +158,10 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     brook::logging::init();
     match Cli::parse().cmd {
-        Cmd::Attention { decode_only } => attention::run(decode_only),
+        Cmd::Attention {
+            decode_only,
+            kv_cache_dtype,
+        } => attention::run(decode_only, &kv_cache_dtype),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
@@ -145,8 +170,14 @@ fn main() -> anyhow::Result<()> {
             input_len,
             output_len,
             quick,
-        } => decode::run(&model, input_len, output_len, quick),
-        Cmd::Ttft { model, input_len } => ttft::run(&model, input_len),
+            kv_cache_dtype,
+        } => decode::run(&model, input_len, output_len, quick, &kv_cache_dtype),
+        Cmd::Ttft {
+            model,
+            input_len,
+            breakdown,
+            kv_cache_dtype,
+        } => ttft::run(&model, input_len, breakdown, &kv_cache_dtype),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {
@@ -158,6 +189,7 @@ fn main() -> anyhow::Result<()> {
             max_num_batched_tokens,
             no_cuda_graphs,
             variants,
+            kv_cache_dtype,
         } => offline::run(
             &model,
             num_prompts,
@@ -167,6 +199,7 @@ fn main() -> anyhow::Result<()> {
             max_num_batched_tokens,
             !no_cuda_graphs,
             &variants,
+            &kv_cache_dtype,
         ),
         Cmd::DecodeVariants {
             model,

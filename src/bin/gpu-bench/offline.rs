@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions, KvCacheDtype};
 use brook::kv::KvCacheManager;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -31,6 +31,7 @@ pub fn run(
     max_num_batched_tokens: usize,
     graphs: bool,
     variants: &[String],
+    dtypes: &[KvCacheDtype],
 ) -> anyhow::Result<()> {
     let base = CudaBackendOptions {
         max_num_seqs,
@@ -38,13 +39,24 @@ pub fn run(
         cuda_graphs: graphs,
         ..bench_options()
     };
-    for name in variants {
-        let opts = CudaBackendOptions {
-            step_timing: false,
-            ..variant_options(name, &base)?
-        };
-        let b = backend(model, opts)?;
-        run_one(b, name, model, n, (input_len, output_len), &base)?;
+    for &kv_cache_dtype in dtypes {
+        for name in variants {
+            let opts = CudaBackendOptions {
+                step_timing: false,
+                kv_cache_dtype,
+                ..variant_options(name, &base)?
+            };
+            let b = backend(model, opts)?;
+            run_one(
+                b,
+                name,
+                model,
+                n,
+                (input_len, output_len),
+                &base,
+                kv_cache_dtype,
+            )?;
+        }
     }
     Ok(())
 }
@@ -56,6 +68,7 @@ fn run_one(
     n: usize,
     (input_len, output_len): (usize, usize),
     base: &CudaBackendOptions,
+    dtype: KvCacheDtype,
 ) -> anyhow::Result<()> {
     let (max_num_seqs, max_num_batched_tokens, graphs) = (
         base.max_num_seqs,
@@ -168,13 +181,14 @@ fn run_one(
         .unwrap_or(0);
     let out_tok_s = generated as f64 / wall;
     eprintln!(
-        "{model} [{variant}] offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",
+        "{model} [{variant}, kv {}] offline {n} x {input_len}/{output_len}: {wall:.2} s, {out_tok_s:.0} output tok/s, {steps} steps ({:.0}% of wall in execute), median decode step {:.2} ms (largest decode batch {largest_decode}), ttft p50 {:.0} ms",
+        dtype.as_str(),
         exec_ms / 10.0 / wall,
         median(decode_steps.clone()),
         ttft[n / 2]
     );
     emit(json!({
-        "figure": "offline_out_tok_s", "variant": variant, "model": model, "num_prompts": n, "input_len": input_len, "output_len": output_len,
+        "figure": "offline_out_tok_s", "variant": variant, "kv_cache_dtype": dtype.as_str(), "num_kv_blocks": info.num_kv_blocks, "model": model, "num_prompts": n, "input_len": input_len, "output_len": output_len,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "cuda_graphs": graphs,
         "wall_s": wall, "output_tok_s": out_tok_s, "total_tok_s": (n * (input_len + output_len)) as f64 / wall,
         "steps": steps, "execute_share": exec_ms / 1e3 / wall, "median_decode_step_ms": median(decode_steps),

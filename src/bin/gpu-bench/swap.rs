@@ -17,8 +17,8 @@ use crate::common::{backend, bench_options};
 
 pub fn run(model: &str, host_gib: f64) -> anyhow::Result<()> {
     let cfg = synthetic_config(model)?;
-    let per_block = kv_bytes_per_block(&cfg, 16);
     let mut opts = bench_options();
+    let per_block = kv_bytes_per_block(&cfg, 16, opts.kv_cache_dtype);
     opts.host_kv_cache_bytes = (host_gib * (1u64 << 30) as f64) as usize;
     opts.max_kv_cache_bytes = Some(2048 * per_block);
     let mut b = backend(model, opts)?;

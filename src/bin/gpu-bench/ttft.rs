@@ -1,47 +1,82 @@
-//! `gpu-bench ttft`: one prompt in one step (prefill + first token).
+//! `gpu-bench ttft`: one prompt in one step (prefill + first token); with `--breakdown`, also the
+//! default with each kind of launch left out (what each costs inside the prefill step).
 
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::CudaBackendOptions;
+use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step};
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step, SKIPS};
 
-/// One prompt in one step (prefill + first token), median of 5 on fresh blocks.
-pub fn run(model: &str, input_len: usize) -> anyhow::Result<()> {
-    let mut b = backend(
-        model,
-        CudaBackendOptions {
-            max_num_seqs: 8,
-            max_num_batched_tokens: input_len,
-            ..bench_options()
-        },
-    )?;
-    let bs = b.info().block_size;
-    let vocab = b.config().vocab_size as u32;
-    let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let mut times = Vec::new();
-    for rep in 0..6 {
-        let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
-        let per = input_len.div_ceil(bs) as u32;
-        let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
-        let last = rep.checked_sub(1).map(u64::from);
-        let t0 = Instant::now();
-        b.execute(&one_seq_step(
-            rep.into(),
-            &tokens,
-            0,
-            input_len,
-            &blocks,
-            last,
-        ))?;
-        times.push(elapsed_ms(t0));
+/// One prompt in one step (prefill + first token), median of 5 on fresh blocks; then, with
+/// `breakdown`, the same with each of `SKIPS` left out; all once per KV cache dtype.
+pub fn run(
+    model: &str,
+    input_len: usize,
+    breakdown: bool,
+    dtypes: &[KvCacheDtype],
+) -> anyhow::Result<()> {
+    for &dtype in dtypes {
+        run_dtype(model, input_len, breakdown, dtype)?;
     }
-    let med = median(times[1..].to_vec());
-    eprintln!("{model} ttft for {input_len} tokens: {med:.2} ms (runs {times:.2?})");
-    emit(json!({"figure": "ttft_b1_ms", "model": model, "input_len": input_len, "median_ms": med}));
+    Ok(())
+}
+
+/// `run` for one KV cache dtype.
+fn run_dtype(
+    model: &str,
+    input_len: usize,
+    breakdown: bool,
+    dtype: KvCacheDtype,
+) -> anyhow::Result<()> {
+    let base = CudaBackendOptions {
+        max_num_seqs: 8,
+        max_num_batched_tokens: input_len,
+        kv_cache_dtype: dtype,
+        ..bench_options()
+    };
+    let kv = dtype.as_str();
+    let variants = std::iter::once(("", 0)).chain(SKIPS.into_iter().filter(|_| breakdown));
+    for (skipped, bits) in variants {
+        let mut b = backend(
+            model,
+            CudaBackendOptions {
+                skip: bits,
+                ..base.clone()
+            },
+        )?;
+        let bs = b.info().block_size;
+        let vocab = b.config().vocab_size as u32;
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut times = Vec::new();
+        for rep in 0..6 {
+            let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+            let per = input_len.div_ceil(bs) as u32;
+            let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
+            let last = rep.checked_sub(1).map(u64::from);
+            let t0 = Instant::now();
+            b.execute(&one_seq_step(
+                rep.into(),
+                &tokens,
+                0,
+                input_len,
+                &blocks,
+                last,
+            ))?;
+            times.push(elapsed_ms(t0));
+        }
+        let med = median(times[1..].to_vec());
+        eprintln!(
+            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {times:.2?})"
+        );
+        emit(
+            json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "skipped": skipped}),
+        );
+        // One backend at a time: each holds most of the GPU's memory for its KV pool.
+        drop(b);
+    }
     Ok(())
 }

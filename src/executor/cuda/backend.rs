@@ -244,9 +244,9 @@ impl CudaBackend {
             }
             None => None,
         };
-        let draft_bytes_per_block = draft
-            .as_ref()
-            .map_or(0, |d| kv_bytes_per_block(&d.cfg, opts.block_size));
+        let draft_bytes_per_block = draft.as_ref().map_or(0, |d| {
+            kv_bytes_per_block(&d.cfg, opts.block_size, opts.kv_cache_dtype)
+        });
         let sizing = KvSizing::Free {
             shared_bytes: draft_bytes_per_block,
         };
@@ -508,8 +508,11 @@ impl Backend for CudaBackend {
             ),
             num_kv_blocks: self.fwd.num_blocks,
             block_size: self.fwd.opts.block_size,
-            bytes_per_block: kv_bytes_per_block(&self.fwd.cfg, self.fwd.opts.block_size)
-                + self.draft_bytes_per_block,
+            bytes_per_block: kv_bytes_per_block(
+                &self.fwd.cfg,
+                self.fwd.opts.block_size,
+                self.fwd.opts.kv_cache_dtype,
+            ) + self.draft_bytes_per_block,
             num_host_blocks: self.tier.num_blocks(),
             copy_bytes_per_s: self.tier.bytes_per_s(),
         }

@@ -38,6 +38,15 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The files among `SOURCES` whose kernels write or gather the paged KV cache: built a second
+/// time with `-DKV_FP8=1` for an e4m3 cache (`Gpu::set_kv_fp8`). kv_stage moves bytes and needs
+/// no build of its own.
+pub const KV_SOURCES: &[(&str, &str)] = &[
+    ("rope_kv", include_str!("../../../kernels/rope_kv.cu")),
+    ("gemv", include_str!("../../../kernels/gemv.cu")),
+    ("kv_gather", include_str!("../../../kernels/kv_gather.cu")),
+];
+
 /// Most rows `gemv` takes (`gemv_m1..4` in gemv.cu). A fact of the sources above, kept here
 /// (re-exported by `kernels`) so `device` can default to it without depending on `kernels`,
 /// which depends on `device`.
@@ -191,6 +200,34 @@ mod tests {
                 assert!(
                     ptx.to_src().contains(".entry paged_decode"),
                     "hd {hd} g {group}"
+                );
+            }
+        }
+        // The e4m3-cache builds (-DKV_FP8=1, sm_89+): the cache writers and gatherer, and the
+        // attention kernels down to the tiny checkpoints' head dim 16.
+        for (name, src) in KV_SOURCES {
+            let (ptx, _) = ptx_with(name, src, "compute_90", &[("KV_FP8", 1)])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry"), "{name} KV_FP8");
+        }
+        for hd in [16, 64, 80, 96, 128, 256] {
+            let fp8 = ("KV_FP8", 1);
+            let (name, src) = PREFILL_ATTN;
+            let (ptx, _) = ptx_with(name, src, "compute_90", &[("HD", hd), fp8])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry prefill_attn"), "hd {hd} fp8");
+            for group in [1, 4, 5, 8, 16] {
+                let (name, src) = PAGED_DECODE;
+                let (ptx, _) = ptx_with(
+                    name,
+                    src,
+                    "compute_90",
+                    &[("HD", hd), ("GROUP", group), fp8],
+                )
+                .unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(
+                    ptx.to_src().contains(".entry paged_decode"),
+                    "hd {hd} g {group} fp8"
                 );
             }
         }

@@ -71,6 +71,9 @@ pub struct Gpu {
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
+    /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
+    /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
+    kv_fp8: bool,
     functions: HashMap<String, CudaFunction>,
     _blas_workspace: DevBuf,
 }
@@ -109,6 +112,7 @@ impl Gpu {
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             pdl: compute_capability.0 >= 9,
+            kv_fp8: false,
             functions,
             _blas_workspace: ws,
         })
@@ -124,25 +128,85 @@ impl Gpu {
         self.functions.contains_key(name)
     }
 
+    /// Switches the KV cache kernels to e4m3 (`--kv-cache-dtype fp8`) or back to bf16: the first
+    /// switch to e4m3 compiles (or takes from the PTX cache) the `-DKV_FP8=1` builds of the files
+    /// that write or gather the cache (`compile::KV_SOURCES`), loaded as `{kernel}_fp8`; then
+    /// `load_attention` builds its kernels likewise. Needs sm_89+ (the e4m3 conversions are
+    /// instructions there). A `Forward` sets it once, before its pool exists (a pool holds one
+    /// dtype); tests and benchmarks switch back and forth on one context to compare.
+    pub fn set_kv_fp8(&mut self, on: bool) -> anyhow::Result<()> {
+        if !on || self.kv_fp8 {
+            self.kv_fp8 = on;
+            return Ok(());
+        }
+        let (major, minor) = self.compute_capability;
+        anyhow::ensure!(
+            (major, minor) >= (8, 9),
+            "--kv-cache-dtype fp8 needs compute capability 8.9 or newer (e4m3 conversions); this GPU ({}) has {major}.{minor}: use --kv-cache-dtype auto",
+            self.name
+        );
+        let arch = compile::arch_for(major, minor);
+        for (name, src) in compile::KV_SOURCES {
+            let loaded = kernel_names(src)
+                .first()
+                .is_some_and(|f| self.functions.contains_key(&format!("{f}_fp8")));
+            if loaded {
+                continue; // loaded by an earlier switch
+            }
+            let (ptx, _) = compile::ptx_with(name, src, &arch, &[("KV_FP8", 1)])?;
+            let module = self
+                .ctx
+                .load_module(ptx)
+                .with_context(|| format!("loading kernels/{name}.cu with KV_FP8"))?;
+            for f in kernel_names(src) {
+                let func = module
+                    .load_function(&f)
+                    .with_context(|| format!("kernel {f} in kernels/{name}.cu (KV_FP8)"))?;
+                self.functions.insert(format!("{f}_fp8"), func);
+            }
+        }
+        self.kv_fp8 = true;
+        Ok(())
+    }
+
+    /// Whether the KV cache is e4m3 (`set_kv_fp8`).
+    pub fn kv_fp8(&self) -> bool {
+        self.kv_fp8
+    }
+
+    /// The loaded name of kernel `name`, one that reads or writes the KV cache: `name`, or
+    /// `name_fp8` for an e4m3 cache.
+    pub fn kv_kernel(&self, name: &str) -> String {
+        match self.kv_fp8 {
+            true => format!("{name}_fp8"),
+            false => name.to_string(),
+        }
+    }
+
     /// Compiles (or takes from the PTX cache) and loads the attention kernels for one model
     /// shape: `paged_decode_hd{H}_g{G}` and `paged_decode_reduce_hd{H}_g{G}` (kernels/
-    /// paged_decode.cu with `-DHD=H -DGROUP=G`) and `prefill_attn_hd{H}` (`-DHD=H`). Idempotent.
+    /// paged_decode.cu with `-DHD=H -DGROUP=G`) and `prefill_attn_hd{H}` (`-DHD=H`), each with
+    /// `-DKV_FP8=1` and `_fp8` after its name when the cache is e4m3 (`set_kv_fp8`). Idempotent.
     pub fn load_attention(&mut self, head_dim: usize, group: usize) -> anyhow::Result<()> {
         anyhow::ensure!(
             compile::attention_supported(head_dim, group),
             "no attention kernels for head_dim {head_dim} (a multiple of 16 from 16 to 256) and {group} query heads per kv head"
         );
         let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
+        let (fp8, tail) = match self.kv_fp8 {
+            true => (vec![("KV_FP8", 1)], "_fp8"),
+            false => (vec![], ""),
+        };
         let shaped = [
             (
                 compile::PAGED_DECODE,
-                vec![("HD", head_dim), ("GROUP", group)],
-                format!("_hd{head_dim}_g{group}"),
+                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
+                format!("_hd{head_dim}_g{group}{tail}"),
             ),
             (
                 compile::PREFILL_ATTN,
-                vec![("HD", head_dim)],
-                format!("_hd{head_dim}"),
+                [vec![("HD", head_dim)], fp8].concat(),
+                format!("_hd{head_dim}{tail}"),
             ),
         ];
         for ((name, src), defines, suffix) in shaped {
@@ -165,19 +229,23 @@ impl Gpu {
     }
 
     /// gpu-bench: the flash prefill kernel at `head_dim` built with `-DPF_LOADS=loads` (how K/V
-    /// tiles are loaded; see prefill_attn.cu), loaded as `prefill_attn_hd{H}_loads{L}`; its name.
+    /// tiles are loaded; see prefill_attn.cu), loaded as `prefill_attn_hd{H}_loads{L}` (+ `_fp8`
+    /// for an e4m3 cache); its name.
     pub fn load_prefill_variant(
         &mut self,
         head_dim: usize,
         loads: usize,
     ) -> anyhow::Result<String> {
-        let name = format!("prefill_attn_hd{head_dim}_loads{loads}");
+        let name = self.kv_kernel(&format!("prefill_attn_hd{head_dim}_loads{loads}"));
         if self.functions.contains_key(&name) {
             return Ok(name);
         }
         let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
         let (file, src) = compile::PREFILL_ATTN;
-        let defines = [("HD", head_dim), ("PF_LOADS", loads)];
+        let mut defines = vec![("HD", head_dim), ("PF_LOADS", loads)];
+        if self.kv_fp8 {
+            defines.push(("KV_FP8", 1));
+        }
         let (ptx, _) = compile::ptx_with(file, src, &arch, &defines)?;
         let module = self
             .ctx

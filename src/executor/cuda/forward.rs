@@ -39,11 +39,12 @@ use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
-    self, decode_group_ctas, decode_splits_filled, prefill_split_scratch, BlockTableUpdateParams,
-    CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
+    self, decode_group_ctas_for, decode_splits_filled, prefill_split_scratch,
+    BlockTableUpdateParams, CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE,
+    SAMPLE_MAX_TOP,
 };
 use super::lookahead::{self, LookaheadStats};
-use super::options::CudaBackendOptions;
+use super::options::{CudaBackendOptions, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
@@ -193,6 +194,7 @@ impl Forward {
         opts: CudaBackendOptions,
         sizing: KvSizing,
     ) -> anyhow::Result<Self> {
+        gpu.set_kv_fp8(opts.kv_cache_dtype.is_fp8())?;
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,
@@ -253,7 +255,8 @@ impl Forward {
                 .max()
                 .unwrap_or(1),
         };
-        let counters = max_seqs * cfg.num_key_value_heads * decode_group_ctas(group);
+        let counters =
+            max_seqs * cfg.num_key_value_heads * decode_group_ctas_for(group, gpu.kv_fp8());
         let (pf_acc, pf_ml, pf_counters) = match opts.prefill_split_kv {
             true => prefill_split_scratch(gpu.num_sms, hd),
             false => (1, 1, 1),
@@ -323,7 +326,7 @@ impl Forward {
         gpu.sync()?;
 
         // The KV pool takes what the utilisation target leaves after everything above.
-        let bytes_per_block = kv_bytes_per_block(&cfg, opts.block_size);
+        let bytes_per_block = kv_bytes_per_block(&cfg, opts.block_size, opts.kv_cache_dtype);
         let (free, total) = gpu.mem_info()?;
         let used = total - free;
         let target = (total as f64 * opts.gpu_memory_utilization) as usize;
@@ -345,12 +348,13 @@ impl Forward {
         let kv = gpu.alloc(num_blocks * bytes_per_block)?;
         let kv_layer_bytes = num_blocks * bytes_per_block / (2 * cfg.num_hidden_layers);
         tracing::info!(
-            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
+            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB, {}), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
             gpu.name,
             weights.bytes() as f64 / (1u64 << 30) as f64,
             num_blocks,
             opts.block_size,
             kv.bytes() as f64 / (1u64 << 30) as f64,
+            if gpu.kv_fp8() { "fp8 e4m3" } else { "bf16" },
             if opts.cuda_graphs { "on" } else { "off" },
             gemm_max_len,
             gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
@@ -599,7 +603,8 @@ impl Forward {
     pub fn resize_kv(&mut self, num_blocks: usize) -> anyhow::Result<()> {
         anyhow::ensure!(num_blocks > 0, "a KV pool of no blocks");
         self.graphs.clear();
-        let bytes_per_block = kv_bytes_per_block(&self.cfg, self.opts.block_size);
+        let bytes_per_block =
+            kv_bytes_per_block(&self.cfg, self.opts.block_size, self.opts.kv_cache_dtype);
         self.kv = self.gpu.alloc(0)?;
         self.kv = self.gpu.alloc(num_blocks * bytes_per_block)?;
         self.kv_layer_bytes = num_blocks * bytes_per_block / (2 * self.cfg.num_hidden_layers);
@@ -614,7 +619,11 @@ impl Forward {
             base: self.kv.ptr(),
             plane_stride: self.kv_layer_bytes,
             planes,
-            plane_bytes: kv_bytes_per_block(&self.cfg, self.opts.block_size) / planes,
+            plane_bytes: kv_bytes_per_block(
+                &self.cfg,
+                self.opts.block_size,
+                self.opts.kv_cache_dtype,
+            ) / planes,
             num_blocks: self.num_blocks,
         }
     }
@@ -642,7 +651,12 @@ impl Forward {
     }
 }
 
-/// Bytes of one KV block across all layers, K and V, bf16.
-pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-    2 * cfg.num_hidden_layers * cfg.num_key_value_heads * block_size * cfg.head_dim * 2
+/// Bytes of one KV block across all layers, K and V, in the cache's dtype (bf16: 2 bytes an
+/// element, fp8: 1).
+pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> usize {
+    2 * cfg.num_hidden_layers
+        * cfg.num_key_value_heads
+        * block_size
+        * cfg.head_dim
+        * dtype.cuda_bytes()
 }

@@ -386,13 +386,23 @@ pub struct FillParams {
 const SAMPLE_THREADS: u32 = 1024;
 const DECODE_THREADS: u32 = 128;
 
-/// Most query heads one decode CTA serves (`DECODE_GC_MAX` in paged_decode.cu).
+/// Most query heads one decode CTA serves (`DECODE_GC_MAX` in paged_decode.cu): 8, 4 with an
+/// e4m3 cache (a lane holds twice the dims of each head).
 const DECODE_GC_MAX: usize = 8;
+const DECODE_GC_MAX_FP8: usize = 4;
 
-/// CTAs per kv head of the decode kernel (`DECODE_GROUP_CTAS`): groups over 8 heads are cut in
-/// equal slices.
+/// CTAs per kv head of the bf16-cache decode kernel (`DECODE_GROUP_CTAS`): groups over 8 heads
+/// are cut in equal slices.
 pub fn decode_group_ctas(group: usize) -> usize {
-    group.div_ceil(DECODE_GC_MAX)
+    decode_group_ctas_for(group, false)
+}
+
+/// `decode_group_ctas` for a cache of either dtype (`kv_fp8`: e4m3, slices of at most 4 heads).
+pub fn decode_group_ctas_for(group: usize, kv_fp8: bool) -> usize {
+    group.div_ceil(match kv_fp8 {
+        true => DECODE_GC_MAX_FP8,
+        false => DECODE_GC_MAX,
+    })
 }
 
 /// # Safety
@@ -419,7 +429,7 @@ pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
     // Whole warps: the head norm reduces over the block.
     let threads = (p.head_dim as u32 / 2).next_multiple_of(32);
     gpu.launch(
-        "rope_kv",
+        &gpu.kv_kernel("rope_kv"),
         (p.num_tokens as u32, heads, 1),
         (threads, 1, 1),
         p,
@@ -448,12 +458,15 @@ pub unsafe fn paged_decode(
     head_dim: usize,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
-    let name = attention_kernel(gpu, format!("paged_decode_hd{head_dim}_g{group}"))?;
+    let name = attention_kernel(
+        gpu,
+        gpu.kv_kernel(&format!("paged_decode_hd{head_dim}_g{group}")),
+    )?;
     gpu.launch(
         &name,
         (
             p.num_splits as u32,
-            (p.num_kv_heads as usize * decode_group_ctas(group)) as u32,
+            (p.num_kv_heads as usize * decode_group_ctas_for(group, gpu.kv_fp8())) as u32,
             p.num_items as u32,
         ),
         (DECODE_THREADS, 1, 1),
@@ -461,7 +474,7 @@ pub unsafe fn paged_decode(
     )?;
     if p.num_splits > 1 && p.counters == 0 {
         gpu.launch(
-            &format!("paged_decode_reduce_hd{head_dim}_g{group}"),
+            &gpu.kv_kernel(&format!("paged_decode_reduce_hd{head_dim}_g{group}")),
             (p.num_heads as u32, p.num_items as u32, 1),
             (head_dim as u32, 1, 1),
             p,
@@ -505,7 +518,7 @@ pub unsafe fn prefill_attn(
     p: &PrefillAttnParams,
     head_dim: usize,
 ) -> anyhow::Result<()> {
-    let name = attention_kernel(gpu, format!("prefill_attn_hd{head_dim}"))?;
+    let name = attention_kernel(gpu, gpu.kv_kernel(&format!("prefill_attn_hd{head_dim}")))?;
     prefill_attn_named(gpu, p, &name)
 }
 
@@ -590,16 +603,18 @@ pub fn prefill_split_scratch(num_sms: u32, head_dim: usize) -> (usize, usize, us
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn kv_gather(gpu: &Gpu, p: &KvGatherParams, max_ctx: usize) -> anyhow::Result<()> {
+    // 16-byte pieces: 8 bf16, or 16 e4m3.
+    let piece = if gpu.kv_fp8() { 16 } else { 8 };
     anyhow::ensure!(
-        p.head_dim % 8 == 0 && p.num_heads % p.num_kv_heads == 0,
-        "kv_gather needs head_dim % 8 == 0 and whole GQA groups; got head_dim {}, {} / {} heads",
+        p.head_dim % piece == 0 && p.num_heads % p.num_kv_heads == 0,
+        "kv_gather needs head_dim % {piece} == 0 and whole GQA groups; got head_dim {}, {} / {} heads",
         p.head_dim,
         p.num_heads,
         p.num_kv_heads
     );
     let tiles = max_ctx.div_ceil(GATHER_KEYS);
     match gemm_entry_grid(tiles, p.num_kv_heads, p.num_gemm) {
-        Some(grid) => gpu.launch("kv_gather", grid, (128, 1, 1), p),
+        Some(grid) => gpu.launch(&gpu.kv_kernel("kv_gather"), grid, (128, 1, 1), p),
         None => Ok(()),
     }
 }
@@ -629,11 +644,12 @@ pub unsafe fn causal_softmax(
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
-    launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p)
+    launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p, false)
 }
 
 /// Launches `{family}_m{m}` (gemv.cu) over `outputs` outputs, `split` warps
-/// each, after checking `(m, k, split)`.
+/// each, after checking `(m, k, split)`; `writes_kv`: the kernel writes the KV cache (its
+/// `-DKV_FP8` build for an e4m3 cache, `Gpu::kv_kernel`).
 ///
 /// # Safety
 /// As the public launchers.
@@ -643,6 +659,7 @@ unsafe fn launch_gemv<P: Copy>(
     (m, k, split): (i32, i32, i32),
     outputs: i32,
     p: &P,
+    writes_kv: bool,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
@@ -652,8 +669,12 @@ unsafe fn launch_gemv<P: Copy>(
         split > 0 && (GEMV_WARPS as i32) % split == 0,
         "gemv split {split} must divide {GEMV_WARPS}"
     );
+    let name = format!("{family}_m{m}");
     gpu.launch_pdl(
-        &format!("{family}_m{m}"),
+        &match writes_kv {
+            true => gpu.kv_kernel(&name),
+            false => name,
+        },
         gemv_grid(outputs, split),
         (32 * GEMV_WARPS, 1, 1),
         p,
@@ -665,7 +686,7 @@ unsafe fn launch_gemv<P: Copy>(
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
-    launch_gemv(gpu, "gemv_silu", (p.m, p.k, p.split), p.inter, p)
+    launch_gemv(gpu, "gemv_silu", (p.m, p.k, p.split), p.inter, p, false)
 }
 
 /// QKV projection with RoPE and the paged K/V write in the epilogue (decode, m <= 4).
@@ -674,7 +695,7 @@ pub unsafe fn gemv_silu(gpu: &Gpu, p: &GemvSiluParams) -> anyhow::Result<()> {
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv_qkv_rope(gpu: &Gpu, p: &GemvQkvRopeParams) -> anyhow::Result<()> {
     let pairs = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
-    launch_gemv(gpu, "gemv_qkv_rope", (p.m, p.k, p.split), pairs, p)
+    launch_gemv(gpu, "gemv_qkv_rope", (p.m, p.k, p.split), pairs, p, true)
 }
 
 /// # Safety

@@ -6,8 +6,8 @@
 //! each `num_blocks` blocks of `plane_bytes` (`Forward::kv_layout`). Host tier: block-major,
 //! one block's planes contiguous (`bytes_per_block`), so a swapped block is one host range.
 //!
-//! Gathered copies. A block is `planes` pieces of `plane_bytes` (128 KiB for Llama-2-7B), far
-//! too small to reach the link's bandwidth one copy each. So a batch of device → host copies is
+//! Gathered copies. A block is `planes` pieces of `plane_bytes` (128 KiB for Llama-2-7B at
+//! bf16, 64 KiB with an fp8 cache), far too small to reach the link's bandwidth one copy each. So a batch of device → host copies is
 //! gathered by one kernel (`kv_stage`) into a device staging buffer laid out as the host tier,
 //! then copied in one transfer per run of consecutive host blocks; host → device is the
 //! reverse (one transfer, then one scatter). The list is cut into segments within which order

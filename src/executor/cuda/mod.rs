@@ -35,3 +35,4 @@ pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};
+pub use options::KvCacheDtype;

@@ -71,8 +71,46 @@ pub struct CudaBackendOptions {
     /// sampler's buffers are sized for `1 + max_drafts` logit rows per sequence.
     pub max_drafts: usize,
     /// gpu-bench only: kinds of launch left out of each layer (`skip::*` bits), to time what
-    /// each costs inside a decode step; the step's output is then meaningless. 0 otherwise.
+    /// each costs inside a step (decode or prefill); the step's output is then meaningless. 0
+    /// otherwise.
     pub skip: u32,
+    /// The paged KV cache's element type (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// The KV cache's element type, as vLLM's `--kv-cache-dtype`. `Auto` is the model's dtype
+/// (bf16 on the CUDA executor; the CPU executor's own). `Fp8` stores K and V as e4m3 with a
+/// per-tensor scale of 1 (no calibration; values saturate at ±448): half the bytes a token, so
+/// twice the tokens in the pool and half the K/V reads of a decode step. CUDA only, sm_89+.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    #[default]
+    Auto,
+    Bf16,
+    Fp8,
+}
+
+impl KvCacheDtype {
+    pub fn is_fp8(self) -> bool {
+        self == KvCacheDtype::Fp8
+    }
+
+    /// Bytes of one cached K or V element on the CUDA executor.
+    pub fn cuda_bytes(self) -> usize {
+        match self {
+            KvCacheDtype::Auto | KvCacheDtype::Bf16 => 2,
+            KvCacheDtype::Fp8 => 1,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Bf16 => "bf16",
+            KvCacheDtype::Fp8 => "fp8",
+        }
+    }
 }
 
 impl CudaBackendOptions {
@@ -89,6 +127,7 @@ impl CudaBackendOptions {
 pub mod skip {
     pub const NORMS: u32 = 1;
     pub const ROPE: u32 = 2;
+    /// Decode and prefill attention (flash tiles and the GEMM path).
     pub const ATTENTION: u32 = 4;
     pub const SILU: u32 = 8;
     /// The layers' linear projections (not the LM head).

@@ -166,7 +166,7 @@ impl Forward {
                 };
                 kernels::paged_decode(g, &p, hd)?;
             }
-            if step.nt > 0 {
+            if step.nt > 0 && on(skip::ATTENTION) {
                 let p = PrefillAttnParams {
                     q: a.q.ptr(),
                     k_cache: self.k_cache(l),
@@ -192,7 +192,7 @@ impl Forward {
                 };
                 kernels::prefill_attn(g, &p, hd)?;
             }
-            if !self.host.gemm.is_empty() {
+            if !self.host.gemm.is_empty() && on(skip::ATTENTION) {
                 let scratch = self
                     .gemm_scratch
                     .as_ref()
