@@ -42,7 +42,19 @@ async fn multiplexed_requests_stream_and_finish() {
 
 #[actix_rt::test]
 async fn cancel_ends_with_cancelled_and_frees_blocks() {
-    let server = start_server(test_config()).await;
+    // The test model makes 400 tokens in tens of milliseconds, less than a cancel's round trip:
+    // the engine's second step (the first decode) waits a while, so the cancel lands mid-way.
+    let plan = common::faults::FaultPlan::new();
+    plan.arm(
+        2,
+        common::faults::Fault::Hang(std::time::Duration::from_millis(300)),
+    );
+    let server = start_server_wrapped(
+        test_config(),
+        &common::testing::TestModelSpec::default(),
+        Some(plan.wrap()),
+    )
+    .await;
     let mut c = Client::connect(&server).await;
     c.send(generate("long", "Tell me a very long story", 400))
         .await;
