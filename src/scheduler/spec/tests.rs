@@ -192,3 +192,22 @@ fn the_draft_cost_fit_recovers_pass_and_token_costs() {
     assert!((d.per_pass_ms() - 0.3).abs() < 0.01, "{d:?}");
     assert!((d.per_token_ms() - 0.05).abs() < 0.01, "{d:?}");
 }
+
+#[test]
+fn the_draft_models_catch_up_can_price_speculation_out() {
+    // Cheap rows (the H200 prior) and a measured draft: a batch of 64 that the draft model has
+    // already caught up on speculates; the same batch whose 64-token prompts the draft has never
+    // seen pays 4096 catch-up tokens first, and does not.
+    let t = CostModel::new(CostCoefficients::default());
+    let mut d = DraftCost::default();
+    for (passes, tokens) in [(1, 64), (2, 128), (1, 200), (3, 192)] {
+        d.observe(passes, tokens, 0.1 * passes as f64 + 0.002 * tokens as f64);
+    }
+    assert!(d.per_token_ms() > 0.0);
+    let synced = choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4);
+    assert!(synced.cap > 0, "{synced:?}");
+    let fresh = choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 64 * 64, 4);
+    assert_eq!(fresh.cap, 0, "{fresh:?}");
+    // One request's catch-up is worth paying at a single stream.
+    assert!(choose_depth(&t, &d, &decodes(1), &[0.7], 0, 64, 4).cap > 0);
+}

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::scheduler::spec::MIN_FIT_STEPS;
 use crate::spec::{SpecConfig, SpecMethod};
 use crate::step::{DraftOutcome, SampledToken};
 
@@ -182,4 +183,60 @@ fn choices_forked_off_one_prompt_never_get_drafts() {
     for id in 1..=3 {
         assert_eq!(drafts.get(&id), Some(&0), "choice {id}: {drafts:?}");
     }
+}
+
+/// Until the draft model's cost is measured, one decode per step probes it at the ceiling and
+/// the others get no drafts, even where the cost model (a zero draft cost, cheap rows) would
+/// send them all; then the cost model decides.
+#[test]
+fn an_unmeasured_draft_model_is_probed_by_one_decode_per_step() {
+    let cfg = SpecConfig {
+        method: SpecMethod::Draft,
+        max_depth: 3,
+        ..SpecConfig::default()
+    };
+    let mut core = Scheduler::new(config()).with_speculation(cfg);
+    let mut kv = KvCacheManager::new(256, BLOCK_SIZE, true);
+    for id in 1..=3 {
+        let req = NewRequest {
+            params: Arc::new(long_params(200)),
+            ..request(id)
+        };
+        core.add_request(req, 0.0);
+    }
+    let mut drafting_steps = 0;
+    for n in 0..40u32 {
+        let t = n as f64 * 0.01;
+        let out = core.schedule(&mut kv, t);
+        let ks: Vec<usize> = out
+            .scheduled
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| s.num_draft_tokens)
+            .collect();
+        let drafting = ks.iter().filter(|&&k| k > 0).count();
+        if (drafting_steps as u64) < MIN_FIT_STEPS && drafting > 0 {
+            assert_eq!(drafting, 1, "step {n}: {ks:?}");
+            assert!(
+                ks.contains(&3),
+                "step {n}: the probe drafts at the ceiling: {ks:?}"
+            );
+        }
+        // Every row is accepted, and the draft costs little: after the probe, all speculate.
+        let mut step = execute(&out, n, |k| k);
+        if drafting > 0 {
+            drafting_steps += 1;
+            step.spec.passes = *ks.iter().max().unwrap();
+            step.spec.tokens = ks.iter().sum();
+            step.spec.elapsed = Duration::from_micros(100 * step.spec.tokens as u64);
+        }
+        core.update_from_output(&out, &step, &mut kv, t);
+        if drafting_steps as u64 > MIN_FIT_STEPS + 5 {
+            assert_eq!(drafting, 3, "step {n}: {ks:?}");
+        }
+    }
+    assert!(
+        drafting_steps as u64 > MIN_FIT_STEPS + 5,
+        "{drafting_steps}"
+    );
 }
