@@ -88,6 +88,9 @@ pub struct ModelSection {
     /// CUDA executor: prefill sequences whose context has at most this many tokens run
     /// attention as cuBLAS GEMMs, longer ones on the flash kernel; 0 = flash only.
     pub prefill_gemm_max_len: usize,
+    /// CUDA executor: replay speculative verification steps (every sequence verifying the same
+    /// number of drafts) from CUDA graphs as decode steps are. Off by default until measured.
+    pub cuda_verify_graphs: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -150,6 +153,7 @@ impl Default for ModelSection {
             cpu_threads: 0,
             // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
             prefill_gemm_max_len: 0,
+            cuda_verify_graphs: false,
         }
     }
 }

@@ -16,7 +16,9 @@
 //! kernel, whose tiles then cover only those. Both may serve one step.
 //!
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
-//! on the bucket's first use; the table update runs before the replay, outside the graph.
+//! on the bucket's first use; the table update runs before the replay, outside the graph. With
+//! `verify_graphs` (opt-in) so are verification steps whose sequences all verify k drafts,
+//! keyed by (bucket, k) and the flash kernel's split count (`step_meta::graph_shape`).
 //!
 //! The copies to and from the host are in `io` (pageable, or pinned and double-buffered); the
 //! device-kept token counts of requests with penalties in `counts`. With lookahead
@@ -46,7 +48,7 @@ use super::kernels::{
 use super::lookahead::{self, LookaheadStats};
 use super::options::{CudaBackendOptions, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
-use super::step_meta::{self, HostMeta, Layout, Limits, Step};
+use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
@@ -117,7 +119,11 @@ struct Ahead {
     launched: Launched,
 }
 
-/// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
+/// What a captured graph bakes in besides the metadata it reads: the step's shape, the decode
+/// split count (0 without decode items) and the flash prefill split count (1 without tiles).
+type GraphKey = (GraphShape, usize, usize);
+
+/// A captured decode (or verification) step. CUDA graphs may be used from one thread at a time; the backend owns
 /// its graphs and is itself used by one thread at a time (it is moved, never shared).
 struct DecodeGraph(CudaGraph);
 // SAFETY: see above; the graph is only launched by the backend's owner.
@@ -148,8 +154,8 @@ pub(super) struct Forward {
     gemm_scratch: Option<GemmScratch>,
     gemm_keys: usize,
     gemm_scores: usize,
-    /// Keyed by (batch bucket, decode splits): the split count is baked into the launches.
-    graphs: HashMap<(usize, usize), DecodeGraph>,
+    /// Keyed by shape and split counts: the grids are baked into the launches.
+    graphs: HashMap<GraphKey, DecodeGraph>,
     // Host buffers reused across steps.
     host: HostMeta,
     tokens_host: Vec<i32>,
@@ -287,6 +293,11 @@ impl Forward {
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         gpu.memset(act.prefill_counters.ptr(), 0, pf_counters * 4)?;
+        if opts.verify_graphs {
+            // A verification graph's padding rows past its first dummy's are never attended
+            // (nor sampled, nor cached): zeroed once, they stay finite.
+            gpu.memset(act.attn.ptr(), 0, act.attn.bytes())?;
+        }
         // Stamps read before any step wrote them are zero, not garbage.
         gpu.memset(act.out.ptr(), 0, out_bytes(max_rows, true))?;
         let io = match opts.pinned_io || opts.lookahead {
@@ -441,15 +452,19 @@ impl Forward {
         counts: bool,
         feed: bool,
     ) -> anyhow::Result<Step> {
-        let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
-        let step = step_meta::pack(
-            &self.limits(),
+        let lim = self.limits();
+        let shape = step_meta::graph_shape(
             batch,
-            bucket,
-            updates,
-            counts,
-            &mut self.host,
-        )?;
+            &lim,
+            graphs && self.opts.cuda_graphs,
+            self.opts.verify_graphs,
+        );
+        // Only a predicted pure-decode step is fed (lookahead never predicts a verification).
+        anyhow::ensure!(
+            !feed || shape.is_none_or(|g| g.drafts == 0),
+            "a fed step with drafts"
+        );
+        let step = step_meta::pack(&lim, batch, shape, updates, counts, &mut self.host)?;
         // One upload: the metadata holds the sampling arguments and logit edits too.
         let stage = match self.io.as_mut() {
             Some(io) => {
@@ -483,9 +498,10 @@ impl Forward {
             // SAFETY: pack() bounded every index by the table's rows and width.
             unsafe { kernels::block_table_update(&self.gpu, &p)? };
         }
-        match bucket {
-            Some(b) => {
-                let key = (b, step.splits);
+        match shape {
+            Some(g) => {
+                let splits = if step.nd > 0 { step.splits } else { 0 };
+                let key = (g, splits, step.prefill_splits);
                 if !self.graphs.contains_key(&key) {
                     let graph = self.capture(&step)?;
                     self.graphs.insert(key, graph);
