@@ -176,6 +176,9 @@ pub(super) struct Forward {
     /// A spare prediction buffer (kept to reuse its allocations).
     spare: BatchInput,
     pub lookahead_stats: LookaheadStats,
+    /// Verification steps replayed from graphs (`verify_graphs`): all, and those padded with
+    /// dummy verifications (tests check the path ran).
+    pub verify_graph_steps: (u64, u64),
     /// GPU stamps (start, end) of the last step read by `sampled` (`step_timing`).
     pub last_stamps: Option<(u64, u64)>,
     // Declared last: dropped after every buffer above.
@@ -402,6 +405,7 @@ impl Forward {
             fed: Vec::new(),
             spare: BatchInput::default(),
             lookahead_stats: LookaheadStats::default(),
+            verify_graph_steps: (0, 0),
             last_stamps: None,
             gpu,
         })
@@ -510,6 +514,10 @@ impl Forward {
                     .0
                     .launch()
                     .context("launching a decode graph")?;
+                if g.drafts > 0 {
+                    self.verify_graph_steps.0 += 1;
+                    self.verify_graph_steps.1 += u64::from(g.bucket > batch.seqs.len());
+                }
             }
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
