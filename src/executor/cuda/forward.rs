@@ -31,13 +31,11 @@
 //! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
 //!
 //! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead,
-//! I/O and logit read-back live in forward/.)
+//! graphs, I/O and logit read-back live in forward/.)
 
 use std::collections::HashMap;
 
 use anyhow::Context;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
@@ -48,11 +46,12 @@ use super::kernels::{
 use super::lookahead::{self, LookaheadStats};
 use super::options::{CudaBackendOptions, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
-use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
+use super::step_meta::{self, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
 use crate::step::{BatchInput, SampledToken, TopLogprobs};
+use graphs::{DecodeGraph, GraphKey};
 use io::{out_bytes, read_outputs, read_top, wants_top, PinnedIo, OUT_TOKENS};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
@@ -68,6 +67,7 @@ const COUNT_UPDATE_CHUNK: usize = 1 << 16;
 
 mod ahead;
 mod counts;
+mod graphs;
 mod io;
 mod layers;
 mod logits;
@@ -118,16 +118,6 @@ struct Ahead {
     batch: BatchInput,
     launched: Launched,
 }
-
-/// What a captured graph bakes in besides the metadata it reads: the step's shape, the decode
-/// split count (0 without decode items) and the flash prefill split count (1 without tiles).
-type GraphKey = (GraphShape, usize, usize);
-
-/// A captured decode (or verification) step. CUDA graphs may be used from one thread at a time; the backend owns
-/// its graphs and is itself used by one thread at a time (it is moved, never shared).
-struct DecodeGraph(CudaGraph);
-// SAFETY: see above; the graph is only launched by the backend's owner.
-unsafe impl Send for DecodeGraph {}
 
 pub(super) struct Forward {
     pub cfg: ModelConfig,
@@ -503,22 +493,7 @@ impl Forward {
             unsafe { kernels::block_table_update(&self.gpu, &p)? };
         }
         match shape {
-            Some(g) => {
-                let splits = if step.nd > 0 { step.splits } else { 0 };
-                let key = (g, splits, step.prefill_splits);
-                if !self.graphs.contains_key(&key) {
-                    let graph = self.capture(&step)?;
-                    self.graphs.insert(key, graph);
-                }
-                self.graphs[&key]
-                    .0
-                    .launch()
-                    .context("launching a decode graph")?;
-                if g.drafts > 0 {
-                    self.verify_graph_steps.0 += 1;
-                    self.verify_graph_steps.1 += u64::from(g.bucket > batch.seqs.len());
-                }
-            }
+            Some(g) => self.replay(g, &step, batch.seqs.len())?,
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
         }
@@ -658,20 +633,6 @@ impl Forward {
 
     fn v_cache(&self, layer: usize) -> u64 {
         self.k_cache(layer) + self.kv_layer_bytes as u64
-    }
-
-    /// Captures the forward of `step` (its layout is the bucket's) into a graph.
-    fn capture(&self, step: &Step) -> anyhow::Result<DecodeGraph> {
-        let stream = &self.gpu.stream;
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        // SAFETY: pack() sized the step; the metadata is uploaded before every launch.
-        let enqueued = unsafe { self.enqueue(step) };
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        enqueued.context("capturing a decode step")?;
-        let graph = graph
-            .context("instantiating a decode graph")?
-            .context("capture produced no graph")?;
-        Ok(DecodeGraph(graph))
     }
 }
 
