@@ -36,6 +36,7 @@
 use std::collections::HashMap;
 
 use anyhow::Context;
+use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{
@@ -46,12 +47,11 @@ use super::kernels::{
 use super::lookahead::{self, LookaheadStats};
 use super::options::{CudaBackendOptions, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
-use super::step_meta::{self, HostMeta, Layout, Limits, Step};
+use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
 use crate::step::{BatchInput, SampledToken, TopLogprobs};
-use graphs::{DecodeGraph, GraphKey};
 use io::{out_bytes, read_outputs, read_top, wants_top, PinnedIo, OUT_TOKENS};
 
 /// Kept free beyond the weights, activations and KV pool: cuBLAS, graphs, fragmentation.
@@ -118,6 +118,17 @@ struct Ahead {
     batch: BatchInput,
     launched: Launched,
 }
+
+/// What a captured graph bakes in besides the metadata it reads: the step's shape, the decode
+/// split count (0 without decode items) and the flash prefill split count (1 without tiles).
+type GraphKey = (GraphShape, usize, usize);
+
+/// A captured decode (or verification) step. CUDA graphs may be used from one thread at a
+/// time; the backend owns its graphs and is itself used by one thread at a time (it is moved,
+/// never shared).
+struct DecodeGraph(CudaGraph);
+// SAFETY: see above; the graph is only launched by the backend's owner.
+unsafe impl Send for DecodeGraph {}
 
 pub(super) struct Forward {
     pub cfg: ModelConfig,

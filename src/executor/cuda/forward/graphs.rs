@@ -4,21 +4,9 @@
 
 use anyhow::Context;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
 
-use super::Forward;
+use super::{DecodeGraph, Forward, GraphKey};
 use crate::executor::cuda::step_meta::{GraphShape, Step};
-
-/// What a captured graph bakes in besides the metadata it reads: the step's shape, the decode
-/// split count (0 without decode items) and the flash prefill split count (1 without tiles).
-pub(super) type GraphKey = (GraphShape, usize, usize);
-
-/// A captured decode (or verification) step. CUDA graphs may be used from one thread at a
-/// time; the backend owns its graphs and is itself used by one thread at a time (it is moved,
-/// never shared).
-pub(super) struct DecodeGraph(CudaGraph);
-// SAFETY: see above; the graph is only launched by the backend's owner.
-unsafe impl Send for DecodeGraph {}
 
 impl Forward {
     /// Launches the graph of `step` (packed for `shape`, `real` sequences before the padding),
