@@ -381,6 +381,28 @@ mod tests {
         assert!(err.contains("max_depth"), "{err}");
     }
 
+    /// `model.cuda_verify_graphs` and `--cuda-verify-graphs` reach the CUDA options; off by
+    /// default (opt-in until measured).
+    #[test]
+    fn cuda_verify_graphs_flows_to_the_cuda_options() {
+        use crate::executor::cuda::CudaBackendOptions;
+        use clap::Parser;
+        assert!(!CudaBackendOptions::from_config(&Config::default(), false).verify_graphs);
+        let cfg = Config::from_toml("[model]\ncuda_verify_graphs = true\n").unwrap();
+        assert!(CudaBackendOptions::from_config(&cfg, false).verify_graphs);
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            engine: crate::engine_args::EngineArgs,
+        }
+        let on = Cli::parse_from(["brook", "--cuda-verify-graphs"]).engine;
+        let off = Cli::parse_from(["brook"]).engine;
+        let flag = |e: &crate::engine_args::EngineArgs| {
+            CudaBackendOptions::from_config(&e.resolve().unwrap(), false).verify_graphs
+        };
+        assert_eq!((flag(&on), flag(&off)), (true, false));
+    }
+
     /// `cache.kv_cache_dtype` (and `--kv-cache-dtype`) reach the CUDA options; the CPU
     /// executor refuses fp8 at start, before loading weights, saying what to do.
     #[test]
