@@ -29,10 +29,11 @@
 #                                       output across forced swaps with overlapped copies), and
 #                                       gpu-bench swap (per-plane vs gathered GB/s against the
 #                                       contiguous ceiling) into $OUT/kv13.jsonl
-#                                       spec (issue 12, about 4 min): the CUDA speculative-decoding
-#                                       tests, the decode kernel's tests, gpu-bench spec
-#                                       (verification cost in four variants, single-stream speedup
-#                                       at a forced acceptance rate) into $OUT/spec.jsonl,
+#                                       spec (issue 12, about 6 min): the CUDA speculative-decoding
+#                                       tests (verify graphs on too), the sampler's tests, gpu-bench
+#                                       spec (verification cost in five variants incl.
+#                                       verify-graphs, single-stream speedup at a forced acceptance
+#                                       rate, eager vs verify graphs) into $OUT/spec.jsonl,
 #                                       and the demo pair through brook's actors on CUDA
 #                                       fp8 (issue 18, fp8 KV cache, about 5 min): the bf16
 #                                       attention and write kernel tests first (the default path
@@ -180,11 +181,13 @@ device)
     fi
     if [ "$what" = spec ]; then
         # Issue 12 on the GPU: verification of n-gram and draft-model proposals (greedy equal to
-        # no speculation token for token, seeded sampling, no leaked block), then the figures.
-        step "e2e spec" timeout 180 ./cuda_e2e --test-threads=1 --nocapture spec::
+        # no speculation token for token, seeded sampling, no leaked block; verification steps
+        # eager and from CUDA graphs), then the figures.
+        step "e2e spec" timeout 300 ./cuda_e2e --test-threads=1 --nocapture spec::
         step "kernels sample" timeout 60 ./cuda_kernels --test-threads=1 sample
         : >"$out/spec.jsonl"
-        step "gpu-bench spec" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b >>'$out/spec.jsonl'"
+        # (a) in every variant (verify-graphs among them), (b) eager then from verify graphs.
+        step "gpu-bench spec" timeout 600 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b --verify-graphs >>'$out/spec.jsonl'"
         # (b) again at fixed depth: what the adaptive depth gives up or saves.
         step "gpu-bench spec fixed" timeout 400 sh -c "./gpu-bench spec --model llama-2-7b --draft tinyllama-1.1b --fixed-depth >>'$out/spec.jsonl'"
         : >"$out/brook-bench.jsonl"
@@ -195,7 +198,9 @@ device)
         step "brook bench demo draft" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft"
         # shellcheck disable=SC2086
         step "brook bench demo draft fixed" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft" --spec-fixed-depth
-        grep -hE "verify batch|single stream|tokens/s" "$out/log.txt" | grep -v "^===" | tail -60
+        # shellcheck disable=SC2086
+        step "brook bench demo draft fixed verify-graphs" bench_json $pair --draft-model "$(dirname "$demo")/demo-chat-draft" --spec-fixed-depth --cuda-verify-graphs
+        grep -hE "verify \\[|verify batch|single stream|tokens/s" "$out/log.txt" | grep -v "^===" | tail -60
     fi
     if [ "$what" = fp8 ]; then
         # The default (bf16) build of every kernel that gained a KV_FP8 path, first: its PTX is

@@ -88,6 +88,9 @@ pub struct ModelSection {
     /// CUDA executor: prefill sequences whose context has at most this many tokens run
     /// attention as cuBLAS GEMMs, longer ones on the flash kernel; 0 = flash only.
     pub prefill_gemm_max_len: usize,
+    /// CUDA executor: replay speculative verification steps (every sequence verifying the same
+    /// number of drafts) from CUDA graphs as decode steps are. Off by default until measured.
+    pub cuda_verify_graphs: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -150,6 +153,7 @@ impl Default for ModelSection {
             cpu_threads: 0,
             // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
             prefill_gemm_max_len: 0,
+            cuda_verify_graphs: false,
         }
     }
 }
@@ -375,6 +379,28 @@ mod tests {
         assert!(err.contains("draft_model"), "{err}");
         let err = toml_err("[speculative]\nmethod = \"ngram\"\nmax_depth = 0\n");
         assert!(err.contains("max_depth"), "{err}");
+    }
+
+    /// `model.cuda_verify_graphs` and `--cuda-verify-graphs` reach the CUDA options; off by
+    /// default (opt-in until measured).
+    #[test]
+    fn cuda_verify_graphs_flows_to_the_cuda_options() {
+        use crate::executor::cuda::CudaBackendOptions;
+        use clap::Parser;
+        assert!(!CudaBackendOptions::from_config(&Config::default(), false).verify_graphs);
+        let cfg = Config::from_toml("[model]\ncuda_verify_graphs = true\n").unwrap();
+        assert!(CudaBackendOptions::from_config(&cfg, false).verify_graphs);
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            engine: crate::engine_args::EngineArgs,
+        }
+        let on = Cli::parse_from(["brook", "--cuda-verify-graphs"]).engine;
+        let off = Cli::parse_from(["brook"]).engine;
+        let flag = |e: &crate::engine_args::EngineArgs| {
+            CudaBackendOptions::from_config(&e.resolve().unwrap(), false).verify_graphs
+        };
+        assert_eq!((flag(&on), flag(&off)), (true, false));
     }
 
     /// `cache.kv_cache_dtype` (and `--kv-cache-dtype`) reach the CUDA options; the CPU

@@ -55,6 +55,10 @@ pub struct EngineArgs {
     /// longer ones use the flash kernel (0 = flash only).
     #[arg(long)]
     pub prefill_gemm_max_len: Option<usize>,
+    /// CUDA executor: replay speculative verification steps from CUDA graphs (every sequence
+    /// verifying the same number of drafts), as decode steps are. Off by default.
+    #[arg(long)]
+    pub cuda_verify_graphs: bool,
     /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
     /// emergency mode).
     #[arg(long, value_enum)]
@@ -106,6 +110,9 @@ impl EngineArgs {
             &mut cfg.model.prefill_gemm_max_len,
             self.prefill_gemm_max_len,
         );
+        if self.cuda_verify_graphs {
+            cfg.model.cuda_verify_graphs = true;
+        }
         if let Some(p) = self.policy {
             cfg.scheduler.policy = p;
         }

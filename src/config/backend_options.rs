@@ -43,6 +43,7 @@ impl CudaBackendOptions {
             max_num_seqs: cfg.scheduler.max_num_seqs,
             max_model_len: cfg.scheduler.max_model_len,
             cuda_graphs: true,
+            verify_graphs: cfg.model.cuda_verify_graphs,
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             fuse_decode: false,

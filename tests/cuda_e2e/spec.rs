@@ -4,7 +4,9 @@
 //! seeded sampling with n-gram lookup gives the tokens of no speculation (the device's draws
 //! at each position are kept while they equal the drafts); no KV block leaked by rollback.
 //! Also with CUDA graphs off and with lookahead decode on: steps with drafts take the eager
-//! path and are never launched ahead.
+//! path and are never launched ahead. And with verification graphs on (`verify_graphs`,
+//! opt-in): the mixed batch and batch 1 give the same tokens, and the graph path (padded with
+//! dummy verifications where the batch is not a bucket) is seen to run.
 
 use brook::executor::cuda::backend::kv_bytes_per_block;
 use brook::executor::cuda::KvCacheDtype;
@@ -27,6 +29,16 @@ fn demo_opts(spec: &SpecConfig) -> CudaBackendOptions {
 /// Runs `reqs` on the CUDA backend with the demo target, speculating as `spec` says; None
 /// without a GPU.
 fn run_cuda(spec: SpecConfig, opts: CudaBackendOptions, reqs: &[Req], seed: u64) -> Option<Run> {
+    run_counted(spec, opts, reqs, seed).map(|(run, _)| run)
+}
+
+/// `run_cuda`, and the verification steps replayed from graphs (all, padded).
+fn run_counted(
+    spec: SpecConfig,
+    opts: CudaBackendOptions,
+    reqs: &[Req],
+    seed: u64,
+) -> Option<(Run, (u64, u64))> {
     if !have_gpu() {
         return None;
     }
@@ -35,7 +47,24 @@ fn run_cuda(spec: SpecConfig, opts: CudaBackendOptions, reqs: &[Req], seed: u64)
     let mut backend = CudaBackend::load_speculative(&dir, opts, &spec).unwrap();
     // The scheduler runs at most the backend's rows, as in serving (one config sets both); the
     // greedy goldens are more requests than that, so some wait for a row.
-    Some(demo::run_rows(&mut backend, rows, spec, &dir, reqs, seed))
+    let run = demo::run_rows(&mut backend, rows, spec, &dir, reqs, seed);
+    Some((run, backend.verify_graph_steps()))
+}
+
+/// `opts` with verification graphs on.
+fn verify_graphs(opts: CudaBackendOptions) -> CudaBackendOptions {
+    CudaBackendOptions {
+        verify_graphs: true,
+        ..opts
+    }
+}
+
+/// `opts` with one row: batch 1, the requests one after another.
+fn one_row(opts: CudaBackendOptions) -> CudaBackendOptions {
+    CudaBackendOptions {
+        max_num_seqs: 1,
+        ..opts
+    }
 }
 
 /// `reqs` run under each of `specs`, each on a fresh backend (`demo_opts`).
@@ -87,6 +116,29 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
         let r = run_cuda(s.clone(), opts, &reqs, 0)?;
         assert_same(&r, &want, &format!("{} {name}", method.as_str()));
     }
+    // Verification graphs, the mixed batch: the draft model at its fixed depth gives every
+    // decoding request the same k, so steps of fewer sequences than their bucket run padded.
+    let what = format!("{} verify-graphs", method.as_str());
+    let (r, (steps, padded)) = run_counted(s.clone(), verify_graphs(demo_opts(&s)), &reqs, 0)?;
+    eprintln!("{what}: {steps} verification steps from graphs, {padded} padded");
+    assert_same(&r, &want, &what);
+    if method == SpecMethod::Draft {
+        assert!(padded > 0, "{what}: no padded verification graph ran");
+    }
+    // Batch 1: every verification is a graph's (bucket 1), against no speculation at batch 1.
+    let off = spec(SpecMethod::Off, depth);
+    let want1 = run_cuda(off.clone(), one_row(demo_opts(&off)), &reqs, 0)?;
+    let opts1 = one_row(verify_graphs(demo_opts(&s)));
+    let (r1, (steps1, _)) = run_counted(s.clone(), opts1, &reqs, 0)?;
+    assert_same(&r1, &want1, &format!("{what} batch 1"));
+    assert!(steps1 > 0, "{what} batch 1: no verification graph ran");
+    // Lookahead beside verification graphs: decode steps ahead, verifications from graphs.
+    let opts = CudaBackendOptions {
+        lookahead: true,
+        ..verify_graphs(demo_opts(&s))
+    };
+    let r = run_cuda(s.clone(), opts, &reqs, 0)?;
+    assert_same(&r, &want, &format!("{what} lookahead"));
     Some(got)
 }
 
@@ -95,8 +147,21 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
 #[test]
 fn cuda_spec_ngram_seeded_sampling_equals_no_speculation() {
     let pair = (spec(SpecMethod::Off, 3), spec(SpecMethod::Ngram, 3));
-    if let Some((want, got)) = run_pair(pair, &sampled(4, 0.8, 40), 5) {
+    let reqs = sampled(4, 0.8, 40);
+    if let Some((want, got)) = run_pair(pair.clone(), &reqs, 5) {
         assert_same(&got, &want, "ngram sampled");
+        // From verification graphs: the mixed batch, then batch 1 against batch 1.
+        let s = pair.1;
+        let r = run_cuda(s.clone(), verify_graphs(demo_opts(&s)), &reqs, 5).unwrap();
+        assert_same(&r, &want, "ngram sampled verify-graphs");
+        let off = run_cuda(pair.0.clone(), one_row(demo_opts(&pair.0)), &reqs, 5).unwrap();
+        let opts1 = one_row(verify_graphs(demo_opts(&s)));
+        let (r1, (steps, _)) = run_counted(s, opts1, &reqs, 5).unwrap();
+        assert_same(&r1, &off, "ngram sampled verify-graphs batch 1");
+        assert!(
+            steps > 0,
+            "ngram sampled batch 1: no verification graph ran"
+        );
     }
 }
 
@@ -142,8 +207,20 @@ fn cuda_spec_draft_kv_counts_in_each_block() {
 #[test]
 fn cuda_spec_draft_model_seeded_sampling_is_reproducible() {
     let pair = (spec(SpecMethod::Draft, 3), spec(SpecMethod::Draft, 3));
-    if let Some((a, b)) = run_pair(pair, &sampled(3, 0.7, 32), 11) {
+    let reqs = sampled(3, 0.7, 32);
+    if let Some((a, b)) = run_pair(pair.clone(), &reqs, 11) {
         demo::assert_reproducible(&a, &b);
+        // From verification graphs (three requests at k = 3: bucket 4, one dummy; their
+        // logit rows read back for the host's rejection sampling), twice.
+        let s = pair.0;
+        let (c, (_, padded)) =
+            run_counted(s.clone(), verify_graphs(demo_opts(&s)), &reqs, 11).unwrap();
+        let (d, _) = run_counted(s.clone(), verify_graphs(demo_opts(&s)), &reqs, 11).unwrap();
+        demo::assert_reproducible(&c, &d);
+        assert!(
+            padded > 0,
+            "draft sampled: no padded verification graph ran"
+        );
     }
 }
 

@@ -20,7 +20,9 @@
 //!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
 //!                                       drafts vs plain decode at batch 1/8/32 (k 0..5), and
 //!                                       single-stream tokens/s with a random draft model whose
-//!                                       acceptance is controlled (a 0.5/0.7/0.9, k 1..5) vs off
+//!                                       acceptance is controlled (a 0.5/0.7/0.9, k 1..5) vs off;
+//!                                       --variants picks (a)'s, --verify-graphs A/Bs (b) eager vs
+//!                                       verification graphs
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
 //!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!

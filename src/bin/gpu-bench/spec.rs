@@ -5,11 +5,13 @@
 //!     the plain decode step (k = 0: the decode kernel, from a CUDA graph), at batch 1/8/32,
 //!     k = 0..=5, every sequence at context `--ctx`. Hand-built batches through
 //!     `execute_batch` (drafts verified as point masses): ms per step, median of `--iters`.
-//!     Four variants split the cost (`VERIFY_VARIANTS`): the default (the verification's
-//!     k + 1 queries as a flash prefill tile), `eager` (no graphs: its k = 0 against the
-//!     default's is the price of eager launches), `cublas` (no gemv: the linear layers at k + 1
-//!     rows) and `no-attention` (attention skipped: the linear layers, norms, lm_head and
-//!     sampling).
+//!     Five variants split the cost (`VERIFY_VARIANTS`, `--variants` picks): the default (the
+//!     verification's k + 1 queries as a flash prefill tile), `eager` (no graphs: its k = 0
+//!     against the default's is the price of eager launches), `cublas` (no gemv: the linear
+//!     layers at k + 1 rows), `no-attention` (attention skipped: the linear layers, norms,
+//!     lm_head and sampling) and `verify-graphs` (verification steps replayed from CUDA graphs,
+//!     `CudaBackendOptions::verify_graphs`; its k > 0 against the default's is what graphs
+//!     save).
 //! (b) `single_stream`: one request (`--input-len` random prompt, `--output-len` greedy tokens,
 //!     ignore_eos) through brook's scheduler with adaptive depth on (`--fixed-depth`: every
 //!     decode gets k drafts), against speculation off. Target `--model` and draft `--draft`
@@ -24,6 +26,8 @@
 //!     a ∈ {0.5, 0.7, 0.9} and max depth k ∈ 1..=5, with the expectation beside each row:
 //!     Leviathan's E[tokens/step] = (1 - a^(k+1)) / (1 - a) for each verification at the depth
 //!     it had, and the speedup that predicts from the measured ms per step against decode's.
+//!     `--verify-graphs`: each depth runs twice, verification steps eager then from CUDA graphs
+//!     (an A/B in one process; `verify_graphs` in each row).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,12 +70,19 @@ pub struct Args {
     /// depth.
     #[arg(long)]
     pub fixed_depth: bool,
+    /// (a)'s variants to run (comma-separated; default all). The first one's k = 0 is the
+    /// decode step every row is compared with.
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<String>,
+    /// (b): run each depth with verification steps eager and again from CUDA graphs.
+    #[arg(long)]
+    pub verify_graphs: bool,
 }
 
 /// (a) then (b); with `--fixed-depth` only (b), at fixed depth.
 pub fn run(a: &Args) -> anyhow::Result<()> {
     if !a.fixed_depth {
-        verify_cost(&a.model, a.ctx, a.iters)?;
+        verify_cost(&a.model, a.ctx, a.iters, &a.variants)?;
     }
     single_stream(a)
 }
@@ -90,13 +101,26 @@ const VERIFY_VARIANTS: &[Variant] = &[
     ("cublas", |o| o.gemv_max_rows = 0),
     // Attention left out (output meaningless): what the rest of the step costs.
     ("no-attention", |o| o.skip = skip::ATTENTION),
+    // Verification steps replayed from CUDA graphs (opt-in): the launches graphs save.
+    ("verify-graphs", |o| o.verify_graphs = true),
 ];
 
 /// (a): ms per step verifying k drafts per sequence, against plain decode (the default
-/// variant's k = 0, from its graph), for each of `VERIFY_VARIANTS`.
-fn verify_cost(model: &str, ctx: usize, iters: usize) -> anyhow::Result<()> {
+/// variant's k = 0, from its graph), for each of `VERIFY_VARIANTS` named in `only` (all when
+/// empty).
+fn verify_cost(model: &str, ctx: usize, iters: usize, only: &[String]) -> anyhow::Result<()> {
+    for name in only {
+        anyhow::ensure!(
+            VERIFY_VARIANTS.iter().any(|(v, _)| v == name),
+            "unknown variant {name}; one of {:?}",
+            VERIFY_VARIANTS.iter().map(|(v, _)| v).collect::<Vec<_>>()
+        );
+    }
     let mut decode_ms = std::collections::HashMap::new();
-    for &(variant, set) in VERIFY_VARIANTS {
+    let picked = VERIFY_VARIANTS
+        .iter()
+        .filter(|(v, _)| only.is_empty() || only.iter().any(|n| n == v));
+    for &(variant, set) in picked {
         let mut opts = CudaBackendOptions {
             max_num_seqs: 32,
             max_num_batched_tokens: 4096.max(ctx),
@@ -285,12 +309,19 @@ fn single_stream(a: &Args) -> anyhow::Result<()> {
         "method": "off", "tokens_per_s": off.tokens_per_s, "ms_per_step": off.ms_per_step,
         "input_len": a.input_len, "output_len": a.output_len}),
     );
-    for k in 1..=MAX_K {
+    let graph_modes: &[bool] = match a.verify_graphs {
+        true => &[false, true],
+        false => &[false],
+    };
+    for (k, &verify_graphs) in (1..=MAX_K).flat_map(|k| graph_modes.iter().map(move |g| (k, g))) {
         let mut b = CudaBackend::synthetic_with_draft(
             synthetic_config(&a.model)?,
             synthetic_config(&a.draft)?,
             0,
-            opts.clone(),
+            CudaBackendOptions {
+                verify_graphs,
+                ..opts.clone()
+            },
         )?;
         let spec = SpecConfig {
             method: SpecMethod::Draft,
@@ -323,8 +354,9 @@ fn single_stream(a: &Args) -> anyhow::Result<()> {
             let want_per_step = s.expected / s.steps.max(1) as f64;
             let speedup = s.tokens_per_s / off.tokens_per_s;
             let predicted = want_per_step * off.ms_per_step / s.ms_per_step;
+            let graphs = if verify_graphs { " verify-graphs" } else { "" };
             eprintln!(
-                "{} + {} k {k} a {rate}: {:.1} tokens/s ({speedup:.2}x off; expected \
+                "{} + {}{graphs} k {k} a {rate}: {:.1} tokens/s ({speedup:.2}x off; expected \
                  {predicted:.2}x = {want_per_step:.2} tokens/step x {:.3} / {:.3} ms/step); \
                  {per_step:.2} tokens/step measured (E[k={k}] = {:.2}); acceptance {measured:.2} \
                  of {} drafts in {} steps (~{verifications:.0} at depth {k}), {:.0} ms",
@@ -341,6 +373,7 @@ fn single_stream(a: &Args) -> anyhow::Result<()> {
             emit(
                 json!({"figure": "spec_single_stream", "model": a.model, "draft": a.draft,
                 "method": "draft", "max_depth": k, "adaptive": !a.fixed_depth, "accept_rate": rate,
+                "verify_graphs": verify_graphs,
                 "measured_acceptance": measured, "drafts": s.drafts, "steps": s.steps,
                 "ms_per_step": s.ms_per_step, "decode_ms_per_step": off.ms_per_step,
                 "tokens_per_step": per_step, "expected_tokens_per_step": want_per_step,

@@ -15,8 +15,10 @@
 //! (lm_head over those rows only), and `executor::verify::DeviceDraws` keeps the draws while
 //! they equal the drafts — exact for point-mass proposals, so only token ids come back. A draft
 //! model's sampled drafts (dense q) read their rows' logits back for host rejection sampling.
-//! Steps with drafts never run from a CUDA graph (not pure decode) nor ahead (lookahead
-//! cannot predict them); steps without drafts take exactly the path they took before.
+//! Steps with drafts run eagerly, or with `verify_graphs` (opt-in) from a CUDA graph when
+//! every sequence verifies the same number of drafts (`step_meta::graph_shape`); never ahead
+//! (lookahead cannot predict them). Steps without drafts take exactly the path they took
+//! before.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -337,6 +339,12 @@ impl CudaBackend {
             self.fwd.gpu.download(chunk, at)?;
         }
         Ok(out)
+    }
+
+    /// Verification steps replayed from CUDA graphs so far (`CudaBackendOptions::verify_graphs`):
+    /// (all, those padded with dummy verifications).
+    pub fn verify_graph_steps(&self) -> (u64, u64) {
+        self.fwd.verify_graph_steps
     }
 
     /// Host-tier block `b`'s bytes (after `copy_blocks`).

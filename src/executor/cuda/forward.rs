@@ -16,7 +16,9 @@
 //! kernel, whose tiles then cover only those. Both may serve one step.
 //!
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph captured
-//! on the bucket's first use; the table update runs before the replay, outside the graph.
+//! on the bucket's first use; the table update runs before the replay, outside the graph. With
+//! `verify_graphs` (opt-in) so are verification steps whose sequences all verify k drafts,
+//! keyed by (bucket, k) and the flash kernel's split count (`step_meta::graph_shape`).
 //!
 //! The copies to and from the host are in `io` (pageable, or pinned and double-buffered); the
 //! device-kept token counts of requests with penalties in `counts`. With lookahead
@@ -29,12 +31,11 @@
 //! (blocks before it may be `NULL_BLOCK`), and the GEMM path takes only contexts within it.
 //!
 //! (Just over 600 lines: the step's launch sequence reads best in one place; counts, lookahead,
-//! I/O and logit read-back live in forward/.)
+//! graphs, I/O and logit read-back live in forward/.)
 
 use std::collections::HashMap;
 
 use anyhow::Context;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
@@ -46,7 +47,7 @@ use super::kernels::{
 use super::lookahead::{self, LookaheadStats};
 use super::options::{CudaBackendOptions, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
-use super::step_meta::{self, HostMeta, Layout, Limits, Step};
+use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::sampling::params::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
@@ -66,6 +67,7 @@ const COUNT_UPDATE_CHUNK: usize = 1 << 16;
 
 mod ahead;
 mod counts;
+mod graphs;
 mod io;
 mod layers;
 mod logits;
@@ -117,8 +119,13 @@ struct Ahead {
     launched: Launched,
 }
 
-/// A captured decode step. CUDA graphs may be used from one thread at a time; the backend owns
-/// its graphs and is itself used by one thread at a time (it is moved, never shared).
+/// What a captured graph bakes in besides the metadata it reads: the step's shape, the decode
+/// split count (0 without decode items) and the flash prefill split count (1 without tiles).
+type GraphKey = (GraphShape, usize, usize);
+
+/// A captured decode (or verification) step. CUDA graphs may be used from one thread at a
+/// time; the backend owns its graphs and is itself used by one thread at a time (it is moved,
+/// never shared).
 struct DecodeGraph(CudaGraph);
 // SAFETY: see above; the graph is only launched by the backend's owner.
 unsafe impl Send for DecodeGraph {}
@@ -148,8 +155,8 @@ pub(super) struct Forward {
     gemm_scratch: Option<GemmScratch>,
     gemm_keys: usize,
     gemm_scores: usize,
-    /// Keyed by (batch bucket, decode splits): the split count is baked into the launches.
-    graphs: HashMap<(usize, usize), DecodeGraph>,
+    /// Keyed by shape and split counts: the grids are baked into the launches.
+    graphs: HashMap<GraphKey, DecodeGraph>,
     // Host buffers reused across steps.
     host: HostMeta,
     tokens_host: Vec<i32>,
@@ -170,6 +177,9 @@ pub(super) struct Forward {
     /// A spare prediction buffer (kept to reuse its allocations).
     spare: BatchInput,
     pub lookahead_stats: LookaheadStats,
+    /// Verification steps replayed from graphs (`verify_graphs`): all, and those padded with
+    /// dummy verifications (tests check the path ran).
+    pub verify_graph_steps: (u64, u64),
     /// GPU stamps (start, end) of the last step read by `sampled` (`step_timing`).
     pub last_stamps: Option<(u64, u64)>,
     // Declared last: dropped after every buffer above.
@@ -287,6 +297,11 @@ impl Forward {
         };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         gpu.memset(act.prefill_counters.ptr(), 0, pf_counters * 4)?;
+        if opts.verify_graphs {
+            // A verification graph's padding rows past its first dummy's are never attended
+            // (nor sampled, nor cached): zeroed once, they stay finite.
+            gpu.memset(act.attn.ptr(), 0, act.attn.bytes())?;
+        }
         // Stamps read before any step wrote them are zero, not garbage.
         gpu.memset(act.out.ptr(), 0, out_bytes(max_rows, true))?;
         let io = match opts.pinned_io || opts.lookahead {
@@ -391,6 +406,7 @@ impl Forward {
             fed: Vec::new(),
             spare: BatchInput::default(),
             lookahead_stats: LookaheadStats::default(),
+            verify_graph_steps: (0, 0),
             last_stamps: None,
             gpu,
         })
@@ -441,15 +457,19 @@ impl Forward {
         counts: bool,
         feed: bool,
     ) -> anyhow::Result<Step> {
-        let bucket = step_meta::graph_bucket(batch, graphs && self.opts.cuda_graphs, self.max_seqs);
-        let step = step_meta::pack(
-            &self.limits(),
+        let lim = self.limits();
+        let shape = step_meta::graph_shape(
             batch,
-            bucket,
-            updates,
-            counts,
-            &mut self.host,
-        )?;
+            &lim,
+            graphs && self.opts.cuda_graphs,
+            self.opts.verify_graphs,
+        );
+        // Only a predicted pure-decode step is fed (lookahead never predicts a verification).
+        anyhow::ensure!(
+            !feed || shape.is_none_or(|g| g.drafts == 0),
+            "a fed step with drafts"
+        );
+        let step = step_meta::pack(&lim, batch, shape, updates, counts, &mut self.host)?;
         // One upload: the metadata holds the sampling arguments and logit edits too.
         let stage = match self.io.as_mut() {
             Some(io) => {
@@ -483,18 +503,8 @@ impl Forward {
             // SAFETY: pack() bounded every index by the table's rows and width.
             unsafe { kernels::block_table_update(&self.gpu, &p)? };
         }
-        match bucket {
-            Some(b) => {
-                let key = (b, step.splits);
-                if !self.graphs.contains_key(&key) {
-                    let graph = self.capture(&step)?;
-                    self.graphs.insert(key, graph);
-                }
-                self.graphs[&key]
-                    .0
-                    .launch()
-                    .context("launching a decode graph")?;
-            }
+        match shape {
+            Some(g) => self.replay(g, &step, batch.seqs.len())?,
             // SAFETY: pack() checked the counts against the buffers; the metadata is uploaded.
             None => unsafe { self.enqueue(&step)? },
         }
@@ -634,20 +644,6 @@ impl Forward {
 
     fn v_cache(&self, layer: usize) -> u64 {
         self.k_cache(layer) + self.kv_layer_bytes as u64
-    }
-
-    /// Captures the forward of `step` (its layout is the bucket's) into a graph.
-    fn capture(&self, step: &Step) -> anyhow::Result<DecodeGraph> {
-        let stream = &self.gpu.stream;
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        // SAFETY: pack() sized the step; the metadata is uploaded before every launch.
-        let enqueued = unsafe { self.enqueue(step) };
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        enqueued.context("capturing a decode step")?;
-        let graph = graph
-            .context("instantiating a decode graph")?
-            .context("capture produced no graph")?;
-        Ok(DecodeGraph(graph))
     }
 }
 

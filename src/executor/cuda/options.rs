@@ -18,6 +18,11 @@ pub struct CudaBackendOptions {
     pub max_model_len: usize,
     /// Replay pure-decode steps from CUDA graphs.
     pub cuda_graphs: bool,
+    /// Also replay speculative verification steps from CUDA graphs (with `cuda_graphs`): a
+    /// step whose every sequence verifies the same number of drafts k, padded to a batch-size
+    /// bucket, keyed by (bucket, k) (`step_meta::graph_shape`). Off by default until measured
+    /// on the H200 (`gpu-bench spec`, variant verify-graphs).
+    pub verify_graphs: bool,
     /// Linear layers of at most this many rows run on brook's `gemv` kernel instead of cuBLAS
     /// (0: always cuBLAS; at most `kernels::GEMV_MAX_M`).
     pub gemv_max_rows: usize,

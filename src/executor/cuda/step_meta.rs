@@ -11,6 +11,14 @@
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph: their
 //! layout depends only on the bucket (`w = bucket + 1` rows, the last a padding row of context
 //! 1), so a graph's pointers stay valid and a replay needs only the metadata copy before it.
+//!
+//! Verification steps (speculative decoding, `CudaBackendOptions::verify_graphs`, opt-in) are
+//! replayed the same way when every sequence verifies the same number of drafts k: the layout
+//! is a function of (bucket, k) (`graph_shape`). Each padding sequence is k + 1 tokens and one
+//! flash tile over a padding row of context k + 1 (the device table's last row, which no
+//! request ever takes, so it is all block 0), never written to the cache, its rows sampled from
+//! the first padding sequence's. Mixed draft counts run eagerly: padding a sequence's own drafts
+//! would change its context and query rows, which the kernels and `DeviceDraws` read.
 
 use anyhow::ensure;
 
@@ -223,6 +231,44 @@ pub(super) fn graph_bucket(batch: &BatchInput, graphs: bool, max_seqs: usize) ->
         .find(|&b| b >= need && b <= max_seqs)
 }
 
+/// The shape a graph step is padded to: its batch-size bucket and the drafts every sequence
+/// verifies (0: a pure-decode step). A graph's layout is a function of it alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct GraphShape {
+    pub bucket: usize,
+    pub drafts: usize,
+}
+
+/// The graph shape of `batch`: a pure-decode step's bucket (`graph_bucket`), or with `verify`
+/// a verification step's, when every sequence samples and verifies the same k > 0 drafts (one
+/// flash tile each) and the padded step fits the token and row budgets; else None (eager).
+pub(super) fn graph_shape(
+    batch: &BatchInput,
+    lim: &Limits,
+    graphs: bool,
+    verify: bool,
+) -> Option<GraphShape> {
+    if let Some(bucket) = graph_bucket(batch, graphs, lim.max_seqs) {
+        return Some(GraphShape { bucket, drafts: 0 });
+    }
+    let k = batch.seqs.first()?.num_drafts;
+    let uniform = batch
+        .seqs
+        .iter()
+        .all(|q| q.num_drafts == k && q.query_len == k + 1 && q.sample.is_some());
+    if !graphs || !verify || k == 0 || !uniform || k + 1 > PREFILL_TILE {
+        return None;
+    }
+    let rows = batch.seqs.iter().map(|q| q.row + 1).max().unwrap_or(0);
+    let need = batch.seqs.len().max(rows);
+    let bucket = GRAPH_BUCKETS
+        .iter()
+        .copied()
+        .find(|&b| b >= need && b <= lim.max_seqs)?;
+    let padded = bucket * (k + 1);
+    (padded <= lim.max_tokens && padded <= lim.max_rows).then_some(GraphShape { bucket, drafts: k })
+}
+
 /// Appends the logit edits of a row with `p` at output token `output_index` to `out`: the logit
 /// bias, and -inf for the ids the min_tokens mask blocks; one entry per id (both sorted, so a
 /// merge), as sample.cu requires.
@@ -261,20 +307,30 @@ pub(super) fn logit_edits(p: &SamplingParams, output_index: usize, out: &mut Vec
 }
 
 /// Packs `batch` (and the block-table `updates`, (index, block id) pairs) into `host`. With
-/// `pad_to` (a graph bucket) the step is padded with dummy decodes (row `pad_to`, context 1, no
-/// K/V write, greedy) so that its layout is the bucket's. `counts`: the device holds token
-/// counts for the batch's rows (the persistent batch); without, penalties are refused.
+/// `pad` (a graph shape) the step is padded so that its layout is the shape's: a decode bucket
+/// b with dummy decodes (row b, context 1, no K/V write, greedy); a verification shape (b, k)
+/// with dummy verifications (k + 1 tokens and one flash tile each, row `max_seqs`, context
+/// k + 1, no K/V write, greedy), the real sequences all on flash tiles. `counts`: the device
+/// holds token counts for the batch's rows (the persistent batch); without, penalties are
+/// refused.
 pub(super) fn pack(
     lim: &Limits,
     batch: &BatchInput,
-    pad_to: Option<usize>,
+    pad: Option<GraphShape>,
     updates: &[(u32, u32)],
     counts: bool,
     host: &mut HostMeta,
 ) -> anyhow::Result<Step> {
+    let pad_to = pad.map(|g| g.bucket);
+    // Tokens (and sampled rows) of one padding sequence; a verification graph's read no cached
+    // prefix (the padding row) and take no GEMM-path scratch (planned on the host per step).
+    let verify = pad.is_some_and(|g| g.drafts > 0);
+    let per_pad = 1 + pad.map_or(0, |g| g.drafts);
     let real_s = batch.seqs.len();
     let s = pad_to.unwrap_or(real_s);
-    let t = batch.num_tokens() + (s - real_s);
+    ensure!(s >= real_s, "graph bucket {s} below {real_s} sequences");
+    let pads = s - real_s;
+    let t = batch.num_tokens() + pads * per_pad;
     ensure!(
         t <= lim.max_tokens,
         "step has {t} tokens; the CUDA backend was sized for {}",
@@ -292,7 +348,13 @@ pub(super) fn pack(
         rows - 1,
         lim.max_seqs
     );
-    let w = pad_to.map_or(rows, |b| b + 1);
+    // The padding row: a decode graph's is the bucket's last; a verification graph's reads
+    // k + 1 keys, so it is the table's spare row (never a request's: always block 0).
+    let pad_row = match verify {
+        true => lim.max_seqs,
+        false => pad_to.unwrap_or(rows),
+    };
+    let w = pad_to.map_or(rows, |_| pad_row + 1);
     ensure!(w >= rows, "bucket {w} does not cover row {rows}");
     // Prefill sequences go to the GEMM path while they are short enough and its scratch lasts;
     // the flash kernel's tiles cover the rest.
@@ -303,8 +365,12 @@ pub(super) fn pack(
         lim.gemm_scores,
     );
     host.gemm.clear();
-    let (mut nd, mut nt, mut row0, mut max_context) = (s - real_s, 0, 0, 1);
-    let mut flash_context = 0;
+    let (mut nd, mut nt) = match verify {
+        true => (0, pads),
+        false => (pads, 0),
+    };
+    let (mut row0, mut max_context) = (0, 1);
+    let mut flash_context = if verify && pads > 0 { per_pad } else { 0 };
     for q in &batch.seqs {
         ensure!(
             batch.block_table(q).len() <= lim.max_blocks,
@@ -316,7 +382,11 @@ pub(super) fn pack(
         if q.query_len == 1 {
             nd += 1;
         } else {
-            match planner.place(q.row, row0, q.query_len, q.context_len) {
+            let gemm = match verify {
+                true => None,
+                false => planner.place(q.row, row0, q.query_len, q.context_len),
+            };
+            match gemm {
                 Some(g) => host.gemm.push(g),
                 None => {
                     nt += q.query_len.div_ceil(PREFILL_TILE);
@@ -327,7 +397,7 @@ pub(super) fn pack(
         row0 += q.query_len;
         max_context = max_context.max(q.context_len);
     }
-    let ns = batch.num_logit_rows() + (s - real_s);
+    let ns = batch.num_logit_rows() + pads * per_pad;
     ensure!(
         ns <= lim.max_rows,
         "step samples {ns} rows; the CUDA backend was sized for {} (max_drafts too small?)",
@@ -412,11 +482,11 @@ pub(super) fn pack(
     }
     // Padding: one dummy token per dummy sequence, at position 0, never written (slot
     // u32::MAX), reading block 0 of the padding row (every table entry is a valid block).
-    if let Some(pad_row) = pad_to.filter(|_| s > real_s) {
+    if pad_to.is_some() && pads > 0 && !verify {
         meta[layout.ctx + pad_row] = 1;
         meta[layout.q_start + pad_row] = start as u32;
         meta[layout.q_len + pad_row] = 1;
-        for row in start..start + (s - real_s) {
+        for row in start..start + pads {
             meta[layout.slots + row] = u32::MAX;
             meta[layout.dec_row + dec] = row as u32;
             meta[layout.dec_seq + dec] = pad_row as u32;
@@ -425,6 +495,11 @@ pub(super) fn pack(
             samp += 1;
             host.args.push(SampleArgs::default());
         }
+    }
+    if verify && pads > 0 {
+        pad_verifications(&layout, meta, start, pads, per_pad, pad_row, tile, samp);
+        host.args
+            .extend(std::iter::repeat_n(SampleArgs::default(), pads * per_pad));
     }
     ensure!(
         host.edits.len() <= lim.max_edits,
@@ -474,5 +549,38 @@ pub(super) fn pack(
     })
 }
 
+/// A verification graph's padding: `pads` dummy sequences of `per_pad` tokens from token row
+/// `start` (positions 0.., never written: slot u32::MAX), each one flash tile over `pad_row`
+/// (context `per_pad`, its queries the first dummy's rows: the tiles compute the same rows, and
+/// the other dummies' rows are never attended nor sampled), each sampling the first dummy's
+/// rows (`SampleArgs::default()`: greedy), after `tile` real tiles and `samp` sampled rows.
+#[allow(clippy::too_many_arguments)]
+fn pad_verifications(
+    l: &Layout,
+    meta: &mut [u32],
+    start: usize,
+    pads: usize,
+    per_pad: usize,
+    pad_row: usize,
+    tile: usize,
+    samp: usize,
+) {
+    meta[l.ctx + pad_row] = per_pad as u32;
+    meta[l.q_start + pad_row] = start as u32;
+    meta[l.q_len + pad_row] = per_pad as u32;
+    for i in 0..pads {
+        for j in 0..per_pad {
+            let row = start + i * per_pad + j;
+            meta[l.positions + row] = j as u32;
+            meta[l.slots + row] = u32::MAX;
+            meta[l.sample_rows + samp + i * per_pad + j] = (start + j) as u32;
+        }
+        meta[l.tile_seq + tile + i] = pad_row as u32;
+        meta[l.tile_q0 + tile + i] = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verify_tests;

@@ -163,7 +163,13 @@ fn run(
     let b = ib.batch();
     let bucket = graph_bucket(b, graphs, lim.max_seqs);
     let mut host = HostMeta::default();
-    let step = pack(&lim, b, bucket, &updates, true, &mut host).unwrap();
+    let shape = bucket.map(|bucket| GraphShape { bucket, drafts: 0 });
+    assert_eq!(
+        shape,
+        graph_shape(b, &lim, graphs, true),
+        "decode graphs unchanged"
+    );
+    let step = pack(&lim, b, shape, &updates, true, &mut host).unwrap();
     dev.apply_updates(&step, &host.meta);
     dev.check_reads(&lim, &step, &host, b);
     if let Some(bk) = bucket {
@@ -478,7 +484,8 @@ fn edits_sit_between_the_arguments_and_the_table_updates() {
     let updates = [(3, 40), (17, 41)];
     let bucket = graph_bucket(&b, true, lim.max_seqs);
     assert_eq!(bucket, Some(2));
-    let step = pack(&lim, &b, bucket, &updates, true, &mut host).unwrap();
+    let shape = bucket.map(|bucket| GraphShape { bucket, drafts: 0 });
+    let step = pack(&lim, &b, shape, &updates, true, &mut host).unwrap();
     let (l, m) = (&step.layout, &host.meta);
     let bare = Layout::new(2, 3, 2, 0, 0, 2, 0, 0);
     assert_eq!((l.args, l.edits), (bare.args, bare.edits));
