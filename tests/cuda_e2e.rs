@@ -172,6 +172,70 @@ fn compare(t: &mut Tally, cpu: &[Vec<f32>], gpu: &[Vec<f32>], what: &str) {
 /// decode steps teacher-forced with the CPU's tokens. Then replays the decode through `execute`
 /// with CUDA graphs on and compares its tokens with the CPU's. Prefill sequences whose context
 /// is at most `gemm_max_len` take the GEMM attention path, the others the flash kernel.
+/// `prompts` as sequences on disjoint, shuffled blocks (seeded), each with room for `gen` more
+/// tokens.
+fn on_shuffled_blocks(prompts: Vec<Vec<u32>>, gen: usize, seed: u64) -> Vec<Seq> {
+    let per_seq = prompts
+        .iter()
+        .map(|p| (p.len() + gen + 1).div_ceil(BLOCK))
+        .max()
+        .unwrap();
+    let mut pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).collect();
+    pool.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| Seq {
+            prompt_len: p.len(),
+            tokens: p,
+            computed: 0,
+            blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec(),
+        })
+        .collect()
+}
+
+/// After a step over `parts` (sequence, tokens, samples?): each sequence's computed count moves
+/// on, and a sampling one appends the argmax of its row of `logits` (teacher forcing).
+fn advance(seqs: &mut [Seq], parts: &[(usize, usize, bool)], logits: &[Vec<f32>]) {
+    let mut k = 0;
+    for &(i, n, sample) in parts {
+        seqs[i].computed += n;
+        if sample {
+            seqs[i].tokens.push(argmax(&logits[k]).0);
+            k += 1;
+        }
+    }
+}
+
+/// Drives `step` over the prompts in chunks of `chunk` (a sequence samples when its prompt is
+/// done; `what` = "prefill"), then `gen` decode steps of every sequence ("decode"). Returns each
+/// sequence's computed count where decoding started.
+fn teacher_forced_steps(
+    seqs: &mut Vec<Seq>,
+    chunk: usize,
+    gen: usize,
+    mut step: impl FnMut(&mut Vec<Seq>, Vec<(usize, usize, bool)>, &str),
+) -> Vec<usize> {
+    while seqs.iter().any(|s| s.computed < s.prompt_len) {
+        let parts: Vec<(usize, usize, bool)> = seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.computed < s.prompt_len)
+            .map(|(i, s)| {
+                let n = chunk.min(s.prompt_len - s.computed);
+                (i, n, s.computed + n == s.prompt_len)
+            })
+            .collect();
+        step(seqs, parts, "prefill");
+    }
+    let decode_start = seqs.iter().map(|s| s.computed).collect();
+    for _ in 0..gen {
+        let parts: Vec<(usize, usize, bool)> = (0..seqs.len()).map(|i| (i, 1, true)).collect();
+        step(seqs, parts, "decode");
+    }
+    decode_start
+}
+
 fn run_both(
     dir: &Path,
     prompts: Vec<Vec<u32>>,
@@ -196,24 +260,7 @@ fn run_both(
     let mut graphed =
         CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true, gemm_max_len)).unwrap();
 
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let per_seq = prompts
-        .iter()
-        .map(|p| (p.len() + gen + 1).div_ceil(BLOCK))
-        .max()
-        .unwrap();
-    let mut pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).collect();
-    pool.shuffle(&mut rng);
-    let mut seqs: Vec<Seq> = prompts
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| Seq {
-            prompt_len: p.len(),
-            tokens: p,
-            computed: 0,
-            blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec(),
-        })
-        .collect();
+    let mut seqs = on_shuffled_blocks(prompts, gen, 7);
     let mut t = Tally::default();
     let mut step =
         |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>, t: &mut Tally, what: &str| {
@@ -221,33 +268,11 @@ fn run_both(
             let c = cpu.forward_logits(&b).unwrap();
             let g = gpu.forward_logits(&b).unwrap();
             compare(t, &c, &g, what);
-            let mut k = 0;
-            for &(i, n, sample) in &parts {
-                seqs[i].computed += n;
-                if sample {
-                    seqs[i].tokens.push(argmax(&c[k]).0);
-                    k += 1;
-                }
-            }
+            advance(seqs, &parts, &c);
         };
-    // Prefill in chunks; a sequence samples when its prompt is done.
-    while seqs.iter().any(|s| s.computed < s.prompt_len) {
-        let parts: Vec<(usize, usize, bool)> = seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.computed < s.prompt_len)
-            .map(|(i, s)| {
-                let n = chunk.min(s.prompt_len - s.computed);
-                (i, n, s.computed + n == s.prompt_len)
-            })
-            .collect();
-        step(&mut seqs, parts, &mut t, "prefill");
-    }
-    let decode_start: Vec<usize> = seqs.iter().map(|s| s.computed).collect();
-    for _ in 0..gen {
-        let parts: Vec<(usize, usize, bool)> = (0..seqs.len()).map(|i| (i, 1, true)).collect();
-        step(&mut seqs, parts, &mut t, "decode");
-    }
+    let decode_start = teacher_forced_steps(&mut seqs, chunk, gen, |seqs, parts, what| {
+        step(seqs, parts, &mut t, what)
+    });
 
     // The same decode steps through execute() on CUDA graphs, on a fresh cache: prefill first.
     let mut tg = Tally::default();

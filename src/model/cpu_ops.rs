@@ -215,13 +215,15 @@ fn micro(x: &[f32], rn: usize, w: &[f32], cn: usize, k: usize, acc: &mut [[f32; 
     }
     for (r, row) in acc.iter_mut().enumerate().take(rn) {
         for (c, a) in row.iter_mut().enumerate().take(cn) {
-            *a = dot_lanes(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
+            *a = dot(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
         }
     }
 }
 
-/// The portable dot product: eight lanes over k (the loop vectorises), reduced pairwise.
-fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+/// The portable dot product: eight lanes over k (the loop vectorises, no serial add chain),
+/// reduced pairwise. Also attention's q·k and the head norms' sums of squares.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca

@@ -21,7 +21,7 @@ use candle_nn::Linear;
 use rayon::prelude::*;
 
 use crate::model::config::ModelConfig;
-use crate::model::cpu_ops::{add_assign, matmul_wt, rms_norm, swiglu, to_vec, Dense};
+use crate::model::cpu_ops::{add_assign, dot, matmul_wt, rms_norm, swiglu, to_vec, Dense};
 use crate::model::loader::ModelWeights;
 use crate::step::BatchInput;
 
@@ -511,23 +511,3 @@ const PAR_MIN_ROWS: usize = 64;
 /// Multiply-adds (query · key and weight · value, over every token and head) from which
 /// attention runs in parallel.
 const PAR_MIN_ATTENTION_MACS: usize = 1 << 18;
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators: one AVX register's worth, and no serial add chain, so the
-    // loop vectorises.
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}

@@ -73,23 +73,7 @@ fn teacher_forced(
     assert_eq!(n8 / 2, nb, "the same KV bytes hold twice the fp8 blocks");
     assert_eq!(2 * f8.info().bytes_per_block, bf.info().bytes_per_block);
 
-    let per_seq = prompts
-        .iter()
-        .map(|p| (p.len() + gen + 1).div_ceil(BLOCK))
-        .max()
-        .unwrap();
-    let mut pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).collect();
-    pool.shuffle(&mut ChaCha8Rng::seed_from_u64(8));
-    let mut seqs: Vec<Seq> = prompts
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| Seq {
-            prompt_len: p.len(),
-            tokens: p,
-            computed: 0,
-            blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec(),
-        })
-        .collect();
+    let mut seqs = on_shuffled_blocks(prompts, gen, 8);
     let mut gap = LogitsGap::default();
     let mut step = |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>| {
         let b = batch_of(seqs, &parts);
@@ -109,31 +93,9 @@ fn teacher_forced(
             gap.same_argmax += usize::from(pick == argmax(w).0);
             gap.worst_pick_gap = gap.worst_pick_gap.max(pick_gap(w, pick));
         }
-        let mut k = 0;
-        for &(i, n, sample) in &parts {
-            seqs[i].computed += n;
-            if sample {
-                seqs[i].tokens.push(argmax(&want[k]).0);
-                k += 1;
-            }
-        }
+        advance(seqs, &parts, &want);
     };
-    while seqs.iter().any(|s| s.computed < s.prompt_len) {
-        let parts: Vec<(usize, usize, bool)> = seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.computed < s.prompt_len)
-            .map(|(i, s)| {
-                let n = chunk.min(s.prompt_len - s.computed);
-                (i, n, s.computed + n == s.prompt_len)
-            })
-            .collect();
-        step(&mut seqs, parts);
-    }
-    for _ in 0..gen {
-        let parts: Vec<(usize, usize, bool)> = (0..seqs.len()).map(|i| (i, 1, true)).collect();
-        step(&mut seqs, parts);
-    }
+    teacher_forced_steps(&mut seqs, chunk, gen, |seqs, parts, _| step(seqs, parts));
     gap
 }
 

@@ -9,8 +9,9 @@
 //! changed entries, scattered by `block_table_update` before the forward.
 //!
 //! Pure-decode steps are padded to a batch-size bucket and replayed from a CUDA graph: their
-//! layout depends only on the bucket (`w = bucket + 1` rows, the last a padding row of context
-//! 1), so a graph's pointers stay valid and a replay needs only the metadata copy before it.
+//! layout depends only on the bucket (`w = max_seqs + 1` rows, the last the table's spare row,
+//! a padding row of context 1), so a graph's pointers stay valid and a replay needs only the
+//! metadata copy before it.
 //!
 //! Verification steps (speculative decoding, `CudaBackendOptions::verify_graphs`, opt-in) are
 //! replayed the same way when every sequence verifies the same number of drafts k: the layout
@@ -348,12 +349,10 @@ pub(super) fn pack(
         rows - 1,
         lim.max_seqs
     );
-    // The padding row: a decode graph's is the bucket's last; a verification graph's reads
-    // k + 1 keys, so it is the table's spare row (never a request's: always block 0).
-    let pad_row = match verify {
-        true => lim.max_seqs,
-        false => pad_to.unwrap_or(rows),
-    };
+    // The padding row of a graph step is the table's spare last row: no request ever takes it,
+    // so every entry is block 0. (Row `bucket` could be a live request outside this step, whose
+    // first entries are NULL_BLOCK once a sliding window has freed them.)
+    let pad_row = lim.max_seqs;
     let w = pad_to.map_or(rows, |_| pad_row + 1);
     ensure!(w >= rows, "bucket {w} does not cover row {rows}");
     // Prefill sequences go to the GEMM path while they are short enough and its scratch lasts;
@@ -481,7 +480,7 @@ pub(super) fn pack(
         meta[layout.gemm_s0 + k] = g.s0 as u32;
     }
     // Padding: one dummy token per dummy sequence, at position 0, never written (slot
-    // u32::MAX), reading block 0 of the padding row (every table entry is a valid block).
+    // u32::MAX), reading block 0 of the padding row (the spare row: always block 0).
     if pad_to.is_some() && pads > 0 && !verify {
         meta[layout.ctx + pad_row] = 1;
         meta[layout.q_start + pad_row] = start as u32;

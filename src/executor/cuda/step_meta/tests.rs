@@ -14,7 +14,7 @@ use crate::step::{SampleInput, SampledToken, ScheduledRequest, SchedulerOutput, 
 const BS: usize = 16;
 const NUM_BLOCKS: usize = 64;
 
-fn limits() -> Limits {
+pub(super) fn limits() -> Limits {
     let (gemm_keys, gemm_scores) = scratch_capacity(64, 256, 8, 4);
     Limits {
         max_tokens: 256,
@@ -174,21 +174,25 @@ fn run(
     dev.check_reads(&lim, &step, &host, b);
     if let Some(bk) = bucket {
         let l = &step.layout;
-        // The layout is the bucket's, whatever the real batch and the updates.
+        // The layout is the bucket's, whatever the real batch and the updates; the per-row
+        // tables span every row up to the spare one.
+        let (w, spare) = (lim.max_seqs + 1, lim.max_seqs);
         assert_eq!(
             *l,
-            Layout::new(bk, bk + 1, bk, 0, 0, bk, host.edits.len(), step.nu)
+            Layout::new(bk, w, bk, 0, 0, bk, host.edits.len(), step.nu)
         );
         // What the graph reads does not move with the edits' or the updates' count.
-        let bare = Layout::new(bk, bk + 1, bk, 0, 0, bk, 0, 0);
+        let bare = Layout::new(bk, w, bk, 0, 0, bk, 0, 0);
         assert_eq!((l.args, l.edits), (bare.args, bare.edits));
+        // Padding reads the spare row (never a request's, so block 0 throughout), not row `bk`,
+        // which may be a live request outside the step.
         for k in b.seqs.len()..bk {
-            assert_eq!(host.meta[l.dec_seq + k] as usize, bk);
+            assert_eq!(host.meta[l.dec_seq + k] as usize, spare);
             let tok = host.meta[l.dec_row + k] as usize;
             assert_eq!(host.meta[l.slots + tok], u32::MAX);
         }
-        assert_eq!((host.meta[l.ctx + bk], host.meta[l.q_len + bk]), (1, 1));
-        assert!((dev.table[bk * lim.max_blocks] as usize) < NUM_BLOCKS);
+        assert_eq!((host.meta[l.ctx + spare], host.meta[l.q_len + spare]), (1, 1));
+        assert_eq!(dev.table[spare * lim.max_blocks], 0);
     }
     let sampled = b
         .seqs
@@ -487,7 +491,7 @@ fn edits_sit_between_the_arguments_and_the_table_updates() {
     let shape = bucket.map(|bucket| GraphShape { bucket, drafts: 0 });
     let step = pack(&lim, &b, shape, &updates, true, &mut host).unwrap();
     let (l, m) = (&step.layout, &host.meta);
-    let bare = Layout::new(2, 3, 2, 0, 0, 2, 0, 0);
+    let bare = Layout::new(2, lim.max_seqs + 1, 2, 0, 0, 2, 0, 0);
     assert_eq!((l.args, l.edits), (bare.args, bare.edits));
     // Row 0: the mask of id 2 and the two biases, in id order; row 1 none.
     let edits: Vec<(i32, f32)> = (0..3)

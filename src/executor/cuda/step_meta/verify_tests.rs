@@ -13,20 +13,13 @@ use crate::step::SampleInput;
 const BS: usize = 16;
 
 fn limits() -> Limits {
+    // The decode tests' limits, with rows for k + 1 = 4 per sequence and no GEMM path.
     Limits {
-        max_tokens: 256,
-        max_seqs: 8,
         max_rows: 8 * 4,
-        max_blocks: 12,
-        num_sms: 132,
-        num_heads: 4,
-        num_kv_heads: 2,
-        decode_ctas_per_sm: 0,
-        prefill_split_kv: true,
         gemm_max_len: 0,
         gemm_keys: 0,
         gemm_scores: 0,
-        max_edits: 64,
+        ..super::tests::limits()
     }
 }
 
