@@ -151,9 +151,27 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
     sum
 }
 
+/// Held steps before a request held at depth 0 is first probed again.
+pub const PROBE_FIRST: u32 = 4;
+/// The longest back-off between probes of a request whose probes keep failing.
+pub const PROBE_MAX: u32 = 64;
+/// Drafts in a probe: enough to see whether the text became predictable, few enough that a
+/// failed probe wastes little.
+pub const PROBE_DEPTH: usize = 2;
+
 /// A request's per-token acceptance: EMAs of the drafts it got accepted and the drafts that
 /// were tested per step (a draft after the first rejection is never tested), so that
 /// accepted / tested estimates α whatever the depth.
+///
+/// A request its estimate holds at depth 0 is re-probed by exponential back-off: after
+/// `PROBE_FIRST` held steps it is planned at the optimistic acceptance and drafts at most
+/// `PROBE_DEPTH` positions (if the step's cost model says that pays even then — at a large
+/// batch it does not, and nothing is drafted); a probe that is fully accepted resets the
+/// interval, one that is not doubles it up to `PROBE_MAX`. Why not let the estimate drift back
+/// by itself: acceptance is not stationary (on the CPU pair at temperature 0.7, α ≈ 0.1–0.4 for
+/// the first ≈ 40 tokens and near 1 after), and a slow drift missed the second phase, while a
+/// fast one wasted verifications on text that stays unpredictable. The back-off re-measures in
+/// O(log n) probes over n held steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acceptance {
     accepted: f64,
@@ -161,6 +179,11 @@ pub struct Acceptance {
     /// The request's length when it last got drafts (0: never): the draft model has computed
     /// about that much of it, and catches up on the rest before it drafts again.
     pub synced: usize,
+    /// Steps held at depth 0 since it last drafted, and the back-off before the next probe.
+    held: u32,
+    interval: u32,
+    /// Its last drafts were a probe (the back-off learns from their verification).
+    probing: bool,
 }
 
 impl Acceptance {
@@ -169,6 +192,9 @@ impl Acceptance {
             accepted: prior,
             tested: 1.0,
             synced: 0,
+            held: 0,
+            interval: PROBE_FIRST,
+            probing: false,
         }
     }
 
@@ -184,14 +210,37 @@ impl Acceptance {
         let tested = (accepted + 1).min(proposed);
         self.accepted += weight * (accepted as f64 - self.accepted);
         self.tested += weight * (tested as f64 - self.tested);
+        if std::mem::take(&mut self.probing) {
+            self.interval = match accepted == proposed {
+                true => PROBE_FIRST,
+                false => (self.interval * 2).min(PROBE_MAX),
+            };
+        }
     }
 
-    /// A step without a verification: the estimate drifts toward `rate`, so a request whose
-    /// depth fell to 0 on bad luck is tried again.
-    pub fn relax(&mut self, rate: f64, weight: f64) {
-        let r = self.rate();
-        let target = r + weight * (rate - r);
-        self.accepted = target * self.tested;
+    /// Held long enough that its next step probes.
+    pub fn probe_due(&self) -> bool {
+        self.held >= self.interval
+    }
+
+    /// Steps to wait between probes now.
+    pub fn probe_interval(&self) -> u32 {
+        self.interval
+    }
+
+    /// A step in which the request could have drafted and got no drafts.
+    pub fn hold(&mut self) {
+        self.held = self.held.saturating_add(1);
+    }
+
+    /// The request got drafts this step (`probe`: because its probe was due). Drafting on its
+    /// own estimate resets the back-off.
+    pub fn drafted(&mut self, probe: bool) {
+        self.held = 0;
+        self.probing = probe;
+        if !probe {
+            self.interval = PROBE_FIRST;
+        }
     }
 }
 

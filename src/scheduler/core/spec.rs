@@ -7,7 +7,7 @@ use crate::kv::KvCacheManager;
 use crate::request::RequestId;
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::spec::{
-    self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, MIN_FIT_STEPS,
+    self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, MIN_FIT_STEPS, PROBE_DEPTH,
 };
 use crate::scheduler::CostCoefficients;
 use crate::spec::{SpecConfig, SpecMethod};
@@ -15,11 +15,6 @@ use crate::step::{DraftOutcome, SchedulerOutput, StepOutput};
 
 /// Engine-wide acceptance weight per verification (slower than a request's own).
 const ENGINE_EMA: f64 = 0.02;
-/// How fast a request whose depth fell to 0 drifts back toward an optimistic acceptance, per
-/// step: slow, so that a request whose drafts always fail retries about one step in 25 (a few
-/// percent of wasted verification) rather than every other step.
-const RELAX: f64 = 0.01;
-
 /// What the core keeps for speculation.
 #[derive(Debug)]
 pub(crate) struct SpecState {
@@ -93,6 +88,7 @@ impl Scheduler {
         let mut alphas = Vec::new();
         let mut others = 0;
         let mut catch_up = 0;
+        let retry_rate = self.retry_rate();
         for id in &self.running {
             let r = &self.requests[id];
             if r.num_uncomputed() != 1 {
@@ -101,7 +97,12 @@ impl Scheduler {
             decodes.add_seq(1, r.num_computed + 1);
             match &r.spec {
                 Some(a) => {
-                    alphas.push(a.rate());
+                    // A request whose probe is due is planned at the optimistic rate: the cap
+                    // then says whether a probe pays at this step's size.
+                    alphas.push(match a.probe_due() {
+                        true => a.rate().max(retry_rate),
+                        false => a.rate(),
+                    });
                     // The executor dropped its state (preempted): the draft model starts over.
                     let synced = if r.executor_blocks.is_some() {
                         a.synced
@@ -160,9 +161,7 @@ impl Scheduler {
     pub(super) fn draft_depth(&mut self, id: RequestId, budget: usize, max_len: usize) -> usize {
         let choice = self.spec.choice;
         let allowed = self.spec.ceiling > 0;
-        // Optimistic: a request held at depth 0 by its estimate (or by a cap its estimate
-        // pulled to 0) is tried again, and falls back at once if it still fails.
-        let retry_rate = self.spec.engine.rate().max(self.spec.cfg.acceptance_prior);
+        let retry_rate = self.retry_rate();
         // While probing, the step's first decode that may speculate drafts at the rules'
         // ceiling and no other does.
         let probe = match self.spec.probing() {
@@ -173,13 +172,17 @@ impl Scheduler {
         let Some(acc) = req.spec.as_mut() else {
             return 0;
         };
+        // Its own estimate first; a held request whose back-off ran out probes at the
+        // optimistic rate, with at most `PROBE_DEPTH` drafts.
+        let mut reprobe = false;
         let mut k = match probe {
             Some(true) => self.spec.ceiling,
             Some(false) => 0,
             None => choice.depth_for(acc.rate()),
         };
-        if allowed && k == 0 && probe.is_none() {
-            acc.relax(retry_rate, RELAX);
+        if k == 0 && probe.is_none() && acc.probe_due() {
+            k = choice.depth_for(retry_rate).min(PROBE_DEPTH);
+            reprobe = k > 0;
         }
         // The step appends at most k + 1 tokens.
         let left = req
@@ -188,16 +191,27 @@ impl Scheduler {
             .saturating_sub(req.num_output_tokens())
             .min(max_len.saturating_sub(req.num_tokens()));
         k = k.min(left.saturating_sub(1)).min(budget.saturating_sub(1));
+        let len = req.num_tokens();
+        if let Some(acc) = req.spec.as_mut() {
+            if k > 0 {
+                acc.synced = len;
+                acc.drafted(reprobe);
+            } else if allowed && probe.is_none() {
+                acc.hold();
+            }
+        }
         if k > 0 {
             self.spec.probes += usize::from(probe.is_some());
-            let len = req.num_tokens();
-            if let Some(acc) = req.spec.as_mut() {
-                acc.synced = len;
-            }
         }
         self.spec.depth_sum += k;
         self.spec.depth_seqs += 1;
         k
+    }
+
+    /// The acceptance a held request is probed at: the engine's, or the prior if that is
+    /// higher (optimistic: a failed probe costs at most `PROBE_DEPTH` rows).
+    fn retry_rate(&self) -> f64 {
+        self.spec.engine.rate().max(self.spec.cfg.acceptance_prior)
     }
 
     /// The step's decodes are planned: the depth gauge.

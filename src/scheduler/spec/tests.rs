@@ -171,15 +171,50 @@ fn acceptance_estimates_the_per_token_rate_whatever_the_depth() {
     let before = a;
     a.observe(0, 0, 0.5);
     assert_eq!(a, before);
-    // Every draft rejected over and over: the estimate falls toward 0, and relaxes back up.
+    // Every draft rejected over and over: the estimate falls toward 0 (and stays there: only
+    // a probe's verification moves it).
     for _ in 0..50 {
         a.observe(4, 0, 0.2);
     }
     assert!(a.rate() < 0.01, "{}", a.rate());
-    for _ in 0..20 {
-        a.relax(0.7, 0.1);
+}
+
+/// A held request's probes back off exponentially while they fail, and a fully accepted probe,
+/// or drafting on its own estimate, starts the back-off over.
+#[test]
+fn a_held_request_is_probed_by_exponential_back_off() {
+    let mut a = Acceptance::new(0.7);
+    // Holds until its probe is due; returns how many steps that took.
+    let hold_until_due = |a: &mut Acceptance| {
+        let mut n = 0;
+        while !a.probe_due() {
+            a.hold();
+            n += 1;
+        }
+        n
+    };
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        waits.push(hold_until_due(&mut a));
+        a.drafted(true);
+        a.observe(2, 1, 0.2); // not all accepted: a failed probe
     }
-    assert!(a.rate() > 0.5, "{}", a.rate());
+    assert_eq!(waits, [4, 8, 16, 32, 64, 64]);
+    // A fully accepted probe: back to the first interval.
+    hold_until_due(&mut a);
+    a.drafted(true);
+    a.observe(2, 2, 0.2);
+    assert_eq!(a.probe_interval(), PROBE_FIRST);
+    // A failed probe, then drafting on its own estimate (not a probe): back to the first
+    // interval too, and that verification does not count as a probe.
+    hold_until_due(&mut a);
+    a.drafted(true);
+    a.observe(2, 0, 0.2);
+    assert_eq!(a.probe_interval(), 2 * PROBE_FIRST);
+    a.drafted(false);
+    a.observe(4, 0, 0.2);
+    assert_eq!(a.probe_interval(), PROBE_FIRST);
+    assert_eq!(hold_until_due(&mut a), PROBE_FIRST as usize);
 }
 
 #[test]

@@ -240,3 +240,59 @@ fn an_unmeasured_draft_model_is_probed_by_one_decode_per_step() {
         "{drafting_steps}"
     );
 }
+
+/// Runs `n` requests for `steps` steps; step `s` accepts `accept(s, drafts)` of each request's
+/// drafts, and costs 1 ms plus 1 ms per decode and per verification row (a row costs what a
+/// decode does: the CPU at any batch). Returns the draft positions each step reserved.
+fn run_phased(n: u64, accept: impl Fn(u32, usize) -> usize, steps: u32) -> Vec<usize> {
+    let config = SchedulerConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 2048,
+        ..config()
+    };
+    let mut core = Scheduler::new(config).with_speculation(spec_cfg());
+    let mut kv = KvCacheManager::new(4096, BLOCK_SIZE, true);
+    for id in 1..=n {
+        let req = NewRequest {
+            params: Arc::new(long_params(400)),
+            ..request(id)
+        };
+        core.add_request(req, 0.0);
+    }
+    let mut depths = Vec::new();
+    for s in 0..steps {
+        let t = s as f64 * 0.01;
+        let out = core.schedule(&mut kv, t);
+        depths.push(out.total_num_draft_tokens());
+        let mut step = execute(&out, s, |k| accept(s, k));
+        let decodes = out.scheduled.iter().filter(|x| x.sample).count();
+        let rows = out.total_num_draft_tokens();
+        step.elapsed = Duration::from_micros(1_000 * (1 + decodes + rows) as u64);
+        core.update_from_output(&out, &step, &mut kv, t);
+    }
+    depths
+}
+
+/// Acceptance that changes over a run (the CPU pair at temperature 0.7: hardly any draft
+/// accepted for the first tokens, nearly all after): the request held at depth 0 through the
+/// first phase is probed again and speculates through the second, not only a step in 25.
+#[test]
+fn a_request_held_through_a_hard_start_speculates_once_its_text_turns_predictable() {
+    let depths = run_phased(1, |s, k| if s < 60 { 0 } else { k }, 160);
+    let spec_steps = |r: std::ops::Range<usize>| depths[r].iter().filter(|&&k| k > 0).count();
+    // Held through the first phase (its probes back off)...
+    assert!(spec_steps(30..60) < 10, "{depths:?}");
+    // ...and drafting nearly every step of the second (within a back-off interval of its
+    // start; the request's 400 tokens run out at about step 150).
+    assert!(spec_steps(100..140) > 35, "{depths:?}");
+}
+
+/// The same run at batch 32, where a verification row costs a decode's time: the back-off
+/// makes requests due, but the cost model prices even an optimistic probe out, so after the
+/// warm-up the batch drafts nothing (probing costs nothing there).
+#[test]
+fn due_probes_are_priced_out_at_a_large_batch() {
+    let depths = run_phased(32, |s, k| if s < 60 { 0 } else { k }, 160);
+    let late: usize = depths[40..].iter().sum();
+    assert_eq!(late, 0, "{depths:?}");
+}
