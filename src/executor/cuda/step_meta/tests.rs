@@ -191,7 +191,10 @@ fn run(
             let tok = host.meta[l.dec_row + k] as usize;
             assert_eq!(host.meta[l.slots + tok], u32::MAX);
         }
-        assert_eq!((host.meta[l.ctx + spare], host.meta[l.q_len + spare]), (1, 1));
+        assert_eq!(
+            (host.meta[l.ctx + spare], host.meta[l.q_len + spare]),
+            (1, 1)
+        );
         assert_eq!(dev.table[spare * lim.max_blocks], 0);
     }
     let sampled = b
