@@ -223,6 +223,11 @@ impl Acceptance {
         self.held >= self.interval
     }
 
+    /// Steps held at depth 0 since it last drafted.
+    pub fn held_steps(&self) -> u32 {
+        self.held
+    }
+
     /// Steps to wait between probes now.
     pub fn probe_interval(&self) -> u32 {
         self.interval

@@ -99,7 +99,8 @@ impl Scheduler {
                 Some(a) => {
                     // A request whose probe is due is planned at the optimistic rate: the cap
                     // then says whether a probe pays at this step's size.
-                    alphas.push(match a.probe_due() {
+                    let due = a.probe_due();
+                    alphas.push(match due {
                         true => a.rate().max(retry_rate),
                         false => a.rate(),
                     });
@@ -111,8 +112,15 @@ impl Scheduler {
                     };
                     // What a step of drafting feeds anyway (the last verification's accepted
                     // tokens) is in the draft's fit; beyond that is catch-up.
-                    catch_up += (r.num_tokens() - synced.min(r.num_tokens()))
+                    let behind = (r.num_tokens() - synced.min(r.num_tokens()))
                         .saturating_sub(self.spec.cfg.max_depth + 1);
+                    // A due request's catch-up is what its held steps would each have cost the
+                    // draft model (about a token a step): spread over them, so that the longer
+                    // the back-off held it the less likely it is probed, which would defeat it.
+                    catch_up += match due {
+                        true => behind.div_ceil(a.held_steps().max(1) as usize),
+                        false => behind,
+                    };
                 }
                 None => others += 1,
             }

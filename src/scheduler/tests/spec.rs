@@ -242,15 +242,29 @@ fn an_unmeasured_draft_model_is_probed_by_one_decode_per_step() {
 }
 
 /// Runs `n` requests for `steps` steps; step `s` accepts `accept(s, drafts)` of each request's
-/// drafts, and costs 1 ms plus 1 ms per decode and per verification row (a row costs what a
-/// decode does: the CPU at any batch). Returns the draft positions each step reserved.
-fn run_phased(n: u64, accept: impl Fn(u32, usize) -> usize, steps: u32) -> Vec<usize> {
+/// drafts, and costs 1 ms plus 1 ms per decode and `row_us` per verification row. With
+/// `draft_us` a draft model proposes (the `Draft` method), costing that per pass and per draft
+/// token. Returns the draft positions each step reserved.
+fn run_phased(
+    n: u64,
+    row_us: u64,
+    draft_us: Option<u64>,
+    accept: impl Fn(u32, usize) -> usize,
+    steps: u32,
+) -> Vec<usize> {
     let config = SchedulerConfig {
         max_num_seqs: 64,
         max_num_batched_tokens: 2048,
         ..config()
     };
-    let mut core = Scheduler::new(config).with_speculation(spec_cfg());
+    let cfg = SpecConfig {
+        method: match draft_us {
+            Some(_) => SpecMethod::Draft,
+            None => SpecMethod::Ngram,
+        },
+        ..spec_cfg()
+    };
+    let mut core = Scheduler::new(config).with_speculation(cfg);
     let mut kv = KvCacheManager::new(4096, BLOCK_SIZE, true);
     for id in 1..=n {
         let req = NewRequest {
@@ -263,36 +277,67 @@ fn run_phased(n: u64, accept: impl Fn(u32, usize) -> usize, steps: u32) -> Vec<u
     for s in 0..steps {
         let t = s as f64 * 0.01;
         let out = core.schedule(&mut kv, t);
-        depths.push(out.total_num_draft_tokens());
+        let ks: Vec<usize> = out.scheduled.iter().map(|x| x.num_draft_tokens).collect();
+        depths.push(ks.iter().sum());
         let mut step = execute(&out, s, |k| accept(s, k));
-        let decodes = out.scheduled.iter().filter(|x| x.sample).count();
-        let rows = out.total_num_draft_tokens();
-        step.elapsed = Duration::from_micros(1_000 * (1 + decodes + rows) as u64);
+        let decodes = out.scheduled.iter().filter(|x| x.sample).count() as u64;
+        let rows: u64 = ks.iter().sum::<usize>() as u64;
+        let mut us = 1_000 * (1 + decodes) + row_us * rows;
+        if let (Some(d), true) = (draft_us, rows > 0) {
+            step.spec.passes = *ks.iter().max().unwrap();
+            step.spec.tokens = rows as usize;
+            step.spec.elapsed = Duration::from_micros(d * (step.spec.passes as u64 + rows));
+            us += d * (step.spec.passes as u64 + rows);
+        }
+        step.elapsed = Duration::from_micros(us);
         core.update_from_output(&out, &step, &mut kv, t);
     }
     depths
 }
 
 /// Acceptance that changes over a run (the CPU pair at temperature 0.7: hardly any draft
-/// accepted for the first tokens, nearly all after): the request held at depth 0 through the
-/// first phase is probed again and speculates through the second, not only a step in 25.
-#[test]
-fn a_request_held_through_a_hard_start_speculates_once_its_text_turns_predictable() {
-    let depths = run_phased(1, |s, k| if s < 60 { 0 } else { k }, 160);
-    let spec_steps = |r: std::ops::Range<usize>| depths[r].iter().filter(|&&k| k > 0).count();
-    // Held through the first phase (its probes back off)...
-    assert!(spec_steps(30..60) < 10, "{depths:?}");
-    // ...and drafting nearly every step of the second (within a back-off interval of its
-    // start; the request's 400 tokens run out at about step 150).
-    assert!(spec_steps(100..140) > 35, "{depths:?}");
+/// accepted for the first tokens, nearly all after).
+fn hard_start(s: u32, k: usize) -> usize {
+    if s < 60 {
+        0
+    } else {
+        k
+    }
 }
 
-/// The same run at batch 32, where a verification row costs a decode's time: the back-off
-/// makes requests due, but the cost model prices even an optimistic probe out, so after the
-/// warm-up the batch drafts nothing (probing costs nothing there).
+/// Steps in `r` that carried drafts.
+fn spec_steps(depths: &[usize], r: std::ops::Range<usize>) -> usize {
+    depths[r].iter().filter(|&&k| k > 0).count()
+}
+
+/// The request held at depth 0 through the hard start is probed again and speculates through
+/// the second phase, not only a step in 25.
+#[test]
+fn a_request_held_through_a_hard_start_speculates_once_its_text_turns_predictable() {
+    let depths = run_phased(1, 1_000, None, hard_start, 160);
+    // Held through the first phase (its probes back off)...
+    assert!(spec_steps(&depths, 30..60) < 10, "{depths:?}");
+    // ...and drafting nearly every step of the second (within a back-off interval of its
+    // start; the request's 400 tokens run out at about step 150).
+    assert!(spec_steps(&depths, 100..140) > 35, "{depths:?}");
+}
+
+/// The same with a draft model, whose catch-up over the held request's tokens grows with the
+/// hold (≈ 50 tokens at 0.1 ms each by step 60, more than the probe could win in one step):
+/// the probe is still taken, its catch-up priced per held step.
+#[test]
+fn a_long_hold_does_not_price_the_draft_models_probe_out() {
+    let depths = run_phased(1, 250, Some(100), hard_start, 160);
+    assert!(spec_steps(&depths, 30..60) < 10, "{depths:?}");
+    assert!(spec_steps(&depths, 100..140) > 35, "{depths:?}");
+}
+
+/// Batch 32, where a verification row costs a decode's time: the back-off makes requests due,
+/// but the cost model prices even an optimistic probe out, so after the warm-up the batch
+/// drafts nothing (probing costs nothing there).
 #[test]
 fn due_probes_are_priced_out_at_a_large_batch() {
-    let depths = run_phased(32, |s, k| if s < 60 { 0 } else { k }, 160);
+    let depths = run_phased(32, 1_000, None, hard_start, 160);
     let late: usize = depths[40..].iter().sum();
     assert_eq!(late, 0, "{depths:?}");
 }
