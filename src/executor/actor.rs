@@ -32,7 +32,9 @@ pub struct ExecutorActor {
 }
 
 impl ExecutorActor {
-    pub fn new(backend: Box<dyn Backend>, factory: BackendFactory) -> Self {
+    /// Runs on the executor thread (the `SyncArbiter`'s factory).
+    pub fn new(mut backend: Box<dyn Backend>, factory: BackendFactory) -> Self {
+        backend.on_executor_thread();
         ExecutorActor {
             block_size: backend.info().block_size,
             backend: Some(backend),
@@ -58,6 +60,8 @@ impl ExecutorActor {
                 info.num_kv_blocks, info.block_size, self.block_size
             ));
         }
+        let mut built = built;
+        built.on_executor_thread();
         self.backend = Some(built);
         Ok((info.num_kv_blocks, info.num_host_blocks))
     }

@@ -35,4 +35,9 @@ pub trait Backend: Send + 'static {
     /// life: finished requests are dropped with the scheduler's next step, so a second
     /// scheduler on the same backend would send ids it still holds.
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput>;
+
+    /// Called once on the thread that will run every `execute` (the executor actor's), after
+    /// the backend moved there: a backend may bind per-thread resources to it (the CPU backend
+    /// makes it a worker of its thread pool, so a step needs no hand-over to the pool).
+    fn on_executor_thread(&mut self) {}
 }

@@ -273,6 +273,25 @@ impl Backend for CpuBackend {
         let pool = Arc::clone(&self.threads);
         pool.install(|| self.execute_in_pool(step))
     }
+
+    /// Rebuilds the pool with the executor thread as its worker 0 (same thread count), so
+    /// `execute`'s `install` runs in place: no hand-over to a pool thread and back each step
+    /// (two wake-ups), and one thread fewer competing for the cores. A thread can belong to
+    /// one such pool only, and rayon leaks it (its registry lives as long as the thread): a
+    /// backend rebuilt on the same thread after a panic keeps its own pool (`install` then
+    /// hands over, as before).
+    fn on_executor_thread(&mut self) {
+        let n = self.threads.current_num_threads();
+        match rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .use_current_thread()
+            .thread_name(|i| format!("brook-cpu-{i}"))
+            .build()
+        {
+            Ok(pool) => self.threads = Arc::new(pool),
+            Err(e) => tracing::debug!("the executor thread stays outside the CPU pool: {e}"),
+        }
+    }
 }
 
 impl CpuBackend {

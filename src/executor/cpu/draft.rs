@@ -44,9 +44,14 @@ impl DraftModel for CpuDraft {
         batch
             .validate(self.kv.block_size(), self.kv.num_blocks())
             .map_err(|e| anyhow::anyhow!("invalid draft batch: {e}"))?;
+        // Inside a pool already (a step of the target's, whose pool may have been rebuilt on
+        // the executor thread: `CpuBackend::on_executor_thread`), the forward runs there: an
+        // `install` into this handle's pool would hand each pass over to another pool.
         let logits = match &self.threads {
-            Some(pool) => pool.install(|| self.model.forward(batch, &mut self.kv))?,
-            None => self.model.forward(batch, &mut self.kv)?,
+            Some(pool) if rayon::current_thread_index().is_none() => {
+                pool.install(|| self.model.forward(batch, &mut self.kv))?
+            }
+            _ => self.model.forward(batch, &mut self.kv)?,
         };
         let flat = logits;
         out.argmax

@@ -621,3 +621,37 @@ fn sample_below_draws_only_ids_under_the_limit() {
         assert!((t as usize) < n, "seed {seed}: token {t} >= {n}");
     }
 }
+
+/// The executor thread becomes worker 0 of the backend's pool (`on_executor_thread`), so a
+/// step runs in place; a second backend on that thread keeps its own pool (a thread belongs to
+/// one such pool). Either way the logits are the ones a backend outside got, bit for bit.
+#[test]
+fn executor_thread_joins_the_pool_and_steps_are_unchanged() {
+    let spec = TestModelSpec::default();
+    let sc = Scenario::default();
+    let dir = write_model(&spec);
+    let mut outside = backend_for(dir.path(), sc.block_size, sc.num_blocks);
+    assert_eq!(outside.threads.current_thread_index(), None);
+    let expect = run_engine(&mut outside, &sc);
+    let path = dir.path().to_path_buf();
+    let sc2 = sc.clone();
+    let (first, second) = std::thread::spawn(move || {
+        let mut first = backend_for(&path, sc2.block_size, sc2.num_blocks);
+        first.on_executor_thread();
+        assert_eq!(first.threads.current_thread_index(), Some(0));
+        assert_eq!(first.threads.current_num_threads(), 2);
+        let mut second = backend_for(&path, sc2.block_size, sc2.num_blocks);
+        second.on_executor_thread();
+        assert_eq!(second.threads.current_thread_index(), None);
+        (run_engine(&mut first, &sc2), run_engine(&mut second, &sc2))
+    })
+    .join()
+    .unwrap();
+    for got in [first, second] {
+        assert_eq!(got.len(), expect.len());
+        for (g, e) in got.iter().zip(&expect) {
+            assert_eq!(g.generated, e.generated);
+            assert_eq!(g.logits, e.logits);
+        }
+    }
+}
