@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# CPU speculative-decoding figures (BENCHMARKS.md), same layout as cpu-spec-2026-12-03b: each
-# configuration next to its --speculative off twin, REPS times; here each run twice in a row,
-# once with main's build ($MAIN) and once with this branch's ($BROOK), so every row is an A/B.
-# One JSON line per run in results.jsonl ("bin": main | branch, "load": 1-minute load average).
+# CPU speculative-decoding figures (BENCHMARKS.md, issue 12): each configuration next to its
+# --speculative off twin, REPS times, with the bundled demo pair. One JSON line per run in $OUT
+# ("load": the 1-minute load average at the run). With MAIN=<a build of main> every run is made
+# twice in a row, main's build then $BROOK ("bin": main | branch), so every row is an A/B.
+#   OUT=bench/results/<folder>/results.jsonl [MAIN=…] [REPS=5] [ONLY=regex] bench/cpu-spec.sh
+# (2026-12-03: runs 1-2 in cpu-spec-2026-12-03b without MAIN, their lines written before "bin"
+# was added; runs 3-4 in …c and …d with MAIN.)
 set -euo pipefail
 B=${BROOK:-target/release/brook}
-M=${MAIN:?path of a build of main}
-OUT=${OUT:-bench/results/cpu-spec-2026-12-03c/results.jsonl}
+M=${MAIN:-}
+OUT=${OUT:?path of the results.jsonl to append to}
 REPS=${REPS:-5}
 ONLY=${ONLY:-}
 D="--draft-model models/demo-chat-draft"
 run() { # name, args...
   local name=$1; shift
   [[ -n "$ONLY" && ! "$name" =~ $ONLY ]] && return 0
-  local line bin tag
-  for tag in main branch; do
+  local line bin tag tags=(branch)
+  [[ -n "$M" ]] && tags=(main branch)
+  for tag in "${tags[@]}"; do
     bin=$B; [[ $tag == main ]] && bin=$M
     line=$($bin bench --device cpu --json "$@" 2>/dev/null | tail -1)
     echo "{\"name\":\"$name\",\"bin\":\"$tag\",\"load\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"report\":$line}" >> "$OUT"
     echo "$name $tag $(echo "$line" | grep -o '"output_tok_s":[0-9.]*')"
   done
 }
-for r in $(seq "$REPS"); do
+for _ in $(seq "$REPS"); do
   S1="--num-prompts 1 --input-len 64 --output-len 256"
   run single_greedy_off $S1 --speculative off
   run single_greedy_draft $S1 $D
