@@ -105,10 +105,15 @@ __device__ __forceinline__ void e4m3x16_to_bf16(uint4 v, uint4* lo, uint4* hi) {
   *hi = make_uint4(pack_bf16x2(f[8], f[9]), pack_bf16x2(f[10], f[11]),
                    pack_bf16x2(f[12], f[13]), pack_bf16x2(f[14], f[15]));
 }
+// A 16-byte load of the cache (KV_VEC elements) as bf16: KV_VEC / 8 16-byte words.
+__device__ __forceinline__ void kv_widen16(uint4 v, uint4 out[KV_VEC / 8]) {
+  e4m3x16_to_bf16(v, &out[0], &out[1]);
+}
 #else
 typedef bf16 kv_t;
 #define KV_VEC 8
 __device__ __forceinline__ kv_t f2kv(float f) { return f2bf(f); }
+__device__ __forceinline__ void kv_widen16(uint4 v, uint4 out[KV_VEC / 8]) { out[0] = v; }
 #endif
 
 // Sum (kMax false) or max (kMax true) over the warp; every lane gets the result.

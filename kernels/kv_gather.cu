@@ -37,43 +37,24 @@ extern "C" __global__ void kv_gather(KvGatherParams p) {
   const int j0 = blockIdx.x * GATHER_KEYS;
   if (j0 >= ctx) return;
   const int group = p.num_heads / p.num_kv_heads;
-#if KV_FP8
-  // 16-byte pieces of 16 e4m3 in, two 16-byte pieces of 16 bf16 out.
-  const int pieces = p.head_dim / 16;
+  const int pieces = p.head_dim / KV_VEC;  // 16-byte pieces per row
   const int n = min(GATHER_KEYS, ctx - j0) * pieces;
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
   const size_t base = (size_t)p.gemm_key0[e] * p.num_heads * p.head_dim;
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    const int j = j0 + c / pieces, d16 = (c % pieces) * 16;
+    const int j = j0 + c / pieces, d = (c % pieces) * KV_VEC;
     const size_t src = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
-                                 p.block_size, p.head_dim) + d16;
-    uint4 k0, k1, v0, v1;
-    e4m3x16_to_bf16(*(const uint4*)(p.k_cache + src), &k0, &k1);
-    e4m3x16_to_bf16(*(const uint4*)(p.v_cache + src), &v0, &v1);
+                                 p.block_size, p.head_dim) + d;
+    uint4 kw[KV_VEC / 8], vw[KV_VEC / 8];  // the piece as bf16 (widened from e4m3: 2 words)
+    kv_widen16(*(const uint4*)(p.k_cache + src), kw);
+    kv_widen16(*(const uint4*)(p.v_cache + src), vw);
     for (int g = 0; g < group; g++) {
-      const size_t dst = base + ((size_t)(kh * group + g) * ctx + j) * p.head_dim + d16;
-      *(uint4*)(p.k_out + dst) = k0;
-      *(uint4*)(p.k_out + dst + 8) = k1;
-      *(uint4*)(p.v_out + dst) = v0;
-      *(uint4*)(p.v_out + dst + 8) = v1;
+      const size_t dst = base + ((size_t)(kh * group + g) * ctx + j) * p.head_dim + d;
+#pragma unroll
+      for (int w = 0; w < KV_VEC / 8; w++) {
+        *(uint4*)(p.k_out + dst + 8 * w) = kw[w];
+        *(uint4*)(p.v_out + dst + 8 * w) = vw[w];
+      }
     }
   }
-#else
-  const int pieces = p.head_dim / 8;  // 16-byte pieces per row
-  const int n = min(GATHER_KEYS, ctx - j0) * pieces;
-  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
-  const size_t base = (size_t)p.gemm_key0[e] * p.num_heads * p.head_dim;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    const int j = j0 + c / pieces, d8 = (c % pieces) * 8;
-    const size_t src = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
-                                 p.block_size, p.head_dim) + d8;
-    const uint4 kv = *(const uint4*)(p.k_cache + src);
-    const uint4 vv = *(const uint4*)(p.v_cache + src);
-    for (int g = 0; g < group; g++) {
-      const size_t dst = base + ((size_t)(kh * group + g) * ctx + j) * p.head_dim + d8;
-      *(uint4*)(p.k_out + dst) = kv;
-      *(uint4*)(p.v_out + dst) = vv;
-    }
-  }
-#endif
 }
