@@ -218,7 +218,9 @@ __device__ __forceinline__ void gemv_qkv_rope_impl(const GemvQkvRopeParams& p) {
       a = a2;
     }
 #if KV_FP8
-    // q stays bf16, k and v go to the cache in its dtype.
+    // q stays bf16, k and v go to the cache in its dtype. (The bf16 build keeps its own shape
+    // below: one store site for q and the cache compiles to the code measured on the H200; the
+    // shared shape changes its PTX.)
     if (is_q) {
       bf16* dst = p.q_out + ((size_t)m * p.num_heads + head) * p.head_dim;
       dst[i] = f2bf(a);
