@@ -120,9 +120,24 @@ pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut V
 }
 
 /// The weight-streaming matmul: tasks over blocks of W's rows, each computing `[rows, m]` of
-/// the transposed output, then one transpose (m·n floats, small).
+/// the transposed output, then one transpose (m·n floats, small). One row (a decode) is its own
+/// transpose: straight into `out`, no scratch.
 fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], parallel: bool) {
+    if m == 1 {
+        stream_blocks(x, m, w, k, out, parallel);
+        return;
+    }
     let mut out_t = vec![0f32; n * m];
+    stream_blocks(x, m, w, k, &mut out_t, parallel);
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            out[i * n + j] = v;
+        }
+    }
+}
+
+/// `out_t[n, m]` = W · xᵀ, in tasks of STREAM_CHUNK rows of W.
+fn stream_blocks(x: &[f32], m: usize, w: &[f32], k: usize, out_t: &mut [f32], parallel: bool) {
     let task = |(b, ot): (usize, &mut [f32])| {
         let j0 = b * STREAM_CHUNK;
         let rows = ot.len() / m;
@@ -138,11 +153,6 @@ fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], p
             .chunks_mut(STREAM_CHUNK * m)
             .enumerate()
             .for_each(task);
-    }
-    for (j, col) in out_t.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            out[i * n + j] = v;
-        }
     }
 }
 

@@ -198,15 +198,22 @@ fn paged_decode_gqa_hd128_split_k() {
 /// kv head), with and without split-K.
 #[test]
 fn paged_decode_every_head_dim_and_group() {
-    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
+    every_head_dim_and_group(&[64, 80, 96, 128, 256], 100, false);
+}
+
+/// Groups 1..16 on 2 kv heads at each of `head_dims`, contexts 3/37/301, split 1-3 (seeds from
+/// `seed0`), with the cache in bf16 or e4m3.
+fn every_head_dim_and_group(head_dims: &[usize], seed0: u64, fp8: bool) {
+    for (i, &head_dim) in head_dims.iter().enumerate() {
         for group in 1..=16 {
             Decode {
-                seed: 100 + (i * 16 + group) as u64,
+                seed: seed0 + (i * 16 + group) as u64,
                 head_dim,
                 heads: 2 * group,
                 kv_heads: 2,
                 ctx: vec![3, 37, 301],
                 splits: Some(1 + group % 3),
+                fp8,
                 ..Decode::default()
             }
             .run();
@@ -295,21 +302,7 @@ fn paged_decode_filled_splits() {
 /// (5..8 take two CTAs per kv head at 4 heads a CTA, 13..16 four), split and not.
 #[test]
 fn paged_decode_fp8_every_head_dim_and_group() {
-    for (i, head_dim) in [16, 64, 80, 96, 128, 256].into_iter().enumerate() {
-        for group in 1..=16 {
-            Decode {
-                seed: 600 + (i * 16 + group) as u64,
-                head_dim,
-                heads: 2 * group,
-                kv_heads: 2,
-                ctx: vec![3, 37, 301],
-                splits: Some(1 + group % 3),
-                fp8: true,
-                ..Decode::default()
-            }
-            .run();
-        }
-    }
+    every_head_dim_and_group(&[16, 64, 80, 96, 128, 256], 600, true);
 }
 
 /// An e4m3 cache at batch sizes 1 to 40 and contexts from 1 to 8k, on Llama-2-7B's (MHA) and
