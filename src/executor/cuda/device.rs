@@ -13,6 +13,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::Ptx;
 
 use super::compile;
 
@@ -153,17 +154,17 @@ impl Gpu {
             if loaded {
                 continue; // loaded by an earlier switch
             }
-            let (ptx, _) = compile::ptx_with(name, src, &arch, &[("KV_FP8", 1)])?;
-            let module = self
-                .ctx
-                .load_module(ptx)
-                .with_context(|| format!("loading kernels/{name}.cu with KV_FP8"))?;
-            for f in kernel_names(src) {
-                let func = module
-                    .load_function(&f)
-                    .with_context(|| format!("kernel {f} in kernels/{name}.cu (KV_FP8)"))?;
-                self.functions.insert(format!("{f}_fp8"), func);
-            }
+            let defines = [("KV_FP8", 1)];
+            let (ptx, _) = compile::ptx_with(name, src, &arch, &defines)?;
+            load_module(
+                &self.ctx,
+                name,
+                src,
+                ptx,
+                &defines,
+                "_fp8",
+                &mut self.functions,
+            )?;
         }
         self.kv_fp8 = true;
         Ok(())
@@ -214,16 +215,15 @@ impl Gpu {
                 continue;
             }
             let (ptx, _) = compile::ptx_with(name, src, &arch, &defines)?;
-            let module = self
-                .ctx
-                .load_module(ptx)
-                .with_context(|| format!("loading kernels/{name}.cu {defines:?}"))?;
-            for f in kernel_names(src) {
-                let func = module
-                    .load_function(&f)
-                    .with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
-                self.functions.insert(format!("{f}{suffix}"), func);
-            }
+            load_module(
+                &self.ctx,
+                name,
+                src,
+                ptx,
+                &defines,
+                &suffix,
+                &mut self.functions,
+            )?;
         }
         Ok(())
     }
@@ -247,14 +247,19 @@ impl Gpu {
             defines.push(("KV_FP8", 1));
         }
         let (ptx, _) = compile::ptx_with(file, src, &arch, &defines)?;
-        let module = self
-            .ctx
-            .load_module(ptx)
-            .with_context(|| format!("loading kernels/{file}.cu {defines:?}"))?;
-        let func = module
-            .load_function("prefill_attn")
-            .context("kernel prefill_attn")?;
-        self.functions.insert(name.clone(), func);
+        // Every kernel of the file under this variant's suffix: `prefill_attn` becomes `name`.
+        let suffix = name
+            .strip_prefix("prefill_attn")
+            .context("prefill variant name")?;
+        load_module(
+            &self.ctx,
+            file,
+            src,
+            ptx,
+            &defines,
+            suffix,
+            &mut self.functions,
+        )?;
         Ok(name)
     }
 
@@ -436,6 +441,29 @@ fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
     })
 }
 
+/// Loads `ptx` (kernels/`name`.cu built with `defines`) and every kernel of `src` into
+/// `functions`, each as its name + `suffix`.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    src: &str,
+    ptx: Ptx,
+    defines: &[(&str, usize)],
+    suffix: &str,
+    functions: &mut HashMap<String, CudaFunction>,
+) -> anyhow::Result<()> {
+    let module = ctx
+        .load_module(ptx)
+        .with_context(|| format!("loading kernels/{name}.cu {defines:?}"))?;
+    for f in kernel_names(src) {
+        let func = module
+            .load_function(&f)
+            .with_context(|| format!("kernel {f} in kernels/{name}.cu {defines:?}"))?;
+        functions.insert(format!("{f}{suffix}"), func);
+    }
+    Ok(())
+}
+
 fn load_kernels(
     ctx: &Arc<CudaContext>,
     (major, minor): (i32, i32),
@@ -448,15 +476,7 @@ fn load_kernels(
     for (name, src) in compile::SOURCES {
         let (ptx, cached) = compile::ptx_for(name, src, &arch)?;
         compiled += usize::from(!cached);
-        let module = ctx
-            .load_module(ptx)
-            .with_context(|| format!("loading kernels/{name}.cu"))?;
-        for f in kernel_names(src) {
-            let func = module
-                .load_function(&f)
-                .with_context(|| format!("kernel {f} in kernels/{name}.cu"))?;
-            functions.insert(f, func);
-        }
+        load_module(ctx, name, src, ptx, &[], "", &mut functions)?;
     }
     tracing::info!(
         "CUDA kernels ready for {arch} in {:.0} ms ({compiled} of {} modules compiled, the rest from the PTX cache)",
