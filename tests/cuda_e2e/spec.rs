@@ -116,14 +116,36 @@ fn check_greedy(method: SpecMethod, depth: usize) -> Option<Run> {
         let r = run_cuda(s.clone(), opts, &reqs, 0)?;
         assert_same(&r, &want, &format!("{} {name}", method.as_str()));
     }
-    // Verification graphs, the mixed batch: the draft model at its fixed depth gives every
-    // decoding request the same k, so steps of fewer sequences than their bucket run padded.
+    // Verification graphs, the mixed batch (the goldens' lengths differ, so few steps verify
+    // one k in every sequence).
     let what = format!("{} verify-graphs", method.as_str());
     let (r, (steps, padded)) = run_counted(s.clone(), verify_graphs(demo_opts(&s)), &reqs, 0)?;
     eprintln!("{what}: {steps} verification steps from graphs, {padded} padded");
     assert_same(&r, &want, &what);
     if method == SpecMethod::Draft {
-        assert!(padded > 0, "{what}: no padded verification graph ran");
+        // Three requests of one length, prefilled in one step: the draft model at its fixed
+        // depth gives each the same k every step, and three sequences run in bucket 4, padded.
+        let three: Vec<Req> = reqs
+            .iter()
+            .take(3)
+            .map(|(p, _)| {
+                let params = SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(24)
+                };
+                (p.clone(), params)
+            })
+            .collect();
+        let off = spec(SpecMethod::Off, depth);
+        let want3 = run_cuda(off.clone(), demo_opts(&off), &three, 0)?;
+        let (r3, (steps3, padded3)) =
+            run_counted(s.clone(), verify_graphs(demo_opts(&s)), &three, 0)?;
+        eprintln!("{what} three: {steps3} verification steps from graphs, {padded3} padded");
+        assert_same(&r3, &want3, &format!("{what} three"));
+        assert!(
+            padded3 > 0,
+            "{what} three: no padded verification graph ran"
+        );
     }
     // Batch 1: every verification is a graph's (bucket 1), against no speculation at batch 1.
     let off = spec(SpecMethod::Off, depth);
