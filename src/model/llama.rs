@@ -21,6 +21,7 @@ use candle_nn::Linear;
 use rayon::prelude::*;
 
 use crate::model::config::ModelConfig;
+use crate::model::cpu_attention::{paged_attention, AttentionPlan};
 use crate::model::cpu_ops::{add_assign, dot, matmul_wt, rms_norm, swiglu, to_vec, Dense};
 use crate::model::loader::ModelWeights;
 use crate::step::BatchInput;
@@ -264,7 +265,14 @@ impl LlamaModel {
             self.rope_and_store(&mut qkv, batch, kv, layer_idx, layer.qk_norm.as_ref());
             attn.clear();
             attn.resize(n * q_dim, 0.0);
-            paged_attention(&qkv, &mut attn, kv, layer_idx, c, &plan);
+            paged_attention(
+                &qkv,
+                &mut attn,
+                (&kv.k[layer_idx], &kv.v[layer_idx]),
+                kv.block_size,
+                c,
+                &plan,
+            );
             layer.o_proj.forward(&attn, n, &mut proj);
             add_assign(&mut x, &proj);
 
@@ -358,156 +366,5 @@ fn logit_rows(batch: &BatchInput) -> impl Iterator<Item = usize> + '_ {
     })
 }
 
-/// Per-token attention inputs resolved once per step and shared by all layers.
-struct AttentionPlan<'a> {
-    /// For each token: its position (it attends to positions `0..=pos`) and its sequence's block
-    /// table.
-    tokens: Vec<(usize, &'a [u32])>,
-    /// Keys read by one query head over all the tokens (attention's work, for the fork decision).
-    keys: usize,
-}
-
-impl<'a> AttentionPlan<'a> {
-    fn new(batch: &'a BatchInput, window: usize) -> Self {
-        let mut tokens = Vec::with_capacity(batch.num_tokens());
-        let mut row = 0;
-        for s in &batch.seqs {
-            for _ in 0..s.query_len {
-                tokens.push((batch.positions[row] as usize, batch.block_table(s)));
-                row += 1;
-            }
-        }
-        // Keys are at most the window (attention reads the last `window` positions).
-        let keys = tokens.iter().map(|&(pos, _)| (pos + 1).min(window)).sum();
-        AttentionPlan { tokens, keys }
-    }
-}
-
-/// Causal attention of every (token, query head) of the batch over its sequence's paged K/V
-/// (`attend`). Query
-/// head `h` reads kv head `h / (num_heads / num_kv_heads)` (GQA; MQA and MHA are the extremes).
-fn paged_attention(
-    qkv: &[f32],
-    out: &mut [f32],
-    kv: &KvPool,
-    layer: usize,
-    c: &ModelConfig,
-    plan: &AttentionPlan,
-) {
-    let (hd, heads) = (c.head_dim, c.num_attention_heads);
-    let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-    let row_len = q_dim + 2 * kv_dim;
-    let group = heads / c.num_key_value_heads;
-    let bs = kv.block_size;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let window = c.sliding_window.unwrap_or(usize::MAX);
-    let (k_cache, v_cache) = (&kv.k[layer][..], &kv.v[layer][..]);
-    let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
-        let (t, h) = (i / heads, i % heads);
-        let (pos, table) = plan.tokens[t];
-        let job = HeadJob {
-            q: &qkv[t * row_len + h * hd..][..hd],
-            table,
-            bs,
-            // Keys first..=pos: the whole prefix, or the last `window` positions.
-            first: (pos + 1).saturating_sub(window),
-            ctx: pos + 1,
-            k_cache,
-            v_cache,
-            kv_dim,
-            head_off: (h / group) * hd,
-            scale,
-        };
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            unsafe { attend_avx2(&job, scores, o) };
-            return;
-        }
-        attend(&job, scores, o);
-    };
-    // Parallel over (token, head) when there is enough to share: a fork costs what a few
-    // hundred thousand multiply-adds do (a short single-stream decode stays on one thread).
-    if 2 * plan.keys * heads * hd >= PAR_MIN_ATTENTION_MACS {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::<f32>::new, head);
-    } else {
-        let mut scores = Vec::new();
-        out.chunks_mut(hd)
-            .enumerate()
-            .for_each(|item| head(&mut scores, item));
-    }
-}
-
-/// One query head's attention: its query, and where its keys are.
-struct HeadJob<'a> {
-    q: &'a [f32],
-    table: &'a [u32],
-    bs: usize,
-    /// Keys `first..ctx`.
-    first: usize,
-    ctx: usize,
-    k_cache: &'a [f32],
-    v_cache: &'a [f32],
-    kv_dim: usize,
-    head_off: usize,
-    scale: f32,
-}
-
-impl HeadJob<'_> {
-    /// The slots of positions `first..ctx`, block by block (no division per key).
-    fn slots(&self) -> impl Iterator<Item = usize> + '_ {
-        let bs = self.bs;
-        (self.first / bs..self.ctx.div_ceil(bs)).flat_map(move |b| {
-            let base = self.table[b] as usize * bs;
-            let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.ctx));
-            base + lo - b * bs..base + hi - b * bs
-        })
-    }
-}
-
-/// `o = softmax(q · Kᵀ · scale) · V` over the job's keys. Two passes over the keys (scores with
-/// their max, then exp-weighted values), in f32. The same operations in the same order whether
-/// compiled for AVX2 or not (Rust does not contract a * b + c into an FMA), so the result does
-/// not depend on the CPU's features.
-#[inline(always)]
-fn attend(j: &HeadJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    let hd = o.len();
-    scores.clear();
-    let mut max = f32::NEG_INFINITY;
-    for slot in j.slots() {
-        let k = &j.k_cache[slot * j.kv_dim + j.head_off..][..hd];
-        let s = dot(j.q, k) * j.scale;
-        max = max.max(s);
-        scores.push(s);
-    }
-    let mut sum = 0.0;
-    o.fill(0.0);
-    for (slot, s) in j.slots().zip(scores.iter()) {
-        let p = (s - max).exp();
-        sum += p;
-        let v = &j.v_cache[slot * j.kv_dim + j.head_off..][..hd];
-        for (o, &v) in o.iter_mut().zip(v) {
-            *o += p * v;
-        }
-    }
-    let inv = 1.0 / sum;
-    o.iter_mut().for_each(|x| *x *= inv);
-}
-
-/// `attend` compiled with 8-wide vectors.
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(j: &HeadJob<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    attend(j, scores, o)
-}
-
 /// Rows from which rotary embedding runs in parallel.
 const PAR_MIN_ROWS: usize = 64;
-/// Multiply-adds (query · key and weight · value, over every token and head) from which
-/// attention runs in parallel.
-const PAR_MIN_ATTENTION_MACS: usize = 1 << 18;

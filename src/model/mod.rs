@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod cpu_attention;
 pub mod cpu_ops;
 pub mod fused;
 pub mod llama;
