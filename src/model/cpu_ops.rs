@@ -30,20 +30,59 @@ const ROWS_PER_TASK: usize = 64;
 
 /// A linear layer: weight `[n, k]` row-major (PyTorch's `[out_features, in_features]`), bias `[n]`.
 pub struct Dense {
-    w: Vec<f32>,
+    w: Weights,
     n: usize,
     k: usize,
     bias: Option<Vec<f32>>,
 }
 
+/// A weight matrix's storage: bf16 when every value is one (a bf16 checkpoint, which the loader
+/// widens to f32), else f32. A one-row matmul is bound by reading the weights, so half the
+/// bytes is ≈ half the time (the demo target: 44 → 22 MB a step, which then fits the L3), and
+/// the products are the same: bf16 → f32 is exact, the kernel widens each vector it loads.
+enum Weights {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Weights {
+    fn new(w: Vec<f32>) -> Self {
+        if w.iter().all(|v| v.to_bits() & 0xffff == 0) {
+            Weights::Bf16(w.iter().map(|v| (v.to_bits() >> 16) as u16).collect())
+        } else {
+            Weights::F32(w)
+        }
+    }
+}
+
 impl Dense {
+    /// `w` is kept as bf16 when that is exact (`Weights`).
     pub fn new(w: Vec<f32>, n: usize, k: usize, bias: Option<Vec<f32>>) -> Self {
         assert_eq!(w.len(), n * k, "weight is not [{n}, {k}]");
         assert!(
             bias.as_ref().is_none_or(|b| b.len() == n),
             "bias is not [{n}]"
         );
-        Dense { w, n, k, bias }
+        Dense {
+            w: Weights::new(w),
+            n,
+            k,
+            bias,
+        }
+    }
+
+    /// Whether the weights are held as bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.w, Weights::Bf16(_))
+    }
+
+    /// Appends row `i` of W (as f32) to `out`: an embedding lookup.
+    pub fn push_row(&self, i: usize, out: &mut Vec<f32>) {
+        let r = i * self.k..(i + 1) * self.k;
+        match &self.w {
+            Weights::F32(w) => out.extend_from_slice(&w[r]),
+            Weights::Bf16(w) => out.extend(w[r].iter().map(|&b| Wt::to_f32(b))),
+        }
     }
 
     /// From candle's `Linear` (weight `[n, k]`).
@@ -60,7 +99,10 @@ impl Dense {
 
     /// `out[m, n] = x[m, k] · Wᵀ (+ bias)`; `out` is resized.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut Vec<f32>) {
-        matmul_wt(x, m, &self.w, self.n, self.k, out);
+        match &self.w {
+            Weights::F32(w) => matmul_wt(x, m, w, self.n, self.k, out),
+            Weights::Bf16(w) => matmul_wt(x, m, w, self.n, self.k, out),
+        }
         if let Some(b) = &self.bias {
             out.chunks_exact_mut(self.n)
                 .for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
@@ -73,8 +115,8 @@ pub fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ`; `out` is resized.
-pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut Vec<f32>) {
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ`; `out` is resized. `w` is f32, or bf16 bits (`u16`).
+pub fn matmul_wt<T: Wt>(x: &[f32], m: usize, w: &[T], n: usize, k: usize, out: &mut Vec<f32>) {
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     out.clear();
@@ -92,8 +134,89 @@ pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut V
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: dst is [m, n] (row stride n), lhs [m, k] (row stride k), rhs = wᵀ, [k, n] read
-    // with row stride 1 and column stride k from w's n·k floats; the lengths are checked above.
+    match T::as_f32(w) {
+        Some(w) => gemm_strided(x, m, w, n, k, out, n, parallelism),
+        // Many rows: compute-bound, so widening W first (a panel of rows at a time, so the
+        // scratch stays small) costs little next to the product.
+        None => {
+            let mut panel = Vec::with_capacity(GEMM_PANEL * k);
+            for j0 in (0..n).step_by(GEMM_PANEL) {
+                let rows = GEMM_PANEL.min(n - j0);
+                panel.clear();
+                panel.extend(w[j0 * k..(j0 + rows) * k].iter().map(|&v| v.to_f32()));
+                gemm_strided(x, m, &panel, rows, k, &mut out[j0..], n, parallelism);
+            }
+        }
+    }
+}
+
+/// A weight value as stored: f32, or bf16 as its bits (`u16`, the high half of an f32).
+pub trait Wt: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// The slice itself when it is f32.
+    fn as_f32(w: &[Self]) -> Option<&[f32]>;
+    /// Eight values from `p`, widened to f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2 must be enabled in the caller (this is inlined into its kernel); `p` points to 8
+    /// readable values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Wt for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn as_f32(w: &[f32]) -> Option<&[f32]> {
+        Some(w)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl Wt for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+    fn as_f32(_: &[u16]) -> Option<&[f32]> {
+        None
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // Zero-extend to 32 bits, shift into the high half: the f32 with these bf16 bits.
+        let h = _mm_loadu_si128(p.cast());
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+/// Rows of a bf16 W widened per `gemm` call.
+const GEMM_PANEL: usize = 512;
+
+/// `out[i * ld + j] = x[i] · w[j]` for `i < m`, `j < n`: `out` may start at a column offset of
+/// a wider output (row stride `ld` ≥ n).
+#[allow(clippy::too_many_arguments)]
+fn gemm_strided(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    ld: usize,
+    parallelism: gemm::Parallelism,
+) {
+    assert!(x.len() >= m * k && w.len() >= n * k && n <= ld);
+    assert!(m == 0 || out.len() >= (m - 1) * ld + n);
+    // SAFETY: dst is [m, n] with row stride ld (lengths asserted above), lhs [m, k] (row stride
+    // k), rhs = wᵀ, [k, n] read with row stride 1 and column stride k from w's n·k floats.
     unsafe {
         gemm::gemm(
             m,
@@ -101,7 +224,7 @@ pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut V
             k,
             out.as_mut_ptr(),
             1,
-            n as isize,
+            ld as isize,
             false,
             x.as_ptr(),
             1,
@@ -122,7 +245,15 @@ pub fn matmul_wt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut V
 /// The weight-streaming matmul: tasks over blocks of W's rows, each computing `[rows, m]` of
 /// the transposed output, then one transpose (m·n floats, small). One row (a decode) is its own
 /// transpose: straight into `out`, no scratch.
-fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], parallel: bool) {
+fn stream<T: Wt>(
+    x: &[f32],
+    m: usize,
+    w: &[T],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    parallel: bool,
+) {
     if m == 1 {
         stream_blocks(x, m, w, k, out, parallel);
         return;
@@ -137,7 +268,7 @@ fn stream(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], p
 }
 
 /// `out_t[n, m]` = W · xᵀ, in tasks of STREAM_CHUNK rows of W.
-fn stream_blocks(x: &[f32], m: usize, w: &[f32], k: usize, out_t: &mut [f32], parallel: bool) {
+fn stream_blocks<T: Wt>(x: &[f32], m: usize, w: &[T], k: usize, out_t: &mut [f32], parallel: bool) {
     let task = |(b, ot): (usize, &mut [f32])| {
         let j0 = b * STREAM_CHUNK;
         let rows = ot.len() / m;
@@ -172,7 +303,7 @@ fn tile(m: usize) -> (usize, usize) {
 }
 
 /// `ot[rows, m]` = W-block `[rows, k]` · xᵀ.
-fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ot: &mut [f32]) {
+fn block<T: Wt>(x: &[f32], m: usize, w: &[T], rows: usize, k: usize, ot: &mut [f32]) {
     let (tr, tc) = tile(m);
     let mut j = 0;
     while j < rows {
@@ -196,28 +327,28 @@ fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ot: &mut [f32]) 
 }
 
 /// `acc[r][c] = dot(x row r, w row c)` for r < rn ≤ MR, c < cn ≤ NR.
-fn micro(x: &[f32], rn: usize, w: &[f32], cn: usize, k: usize, acc: &mut [[f32; NR]; MR]) {
+fn micro<T: Wt>(x: &[f32], rn: usize, w: &[T], cn: usize, k: usize, acc: &mut [[f32; NR]; MR]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA (checked just above); slices hold rn (cn) rows of k.
         unsafe {
             match (rn, cn) {
-                (1, 1) => avx2::micro::<1, 1>(x, w, k, acc),
-                (1, 2) => avx2::micro::<1, 2>(x, w, k, acc),
-                (1, 3) => avx2::micro::<1, 3>(x, w, k, acc),
-                (1, 4) => avx2::micro::<1, 4>(x, w, k, acc),
-                (2, 1) => avx2::micro::<2, 1>(x, w, k, acc),
-                (2, 2) => avx2::micro::<2, 2>(x, w, k, acc),
-                (2, 3) => avx2::micro::<2, 3>(x, w, k, acc),
-                (2, 4) => avx2::micro::<2, 4>(x, w, k, acc),
-                (3, 1) => avx2::micro::<3, 1>(x, w, k, acc),
-                (3, 2) => avx2::micro::<3, 2>(x, w, k, acc),
-                (4, 1) => avx2::micro::<4, 1>(x, w, k, acc),
-                (4, 2) => avx2::micro::<4, 2>(x, w, k, acc),
-                (5, 1) => avx2::micro::<5, 1>(x, w, k, acc),
-                (5, 2) => avx2::micro::<5, 2>(x, w, k, acc),
-                (6, 1) => avx2::micro::<6, 1>(x, w, k, acc),
-                (6, 2) => avx2::micro::<6, 2>(x, w, k, acc),
+                (1, 1) => avx2::micro::<1, 1, T>(x, w, k, acc),
+                (1, 2) => avx2::micro::<1, 2, T>(x, w, k, acc),
+                (1, 3) => avx2::micro::<1, 3, T>(x, w, k, acc),
+                (1, 4) => avx2::micro::<1, 4, T>(x, w, k, acc),
+                (2, 1) => avx2::micro::<2, 1, T>(x, w, k, acc),
+                (2, 2) => avx2::micro::<2, 2, T>(x, w, k, acc),
+                (2, 3) => avx2::micro::<2, 3, T>(x, w, k, acc),
+                (2, 4) => avx2::micro::<2, 4, T>(x, w, k, acc),
+                (3, 1) => avx2::micro::<3, 1, T>(x, w, k, acc),
+                (3, 2) => avx2::micro::<3, 2, T>(x, w, k, acc),
+                (4, 1) => avx2::micro::<4, 1, T>(x, w, k, acc),
+                (4, 2) => avx2::micro::<4, 2, T>(x, w, k, acc),
+                (5, 1) => avx2::micro::<5, 1, T>(x, w, k, acc),
+                (5, 2) => avx2::micro::<5, 2, T>(x, w, k, acc),
+                (6, 1) => avx2::micro::<6, 1, T>(x, w, k, acc),
+                (6, 2) => avx2::micro::<6, 2, T>(x, w, k, acc),
                 _ => unreachable!("micro-kernel shape {rn}x{cn}"),
             }
         }
@@ -225,7 +356,19 @@ fn micro(x: &[f32], rn: usize, w: &[f32], cn: usize, k: usize, acc: &mut [[f32; 
     }
     for (r, row) in acc.iter_mut().enumerate().take(rn) {
         for (c, a) in row.iter_mut().enumerate().take(cn) {
-            *a = dot(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
+            *a = dot_wt(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
+        }
+    }
+}
+
+/// `dot` with W's row widened to f32 (the same operations in the same order).
+#[inline]
+fn dot_wt<T: Wt>(a: &[f32], b: &[T]) -> f32 {
+    match T::as_f32(b) {
+        Some(b) => dot(a, b),
+        None => {
+            let b: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+            dot(a, &b)
         }
     }
 }
@@ -260,16 +403,16 @@ fn reduce8(a: &[f32; 8]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{reduce8, MR, NR};
+    use super::{reduce8, Wt, MR, NR};
 
     /// R rows of x against C rows of W, each output one 8-lane FMA accumulator over k.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA; `x` holds R rows of `k`, `w` C rows of `k`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn micro<const R: usize, const C: usize>(
+    pub unsafe fn micro<const R: usize, const C: usize, T: Wt>(
         x: &[f32],
-        w: &[f32],
+        w: &[T],
         k: usize,
         out: &mut [[f32; NR]; MR],
     ) {
@@ -279,8 +422,8 @@ mod avx2 {
         let k8 = k / 8 * 8;
         let mut p = 0;
         // W streams from memory once: fetch the next micro-panel's lines (NR rows on) while
-        // this one computes (each line of 16 floats once; harmless past the end: prefetches
-        // do not fault).
+        // this one computes (every 16 values: each line of 16 f32 once, a bf16 line twice;
+        // harmless past the end: prefetches do not fault).
         let ahead = wp.wrapping_add(NR * k);
         while p < k8 {
             if p % 16 == 0 {
@@ -290,7 +433,7 @@ mod avx2 {
             }
             let mut wv = [_mm256_setzero_ps(); C];
             for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(wp.add(c * k + p));
+                *v = T::load8(wp.add(c * k + p));
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 let xv = _mm256_loadu_ps(xp.add(r * k + p));
@@ -306,7 +449,7 @@ mod avx2 {
                 _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][c]);
                 let mut s = reduce8(&lanes);
                 for q in k8..k {
-                    s += x[r * k + q] * w[c * k + q];
+                    s += x[r * k + q] * w[c * k + q].to_f32();
                 }
                 out[r][c] = s;
             }
@@ -457,6 +600,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// bf16 weights (stored as their bits) give the f32 path's products bit for bit on every
+    /// path (streamed 1..32 rows, sequential and parallel; gemm by panels), and `Dense` keeps
+    /// bf16 only when that is exact.
+    #[test]
+    fn bf16_weights_match_their_f32_widening_bit_for_bit() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for &(m, n, k) in &[(1, 7, 13), (2, 131, 384), (5, 600, 392), (33, 1100, 100)] {
+            let x = rand_vec(m * k, 5);
+            let bits: Vec<u16> = rand_vec(n * k, 6)
+                .iter()
+                .map(|v| (v.to_bits() >> 16) as u16)
+                .collect();
+            let wide: Vec<f32> = bits.iter().map(|&b| b.to_f32()).collect();
+            for par in [false, true] {
+                let (mut a, mut b) = (vec![f32::NAN; 2], vec![f32::NAN; 5]);
+                let run = |a: &mut Vec<f32>, b: &mut Vec<f32>| {
+                    matmul_wt(&x, m, &wide, n, k, a);
+                    matmul_wt(&x, m, &bits, n, k, b);
+                };
+                if par {
+                    pool.install(|| run(&mut a, &mut b));
+                } else {
+                    run(&mut a, &mut b);
+                }
+                assert_eq!(a.len(), m * n);
+                assert!(
+                    a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{m}x{n}x{k} par={par}"
+                );
+            }
+            let d = Dense::new(wide.clone(), n, k, None);
+            assert!(d.is_bf16());
+            let mut row = Vec::new();
+            d.push_row(n - 1, &mut row);
+            assert_eq!(row, wide[(n - 1) * k..]);
+        }
+        let mut w = rand_vec(12, 7);
+        w[3] = 1.0 + f32::EPSILON;
+        assert!(!Dense::new(w, 3, 4, None).is_bf16());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use crate::model::config::ModelConfig;
 use crate::model::cpu_attention::{paged_attention, AttentionPlan};
-use crate::model::cpu_ops::{add_assign, dot, matmul_wt, rms_norm, swiglu, to_vec, Dense};
+use crate::model::cpu_ops::{add_assign, dot, rms_norm, swiglu, to_vec, Dense};
 use crate::model::loader::ModelWeights;
 use crate::step::BatchInput;
 
@@ -134,7 +134,7 @@ struct LayerParams {
 pub struct LlamaModel {
     config: ModelConfig,
     /// `[vocab, hidden]`.
-    embed_tokens: Vec<f32>,
+    embed_tokens: Dense,
     layers: Vec<LayerParams>,
     norm: Vec<f32>,
     /// None: tied to `embed_tokens`.
@@ -198,13 +198,19 @@ impl LlamaModel {
                 rope_sin.push((angle.sin() * mscale) as f32);
             }
         }
+        let embed_tokens = Dense::new(
+            to_vec(&embed_tokens)?,
+            config.vocab_size,
+            config.hidden_size,
+            None,
+        );
         let lm_head = match lm_head_tied {
             true => None,
             false => Some(Dense::from_linear(&lm_head)?),
         };
         Ok(LlamaModel {
             config,
-            embed_tokens: to_vec(&embed_tokens)?,
+            embed_tokens,
             layers: fused,
             norm: to_vec(&norm)?,
             lm_head,
@@ -252,7 +258,7 @@ impl LlamaModel {
         let hs = c.hidden_size;
         let mut x = Vec::with_capacity(n * hs);
         for &t in &batch.token_ids {
-            x.extend_from_slice(&self.embed_tokens[t as usize * hs..][..hs]);
+            self.embed_tokens.push_row(t as usize, &mut x);
         }
         let eps = c.rms_norm_eps as f32;
         let q_dim = c.q_dim();
@@ -292,7 +298,7 @@ impl LlamaModel {
         let mut logits = Vec::new();
         match &self.lm_head {
             Some(head) => head.forward(&h, rows, &mut logits),
-            None => matmul_wt(&h, rows, &self.embed_tokens, c.vocab_size, hs, &mut logits),
+            None => self.embed_tokens.forward(&h, rows, &mut logits),
         }
         Ok(logits)
     }
