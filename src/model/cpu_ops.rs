@@ -289,16 +289,17 @@ fn stream_blocks<T: Wt>(x: &[f32], m: usize, w: &[T], k: usize, out_t: &mut [f32
 
 /// Most rows of x and of W per micro-kernel call.
 const MR: usize = 6;
-const NR: usize = 4;
+const NR: usize = 8;
 
-/// The micro-kernel's shape for `m` rows of x: (rows of x, rows of W) per call. One or two rows
-/// of x meet 4 rows of W (enough independent accumulators to hide the FMA latency); more, up to
+/// The micro-kernel's shape for `m` rows of x: (rows of x, rows of W) per call, with at least
+/// 8 independent accumulators (two FMA pipes × 4 cycles of latency): one row of x meets 8 rows
+/// of W (a decode, a draft pass: with 4 the kernel waited on its FMAs); two meet 4; more, up to
 /// 6 rows of x meet 2 of W (12 accumulators; each vector of W loaded once for 6 FMAs).
 fn tile(m: usize) -> (usize, usize) {
-    if m <= 2 {
-        (2, 4)
-    } else {
-        (6, 2)
+    match m {
+        1 => (1, 8),
+        2 => (2, 4),
+        _ => (6, 2),
     }
 }
 
@@ -337,6 +338,10 @@ fn micro<T: Wt>(x: &[f32], rn: usize, w: &[T], cn: usize, k: usize, acc: &mut [[
                 (1, 2) => avx2::micro::<1, 2, T>(x, w, k, acc),
                 (1, 3) => avx2::micro::<1, 3, T>(x, w, k, acc),
                 (1, 4) => avx2::micro::<1, 4, T>(x, w, k, acc),
+                (1, 5) => avx2::micro::<1, 5, T>(x, w, k, acc),
+                (1, 6) => avx2::micro::<1, 6, T>(x, w, k, acc),
+                (1, 7) => avx2::micro::<1, 7, T>(x, w, k, acc),
+                (1, 8) => avx2::micro::<1, 8, T>(x, w, k, acc),
                 (2, 1) => avx2::micro::<2, 1, T>(x, w, k, acc),
                 (2, 2) => avx2::micro::<2, 2, T>(x, w, k, acc),
                 (2, 3) => avx2::micro::<2, 3, T>(x, w, k, acc),
@@ -421,10 +426,10 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let k8 = k / 8 * 8;
         let mut p = 0;
-        // W streams from memory once: fetch the next micro-panel's lines (NR rows on) while
+        // W streams from memory once: fetch the next micro-panel's lines (C rows on) while
         // this one computes (every 16 values: each line of 16 f32 once, a bf16 line twice;
         // harmless past the end: prefetches do not fault).
-        let ahead = wp.wrapping_add(NR * k);
+        let ahead = wp.wrapping_add(C * k);
         while p < k8 {
             if p % 16 == 0 {
                 for c in 0..C {
@@ -550,6 +555,7 @@ mod tests {
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 7, 13),
+            (1, 131, 384),
             (3, 5, 8),
             (5, 131, 384),
             (2, 4096, 64),
