@@ -5,7 +5,7 @@
 # twice in a row, main's build then $BROOK ("bin": main | branch), so every row is an A/B.
 #   OUT=bench/results/<folder>/results.jsonl [MAIN=…] [REPS=5] [ONLY=regex] bench/cpu-spec.sh
 # (2026-12-03: runs 1-2 in cpu-spec-2026-12-03b without MAIN, their lines written before "bin"
-# was added; runs 3-4 in …c and …d with MAIN.)
+# was added; runs 3-4 in …c and …d with MAIN; run 5 in …e.)
 set -euo pipefail
 B=${BROOK:-target/release/brook}
 M=${MAIN:-}
