@@ -69,7 +69,10 @@ impl Scheduler {
         let draft = self.schedule_decodes(plan, kv, now);
         // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
         let admit = plan.preempted.len() == paused_before;
-        let lanes = self.candidate_lanes(admit, now);
+        let mut lanes = self.candidate_lanes(admit, now);
+        if self.cfg.merge.edf_documents {
+            self.order_documents_by_deadline(&mut lanes, &draft, now);
+        }
         let mut st = MergeState {
             draft,
             decode_only: draft,
@@ -134,6 +137,32 @@ impl Scheduler {
         lanes
     }
 
+    /// `merge.edf_documents`: the normal and long lanes' candidates as one queue in the normal
+    /// lane's slot, reachable ones by TTFT deadline, then lost causes by arrival. A document
+    /// already past its first token (resumed) keeps its place ahead: its TTFT is behind it.
+    fn order_documents_by_deadline(&self, lanes: &mut Lanes, decodes: &StepDraft, now: f64) {
+        let normal = lane_slot(Lane::Normal);
+        let mut docs = std::mem::take(&mut lanes[normal]);
+        docs.append(&mut lanes[lane_slot(Lane::LongStream)]);
+        let mut keyed: Vec<((u8, f64), (RequestId, bool))> = docs
+            .into_iter()
+            .map(|(id, running)| {
+                let r = &self.requests[&id];
+                let left_ms = (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
+                let key = if r.num_output_tokens() > 0 {
+                    (0, r.arrival)
+                } else if left_ms > 0.0 && self.prefill_need_ms(r, decodes, left_ms) < left_ms {
+                    (1, left_ms)
+                } else {
+                    (2, r.arrival)
+                };
+                (key, (id, running))
+            })
+            .collect();
+        keyed.sort_by(|a, b| a.0 .0.cmp(&b.0 .0).then(a.0 .1.total_cmp(&b.0 .1)));
+        lanes[normal] = keyed.into_iter().map(|(_, c)| c).collect();
+    }
+
     /// Free blocks above the watermark, less what the running requests are expected to grow
     /// into, scaled by `kv_threshold`: what new admissions may take.
     fn kv_headroom(&self, kv: &KvCacheManager) -> f64 {
@@ -172,8 +201,9 @@ impl Scheduler {
         }
         if lane == Lane::LongStream && st.long_left == 0 {
             self.stats.count_merge(MergeReason::LongBudget);
-            // The promoted slot mixes classes: a medium request behind may still fit.
-            return if slot == 0 {
+            // The promoted slot (and the documents' slot under `edf_documents`) mixes classes:
+            // a medium request behind may still fit.
+            return if slot != lane_slot(Lane::LongStream) {
                 Next::Candidate
             } else {
                 Next::Lane
