@@ -501,23 +501,28 @@ impl Scheduler {
     /// after a pause, or late already) then catches up by `itl_ms − s` a token instead of
     /// holding every prefill out of the step.
     ///
-    /// With an end-to-end SLO (`e2e_ms`) the pace `s` is the tighter of the ITL SLO and an even
-    /// share of what the first token left of it over the expected output's remaining gaps (× the
-    /// same headroom): a short answer of 32 tokens whose first came at 100 ms paces at
-    /// 700 / 31 × 0.9 ≈ 20 ms, not 45. One whose first token left nothing keeps the ITL pace.
+    /// With an end-to-end SLO (`e2e_ms`) the step is also bounded by the request's real slack:
+    /// the time left to `arrival + e2e_ms` shared evenly over the tokens it still has to
+    /// produce, × the same headroom. Recomputed every step, this paces a request that is ahead
+    /// looser and one that fell behind (a step that ran over its prediction) tighter, so it
+    /// catches up instead of carrying the delay to its last token: a short answer of 32 tokens
+    /// whose first came at 40 ms under a 780 ms SLO takes 740 / 31 × 0.9 ≈ 21.5 ms a step at
+    /// first, and ends ~30 ms before its deadline rather than 10 % of it. One past its deadline
+    /// keeps the ITL pace (holding prefills for it would save nothing).
     fn itl_step_bound_ms(&self, req: &Request, now: f64) -> f64 {
         let slo = self.cfg.slo.of(req.class);
         let h = self.cfg.merge.itl_headroom;
-        let mut s = slo.itl_ms * h;
+        let s = slo.itl_ms * h;
         let Some(first) = req.first_token_at else {
             return s;
         };
-        let gaps = req.num_output_tokens() + self.expected_remaining_output(req);
-        let left_ms = (req.arrival - first) * 1e3 + slo.e2e_ms;
-        if gaps > 1 && left_ms > 0.0 {
-            s = s.min(left_ms * h / (gaps - 1) as f64);
+        let itl_bound = ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s);
+        let tokens_left = self.expected_remaining_output(req);
+        let left_ms = (req.arrival - now) * 1e3 + slo.e2e_ms;
+        if tokens_left == 0 || left_ms <= 0.0 || !left_ms.is_finite() {
+            return itl_bound;
         }
-        ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s)
+        itl_bound.min(left_ms * h / tokens_left as f64)
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,
