@@ -70,9 +70,11 @@ impl Scheduler {
         // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
         let admit = plan.preempted.len() == paused_before;
         let mut lanes = self.candidate_lanes(admit, now);
-        if self.cfg.merge.edf_documents {
-            self.order_documents_by_deadline(&mut lanes, &draft, now);
-        }
+        let lost = if self.cfg.merge.edf_documents {
+            self.order_documents_by_deadline(&mut lanes, &draft, now)
+        } else {
+            HashSet::new()
+        };
         let mut st = MergeState {
             draft,
             decode_only: draft,
@@ -82,7 +84,7 @@ impl Scheduler {
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
             lookup: None,
-            due: self.most_due(&draft, now),
+            due: self.most_due(&draft, now, &lost),
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -138,29 +140,61 @@ impl Scheduler {
     }
 
     /// `merge.edf_documents`: the normal and long lanes' candidates as one queue in the normal
-    /// lane's slot, reachable ones by TTFT deadline, then lost causes by arrival. A document
-    /// already past its first token (resumed) keeps its place ahead: its TTFT is behind it.
-    fn order_documents_by_deadline(&self, lanes: &mut Lanes, decodes: &StepDraft, now: f64) {
+    /// lane's slot, by TTFT deadline, then the lost causes by arrival. A document is lost when
+    /// its remaining prefill, queued behind the earlier-deadline documents kept (each
+    /// predicted chunk by chunk as steps alone with the decodes), would end past its deadline:
+    /// under overload plain EDF lets every document slip a little until all are late (the
+    /// domino effect), while this keeps the ones that can make it on time and serves the rest
+    /// from what they leave. A document already past its first token (resumed) keeps its place
+    /// ahead: its TTFT is behind it. Returns the lost ones (`most_due` skips them).
+    fn order_documents_by_deadline(
+        &self,
+        lanes: &mut Lanes,
+        decodes: &StepDraft,
+        now: f64,
+    ) -> HashSet<RequestId> {
         let normal = lane_slot(Lane::Normal);
         let mut docs = std::mem::take(&mut lanes[normal]);
         docs.append(&mut lanes[lane_slot(Lane::LongStream)]);
-        let mut keyed: Vec<((u8, f64), (RequestId, bool))> = docs
-            .into_iter()
-            .map(|(id, running)| {
-                let r = &self.requests[&id];
-                let left_ms = (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
-                let key = if r.num_output_tokens() > 0 {
-                    (0, r.arrival)
-                } else if left_ms > 0.0 && self.prefill_need_ms(r, decodes, left_ms) < left_ms {
-                    (1, left_ms)
-                } else {
-                    (2, r.arrival)
-                };
-                (key, (id, running))
-            })
-            .collect();
-        keyed.sort_by(|a, b| a.0 .0.cmp(&b.0 .0).then(a.0 .1.total_cmp(&b.0 .1)));
-        lanes[normal] = keyed.into_iter().map(|(_, c)| c).collect();
+        let left_ms = |r: &Request| (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
+        let key = |id: &RequestId| {
+            let r = &self.requests[id];
+            if r.num_output_tokens() > 0 {
+                (0, r.arrival)
+            } else {
+                (1, left_ms(r))
+            }
+        };
+        docs.sort_by(|a, b| {
+            let (ka, kb) = (key(&a.0), key(&b.0));
+            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
+        let (mut kept, mut lost) = (Vec::with_capacity(docs.len()), Vec::new());
+        let mut queued_ms = 0.0;
+        for c in docs {
+            let r = &self.requests[&c.0];
+            if r.num_output_tokens() > 0 {
+                kept.push(c);
+                continue;
+            }
+            let room = left_ms(r) - queued_ms;
+            let need = if room > 0.0 {
+                self.prefill_need_ms(r, decodes, room)
+            } else {
+                f64::INFINITY
+            };
+            if need < room {
+                queued_ms += need;
+                kept.push(c);
+            } else {
+                lost.push(c);
+            }
+        }
+        lost.sort_by(|a, b| self.requests[&a.0].arrival.total_cmp(&self.requests[&b.0].arrival));
+        let lost_ids = lost.iter().map(|c| c.0).collect();
+        kept.append(&mut lost);
+        lanes[normal] = kept;
+        lost_ids
     }
 
     /// Free blocks above the watermark, less what the running requests are expected to grow
@@ -310,14 +344,22 @@ impl Scheduler {
     /// where ranking by room left would alternate between two and make both late. One that can
     /// no longer make it is not pulled (it progresses from slack): forcing lost causes through
     /// an overload would make the short requests late too.
-    fn most_due(&self, decodes: &StepDraft, now: f64) -> Option<RequestId> {
+    fn most_due(
+        &self,
+        decodes: &StepDraft,
+        now: f64,
+        lost: &HashSet<RequestId>,
+    ) -> Option<RequestId> {
         let share = self.cfg.merge.deadline_share;
         if !share.is_finite() {
             return None;
         }
         let docs = self.running.iter().chain(self.waiting.iter()).filter(|id| {
             let r = &self.requests[id];
-            r.class != RequestClass::Short && r.num_output_tokens() == 0 && !r.loading
+            r.class != RequestClass::Short
+                && r.num_output_tokens() == 0
+                && !r.loading
+                && !lost.contains(id)
         });
         let mut best: Option<(f64, RequestId)> = None;
         for &id in docs {
