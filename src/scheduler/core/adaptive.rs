@@ -190,7 +190,11 @@ impl Scheduler {
                 lost.push(c);
             }
         }
-        lost.sort_by(|a, b| self.requests[&a.0].arrival.total_cmp(&self.requests[&b.0].arrival));
+        lost.sort_by(|a, b| {
+            self.requests[&a.0]
+                .arrival
+                .total_cmp(&self.requests[&b.0].arrival)
+        });
         let lost_ids = lost.iter().map(|c| c.0).collect();
         kept.append(&mut lost);
         lanes[normal] = kept;
