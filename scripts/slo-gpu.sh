@@ -20,9 +20,9 @@
 #   tar xzf .carry/slo/slo.tgz -C /tmp && /tmp/slo/slo-gpu.sh device
 #
 # The experiment (every duration is an env var, below):
-# 1. the cliff: with CLIFF_RATE set (the gpu profile: 8 req/s, where FCFS met 33.5-77.6 % in all
-#    seven 20 s runs of calls b and e; a 15 s scan window at 8 once met 100 %, no long document
-#    having arrived in it), that rate and BELOW_RATE; with CLIFF_RATE empty, a scan: FCFS at
+# 1. the cliff: with CLIFF_RATE set (the gpu profile: 12 req/s, where FCFS met 65-98 % in the
+#    three 40 s runs of session 13's call 4 with the split-KV prefill kernel; 14 req/s broke it
+#    every time but is past the GPU's capacity), that rate and BELOW_RATE; with CLIFF_RATE empty, a scan: FCFS at
 #    SCAN_RATES, ascending, until it meets both SLOs for <= TARGET of requests, then once at the
 #    midpoint of the last rate above TARGET and the first below;
 # 2. main: at the cliff rate REPEATS times and at the rate below BELOW_REPEATS times, FCFS and
@@ -42,10 +42,11 @@ profile_defaults() {
     case "${PROFILE:-gpu}" in
     gpu)
         : "${SHAPE:=llama-2-7b-16k}" "${DEVICE:=cuda}" "${CONFIG:=configs/gpu-longtail.toml}"
-        # Fixed rates from calls b and e (BENCHMARKS.md); 40 s runs (~16 long documents each,
-        # where 20 s runs saw 4-8 and a lucky window decided the scan): 8 runs, ~380 s.
-        : "${CLIFF_RATE=8}" "${BELOW_RATE:=6}" "${BELOW_REPEATS:=1}"
-        : "${SCAN_RATES:=8 12 18 27 40}" "${SCAN_DURATION_S:=30}" "${RUN_DURATION_S:=40}"
+        # Fixed rates from session 13's calls 2 and 4 (BENCHMARKS.md); 40 s runs (~24 long
+        # documents each, where 20 s runs saw 4-8 and a lucky window decided the scan): 7 runs,
+        # ~345 s.
+        : "${CLIFF_RATE=12}" "${BELOW_RATE:=11}" "${BELOW_REPEATS:=1}"
+        : "${SCAN_RATES:=9 11 13 15 18}" "${SCAN_DURATION_S:=30}" "${RUN_DURATION_S:=40}"
         : "${WARMUP_S:=2}" "${BUDGET_S:=510}" "${SCAN_BUDGET_S:=130}"
         : "${TIMEOUT_S:=20}" "${START_TIMEOUT_S:=180}"
         # The seed's shares (configs/workloads/ecommerce_peak.toml by prompt length): 85 % chat

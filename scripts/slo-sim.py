@@ -107,7 +107,7 @@ def main():
         e2 = col(lambda r: r["adaptive"]["classes"]["short"]["e2e_ms"]["p99"])
         th = col(lambda r: verdict(r)[0] * 100)
         mm = lambda v: f"{sum(v) / len(v):5.1f} ({min(v):5.1f})"
-        print(f"{rate:4.0f} {mm(fc):>14} {mm(ad):>14} {sum(lg) / len(lg):9.1f}% {max(tt):7.0f}ms "
+        print(f"{rate:4g} {mm(fc):>14} {mm(ad):>14} {sum(lg) / len(lg):9.1f}% {max(tt):7.0f}ms "
               f"{max(e2):7.0f}ms {sum(th) / len(th):+8.1f} % ({min(th):+.1f})")
         if i == 0:
             verdicts = [verdict(r) for r in rows]

@@ -118,6 +118,9 @@ fn the_gpu_long_tail_config_has_the_seeds_classes_and_slos() {
     assert_eq!((s.classes.short_below, s.classes.long_above), (128, 8192));
     assert_eq!((s.slo.short.ttft_ms, s.slo.short.itl_ms), (300.0, 50.0));
     assert_eq!(s.slo.long.ttft_ms, 5000.0);
+    // Session 13's policy (BENCHMARKS.md, "Simulator, session 13").
+    assert_eq!(s.slo.short.e2e_ms, 760.0);
+    assert!(s.merge.edf_documents);
     assert!(cfg.server.max_connections >= 4096);
     // The 16k preset's context holds the longest document with its template and output.
     let shape = brook::model::synthetic::synthetic_config("llama-2-7b-16k").unwrap();

@@ -45,6 +45,7 @@
 //! and its result folding share the step's bookkeeping; the policies are in core/ already.
 
 mod adaptive;
+mod deadlines;
 mod emergency;
 mod estimates;
 mod fcfs;

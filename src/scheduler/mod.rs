@@ -236,6 +236,11 @@ pub struct MergeConfig {
     /// to it (or to the slack when that is larger). Small: a due document then progresses in
     /// short steps the decoding requests absorb, not in lumps they cannot.
     pub doc_step_ms: f64,
+    /// Documents (medium and long prompts) are offered a step's slack in one queue by TTFT
+    /// deadline, earliest first, instead of every medium before any long one; those that can
+    /// no longer make their deadline (past it, or their remaining prefill predicted longer
+    /// than the time left) go last, oldest first. Off by default: medium before long.
+    pub edf_documents: bool,
 }
 
 impl Default for MergeConfig {
@@ -251,6 +256,7 @@ impl Default for MergeConfig {
             deadline_share: f64::INFINITY,
             max_trim_cost: f64::INFINITY,
             doc_step_ms: 15.0,
+            edf_documents: false,
         }
     }
 }

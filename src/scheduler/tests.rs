@@ -13,6 +13,7 @@
 mod adaptive;
 mod admission;
 mod deadline;
+mod edf;
 mod harness;
 mod merge;
 mod slack;

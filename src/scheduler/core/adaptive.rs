@@ -69,7 +69,12 @@ impl Scheduler {
         let draft = self.schedule_decodes(plan, kv, now);
         // Preempted for memory: admit nothing new this step (pauses freed memory on purpose).
         let admit = plan.preempted.len() == paused_before;
-        let lanes = self.candidate_lanes(admit, now);
+        let mut lanes = self.candidate_lanes(admit, now);
+        let lost = if self.cfg.merge.edf_documents {
+            self.order_documents_by_deadline(&mut lanes, &draft, now)
+        } else {
+            HashSet::new()
+        };
         let mut st = MergeState {
             draft,
             decode_only: draft,
@@ -79,7 +84,7 @@ impl Scheduler {
             max_len: self.max_len(kv),
             admitted_now: HashSet::new(),
             lookup: None,
-            due: self.most_due(&draft, now),
+            due: self.most_due(&draft, now, &lost),
         };
         for (slot, lane_ids) in lanes.iter().enumerate() {
             for &(id, is_running) in lane_ids {
@@ -134,6 +139,68 @@ impl Scheduler {
         lanes
     }
 
+    /// `merge.edf_documents`: the normal and long lanes' candidates as one queue in the normal
+    /// lane's slot, by TTFT deadline, then the lost causes by arrival. A document is lost when
+    /// its remaining prefill, queued behind the earlier-deadline documents kept (each
+    /// predicted chunk by chunk as steps alone with the decodes), would end past its deadline:
+    /// under overload plain EDF lets every document slip a little until all are late (the
+    /// domino effect), while this keeps the ones that can make it on time and serves the rest
+    /// from what they leave. A document already past its first token (resumed) keeps its place
+    /// ahead: its TTFT is behind it. Returns the lost ones (`most_due` skips them).
+    fn order_documents_by_deadline(
+        &self,
+        lanes: &mut Lanes,
+        decodes: &StepDraft,
+        now: f64,
+    ) -> HashSet<RequestId> {
+        let normal = lane_slot(Lane::Normal);
+        let mut docs = std::mem::take(&mut lanes[normal]);
+        docs.append(&mut lanes[lane_slot(Lane::LongStream)]);
+        let left_ms = |r: &Request| (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
+        let key = |id: &RequestId| {
+            let r = &self.requests[id];
+            if r.num_output_tokens() > 0 {
+                (0, r.arrival)
+            } else {
+                (1, left_ms(r))
+            }
+        };
+        docs.sort_by(|a, b| {
+            let (ka, kb) = (key(&a.0), key(&b.0));
+            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
+        let (mut kept, mut lost) = (Vec::with_capacity(docs.len()), Vec::new());
+        let mut queued_ms = 0.0;
+        for c in docs {
+            let r = &self.requests[&c.0];
+            if r.num_output_tokens() > 0 {
+                kept.push(c);
+                continue;
+            }
+            let room = left_ms(r) - queued_ms;
+            let need = if room > 0.0 {
+                self.prefill_need_ms(r, decodes, room)
+            } else {
+                f64::INFINITY
+            };
+            if need < room {
+                queued_ms += need;
+                kept.push(c);
+            } else {
+                lost.push(c);
+            }
+        }
+        lost.sort_by(|a, b| {
+            self.requests[&a.0]
+                .arrival
+                .total_cmp(&self.requests[&b.0].arrival)
+        });
+        let lost_ids = lost.iter().map(|c| c.0).collect();
+        kept.append(&mut lost);
+        lanes[normal] = kept;
+        lost_ids
+    }
+
     /// Free blocks above the watermark, less what the running requests are expected to grow
     /// into, scaled by `kv_threshold`: what new admissions may take.
     fn kv_headroom(&self, kv: &KvCacheManager) -> f64 {
@@ -172,8 +239,9 @@ impl Scheduler {
         }
         if lane == Lane::LongStream && st.long_left == 0 {
             self.stats.count_merge(MergeReason::LongBudget);
-            // The promoted slot mixes classes: a medium request behind may still fit.
-            return if slot == 0 {
+            // The promoted slot (and the documents' slot under `edf_documents`) mixes classes:
+            // a medium request behind may still fit.
+            return if slot != lane_slot(Lane::LongStream) {
                 Next::Candidate
             } else {
                 Next::Lane
@@ -270,56 +338,6 @@ impl Scheduler {
             kv_blocks_needed,
             due: false,
         }
-    }
-
-    /// The document whose TTFT deadline needs a chunk in this step, if any (`deadline_share`):
-    /// a medium or long request without its first token whose remaining prefill, in its lane's
-    /// chunks each predicted as a step alone with the decodes (`decodes`: attention and wave
-    /// floor included), takes at least `deadline_share` of the time left to its deadline, and
-    /// still fits in it. Of several, the earliest deadline: it keeps its place step after step,
-    /// where ranking by room left would alternate between two and make both late. One that can
-    /// no longer make it is not pulled (it progresses from slack): forcing lost causes through
-    /// an overload would make the short requests late too.
-    fn most_due(&self, decodes: &StepDraft, now: f64) -> Option<RequestId> {
-        let share = self.cfg.merge.deadline_share;
-        if !share.is_finite() {
-            return None;
-        }
-        let docs = self.running.iter().chain(self.waiting.iter()).filter(|id| {
-            let r = &self.requests[id];
-            r.class != RequestClass::Short && r.num_output_tokens() == 0 && !r.loading
-        });
-        let mut best: Option<(f64, RequestId)> = None;
-        for &id in docs {
-            let r = &self.requests[&id];
-            let left_ms = (r.arrival - now) * 1e3 + self.cfg.slo.of(r.class).ttft_ms;
-            if left_ms <= 0.0 || best.is_some_and(|(d, _)| d <= left_ms) {
-                continue;
-            }
-            let need_ms = self.prefill_need_ms(r, decodes, left_ms);
-            if need_ms >= share * left_ms && need_ms < left_ms {
-                best = Some((left_ms, id));
-            }
-        }
-        best.map(|(_, id)| id)
-    }
-
-    /// Predicted time of `req`'s remaining prefill in its lane's chunks, each as a step alone
-    /// with `decodes`; the sum stops once it reaches `enough_ms`.
-    fn prefill_need_ms(&self, req: &Request, decodes: &StepDraft, enough_ms: f64) -> f64 {
-        let chunk = match req.class {
-            RequestClass::Long => self.cfg.classes.long_prefill_budget,
-            _ => self.capped_chunk(self.cfg.max_num_batched_tokens),
-        };
-        let (mut done, end, mut need_ms) = (req.num_computed, req.compute_target(), 0.0);
-        while done < end && need_ms <= enough_ms {
-            let q = chunk.min(end - done);
-            let mut f = decodes.features;
-            f.add_seq(q, done + q);
-            need_ms += self.cost.predict_ms(&f);
-            done += q;
-        }
-        need_ms
     }
 
     /// `should_merge`, then the blocks for what it grants; counted and logged.
@@ -471,23 +489,28 @@ impl Scheduler {
     /// after a pause, or late already) then catches up by `itl_ms − s` a token instead of
     /// holding every prefill out of the step.
     ///
-    /// With an end-to-end SLO (`e2e_ms`) the pace `s` is the tighter of the ITL SLO and an even
-    /// share of what the first token left of it over the expected output's remaining gaps (× the
-    /// same headroom): a short answer of 32 tokens whose first came at 100 ms paces at
-    /// 700 / 31 × 0.9 ≈ 20 ms, not 45. One whose first token left nothing keeps the ITL pace.
+    /// With an end-to-end SLO (`e2e_ms`) the step is also bounded by the request's real slack:
+    /// the time left to `arrival + e2e_ms` shared evenly over the tokens it still has to
+    /// produce, × the same headroom. Recomputed every step, this paces a request that is ahead
+    /// looser and one that fell behind (a step that ran over its prediction) tighter, so it
+    /// catches up instead of carrying the delay to its last token: a short answer of 32 tokens
+    /// whose first came at 40 ms under a 780 ms SLO takes 740 / 31 × 0.9 ≈ 21.5 ms a step at
+    /// first, and ends ~30 ms before its deadline rather than 10 % of it. One past its deadline
+    /// keeps the ITL pace (holding prefills for it would save nothing).
     fn itl_step_bound_ms(&self, req: &Request, now: f64) -> f64 {
         let slo = self.cfg.slo.of(req.class);
         let h = self.cfg.merge.itl_headroom;
-        let mut s = slo.itl_ms * h;
+        let s = slo.itl_ms * h;
         let Some(first) = req.first_token_at else {
             return s;
         };
-        let gaps = req.num_output_tokens() + self.expected_remaining_output(req);
-        let left_ms = (req.arrival - first) * 1e3 + slo.e2e_ms;
-        if gaps > 1 && left_ms > 0.0 {
-            s = s.min(left_ms * h / (gaps - 1) as f64);
+        let itl_bound = ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s);
+        let tokens_left = self.expected_remaining_output(req);
+        let left_ms = (req.arrival - now) * 1e3 + slo.e2e_ms;
+        if tokens_left == 0 || left_ms <= 0.0 || !left_ms.is_finite() {
+            return itl_bound;
         }
-        ((first - now) * 1e3 + req.num_output_tokens() as f64 * s).max(s)
+        itl_bound.min(left_ms * h / tokens_left as f64)
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,

@@ -186,9 +186,9 @@ fn the_floor_coefficient_fits_a_kernel_with_or_without_the_floor() {
 }
 
 /// `slack::prefill_merged_after` with a short e2e SLO: four short answers of 30 tokens (first
-/// token after a 10 ms step, then 3 decode steps of 10 ms), then a 40-token medium prompt; the
-/// tokens of it the next step takes.
-fn merged_under_short_e2e(e2e_ms: f64) -> usize {
+/// token after one step, then 3 decode steps, every step `step_s` long), then a 40-token medium
+/// prompt; the tokens of it the next step takes (trimmed to any size: `min_chunk_tokens` 1).
+fn merged_under_short_e2e(e2e_ms: f64, step_s: f64) -> usize {
     let mut cfg = SchedulerConfig {
         cost_fallback: coarse_cost(),
         max_num_batched_tokens: 256,
@@ -196,11 +196,12 @@ fn merged_under_short_e2e(e2e_ms: f64) -> usize {
         ..adaptive()
     };
     cfg.slo.short.e2e_ms = e2e_ms;
+    cfg.merge.min_chunk_tokens = 1;
     let mut e = Engine::new(cfg, 256);
     for id in 1..=4 {
         e.add(request(id).prompt_len(4).max_tokens(30).ignore_eos());
     }
-    e.step_s = 0.01;
+    e.step_s = step_s;
     for _ in 0..4 {
         e.step();
     }
@@ -210,9 +211,19 @@ fn merged_under_short_e2e(e2e_ms: f64) -> usize {
 #[test]
 fn short_answers_pace_to_their_end_to_end_slo() {
     // No e2e SLO: 45 ms a token, 150 ms banked: the whole prompt (49 ms).
-    assert_eq!(merged_under_short_e2e(f64::INFINITY), 40);
-    // 600 ms: (600 - 10) x 0.9 / 29 = 18.3 ms a token; 4 x 18.3 - 30 = 43.2 ms: 34 tokens.
-    assert_eq!(merged_under_short_e2e(600.0), 34);
+    assert_eq!(merged_under_short_e2e(f64::INFINITY, 0.01), 40);
+    // 600 ms, at 40 ms with 26 tokens to go: 560 x 0.9 / 26 = 19.4 ms; 5 + 4 + n: 10 tokens.
+    assert_eq!(merged_under_short_e2e(600.0, 0.01), 10);
+}
+
+#[test]
+fn a_short_answer_behind_its_end_to_end_pace_catches_up() {
+    // Four 40 ms steps (the pace is ~19 ms): at 160 ms, 440 x 0.9 / 26 = 15.2 ms: 6 tokens. A
+    // fixed pace from the first token ((600 - 40) x 0.9 / 29 = 17.4 ms, floored there once
+    // behind) would let 8 through and carry the delay to the last token.
+    assert_eq!(merged_under_short_e2e(600.0, 0.04), 6);
+    // Ahead (5 ms steps): at 20 ms, 580 x 0.9 / 26 = 20.1 ms: 11 tokens.
+    assert_eq!(merged_under_short_e2e(600.0, 0.005), 11);
 }
 
 /// Four short answers decoding 100 tokens each in 10 ms steps paced to 9 ms a token (e2e SLO
