@@ -10,8 +10,9 @@
 //! Then the cost model. With per-token acceptance α_i (a request's EMA), depth K yields
 //! E_i(K) = 1 + α_i + … + α_i^K tokens per request. A step with B decodes of which n may
 //! speculate costs T(K) = target(B decodes + K·n verification tokens) + draft(K passes, K·n
-//! tokens): the target part from a step-time fit in which a verification token costs what a
-//! prefill token costs (both are extra query rows), the draft part from its own fit. The cap K
+//! tokens): the target part from the step-time fit of steps without drafts plus a fit of what
+//! verifying adds (a fixed cost once a step has drafts, and a cost per row: `VerifyCost`),
+//! the draft part from its own fit. The cap K
 //! maximises tokens per millisecond, Σ E_i(K) / T(K), so at a large batch, where a query row
 //! costs about what a whole decode does, verification costs more than it saves and K is 0.
 //! Each request then keeps draft j only while its expected gain α_i^j pays the marginal cost
@@ -325,6 +326,48 @@ impl DraftCost {
     }
 }
 
+/// Online fit of what verification adds to the target's step:
+/// `ms = fixed · [any drafts] + per_row · rows`, over the excess of a verifying step's target
+/// time above what the same step costs without drafts (the k = 0 fit's prediction).
+///
+/// Why a fixed term: the excess is not linear in rows from 0. Traced on the CPU pair (single
+/// stream, 1 × 64 / 256, medians of ≈ 300 steps, propose included): k = 0 0.60 ms, k = 1 1.14,
+/// k = 2 1.44, k = 3 1.68, k = 4 2.00 — the first verified row costs ≈ 0.36 ms (the step leaves
+/// the one-row kernel path), each further one ≈ 0.13. A single linear fit over every step put
+/// that jump into the step's base (k = 0 predicted at 0.85 ms, measured 0.60), so it both
+/// overpriced not speculating and underpriced k = 1, where a step costs more per token than off.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyCost(DraftCost);
+
+impl VerifyCost {
+    /// Samples before the fit replaces the target fit's per-row coefficient.
+    pub const MIN_SAMPLES: u64 = 4;
+
+    pub fn fixed_ms(&self) -> f64 {
+        self.0.per_pass_ms()
+    }
+
+    pub fn per_row_ms(&self) -> f64 {
+        self.0.per_token_ms()
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.0.samples()
+    }
+
+    pub fn is_fitted(&self) -> bool {
+        self.samples() >= Self::MIN_SAMPLES
+    }
+
+    /// One verifying step: `rows` draft rows made the target's time `excess_ms` longer than the
+    /// k = 0 fit predicts (clamped at 0: noise can put a step below its prediction).
+    pub fn observe(&mut self, rows: usize, excess_ms: f64) {
+        if rows > 0 && excess_ms.is_finite() {
+            self.0.observe(1, rows, excess_ms.max(0.0));
+        }
+    }
+}
+
 /// The depth of one step: the cap, and what a request needs to use it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DepthChoice {
@@ -374,6 +417,7 @@ impl DepthChoice {
 /// never speculated; at batch 64 on the CPU that is several decode steps' time).
 pub fn choose_depth(
     target: &CostModel,
+    verify: &VerifyCost,
     draft: &DraftCost,
     decodes: &StepFeatures,
     alphas: &[f64],
@@ -390,15 +434,18 @@ pub fn choose_depth(
     // (an online fit over steps of one shape can put the prefill coefficient at 0; measured on
     // the CPU at batch 64). With one decode the fit cannot tell the per-decode cost from the
     // step's base, so there the prefill coefficient alone prices a row.
+    // Once verifying steps have been measured, their own fit prices them (fixed + per row);
+    // before, the target fit's coefficients.
     let c = target.coefficients();
-    let row_ms = match decodes.decode_seqs > 1.0 {
-        true => c.per_prefill_token_ms.max(c.per_decode_seq_ms),
-        false => c.per_prefill_token_ms,
+    let (fixed_ms, row_ms) = match (verify.is_fitted(), decodes.decode_seqs > 1.0) {
+        (true, _) => (verify.fixed_ms(), verify.per_row_ms()),
+        (false, true) => (0.0, c.per_prefill_token_ms.max(c.per_decode_seq_ms)),
+        (false, false) => (0.0, c.per_prefill_token_ms),
     };
     let base_ms = target.predict_ms(decodes);
-    let step_ms = |k: usize| {
-        let catch_up = if k > 0 { catch_up } else { 0 };
-        base_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n + catch_up)
+    let step_ms = |k: usize| match k {
+        0 => base_ms,
+        _ => base_ms + fixed_ms + row_ms * (k * n) as f64 + draft.predict_ms(k, k * n + catch_up),
     };
     let rate = |k: usize| {
         let tokens = others as f64 + alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>();

@@ -7,7 +7,8 @@ use crate::kv::KvCacheManager;
 use crate::request::RequestId;
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::spec::{
-    self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, MIN_FIT_STEPS, PROBE_DEPTH,
+    self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, VerifyCost, MIN_FIT_STEPS,
+    PROBE_DEPTH,
 };
 use crate::scheduler::CostCoefficients;
 use crate::spec::{SpecConfig, SpecMethod};
@@ -19,9 +20,11 @@ const ENGINE_EMA: f64 = 0.02;
 #[derive(Debug)]
 pub(crate) struct SpecState {
     pub cfg: SpecConfig,
-    /// Step-time fit of the target (verification rows as prefill rows), ready after
-    /// `MIN_FIT_STEPS` steps; separate from the policy's own fit, which waits longer.
+    /// Step-time fit of the target over steps without drafts, ready after `MIN_FIT_STEPS`
+    /// steps; separate from the policy's own fit, which waits longer.
     pub target: CostModel,
+    /// What drafts add to the target's step, over that fit.
+    pub verify: VerifyCost,
     pub draft: DraftCost,
     pub stats: SpecStats,
     /// Acceptance over every request's verifications.
@@ -40,6 +43,7 @@ impl SpecState {
     pub fn new(cfg: SpecConfig, fallback: CostCoefficients) -> Self {
         SpecState {
             target: CostModel::with_min_samples(fallback, MIN_FIT_STEPS),
+            verify: VerifyCost::default(),
             draft: DraftCost::default(),
             stats: SpecStats::default(),
             engine: Acceptance::new(cfg.acceptance_prior),
@@ -148,7 +152,7 @@ impl Scheduler {
         let s = &self.spec;
         self.spec.choice = match s.cfg.adaptive {
             true => spec::choose_depth(
-                &s.target, &s.draft, &decodes, &alphas, others, catch_up, max,
+                &s.target, &s.verify, &s.draft, &decodes, &alphas, others, catch_up, max,
             ),
             false => DepthChoice::fixed(max),
         };
@@ -156,7 +160,8 @@ impl Scheduler {
             cap = self.spec.choice.cap,
             decodes = decodes.decode_seqs,
             alpha_mean = alphas.iter().sum::<f64>() / alphas.len() as f64,
-            per_row_ms = self.spec.target.coefficients().per_prefill_token_ms,
+            verify_fixed_ms = self.spec.verify.fixed_ms(),
+            per_row_ms = self.spec.verify.per_row_ms(),
             draft_pass_ms = self.spec.draft.per_pass_ms(),
             draft_token_ms = self.spec.draft.per_token_ms(),
             step0_ms = self.spec.target.predict_ms(&decodes),
@@ -230,16 +235,23 @@ impl Scheduler {
         }
     }
 
-    /// Feeds the step-time fits: the target's time with verification rows counted as prefill
-    /// rows, the proposer's time apart.
+    /// Feeds the step-time fits: a step without drafts the target's fit, a step with drafts
+    /// the verification fit (its excess over the target fit's prediction), the proposer's
+    /// time apart.
     pub(super) fn observe_spec_costs(&mut self, out: &SchedulerOutput, step: &StepOutput) {
         if !self.spec.cfg.enabled() || out.is_empty() {
             return;
         }
-        let mut f = StepFeatures::from_step(out);
-        f.prefill_tokens += step.spec.drafts.iter().map(|d| d.proposed).sum::<usize>() as f64;
+        let f = StepFeatures::from_step(out);
+        let rows: usize = step.spec.drafts.iter().map(|d| d.proposed).sum();
         let target_ms = step.elapsed.saturating_sub(step.spec.elapsed).as_secs_f64() * 1e3;
-        self.spec.target.observe(&f, target_ms);
+        match rows {
+            0 => self.spec.target.observe(&f, target_ms),
+            _ => {
+                let excess = target_ms - self.spec.target.predict_ms(&f);
+                self.spec.verify.observe(rows, excess);
+            }
+        }
         self.spec.draft.observe(
             step.spec.passes,
             step.spec.tokens,

@@ -80,7 +80,7 @@ fn a_single_stream_speculates_on_a_memory_bound_step() {
     for _ in 0..10 {
         d.observe(4, 4, 1.2);
     }
-    let c = choose_depth(&t, &d, &decodes(1), &[0.8], 0, 0, 4);
+    let c = choose_depth(&t, &VerifyCost::default(), &d, &decodes(1), &[0.8], 0, 0, 4);
     assert_eq!(c.cap, 4, "{c:?}");
     assert_eq!(c.depth_for(0.8), 4);
 }
@@ -90,14 +90,34 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     // Every row costs 0.25 ms: at batch 64 a verification row costs what a decode does.
     let t = target(2.0, 0.25);
     let d = DraftCost::default();
-    assert!(choose_depth(&t, &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
+    assert!(choose_depth(&t, &VerifyCost::default(), &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
     assert_eq!(
-        choose_depth(&t, &d, &decodes(64), &[0.8; 64], 0, 0, 4).cap,
+        choose_depth(
+            &t,
+            &VerifyCost::default(),
+            &d,
+            &decodes(64),
+            &[0.8; 64],
+            0,
+            0,
+            4
+        )
+        .cap,
         0
     );
     // A perfect proposer still pays there: every row it adds is a token.
     assert_eq!(
-        choose_depth(&t, &d, &decodes(64), &[1.0; 64], 0, 0, 4).cap,
+        choose_depth(
+            &t,
+            &VerifyCost::default(),
+            &d,
+            &decodes(64),
+            &[1.0; 64],
+            0,
+            0,
+            4
+        )
+        .cap,
         4
     );
 }
@@ -116,7 +136,17 @@ fn a_verification_row_costs_at_least_a_decode_row() {
     });
     let d = DraftCost::default();
     assert_eq!(
-        choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4).cap,
+        choose_depth(
+            &t,
+            &VerifyCost::default(),
+            &d,
+            &decodes(64),
+            &[0.7; 64],
+            0,
+            0,
+            4
+        )
+        .cap,
         0
     );
 }
@@ -125,7 +155,16 @@ fn a_verification_row_costs_at_least_a_decode_row() {
 fn a_memory_bound_gpu_speculates_at_batch_64_too() {
     // The H200 prior for a 7B model: rows are cheap against the weights' read.
     let t = CostModel::new(CostCoefficients::default());
-    let c = choose_depth(&t, &DraftCost::default(), &decodes(64), &[0.7; 64], 0, 0, 4);
+    let c = choose_depth(
+        &t,
+        &VerifyCost::default(),
+        &DraftCost::default(),
+        &decodes(64),
+        &[0.7; 64],
+        0,
+        0,
+        4,
+    );
     assert!(c.cap > 0, "{c:?}");
 }
 
@@ -134,7 +173,16 @@ fn depth_falls_with_acceptance() {
     let t = target(2.0, 0.1);
     let mut d = DraftCost::default();
     d.observe(4, 4, 1.2);
-    let c = choose_depth(&t, &d, &decodes(4), &[0.9, 0.5, 0.1, 0.9], 0, 0, 4);
+    let c = choose_depth(
+        &t,
+        &VerifyCost::default(),
+        &d,
+        &decodes(4),
+        &[0.9, 0.5, 0.1, 0.9],
+        0,
+        0,
+        4,
+    );
     assert!(c.cap > 0);
     let ks: Vec<usize> = [0.9, 0.5, 0.1, 0.02].map(|a| c.depth_for(a)).to_vec();
     assert!(ks.windows(2).all(|w| w[0] >= w[1]), "{ks:?}");
@@ -142,7 +190,7 @@ fn depth_falls_with_acceptance() {
     assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
     // Nobody may speculate: no depth.
     assert_eq!(
-        choose_depth(&t, &d, &decodes(4), &[], 4, 0, 4),
+        choose_depth(&t, &VerifyCost::default(), &d, &decodes(4), &[], 4, 0, 4),
         DepthChoice::NONE
     );
 }
@@ -239,10 +287,97 @@ fn the_draft_models_catch_up_can_price_speculation_out() {
         d.observe(passes, tokens, 0.1 * passes as f64 + 0.002 * tokens as f64);
     }
     assert!(d.per_token_ms() > 0.0);
-    let synced = choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4);
+    let synced = choose_depth(
+        &t,
+        &VerifyCost::default(),
+        &d,
+        &decodes(64),
+        &[0.7; 64],
+        0,
+        0,
+        4,
+    );
     assert!(synced.cap > 0, "{synced:?}");
-    let fresh = choose_depth(&t, &d, &decodes(64), &[0.7; 64], 0, 64 * 64, 4);
+    let fresh = choose_depth(
+        &t,
+        &VerifyCost::default(),
+        &d,
+        &decodes(64),
+        &[0.7; 64],
+        0,
+        64 * 64,
+        4,
+    );
     assert_eq!(fresh.cap, 0, "{fresh:?}");
     // One request's catch-up is worth paying at a single stream.
-    assert!(choose_depth(&t, &d, &decodes(1), &[0.7], 0, 64, 4).cap > 0);
+    assert!(
+        choose_depth(
+            &t,
+            &VerifyCost::default(),
+            &d,
+            &decodes(1),
+            &[0.7],
+            0,
+            64,
+            4
+        )
+        .cap > 0
+    );
+}
+
+/// A verification fit from steps measured like the CPU pair's (single stream): the first
+/// draft row adds `fixed` over a decode, each further one `per_row`.
+fn verify(fixed: f64, per_row: f64) -> VerifyCost {
+    let mut v = VerifyCost::default();
+    for _ in 0..4 {
+        for rows in 1..=4 {
+            v.observe(rows, fixed + per_row * rows as f64);
+        }
+    }
+    v
+}
+
+#[test]
+fn the_verification_fit_splits_the_fixed_cost_from_the_rows() {
+    let v = verify(0.3, 0.15);
+    assert!(v.is_fitted());
+    assert!((v.fixed_ms() - 0.3).abs() < 0.01, "{v:?}");
+    assert!((v.per_row_ms() - 0.15).abs() < 0.01, "{v:?}");
+    // Below MIN_SAMPLES it is not used; a step without rows or with a NaN time is no sample.
+    let mut w = VerifyCost::default();
+    w.observe(0, 1.0);
+    w.observe(2, f64::NAN);
+    assert_eq!(w.samples(), 0);
+}
+
+#[test]
+fn a_fixed_verification_cost_turns_mediocre_acceptance_down_to_zero() {
+    // The CPU pair's measured figures: a decode 0.6 ms, the first draft row +0.36, each row
+    // after +0.13 (fixed 0.23 + 0.13 a row), a draft pass 0.15 ms.
+    let t = target(0.6, 0.0);
+    let mut d = DraftCost::default();
+    for _ in 0..20 {
+        d.observe(4, 4, 0.6);
+        d.observe(2, 2, 0.3);
+    }
+    let one = |alpha: f64, v: &VerifyCost| choose_depth(&t, v, &d, &decodes(1), &[alpha], 0, 0, 4);
+    // Without the fixed term (no verification fit: rows priced by the target fit, 0 here)
+    // acceptance 0.7 speculates; with it, it does not (k = 4 yields 2.77 tokens in ≈ 2.0 ms,
+    // worse than 1 token in 0.6 ms).
+    assert!(one(0.7, &VerifyCost::default()).cap > 0);
+    assert_eq!(one(0.7, &verify(0.23, 0.13)).cap, 0);
+    // High acceptance pays even the fixed cost, at full depth.
+    assert_eq!(one(0.95, &verify(0.23, 0.13)).cap, 4);
+}
+
+#[test]
+fn a_fixed_verification_cost_skips_shallow_depths() {
+    // Fixed cost high, rows cheap: depth 1 cannot pay the fixed cost, depth 4 can.
+    let t = target(0.6, 0.0);
+    let d = DraftCost::default();
+    let v = verify(0.6, 0.01);
+    let c = choose_depth(&t, &v, &d, &decodes(1), &[0.8], 0, 0, 1);
+    assert_eq!(c.cap, 0, "{c:?}");
+    let c = choose_depth(&t, &v, &d, &decodes(1), &[0.8], 0, 0, 4);
+    assert_eq!(c.cap, 4, "{c:?}");
 }
