@@ -156,6 +156,8 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 pub const PROBE_FIRST: u32 = 4;
 /// The longest back-off between probes of a request whose probes keep failing.
 pub const PROBE_MAX: u32 = 64;
+/// The acceptance a due probe is planned at (see `Scheduler::retry_rate`).
+pub const PROBE_ACCEPTANCE: f64 = 0.9;
 /// Drafts in a probe: enough to see whether the text became predictable, few enough that a
 /// failed probe wastes little.
 pub const PROBE_DEPTH: usize = 2;

@@ -8,7 +8,7 @@ use crate::request::RequestId;
 use crate::scheduler::cost_model::{CostModel, StepFeatures};
 use crate::scheduler::spec::{
     self, Acceptance, Ceiling, DepthChoice, DraftCost, SpecStats, VerifyCost, MIN_FIT_STEPS,
-    PROBE_DEPTH,
+    PROBE_ACCEPTANCE, PROBE_DEPTH,
 };
 use crate::scheduler::CostCoefficients;
 use crate::spec::{SpecConfig, SpecMethod};
@@ -185,18 +185,19 @@ impl Scheduler {
         let Some(acc) = req.spec.as_mut() else {
             return 0;
         };
-        // Its own estimate first; a held request whose back-off ran out probes at the
-        // optimistic rate, with at most `PROBE_DEPTH` drafts.
-        let mut reprobe = false;
+        // A held request whose back-off ran out probes at the optimistic rate, with at most
+        // `PROBE_DEPTH` drafts; the others go by their own estimate. A due request is always a
+        // probe: the step's cap may be there only because it was planned optimistically, and
+        // its own estimate against that cap (whose fixed cost is then paid) would draft it to
+        // the cap as if it had earned it, and reset the back-off.
+        let reprobe = probe.is_none() && acc.probe_due();
         let mut k = match probe {
             Some(true) => self.spec.ceiling,
             Some(false) => 0,
+            None if reprobe => choice.depth_for(retry_rate).min(PROBE_DEPTH),
             None => choice.depth_for(acc.rate()),
         };
-        if k == 0 && probe.is_none() && acc.probe_due() {
-            k = choice.depth_for(retry_rate).min(PROBE_DEPTH);
-            reprobe = k > 0;
-        }
+        let reprobe = reprobe && k > 0;
         // The step appends at most k + 1 tokens.
         let left = req
             .params
@@ -221,10 +222,16 @@ impl Scheduler {
         k
     }
 
-    /// The acceptance a held request is probed at: the engine's, or the prior if that is
-    /// higher (optimistic: a failed probe costs at most `PROBE_DEPTH` rows).
+    /// The acceptance a held request is probed at: `PROBE_ACCEPTANCE` (0.9, "would drafting
+    /// pay if the text had become predictable"), or the engine's rate if higher; a failed probe
+    /// costs at most `PROBE_DEPTH` rows, and the back-off spaces them. Not the prior (0.7): once
+    /// verification is priced with its fixed cost, a probe at 0.7 does not pay on the CPU
+    /// pair, so a request held at depth 0 early in its text, where acceptance is low, was never
+    /// probed again (measured: 11 of 32 drafts accepted, then none for the rest of a greedy
+    /// 256-token run). Not 1: at a large batch a row that is always accepted pays about what
+    /// a decode row costs, so probes fired there (test `due_probes_are_priced_out_…`).
     fn retry_rate(&self) -> f64 {
-        self.spec.engine.rate().max(self.spec.cfg.acceptance_prior)
+        self.spec.engine.rate().max(PROBE_ACCEPTANCE)
     }
 
     /// The step's decodes are planned: the depth gauge.

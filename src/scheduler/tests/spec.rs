@@ -222,8 +222,10 @@ fn an_unmeasured_draft_model_is_probed_by_one_decode_per_step() {
                 "step {n}: the probe drafts at the ceiling: {ks:?}"
             );
         }
-        // Every row is accepted, and the draft costs little: after the probe, all speculate.
+        // Every row is accepted, and rows (1 ms, against 10 ms for the step) and the draft
+        // cost little: after the probe, all speculate.
         let mut step = execute(&out, n, |k| k);
+        step.elapsed = Duration::from_micros(10_000 + 1_000 * ks.iter().sum::<usize>() as u64);
         if drafting > 0 {
             drafting_steps += 1;
             step.spec.passes = *ks.iter().max().unwrap();
@@ -247,6 +249,19 @@ fn an_unmeasured_draft_model_is_probed_by_one_decode_per_step() {
 /// token. Returns the draft positions each step reserved.
 fn run_phased(
     n: u64,
+    row_us: u64,
+    draft_us: Option<u64>,
+    accept: impl Fn(u32, usize) -> usize,
+    steps: u32,
+) -> Vec<usize> {
+    run_phased_fixed(n, 0, row_us, draft_us, accept, steps)
+}
+
+/// As `run_phased`, a step with drafts costing `fixed_us` more once (the CPU's jump from the
+/// one-row decode path to a multi-row step).
+fn run_phased_fixed(
+    n: u64,
+    fixed_us: u64,
     row_us: u64,
     draft_us: Option<u64>,
     accept: impl Fn(u32, usize) -> usize,
@@ -283,6 +298,9 @@ fn run_phased(
         let decodes = out.scheduled.iter().filter(|x| x.sample).count() as u64;
         let rows: u64 = ks.iter().sum::<usize>() as u64;
         let mut us = 1_000 * (1 + decodes) + row_us * rows;
+        if rows > 0 {
+            us += fixed_us;
+        }
         if let (Some(d), true) = (draft_us, rows > 0) {
             step.spec.passes = *ks.iter().max().unwrap();
             step.spec.tokens = rows as usize;
@@ -340,4 +358,24 @@ fn due_probes_are_priced_out_at_a_large_batch() {
     let depths = run_phased(32, 1_000, None, hard_start, 160);
     let late: usize = depths[40..].iter().sum();
     assert_eq!(late, 0, "{depths:?}");
+}
+
+/// A step with drafts costs 3.5 ms once more (a decode step 2 ms, rows 0.1 ms): drafting pays
+/// at acceptance 1 but not at the prior (0.7), so a request held through the hard start must
+/// be probed at the optimistic rate, or it is never drafted for again.
+#[test]
+fn a_fixed_verification_cost_does_not_stop_the_probes() {
+    let depths = run_phased_fixed(1, 3_500, 100, None, hard_start, 160);
+    assert!(spec_steps(&depths, 30..60) < 10, "{depths:?}");
+    assert!(spec_steps(&depths, 100..140) > 20, "{depths:?}");
+}
+
+/// The same costs with acceptance 0.5 throughout: speculation never pays, and after the
+/// warm-up only the back-off's probes (at most `PROBE_DEPTH` rows, spaced out) draft.
+#[test]
+fn a_fixed_verification_cost_holds_mediocre_acceptance_at_depth_zero() {
+    let depths = run_phased_fixed(1, 3_500, 100, None, |_, k| k / 2, 160);
+    let late = spec_steps(&depths, 40..160);
+    assert!(late <= 12, "{late}: {depths:?}");
+    assert!(depths[40..].iter().all(|&k| k <= 2), "{depths:?}");
 }
