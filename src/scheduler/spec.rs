@@ -361,6 +361,14 @@ impl VerifyCost {
         self.samples() >= Self::MIN_SAMPLES
     }
 
+    /// What `rows` draft rows add to a step (0 without rows).
+    pub fn predict_ms(&self, rows: usize) -> f64 {
+        match rows {
+            0 => 0.0,
+            _ => self.0.predict_ms(1, rows),
+        }
+    }
+
     /// One verifying step: `rows` draft rows made the target's time `excess_ms` longer than the
     /// k = 0 fit predicts (clamped at 0: noise can put a step below its prediction).
     pub fn observe(&mut self, rows: usize, excess_ms: f64) {
