@@ -381,3 +381,17 @@ fn a_fixed_verification_cost_skips_shallow_depths() {
     let c = choose_depth(&t, &v, &d, &decodes(1), &[0.8], 0, 0, 4);
     assert_eq!(c.cap, 4, "{c:?}");
 }
+
+#[test]
+fn speculation_must_beat_depth_zero_by_a_margin() {
+    // A decode 1 ms; drafting costs nothing, and verifying costs `fixed` once and no rows: at
+    // acceptance 1 depth 1 yields 2 tokens in 1 + fixed ms.
+    let t = target(1.0, 0.0);
+    let d = DraftCost::default();
+    let cap =
+        |fixed: f64| choose_depth(&t, &verify(fixed, 0.0), &d, &decodes(1), &[1.0], 0, 0, 1).cap;
+    // 2 / 1.9 = 1.053 tokens per ms against 1: over the margin.
+    assert_eq!(cap(0.9), 1);
+    // 2 / 1.93 = 1.036: a gain, but under the margin.
+    assert_eq!(cap(0.93), 0);
+}
