@@ -14,6 +14,8 @@ use crate::scheduler::CostCoefficients;
 use crate::spec::{SpecConfig, SpecMethod};
 use crate::step::{DraftOutcome, SchedulerOutput, StepOutput};
 
+/// Acceptance below which a request does not probe the draft model's cost (see `draft_depth`).
+const COST_PROBE_MIN_RATE: f64 = 0.5;
 /// A step measured above this many times its fit's prediction is left out of the fit.
 const SPIKE: f64 = 3.0;
 /// Engine-wide acceptance weight per verification (slower than a request's own).
@@ -192,10 +194,14 @@ impl Scheduler {
         // probe: the step's cap may be there only because it was planned optimistically, and
         // its own estimate against that cap (whose fixed cost is then paid) would draft it to
         // the cap as if it had earned it, and reset the back-off.
-        let reprobe = probe.is_none() && acc.probe_due();
+        // While the draft's cost is probed, a request whose drafts keep being rejected is held
+        // like any other (its back-off makes it due again): at temperature 0.7 on the CPU pair
+        // the first ≈ 40 tokens are rarely accepted, and 8 cost-probe steps at the ceiling
+        // there were ≈ 6 % of a 256-token run.
+        let reprobe = probe != Some(false) && acc.probe_due();
         let mut k = match probe {
-            Some(true) => self.spec.ceiling,
-            Some(false) => 0,
+            Some(true) if reprobe || acc.rate() >= COST_PROBE_MIN_RATE => self.spec.ceiling,
+            Some(_) => 0,
             None if reprobe => choice.depth_for(retry_rate).min(PROBE_DEPTH),
             None => choice.depth_for(acc.rate()),
         };
@@ -212,7 +218,7 @@ impl Scheduler {
             if k > 0 {
                 acc.synced = len;
                 acc.drafted(reprobe);
-            } else if allowed && probe.is_none() {
+            } else if allowed && probe != Some(false) {
                 acc.hold();
             }
         }

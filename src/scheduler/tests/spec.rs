@@ -392,3 +392,15 @@ fn preempted_steps_do_not_talk_the_policy_into_drafting() {
     let late = spec_steps(&depths, 40..160);
     assert!(late <= 12, "{late}: {depths:?}");
 }
+
+/// With a draft model whose cost is not yet measured, a request whose drafts keep being
+/// rejected stops probing that cost at the ceiling every step: it is held (and probed again by
+/// the back-off), so the hard start costs a few drafting steps, not `MIN_FIT_STEPS`.
+#[test]
+fn the_draft_cost_probe_holds_a_request_whose_drafts_are_rejected() {
+    let depths = run_phased(1, 250, Some(100), hard_start, 160);
+    let early = spec_steps(&depths, 0..60);
+    assert!(early <= 5, "{early}: {depths:?}");
+    // The cost is still measured, later, and the request speculates once its text allows.
+    assert!(spec_steps(&depths, 100..140) > 30, "{depths:?}");
+}
