@@ -420,6 +420,17 @@ impl DepthChoice {
     }
 }
 
+/// The step-time fits the depth choice prices a step with.
+#[derive(Debug, Clone, Copy)]
+pub struct Fits<'a> {
+    /// Steps without drafts.
+    pub target: &'a CostModel,
+    /// What drafts add to the target's step.
+    pub verify: &'a VerifyCost,
+    /// The draft model's passes.
+    pub draft: &'a DraftCost,
+}
+
 /// Speculating must beat not speculating by this factor in expected tokens per ms. The fits
 /// are noisy on a loaded CPU, and some costs are not in them (the draft model's catch-up after
 /// a hold beyond its estimate, the engine's work per verified token); measured on the CPU pair
@@ -433,15 +444,18 @@ pub const MIN_GAIN: f64 = 1.05;
 /// `catch_up` tokens (the parts of those requests it has not computed: whole prompts when they
 /// never speculated; at batch 64 on the CPU that is several decode steps' time).
 pub fn choose_depth(
-    target: &CostModel,
-    verify: &VerifyCost,
-    draft: &DraftCost,
+    fits: Fits<'_>,
     decodes: &StepFeatures,
     alphas: &[f64],
     others: usize,
     catch_up: usize,
     ceiling: usize,
 ) -> DepthChoice {
+    let Fits {
+        target,
+        verify,
+        draft,
+    } = fits;
     let n = alphas.len();
     if ceiling == 0 || n == 0 {
         return DepthChoice::NONE;

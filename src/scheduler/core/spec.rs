@@ -156,7 +156,16 @@ impl Scheduler {
         let s = &self.spec;
         self.spec.choice = match s.cfg.adaptive {
             true => spec::choose_depth(
-                &s.target, &s.verify, &s.draft, &decodes, &alphas, others, catch_up, max,
+                spec::Fits {
+                    target: &s.target,
+                    verify: &s.verify,
+                    draft: &s.draft,
+                },
+                &decodes,
+                &alphas,
+                others,
+                catch_up,
+                max,
             ),
             false => DepthChoice::fixed(max),
         };

@@ -80,7 +80,18 @@ fn a_single_stream_speculates_on_a_memory_bound_step() {
     for _ in 0..10 {
         d.observe(4, 4, 1.2);
     }
-    let c = choose_depth(&t, &VerifyCost::default(), &d, &decodes(1), &[0.8], 0, 0, 4);
+    let c = choose_depth(
+        Fits {
+            target: &t,
+            verify: &VerifyCost::default(),
+            draft: &d,
+        },
+        &decodes(1),
+        &[0.8],
+        0,
+        0,
+        4,
+    );
     assert_eq!(c.cap, 4, "{c:?}");
     assert_eq!(c.depth_for(0.8), 4);
 }
@@ -90,12 +101,28 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     // Every row costs 0.25 ms: at batch 64 a verification row costs what a decode does.
     let t = target(2.0, 0.25);
     let d = DraftCost::default();
-    assert!(choose_depth(&t, &VerifyCost::default(), &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
+    assert!(
+        choose_depth(
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
+            &decodes(1),
+            &[0.8],
+            0,
+            0,
+            4
+        )
+        .cap > 0
+    );
     assert_eq!(
         choose_depth(
-            &t,
-            &VerifyCost::default(),
-            &d,
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
             &decodes(64),
             &[0.8; 64],
             0,
@@ -108,9 +135,11 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     // A perfect proposer still pays there: every row it adds is a token.
     assert_eq!(
         choose_depth(
-            &t,
-            &VerifyCost::default(),
-            &d,
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
             &decodes(64),
             &[1.0; 64],
             0,
@@ -137,9 +166,11 @@ fn a_verification_row_costs_at_least_a_decode_row() {
     let d = DraftCost::default();
     assert_eq!(
         choose_depth(
-            &t,
-            &VerifyCost::default(),
-            &d,
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
             &decodes(64),
             &[0.7; 64],
             0,
@@ -156,9 +187,11 @@ fn a_memory_bound_gpu_speculates_at_batch_64_too() {
     // The H200 prior for a 7B model: rows are cheap against the weights' read.
     let t = CostModel::new(CostCoefficients::default());
     let c = choose_depth(
-        &t,
-        &VerifyCost::default(),
-        &DraftCost::default(),
+        Fits {
+            target: &t,
+            verify: &VerifyCost::default(),
+            draft: &DraftCost::default(),
+        },
         &decodes(64),
         &[0.7; 64],
         0,
@@ -174,9 +207,11 @@ fn depth_falls_with_acceptance() {
     let mut d = DraftCost::default();
     d.observe(4, 4, 1.2);
     let c = choose_depth(
-        &t,
-        &VerifyCost::default(),
-        &d,
+        Fits {
+            target: &t,
+            verify: &VerifyCost::default(),
+            draft: &d,
+        },
         &decodes(4),
         &[0.9, 0.5, 0.1, 0.9],
         0,
@@ -190,7 +225,18 @@ fn depth_falls_with_acceptance() {
     assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
     // Nobody may speculate: no depth.
     assert_eq!(
-        choose_depth(&t, &VerifyCost::default(), &d, &decodes(4), &[], 4, 0, 4),
+        choose_depth(
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
+            &decodes(4),
+            &[],
+            4,
+            0,
+            4
+        ),
         DepthChoice::NONE
     );
 }
@@ -288,9 +334,11 @@ fn the_draft_models_catch_up_can_price_speculation_out() {
     }
     assert!(d.per_token_ms() > 0.0);
     let synced = choose_depth(
-        &t,
-        &VerifyCost::default(),
-        &d,
+        Fits {
+            target: &t,
+            verify: &VerifyCost::default(),
+            draft: &d,
+        },
         &decodes(64),
         &[0.7; 64],
         0,
@@ -299,9 +347,11 @@ fn the_draft_models_catch_up_can_price_speculation_out() {
     );
     assert!(synced.cap > 0, "{synced:?}");
     let fresh = choose_depth(
-        &t,
-        &VerifyCost::default(),
-        &d,
+        Fits {
+            target: &t,
+            verify: &VerifyCost::default(),
+            draft: &d,
+        },
         &decodes(64),
         &[0.7; 64],
         0,
@@ -312,9 +362,11 @@ fn the_draft_models_catch_up_can_price_speculation_out() {
     // One request's catch-up is worth paying at a single stream.
     assert!(
         choose_depth(
-            &t,
-            &VerifyCost::default(),
-            &d,
+            Fits {
+                target: &t,
+                verify: &VerifyCost::default(),
+                draft: &d
+            },
             &decodes(1),
             &[0.7],
             0,
@@ -360,7 +412,20 @@ fn a_fixed_verification_cost_turns_mediocre_acceptance_down_to_zero() {
         d.observe(4, 4, 0.6);
         d.observe(2, 2, 0.3);
     }
-    let one = |alpha: f64, v: &VerifyCost| choose_depth(&t, v, &d, &decodes(1), &[alpha], 0, 0, 4);
+    let one = |alpha: f64, v: &VerifyCost| {
+        choose_depth(
+            Fits {
+                target: &t,
+                verify: v,
+                draft: &d,
+            },
+            &decodes(1),
+            &[alpha],
+            0,
+            0,
+            4,
+        )
+    };
     // Without the fixed term (no verification fit: rows priced by the target fit, 0 here)
     // acceptance 0.7 speculates; with it, it does not (k = 4 yields 2.77 tokens in ≈ 2.0 ms,
     // worse than 1 token in 0.6 ms).
@@ -376,9 +441,31 @@ fn a_fixed_verification_cost_skips_shallow_depths() {
     let t = target(0.6, 0.0);
     let d = DraftCost::default();
     let v = verify(0.6, 0.01);
-    let c = choose_depth(&t, &v, &d, &decodes(1), &[0.8], 0, 0, 1);
+    let c = choose_depth(
+        Fits {
+            target: &t,
+            verify: &v,
+            draft: &d,
+        },
+        &decodes(1),
+        &[0.8],
+        0,
+        0,
+        1,
+    );
     assert_eq!(c.cap, 0, "{c:?}");
-    let c = choose_depth(&t, &v, &d, &decodes(1), &[0.8], 0, 0, 4);
+    let c = choose_depth(
+        Fits {
+            target: &t,
+            verify: &v,
+            draft: &d,
+        },
+        &decodes(1),
+        &[0.8],
+        0,
+        0,
+        4,
+    );
     assert_eq!(c.cap, 4, "{c:?}");
 }
 
@@ -388,8 +475,21 @@ fn speculation_must_beat_depth_zero_by_a_margin() {
     // acceptance 1 depth 1 yields 2 tokens in 1 + fixed ms.
     let t = target(1.0, 0.0);
     let d = DraftCost::default();
-    let cap =
-        |fixed: f64| choose_depth(&t, &verify(fixed, 0.0), &d, &decodes(1), &[1.0], 0, 0, 1).cap;
+    let cap = |fixed: f64| {
+        choose_depth(
+            Fits {
+                target: &t,
+                verify: &verify(fixed, 0.0),
+                draft: &d,
+            },
+            &decodes(1),
+            &[1.0],
+            0,
+            0,
+            1,
+        )
+        .cap
+    };
     // 2 / 1.9 = 1.053 tokens per ms against 1: over the margin.
     assert_eq!(cap(0.9), 1);
     // 2 / 1.93 = 1.036: a gain, but under the margin.
