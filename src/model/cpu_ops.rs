@@ -611,4 +611,4 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

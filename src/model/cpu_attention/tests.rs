@@ -2,20 +2,7 @@
 //! polynomial `exp` against f64's.
 
 use super::*;
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+use crate::model::cpu_ops::tests::rand_vec;
 
 /// softmax(q·K·scale)·V in f64 over the job's slots.
 fn reference(j: &HeadJob<'_>, hd: usize) -> Vec<f64> {

@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+/// Uniform values in [-0.5, 0.5) from a seeded LCG (also the attention tests' inputs).
+pub(crate) fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
