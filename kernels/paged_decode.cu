@@ -66,23 +66,60 @@ __device__ __forceinline__ float ld_cg(const float* ptr) {
   return v;
 }
 
+// Most splits a decode may have: the in-kernel merge keeps one weight per split and head in
+// shared memory (MAX_FILLED_SPLITS in step_io.rs; the host checks it).
+#define DECODE_MAX_SPLITS 64
+
 // Merges the num_splits partials (log2-domain max and sum, unnormalised acc) of heads
-// h0 .. h0 + gn - 1 of one item into its output row; the block's threads share (head, dim).
+// h0 .. h0 + gn - 1 of one item into its output row. Each warp takes whole heads: its lanes read
+// the splits' (max, sum) at once and reduce them with shuffles into each split's weight
+// exp2(m_s - max) / sum (w_s, shared); then the block's threads share (head, dim) and sum the
+// weighted partials with 8 loads in flight. The loop this replaces read the splits one after
+// another, each a dependent L2 round trip: about as long as a batch-1 4k split's own work.
+// w_s: [gn][DECODE_MAX_SPLITS] floats of shared memory.
 __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int item, int row, int h0,
-                                             int gn) {
-  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
-    const int h = h0 + idx / HD, d = idx % HD;
-    const size_t base = ((size_t)item * p.num_heads + h) * p.num_splits;
-    float mx = NEG_INF;
-    for (int s = 0; s < p.num_splits; s++) mx = fmaxf(mx, ld_cg(p.part_ml + (base + s) * 2));
-    float L = 0.f, A = 0.f;
-    for (int s = 0; s < p.num_splits; s++) {
-      const float ms = ld_cg(p.part_ml + (base + s) * 2);
-      const float w = ms == NEG_INF ? 0.f : exp2f(ms - mx);
-      L += ld_cg(p.part_ml + (base + s) * 2 + 1) * w;
-      A += ld_cg(p.part_acc + (base + s) * HD + d) * w;
+                                             int gn, float* w_s) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns = p.num_splits;
+  for (int g = warp; g < gn; g += blockDim.x >> 5) {
+    const size_t base = ((size_t)item * p.num_heads + h0 + g) * ns;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    if (lane < ns) {
+      m0 = ld_cg(p.part_ml + (base + lane) * 2);
+      l0 = ld_cg(p.part_ml + (base + lane) * 2 + 1);
     }
-    p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
+    if (lane + 32 < ns) {
+      m1 = ld_cg(p.part_ml + (base + lane + 32) * 2);
+      l1 = ld_cg(p.part_ml + (base + lane + 32) * 2 + 1);
+    }
+    float mx = fmaxf(m0, m1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float w0 = m0 == NEG_INF ? 0.f : exp2f(m0 - mx);
+    const float w1 = m1 == NEG_INF ? 0.f : exp2f(m1 - mx);
+    float L = l0 * w0 + l1 * w1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    const float inv = 1.f / L;
+    if (lane < ns) w_s[g * DECODE_MAX_SPLITS + lane] = w0 * inv;
+    if (lane + 32 < ns) w_s[g * DECODE_MAX_SPLITS + lane + 32] = w1 * inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    const float* acc = p.part_acc + ((size_t)item * p.num_heads + h0 + g) * ns * HD + d;
+    const float* w = w_s + g * DECODE_MAX_SPLITS;
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int s = 0;
+    for (; s + 8 <= ns; s += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) v[u] = ld_cg(acc + (size_t)(s + u) * HD);
+#pragma unroll
+      for (int u = 0; u < 8; u++) a[u] += v[u] * w[s + u];
+    }
+    for (; s < ns; s++) a[0] += ld_cg(acc + (size_t)s * HD) * w[s];
+    const float A = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    p.out[((size_t)row * p.num_heads + h0 + g) * HD + d] = f2bf(A);
   }
 }
 
@@ -268,7 +305,9 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_splits(p, item, row, h0, gn);
+  // s_acc is free again (every thread passed the barrier after reading it).
+  static_assert(sizeof(s_acc) >= sizeof(float) * G * DECODE_MAX_SPLITS, "merge weights");
+  merge_splits(p, item, row, h0, gn, &s_acc[0][0][0]);
 }
 
 // grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32

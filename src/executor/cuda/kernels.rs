@@ -458,6 +458,12 @@ pub unsafe fn paged_decode(
     head_dim: usize,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
+    // The in-kernel merge keeps a weight per split in shared memory (DECODE_MAX_SPLITS).
+    anyhow::ensure!(
+        p.num_splits >= 1 && (p.counters == 0 || p.num_splits as usize <= MAX_FILLED_SPLITS),
+        "decode attention with {} splits (at most {MAX_FILLED_SPLITS} merged in the kernel)",
+        p.num_splits
+    );
     let name = attention_kernel(
         gpu,
         gpu.kv_kernel(&format!("paged_decode_hd{head_dim}_g{group}")),
