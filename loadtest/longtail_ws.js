@@ -10,7 +10,12 @@
 // (GRACEFUL_STOP after the run): `requests` counts every arrival, `slo_met` is the share of them
 // that met their SLO. Per class, the shares are of the requests started in that class (a dropped
 // arrival never drew one). The summary prints it all; SUMMARY_JSON writes it to a file.
+// With WORKLOAD_SEED set, arrival i of the run draws its class, question and document from a
+// generator seeded by (WORKLOAD_SEED, i) instead of Math.random: two runs at one rate and seed
+// get the same requests at the same times whatever the server does, so a policy A/B compares
+// like with like (unseeded, one 60 s run drew 45 long documents and its pair 29).
 import ws from "k6/ws";
+import exec from "k6/execution";
 import { check } from "k6";
 import { QUESTIONS } from "./common.js";
 import { Trend, Rate, Counter } from "k6/metrics";
@@ -85,31 +90,49 @@ const DOC_WORDS = ("Order 58231 was placed on March 3 and shipped from the Lyon 
   "defective, provided the original packaging is kept. The agent offered a prepaid return label " +
   "and asked for a photo of the damage. ").split(" ");
 
-function documentOf(words) {
-  const out = UNIQUE_DOCS ? [`Case ${Math.floor(Math.random() * 1e9)}.`] : [];
+const WORKLOAD_SEED = __ENV.WORKLOAD_SEED === undefined || __ENV.WORKLOAD_SEED === ""
+  ? null : int("WORKLOAD_SEED", "0");
+
+// mulberry32 over a state mixed from (seed, arrival index): uniform in [0, 1).
+function seededRandom(seed, index) {
+  let a = (Math.imul(index + 1, 0x9e3779b1) ^ Math.imul(seed + 1, 0x85ebca77)) >>> 0;
+  return function () {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function documentOf(words, random) {
+  const out = UNIQUE_DOCS ? [`Case ${Math.floor(random() * 1e9)}.`] : [];
   for (let i = 0; i < words; i++) out.push(DOC_WORDS[i % DOC_WORDS.length]);
   return out.join(" ");
 }
 
-function drawClass() {
-  const u = Math.random();
+function drawClass(random) {
+  const u = random();
   if (u < LONG_FRAC) return "long";
   if (u < LONG_FRAC + MEDIUM_FRAC) return "medium";
   return "short";
 }
 
 export default function () {
-  const cls = drawClass();
+  const random = WORKLOAD_SEED === null
+    ? Math.random
+    : seededRandom(WORKLOAD_SEED, exec.scenario.iterationInTest);
+  const cls = drawClass(random);
   const tags = { class: cls };
   // Counted before anything can fail or be interrupted: a request that never reports below
   // is a miss, not absent.
   started.add(1, tags);
-  const q = QUESTIONS[Math.floor(Math.random() * QUESTIONS.length)];
+  const q = QUESTIONS[Math.floor(random() * QUESTIONS.length)];
   let content = q;
   if (cls !== "short") {
     const [lo, hi] = WORDS[cls];
-    const words = lo + Math.floor(Math.random() * Math.max(1, hi - lo));
-    content = `Summarise this case and tell me what to do next:\n${documentOf(words)}\n${q}`;
+    const words = lo + Math.floor(random() * Math.max(1, hi - lo));
+    content = `Summarise this case and tell me what to do next:\n${documentOf(words, random)}\n${q}`;
   }
   const frame = JSON.stringify({
     type: "generate",
@@ -169,6 +192,7 @@ export function handleSummary(data) {
     rate: RATE,
     duration: __ENV.DURATION || "60s",
     unique_docs: UNIQUE_DOCS,
+    workload_seed: WORKLOAD_SEED,
     slo: SLO,
     shares: { short: 1 - LONG_FRAC - MEDIUM_FRAC, medium: MEDIUM_FRAC, long: LONG_FRAC },
     // Every arrival: started (ended or not) plus dropped by k6.

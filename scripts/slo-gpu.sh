@@ -153,16 +153,17 @@ pack_runs() {
 # Seconds since the experiment started, with a fraction.
 now_s() { echo "$(($(date +%s%N) - T0_NS))" | awk '{printf "%.1f", $1 / 1e9}'; }
 
-# k6 against PORT: k6_run PORT RATE DURATION_S SUMMARY_JSON LOG
+# k6 against PORT: k6_run PORT RATE DURATION_S SUMMARY_JSON LOG WORKLOAD_SEED
+# (the seed of every arrival's draws: runs of one repeat get the same requests, policy A/B)
 k6_run() {
-    local port=$1 rate=$2 dur=$3 summary=$4 log=$5 vus max_vus
+    local port=$1 rate=$2 dur=$3 summary=$4 log=$5 wseed=$6 vus max_vus
     # Enough VUs that k6 does not drop arrivals while the server keeps up (a request holds its
     # VU end to end), and room for every request of a timeout window when it does not.
     vus=$(awk -v r="$rate" 'BEGIN { printf "%d", r * 8 + 32 }')
     max_vus=$(awk -v r="$rate" -v t="$TIMEOUT_S" 'BEGIN { printf "%d", r * (t + 4) + 64 }')
     "$K6" run --quiet --no-usage-report -e BROOK_URL="ws://127.0.0.1:$port/v1/ws" -e RATE="$rate" \
         -e DURATION="${dur}s" -e VUS="$vus" -e MAX_VUS="$max_vus" -e GRACEFUL_STOP="${GRACEFUL_STOP_S}s" \
-        -e TIMEOUT_S="$TIMEOUT_S" -e UNIQUE_DOCS="$UNIQUE_DOCS" \
+        -e TIMEOUT_S="$TIMEOUT_S" -e UNIQUE_DOCS="$UNIQUE_DOCS" -e WORKLOAD_SEED="$wseed" \
         -e MEDIUM_FRAC="$MEDIUM_FRAC" -e LONG_FRAC="$LONG_FRAC" \
         -e MEDIUM_WORDS_MIN="$MEDIUM_WORDS_MIN" -e MEDIUM_WORDS_MAX="$MEDIUM_WORDS_MAX" \
         -e LONG_WORDS_MIN="$LONG_WORDS_MIN" -e LONG_WORDS_MAX="$LONG_WORDS_MAX" \
@@ -197,10 +198,12 @@ run_one() {
         tail -n 20 "$log" >&2
     else
         if [ "$WARMUP_S" != 0 ]; then
-            k6_run "$port" "$WARMUP_RATE" "$WARMUP_S" "$RUNS/$tag.warmup.json" "$RUNS/$tag.warmup.out"
+            # Seeds of their own: the warm-up's documents must not be in the run's prefix cache.
+            k6_run "$port" "$WARMUP_RATE" "$WARMUP_S" "$RUNS/$tag.warmup.json" "$RUNS/$tag.warmup.out" \
+                $((SEED * 1000 + 999))
         fi
         t_warm=$(now_s)
-        k6_run "$port" "$rate" "$dur" "$RUNS/$tag.k6.json" "$RUNS/$tag.k6.out"
+        k6_run "$port" "$rate" "$dur" "$RUNS/$tag.k6.json" "$RUNS/$tag.k6.out" $((SEED * 1000 + rep))
         t_k6=$(now_s)
         python3 - "$port" >"$RUNS/$tag.metrics.txt" <<'EOF' || true
 import sys, urllib.request
