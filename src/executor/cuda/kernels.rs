@@ -425,23 +425,33 @@ pub unsafe fn add_rmsnorm(gpu: &Gpu, p: &AddRmsNormParams) -> anyhow::Result<()>
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
-    let heads = (p.num_heads + p.num_kv_heads) as u32;
-    // Whole warps: the head norm reduces over the block.
-    let threads = (p.head_dim as u32 / 2).next_multiple_of(32);
+    let (head_dim, heads) = (p.head_dim as u32, (p.num_heads + p.num_kv_heads) as u32);
+    anyhow::ensure!(
+        head_dim % 8 == 0 && head_dim / 8 <= ROPE_MAX_THREADS,
+        "rope_kv: head_dim {head_dim} (a multiple of 8, at most {})",
+        8 * ROPE_MAX_THREADS
+    );
+    // head_dim / 8 threads a head (4 rotated pairs each), as many heads a CTA as fit.
+    let per_head = head_dim / 8;
+    let hpc = (ROPE_MAX_THREADS / per_head).min(heads).max(1);
     gpu.launch(
         &gpu.kv_kernel("rope_kv"),
-        (p.num_tokens as u32, heads, 1),
-        (threads, 1, 1),
+        (p.num_tokens as u32, heads.div_ceil(hpc), 1),
+        (hpc * per_head, 1, 1),
         p,
     )
 }
 
+/// Most threads a `rope_kv` CTA has (ROPE_MAX_THREADS in rope_kv.cu).
+pub const ROPE_MAX_THREADS: u32 = 128;
+
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
+    // Four outputs a thread (silu_mul.cu).
     gpu.launch(
         "silu_mul",
-        ((p.inter as u32).div_ceil(256), p.num_tokens as u32, 1),
+        ((p.inter as u32).div_ceil(4 * 256), p.num_tokens as u32, 1),
         (256, 1, 1),
         p,
     )
