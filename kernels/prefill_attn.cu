@@ -339,29 +339,14 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 #endif
 
     // S = Q K^T for this warp's 16 rows x 64 keys.
-    // K's B-fragments by ldmatrix.x4 (matrix i = lanes 8i..8i+7: keys nt*8 + r, dims kk*16 + 8i
-    // .. + 7 for kk, kk + 1): two k-steps a load, a quarter of the shared-memory instructions of
-    // 32-bit loads; the padded rows (KP) keep the 8 rows of each matrix in distinct banks.
     float s[PF_BN / 8][4];
 #pragma unroll
     for (int nt = 0; nt < PF_BN / 8; nt++) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      const bf16* krow = &Ks[(nt * 8 + (lane & 7)) * KP + (lane >> 3) * 8];
+      const bf16* krow = &Ks[(nt * 8 + g) * KP + tig * 2];
 #pragma unroll
-      for (int kk = 0; kk + 1 < HD / 16; kk += 2) {
-        u32 b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(smem_addr(krow + kk * 16)));
-        mma_bf16(s[nt], qf[kk], b0, b1);
-        mma_bf16(s[nt], qf[kk + 1], b2, b3);
-      }
-      if constexpr (HD / 16 % 2 == 1) {  // HD 80, 112 ...: the last k-step alone (lanes 0-15)
-        u32 b0, b1;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                     : "=r"(b0), "=r"(b1)
-                     : "r"(smem_addr(krow + (HD / 16 - 1) * 16)));
-        mma_bf16(s[nt], qf[HD / 16 - 1], b0, b1);
+      for (int kk = 0; kk < HD / 16; kk++) {
+        mma_bf16(s[nt], qf[kk], *(const u32*)(krow + kk * 16), *(const u32*)(krow + kk * 16 + 8));
       }
     }
     // Causal mask (key <= position also keeps keys < context) and window, scale into the log2
