@@ -459,36 +459,31 @@ fn micro<T: Wt>(
     }
 }
 
-/// `dot` with W's row widened to f32 (the same operations in the same order).
+/// `dot` with W's row widened to f32 as it is read (the same operations in the same order; no
+/// widened copy of the row).
 #[inline]
 fn dot_wt<T: Wt>(a: &[f32], b: &[T]) -> f32 {
-    match T::as_f32(b) {
-        Some(b) => dot(a, b),
-        None => {
-            let b: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-            dot(a, &b)
-        }
-    }
-}
-
-/// The portable dot product: eight lanes over k (the loop vectorises, no serial add chain),
-/// reduced pairwise. Also attention's q·k and the head norms' sums of squares.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.to_f32())
         .sum();
     for (x, y) in ca.zip(cb) {
         for j in 0..8 {
-            acc[j] += x[j] * y[j];
+            acc[j] += x[j] * y[j].to_f32();
         }
     }
     reduce8(&acc) + tail
+}
+
+/// The portable dot product: eight lanes over k (the loop vectorises, no serial add chain),
+/// reduced pairwise. Also attention's q·k and the head norms' sums of squares.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_wt(a, b)
 }
 
 /// One fixed order of summing eight lanes.

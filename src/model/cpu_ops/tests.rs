@@ -176,6 +176,23 @@ fn bf16_weights_match_their_f32_widening_bit_for_bit() {
     assert!(!Dense::new(w, 3, 4, None).is_bf16());
 }
 
+/// The portable path's bf16 dot (no AVX2 / AVX-512: the SIMD kernels above may be the ones
+/// matmul_wt takes here) widens as it reads, bit for bit the f32 dot of the widened row.
+#[test]
+fn portable_bf16_dot_equals_the_widened_dot_bit_for_bit() {
+    for k in [1, 7, 8, 9, 64, 391, 4096] {
+        let a = rand_vec(k, 11 + k as u64);
+        let bits: Vec<u16> = rand_vec(k, 12 + k as u64)
+            .iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
+            .collect();
+        let wide: Vec<f32> = bits.iter().map(|&b| b.to_f32()).collect();
+        let (got, want) = (dot_wt(&a, &bits), dot(&a, &wide));
+        assert!(got.is_finite() && got != 0.0, "k {k}: {got}");
+        assert_eq!(got.to_bits(), want.to_bits(), "k {k}: {got} vs {want}");
+    }
+}
+
 #[test]
 fn bias_norm_and_swiglu() {
     let d = Dense::new(vec![1.0, 2.0, 3.0, 4.0], 2, 2, Some(vec![0.5, -1.0]));

@@ -25,6 +25,30 @@ fn target(base: f64, per_row: f64) -> CostModel {
     })
 }
 
+/// `choose_depth` with a fresh verification fit (the tests about verification pass their own).
+fn choose(
+    target: &CostModel,
+    draft: &DraftCost,
+    decodes: &StepFeatures,
+    alphas: &[f64],
+    others: usize,
+    catch_up: usize,
+    ceiling: usize,
+) -> DepthChoice {
+    choose_depth(
+        Fits {
+            target,
+            verify: &VerifyCost::default(),
+            draft,
+        },
+        decodes,
+        alphas,
+        others,
+        catch_up,
+        ceiling,
+    )
+}
+
 fn decodes(b: usize) -> StepFeatures {
     let mut f = StepFeatures::default();
     for _ in 0..b {
@@ -80,18 +104,7 @@ fn a_single_stream_speculates_on_a_memory_bound_step() {
     for _ in 0..10 {
         d.observe(4, 4, 1.2);
     }
-    let c = choose_depth(
-        Fits {
-            target: &t,
-            verify: &VerifyCost::default(),
-            draft: &d,
-        },
-        &decodes(1),
-        &[0.8],
-        0,
-        0,
-        4,
-    );
+    let c = choose(&t, &d, &decodes(1), &[0.8], 0, 0, 4);
     assert_eq!(c.cap, 4, "{c:?}");
     assert_eq!(c.depth_for(0.8), 4);
 }
@@ -101,54 +114,10 @@ fn a_large_compute_bound_batch_does_not_speculate() {
     // Every row costs 0.25 ms: at batch 64 a verification row costs what a decode does.
     let t = target(2.0, 0.25);
     let d = DraftCost::default();
-    assert!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(1),
-            &[0.8],
-            0,
-            0,
-            4
-        )
-        .cap > 0
-    );
-    assert_eq!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(64),
-            &[0.8; 64],
-            0,
-            0,
-            4
-        )
-        .cap,
-        0
-    );
+    assert!(choose(&t, &d, &decodes(1), &[0.8], 0, 0, 4).cap > 0);
+    assert_eq!(choose(&t, &d, &decodes(64), &[0.8; 64], 0, 0, 4).cap, 0);
     // A perfect proposer still pays there: every row it adds is a token.
-    assert_eq!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(64),
-            &[1.0; 64],
-            0,
-            0,
-            4
-        )
-        .cap,
-        4
-    );
+    assert_eq!(choose(&t, &d, &decodes(64), &[1.0; 64], 0, 0, 4).cap, 4);
 }
 
 #[test]
@@ -164,22 +133,7 @@ fn a_verification_row_costs_at_least_a_decode_row() {
         per_prefill_floor_pair_ms: 0.0,
     });
     let d = DraftCost::default();
-    assert_eq!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(64),
-            &[0.7; 64],
-            0,
-            0,
-            4
-        )
-        .cap,
-        0
-    );
+    assert_eq!(choose(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4).cap, 0);
 }
 
 #[test]
@@ -206,39 +160,14 @@ fn depth_falls_with_acceptance() {
     let t = target(2.0, 0.1);
     let mut d = DraftCost::default();
     d.observe(4, 4, 1.2);
-    let c = choose_depth(
-        Fits {
-            target: &t,
-            verify: &VerifyCost::default(),
-            draft: &d,
-        },
-        &decodes(4),
-        &[0.9, 0.5, 0.1, 0.9],
-        0,
-        0,
-        4,
-    );
+    let c = choose(&t, &d, &decodes(4), &[0.9, 0.5, 0.1, 0.9], 0, 0, 4);
     assert!(c.cap > 0);
     let ks: Vec<usize> = [0.9, 0.5, 0.1, 0.02].map(|a| c.depth_for(a)).to_vec();
     assert!(ks.windows(2).all(|w| w[0] >= w[1]), "{ks:?}");
     assert!(ks[0] > ks[2], "{ks:?}");
     assert_eq!(c.depth_for(0.02), 0, "{ks:?}");
     // Nobody may speculate: no depth.
-    assert_eq!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(4),
-            &[],
-            4,
-            0,
-            4
-        ),
-        DepthChoice::NONE
-    );
+    assert_eq!(choose(&t, &d, &decodes(4), &[], 4, 0, 4), DepthChoice::NONE);
 }
 
 #[test]
@@ -333,48 +262,12 @@ fn the_draft_models_catch_up_can_price_speculation_out() {
         d.observe(passes, tokens, 0.1 * passes as f64 + 0.002 * tokens as f64);
     }
     assert!(d.per_token_ms() > 0.0);
-    let synced = choose_depth(
-        Fits {
-            target: &t,
-            verify: &VerifyCost::default(),
-            draft: &d,
-        },
-        &decodes(64),
-        &[0.7; 64],
-        0,
-        0,
-        4,
-    );
+    let synced = choose(&t, &d, &decodes(64), &[0.7; 64], 0, 0, 4);
     assert!(synced.cap > 0, "{synced:?}");
-    let fresh = choose_depth(
-        Fits {
-            target: &t,
-            verify: &VerifyCost::default(),
-            draft: &d,
-        },
-        &decodes(64),
-        &[0.7; 64],
-        0,
-        64 * 64,
-        4,
-    );
+    let fresh = choose(&t, &d, &decodes(64), &[0.7; 64], 0, 64 * 64, 4);
     assert_eq!(fresh.cap, 0, "{fresh:?}");
     // One request's catch-up is worth paying at a single stream.
-    assert!(
-        choose_depth(
-            Fits {
-                target: &t,
-                verify: &VerifyCost::default(),
-                draft: &d
-            },
-            &decodes(1),
-            &[0.7],
-            0,
-            64,
-            4
-        )
-        .cap > 0
-    );
+    assert!(choose(&t, &d, &decodes(1), &[0.7], 0, 64, 4).cap > 0);
 }
 
 /// A verification fit from steps measured like the CPU pair's (single stream): the first
