@@ -209,6 +209,12 @@ pub struct MergeConfig {
     pub expected_output_tokens: usize,
     /// A step is planned to take at most this fraction of the tightest ITL SLO among its decodes.
     pub itl_headroom: f64,
+    /// The fraction of a request's real end-to-end slack per token left (`e2e_ms`) a step may
+    /// take; default (`None`): `itl_headroom`. Its own knob because the two buy different
+    /// margins: the ITL pace's headroom is all the margin a mean ITL has, while the e2e pace's
+    /// margin is better set in the target itself (`e2e_ms` under what the client judges), and a
+    /// headroom under 1 on top of it paces every answer tighter, at a step's base cost each.
+    pub e2e_headroom: Option<f64>,
     /// Smallest prefill chunk worth trimming a candidate to; below it the candidate waits.
     pub min_chunk_tokens: usize,
     /// When a step holds no prefill at all, the first prefill candidate gets this many tokens
@@ -250,6 +256,7 @@ impl Default for MergeConfig {
             kv_threshold: 0.9,
             expected_output_tokens: 256,
             itl_headroom: 0.9,
+            e2e_headroom: None,
             min_chunk_tokens: 32,
             progress_tokens: 64,
             promote_after: f64::INFINITY,
@@ -368,6 +375,9 @@ impl SchedulerConfig {
         }
         if !(m.itl_headroom > 0.0 && m.itl_headroom <= 1.0) {
             return Err("merge.itl_headroom must be in (0, 1]".into());
+        }
+        if m.e2e_headroom.is_some_and(|h| !(h > 0.0 && h <= 1.0)) {
+            return Err("merge.e2e_headroom must be in (0, 1]".into());
         }
         if !m.doc_step_ms.is_finite() || m.doc_step_ms <= 0.0 {
             return Err("merge.doc_step_ms must be finite and > 0".into());

@@ -491,7 +491,7 @@ impl Scheduler {
     ///
     /// With an end-to-end SLO (`e2e_ms`) the step is also bounded by the request's real slack:
     /// the time left to `arrival + e2e_ms` shared evenly over the tokens it still has to
-    /// produce, × the same headroom. Recomputed every step, this paces a request that is ahead
+    /// produce, × `e2e_headroom` (default: the same headroom). Recomputed every step, this paces a request that is ahead
     /// looser and one that fell behind (a step that ran over its prediction) tighter, so it
     /// catches up instead of carrying the delay to its last token: a short answer of 32 tokens
     /// whose first came at 40 ms under a 780 ms SLO takes 740 / 31 × 0.9 ≈ 21.5 ms a step at
@@ -510,7 +510,8 @@ impl Scheduler {
         if tokens_left == 0 || left_ms <= 0.0 || !left_ms.is_finite() {
             return itl_bound;
         }
-        itl_bound.min(left_ms * h / tokens_left as f64)
+        let e2e_h = self.cfg.merge.e2e_headroom.unwrap_or(h);
+        itl_bound.min(left_ms * e2e_h / tokens_left as f64)
     }
 
     /// The running request to preempt first: the longest class, then the latest admitted,

@@ -189,6 +189,15 @@ fn the_floor_coefficient_fits_a_kernel_with_or_without_the_floor() {
 /// token after one step, then 3 decode steps, every step `step_s` long), then a 40-token medium
 /// prompt; the tokens of it the next step takes (trimmed to any size: `min_chunk_tokens` 1).
 fn merged_under_short_e2e(e2e_ms: f64, step_s: f64) -> usize {
+    merged_under_short_e2e_with(e2e_ms, step_s, |_| {})
+}
+
+/// `merged_under_short_e2e` with one more knob set by `tweak`.
+fn merged_under_short_e2e_with(
+    e2e_ms: f64,
+    step_s: f64,
+    tweak: impl FnOnce(&mut SchedulerConfig),
+) -> usize {
     let mut cfg = SchedulerConfig {
         cost_fallback: coarse_cost(),
         max_num_batched_tokens: 256,
@@ -197,6 +206,7 @@ fn merged_under_short_e2e(e2e_ms: f64, step_s: f64) -> usize {
     };
     cfg.slo.short.e2e_ms = e2e_ms;
     cfg.merge.min_chunk_tokens = 1;
+    tweak(&mut cfg);
     let mut e = Engine::new(cfg, 256);
     for id in 1..=4 {
         e.add(request(id).prompt_len(4).max_tokens(30).ignore_eos());
@@ -224,6 +234,26 @@ fn a_short_answer_behind_its_end_to_end_pace_catches_up() {
     assert_eq!(merged_under_short_e2e(600.0, 0.04), 6);
     // Ahead (5 ms steps): at 20 ms, 580 x 0.9 / 26 = 20.1 ms: 11 tokens.
     assert_eq!(merged_under_short_e2e(600.0, 0.005), 11);
+}
+
+#[test]
+fn the_end_to_end_pace_has_its_own_headroom() {
+    let e2e_h = |h: f64| move |c: &mut SchedulerConfig| c.merge.e2e_headroom = Some(h);
+    // 1.0 instead of itl_headroom's 0.9: 560 / 26 = 21.5 ms; 5 + 4 + n: 12 tokens (10 at 0.9).
+    assert_eq!(merged_under_short_e2e_with(600.0, 0.01, e2e_h(1.0)), 12);
+    // Set to itl_headroom's own value it changes nothing.
+    assert_eq!(merged_under_short_e2e_with(600.0, 0.01, e2e_h(0.9)), 10);
+    // It leaves the ITL pace alone: no e2e SLO, 45 ms a token and 150 ms banked as before.
+    assert_eq!(
+        merged_under_short_e2e_with(f64::INFINITY, 0.01, e2e_h(0.5)),
+        40
+    );
+    // And the ITL headroom no longer scales the e2e pace once it is set: 560 x 1.0 / 26 still.
+    let both = |c: &mut SchedulerConfig| {
+        c.merge.e2e_headroom = Some(1.0);
+        c.merge.itl_headroom = 0.8;
+    };
+    assert_eq!(merged_under_short_e2e_with(600.0, 0.01, both), 12);
 }
 
 /// Four short answers decoding 100 tokens each in 10 ms steps paced to 9 ms a token (e2e SLO
@@ -290,6 +320,8 @@ fn the_new_knobs_reject_bad_values_with_a_clear_error() {
         cfg.validate().expect_err("accepted")
     };
     assert!(bad(|c| c.slo.short.e2e_ms = 100.0).contains("e2e_ms must exceed ttft_ms"));
+    assert!(bad(|c| c.merge.e2e_headroom = Some(1.5)).contains("merge.e2e_headroom"));
+    assert!(bad(|c| c.merge.e2e_headroom = Some(0.0)).contains("merge.e2e_headroom"));
     assert!(bad(|c| c.slo.long.e2e_ms = f64::NAN).contains("slo.long"));
     assert!(bad(|c| c.merge.deadline_share = 0.0).contains("deadline_share"));
     assert!(bad(|c| c.merge.max_trim_cost = 0.5).contains("max_trim_cost"));
