@@ -32,10 +32,14 @@ fn run_dtype(
     breakdown: bool,
     dtype: KvCacheDtype,
 ) -> anyhow::Result<()> {
+    // Step stamps on: the GPU's span of the step (first kernel's start to last kernel's end)
+    // against the wall time says how much of a TTFT is the host's (two one-thread stamp
+    // kernels, a few µs).
     let base = CudaBackendOptions {
         max_num_seqs: 8,
         max_num_batched_tokens: input_len,
         kv_cache_dtype: dtype,
+        step_timing: true,
         ..bench_options()
     };
     let kv = dtype.as_str();
@@ -51,7 +55,7 @@ fn run_dtype(
         let bs = b.info().block_size;
         let vocab = b.config().vocab_size as u32;
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let mut times = Vec::new();
+        let (mut times, mut spans, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..6 {
             let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
             let per = input_len.div_ceil(bs) as u32;
@@ -67,13 +71,20 @@ fn run_dtype(
                 last,
             ))?;
             times.push(elapsed_ms(t0));
+            if let Some(t) = b.last_timing() {
+                spans.push(t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6);
+                hosts.push([t.prepare, t.launch, t.wait].map(|d| d.as_secs_f64() * 1e3));
+            }
         }
         let med = median(times[1..].to_vec());
+        let gpu_ms = (spans.len() > 1).then(|| median(spans[1..].to_vec()));
+        let host_ms = (hosts.len() > 1)
+            .then(|| [0, 1, 2].map(|i| median(hosts[1..].iter().map(|h| h[i]).collect())));
         eprintln!(
-            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {times:.2?})"
+            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {times:.2?}); GPU span of the step {gpu_ms:.2?} ms; host prepare / launch / wait {host_ms:.2?} ms"
         );
         emit(
-            json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "skipped": skipped}),
+            json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "gpu_span_ms": gpu_ms, "host_prepare_launch_wait_ms": host_ms, "skipped": skipped}),
         );
         // One backend at a time: each holds most of the GPU's memory for its KV pool.
         drop(b);
