@@ -112,6 +112,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // (the same for K and V: computed once a tile), 0xffffffff for keys outside [kv_begin, kv_end).
 __device__ __forceinline__ void tile_offsets(u32* off, const int* bt, int kv0, int kv_begin,
                                              int kv_end, int kh, const PrefillAttnParams& p) {
+  const int bshift = __ffs(p.block_size) - 1;
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
     const int c = threadIdx.x + i * 128;
@@ -123,8 +124,9 @@ __device__ __forceinline__ void tile_offsets(u32* off, const int* bt, int kv0, i
       continue;
     }
 #endif
+    // block_size is a power of two (config.rs): a shift and a mask, not two integer divisions.
     off[i] = key >= kv_begin && key < kv_end
-                 ? (u32)((kv_offset(bt[key / p.block_size], kh, key % p.block_size,
+                 ? (u32)((kv_offset(bt[key >> bshift], kh, key & (p.block_size - 1),
                                     p.num_kv_heads, p.block_size, HD) + d8) / KV_VEC)
                  : 0xffffffffu;
   }
@@ -350,15 +352,16 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
       }
     }
     // Causal mask (key <= position also keeps keys < context) and window, scale into the log2
-    // domain.
+    // domain; a tile that every row of the CTA sees whole (no window) skips the mask.
+    const bool whole = p.window == 0 && kv0 + PF_BN - 1 <= first_pos + q0;
     float mx_a = m_a, mx_b = m_b;
 #pragma unroll
     for (int nt = 0; nt < PF_BN / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int key = kv0 + nt * 8 + tig * 2 + e;
-        s[nt][e] = key <= pos_a && key >= lo_a ? s[nt][e] * sl2 : NEG_INF;
-        s[nt][2 + e] = key <= pos_b && key >= lo_b ? s[nt][2 + e] * sl2 : NEG_INF;
+        s[nt][e] = whole || (key <= pos_a && key >= lo_a) ? s[nt][e] * sl2 : NEG_INF;
+        s[nt][2 + e] = whole || (key <= pos_b && key >= lo_b) ? s[nt][2 + e] * sl2 : NEG_INF;
         mx_a = fmaxf(mx_a, s[nt][e]);
         mx_b = fmaxf(mx_b, s[nt][2 + e]);
       }
@@ -478,7 +481,14 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   }
 }
 
+// CTAs an SM must fit (the register cap that follows): 3 up to head dim 128 (168 registers at
+// 128, 60 bytes spilled) against the 2 that 220 registers left room for; the kernel is
+// latency-bound, and a third CTA hides more of each tile's loads and barriers. Above 128 the cap
+// would spill the O accumulators.
+#ifndef PF_MIN_CTAS
+#define PF_MIN_CTAS (HD > 128 ? 1 : 3)
+#endif
 // grid: (num_tiles, num_heads, num_splits), block: 128
-extern "C" __global__ void __launch_bounds__(128) prefill_attn(PrefillAttnParams p) {
+extern "C" __global__ void __launch_bounds__(128, PF_MIN_CTAS) prefill_attn(PrefillAttnParams p) {
   prefill_attn_impl(p);
 }

@@ -561,8 +561,10 @@ pub unsafe fn prefill_attn_named(
     )
 }
 
-/// Prefill-attention CTAs resident per SM (two at head_dim 128: 185 registers a thread), the
-/// unit of a wave in `prefill_splits`.
+/// Prefill-attention CTAs a wave counts per SM in `prefill_splits`: the two that fit when the rule
+/// was tuned. Since session 15 three fit at head_dim <= 128 (168 registers), and forced 4-8
+/// splits beat the rule's 1-2 on 256-512-query chunks at 8-16k context (BENCHMARKS.md, issue 18,
+/// session 15): retuning this is measured work still to do.
 pub const PREFILL_SPLIT_FILL: usize = 2;
 /// Most split CTAs (tiles x heads x splits) per SM of a launch that splits: two waves (the split
 /// scratch is sized from it).
