@@ -482,12 +482,10 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
 }
 
 // CTAs an SM must fit (the register cap that follows): 3 up to head dim 128 (168 registers at
-// 128, 60 bytes spilled) against the 2 that 220 registers left room for; the kernel is
-// latency-bound, and a third CTA hides more of each tile's loads and barriers. Above 128 the cap
-// would spill the O accumulators.
-#ifndef PF_MIN_CTAS
+// 128, 60 bytes spilled, by NVRTC 12.9's ptxas -v) against the 2 that 220 registers left room
+// for; the kernel is latency-bound, and a third CTA hides more of each tile's loads and
+// barriers. Above 128 the cap would spill the O accumulators.
 #define PF_MIN_CTAS (HD > 128 ? 1 : 3)
-#endif
 // grid: (num_tiles, num_heads, num_splits), block: 128
 extern "C" __global__ void __launch_bounds__(128, PF_MIN_CTAS) prefill_attn(PrefillAttnParams p) {
   prefill_attn_impl(p);
