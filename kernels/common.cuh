@@ -43,26 +43,16 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 
-// The paged KV cache's element type. Default: bf16, the model's dtype. With -DKV_FP8=1 (`--kv-cache-dtype
-// fp8`, Gpu::set_kv_fp8): fp8 e4m3 with a per-tensor scale of 1 (no calibration, vLLM's default):
-// half the bytes a token. Writes saturate at +-448 (cvt .satfinite, what cuda_fp8.h's
-// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) compiles to); reads are exact (every e4m3
-// value is an f16 and a bf16). Both conversions are sm_89+ instructions: the host refuses fp8 on
-// older GPUs. KV_VEC: cache elements in one 16-byte load.
-#ifndef KV_FP8
-#define KV_FP8 0
-#endif
-#if KV_FP8
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-#error "KV_FP8 needs sm_89 or newer (e4m3 conversions)"
-#endif
-typedef unsigned char kv_t;  // e4m3 bits
-#define KV_VEC 16
+// e4m3 (fp8) conversions: the KV cache's e4m3 build (below) and the fp8 weights
+// (`--quantization fp8`: quant_fp8.cu, gemv.cu's gemv_fp8). Each is one PTX instruction of
+// sm_89+; a kernel that uses them is compiled for sm_89+ only (the others never emit them).
 
-__device__ __forceinline__ kv_t f2kv(float f) {
+// Two floats to two e4m3 (`lo` in the low byte, the lower address), rounded to nearest even and
+// saturated at +-448.
+__device__ __forceinline__ unsigned short f2e4m3x2(float lo, float hi) {
   unsigned short r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(f));
-  return (kv_t)r;  // f went to the low byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 // Two e4m3 (the low byte first in memory) to two f16 in one register, the low byte's low.
@@ -105,6 +95,27 @@ __device__ __forceinline__ void e4m3x16_to_bf16(uint4 v, uint4* lo, uint4* hi) {
   *hi = make_uint4(pack_bf16x2(f[8], f[9]), pack_bf16x2(f[10], f[11]),
                    pack_bf16x2(f[12], f[13]), pack_bf16x2(f[14], f[15]));
 }
+
+// The paged KV cache's element type. Default: bf16, the model's dtype. With -DKV_FP8=1 (`--kv-cache-dtype
+// fp8`, Gpu::set_kv_fp8): fp8 e4m3 with a per-tensor scale of 1 (no calibration, vLLM's default):
+// half the bytes a token. Writes saturate at +-448 (cvt .satfinite, what cuda_fp8.h's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) compiles to); reads are exact (every e4m3
+// value is an f16 and a bf16). Both conversions are sm_89+ instructions: the host refuses fp8 on
+// older GPUs. KV_VEC: cache elements in one 16-byte load.
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+#if KV_FP8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "KV_FP8 needs sm_89 or newer (e4m3 conversions)"
+#endif
+typedef unsigned char kv_t;  // e4m3 bits
+#define KV_VEC 16
+
+__device__ __forceinline__ kv_t f2kv(float f) {
+  return (kv_t)f2e4m3x2(f, 0.f);  // f went to the low byte
+}
+
 // A 16-byte load of the cache (KV_VEC elements) as bf16: KV_VEC / 8 16-byte words.
 __device__ __forceinline__ void kv_widen16(uint4 v, uint4 out[KV_VEC / 8]) {
   e4m3x16_to_bf16(v, &out[0], &out[1]);

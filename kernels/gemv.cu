@@ -7,18 +7,25 @@
 // the host picks `split` from k, kernels::gemv_split).
 // fp32 accumulation; x (small) is served from L1/L2.
 //
+// `gemv_fp8` reads e4m3 weights with one f32 scale for the matrix (`--quantization fp8`,
+// quantized by quant_fp8.cu): half the bytes of bf16, so a decode step streams half as much.
+// A 16-byte load then holds 16 weights, widened to f32 (cvt e4m3x2 -> f16x2 -> f32) before the
+// same fp32 dot with x; the scale multiplies the sum. e4m3 conversions are sm_89+: below
+// that its kernels are empty (the host never launches them there).
+//
 // Two fused variants save a launch and a round trip through memory per layer at batch <= 4:
 // `gemv_silu` (gate|up projection + SiLU × up) and `gemv_qkv_rope` (QKV projection + RoPE + the
 // paged K/V write). Each warp group of those owns the R = 2 rows its epilogue needs together.
 struct GemvParams {
-  const bf16* x;   // [m, k]   k % 8 == 0
-  const bf16* w;   // [n, k]
+  const bf16* x;   // [m, k]   k % 8 == 0 (k % 16 == 0 for gemv_fp8)
+  const bf16* w;   // [n, k]   bf16, or e4m3 bytes for gemv_fp8
   bf16* y;         // [m, n]   bf16 output, or null when y32 is set
   float* y32;      // [m, n]   fp32 output (logits), or null
   int m;
   int n;
   int k;
   int split;       // warps per output row: 1, 2, 4 or 8 (divides GEMV_WARPS)
+  const float* w_scale;  // [1]  gemv_fp8: the weight's scale (w = e4m3 value * scale); else unused
 };
 
 // Warps per CTA, and 16-byte loads per lane per buffer (split over the R rows of the fused
@@ -39,14 +46,15 @@ __device__ __forceinline__ int gemv_group(int split) {
 // acc[r][m] = dot(w row rows[r], x row m), summed over the `split` warps of the group. Returns
 // whether this thread holds the sums (lane 0 of the group's first warp): the one that writes.
 // Every thread of the CTA must call it (a barrier joins the split warps); `valid` false (a group
-// past the last row) loads nothing.
-template <int M, int R>
-__device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16* __restrict__ w,
+// past the last row) loads nothing. W8: w holds e4m3 bytes (16 a chunk, unscaled), else bf16 (8).
+template <int M, int R, bool W8 = false>
+__device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const void* __restrict__ w,
                                          const int rows[R], bool valid, int k, int split,
                                          float acc[R][M]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int part = warp % split;
-  const int chunks = valid ? k / 8 : 0;  // 16-byte chunks per row
+  constexpr int PER = W8 ? 16 : 8;        // weights per 16-byte chunk
+  const int chunks = valid ? k / PER : 0;  // 16-byte chunks per row
   const int stride = 32 * split;         // chunks between one lane's successive loads
   constexpr int U = GEMV_UNROLL / R > 0 ? GEMV_UNROLL / R : 1;  // loads per row per buffer
 #pragma unroll
@@ -57,7 +65,7 @@ __device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16*
   auto load = [&](uint4 (&buf)[R][U], int c0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const uint4* wr = (const uint4*)(w + (size_t)rows[r] * k);
+      const uint4* wr = (const uint4*)((const char*)w + (size_t)rows[r] * k * (W8 ? 1 : 2));
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int c = c0 + u * stride;
@@ -75,6 +83,25 @@ __device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16*
     for (int u = 0; u < U; u++) {
       const int c = c0 + u * stride;
       if (c >= chunks) break;
+      if constexpr (W8) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          float wf[16];
+          e4m3x16_to_f(cur[r][u], wf);
+#pragma unroll
+          for (int m = 0; m < M; m++) {
+            const uint4* xm = (const uint4*)(x + (size_t)m * k) + 2 * c;
+            const uint4 x0 = xm[0], x1 = xm[1];
+            const u32 xx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+              acc[r][m] += wf[2 * e] * bf_lo(xx[e]);
+              acc[r][m] += wf[2 * e + 1] * bf_hi(xx[e]);
+            }
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int m = 0; m < M; m++) {
         const uint4 xv = ((const uint4*)(x + (size_t)m * k))[c];
@@ -119,18 +146,19 @@ __device__ __forceinline__ bool gemv_dot(const bf16* __restrict__ x, const bf16*
   return valid && part == 0 && lane == 0;
 }
 
-template <int M>
+template <int M, bool W8 = false>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
   pdl_trigger();
   const int row = gemv_group(p.split);
   const bool valid = row < p.n;
   const int rows[1] = {valid ? row : 0};
   float acc[1][M];
-  if (gemv_dot<M, 1>(p.x, p.w, rows, valid, p.k, p.split, acc)) {
+  if (gemv_dot<M, 1, W8>(p.x, p.w, rows, valid, p.k, p.split, acc)) {
+    const float s = W8 ? p.w_scale[0] : 1.f;
 #pragma unroll
     for (int m = 0; m < M; m++) {
-      if (p.y32) p.y32[(size_t)m * p.n + row] = acc[0][m];
-      else p.y[(size_t)m * p.n + row] = f2bf(acc[0][m]);
+      if (p.y32) p.y32[(size_t)m * p.n + row] = acc[0][m] * s;
+      else p.y[(size_t)m * p.n + row] = f2bf(acc[0][m] * s);
     }
   }
 }
@@ -140,6 +168,17 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m1(GemvParams p)
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m2(GemvParams p) { gemv_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m3(GemvParams p) { gemv_impl<3>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_m4(GemvParams p) { gemv_impl<4>(p); }
+
+// e4m3 weights (W8A16); same grid and block as gemv. Empty below sm_89 (see the top).
+#if __CUDA_ARCH__ >= 890
+#define GEMV_FP8(M) gemv_impl<M, true>(p)
+#else
+#define GEMV_FP8(M)
+#endif
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_fp8_m1(GemvParams p) { GEMV_FP8(1); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_fp8_m2(GemvParams p) { GEMV_FP8(2); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_fp8_m3(GemvParams p) { GEMV_FP8(3); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_fp8_m4(GemvParams p) { GEMV_FP8(4); }
 
 // out[m, j] = silu(x[m]·w[j]) * (x[m]·w[inter + j]): the gate|up projection with the SwiGLU
 // activation in its epilogue (the fused weight keeps gate rows first, then up rows).

@@ -91,6 +91,9 @@ pub struct ModelSection {
     /// CUDA executor: replay speculative verification steps (every sequence verifying the same
     /// number of drafts) from CUDA graphs as decode steps are. Off by default until measured.
     pub cuda_verify_graphs: bool,
+    /// CUDA executor: the linear layers' weights, none (bf16) or fp8 (e4m3 with per-channel
+    /// scales, fp8 GEMMs; sm_89+). The CPU executor refuses fp8 at start.
+    pub quantization: crate::executor::cuda::Quantization,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -154,6 +157,7 @@ impl Default for ModelSection {
             // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
             prefill_gemm_max_len: 0,
             cuda_verify_graphs: false,
+            quantization: Default::default(),
         }
     }
 }
@@ -433,6 +437,29 @@ mod tests {
         };
         assert!(
             err.contains("--kv-cache-dtype fp8") && err.contains("CPU"),
+            "{err}"
+        );
+    }
+
+    /// `model.quantization` (and `--quantization`) reach the CUDA options; the CPU refuses fp8.
+    #[test]
+    fn quantization_flows_to_cuda_and_the_cpu_refuses_fp8() {
+        use crate::executor::cuda::{CudaBackendOptions, Quantization};
+        assert_eq!(Config::default().model.quantization, Quantization::None);
+        let mut cfg = Config::from_toml("[model]\nquantization = \"fp8\"\n").unwrap();
+        assert_eq!(cfg.model.quantization, Quantization::Fp8);
+        let cuda = CudaBackendOptions::from_config(&cfg, false);
+        assert_eq!(cuda.quantization, Quantization::Fp8);
+        let err = toml_err("[model]\nquantization = \"int4\"\n");
+        assert!(err.contains("int4"), "{err}");
+        cfg.model.device = "cpu".into();
+        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
+        let err = match crate::engine::start(&cfg, &demo, false) {
+            Ok(_) => panic!("the CPU executor started with fp8 weights"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.contains("--quantization fp8") && err.contains("CPU"),
             "{err}"
         );
     }

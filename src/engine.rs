@@ -572,6 +572,10 @@ fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
             !cfg.cache.kv_cache_dtype.is_fp8(),
             "--kv-cache-dtype fp8 needs the CUDA executor, and this runs on the CPU ({why}); use --kv-cache-dtype auto"
         );
+        anyhow::ensure!(
+            !cfg.model.quantization.is_fp8(),
+            "--quantization fp8 needs the CUDA executor, and this runs on the CPU ({why}); leave --quantization out"
+        );
     }
     Ok(device)
 }

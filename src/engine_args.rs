@@ -48,6 +48,11 @@ pub struct EngineArgs {
     /// CUDA executor on sm_89+; the CPU executor refuses it at start.
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<crate::executor::cuda::KvCacheDtype>,
+    /// Linear weights: none (the checkpoint's, as bf16) or fp8 (quantized at load to e4m3 with
+    /// per-channel scales; fp8 tensor-core GEMMs, half the weight bytes a decode step reads).
+    /// CUDA executor on sm_89+ only; the CPU executor refuses it at start.
+    #[arg(long, value_enum)]
+    pub quantization: Option<crate::executor::cuda::Quantization>,
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
@@ -127,6 +132,9 @@ impl EngineArgs {
         }
         if let Some(d) = self.kv_cache_dtype {
             cfg.cache.kv_cache_dtype = d;
+        }
+        if let Some(q) = self.quantization {
+            cfg.model.quantization = q;
         }
         let spec = &mut cfg.speculative;
         if let Some(d) = &self.draft_model {

@@ -70,6 +70,10 @@ mod spec;
 #[path = "cuda_e2e/kv_fp8.rs"]
 mod kv_fp8;
 
+/// fp8 (e4m3) linear weights against bf16 ones.
+#[path = "cuda_e2e/weights_fp8.rs"]
+mod weights_fp8;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {
@@ -574,11 +578,11 @@ fn weight_bytes(b: &CudaBackend) -> Vec<Vec<u8>> {
     for l in &w.layers {
         bufs.extend([
             &l.input_norm,
-            &l.qkv,
-            &l.o,
+            &l.qkv.w,
+            &l.o.w,
             &l.post_norm,
-            &l.gate_up,
-            &l.down,
+            &l.gate_up.w,
+            &l.down.w,
         ]);
     }
     bufs.extend(&w.lm_head);

@@ -67,6 +67,7 @@ impl CudaBackendOptions {
             },
             skip: 0,
             kv_cache_dtype: cfg.cache.kv_cache_dtype,
+            quantization: cfg.model.quantization,
         }
     }
 }

@@ -30,14 +30,14 @@ fn with_dtype(opts: CudaBackendOptions, kv_cache_dtype: KvCacheDtype) -> CudaBac
 
 /// What the fp8 run's logits did against the bf16 run's.
 #[derive(Debug, Default)]
-struct LogitsGap {
-    rows: usize,
-    worst_rel_err: f64,
-    sum_rel_err: f64,
+pub(super) struct LogitsGap {
+    pub rows: usize,
+    pub worst_rel_err: f64,
+    pub sum_rel_err: f64,
     /// Rows whose fp8 argmax is the bf16 argmax.
-    same_argmax: usize,
+    pub same_argmax: usize,
     /// The largest (bf16 max - bf16 logit of fp8's argmax) / bf16 logit spread.
-    worst_pick_gap: f32,
+    pub worst_pick_gap: f32,
 }
 
 /// How much worse bf16's logits `w` score the token `pick` than their top, over their spread.
@@ -72,18 +72,30 @@ fn teacher_forced(
     // (Each pool is the cap's bytes over a block's, rounded down: 2 nb or 2 nb + 1.)
     assert_eq!(n8 / 2, nb, "the same KV bytes hold twice the fp8 blocks");
     assert_eq!(2 * f8.info().bytes_per_block, bf.info().bytes_per_block);
+    compare_teacher_forced(&mut bf, &mut f8, prompts, (chunk, gen), 0.15)
+}
 
+/// `prompts` through backends `want` and `got` of one model: prefill in chunks of `chunk`, then
+/// `gen` decode steps, both fed `want`'s greedy tokens; every sampled row's logits of `got`
+/// within `max_rel` relative error of `want`'s. (Also the fp8 weights' test.)
+pub(super) fn compare_teacher_forced(
+    want_b: &mut CudaBackend,
+    got_b: &mut CudaBackend,
+    prompts: Vec<Vec<u32>>,
+    (chunk, gen): (usize, usize),
+    max_rel: f64,
+) -> LogitsGap {
     let mut seqs = on_shuffled_blocks(prompts, gen, 8);
     let mut gap = LogitsGap::default();
     let mut step = |seqs: &mut Vec<Seq>, parts: Vec<(usize, usize, bool)>| {
         let b = batch_of(seqs, &parts);
-        let want = bf.forward_logits(&b).unwrap();
-        let got = f8.forward_logits(&b).unwrap();
+        let want = want_b.forward_logits(&b).unwrap();
+        let got = got_b.forward_logits(&b).unwrap();
         assert_eq!(want.len(), got.len(), "sampled rows");
         for (w, g) in want.iter().zip(&got) {
             let e = rel_err(g, w);
             assert!(
-                e.is_finite() && e < 0.15,
+                e.is_finite() && e < max_rel,
                 "fp8 logits relative error {e:.3e} against bf16"
             );
             gap.rows += 1;
@@ -169,25 +181,47 @@ fn fp8_kv_greedy_close_to_bf16_on_the_demo_model() {
         )
     };
     let (bf, f8) = (run(KvCacheDtype::Bf16), run(KvCacheDtype::Fp8));
-    let (mut agree8, mut before, mut total) = (0, 0, 0);
-    let mut prefixes = Vec::new();
-    for (w, g) in bf.outputs.iter().zip(&f8.outputs) {
-        let common = w.iter().zip(g).take_while(|(a, b)| a == b).count();
-        prefixes.push((common, w.len()));
-        agree8 += usize::from(common >= w.len().min(8));
-        before += common;
-        total += w.len();
+    let a = GreedyAgreement::of(&bf.outputs, &f8.outputs);
+    eprintln!("demo model, fp8 vs bf16 KV: {a:?}");
+    a.check();
+}
+
+/// How far two runs' greedy outputs of the same requests agree.
+#[derive(Debug)]
+pub(super) struct GreedyAgreement {
+    /// Requests whose first 8 tokens (all, if fewer) agree.
+    pub agree8: usize,
+    pub requests: usize,
+    /// Tokens before each request's first divergence, and in all.
+    pub before: usize,
+    pub total: usize,
+    /// (common prefix, reference length) per request.
+    pub prefixes: Vec<(usize, usize)>,
+}
+
+impl GreedyAgreement {
+    pub fn of(want: &[Vec<u32>], got: &[Vec<u32>]) -> Self {
+        let mut a = GreedyAgreement {
+            agree8: 0,
+            requests: want.len(),
+            before: 0,
+            total: 0,
+            prefixes: Vec::new(),
+        };
+        for (w, g) in want.iter().zip(got) {
+            let common = w.iter().zip(g).take_while(|(a, b)| a == b).count();
+            a.prefixes.push((common, w.len()));
+            a.agree8 += usize::from(common >= w.len().min(8));
+            a.before += common;
+            a.total += w.len();
+        }
+        a
     }
-    let n = bf.outputs.len();
-    eprintln!(
-        "demo model, fp8 vs bf16 KV: {agree8} of {n} requests agree on their first 8 tokens; {before} of {total} tokens before the first divergence; (common, bf16 length) {prefixes:?}"
-    );
-    assert!(
-        agree8 * 4 >= n * 3,
-        "{agree8} of {n} agree on the first 8 tokens"
-    );
-    assert!(
-        before * 2 >= total,
-        "{before} of {total} tokens before a divergence"
-    );
+
+    /// At least 3 of 4 requests agree on their first 8 tokens and at least half of all tokens
+    /// come before a divergence.
+    pub fn check(&self) {
+        assert!(self.agree8 * 4 >= self.requests * 3, "{self:?}");
+        assert!(self.before * 2 >= self.total, "{self:?}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `gemm::linear`: the cuBLAS linear layer with bf16 and fp32 outputs.
 
-use brook::executor::cuda::gemm;
+use brook::executor::cuda::gemm::{self, Weight};
 use half::bf16;
 
 use crate::harness::{
@@ -18,8 +18,28 @@ fn gemm_bf16_matches_reference() {
     let y16 = poisoned::<bf16>(&g, m * n);
     let y32 = poisoned::<f32>(&g, m * n);
     unsafe {
-        gemm::linear(&g, xb.ptr(), wb.ptr(), y16.ptr(), m, n, k, false).unwrap();
-        gemm::linear(&g, xb.ptr(), wb.ptr(), y32.ptr(), m, n, k, true).unwrap();
+        gemm::linear(
+            &g,
+            xb.ptr(),
+            Weight::bf16(wb.ptr()),
+            y16.ptr(),
+            m,
+            n,
+            k,
+            false,
+        )
+        .unwrap();
+        gemm::linear(
+            &g,
+            xb.ptr(),
+            Weight::bf16(wb.ptr()),
+            y32.ptr(),
+            m,
+            n,
+            k,
+            true,
+        )
+        .unwrap();
     }
     assert_close("gemm bf16 out", &read_bf16(&g, &y16, m * n), &want, 8e-3);
     assert_close("gemm f32 out", &read::<f32>(&g, &y32, m * n), &want, 1e-4);

@@ -37,6 +37,7 @@ fn gemv_matches_reference_for_each_row_count() {
                 n: n as i32,
                 k: k as i32,
                 split,
+                w_scale: 0,
             };
             unsafe {
                 kernels::gemv(&g, &p).unwrap();

@@ -14,6 +14,7 @@ mod qkv_write;
 mod causal_softmax;
 mod embedding;
 mod fill;
+mod fp8_weights;
 mod gemm;
 mod gemm_prefill;
 mod gemv;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
-use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, Quantization};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -18,9 +18,22 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// One figure: a JSON object on its own line of stdout.
-pub fn emit(v: serde_json::Value) {
+/// One figure: a JSON object on its own line of stdout, tagged with the weights' quantization.
+pub fn emit(mut v: serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.entry("quantization")
+            .or_insert_with(|| quantization().as_str().into());
+    }
     println!("{v}");
+}
+
+/// The linear weights' quantization of every backend gpu-bench makes: `BROOK_QUANTIZATION`
+/// (none or fp8; default none), so that each benchmark runs on fp8 weights unchanged.
+pub fn quantization() -> Quantization {
+    match std::env::var("BROOK_QUANTIZATION").as_deref() {
+        Ok("fp8") => Quantization::Fp8,
+        _ => Quantization::None,
+    }
 }
 
 /// The median; NaN (JSON null) for no samples, e.g. the GPU gaps of a variant without stamps.
@@ -279,6 +292,7 @@ pub const SKIPS: [(&str, u32); 6] = [
 pub fn bench_options() -> CudaBackendOptions {
     CudaBackendOptions {
         progress: false,
+        quantization: quantization(),
         ..Default::default()
     }
 }

@@ -86,6 +86,7 @@ pub fn run() -> anyhow::Result<()> {
                         n: n as i32,
                         k: k as i32,
                         split: split as i32,
+                        w_scale: 0,
                     };
                     let rows_per_cta = warps / split;
                     // SAFETY: w holds copies x [n, k], x [1, k], y [1, n].
@@ -110,7 +111,18 @@ pub fn run() -> anyhow::Result<()> {
     for &(model, name, n, k) in &shapes {
         let launch = |wp: u64| {
             // SAFETY: as above.
-            unsafe { gemm::linear(&gpu, x.ptr(), wp, y.ptr(), 1, n, k, false) }
+            unsafe {
+                gemm::linear(
+                    &gpu,
+                    x.ptr(),
+                    gemm::Weight::bf16(wp),
+                    y.ptr(),
+                    1,
+                    n,
+                    k,
+                    false,
+                )
+            }
         };
         let ms = time(&gpu, n, k, &launch)?;
         rate(model, name, "cublas", n, k, false, ms);

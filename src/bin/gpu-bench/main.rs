@@ -2,6 +2,9 @@
 //!
 //!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
 //!
+//! Every backend is made with the linear weights `BROOK_QUANTIZATION` names (none, the default,
+//! or fp8: e4m3 weights, `--quantization fp8`); every figure carries it as `quantization`.
+//!
 //! attention, decode, ttft and offline take `--kv-cache-dtype bf16,fp8` (comma-separated: each
 //! dtype in turn in one process, each figure tagged with its `kv_cache_dtype`) for A/B runs.
 //!

@@ -205,6 +205,12 @@ impl Forward {
         sizing: KvSizing,
     ) -> anyhow::Result<Self> {
         gpu.set_kv_fp8(opts.kv_cache_dtype.is_fp8())?;
+        let mut weights = weights;
+        if opts.quantization.is_fp8() {
+            weights.quantize_fp8(&gpu)?;
+            let max_k = cfg.hidden_size.max(cfg.q_dim()).max(cfg.intermediate_size);
+            gpu.enable_fp8_gemm(opts.max_num_batched_tokens, max_k)?;
+        }
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,
@@ -363,9 +369,10 @@ impl Forward {
         let kv = gpu.alloc(num_blocks * bytes_per_block)?;
         let kv_layer_bytes = num_blocks * bytes_per_block / (2 * cfg.num_hidden_layers);
         tracing::info!(
-            "CUDA backend on {}: weights {:.2} GiB, KV cache {} blocks x {} tokens ({:.2} GiB, {}), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
+            "CUDA backend on {}: weights {:.2} GiB ({}), KV cache {} blocks x {} tokens ({:.2} GiB, {}), CUDA graphs {}, GEMM prefill attention up to {} tokens ({:.0} MiB scratch)",
             gpu.name,
             weights.bytes() as f64 / (1u64 << 30) as f64,
+            if weights.fp8() { "linear layers fp8 e4m3" } else { "bf16" },
             num_blocks,
             opts.block_size,
             kv.bytes() as f64 / (1u64 << 30) as f64,

@@ -1,4 +1,6 @@
-//! Linear layers through cuBLAS: bf16 operands, fp32 accumulation.
+//! Linear layers: bf16 weights through the `gemv` kernel (decode rows) or cuBLAS, e4m3 weights
+//! (`--quantization fp8`) through `gemv_fp8` or cuBLASLt's fp8 GEMM (`fp8_gemm`); fp32
+//! accumulation throughout.
 
 use std::ffi::c_void;
 
@@ -10,9 +12,25 @@ use cudarc::cublas::sys::{
 use super::device::Gpu;
 use super::kernels::{self, GemvParams};
 
+/// A linear layer's weight as `linear` reads it: `[n, k]` bf16, or e4m3 with `[n]` f32 row
+/// scales (`scale` non-zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Weight {
+    pub ptr: u64,
+    /// 0: bf16.
+    pub scale: u64,
+}
+
+impl Weight {
+    pub fn bf16(ptr: u64) -> Self {
+        Weight { ptr, scale: 0 }
+    }
+}
+
 /// y[m, n] = x[m, k] · w[n, k]ᵀ, all row-major (w as stored in HF checkpoints: [out, in]).
 /// `y` is bf16, or fp32 when `y_f32` (logits, and outputs an fp32 epilogue reads). Up to `gpu.gemv_max_m` rows (decode) go to the
-/// `gemv` kernel, which streams w at close to memory bandwidth; the rest to cuBLAS.
+/// `gemv` kernel (`gemv_fp8` for e4m3 weights), which streams w at close to memory bandwidth;
+/// the rest to cuBLAS (cuBLASLt's fp8 GEMM, `Gpu::enable_fp8_gemm`, for e4m3 weights).
 ///
 /// # Safety
 /// The pointers address buffers of those shapes on `gpu`.
@@ -20,7 +38,7 @@ use super::kernels::{self, GemvParams};
 pub unsafe fn linear(
     gpu: &Gpu,
     x: u64,
-    w: u64,
+    w: Weight,
     y: u64,
     m: usize,
     n: usize,
@@ -30,6 +48,10 @@ pub unsafe fn linear(
     if m == 0 {
         return Ok(());
     }
+    if w.scale != 0 {
+        return linear_fp8(gpu, x, w, y, (m, n, k), y_f32);
+    }
+    let w = w.ptr;
     if m <= gpu.gemv_max_m && k % 8 == 0 {
         let (y16, y32) = if y_f32 { (0, y) } else { (y, 0) };
         let p = GemvParams {
@@ -41,6 +63,7 @@ pub unsafe fn linear(
             n: n as i32,
             k: k as i32,
             split: kernels::gemv_split(gpu, k),
+            w_scale: 0,
         };
         return kernels::gemv(gpu, &p);
     }
@@ -74,6 +97,41 @@ pub unsafe fn linear(
     )
     .result()
     .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))
+}
+
+/// `linear` over e4m3 weights: `gemv_fp8` for decode rows, else the fp8 GEMM.
+///
+/// # Safety
+/// As `linear`.
+unsafe fn linear_fp8(
+    gpu: &Gpu,
+    x: u64,
+    w: Weight,
+    y: u64,
+    (m, n, k): (usize, usize, usize),
+    y_f32: bool,
+) -> anyhow::Result<()> {
+    if m <= gpu.gemv_max_m && k % 16 == 0 {
+        let (y16, y32) = if y_f32 { (0, y) } else { (y, 0) };
+        let p = GemvParams {
+            x,
+            w: w.ptr,
+            y: y16,
+            y32,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+            // Split by the row's bytes: an e4m3 row is half a bf16 row of the same k.
+            split: kernels::gemv_split(gpu, k / 2),
+            w_scale: w.scale,
+        };
+        return kernels::gemv_fp8(gpu, &p);
+    }
+    let fp8 = gpu
+        .fp8
+        .as_ref()
+        .context("e4m3 weights without the fp8 GEMM path (Gpu::enable_fp8_gemm)")?;
+    fp8.linear(gpu, x, (w.ptr, w.scale), y, (m, n, k), y_f32)
 }
 
 /// One operand of `gemm_strided_batched`: device address, element type, leading dimension and

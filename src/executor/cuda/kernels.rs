@@ -189,6 +189,78 @@ pub struct GemvParams {
     pub k: i32,
     /// Warps per output row (split-K inside the CTA): `gemv_split`.
     pub split: i32,
+    /// `gemv_fp8`: the e4m3 weight's f32 scale; 0 (unused) for bf16 weights.
+    pub w_scale: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AmaxScaleParams {
+    pub x: u64,
+    pub partial: u64,
+    pub counter: u64,
+    pub scale: u64,
+    pub n: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QuantScaledParams {
+    pub x: u64,
+    pub q: u64,
+    pub scale: u64,
+    pub n: i64,
+}
+
+/// Threads of a quant_fp8.cu CTA (`QUANT_THREADS`).
+const QUANT_THREADS: u32 = 256;
+
+/// Most CTAs of a quant_fp8.cu launch (grid-stride beyond): the length of `partial`.
+pub const AMAX_MAX_CTAS: usize = 1024;
+
+/// A bf16 tensor to e4m3 with one scale (kernels/quant_fp8.cu): weights at load, activations
+/// before an fp8 GEMM.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizeE4m3 {
+    /// `[n]` bf16, n % 8 == 0.
+    pub x: u64,
+    /// `[n]` e4m3 out.
+    pub q: u64,
+    /// `[2]` f32 out: the scale s (x ≈ q · s) and 1 / s.
+    pub scale: u64,
+    /// `[AMAX_MAX_CTAS]` f32 scratch, and a u32 arrival counter that is zero between launches.
+    pub partial: u64,
+    pub counter: u64,
+    pub n: usize,
+}
+
+/// `amax_scale` then `quant_scaled`. Needs sm_89+ (`Gpu::check_fp8`).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape documented on its field.
+pub unsafe fn quantize_e4m3(gpu: &Gpu, p: &QuantizeE4m3) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.n > 0 && p.n % 8 == 0,
+        "e4m3 quantization needs a non-empty tensor of n % 8 == 0; got {}",
+        p.n
+    );
+    let ctas = p.n.div_ceil(8 * QUANT_THREADS as usize).min(AMAX_MAX_CTAS) as u32;
+    let block = (QUANT_THREADS, 1, 1);
+    let amax = AmaxScaleParams {
+        x: p.x,
+        partial: p.partial,
+        counter: p.counter,
+        scale: p.scale,
+        n: p.n as i64,
+    };
+    gpu.launch("amax_scale", (ctas, 1, 1), block, &amax)?;
+    let quant = QuantScaledParams {
+        x: p.x,
+        q: p.q,
+        scale: p.scale,
+        n: p.n as i64,
+    };
+    gpu.launch("quant_scaled", (ctas, 1, 1), block, &quant)
 }
 
 pub use super::compile::{attention_supported, GEMV_MAX_M};
@@ -202,7 +274,8 @@ pub const GEMV_UNROLL: usize = 2;
 /// rows of the down projection (k = 11008, 14336) streamed fastest at 4 warps a row (27.3 us
 /// against 28.5 at 1 for Llama-2-7B, alone); for k <= 4096 splitting gained up to 4 % alone but
 /// lost ~1 % of the whole decode step inside the graph (split 2 or 4 everywhere: 4.06–4.07
-/// ms/token, split 1: 3.96).
+/// ms/token, split 1: 3.96). The rule is about a row's bytes: `gemv_fp8`'s e4m3 rows count as
+/// `k / 2` (session 16, fp8 decode: split 1 everywhere 2.44 ms/token, this rule on `k` 2.52).
 pub fn gemv_split(gpu: &Gpu, k: usize) -> i32 {
     match gpu.gemv_split {
         0 => default_gemv_split(k),
@@ -561,11 +634,13 @@ pub unsafe fn prefill_attn_named(
     )
 }
 
-/// Prefill-attention CTAs a wave counts per SM in `prefill_splits`: the two that fit when the rule
-/// was tuned. Since session 15 three fit at head_dim <= 128 (168 registers), and forced 4-8
-/// splits beat the rule's 1-2 on 256-512-query chunks at 8-16k context (BENCHMARKS.md, issue 18,
-/// session 15): retuning this is measured work still to do.
-pub const PREFILL_SPLIT_FILL: usize = 2;
+/// Prefill-attention CTAs a wave counts per SM in `prefill_splits`: three fit at head_dim <= 128
+/// (168 registers, `__launch_bounds__(128, 3)`). At 2 (the rule's value while two fit) it
+/// under-split 256-512-query chunks at 8-16k context; at 3 it picks the fastest of the forced
+/// split counts in 26 of 30 (chunk, context) cases of Llama-2-7B and Llama-3-8B and is within 5 %
+/// elsewhere (`gpu-bench prefill-chunks`; BENCHMARKS.md, issue 18, session 16). Head dims above 128
+/// fit two a SM; the rule then aims at a wave a third larger than the GPU holds.
+pub const PREFILL_SPLIT_FILL: usize = 3;
 /// Most split CTAs (tiles x heads x splits) per SM of a launch that splits: two waves (the split
 /// scratch is sized from it).
 pub const PREFILL_SPLIT_CTAS_PER_SM: usize = 2 * PREFILL_SPLIT_FILL;
@@ -663,6 +738,19 @@ pub unsafe fn causal_softmax(
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
     launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p, false)
+}
+
+/// `gemv` over e4m3 weights with one scale (`p.w_scale`); k % 16 == 0, sm_89+.
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn gemv_fp8(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        p.k % 16 == 0 && p.w_scale != 0,
+        "gemv_fp8 needs k % 16 == 0 and a scale; got k {}",
+        p.k
+    );
+    launch_gemv(gpu, "gemv_fp8", (p.m, p.k, p.split), p.n, p, false)
 }
 
 /// Launches `{family}_m{m}` (gemv.cu) over `outputs` outputs, `split` warps
@@ -780,17 +868,20 @@ mod tests {
 
     #[test]
     fn prefill_splits_fill_short_chunks_and_stay_within_the_scratch() {
-        // Llama-2-7B heads on 132 SMs (a wave: 264 CTAs): one 64-query tile at 16k is 32 CTAs,
-        // 8 splits fill one wave (9 would need two). At 2k the 32 key tiles allow 4 splits of 8.
-        assert_eq!(prefill_splits(132, 1, 32, 16384), 8);
+        // Llama-2-7B heads on 132 SMs (a wave: 396 CTAs): one 64-query tile at 16k is 32 CTAs,
+        // 12 splits fill one wave (24 would be two waves of half the keys each: a tie, and the
+        // fewer splits win). At 2k the 32 key tiles allow 4 splits of 8.
+        assert_eq!(prefill_splits(132, 1, 32, 16384), 12);
         assert_eq!(prefill_splits(132, 1, 32, 2048), 4);
         assert_eq!(prefill_splits(132, 1, 32, 1024), 2);
-        // 128 CTAs: 2 splits make one wave (3 or 4 would make two).
-        assert_eq!(prefill_splits(132, 4, 32, 16384), 2);
-        // 150 CTAs: 3 splits are two waves of a third of the keys each.
-        assert_eq!(prefill_splits(132, 5, 30, 16384), 3);
-        // 264 CTAs and more already fill the GPU: a 512-query chunk, a 2048-token prompt.
-        assert_eq!(prefill_splits(132, 8, 32, 16384), 1);
+        // 128 CTAs: 3 splits make one wave (6 would make two).
+        assert_eq!(prefill_splits(132, 4, 32, 16384), 3);
+        // 150 CTAs: 5 splits are two waves of a fifth of the keys each.
+        assert_eq!(prefill_splits(132, 5, 30, 16384), 5);
+        // A 512-query chunk (256 CTAs): 3 splits in two waves of a third of the keys.
+        assert_eq!(prefill_splits(132, 8, 32, 16384), 3);
+        // 396 CTAs and more already fill the GPU: a 832-query chunk, a 2048-token prompt.
+        assert_eq!(prefill_splits(132, 13, 32, 16384), 1);
         assert_eq!(prefill_splits(132, 32, 32, 2048), 1);
         // Too few keys to split: a short prompt.
         assert_eq!(prefill_splits(132, 1, 32, 200), 1);
@@ -862,6 +953,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 4 * 8 + 4 * 4 + 8);
+        assert_eq!(std::mem::size_of::<AmaxScaleParams>(), 5 * 8);
+        assert_eq!(std::mem::size_of::<QuantScaledParams>(), 4 * 8);
         assert_eq!(
             std::mem::size_of::<KvStageParams>(),
             4 * 8 + 3 * 4 + KV_STAGE_MAX_BLOCKS * 4 + 4

@@ -4,10 +4,13 @@
 //! - `device`: context, stream, cuBLAS handle, kernel loading, raw buffers, the GPU probe
 //! - `compile`: NVRTC with an on-disk PTX cache keyed by source hash and architecture
 //! - `kernels`: parameter structs mirrored from the .cu files, and their launches
-//! - `gemm`: bf16 linear layers with fp32 accumulation, strided-batched GEMMs
+//! - `gemm`: linear layers (bf16, or e4m3 weights: `gemv_fp8` for decode rows, else
+//!   `fp8_gemm`) with fp32 accumulation, strided-batched GEMMs
+//! - `fp8_gemm`: fp8 tensor-core GEMMs through cuBLASLt for `--quantization fp8`
 //! - `prefill_gemm`: prefill attention for short contexts through cuBLAS (the flash kernel
 //!   takes the long ones)
-//! - `weights`: bf16 weights on the GPU (uploaded, or random for synthetic benchmarks)
+//! - `weights`: weights on the GPU (uploaded, or random for synthetic benchmarks), bf16 or
+//!   the linear layers quantized to e4m3 at load
 //! - `options`: `CudaBackendOptions`
 //! - `backend`: `CudaBackend`: the persistent input batch, steps in, sampled tokens out
 //! - `forward`: weights, activations, KV pool and device block tables; one step's launches,
@@ -23,6 +26,7 @@ pub mod compile;
 pub mod device;
 mod draft;
 mod forward;
+pub mod fp8_gemm;
 pub mod gemm;
 pub mod kernels;
 pub mod kv_tier;
@@ -35,4 +39,4 @@ pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};
-pub use options::KvCacheDtype;
+pub use options::{KvCacheDtype, Quantization};

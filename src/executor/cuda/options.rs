@@ -81,6 +81,34 @@ pub struct CudaBackendOptions {
     pub skip: u32,
     /// The paged KV cache's element type (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
+    /// How the layers' linear weights are held (`--quantization`).
+    pub quantization: Quantization,
+}
+
+/// The linear layers' weights, as vLLM's `--quantization`. `None`: bf16. `Fp8`: the q/k/v, o,
+/// gate/up and down weights quantized at load to e4m3 with one f32 scale per output row (the
+/// embedding, norms and LM head stay bf16); decode's few rows run `gemv_fp8` (half the bytes a
+/// step streams), more rows are quantized per token and run fp8 tensor-core GEMMs through
+/// cuBLASLt (outer-vector scaling). CUDA only, sm_89+.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantization {
+    #[default]
+    None,
+    Fp8,
+}
+
+impl Quantization {
+    pub fn is_fp8(self) -> bool {
+        self == Quantization::Fp8
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Quantization::None => "none",
+            Quantization::Fp8 => "fp8",
+        }
+    }
 }
 
 /// The KV cache's element type, as vLLM's `--kv-cache-dtype`. `Auto` is the model's dtype

@@ -1,7 +1,8 @@
 //! Model weights on the GPU in bf16: streamed from a checkpoint tensor by tensor, uploaded from
 //! f32 weights in memory (tests), or generated on the GPU for synthetic benchmarks. q/k/v and
 //! gate/up are fused into one matrix each (rows appended in that order), so a layer runs 4 GEMMs
-//! instead of 7.
+//! instead of 7. With `--quantization fp8` the four linear matrices of each layer are then
+//! quantized on the GPU to e4m3 with one scale each (`GpuWeights::quantize_fp8`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,24 +13,83 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::device::{DevBuf, Gpu};
-use super::kernels::{self, FillParams};
+use super::gemm::Weight;
+use super::kernels::{self, FillParams, QuantizeE4m3, AMAX_MAX_CTAS};
 use crate::model::config::ModelConfig;
 use crate::model::fused::{self, Fused};
 use crate::model::loader::ModelWeights;
+
+/// A linear layer's `[rows, cols]` weight: bf16, or e4m3 with one f32 scale.
+pub struct Linear {
+    pub w: DevBuf,
+    /// `[2]` f32 when `w` is e4m3: the scale (w ≈ e4m3 value · scale) and its inverse.
+    pub scale: Option<DevBuf>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Linear {
+    fn bf16(w: DevBuf, rows: usize, cols: usize) -> Self {
+        debug_assert_eq!(w.bytes(), rows * cols * 2);
+        Linear {
+            w,
+            scale: None,
+            rows,
+            cols,
+        }
+    }
+
+    /// What `gemm::linear` takes.
+    pub fn weight(&self) -> Weight {
+        Weight {
+            ptr: self.w.ptr(),
+            scale: self.scale.as_ref().map_or(0, DevBuf::ptr),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.w.bytes() + self.scale.as_ref().map_or(0, DevBuf::bytes)
+    }
+
+    /// Replaces the bf16 weight by its e4m3 values and their scale (kernels/quant_fp8.cu,
+    /// `scratch`: its partial maxima and arrival counter); the bf16 buffer is freed once the
+    /// kernels have read it (stream order).
+    fn quantize_fp8(&mut self, gpu: &Gpu, scratch: &(DevBuf, DevBuf)) -> anyhow::Result<()> {
+        if self.scale.is_some() {
+            return Ok(());
+        }
+        let q = gpu.alloc(self.rows * self.cols)?;
+        let s = gpu.alloc(2 * 4)?;
+        let p = QuantizeE4m3 {
+            x: self.w.ptr(),
+            q: q.ptr(),
+            scale: s.ptr(),
+            partial: scratch.0.ptr(),
+            counter: scratch.1.ptr(),
+            n: self.rows * self.cols,
+        };
+        // SAFETY: w holds rows x cols bf16, q as many bytes, s two floats; the scratch is sized
+        // for any launch.
+        unsafe { kernels::quantize_e4m3(gpu, &p)? };
+        self.w = q;
+        self.scale = Some(s);
+        Ok(())
+    }
+}
 
 pub struct LayerWeights {
     /// [hidden]
     pub input_norm: DevBuf,
     /// [(heads + 2 * kv_heads) * head_dim, hidden]
-    pub qkv: DevBuf,
+    pub qkv: Linear,
     /// [hidden, heads * head_dim]
-    pub o: DevBuf,
+    pub o: Linear,
     /// [hidden]
     pub post_norm: DevBuf,
     /// [2 * intermediate, hidden]
-    pub gate_up: DevBuf,
+    pub gate_up: Linear,
     /// [hidden, intermediate]
-    pub down: DevBuf,
+    pub down: Linear,
     /// [(heads + 2 * kv_heads) * head_dim]: q, k, v biases (Qwen2).
     pub qkv_bias: Option<DevBuf>,
     /// [head_dim] each: RMSNorm weights of the q and k heads (Qwen3).
@@ -49,6 +109,33 @@ pub struct GpuWeights {
 impl GpuWeights {
     pub fn lm_head_ptr(&self) -> u64 {
         self.lm_head.as_ref().unwrap_or(&self.embed).ptr()
+    }
+
+    /// Whether the layers' linear weights are e4m3 (`quantize_fp8`).
+    pub fn fp8(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.qkv.scale.is_some())
+    }
+
+    /// `--quantization fp8`: every layer's q/k/v, o, gate/up and down weights to e4m3 with one
+    /// scale each (per tensor, as vLLM's dynamic fp8), on the GPU, one matrix at a time (so the
+    /// peak is the bf16 model plus one matrix in e4m3). The embedding, norms and LM head stay
+    /// bf16. Needs sm_89+.
+    pub fn quantize_fp8(&mut self, gpu: &Gpu) -> anyhow::Result<()> {
+        gpu.check_fp8("--quantization fp8")?;
+        let scratch = (gpu.alloc(AMAX_MAX_CTAS * 4)?, gpu.alloc(4)?);
+        gpu.memset(scratch.1.ptr(), 0, 4)?;
+        for l in &mut self.layers {
+            for lin in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                anyhow::ensure!(
+                    lin.cols % 16 == 0 && lin.rows % 8 == 0,
+                    "--quantization fp8 needs linear layers of inner size % 16 == 0 and outputs % 8 == 0; got {} x {}",
+                    lin.rows,
+                    lin.cols
+                );
+                lin.quantize_fp8(gpu, &scratch)?;
+            }
+        }
+        gpu.sync()
     }
 
     pub fn bytes(&self) -> usize {
@@ -98,14 +185,16 @@ impl GpuWeights {
         gpu.sync()?;
         bar.finish_and_clear();
         let mut take = |t: Fused| bufs.remove(&t).expect("every fused tensor is allocated");
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| LayerWeights {
                 input_norm: take(Fused::InputNorm(l)),
-                qkv: take(Fused::Qkv(l)),
-                o: take(Fused::O(l)),
+                qkv: Linear::bf16(take(Fused::Qkv(l)), qkv_rows, h),
+                o: Linear::bf16(take(Fused::O(l)), h, cfg.q_dim()),
                 post_norm: take(Fused::PostNorm(l)),
-                gate_up: take(Fused::GateUp(l)),
-                down: take(Fused::Down(l)),
+                gate_up: Linear::bf16(take(Fused::GateUp(l)), 2 * i, h),
+                down: Linear::bf16(take(Fused::Down(l)), h, i),
                 qkv_bias: cfg.qkv_bias.then(|| take(Fused::QkvBias(l))),
                 qk_norm: cfg
                     .qk_norm
@@ -150,6 +239,8 @@ impl GpuWeights {
             !cfg.o_bias && !cfg.mlp_bias,
             "the CUDA executor has no o-projection or MLP biases"
         );
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
             layers.push(
@@ -164,11 +255,19 @@ impl GpuWeights {
                     };
                     Ok(LayerWeights {
                         input_norm: up(&[&l.input_layernorm])?,
-                        qkv: up(&[l.q_proj.weight(), l.k_proj.weight(), l.v_proj.weight()])?,
-                        o: up(&[l.o_proj.weight()])?,
+                        qkv: Linear::bf16(
+                            up(&[l.q_proj.weight(), l.k_proj.weight(), l.v_proj.weight()])?,
+                            qkv_rows,
+                            h,
+                        ),
+                        o: Linear::bf16(up(&[l.o_proj.weight()])?, h, cfg.q_dim()),
                         post_norm: up(&[&l.post_attention_layernorm])?,
-                        gate_up: up(&[l.gate_proj.weight(), l.up_proj.weight()])?,
-                        down: up(&[l.down_proj.weight()])?,
+                        gate_up: Linear::bf16(
+                            up(&[l.gate_proj.weight(), l.up_proj.weight()])?,
+                            2 * inter,
+                            h,
+                        ),
+                        down: Linear::bf16(up(&[l.down_proj.weight()])?, h, inter),
                         qkv_bias,
                         qk_norm,
                     })
@@ -217,11 +316,11 @@ impl GpuWeights {
         for _ in 0..cfg.num_hidden_layers {
             layers.push(LayerWeights {
                 input_norm: fill(h, 0.0, 1.0)?,
-                qkv: fill(qkv_rows * h, a, 0.0)?,
-                o: fill(h * cfg.q_dim(), a, 0.0)?,
+                qkv: Linear::bf16(fill(qkv_rows * h, a, 0.0)?, qkv_rows, h),
+                o: Linear::bf16(fill(h * cfg.q_dim(), a, 0.0)?, h, cfg.q_dim()),
                 post_norm: fill(h, 0.0, 1.0)?,
-                gate_up: fill(2 * i * h, a, 0.0)?,
-                down: fill(h * i, a, 0.0)?,
+                gate_up: Linear::bf16(fill(2 * i * h, a, 0.0)?, 2 * i, h),
+                down: Linear::bf16(fill(h * i, a, 0.0)?, h, i),
                 qkv_bias: match cfg.qkv_bias {
                     true => Some(fill(qkv_rows, a, 0.0)?),
                     false => None,

@@ -6,7 +6,7 @@ use anyhow::Context;
 use super::io::{out_logprobs, out_top_ids, out_top_logprobs, OUT_TOKENS};
 use super::Forward;
 use crate::executor::cuda::device::DevBuf;
-use crate::executor::cuda::gemm::linear;
+use crate::executor::cuda::gemm::{linear, Weight};
 use crate::executor::cuda::kernels::{self, *};
 use crate::executor::cuda::options::skip;
 use crate::executor::cuda::prefill_gemm::{self, GemmAttention};
@@ -59,6 +59,7 @@ impl Forward {
         // Few enough rows for the gemv kernels: their fused epilogues replace two launches (the
         // QKV one has no bias, head norm or RoPE scale).
         let fused = self.opts.fuse_decode
+            && !self.weights.fp8()
             && t <= g.gemv_max_m
             && d % 8 == 0
             && inter % 8 == 0
@@ -95,7 +96,7 @@ impl Forward {
                     g,
                     &GemvQkvRopeParams {
                         x: a.xn.ptr(),
-                        w: w.qkv.ptr(),
+                        w: w.qkv.w.ptr(),
                         positions: m(lay.positions),
                         slots: m(lay.slots),
                         inv_freq: self.inv_freq.ptr(),
@@ -112,7 +113,16 @@ impl Forward {
                     },
                 )?;
             } else if on(skip::LINEAR) {
-                linear(g, a.xn.ptr(), w.qkv.ptr(), a.qkv.ptr(), t, qkv_dim, d, true)?;
+                linear(
+                    g,
+                    a.xn.ptr(),
+                    w.qkv.weight(),
+                    a.qkv.ptr(),
+                    t,
+                    qkv_dim,
+                    d,
+                    true,
+                )?;
             }
             if !fused && on(skip::ROPE) {
                 kernels::rope_kv(
@@ -227,7 +237,7 @@ impl Forward {
                 linear(
                     g,
                     a.attn.ptr(),
-                    w.o.ptr(),
+                    w.o.weight(),
                     a.delta.ptr(),
                     t,
                     d,
@@ -250,7 +260,7 @@ impl Forward {
                     g,
                     &GemvSiluParams {
                         x: a.xn.ptr(),
-                        w: w.gate_up.ptr(),
+                        w: w.gate_up.w.ptr(),
                         out: a.act.ptr(),
                         m: t as i32,
                         inter: inter as i32,
@@ -262,7 +272,7 @@ impl Forward {
                 linear(
                     g,
                     a.xn.ptr(),
-                    w.gate_up.ptr(),
+                    w.gate_up.weight(),
                     a.gate_up.ptr(),
                     t,
                     2 * inter,
@@ -285,7 +295,7 @@ impl Forward {
                 linear(
                     g,
                     a.act.ptr(),
-                    w.down.ptr(),
+                    w.down.weight(),
                     a.delta.ptr(),
                     t,
                     d,
@@ -311,7 +321,7 @@ impl Forward {
         linear(
             g,
             a.head_in.ptr(),
-            self.weights.lm_head_ptr(),
+            Weight::bf16(self.weights.lm_head_ptr()),
             a.logits.ptr(),
             step.ns,
             c.vocab_size,

@@ -1,0 +1,268 @@
+//! fp8 (e4m3) GEMMs for `--quantization fp8`: y = (x quantized, one dynamic scale) · (w, e4m3
+//! with its scale)ᵀ on the tensor cores through cuBLASLt, whose epilogue multiplies by both
+//! scales (device scalars: x's is computed on the GPU each call, so it replays in CUDA graphs).
+//! Per-token and per-channel scales would keep more precision, but cuBLASLt's outer-vector
+//! scaling answered CUBLAS_STATUS_INVALID_VALUE on the H200 (CUDA 13.0), so both are per
+//! tensor, as vLLM's default dynamic fp8. Decode's few rows never come here: `gemm::linear`
+//! sends them to `gemv_fp8`, which reads the e4m3 weights directly.
+//!
+//! cuBLASLt's descriptors, layouts and algorithm choice cost the host tens of µs to build, so
+//! they are kept per (rows, n, k, output type) — a plan — and reused; the weight's scale
+//! pointer is the one attribute set per call. The cache is bounded: a server's prefill steps
+//! come in many row counts.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use anyhow::Context;
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+
+use super::device::{DevBuf, Gpu};
+use super::kernels::{self, QuantizeE4m3, AMAX_MAX_CTAS};
+
+/// cuBLASLt's workspace (NVIDIA suggests 32 MiB on Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Plans kept before the cache starts over.
+const MAX_PLANS: usize = 1024;
+
+/// (rows m, outputs n, inner k, fp32 output).
+type PlanKey = (usize, usize, usize, bool);
+
+/// State of the fp8 GEMM path: the cuBLASLt handle and workspace, the activations' e4m3 copy and
+/// scale, and the plans.
+pub struct Fp8Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: DevBuf,
+    /// `[max_rows, max_k]` e4m3: the GEMM's input, quantized by kernels/quant_fp8.cu.
+    xq: DevBuf,
+    /// `[2]` f32: its scale and the scale's inverse.
+    xs: DevBuf,
+    /// The quantizer's partial maxima and arrival counter (zero between launches).
+    partial: DevBuf,
+    counter: DevBuf,
+    max_rows: usize,
+    max_k: usize,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: the handle and the plans' descriptors are plain host objects that cuBLASLt allows to
+// be used from any thread, one call at a time; the plans are behind a mutex and the backend that
+// owns the `Gpu` is used by one thread at a time.
+unsafe impl Send for Fp8Gemm {}
+
+impl Fp8Gemm {
+    /// For GEMMs of up to `max_rows` rows and `max_k` inner size.
+    pub fn new(gpu: &Gpu, max_rows: usize, max_k: usize) -> anyhow::Result<Self> {
+        let handle = lt::create_handle().context("creating the cuBLASLt handle")?;
+        let counter = gpu.alloc(4)?;
+        gpu.memset(counter.ptr(), 0, 4)?;
+        Ok(Fp8Gemm {
+            handle,
+            workspace: gpu.alloc(WORKSPACE_BYTES)?,
+            xq: gpu.alloc(max_rows * max_k)?,
+            xs: gpu.alloc(2 * 4)?,
+            partial: gpu.alloc(AMAX_MAX_CTAS * 4)?,
+            counter,
+            max_rows,
+            max_k,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Device bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.workspace.bytes() + self.xq.bytes() + self.xs.bytes() + self.partial.bytes() + 4
+    }
+
+    /// y[m, n] = x[m, k] · w[n, k]ᵀ with w e4m3 and `w_scale` its scale; x bf16 is quantized
+    /// first. y bf16, or fp32 when `y_f32`.
+    ///
+    /// # Safety
+    /// The pointers address buffers of those shapes on `gpu`.
+    #[allow(clippy::too_many_arguments)] // the GEMM's own shape
+    pub unsafe fn linear(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        (w, w_scale): (u64, u64),
+        y: u64,
+        (m, n, k): (usize, usize, usize),
+        y_f32: bool,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            m <= self.max_rows && k <= self.max_k && k % 16 == 0 && n % 8 == 0,
+            "fp8 GEMM m={m} n={n} k={k}: at most {} rows and k {}, k % 16 == 0, n % 8 == 0",
+            self.max_rows,
+            self.max_k
+        );
+        kernels::quantize_e4m3(
+            gpu,
+            &QuantizeE4m3 {
+                x,
+                q: self.xq.ptr(),
+                scale: self.xs.ptr(),
+                partial: self.partial.ptr(),
+                counter: self.counter.ptr(),
+                n: m * k,
+            },
+        )?;
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (m, n, k, y_f32);
+        if !plans.contains_key(&key) {
+            if plans.len() >= MAX_PLANS {
+                plans.clear();
+            }
+            let plan = Plan::new(self.handle, key, self.xs.ptr(), WORKSPACE_BYTES)
+                .with_context(|| format!("no cuBLASLt fp8 GEMM for m={m} n={n} k={k}"))?;
+            plans.insert(key, plan);
+        }
+        let plan = &plans[&key];
+        let scale = w_scale as *const c_void;
+        set_desc(
+            plan.desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &scale,
+        )?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        lt::matmul(
+            self.handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            w as *const c_void,
+            plan.a,
+            self.xq.ptr() as *const c_void,
+            plan.b,
+            y as *const c_void,
+            plan.d,
+            y as *mut c_void,
+            plan.d,
+            &plan.algo,
+            self.workspace.ptr() as *mut c_void,
+            WORKSPACE_BYTES,
+            gpu.stream.cu_stream() as sys::cudaStream_t,
+        )
+        .with_context(|| format!("cublasLtMatmul fp8 m={m} n={n} k={k}"))
+    }
+}
+
+impl Drop for Fp8Gemm {
+    fn drop(&mut self) {
+        self.plans
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        // SAFETY: every plan made with the handle is gone.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+/// One GEMM shape's descriptors and algorithm. In cuBLASLt's column-major terms: A is w seen as
+/// [k, n] (transposed: the row-major [n, k] weight), B is xq as [k, m], D (and C) is y as
+/// [n, m].
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Plan {
+    fn new(
+        handle: sys::cublasLtHandle_t,
+        (m, n, k, y_f32): PlanKey,
+        x_scale: u64,
+        workspace: usize,
+    ) -> anyhow::Result<Plan> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
+        let out = match y_f32 {
+            true => sys::cudaDataType::CUDA_R_32F,
+            false => sys::cudaDataType::CUDA_R_16BF,
+        };
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType::CUDA_R_32F,
+        )?;
+        // From here on `plan` owns what exists, so an error drops (destroys) it.
+        let mut plan = Plan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            // SAFETY: plain data, overwritten by the heuristic below before any use.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        plan.a = lt::create_matrix_layout(e4m3, k as u64, n as u64, k as i64)?;
+        plan.b = lt::create_matrix_layout(e4m3, k as u64, m as u64, k as i64)?;
+        plan.d = lt::create_matrix_layout(out, n as u64, m as u64, n as i64)?;
+        let x_scale = x_scale as *const c_void;
+        // SAFETY: the descriptor is live; each value has the attribute's type.
+        unsafe {
+            // cublasOperation_t: 1 = T, 0 = N.
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
+            // Accumulation without cuBLASLt's periodic promotion, as vLLM's fp8 GEMMs on sm_90.
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale)?;
+        }
+        let pref = lt::create_matmul_pref()?;
+        let limit = workspace as u64;
+        // SAFETY: every descriptor is live; the preference is destroyed on both paths.
+        let found = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &limit as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            );
+            let found = set.and_then(|_| {
+                lt::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.d, plan.d, pref)
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            found
+        };
+        plan.algo = found
+            .map_err(|e| anyhow::anyhow!("{e:?} (fp8 GEMMs need cuBLASLt on sm_89+)"))?
+            .algo;
+        Ok(plan)
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each was created once and is destroyed once; null ones were never made.
+        unsafe {
+            for l in [self.a, self.b, self.d] {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// Sets one attribute of a matmul descriptor to `value`.
+///
+/// # Safety
+/// `desc` is live and `T` is the attribute's type.
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> anyhow::Result<()> {
+    lt::set_matmul_desc_attribute(
+        desc,
+        attr,
+        value as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )
+    .with_context(|| format!("cuBLASLt attribute {attr:?}"))
+}
