@@ -428,17 +428,21 @@ mod tests {
         let err = toml_err("[cache]\nkv_cache_dtype = \"fp16\"\n");
         assert!(err.contains("fp16"), "{err}");
 
-        let mut cfg = cfg;
-        cfg.model.device = "cpu".into();
-        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
-        let err = match crate::engine::start(&cfg, &demo, false) {
-            Ok(_) => panic!("the CPU executor started with an fp8 KV cache"),
-            Err(e) => format!("{e:#}"),
-        };
+        let err = cpu_start_error(cfg);
         assert!(
             err.contains("--kv-cache-dtype fp8") && err.contains("CPU"),
             "{err}"
         );
+    }
+
+    /// The error of starting the demo model on the CPU executor with `cfg`, which must fail.
+    fn cpu_start_error(mut cfg: Config) -> String {
+        cfg.model.device = "cpu".into();
+        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
+        match crate::engine::start(&cfg, &demo, false) {
+            Ok(_) => panic!("the CPU executor started with {cfg:?}"),
+            Err(e) => format!("{e:#}"),
+        }
     }
 
     /// `model.quantization` (and `--quantization`) reach the CUDA options; the CPU refuses fp8.
@@ -446,18 +450,13 @@ mod tests {
     fn quantization_flows_to_cuda_and_the_cpu_refuses_fp8() {
         use crate::executor::cuda::{CudaBackendOptions, Quantization};
         assert_eq!(Config::default().model.quantization, Quantization::None);
-        let mut cfg = Config::from_toml("[model]\nquantization = \"fp8\"\n").unwrap();
+        let cfg = Config::from_toml("[model]\nquantization = \"fp8\"\n").unwrap();
         assert_eq!(cfg.model.quantization, Quantization::Fp8);
         let cuda = CudaBackendOptions::from_config(&cfg, false);
         assert_eq!(cuda.quantization, Quantization::Fp8);
         let err = toml_err("[model]\nquantization = \"int4\"\n");
         assert!(err.contains("int4"), "{err}");
-        cfg.model.device = "cpu".into();
-        let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo-chat");
-        let err = match crate::engine::start(&cfg, &demo, false) {
-            Ok(_) => panic!("the CPU executor started with fp8 weights"),
-            Err(e) => format!("{e:#}"),
-        };
+        let err = cpu_start_error(cfg);
         assert!(
             err.contains("--quantization fp8") && err.contains("CPU"),
             "{err}"

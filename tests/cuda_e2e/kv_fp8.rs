@@ -160,6 +160,17 @@ fn fp8_kv_greedy_close_to_bf16_on_the_demo_model() {
     if !have_gpu() {
         return;
     }
+    let a = demo_greedy_agreement(|o| with_dtype(o, KvCacheDtype::Fp8));
+    eprintln!("demo model, fp8 vs bf16 KV: {a:?}");
+    a.check();
+}
+
+/// The demo model's greedy goldens through the scheduler (prefill chunked by a 64-token budget,
+/// decode on CUDA graphs) with the default options and with `variant` of them: how far the
+/// variant's outputs agree with the default's. (Also the fp8 weights' test.)
+pub(super) fn demo_greedy_agreement(
+    variant: impl Fn(CudaBackendOptions) -> CudaBackendOptions,
+) -> GreedyAgreement {
     let dir = root().join("models/demo-chat");
     let (reqs, _) = greedy_goldens();
     let opts = CudaBackendOptions {
@@ -169,8 +180,8 @@ fn fp8_kv_greedy_close_to_bf16_on_the_demo_model() {
         progress: false,
         ..Default::default()
     };
-    let run = |d: KvCacheDtype| {
-        let mut b = CudaBackend::load(&dir, with_dtype(opts.clone(), d)).unwrap();
+    let run = |o: CudaBackendOptions| {
+        let mut b = CudaBackend::load(&dir, o).unwrap();
         demo::run_rows(
             &mut b,
             opts.max_num_seqs,
@@ -180,10 +191,8 @@ fn fp8_kv_greedy_close_to_bf16_on_the_demo_model() {
             0,
         )
     };
-    let (bf, f8) = (run(KvCacheDtype::Bf16), run(KvCacheDtype::Fp8));
-    let a = GreedyAgreement::of(&bf.outputs, &f8.outputs);
-    eprintln!("demo model, fp8 vs bf16 KV: {a:?}");
-    a.check();
+    let (base, other) = (run(opts.clone()), run(variant(opts.clone())));
+    GreedyAgreement::of(&base.outputs, &other.outputs)
 }
 
 /// How far two runs' greedy outputs of the same requests agree.

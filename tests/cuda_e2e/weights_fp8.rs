@@ -14,10 +14,9 @@
 //! - the weights take about half the bytes.
 
 use brook::executor::cuda::Quantization;
-use brook::spec::SpecConfig;
 
-use super::demo::{self, greedy_goldens, root};
-use super::kv_fp8::{compare_teacher_forced, GreedyAgreement, LogitsGap};
+use super::demo::root;
+use super::kv_fp8::{compare_teacher_forced, demo_greedy_agreement, LogitsGap};
 use super::*;
 
 fn with_quant(opts: CudaBackendOptions, quantization: Quantization) -> CudaBackendOptions {
@@ -95,28 +94,7 @@ fn fp8_weights_greedy_close_to_bf16_on_the_demo_model() {
     if !have_gpu() {
         return;
     }
-    let dir = root().join("models/demo-chat");
-    let (reqs, _) = greedy_goldens();
-    let opts = CudaBackendOptions {
-        max_kv_cache_bytes: Some(64 << 20),
-        max_num_batched_tokens: 256,
-        max_num_seqs: 16,
-        progress: false,
-        ..Default::default()
-    };
-    let run = |q: Quantization| {
-        let mut b = CudaBackend::load(&dir, with_quant(opts.clone(), q)).unwrap();
-        demo::run_rows(
-            &mut b,
-            opts.max_num_seqs,
-            SpecConfig::default(),
-            &dir,
-            &reqs,
-            0,
-        )
-    };
-    let (bf, f8) = (run(Quantization::None), run(Quantization::Fp8));
-    let a = GreedyAgreement::of(&bf.outputs, &f8.outputs);
+    let a = demo_greedy_agreement(|o| with_quant(o, Quantization::Fp8));
     eprintln!("demo model, fp8 vs bf16 weights: {a:?}");
     a.check();
 }

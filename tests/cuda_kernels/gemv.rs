@@ -1,6 +1,7 @@
 //! `gemv` (one warp per row or split over k, bf16 or fp32 out) and its fused variants
 //! `gemv_silu` and `gemv_qkv_rope`, for every row count the gemv path takes.
 
+use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{
     self, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
 };
@@ -27,11 +28,10 @@ fn gemv_matches_reference_for_each_row_count() {
         let xb = dev(&g, &x);
         // Every split: 1003 rows leave the last CTA part empty, 167 chunks per row leave lanes idle.
         for split in [1, 2, 4, 8] {
-            let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
             let p = GemvParams {
                 x: xb.ptr(),
                 w: wb.ptr(),
-                y: y16.ptr(),
+                y: 0,
                 y32: 0,
                 m: m as i32,
                 n: n as i32,
@@ -39,32 +39,61 @@ fn gemv_matches_reference_for_each_row_count() {
                 split,
                 w_scale: 0,
             };
-            unsafe {
-                kernels::gemv(&g, &p).unwrap();
-                kernels::gemv(
-                    &g,
-                    &GemvParams {
-                        y: 0,
-                        y32: y32.ptr(),
-                        ..p
-                    },
-                )
-                .unwrap();
-            }
-            assert_close(
-                &format!("gemv m={m} split {split} bf16"),
-                &read_bf16(&g, &y16, m * n),
+            check_both_outputs(
+                &g,
+                kernels::gemv,
+                p,
                 &want,
-                8e-3,
-            );
-            assert_close(
-                &format!("gemv m={m} split {split} f32"),
-                &read::<f32>(&g, &y32, m * n),
-                &want,
-                1e-5,
+                &format!("gemv m={m} split {split}"),
             );
         }
     }
+}
+
+/// Runs `launch` (`gemv` or `gemv_fp8`) with `p` (its outputs ignored) into a poisoned bf16 and
+/// then a poisoned f32 output, each checked against `want`.
+pub fn check_both_outputs(
+    g: &Gpu,
+    launch: unsafe fn(&Gpu, &GemvParams) -> anyhow::Result<()>,
+    p: GemvParams,
+    want: &[f32],
+    what: &str,
+) {
+    let (m, n) = (p.m as usize, p.n as usize);
+    let (y16, y32) = (poisoned::<bf16>(g, m * n), poisoned::<f32>(g, m * n));
+    // SAFETY: the caller's buffers hold p's shapes; the outputs are m x n.
+    unsafe {
+        launch(
+            g,
+            &GemvParams {
+                y: y16.ptr(),
+                y32: 0,
+                ..p
+            },
+        )
+        .unwrap();
+        launch(
+            g,
+            &GemvParams {
+                y: 0,
+                y32: y32.ptr(),
+                ..p
+            },
+        )
+        .unwrap();
+    }
+    assert_close(
+        &format!("{what} bf16"),
+        &read_bf16(g, &y16, m * n),
+        want,
+        8e-3,
+    );
+    assert_close(
+        &format!("{what} f32"),
+        &read::<f32>(g, &y32, m * n),
+        want,
+        1e-5,
+    );
 }
 
 /// Warps per row for the fused gemv tests' row counts 1..=4: each split once.
