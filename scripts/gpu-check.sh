@@ -120,6 +120,12 @@ device)
             # shellcheck disable=SC2086
             step "gpu-bench $args" sh -c "./gpu-bench $args >>'$out/brook.jsonl'"
         done
+        # fp8 weights (--quantization fp8): decode batch 1, TTFT and offline 512x128/128 with the
+        # linear layers in e4m3 (every figure tagged "quantization": "fp8").
+        for args in "decode --model llama-2-7b --quick" "ttft --model llama-2-7b --input-len 2048" \
+            "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128"; do
+            step "gpu-bench $args (fp8 weights)" sh -c "BROOK_QUANTIZATION=fp8 ./gpu-bench $args >>'$out/brook.jsonl'"
+        done
         # The same synthetic Llama-2-7B through brook's actors (scheduler, KV manager, executor):
         # the offline figure with gpu-bench offline's budget, and batch 1.
         : >"$out/brook-bench.jsonl"
@@ -127,6 +133,9 @@ device)
             --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 8192
         step "brook bench 1x128/256" bench_json --synthetic llama-2-7b --device cuda \
             --num-prompts 1 --input-len 128 --output-len 256
+        step "brook bench 512x128/128 fp8 weights" bench_json --synthetic llama-2-7b --device cuda \
+            --quantization fp8 --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 \
+            --max-num-batched-tokens 8192
         # Model families (issue 16): Qwen2.5-7B (7 query heads per kv head, q/k/v bias) and
         # Llama-3-8B, decode batch 1 and offline 512x128/128, in gpu-bench and through the actors.
         for model in qwen2.5-7b llama-3-8b; do

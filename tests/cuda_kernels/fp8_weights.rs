@@ -6,6 +6,7 @@
 //! the CPU quantizer.
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::fp8_gemm::Fp8Gemm;
 use brook::executor::cuda::gemm::{self, Weight};
 use brook::executor::cuda::kernels::{self, GemvParams, QuantizeE4m3, AMAX_MAX_CTAS, GEMV_MAX_M};
 use half::bf16;
@@ -127,15 +128,15 @@ fn gemv_fp8_matches_the_dequantized_reference_for_each_row_count() {
 }
 
 /// `gemm::linear` over e4m3 weights: the gemv up to `GEMV_MAX_M` rows, cuBLASLt's fp8 GEMM above
-/// (with the fp8 path enabled), against the product of what both operands quantize to; and,
+/// (through an `Fp8Gemm`), against the product of what both operands quantize to; and,
 /// looser, against the unquantized bf16 product (what quantization costs).
 #[test]
 fn fp8_linear_matches_the_dequantized_reference() {
-    let Some((mut g, mut r)) = setup(63) else {
+    let Some((g, mut r)) = setup(63) else {
         return;
     };
     let (n, k) = (1000, 1344);
-    g.enable_fp8_gemm(300, k).unwrap();
+    let fp8 = Fp8Gemm::new(&g, 300, k).unwrap();
     let w = rand_bf16(&mut r, n * k, 0.05);
     let (wq, ws) = quantize(&g, &dev(&g, &w), n * k, &scratch(&g));
     let wf = dequant(&g, &wq, &ws, n * k);
@@ -158,8 +159,8 @@ fn fp8_linear_matches_the_dequantized_reference() {
         let xb = dev(&g, &x);
         let (y16, y32) = (poisoned::<bf16>(&g, m * n), poisoned::<f32>(&g, m * n));
         unsafe {
-            gemm::linear(&g, xb.ptr(), weight, y16.ptr(), m, n, k, false).unwrap();
-            gemm::linear(&g, xb.ptr(), weight, y32.ptr(), m, n, k, true).unwrap();
+            gemm::linear(&g, Some(&fp8), xb.ptr(), weight, y16.ptr(), m, n, k, false).unwrap();
+            gemm::linear(&g, Some(&fp8), xb.ptr(), weight, y32.ptr(), m, n, k, true).unwrap();
         }
         let got = read::<f32>(&g, &y32, m * n);
         assert_close(&format!("fp8 linear m={m} f32"), &got, &want, 2e-3);

@@ -20,6 +20,7 @@ fn gemm_bf16_matches_reference() {
     unsafe {
         gemm::linear(
             &g,
+            None,
             xb.ptr(),
             Weight::bf16(wb.ptr()),
             y16.ptr(),
@@ -31,6 +32,7 @@ fn gemm_bf16_matches_reference() {
         .unwrap();
         gemm::linear(
             &g,
+            None,
             xb.ptr(),
             Weight::bf16(wb.ptr()),
             y32.ptr(),

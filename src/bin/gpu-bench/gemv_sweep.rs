@@ -114,6 +114,7 @@ pub fn run() -> anyhow::Result<()> {
             unsafe {
                 gemm::linear(
                     &gpu,
+                    None,
                     x.ptr(),
                     gemm::Weight::bf16(wp),
                     y.ptr(),

@@ -16,7 +16,6 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
-use super::fp8_gemm::Fp8Gemm;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -76,8 +75,6 @@ pub struct Gpu {
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
-    /// The fp8 GEMM path (`--quantization fp8`, `enable_fp8_gemm`); None: bf16 weights only.
-    pub fp8: Option<Fp8Gemm>,
     functions: HashMap<String, CudaFunction>,
     _blas_workspace: DevBuf,
 }
@@ -117,7 +114,6 @@ impl Gpu {
             gemv_split: 0,
             pdl: compute_capability.0 >= 9,
             kv_fp8: false,
-            fp8: None,
             functions,
             _blas_workspace: ws,
         })
@@ -183,15 +179,6 @@ impl Gpu {
             "{what} needs compute capability 8.9 or newer (e4m3); this GPU ({}) has {major}.{minor}",
             self.name
         );
-        Ok(())
-    }
-
-    /// Sets up the fp8 GEMM path (`--quantization fp8`) for up to `max_rows` rows and inner size
-    /// `max_k`: linear layers over e4m3 weights with more rows than the gemv takes go to
-    /// cuBLASLt.
-    pub fn enable_fp8_gemm(&mut self, max_rows: usize, max_k: usize) -> anyhow::Result<()> {
-        self.check_fp8("--quantization fp8")?;
-        self.fp8 = Some(Fp8Gemm::new(self, max_rows, max_k)?);
         Ok(())
     }
 

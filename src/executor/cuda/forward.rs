@@ -39,6 +39,7 @@ use anyhow::Context;
 use cudarc::driver::CudaGraph;
 
 use super::device::{DevBuf, Gpu};
+use super::fp8_gemm::Fp8Gemm;
 use super::kernels::{
     self, decode_group_ctas_for, decode_splits_filled, prefill_split_scratch,
     BlockTableUpdateParams, CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE,
@@ -182,6 +183,8 @@ pub(super) struct Forward {
     pub verify_graph_steps: (u64, u64),
     /// GPU stamps (start, end) of the last step read by `sampled` (`step_timing`).
     pub last_stamps: Option<(u64, u64)>,
+    /// The fp8 GEMM path of e4m3 weights (`--quantization fp8`); None: bf16 weights.
+    fp8: Option<Fp8Gemm>,
     // Declared last: dropped after every buffer above.
     pub gpu: Gpu,
 }
@@ -206,11 +209,14 @@ impl Forward {
     ) -> anyhow::Result<Self> {
         gpu.set_kv_fp8(opts.kv_cache_dtype.is_fp8())?;
         let mut weights = weights;
-        if opts.quantization.is_fp8() {
-            weights.quantize_fp8(&gpu)?;
-            let max_k = cfg.hidden_size.max(cfg.q_dim()).max(cfg.intermediate_size);
-            gpu.enable_fp8_gemm(opts.max_num_batched_tokens, max_k)?;
-        }
+        let fp8 = match opts.quantization.is_fp8() {
+            true => {
+                weights.quantize_fp8(&gpu)?;
+                let max_k = cfg.hidden_size.max(cfg.q_dim()).max(cfg.intermediate_size);
+                Some(Fp8Gemm::new(&gpu, opts.max_num_batched_tokens, max_k)?)
+            }
+            false => None,
+        };
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,
@@ -415,6 +421,7 @@ impl Forward {
             lookahead_stats: LookaheadStats::default(),
             verify_graph_steps: (0, 0),
             last_stamps: None,
+            fp8,
             gpu,
         })
     }

@@ -54,8 +54,10 @@ pub struct Fp8Gemm {
 unsafe impl Send for Fp8Gemm {}
 
 impl Fp8Gemm {
-    /// For GEMMs of up to `max_rows` rows and `max_k` inner size.
+    /// For GEMMs of up to `max_rows` rows and `max_k` inner size (the `Forward` holds one for
+    /// `--quantization fp8` and hands it to `gemm::linear`). Needs sm_89+.
     pub fn new(gpu: &Gpu, max_rows: usize, max_k: usize) -> anyhow::Result<Self> {
+        gpu.check_fp8("--quantization fp8")?;
         let handle = lt::create_handle().context("creating the cuBLASLt handle")?;
         let counter = gpu.alloc(4)?;
         gpu.memset(counter.ptr(), 0, 4)?;

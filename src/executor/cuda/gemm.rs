@@ -10,10 +10,11 @@ use cudarc::cublas::sys::{
 };
 
 use super::device::Gpu;
+use super::fp8_gemm::Fp8Gemm;
 use super::kernels::{self, GemvParams};
 
-/// A linear layer's weight as `linear` reads it: `[n, k]` bf16, or e4m3 with `[n]` f32 row
-/// scales (`scale` non-zero).
+/// A linear layer's weight as `linear` reads it: `[n, k]` bf16, or e4m3 with its f32 scale
+/// (`scale` non-zero: the address of `[scale, 1 / scale]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Weight {
     pub ptr: u64,
@@ -30,13 +31,14 @@ impl Weight {
 /// y[m, n] = x[m, k] · w[n, k]ᵀ, all row-major (w as stored in HF checkpoints: [out, in]).
 /// `y` is bf16, or fp32 when `y_f32` (logits, and outputs an fp32 epilogue reads). Up to `gpu.gemv_max_m` rows (decode) go to the
 /// `gemv` kernel (`gemv_fp8` for e4m3 weights), which streams w at close to memory bandwidth;
-/// the rest to cuBLAS (cuBLASLt's fp8 GEMM, `Gpu::enable_fp8_gemm`, for e4m3 weights).
+/// the rest to cuBLAS (for e4m3 weights cuBLASLt's fp8 GEMM through `fp8`, which they need).
 ///
 /// # Safety
 /// The pointers address buffers of those shapes on `gpu`.
 #[allow(clippy::too_many_arguments)] // the BLAS call's own shape: pointers, m, n, k, out type
 pub unsafe fn linear(
     gpu: &Gpu,
+    fp8: Option<&Fp8Gemm>,
     x: u64,
     w: Weight,
     y: u64,
@@ -49,7 +51,7 @@ pub unsafe fn linear(
         return Ok(());
     }
     if w.scale != 0 {
-        return linear_fp8(gpu, x, w, y, (m, n, k), y_f32);
+        return linear_fp8(gpu, fp8, x, w, y, (m, n, k), y_f32);
     }
     let w = w.ptr;
     if m <= gpu.gemv_max_m && k % 8 == 0 {
@@ -105,6 +107,7 @@ pub unsafe fn linear(
 /// As `linear`.
 unsafe fn linear_fp8(
     gpu: &Gpu,
+    fp8: Option<&Fp8Gemm>,
     x: u64,
     w: Weight,
     y: u64,
@@ -127,10 +130,7 @@ unsafe fn linear_fp8(
         };
         return kernels::gemv_fp8(gpu, &p);
     }
-    let fp8 = gpu
-        .fp8
-        .as_ref()
-        .context("e4m3 weights without the fp8 GEMM path (Gpu::enable_fp8_gemm)")?;
+    let fp8 = fp8.context("e4m3 weights without the fp8 GEMM path (fp8_gemm::Fp8Gemm)")?;
     fp8.linear(gpu, x, (w.ptr, w.scale), y, (m, n, k), y_f32)
 }
 

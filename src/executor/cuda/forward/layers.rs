@@ -42,6 +42,7 @@ impl Forward {
     unsafe fn enqueue_forward(&self, step: &Step) -> anyhow::Result<()> {
         let c = &self.cfg;
         let g = &self.gpu;
+        let fp8 = self.fp8.as_ref();
         let a = &self.act;
         let lay = &step.layout;
         let m = |off: usize| a.meta.at::<u32>(off);
@@ -115,6 +116,7 @@ impl Forward {
             } else if on(skip::LINEAR) {
                 linear(
                     g,
+                    fp8,
                     a.xn.ptr(),
                     w.qkv.weight(),
                     a.qkv.ptr(),
@@ -236,6 +238,7 @@ impl Forward {
             if on(skip::LINEAR) {
                 linear(
                     g,
+                    fp8,
                     a.attn.ptr(),
                     w.o.weight(),
                     a.delta.ptr(),
@@ -271,6 +274,7 @@ impl Forward {
             } else if on(skip::LINEAR) {
                 linear(
                     g,
+                    fp8,
                     a.xn.ptr(),
                     w.gate_up.weight(),
                     a.gate_up.ptr(),
@@ -294,6 +298,7 @@ impl Forward {
             if on(skip::LINEAR) {
                 linear(
                     g,
+                    fp8,
                     a.act.ptr(),
                     w.down.weight(),
                     a.delta.ptr(),
@@ -320,6 +325,7 @@ impl Forward {
         kernels::add_rmsnorm(g, &final_norm)?;
         linear(
             g,
+            None,
             a.head_in.ptr(),
             Weight::bf16(self.weights.lm_head_ptr()),
             a.logits.ptr(),
