@@ -74,11 +74,6 @@ impl Fp8Gemm {
         })
     }
 
-    /// Device bytes it holds.
-    pub fn bytes(&self) -> usize {
-        self.workspace.bytes() + self.xq.bytes() + self.xs.bytes() + self.partial.bytes() + 4
-    }
-
     /// y[m, n] = x[m, k] · w[n, k]ᵀ with w e4m3 and `w_scale` its scale; x bf16 is quantized
     /// first. y bf16, or fp32 when `y_f32`.
     ///
