@@ -6,9 +6,9 @@
 //! the CPU quantizer.
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
-use brook::executor::cuda::fp8_gemm::Fp8Gemm;
+use brook::executor::cuda::fp8_gemm::{E4m3Quantizer, Fp8Gemm};
 use brook::executor::cuda::gemm::{self, Weight};
-use brook::executor::cuda::kernels::{self, GemvParams, QuantizeE4m3, AMAX_MAX_CTAS, GEMV_MAX_M};
+use brook::executor::cuda::kernels::{self, GemvParams, GEMV_MAX_M};
 use half::bf16;
 use rand_chacha::ChaCha8Rng;
 
@@ -43,24 +43,10 @@ fn quant_ref(x: &[f32]) -> (Vec<u8>, [f32; 2]) {
     (x.iter().map(|v| e4m3(v * inv)).collect(), [s, inv])
 }
 
-/// The quantizer's scratch: partial maxima, and the arrival counter at zero.
-fn scratch(g: &Gpu) -> (DevBuf, DevBuf) {
-    let counter = dev(g, &[0u32]);
-    (poisoned::<f32>(g, AMAX_MAX_CTAS), counter)
-}
-
 /// Device e4m3 values and [scale, inverse] of the `n` bf16 of `x`.
-fn quantize(g: &Gpu, x: &DevBuf, n: usize, s: &(DevBuf, DevBuf)) -> (DevBuf, DevBuf) {
+fn quantize(g: &Gpu, x: &DevBuf, n: usize, quant: &E4m3Quantizer) -> (DevBuf, DevBuf) {
     let (q, scale) = (poisoned::<u8>(g, n), poisoned::<f32>(g, 2));
-    let p = QuantizeE4m3 {
-        x: x.ptr(),
-        q: q.ptr(),
-        scale: scale.ptr(),
-        partial: s.0.ptr(),
-        counter: s.1.ptr(),
-        n,
-    };
-    unsafe { kernels::quantize_e4m3(g, &p).unwrap() };
+    unsafe { quant.run(g, (x.ptr(), q.ptr(), scale.ptr()), n).unwrap() };
     (q, scale)
 }
 
@@ -73,7 +59,7 @@ fn dequant(g: &Gpu, q: &DevBuf, s: &DevBuf, n: usize) -> Vec<f32> {
 #[test]
 fn quantize_e4m3_matches_the_cpu_quantizer_bit_for_bit() {
     let Some((g, mut r)) = setup(61) else { return };
-    let sc = scratch(&g);
+    let sc = E4m3Quantizer::new(&g).unwrap();
     // One CTA, several, and more chunks than AMAX_MAX_CTAS CTAs cover (grid-stride); then the
     // same counter again (it must have been reset) and a tensor of zeros.
     for (rows, k) in [(3, 512), (37, 1336), (1100, 2048), (5, 1336)] {
@@ -103,7 +89,7 @@ fn gemv_fp8_matches_the_dequantized_reference_for_each_row_count() {
     let Some((g, mut r)) = setup(62) else { return };
     let (n, k) = (1003, 1344);
     let w = rand_bf16(&mut r, n * k, 0.05);
-    let (wq, ws) = quantize(&g, &dev(&g, &w), n * k, &scratch(&g));
+    let (wq, ws) = quantize(&g, &dev(&g, &w), n * k, &E4m3Quantizer::new(&g).unwrap());
     let wf = dequant(&g, &wq, &ws, n * k);
     for m in 1..=GEMV_MAX_M {
         let x = rand_bf16(&mut r, m * k, 1.0);
@@ -138,7 +124,7 @@ fn fp8_linear_matches_the_dequantized_reference() {
     let (n, k) = (1000, 1344);
     let fp8 = Fp8Gemm::new(&g, 300, k).unwrap();
     let w = rand_bf16(&mut r, n * k, 0.05);
-    let (wq, ws) = quantize(&g, &dev(&g, &w), n * k, &scratch(&g));
+    let (wq, ws) = quantize(&g, &dev(&g, &w), n * k, &E4m3Quantizer::new(&g).unwrap());
     let wf = dequant(&g, &wq, &ws, n * k);
     let weight = Weight {
         ptr: wq.ptr(),

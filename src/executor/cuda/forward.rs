@@ -211,9 +211,10 @@ impl Forward {
         let mut weights = weights;
         let fp8 = match opts.quantization.is_fp8() {
             true => {
-                weights.quantize_fp8(&gpu)?;
                 let max_k = cfg.hidden_size.max(cfg.q_dim()).max(cfg.intermediate_size);
-                Some(Fp8Gemm::new(&gpu, opts.max_num_batched_tokens, max_k)?)
+                let f = Fp8Gemm::new(&gpu, opts.max_num_batched_tokens, max_k)?;
+                weights.quantize_fp8(&gpu, f.quantizer())?;
+                Some(f)
             }
             false => None,
         };

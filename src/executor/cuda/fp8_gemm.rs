@@ -11,9 +11,9 @@
 //! pointer is the one attribute set per call. The cache is bounded: a server's prefill steps
 //! come in many row counts.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use anyhow::Context;
 use cudarc::cublaslt::result as lt;
@@ -31,47 +31,92 @@ const MAX_PLANS: usize = 1024;
 /// (rows m, outputs n, inner k, fp32 output).
 type PlanKey = (usize, usize, usize, bool);
 
-/// State of the fp8 GEMM path: the cuBLASLt handle and workspace, the activations' e4m3 copy and
-/// scale, and the plans.
+/// The per-tensor e4m3 quantizer (kernels/quant_fp8.cu) and its scratch: the partial maxima and
+/// the arrival counter, zeroed once (the kernel resets it after each use). Quantizes the weights
+/// at load (`GpuWeights::quantize_fp8`) and each fp8 GEMM's input (`Fp8Gemm`).
+pub struct E4m3Quantizer {
+    partial: DevBuf,
+    counter: DevBuf,
+}
+
+impl E4m3Quantizer {
+    pub fn new(gpu: &Gpu) -> anyhow::Result<Self> {
+        gpu.check_fp8("e4m3 quantization")?;
+        let counter = gpu.alloc(4)?;
+        gpu.memset(counter.ptr(), 0, 4)?;
+        Ok(E4m3Quantizer {
+            partial: gpu.alloc(AMAX_MAX_CTAS * 4)?,
+            counter,
+        })
+    }
+
+    /// `n` bf16 at `x` to e4m3 at `q` with one scale: `scale` receives `[s, 1 / s]`.
+    ///
+    /// # Safety
+    /// `x` holds n bf16, `q` n bytes and `scale` two floats on `gpu`; one launch at a time (the
+    /// scratch is shared, stream order keeps it so).
+    pub unsafe fn run(
+        &self,
+        gpu: &Gpu,
+        (x, q, scale): (u64, u64, u64),
+        n: usize,
+    ) -> anyhow::Result<()> {
+        kernels::quantize_e4m3(
+            gpu,
+            &QuantizeE4m3 {
+                x,
+                q,
+                scale,
+                partial: self.partial.ptr(),
+                counter: self.counter.ptr(),
+                n,
+            },
+        )
+    }
+}
+
+/// State of the fp8 GEMM path: the cuBLASLt handle and workspace, the quantizer with the
+/// activations' e4m3 copy and scale, and the plans.
 pub struct Fp8Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevBuf,
-    /// `[max_rows, max_k]` e4m3: the GEMM's input, quantized by kernels/quant_fp8.cu.
+    quant: E4m3Quantizer,
+    /// `[max_rows, max_k]` e4m3: the GEMM's input.
     xq: DevBuf,
     /// `[2]` f32: its scale and the scale's inverse.
     xs: DevBuf,
-    /// The quantizer's partial maxima and arrival counter (zero between launches).
-    partial: DevBuf,
-    counter: DevBuf,
     max_rows: usize,
     max_k: usize,
-    plans: Mutex<HashMap<PlanKey, Plan>>,
+    /// Owned by the backend's one thread: no lock.
+    plans: RefCell<HashMap<PlanKey, Plan>>,
 }
 
 // SAFETY: the handle and the plans' descriptors are plain host objects that cuBLASLt allows to
-// be used from any thread, one call at a time; the plans are behind a mutex and the backend that
-// owns the `Gpu` is used by one thread at a time.
+// be used from any thread, one call at a time; the backend that owns the `Fp8Gemm` is moved
+// between threads, never shared (it is not Sync).
 unsafe impl Send for Fp8Gemm {}
 
 impl Fp8Gemm {
     /// For GEMMs of up to `max_rows` rows and `max_k` inner size (the `Forward` holds one for
     /// `--quantization fp8` and hands it to `gemm::linear`). Needs sm_89+.
     pub fn new(gpu: &Gpu, max_rows: usize, max_k: usize) -> anyhow::Result<Self> {
-        gpu.check_fp8("--quantization fp8")?;
+        let quant = E4m3Quantizer::new(gpu)?;
         let handle = lt::create_handle().context("creating the cuBLASLt handle")?;
-        let counter = gpu.alloc(4)?;
-        gpu.memset(counter.ptr(), 0, 4)?;
         Ok(Fp8Gemm {
             handle,
             workspace: gpu.alloc(WORKSPACE_BYTES)?,
+            quant,
             xq: gpu.alloc(max_rows * max_k)?,
             xs: gpu.alloc(2 * 4)?,
-            partial: gpu.alloc(AMAX_MAX_CTAS * 4)?,
-            counter,
             max_rows,
             max_k,
-            plans: Mutex::new(HashMap::new()),
+            plans: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// Its quantizer (the weights' too, at load).
+    pub fn quantizer(&self) -> &E4m3Quantizer {
+        &self.quant
     }
 
     /// y[m, n] = x[m, k] · w[n, k]ᵀ with w e4m3 and `w_scale` its scale; x bf16 is quantized
@@ -95,18 +140,9 @@ impl Fp8Gemm {
             self.max_rows,
             self.max_k
         );
-        kernels::quantize_e4m3(
-            gpu,
-            &QuantizeE4m3 {
-                x,
-                q: self.xq.ptr(),
-                scale: self.xs.ptr(),
-                partial: self.partial.ptr(),
-                counter: self.counter.ptr(),
-                n: m * k,
-            },
-        )?;
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        self.quant
+            .run(gpu, (x, self.xq.ptr(), self.xs.ptr()), m * k)?;
+        let mut plans = self.plans.borrow_mut();
         let key = (m, n, k, y_f32);
         if !plans.contains_key(&key) {
             if plans.len() >= MAX_PLANS {
@@ -148,10 +184,7 @@ impl Fp8Gemm {
 
 impl Drop for Fp8Gemm {
     fn drop(&mut self) {
-        self.plans
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.plans.get_mut().clear();
         // SAFETY: every plan made with the handle is gone.
         unsafe {
             let _ = lt::destroy_handle(self.handle);

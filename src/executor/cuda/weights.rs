@@ -13,8 +13,9 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::device::{DevBuf, Gpu};
+use super::fp8_gemm::E4m3Quantizer;
 use super::gemm::Weight;
-use super::kernels::{self, FillParams, QuantizeE4m3, AMAX_MAX_CTAS};
+use super::kernels::{self, FillParams};
 use crate::model::config::ModelConfig;
 use crate::model::fused::{self, Fused};
 use crate::model::loader::ModelWeights;
@@ -51,26 +52,16 @@ impl Linear {
         self.w.bytes() + self.scale.as_ref().map_or(0, DevBuf::bytes)
     }
 
-    /// Replaces the bf16 weight by its e4m3 values and their scale (kernels/quant_fp8.cu,
-    /// `scratch`: its partial maxima and arrival counter); the bf16 buffer is freed once the
-    /// kernels have read it (stream order).
-    fn quantize_fp8(&mut self, gpu: &Gpu, scratch: &(DevBuf, DevBuf)) -> anyhow::Result<()> {
+    /// Replaces the bf16 weight by its e4m3 values and their scale; the bf16 buffer is freed
+    /// once the kernels have read it (stream order).
+    fn quantize_fp8(&mut self, gpu: &Gpu, quant: &E4m3Quantizer) -> anyhow::Result<()> {
         if self.scale.is_some() {
             return Ok(());
         }
         let q = gpu.alloc(self.rows * self.cols)?;
         let s = gpu.alloc(2 * 4)?;
-        let p = QuantizeE4m3 {
-            x: self.w.ptr(),
-            q: q.ptr(),
-            scale: s.ptr(),
-            partial: scratch.0.ptr(),
-            counter: scratch.1.ptr(),
-            n: self.rows * self.cols,
-        };
-        // SAFETY: w holds rows x cols bf16, q as many bytes, s two floats; the scratch is sized
-        // for any launch.
-        unsafe { kernels::quantize_e4m3(gpu, &p)? };
+        // SAFETY: w holds rows x cols bf16, q as many bytes, s two floats.
+        unsafe { quant.run(gpu, (self.w.ptr(), q.ptr(), s.ptr()), self.rows * self.cols)? };
         self.w = q;
         self.scale = Some(s);
         Ok(())
@@ -119,11 +110,8 @@ impl GpuWeights {
     /// `--quantization fp8`: every layer's q/k/v, o, gate/up and down weights to e4m3 with one
     /// scale each (per tensor, as vLLM's dynamic fp8), on the GPU, one matrix at a time (so the
     /// peak is the bf16 model plus one matrix in e4m3). The embedding, norms and LM head stay
-    /// bf16. Needs sm_89+.
-    pub fn quantize_fp8(&mut self, gpu: &Gpu) -> anyhow::Result<()> {
-        gpu.check_fp8("--quantization fp8")?;
-        let scratch = (gpu.alloc(AMAX_MAX_CTAS * 4)?, gpu.alloc(4)?);
-        gpu.memset(scratch.1.ptr(), 0, 4)?;
+    /// bf16. Needs sm_89+ (`quant` checked it).
+    pub fn quantize_fp8(&mut self, gpu: &Gpu, quant: &E4m3Quantizer) -> anyhow::Result<()> {
         for l in &mut self.layers {
             for lin in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
                 anyhow::ensure!(
@@ -132,7 +120,7 @@ impl GpuWeights {
                     lin.rows,
                     lin.cols
                 );
-                lin.quantize_fp8(gpu, &scratch)?;
+                lin.quantize_fp8(gpu, quant)?;
             }
         }
         gpu.sync()
