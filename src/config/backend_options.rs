@@ -56,6 +56,7 @@ impl CudaBackendOptions {
             // unchanged.
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
+            decode_kernel: Default::default(),
             prefill_split_kv: true,
             step_timing: false,
             progress,

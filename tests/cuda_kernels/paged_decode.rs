@@ -2,11 +2,15 @@
 //! head size and GQA group the model families use, with and without a sliding window; the
 //! splits merged by `paged_decode_reduce` or inside the kernel (arrival counters), and the split
 //! rule that fills the GPU at batch 1 (`decode_splits_filled`); and all of it again over an
-//! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA).
+//! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA). Every case runs on both
+//! decode kernels: the lane kernel and, where the head dim has one, the tensor-core kernel
+//! (paged_decode_mma.cu: head dims up to 128, the group's heads as mma rows, 8 a CTA).
 
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas_for, decode_splits, decode_splits_filled, PagedDecodeParams,
+    self, decode_group_ctas_for, decode_mma_supported, decode_splits, decode_splits_filled,
+    PagedDecodeParams,
 };
+use brook::executor::cuda::DecodeKernel;
 use half::bf16;
 use rand::seq::SliceRandom;
 
@@ -55,7 +59,15 @@ impl Default for Decode {
 }
 
 impl Decode {
+    /// The case on the lane kernel, then on the tensor-core kernel where the shape has one.
     fn run(&self) {
+        self.run_on(DecodeKernel::Lanes);
+        if decode_mma_supported(self.head_dim, self.fp8) {
+            self.run_on(DecodeKernel::Mma);
+        }
+    }
+
+    fn run_on(&self, kernel: DecodeKernel) {
         let group = self.heads / self.kv_heads;
         let Some(g) = attention_gpu_kv(self.head_dim, group, self.fp8) else {
             return;
@@ -116,18 +128,21 @@ impl Decode {
             window: self.window as i32,
             scale,
         };
-        unsafe { kernels::paged_decode(&g, &p, hd).unwrap() };
+        unsafe { kernels::paged_decode_as(&g, &p, hd, kernel).unwrap() };
         if self.inline {
             // A second launch on the same counters (graph replay): it must find them at zero.
             let first = read_bf16(&g, &out, rows * heads * hd);
             g.memset(out.ptr(), 0xff, rows * heads * hd * 2).unwrap();
-            unsafe { kernels::paged_decode(&g, &p, hd).unwrap() };
+            unsafe { kernels::paged_decode_as(&g, &p, hd, kernel).unwrap() };
             let again = read_bf16(&g, &out, rows * heads * hd);
             let same = first
                 .iter()
                 .zip(&again)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "the second in-kernel merge differs from the first");
+            assert!(
+                same,
+                "{kernel:?}: the second in-kernel merge differs from the first"
+            );
             let left: Vec<u32> = read(&g, &counters, num_counters);
             assert!(left.iter().all(|&c| c == 0), "counters left at {left:?}");
         }
@@ -147,7 +162,7 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
                         self.fp8, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],

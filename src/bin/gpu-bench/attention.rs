@@ -5,7 +5,7 @@ use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
     self, decode_group_ctas_for, decode_splits_filled, PagedDecodeParams,
 };
-use brook::executor::cuda::KvCacheDtype;
+use brook::executor::cuda::{DecodeKernel, KvCacheDtype};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -17,8 +17,8 @@ use crate::common::{
 };
 
 /// Paged decode attention at the head shapes of Llama-2-7B (32 heads, 32 kv heads, head_dim
-/// 128), Qwen2.5-7B (28 / 4 / 128) and Phi-3-mini (32 / 32 / 96), one layer; bytes = K and V read
-/// once + Q + output. Several disjoint caches are rotated so small
+/// 128), Llama-3-8B (32 / 8 / 128), Qwen2.5-7B (28 / 4 / 128) and Phi-3-mini (32 / 32 / 96), one
+/// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint caches are rotated so small
 /// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts (unless
 /// `decode_only`).
 pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
@@ -26,9 +26,10 @@ pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
     for &dtype in dtypes {
         // Kernels for this cache dtype (e4m3: the -DKV_FP8 builds) and caches filled in it.
         gpu.set_kv_fp8(dtype.is_fp8())?;
-        // Llama-2-7B (MHA, head_dim 128) first, as before; then Qwen2.5-7B's 7 query heads per
-        // kv head and Phi-3-mini's head_dim 96.
-        for (heads, kv_heads, head_dim) in [(32, 32, 128), (28, 4, 128), (32, 32, 96)] {
+        // Llama-2-7B (MHA, head_dim 128) first, as before; then Llama-3-8B's 4 and Qwen2.5-7B's
+        // 7 query heads per kv head, and Phi-3-mini's head_dim 96.
+        for (heads, kv_heads, head_dim) in [(32, 32, 128), (32, 8, 128), (28, 4, 128), (32, 32, 96)]
+        {
             let shape = AttnShape {
                 heads,
                 kv_heads,
@@ -46,13 +47,14 @@ pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A decode split rule and merge, as `CudaBackendOptions::decode_ctas_per_sm` and
-/// `decode_merge_inline` choose them.
+/// A decode split rule, merge and kernel, as `CudaBackendOptions::decode_ctas_per_sm`,
+/// `decode_merge_inline` and `decode_kernel` choose them.
 struct DecodeVariant {
     name: &'static str,
     /// 0: `kernels::decode_splits` (the default); else `decode_splits_filled` with this many.
     ctas_per_sm: usize,
     inline: bool,
+    kernel: DecodeKernel,
 }
 
 const DECODE_VARIANTS: &[DecodeVariant] = &[
@@ -60,26 +62,44 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         name: "default",
         ctas_per_sm: 0,
         inline: false,
+        kernel: DecodeKernel::Lanes,
     },
     DecodeVariant {
         name: "inline",
         ctas_per_sm: 0,
         inline: true,
+        kernel: DecodeKernel::Lanes,
     },
     DecodeVariant {
         name: "fill4",
         ctas_per_sm: 4,
         inline: false,
+        kernel: DecodeKernel::Lanes,
     },
     DecodeVariant {
         name: "fill4-inline",
         ctas_per_sm: 4,
         inline: true,
+        kernel: DecodeKernel::Lanes,
     },
     DecodeVariant {
         name: "fill8-inline",
         ctas_per_sm: 8,
         inline: true,
+        kernel: DecodeKernel::Lanes,
+    },
+    // The tensor-core kernel (paged_decode_mma.cu) under the serving split rule and merge.
+    DecodeVariant {
+        name: "fill8-inline-mma",
+        ctas_per_sm: 8,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+    },
+    DecodeVariant {
+        name: "fill4-inline-mma",
+        ctas_per_sm: 4,
+        inline: true,
+        kernel: DecodeKernel::Mma,
     },
 ];
 
@@ -98,9 +118,13 @@ fn paged_decode(
     let kv = dtype.as_str();
     let mut rows = Vec::new();
     for &ctx in &[1024usize, 4096, 16384] {
-        for &batch in &[1usize, 16, 64] {
+        for &batch in &[1usize, 16, 64, 256] {
             let blocks_per_seq = ctx.div_ceil(bs);
             let kv_bytes = batch * ctx * kvh * hd * 2 * kv_elem_bytes(gpu);
+            // Batch 256 only where one copy of its cache stays under 16 GiB.
+            if kv_bytes > 16 << 30 {
+                continue;
+            }
             let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
             let num_blocks = sets * batch * blocks_per_seq;
             let cache_elems = num_blocks * kvh * bs * hd;
@@ -161,11 +185,11 @@ fn paged_decode(
                 };
                 // SAFETY: every buffer above matches the shapes in the params.
                 let ms = time_ms(gpu, 3, 20, |i| unsafe {
-                    kernels::paged_decode(gpu, &params(i % sets), hd)
+                    kernels::paged_decode_as(gpu, &params(i % sets), hd, var.kernel)
                 })?;
                 gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
                 // SAFETY: as above.
-                unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd)? };
+                unsafe { kernels::paged_decode_as(gpu, &params(sets - 1), hd, var.kernel)? };
                 let got = read_bf16(gpu, &out, batch * h * hd)?;
                 let err = match &reference {
                     None => 0.0,
@@ -175,7 +199,7 @@ fn paged_decode(
                 let bytes = kv_bytes + 2 * batch * h * hd * 2;
                 let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
                 eprintln!(
-                "paged decode {:<12} kv {kv} ctx {ctx:>5} batch {batch:>2}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits, rel. err. vs default {err:.1e}",
+                "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300), {splits} splits, rel. err. vs default {err:.1e}",
                 var.name,
                 gbps / 43.0
             );
@@ -184,7 +208,7 @@ fn paged_decode(
                     "{}: output differs from the default's by {err:.3e}",
                     var.name
                 );
-                rows.push(json!({"variant": var.name, "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits, "rel_err_vs_default": err}));
+                rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "splits": splits, "rel_err_vs_default": err}));
             }
         }
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
-use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, Quantization};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, DecodeKernel, Quantization};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -23,6 +23,8 @@ pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
         o.entry("quantization")
             .or_insert_with(|| quantization().as_str().into());
+        o.entry("decode_kernel")
+            .or_insert_with(|| decode_kernel().as_str().into());
     }
     println!("{v}");
 }
@@ -33,6 +35,16 @@ pub fn quantization() -> Quantization {
     match std::env::var("BROOK_QUANTIZATION").as_deref() {
         Ok("fp8") => Quantization::Fp8,
         _ => Quantization::None,
+    }
+}
+
+/// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
+/// lanes or mma; default auto), for A/B runs of whole steps.
+pub fn decode_kernel() -> DecodeKernel {
+    match std::env::var("BROOK_DECODE_KERNEL").as_deref() {
+        Ok("lanes") => DecodeKernel::Lanes,
+        Ok("mma") => DecodeKernel::Mma,
+        _ => DecodeKernel::Auto,
     }
 }
 
@@ -293,6 +305,7 @@ pub fn bench_options() -> CudaBackendOptions {
     CudaBackendOptions {
         progress: false,
         quantization: quantization(),
+        decode_kernel: decode_kernel(),
         ..Default::default()
     }
 }

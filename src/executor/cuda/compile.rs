@@ -56,9 +56,14 @@ pub const GEMV_MAX_M: usize = 4;
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and
 /// `-DGROUP=<query heads per kv head>` (decode) by `Gpu::load_attention`: compile-time loop
 /// bounds for any head size and group, without a list of instantiations.
+/// paged_decode.cu with paged_decode_mma.cu appended: the tensor-core decode kernel shares the
+/// lane kernel's parameters and split merge.
 pub const PAGED_DECODE: (&str, &str) = (
     "paged_decode",
-    include_str!("../../../kernels/paged_decode.cu"),
+    concat!(
+        include_str!("../../../kernels/paged_decode.cu"),
+        include_str!("../../../kernels/paged_decode_mma.cu")
+    ),
 );
 pub const PREFILL_ATTN: (&str, &str) = (
     "prefill_attn",

@@ -542,6 +542,7 @@ mod tests {
             "rope_kv",
             "silu_mul",
             "paged_decode",
+            "paged_decode_mma",
             "paged_decode_reduce",
             "prefill_attn",
             "kv_gather",

@@ -6,6 +6,7 @@
 //! step-pipeline kernels and the filled decode split rule are in `kernels/step_io.rs`.
 
 use super::device::Gpu;
+use super::options::DecodeKernel;
 
 mod kv_stage;
 mod step_io;
@@ -530,15 +531,69 @@ pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
     )
 }
 
-/// Decode attention; with `num_splits > 1` also the merge of the splits (a second launch,
-/// unless `p.counters` is set: then the decode kernel merges them itself).
+/// Query heads a tensor-core decode CTA serves (`DMMA_ROWS` in paged_decode_mma.cu): larger
+/// groups are cut in equal slices.
+const DECODE_MMA_ROWS: usize = 8;
+
+/// CTAs per kv head of the tensor-core decode kernel (`DMMA_GROUP_CTAS`); never more than
+/// `decode_group_ctas_for` (the arrival counters are sized by that).
+pub fn decode_mma_group_ctas(group: usize) -> usize {
+    group.div_ceil(DECODE_MMA_ROWS)
+}
+
+/// Whether paged_decode_mma.cu has a kernel for this head dim and cache dtype (its `#if`).
+pub fn decode_mma_supported(head_dim: usize, kv_fp8: bool) -> bool {
+    let elem = if kv_fp8 { 1 } else { 2 };
+    head_dim % 16 == 0 && head_dim <= 128 && (head_dim / 8 * elem) % 4 == 0
+}
+
+/// The decode attention kernel that runs for `choice` (`Auto`: by shape): `Lanes` or `Mma`.
+/// `Mma` where the shape has no tensor-core kernel falls back to `Lanes`.
+pub fn decode_kernel(
+    choice: DecodeKernel,
+    head_dim: usize,
+    group: usize,
+    kv_fp8: bool,
+) -> DecodeKernel {
+    if !decode_mma_supported(head_dim, kv_fp8) {
+        return DecodeKernel::Lanes;
+    }
+    match choice {
+        // The lane kernel spends `group` fp32 FMAs on every cached element: with GQA that
+        // outgrows what the SM issues while the bytes stream in. On the H200 (`gpu-bench
+        // attention`, session 17) the tensor-core kernel read Llama-3-8B's bf16 cache at 79-90 %
+        // of the copy bandwidth at batch 64-256 where the lane kernel read 38-40 %, and e4m3
+        // at 45-52 % against 30-33 %; for MHA the lane kernel stayed ahead (bf16 95-103 %
+        // against 84-91 %, e4m3 77-83 % against 51 %).
+        DecodeKernel::Auto if group >= 2 => DecodeKernel::Mma,
+        DecodeKernel::Auto => DecodeKernel::Lanes,
+        c => c,
+    }
+}
+
+/// Decode attention on the kernel `kernels::decode_kernel` picks for `DecodeKernel::Auto`.
 ///
 /// # Safety
-/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+/// As `paged_decode_as`.
 pub unsafe fn paged_decode(
     gpu: &Gpu,
     p: &PagedDecodeParams,
     head_dim: usize,
+) -> anyhow::Result<()> {
+    paged_decode_as(gpu, p, head_dim, DecodeKernel::Auto)
+}
+
+/// Decode attention on `kernel` (resolved by `decode_kernel`); with `num_splits > 1` also the
+/// merge of the splits (a second launch, unless `p.counters` is set: then the decode kernel
+/// merges them itself).
+///
+/// # Safety
+/// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
+pub unsafe fn paged_decode_as(
+    gpu: &Gpu,
+    p: &PagedDecodeParams,
+    head_dim: usize,
+    kernel: DecodeKernel,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
     // The in-kernel merge keeps a weight per split in shared memory (DECODE_MAX_SPLITS).
@@ -547,15 +602,19 @@ pub unsafe fn paged_decode(
         "decode attention with {} splits (at most {MAX_FILLED_SPLITS} merged in the kernel)",
         p.num_splits
     );
+    let (kernel_name, slices) = match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
+        DecodeKernel::Mma => ("paged_decode_mma", decode_mma_group_ctas(group)),
+        _ => ("paged_decode", decode_group_ctas_for(group, gpu.kv_fp8())),
+    };
     let name = attention_kernel(
         gpu,
-        gpu.kv_kernel(&format!("paged_decode_hd{head_dim}_g{group}")),
+        gpu.kv_kernel(&format!("{kernel_name}_hd{head_dim}_g{group}")),
     )?;
     gpu.launch(
         &name,
         (
             p.num_splits as u32,
-            (p.num_kv_heads as usize * decode_group_ctas_for(group, gpu.kv_fp8())) as u32,
+            (p.num_kv_heads as usize * slices) as u32,
             p.num_items as u32,
         ),
         (DECODE_THREADS, 1, 1),
@@ -854,6 +913,32 @@ pub unsafe fn fill_uniform(gpu: &Gpu, p: &FillParams) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_kernel_takes_tensor_cores_for_gqa_where_the_head_dim_allows() {
+        use DecodeKernel::*;
+        // Llama-3-8B (group 4) and Qwen2.5-7B (7), either cache dtype: tensor cores.
+        for fp8 in [false, true] {
+            assert_eq!(decode_kernel(Auto, 128, 4, fp8), Mma);
+            assert_eq!(decode_kernel(Auto, 128, 7, fp8), Mma);
+            // MHA: the lane kernel, unless asked.
+            assert_eq!(decode_kernel(Auto, 128, 1, fp8), Lanes);
+            assert_eq!(decode_kernel(Mma, 128, 1, fp8), Mma);
+            assert_eq!(decode_kernel(Lanes, 128, 4, fp8), Lanes);
+            // Head dims above 128 have no tensor-core kernel, whatever is asked.
+            assert_eq!(decode_kernel(Mma, 256, 4, fp8), Lanes);
+        }
+        // e4m3 V slices (head_dim / 8 bytes) must be whole words: 96 yes, 80 no.
+        assert!(decode_mma_supported(96, true) && !decode_mma_supported(80, true));
+        assert!(decode_mma_supported(80, false) && decode_mma_supported(16, false));
+        assert_eq!(decode_kernel(Auto, 80, 4, true), Lanes);
+        // A slice's CTAs never outnumber the lane kernel's, whose count sizes the counters.
+        for g in 1..=32 {
+            for fp8 in [false, true] {
+                assert!(decode_mma_group_ctas(g) <= decode_group_ctas_for(g, fp8));
+            }
+        }
+    }
 
     #[test]
     fn decode_splits_fill_the_gpu_and_respect_the_minimum() {

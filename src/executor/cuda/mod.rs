@@ -39,4 +39,4 @@ pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};
-pub use options::{KvCacheDtype, Quantization};
+pub use options::{DecodeKernel, KvCacheDtype, Quantization};

@@ -56,6 +56,8 @@ pub struct CudaBackendOptions {
     /// splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up to 64
     /// splits, powers of two; serving default 8).
     pub decode_ctas_per_sm: usize,
+    /// Which decode attention kernel runs (`DecodeKernel`); `Auto` by default.
+    pub decode_kernel: DecodeKernel,
     /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
     /// merges; one launch) instead of in `paged_decode_reduce`. On by default (measured).
     pub decode_merge_inline: bool,
@@ -85,11 +87,33 @@ pub struct CudaBackendOptions {
     pub quantization: Quantization,
 }
 
+/// The decode attention kernel (paged_decode.cu). `Lanes`: fp32 dot products on the CUDA cores,
+/// lanes sharing a key; `Mma`: tensor cores, the query heads of a kv head as the rows of the mma
+/// (paged_decode_mma.cu; head dims up to 128); `Auto`: `kernels::decode_kernel`'s rule by shape
+/// and cache dtype, measured on the H200 (`gpu-bench attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernel {
+    #[default]
+    Auto,
+    Lanes,
+    Mma,
+}
+
+impl DecodeKernel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecodeKernel::Auto => "auto",
+            DecodeKernel::Lanes => "lanes",
+            DecodeKernel::Mma => "mma",
+        }
+    }
+}
+
 /// The linear layers' weights, as vLLM's `--quantization`. `None`: bf16. `Fp8`: the q/k/v, o,
-/// gate/up and down weights quantized at load to e4m3 with one f32 scale per output row (the
+/// gate/up and down weights quantized at load to e4m3 with one f32 scale per matrix (the
 /// embedding, norms and LM head stay bf16); decode's few rows run `gemv_fp8` (half the bytes a
-/// step streams), more rows are quantized per token and run fp8 tensor-core GEMMs through
-/// cuBLASLt (outer-vector scaling). CUDA only, sm_89+.
+/// step streams), more rows are quantized per call (a dynamic per-tensor scale) and run fp8
+/// tensor-core GEMMs through cuBLASLt. CUDA only, sm_89+.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Quantization {
