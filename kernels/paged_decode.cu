@@ -151,6 +151,8 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
   const int begin = first + split * per, end = min(ctx, begin + per);
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+  // block_size is a power of two (config.rs): a shift and a mask, not two integer divisions.
+  const int bshift = __ffs(p.block_size) - 1, bmask = p.block_size - 1;
 
   float q[G][KV_VEC];
   const float qs = p.scale * LOG2E;
@@ -199,7 +201,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       const int j = base + sub + u * STEP;
       valid[u] = j < end;
       if (valid[u] && active) {
-        const size_t o = kv_offset(bt[j / p.block_size], kh, j % p.block_size, p.num_kv_heads,
+        const size_t o = kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads,
                                    p.block_size, HD) + dl * KV_VEC;
         kv[u] = *(const uint4*)(p.k_cache + o);
         vv[u] = *(const uint4*)(p.v_cache + o);

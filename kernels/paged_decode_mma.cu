@@ -131,6 +131,9 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
   const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
   const int begin = first + split * per, end = min(ctx, begin + per);
   const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+  // block_size is a power of two (config.rs): a shift and a mask per key, not two integer
+  // divisions (about 20 instructions each, 6 keys a thread a step).
+  const int bshift = __ffs(p.block_size) - 1, bmask = p.block_size - 1;
 
   // Q's A fragments (rows r < gn; the others zero): a0 = dims c*HD/4 + 4kk + (0, 1), a2 = + (2, 3).
   u32 qa[KK][2];
@@ -175,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
       for (int t = 0; t < 2; t++) {
         const int j = b + 8 * t + r;
         if (j < end) {
-          dmma_load<DMMA_KW>(kw[u][t], kc + kv_offset(bt[j / p.block_size], kh, j % p.block_size,
+          dmma_load<DMMA_KW>(kw[u][t], kc + kv_offset(bt[j >> bshift], kh, j & bmask,
                                                        p.num_kv_heads, p.block_size, HD));
         } else {
 #pragma unroll
@@ -186,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
       for (int i = 0; i < 4; i++) {
         const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
         if (j < end) {
-          dmma_load<DMMA_VW>(vw[u][i], vc + kv_offset(bt[j / p.block_size], kh, j % p.block_size,
+          dmma_load<DMMA_VW>(vw[u][i], vc + kv_offset(bt[j >> bshift], kh, j & bmask,
                                                        p.num_kv_heads, p.block_size, HD));
         } else {
 #pragma unroll
@@ -226,17 +229,22 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float mn = fmaxf(m_r, mx);  // finite: key b < end is in every row's step
-      const float corr = exp2f(m_r - mn);
+      // Rescale only when some row's max rose (after the first steps, seldom): 2 * NT
+      // multiplies a step saved, the warp's rows agreeing on the branch (corr 1 elsewhere).
+      if (__any_sync(0xffffffffu, mn > m_r)) {
+        const float corr = exp2f(m_r - mn);
+        l_r *= corr;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+          o[nt][0] *= corr;
+          o[nt][1] *= corr;
+        }
+        m_r = mn;
+      }
       float pr[4];
 #pragma unroll
-      for (int e = 0; e < 4; e++) pr[e] = exp2f(x[e] - mn);
-      l_r = l_r * corr + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
-      m_r = mn;
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        o[nt][0] *= corr;
-        o[nt][1] *= corr;
-      }
+      for (int e = 0; e < 4; e++) pr[e] = exp2f(x[e] - m_r);
+      l_r += (pr[0] + pr[1]) + (pr[2] + pr[3]);
       // P's A fragment: a0 = keys 2c, 2c+1 (n-tile 0), a2 = keys 8 + 2c, 8 + 2c + 1 (n-tile 1).
       const u32 pa0 = dmma_pack(pr[0], pr[1]), pa2 = dmma_pack(pr[2], pr[3]);
 #if !KV_FP8

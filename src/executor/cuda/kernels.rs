@@ -561,10 +561,10 @@ pub fn decode_kernel(
     match choice {
         // The lane kernel spends `group` fp32 FMAs on every cached element: with GQA that
         // outgrows what the SM issues while the bytes stream in. On the H200 (`gpu-bench
-        // attention`, session 17) the tensor-core kernel read Llama-3-8B's bf16 cache at 79-90 %
-        // of the copy bandwidth at batch 64-256 where the lane kernel read 38-40 %, and e4m3
-        // at 45-52 % against 30-33 %; for MHA the lane kernel stayed ahead (bf16 95-103 %
-        // against 84-91 %, e4m3 77-83 % against 51 %).
+        // attention`, session 17, calls 3 and 5) the tensor-core kernel read Llama-3-8B's
+        // cache at batch 64-256 at 77-88 % of the copy bandwidth in bf16 where the lane kernel
+        // read 38-40 %, and in e4m3 at 56-70 % against 33-37 %; for MHA the lane kernel stayed
+        // ahead (bf16 95-103 % against 84-91 %, e4m3 87-90 % against 67 %).
         DecodeKernel::Auto if group >= 2 => DecodeKernel::Mma,
         DecodeKernel::Auto => DecodeKernel::Lanes,
         c => c,
