@@ -123,6 +123,60 @@ __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int ite
   }
 }
 
+// The end of a decode CTA (both kernels; its NS online-softmax states of heads h0 .. h0 + gn - 1
+// are in shared memory, published by a barrier): the states merged into the output row (one
+// split) or into this split's partials; with `counters` set, the last CTA of the (item, kv-head
+// slice) to arrive then merges every split (the threadFenceReduction pattern) and resets the
+// counter for the next launch (graph replay). Every thread of the CTA calls it.
+template <int NS, int G>
+__device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int item, int row,
+                                             int split, int h0, int gn, float (*s_acc)[G][HD],
+                                             float (*s_m)[G], float (*s_l)[G]) {
+  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < NS; s++) mx = fmaxf(mx, s_m[s][g]);
+    float L = 0.f, A = 0.f;
+    if (mx != NEG_INF) {
+#pragma unroll
+      for (int s = 0; s < NS; s++) {
+        const float w = s_m[s][g] == NEG_INF ? 0.f : exp2f(s_m[s][g] - mx);
+        L += s_l[s][g] * w;
+        A += s_acc[s][g][d] * w;
+      }
+    }
+    const int h = h0 + g;
+    if (p.num_splits == 1) {
+      p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
+    } else {
+      const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
+      p.part_acc[ps * HD + d] = A;
+      if (d == 0) {
+        p.part_ml[ps * 2] = mx;
+        p.part_ml[ps * 2 + 1] = L;
+      }
+    }
+  }
+  if (p.num_splits == 1 || p.counters == nullptr) return;
+
+  __shared__ u32 s_last;
+  __threadfence();  // this CTA's partials reach L2 before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* c = p.counters + (size_t)item * gridDim.y + blockIdx.y;
+    const u32 prev = atomicAdd(c, 1u);
+    s_last = prev == (u32)(p.num_splits - 1);
+    if (s_last) *c = 0;  // every split has arrived: ready for the next launch (graph replay)
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // s_acc is free again (every thread passed the barrier after reading it).
+  static_assert(sizeof(float) * NS * HD >= sizeof(float) * DECODE_MAX_SPLITS, "merge weights");
+  merge_splits(p, item, row, h0, gn, &s_acc[0][0][0]);
+}
+
 // HD is the -DHD define; G the query heads per CTA (DECODE_GC).
 template <int G>
 __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
@@ -266,50 +320,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
-    const int g = idx / HD, d = idx % HD;
-    float mx = NEG_INF;
-#pragma unroll
-    for (int s = 0; s < NS; s++) mx = fmaxf(mx, s_m[s][g]);
-    float L = 0.f, A = 0.f;
-    if (mx != NEG_INF) {
-#pragma unroll
-      for (int s = 0; s < NS; s++) {
-        const float w = s_m[s][g] == NEG_INF ? 0.f : exp2f(s_m[s][g] - mx);
-        L += s_l[s][g] * w;
-        A += s_acc[s][g][d] * w;
-      }
-    }
-    const int h = h0 + g;
-    if (p.num_splits == 1) {
-      p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
-    } else {
-      const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
-      p.part_acc[ps * HD + d] = A;
-      if (d == 0) {
-        p.part_ml[ps * 2] = mx;
-        p.part_ml[ps * 2 + 1] = L;
-      }
-    }
-  }
-  if (p.num_splits == 1 || p.counters == nullptr) return;
-
-  // In-kernel merge: the last CTA of this (item, kv-head slice) to finish merges every split.
-  __shared__ u32 s_last;
-  __threadfence();  // this CTA's partials reach L2 before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    u32* c = p.counters + (size_t)item * gridDim.y + blockIdx.y;
-    const u32 prev = atomicAdd(c, 1u);
-    s_last = prev == (u32)(p.num_splits - 1);
-    if (s_last) *c = 0;  // every split has arrived: ready for the next launch (graph replay)
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  // s_acc is free again (every thread passed the barrier after reading it).
-  static_assert(sizeof(s_acc) >= sizeof(float) * G * DECODE_MAX_SPLITS, "merge weights");
-  merge_splits(p, item, row, h0, gn, &s_acc[0][0][0]);
+  finish_split<NS, G>(p, item, row, split, h0, gn, s_acc, s_m, s_l);
 }
 
 // grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32

@@ -295,49 +295,7 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
-    const int g = idx / HD, d = idx % HD;
-    float mx = NEG_INF;
-#pragma unroll
-    for (int w = 0; w < DMMA_WARPS; w++) mx = fmaxf(mx, s_m[w][g]);
-    float L = 0.f, A = 0.f;
-    if (mx != NEG_INF) {
-#pragma unroll
-      for (int w = 0; w < DMMA_WARPS; w++) {
-        const float wt = s_m[w][g] == NEG_INF ? 0.f : exp2f(s_m[w][g] - mx);
-        L += s_l[w][g] * wt;
-        A += s_o[w][g][d] * wt;
-      }
-    }
-    const int h = h0 + g;
-    if (p.num_splits == 1) {
-      p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
-    } else {
-      const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
-      p.part_acc[ps * HD + d] = A;
-      if (d == 0) {
-        p.part_ml[ps * 2] = mx;
-        p.part_ml[ps * 2 + 1] = L;
-      }
-    }
-  }
-  if (p.num_splits == 1 || p.counters == nullptr) return;
-
-  // In-kernel merge, as in paged_decode: the last CTA of this (item, kv-head slice) merges.
-  __shared__ u32 s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    u32* cnt = p.counters + (size_t)item * gridDim.y + blockIdx.y;
-    const u32 prev = atomicAdd(cnt, 1u);
-    s_last = prev == (u32)(p.num_splits - 1);
-    if (s_last) *cnt = 0;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  static_assert(sizeof(s_o) >= sizeof(float) * G * DECODE_MAX_SPLITS, "merge weights");
-  merge_splits(p, item, row, h0, gn, &s_o[0][0][0]);
+  finish_split<DMMA_WARPS, G>(p, item, row, split, h0, gn, s_o, s_m, s_l);
 }
 #else
 // Every module holds each kernel the loader looks for; the host never launches this one

@@ -91,9 +91,13 @@ pub struct ModelSection {
     /// CUDA executor: replay speculative verification steps (every sequence verifying the same
     /// number of drafts) from CUDA graphs as decode steps are. Off by default until measured.
     pub cuda_verify_graphs: bool,
-    /// CUDA executor: the linear layers' weights, none (bf16) or fp8 (e4m3 with per-channel
-    /// scales, fp8 GEMMs; sm_89+). The CPU executor refuses fp8 at start.
+    /// CUDA executor: the linear layers' weights, none (bf16) or fp8 (e4m3 with one scale per
+    /// matrix, fp8 GEMMs; sm_89+). The CPU executor refuses fp8 at start.
     pub quantization: crate::executor::cuda::Quantization,
+    /// CUDA executor: the decode attention kernel, auto (tensor cores for grouped-query models,
+    /// the CUDA-core lane kernel for MHA, as measured), lanes or mma (tensor cores; head dims up
+    /// to 128, else lanes). The CPU executor has one attention and ignores it.
+    pub decode_attention: crate::executor::cuda::DecodeKernel,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -158,6 +162,7 @@ impl Default for ModelSection {
             prefill_gemm_max_len: 0,
             cuda_verify_graphs: false,
             quantization: Default::default(),
+            decode_attention: Default::default(),
         }
     }
 }
@@ -461,6 +466,18 @@ mod tests {
             err.contains("--quantization fp8") && err.contains("CPU"),
             "{err}"
         );
+    }
+
+    /// `model.decode_attention` (and `--decode-attention`) reach the CUDA options.
+    #[test]
+    fn decode_attention_flows_to_cuda() {
+        use crate::executor::cuda::{CudaBackendOptions, DecodeKernel};
+        assert_eq!(Config::default().model.decode_attention, DecodeKernel::Auto);
+        let cfg = Config::from_toml("[model]\ndecode_attention = \"lanes\"\n").unwrap();
+        let cuda = CudaBackendOptions::from_config(&cfg, false);
+        assert_eq!(cuda.decode_kernel, DecodeKernel::Lanes);
+        let err = toml_err("[model]\ndecode_attention = \"flash\"\n");
+        assert!(err.contains("flash"), "{err}");
     }
 
     #[test]

@@ -49,10 +49,14 @@ pub struct EngineArgs {
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<crate::executor::cuda::KvCacheDtype>,
     /// Linear weights: none (the checkpoint's, as bf16) or fp8 (quantized at load to e4m3 with
-    /// per-channel scales; fp8 tensor-core GEMMs, half the weight bytes a decode step reads).
+    /// one scale per matrix; fp8 tensor-core GEMMs, half the weight bytes a decode step reads).
     /// CUDA executor on sm_89+ only; the CPU executor refuses it at start.
     #[arg(long, value_enum)]
     pub quantization: Option<crate::executor::cuda::Quantization>,
+    /// CUDA executor: decode attention kernel, auto (tensor cores for grouped-query models, the
+    /// CUDA-core lane kernel for MHA), lanes or mma (tensor cores, head dims up to 128).
+    #[arg(long, value_enum)]
+    pub decode_attention: Option<crate::executor::cuda::DecodeKernel>,
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
@@ -135,6 +139,9 @@ impl EngineArgs {
         }
         if let Some(q) = self.quantization {
             cfg.model.quantization = q;
+        }
+        if let Some(k) = self.decode_attention {
+            cfg.model.decode_attention = k;
         }
         let spec = &mut cfg.speculative;
         if let Some(d) = &self.draft_model {

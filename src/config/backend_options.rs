@@ -56,7 +56,7 @@ impl CudaBackendOptions {
             // unchanged.
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
-            decode_kernel: Default::default(),
+            decode_kernel: cfg.model.decode_attention,
             prefill_split_kv: true,
             step_timing: false,
             progress,

@@ -128,12 +128,12 @@ impl Decode {
             window: self.window as i32,
             scale,
         };
-        unsafe { kernels::paged_decode_as(&g, &p, hd, kernel).unwrap() };
+        unsafe { kernels::paged_decode(&g, &p, hd, kernel).unwrap() };
         if self.inline {
             // A second launch on the same counters (graph replay): it must find them at zero.
             let first = read_bf16(&g, &out, rows * heads * hd);
             g.memset(out.ptr(), 0xff, rows * heads * hd * 2).unwrap();
-            unsafe { kernels::paged_decode_as(&g, &p, hd, kernel).unwrap() };
+            unsafe { kernels::paged_decode(&g, &p, hd, kernel).unwrap() };
             let again = read_bf16(&g, &out, rows * heads * hd);
             let same = first
                 .iter()

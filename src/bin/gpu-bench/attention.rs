@@ -16,20 +16,20 @@ use crate::common::{
     CausalPrefill,
 };
 
-/// Paged decode attention at the head shapes of Llama-2-7B (32 heads, 32 kv heads, head_dim
-/// 128), Llama-3-8B (32 / 8 / 128), Qwen2.5-7B (28 / 4 / 128) and Phi-3-mini (32 / 32 / 96), one
-/// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint caches are rotated so small
-/// cases are not served from L2. Then the flash prefill kernel's rate on causal prompts (unless
-/// `decode_only`).
-pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
+/// Paged decode attention at each of `shapes` (heads/kv_heads/head_dim; `default_shapes`), one
+/// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint
+/// caches are rotated so small cases are not served from L2. Then the flash prefill kernel's
+/// rate on causal prompts (unless `decode_only`).
+pub fn run(decode_only: bool, dtypes: &[KvCacheDtype], shapes: &[String]) -> anyhow::Result<()> {
+    let shapes = shapes
+        .iter()
+        .map(|s| parse_shape(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut gpu = Gpu::open(0)?;
     for &dtype in dtypes {
         // Kernels for this cache dtype (e4m3: the -DKV_FP8 builds) and caches filled in it.
         gpu.set_kv_fp8(dtype.is_fp8())?;
-        // Llama-2-7B (MHA, head_dim 128) first, as before; then Llama-3-8B's 4 and Qwen2.5-7B's
-        // 7 query heads per kv head, and Phi-3-mini's head_dim 96.
-        for (heads, kv_heads, head_dim) in [(32, 32, 128), (32, 8, 128), (28, 4, 128), (32, 32, 96)]
-        {
+        for &(heads, kv_heads, head_dim) in &shapes {
             let shape = AttnShape {
                 heads,
                 kv_heads,
@@ -45,6 +45,27 @@ pub fn run(decode_only: bool, dtypes: &[KvCacheDtype]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--shapes`' default: Llama-2-7B (MHA, head_dim 128) first, as before; then Llama-3-8B's 4
+/// and Qwen2.5-7B's 7 query heads per kv head, and Phi-3-mini's head_dim 96.
+pub fn default_shapes() -> Vec<String> {
+    ["32/32/128", "32/8/128", "28/4/128", "32/32/96"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// "heads/kv_heads/head_dim" as numbers; kv_heads must divide heads.
+fn parse_shape(s: &str) -> anyhow::Result<(usize, usize, usize)> {
+    let n: Vec<usize> = s
+        .split('/')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("shape {s:?}: {e}"))?;
+    match n[..] {
+        [h, kvh, hd] if kvh > 0 && h % kvh == 0 => Ok((h, kvh, hd)),
+        _ => anyhow::bail!("shape {s:?}: want heads/kv_heads/head_dim, kv_heads dividing heads"),
+    }
 }
 
 /// A decode split rule, merge and kernel, as `CudaBackendOptions::decode_ctas_per_sm`,
@@ -185,11 +206,11 @@ fn paged_decode(
                 };
                 // SAFETY: every buffer above matches the shapes in the params.
                 let ms = time_ms(gpu, 3, 20, |i| unsafe {
-                    kernels::paged_decode_as(gpu, &params(i % sets), hd, var.kernel)
+                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel)
                 })?;
                 gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
                 // SAFETY: as above.
-                unsafe { kernels::paged_decode_as(gpu, &params(sets - 1), hd, var.kernel)? };
+                unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel)? };
                 let got = read_bf16(gpu, &out, batch * h * hd)?;
                 let err = match &reference {
                     None => 0.0,

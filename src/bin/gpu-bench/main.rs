@@ -66,6 +66,10 @@ enum Cmd {
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
+        /// Head shapes, each heads/kv_heads/head_dim (comma-separated); default: Llama-2-7B,
+        /// Llama-3-8B, Qwen2.5-7B and Phi-3-mini.
+        #[arg(long, value_delimiter = ',', default_values_t = attention::default_shapes())]
+        shapes: Vec<String>,
     },
     GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
@@ -166,7 +170,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Attention {
             decode_only,
             kv_cache_dtype,
-        } => attention::run(decode_only, &kv_cache_dtype),
+            shapes,
+        } => attention::run(decode_only, &kv_cache_dtype, &shapes),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),

@@ -571,25 +571,13 @@ pub fn decode_kernel(
     }
 }
 
-/// Decode attention on the kernel `kernels::decode_kernel` picks for `DecodeKernel::Auto`.
-///
-/// # Safety
-/// As `paged_decode_as`.
-pub unsafe fn paged_decode(
-    gpu: &Gpu,
-    p: &PagedDecodeParams,
-    head_dim: usize,
-) -> anyhow::Result<()> {
-    paged_decode_as(gpu, p, head_dim, DecodeKernel::Auto)
-}
-
 /// Decode attention on `kernel` (resolved by `decode_kernel`); with `num_splits > 1` also the
 /// merge of the splits (a second launch, unless `p.counters` is set: then the decode kernel
 /// merges them itself).
 ///
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
-pub unsafe fn paged_decode_as(
+pub unsafe fn paged_decode(
     gpu: &Gpu,
     p: &PagedDecodeParams,
     head_dim: usize,

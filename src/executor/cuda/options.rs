@@ -56,7 +56,8 @@ pub struct CudaBackendOptions {
     /// splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up to 64
     /// splits, powers of two; serving default 8).
     pub decode_ctas_per_sm: usize,
-    /// Which decode attention kernel runs (`DecodeKernel`); `Auto` by default.
+    /// Which decode attention kernel runs (`DecodeKernel`, `model.decode_attention`); `Auto` by
+    /// default.
     pub decode_kernel: DecodeKernel,
     /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
     /// merges; one launch) instead of in `paged_decode_reduce`. On by default (measured).
@@ -91,7 +92,8 @@ pub struct CudaBackendOptions {
 /// lanes sharing a key; `Mma`: tensor cores, the query heads of a kv head as the rows of the mma
 /// (paged_decode_mma.cu; head dims up to 128); `Auto`: `kernels::decode_kernel`'s rule by shape
 /// and cache dtype, measured on the H200 (`gpu-bench attention`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum DecodeKernel {
     #[default]
     Auto,

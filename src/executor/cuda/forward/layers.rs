@@ -176,7 +176,7 @@ impl Forward {
                     window,
                     scale,
                 };
-                kernels::paged_decode_as(g, &p, hd, self.opts.decode_kernel)?;
+                kernels::paged_decode(g, &p, hd, self.opts.decode_kernel)?;
             }
             if step.nt > 0 && on(skip::ATTENTION) {
                 let p = PrefillAttnParams {
