@@ -123,6 +123,40 @@ __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int ite
   }
 }
 
+// What a decode CTA works on (both kernels): its split, item, kv head and heads h0 .. h0 + gn - 1
+// (up to G of the kv head's GROUP, `group_ctas` CTAs a kv head), and the split's keys
+// [begin, end). The split length is ceil(keys / num_splits) from the item's context, so one
+// launch shape serves any context (graph replay); under a sliding window the keys are the last
+// `window` positions.
+struct DecodeCta {
+  int split, item, kh, h0, gn, row, begin, end;
+  const int* bt;  // the sequence's block table row
+  // block_size is a power of two (config.rs): a key's block and offset are a shift and a mask,
+  // not two integer divisions (about 20 instructions each, per key).
+  int bshift, bmask;
+};
+
+template <int G>
+__device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int group_ctas) {
+  DecodeCta c;
+  c.split = blockIdx.x;
+  c.item = blockIdx.z;
+  c.kh = blockIdx.y / group_ctas;
+  c.h0 = c.kh * GROUP + (blockIdx.y % group_ctas) * G;
+  c.gn = min(G, (c.kh + 1) * GROUP - c.h0);
+  const int seq = p.item_seq[c.item];
+  c.row = p.item_row[c.item];
+  const int ctx = p.context_lens[seq];
+  const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
+  const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
+  c.begin = first + c.split * per;
+  c.end = min(ctx, c.begin + per);
+  c.bt = p.block_tables + (size_t)seq * p.max_blocks;
+  c.bshift = __ffs(p.block_size) - 1;
+  c.bmask = p.block_size - 1;
+  return c;
+}
+
 // The end of a decode CTA (both kernels; its NS online-softmax states of heads h0 .. h0 + gn - 1
 // are in shared memory, published by a barrier): the states merged into the output row (one
 // split) or into this split's partials; with `counters` set, the last CTA of the (item, kv-head
@@ -192,21 +226,14 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __shared__ float s_l[NS][G];
 
   pdl_trigger();  // the O projection may start streaming its weights
-  const int split = blockIdx.x, item = blockIdx.z;
-  const int kh = blockIdx.y / DECODE_GROUP_CTAS;
-  const int h0 = kh * GROUP + (blockIdx.y % DECODE_GROUP_CTAS) * G;  // this CTA's first head
-  const int gn = min(G, (kh + 1) * GROUP - h0);                        // and its head count
+  const DecodeCta cta = decode_cta<G>(p, DECODE_GROUP_CTAS);
+  const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
+  const int row = cta.row, begin = cta.begin, end = cta.end;
+  const int bshift = cta.bshift, bmask = cta.bmask;
+  const int* bt = cta.bt;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int sub = lane / LANES, dl = lane % LANES;
   const bool active = dl < USED;
-  const int seq = p.item_seq[item], row = p.item_row[item];
-  const int ctx = p.context_lens[seq];
-  const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
-  const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
-  const int begin = first + split * per, end = min(ctx, begin + per);
-  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
-  // block_size is a power of two (config.rs): a shift and a mask, not two integer divisions.
-  const int bshift = __ffs(p.block_size) - 1, bmask = p.block_size - 1;
 
   float q[G][KV_VEC];
   const float qs = p.scale * LOG2E;

@@ -119,21 +119,13 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
   __shared__ float s_l[DMMA_WARPS][G];
 
   pdl_trigger();  // the O projection may start streaming its weights
-  const int split = blockIdx.x, item = blockIdx.z;
-  const int kh = blockIdx.y / DMMA_GROUP_CTAS;
-  const int h0 = kh * GROUP + (blockIdx.y % DMMA_GROUP_CTAS) * G;  // this CTA's first head
-  const int gn = min(G, (kh + 1) * GROUP - h0);                     // and its head count
+  const DecodeCta cta = decode_cta<G>(p, DMMA_GROUP_CTAS);
+  const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
+  const int row = cta.row, begin = cta.begin, end = cta.end;
+  const int bshift = cta.bshift, bmask = cta.bmask;
+  const int* bt = cta.bt;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, c = lane & 3;
-  const int seq = p.item_seq[item], row = p.item_row[item];
-  const int ctx = p.context_lens[seq];
-  const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
-  const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
-  const int begin = first + split * per, end = min(ctx, begin + per);
-  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
-  // block_size is a power of two (config.rs): a shift and a mask per key, not two integer
-  // divisions (about 20 instructions each, 6 keys a thread a step).
-  const int bshift = __ffs(p.block_size) - 1, bmask = p.block_size - 1;
 
   // Q's A fragments (rows r < gn; the others zero): a0 = dims c*HD/4 + 4kk + (0, 1), a2 = + (2, 3).
   u32 qa[KK][2];
