@@ -46,7 +46,7 @@ use super::kernels::{
     SAMPLE_MAX_TOP,
 };
 use super::lookahead::{self, LookaheadStats};
-use super::options::{CudaBackendOptions, KvCacheDtype};
+use super::options::{CudaBackendOptions, DecodeKernel, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
 use super::weights::GpuWeights;
@@ -197,6 +197,22 @@ pub(super) enum KvSizing {
     Free { shared_bytes: usize },
     /// Exactly this many blocks.
     Blocks(usize),
+}
+
+/// The decode split rule's CTAs per SM (`Limits::decode_ctas_per_sm`): the option's, at most
+/// `DECODE_MMA_FILL` on the tensor-core kernel. Its CTAs take 255 registers, so 2 are resident
+/// per SM against the lane kernel's 3 or more; aiming at 8 cut GQA batches into twice the splits the
+/// SMs can hold. On the H200 (`gpu-bench attention`, session 17 calls 3 and 5: `fill4-inline-mma`
+/// against `fill8-inline-mma`, Llama-3-8B and Qwen2.5-7B heads, bf16 and e4m3) 4 was never
+/// more than 3 % slower and up to 30 % faster (Qwen2.5-7B, batch 256 at 1k: 135 against 192 µs).
+fn decode_fill(opts: &CudaBackendOptions, head_dim: usize, group: usize, kv_fp8: bool) -> usize {
+    const DECODE_MMA_FILL: usize = 4;
+    match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
+        DecodeKernel::Mma if opts.decode_ctas_per_sm > 0 => {
+            opts.decode_ctas_per_sm.min(DECODE_MMA_FILL)
+        }
+        _ => opts.decode_ctas_per_sm,
+    }
 }
 
 impl Forward {
@@ -436,7 +452,12 @@ impl Forward {
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
             num_kv_heads: self.cfg.num_key_value_heads,
-            decode_ctas_per_sm: self.opts.decode_ctas_per_sm,
+            decode_ctas_per_sm: decode_fill(
+                &self.opts,
+                self.cfg.head_dim,
+                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
+                self.gpu.kv_fp8(),
+            ),
             prefill_split_kv: self.opts.prefill_split_kv,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,
@@ -670,4 +691,35 @@ pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, dtype: KvCacheDt
         * block_size
         * cfg.head_dim
         * dtype.cuda_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tensor-core kernel's splits aim at 4 CTAs per SM; the lane kernel's at the option.
+    #[test]
+    fn decode_fill_caps_the_tensor_core_kernel_at_four() {
+        let opts = CudaBackendOptions::default();
+        assert_eq!(opts.decode_ctas_per_sm, 8);
+        // Llama-3-8B (group 4): tensor cores, capped; Llama-2-7B (MHA): the lane kernel, as set.
+        assert_eq!(decode_fill(&opts, 128, 4, false), 4);
+        assert_eq!(decode_fill(&opts, 128, 4, true), 4);
+        assert_eq!(decode_fill(&opts, 128, 1, false), 8);
+        // Head dims without a tensor-core kernel, or the lane kernel asked for: as set.
+        assert_eq!(decode_fill(&opts, 256, 4, false), 8);
+        let lanes = CudaBackendOptions {
+            decode_kernel: DecodeKernel::Lanes,
+            ..opts.clone()
+        };
+        assert_eq!(decode_fill(&lanes, 128, 4, false), 8);
+        // Below the cap, or the older rule (0): unchanged.
+        for c in [0, 2] {
+            let o = CudaBackendOptions {
+                decode_ctas_per_sm: c,
+                ..opts.clone()
+            };
+            assert_eq!(decode_fill(&o, 128, 4, false), c);
+        }
+    }
 }
