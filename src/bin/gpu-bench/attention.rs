@@ -109,7 +109,8 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Lanes,
     },
-    // The tensor-core kernel (paged_decode_mma.cu) under the serving split rule and merge.
+    // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
+    // the fill the backend uses for it (4, `forward::decode_fill`), both with the inline merge.
     DecodeVariant {
         name: "fill8-inline-mma",
         ctas_per_sm: 8,

@@ -32,20 +32,30 @@ pub fn emit(mut v: serde_json::Value) {
 /// The linear weights' quantization of every backend gpu-bench makes: `BROOK_QUANTIZATION`
 /// (none or fp8; default none), so that each benchmark runs on fp8 weights unchanged.
 pub fn quantization() -> Quantization {
-    match std::env::var("BROOK_QUANTIZATION").as_deref() {
-        Ok("fp8") => Quantization::Fp8,
-        _ => Quantization::None,
-    }
+    env_choice("BROOK_QUANTIZATION")
+}
+
+/// `var`'s value as one of `T`'s names (as the CLI spells them), `T`'s default when unset; a
+/// value that names none ends the run with the names it takes, rather than benchmarking the
+/// default under a name the caller did not mean.
+fn env_choice<T: clap::ValueEnum + Default>(var: &str) -> T {
+    let Ok(v) = std::env::var(var) else {
+        return T::default();
+    };
+    T::from_str(&v, true).unwrap_or_else(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|t| t.to_possible_value().map(|p| p.get_name().to_string()))
+            .collect();
+        eprintln!("{var}={v:?}: expected one of {}", names.join(", "));
+        std::process::exit(2)
+    })
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
 /// lanes or mma; default auto), for A/B runs of whole steps.
 pub fn decode_kernel() -> DecodeKernel {
-    match std::env::var("BROOK_DECODE_KERNEL").as_deref() {
-        Ok("lanes") => DecodeKernel::Lanes,
-        Ok("mma") => DecodeKernel::Mma,
-        _ => DecodeKernel::Auto,
-    }
+    env_choice("BROOK_DECODE_KERNEL")
 }
 
 /// The median; NaN (JSON null) for no samples, e.g. the GPU gaps of a variant without stamps.

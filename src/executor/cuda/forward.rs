@@ -199,12 +199,13 @@ pub(super) enum KvSizing {
     Blocks(usize),
 }
 
-/// The decode split rule's CTAs per SM (`Limits::decode_ctas_per_sm`): the option's, at most
-/// `DECODE_MMA_FILL` on the tensor-core kernel. Its CTAs take 255 registers, so 2 are resident
-/// per SM against the lane kernel's 3 or more; aiming at 8 cut GQA batches into twice the splits the
-/// SMs can hold. On the H200 (`gpu-bench attention`, session 17 calls 3 and 5: `fill4-inline-mma`
-/// against `fill8-inline-mma`, Llama-3-8B and Qwen2.5-7B heads, bf16 and e4m3) 4 was never
-/// more than 3 % slower and up to 30 % faster (Qwen2.5-7B, batch 256 at 1k: 135 against 192 µs).
+/// The decode split rule's CTAs per SM (`Limits::decode_ctas_per_sm`, and the split scratch's
+/// size): the option's, at most `DECODE_MMA_FILL` on the tensor-core kernel. Its CTAs take 255
+/// registers, so 2 are resident per SM against the lane kernel's 3 or more; aiming at 8 cut GQA
+/// batches into twice the splits the SMs can hold. On the H200 (`gpu-bench attention`, session
+/// 17 calls 3 and 5: `fill4-inline-mma` against `fill8-inline-mma`, Llama-3-8B and Qwen2.5-7B
+/// heads, bf16 and e4m3) 4 was never more than 3 % slower and up to 30 % faster (Qwen2.5-7B,
+/// batch 256 at 1k: 135 against 192 µs).
 fn decode_fill(opts: &CudaBackendOptions, head_dim: usize, group: usize, kv_fp8: bool) -> usize {
     const DECODE_MMA_FILL: usize = 4;
     match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
@@ -277,7 +278,7 @@ impl Forward {
         // Decode split partials: (item, split) pairs of the largest decode step the split rule
         // allows, and one arrival counter per (item, kv head slice) for the in-kernel merge.
         let group = h / cfg.num_key_value_heads;
-        let partials = match opts.decode_ctas_per_sm {
+        let partials = match decode_fill(&opts, hd, group, gpu.kv_fp8()) {
             0 => max_seqs * MAX_SPLITS,
             c => (1..=max_seqs)
                 .map(|n| {
