@@ -1,40 +1,54 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, fp32 accumulation): the same op,
 // parameters, grid semantics, split rule and split merge as paged_decode.cu, to which this file is
 // appended before NVRTC compiles it (compile::PAGED_DECODE), so both kernels share
-// PagedDecodeParams and merge_splits.
+// PagedDecodeParams, decode_cta and finish_split.
 //
 // Why: the lane kernel spends G fp32 FMAs (G query heads of the kv head) on every cached element
 // of K and of V, plus a widening of each e4m3 byte, on the CUDA cores. With GQA (Llama-3-8B: 4,
 // Qwen2.5-7B: 7) or an e4m3 cache that is more arithmetic than the SM can issue while the bytes
 // stream in: on the H200 the lane kernel read Qwen2.5-7B's e4m3 cache at 16 % of the copy
-// bandwidth at batch 64 (BENCHMARKS.md). Here the group's heads are the rows of the mma's A
-// operand (up to 8 of its 16 rows; rows 8..15 are zero), so a warp spends 4 * HD / 16 mma on 16
-// keys whatever the group.
+// bandwidth at batch 64 (BENCHMARKS.md).
 //
-// One CTA per (split, kv head and slice of up to 8 heads, item) as in paged_decode.cu; its warps
-// take 16-key steps in turn, each warp with its own online softmax, merged in shared memory at
-// the end. No shared-memory staging: every thread loads exactly the K and V elements its mma
-// fragments need, as whole 16-byte vectors, because the head dim is permuted consistently on
-// both sides of each product (a dot product does not depend on the order of its terms):
-//  - S = Q K^T (m16 heads x n8 keys x k16 dims): thread (r = lane / 4, c = lane % 4) holds the
-//    B fragment of key r, whose k columns (2c, 2c+1, 2c+8, 2c+9) of k-step kk are taken to be
-//    dims c * HD/4 + 4kk + (0, 1, 2, 3): the thread reads dims [c * HD/4, (c+1) * HD/4) of its
-//    key's K row, contiguous. Q's A fragment is read with the same permutation.
-//  - O = P V (m16 heads x n8 dims x k16 keys): thread (r, c) holds the B fragment of dim column
-//    r, taken to be dim r * HD/8 + nt in n-tile nt: it reads dims [r * HD/8, (r+1) * HD/8) of
-//    keys 2c, 2c+1, 2c+8, 2c+9 of the step, contiguous, and pairs two keys' values in a register
-//    with one byte permute. Its accumulator columns (2c, 2c+1) of n-tile nt are dims
-//    2c * HD/8 + nt and (2c+1) * HD/8 + nt.
-// With an e4m3 cache the products run in f16 (e4m3 -> f16x2 is one exact conversion per pair;
-// Q is rounded to f16, P in [0, 1]); with a bf16 cache in bf16. Scores are scaled in fp32.
+// The query heads are the mma's N (8 columns), the keys and head dims its M (16 rows):
+// S^T = K Q^T, O^T = V^T P^T, so a warp's 16-key step costs HD/16 products for S and HD/16 for O
+// whatever the group (up to 8 heads a CTA; larger groups are cut in slices). With a bf16 cache P
+// is kept as hi + lo bf16 (plain bf16 P moved the demo model's logits twice as far from the
+// fp32 CPU reference as the lane kernel's fp32 P, and flipped near-tied greedy tokens between
+// split counts); for groups of at most 4 the lo half rides in the columns 4..7 the heads leave
+// free (the heads' scores are computed twice there, bit for bit the same), else in a second
+// product. An e4m3 cache multiplies in f16 (one exact conversion per pair; P in f16).
+// (Session 17's first version put the heads in the A operand's rows: half of every product
+// multiplied zero rows; H200 figures of both in BENCHMARKS.md, session 18.)
+//
+// Fragments (m16n8k16; thread r = lane / 4, c = lane % 4):
+//  - S^T (keys x heads): A = K, rows = keys b + r and b + 8 + r, k columns (2c, 2c+1, 2c+8,
+//    2c+9) of k-step kk taken to be dims c * HD/4 + 4kk + (0..3): the thread reads a quarter of
+//    each of its two keys' K rows, contiguous (a dot product does not depend on the order of its
+//    terms, so Q is read with the same permutation); B = Q^T, column r = head r. Accumulator:
+//    keys (r, r + 8) x heads (2c, 2c+1).
+//  - P^T as the next B operand: the accumulator layout holds P[key][head] pairs; one
+//    `movmatrix.trans` per 8 keys turns them into B's [keys 2c, 2c+1][head r].
+//  - O^T (dims x heads): A = V^T, rows r and r + 8 of m-tile mt taken to be dims
+//    r * HD/8 + 2mt and + 1, k columns = keys 2c, 2c+1, 2c+8, 2c+9: the thread reads an eighth
+//    of four keys' V rows, contiguous, and pairs two keys' values in a register with one byte
+//    permute. Accumulator: dims (r * HD/8 + 2mt, + 1) x heads (2c, 2c+1).
+// Every load is a whole 16-byte vector straight from the paged cache, no shared-memory staging.
+// Steps start at multiples of 16 keys, so with blocks of 16 keys or more (the default) a step's
+// keys are consecutive rows of one block: one block-table read and one address a step, and the
+// loads of a warp's U steps all go out before any is waited on. (The first version computed each
+// key's address from its own block-table read; ncu showed the loads then waited on one another's
+// registers, at half the bandwidth.)
+// The softmax rescales lazily: the running max moves only when a score passes it by more than
+// 2^8 (P then stays below 256: exact enough in f16 and in bf16 hi + lo, far from overflow), so
+// most steps spend one warp vote instead of the max's shuffles.
 // Needs HD % 16 == 0 (HD % 32 with e4m3: each thread's V slice is whole 32-bit words) and
-// HD <= 128.
+// HD <= 128 (registers).
 
-#define DMMA_ROWS 8   // query heads a CTA: the A operand's rows 0..7
+#define DMMA_HEADS 8  // query heads a CTA: the mma's N
 #define DMMA_WARPS 4
 #define DMMA_KEYS 16  // keys a warp step
 // CTAs per kv head (decode_mma_group_ctas in kernels.rs) and query heads each.
-#define DMMA_GROUP_CTAS ((GROUP + DMMA_ROWS - 1) / DMMA_ROWS)
+#define DMMA_GROUP_CTAS ((GROUP + DMMA_HEADS - 1) / DMMA_HEADS)
 #define DMMA_GC ((GROUP + DMMA_GROUP_CTAS - 1) / DMMA_GROUP_CTAS)
 
 #if KV_FP8
@@ -42,18 +56,31 @@
 #else
 #define DMMA_ES 2
 #endif
-// Other shapes have only the lane kernel (kernels::decode_mma_supported mirrors this): above
-// 128 the accumulators and fragments of a head no longer fit the registers with loads in flight.
+// Other shapes have only the lane kernel (kernels::decode_mma_supported mirrors this).
 #if HD % 16 == 0 && HD <= 128 && (HD / 8 * DMMA_ES) % 4 == 0
 // 32-bit words of a thread's K slice (HD/4 elements of one key) and V slice (HD/8 of one key);
 // a warp step loads 2 K slices and 4 V slices a thread: HD * DMMA_ES / 4 words.
 #define DMMA_KW (HD / 4 * DMMA_ES / 4)
 #define DMMA_VW (HD / 8 * DMMA_ES / 4)
-// Warp steps whose loads are in flight together: as many as fit 255 registers without spills
-// at HD 128 (ptxas: bf16 2 steps, 16 KB a warp; e4m3 3 steps, 12 KB).
-#ifndef DMMA_U
-#define DMMA_U (HD * DMMA_ES / 4 <= 32 ? 3 : HD * DMMA_ES / 4 <= 64 ? 2 : 1)
+// Warp steps whose loads are in flight together, and CTAs an SM (forward::decode_fill aims the
+// split rule at twice this many). Measured on the H200 (session 18, Llama-3-8B and Qwen2.5-7B
+// heads): bf16 at HD 128 ran best with 2 steps in flight at 2 CTAs an SM (~215 registers), e4m3
+// with 2 steps at 3 CTAs (~150 registers; 3 steps at 2 CTAs: 4-7 % slower at large batches).
+#if KV_FP8
+#define DMMA_U 2
+#define DMMA_MIN_CTAS 3
+#else
+#define DMMA_U (HD <= 64 ? 3 : 2)
+#define DMMA_MIN_CTAS 2
 #endif
+#if KV_FP8
+#define DMMA_DUP 0  // P in f16: one product
+#define DMMA_TWO 0
+#else
+#define DMMA_DUP (DMMA_GC <= 4)  // P's lo half in columns 4..7
+#define DMMA_TWO (DMMA_GC > 4)   // P's lo half in a second product
+#endif
+#define DMMA_SLACK 8.f  // log2 of how far a score may pass the running max before a rescale
 
 // W words from `src` with the widest vector loads W allows (each slice starts at a multiple of
 // its own size, so the vectors are aligned).
@@ -81,23 +108,6 @@ __device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
   }
 }
 
-// d += a * b on one m16n8k16 tile; a: rows 0..7 only (a1 = a3 = 0), so d[2], d[3] stay unused.
-__device__ __forceinline__ void dmma(float* d, u32 a0, u32 a2, u32 b0, u32 b1) {
-#if KV_FP8
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-#endif
-}
-
 // Two floats to the products' input type (f16 with an e4m3 cache, else bf16), `lo` low.
 __device__ __forceinline__ u32 dmma_pack(float lo, float hi) {
 #if KV_FP8
@@ -109,14 +119,39 @@ __device__ __forceinline__ u32 dmma_pack(float lo, float hi) {
 #endif
 }
 
-// grid: (num_splits, num_kv_heads * DMMA_GROUP_CTAS, num_items), block: DMMA_WARPS * 32
-extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(PagedDecodeParams p) {
+// d += a * b on one m16n8k16 tile, every register of the operands in use.
+__device__ __forceinline__ void dmma4(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if KV_FP8
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// The 8x8 16-bit matrix whose row lane / 4 holds `x` (columns 2 (lane % 4), + 1), transposed:
+// returns the same part of the transpose.
+__device__ __forceinline__ u32 dmma_trans(u32 x) {
+  u32 y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// The kernel body. ONE_BLOCK: blocks of 16 keys or more (a step's keys share one block). s_o,
+// s_m, s_l: the warps' softmax states, merged by finish_split.
+template <bool ONE_BLOCK>
+__device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
+                                         float (&s_o)[DMMA_WARPS][DMMA_GC][HD],
+                                         float (&s_m)[DMMA_WARPS][DMMA_GC],
+                                         float (&s_l)[DMMA_WARPS][DMMA_GC]) {
   constexpr int G = DMMA_GC;
-  constexpr int KK = HD / 16;  // k-steps of S = Q K^T
-  constexpr int NT = HD / 8;   // n-tiles of O = P V
-  __shared__ float s_o[DMMA_WARPS][G][HD];
-  __shared__ float s_m[DMMA_WARPS][G];
-  __shared__ float s_l[DMMA_WARPS][G];
+  constexpr int KK = HD / 16;  // k-steps of S^T = K Q^T
+  constexpr int MT = HD / 16;  // m-tiles of O^T = V^T P^T
 
   pdl_trigger();  // the O projection may start streaming its weights
   const DecodeCta cta = decode_cta<G>(p, DMMA_GROUP_CTAS);
@@ -127,12 +162,13 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, c = lane & 3;
 
-  // Q's A fragments (rows r < gn; the others zero): a0 = dims c*HD/4 + 4kk + (0, 1), a2 = + (2, 3).
-  u32 qa[KK][2];
+  // Q^T's B fragments of column r: head r, or r % 4 where columns 4..7 carry P's lo half.
+  const int qh = DMMA_DUP ? (r & 3) : r;
+  u32 qb[KK][2];
   {
     u32 qw[HD / 8];
-    if (r < gn) {
-      dmma_load<HD / 8>(qw, p.q + ((size_t)row * p.num_heads + h0 + r) * HD + c * (HD / 4));
+    if (qh < gn) {
+      dmma_load<HD / 8>(qw, p.q + ((size_t)row * p.num_heads + h0 + qh) * HD + c * (HD / 4));
     } else {
 #pragma unroll
       for (int i = 0; i < HD / 8; i++) qw[i] = 0u;
@@ -140,52 +176,94 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
 #pragma unroll
     for (int kk = 0; kk < KK; kk++) {
 #if KV_FP8
-      qa[kk][0] = dmma_pack(bf_lo(qw[2 * kk]), bf_hi(qw[2 * kk]));
-      qa[kk][1] = dmma_pack(bf_lo(qw[2 * kk + 1]), bf_hi(qw[2 * kk + 1]));
+      qb[kk][0] = dmma_pack(bf_lo(qw[2 * kk]), bf_hi(qw[2 * kk]));
+      qb[kk][1] = dmma_pack(bf_lo(qw[2 * kk + 1]), bf_hi(qw[2 * kk + 1]));
 #else
-      qa[kk][0] = qw[2 * kk];
-      qa[kk][1] = qw[2 * kk + 1];
+      qb[kk][0] = qw[2 * kk];
+      qb[kk][1] = qw[2 * kk + 1];
 #endif
     }
   }
 
-  float o[NT][2];  // O[r][2c, 2c+1] of each n-tile, unnormalised
+  float o[MT][4];  // O^T: dims (r * HD/8 + 2mt, + 1) x heads (2c, 2c+1), unnormalised
 #pragma unroll
-  for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = 0.f;
-  float m_r = NEG_INF;  // row r's running max (log2 domain)
-  float l_r = 0.f;      // this thread's share of row r's sum (its 4 columns; quad-summed at the end)
+  for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  float m_h[2] = {NEG_INF, NEG_INF};  // heads 2c, 2c+1: running max (log2 domain)
+  float l_h[2] = {0.f, 0.f};          // this thread's keys' share of each sum
   const float qs = p.scale * LOG2E;
   const kv_t* kc = p.k_cache + c * (HD / 4);
   const kv_t* vc = p.v_cache + r * (HD / 8);
 
   constexpr int STRIDE = DMMA_WARPS * DMMA_KEYS;
-  // The loop bound is uniform across the warp (the mma and shuffles need every lane).
-  for (int base = begin + warp * DMMA_KEYS; base < end; base += STRIDE * DMMA_U) {
+  // The loop bound is uniform across the warp (the mma, movmatrix and votes need every lane).
+  for (int base = (begin & ~(DMMA_KEYS - 1)) + warp * DMMA_KEYS; base < end;
+       base += STRIDE * DMMA_U) {
     u32 kw[DMMA_U][2][DMMA_KW];  // keys base + 8t + r
     u32 vw[DMMA_U][4][DMMA_VW];  // keys base + 2c + (i & 1) + 8 (i >> 1)
+    // The block-table reads of every step first: one round trip for all of them.
+    size_t row0[DMMA_U];
+    if constexpr (ONE_BLOCK) {
+#pragma unroll
+      for (int u = 0; u < DMMA_U; u++) {
+        const int b = base + u * STRIDE;
+        row0[u] = b < end ? kv_offset(bt[b >> bshift], kh, b & bmask, p.num_kv_heads,
+                                      p.block_size, HD)
+                          : 0;
+      }
+    }
 #pragma unroll
     for (int u = 0; u < DMMA_U; u++) {
       const int b = base + u * STRIDE;
+      if constexpr (ONE_BLOCK) {
+        // The step's 16 keys are consecutive rows of one block (b's block holds begin or a key
+        // before end: a valid entry, and its rows past the context are allocated): one
+        // block-table read and one address a step, every load unconditional, so no load
+        // waits on another's registers. Keys outside the split are zeroed after (V must be:
+        // P = 0 times a stale row could be NaN; K's scores are masked anyway).
+        if (b < end) {
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        const int j = b + 8 * t + r;
-        if (j < end) {
-          dmma_load<DMMA_KW>(kw[u][t], kc + kv_offset(bt[j >> bshift], kh, j & bmask,
-                                                       p.num_kv_heads, p.block_size, HD));
-        } else {
+          for (int t = 0; t < 2; t++) {
+            dmma_load<DMMA_KW>(kw[u][t], kc + row0[u] + (8 * t + r) * HD);
+          }
 #pragma unroll
-          for (int i = 0; i < DMMA_KW; i++) kw[u][t][i] = 0u;
+          for (int i = 0; i < 4; i++) {
+            dmma_load<DMMA_VW>(vw[u][i], vc + row0[u] + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
+          }
+          if (b < begin || b + DMMA_KEYS > end) {  // uniform: a step at a split's edge
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
+              if (j < begin || j >= end) {
+#pragma unroll
+                for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+              }
+            }
+          }
         }
-      }
+      } else {
+        // Blocks of fewer than 16 keys: each key looked up alone.
+        const auto at = [&](int j) {
+          return kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads, p.block_size, HD);
+        };
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
-        if (j < end) {
-          dmma_load<DMMA_VW>(vw[u][i], vc + kv_offset(bt[j >> bshift], kh, j & bmask,
-                                                       p.num_kv_heads, p.block_size, HD));
-        } else {
+        for (int t = 0; t < 2; t++) {
+          const int j = b + 8 * t + r;
+          if (j >= begin && j < end) {
+            dmma_load<DMMA_KW>(kw[u][t], kc + at(j));
+          } else {
 #pragma unroll
-          for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+            for (int i = 0; i < DMMA_KW; i++) kw[u][t][i] = 0u;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
+          if (j >= begin && j < end) {
+            dmma_load<DMMA_VW>(vw[u][i], vc + at(j));
+          } else {
+#pragma unroll
+            for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+          }
         }
       }
     }
@@ -193,101 +271,153 @@ extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32) paged_decode_mma(P
     for (int u = 0; u < DMMA_U; u++) {
       const int b = base + u * STRIDE;
       if (b >= end) break;  // uniform: b depends on the warp only
-      float s[2][4];
+      // S^T, two accumulators (even and odd k-steps) to halve the dependent chain.
+      float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KK; kk++) {
+      for (int kk = 0; kk < KK; kk++) {
 #if KV_FP8
-          const u32 w = kw[u][t][kk];
-          dmma(s[t], qa[kk][0], qa[kk][1], e4m3x2_to_f16x2((unsigned short)(w & 0xffffu)),
-               e4m3x2_to_f16x2((unsigned short)(w >> 16)));
+        const u32 w0 = kw[u][0][kk], w1 = kw[u][1][kk];
+        const u32 a[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)),
+                          e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)),
+                          e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
+                          e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
 #else
-          dmma(s[t], qa[kk][0], qa[kk][1], kw[u][t][2 * kk], kw[u][t][2 * kk + 1]);
+        const u32 a[4] = {kw[u][0][2 * kk], kw[u][1][2 * kk], kw[u][0][2 * kk + 1],
+                          kw[u][1][2 * kk + 1]};
 #endif
+        dmma4(kk & 1 ? s2 : s, a, qb[kk][0], qb[kk][1]);
+      }
+      // x[h][k]: head 2c + h, key b + r + 8k; masked outside the split.
+      float x[2][2];
+#pragma unroll
+      for (int k = 0; k < 2; k++) {
+        const int j = b + r + 8 * k;
+        const bool in = j >= begin && j < end;
+#pragma unroll
+        for (int h = 0; h < 2; h++) x[h][k] = in ? (s[2 * k + h] + s2[2 * k + h]) * qs : NEG_INF;
+      }
+      const bool past = x[0][0] > m_h[0] + DMMA_SLACK || x[0][1] > m_h[0] + DMMA_SLACK ||
+                        x[1][0] > m_h[1] + DMMA_SLACK || x[1][1] > m_h[1] + DMMA_SLACK;
+      if (__any_sync(0xffffffffu, past)) {
+        // Every step has a key in the split, so each head's max over the step is finite.
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          float mx = fmaxf(x[h][0], x[h][1]);
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          const float mn = fmaxf(m_h[h], mx);
+          const float corr = exp2f(m_h[h] - mn);
+          l_h[h] *= corr;
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            o[mt][h] *= corr;
+            o[mt][h + 2] *= corr;
+          }
+          m_h[h] = mn;
         }
       }
-      // Row r's scores of keys b + 8t + 2c + e (t, e in 0..1), masked past the split's end.
-      float x[4];
+      float pr[2][2];
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          x[2 * t + e] = b + 8 * t + 2 * c + e < end ? s[t][e] * qs : NEG_INF;
-        }
+      for (int h = 0; h < 2; h++) {
+        pr[h][0] = exp2f(x[h][0] - m_h[h]);
+        pr[h][1] = exp2f(x[h][1] - m_h[h]);
+        l_h[h] += pr[h][0] + pr[h][1];
       }
-      float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m_r, mx);  // finite: key b < end is in every row's step
-      // Rescale only when some row's max rose (after the first steps, seldom): 2 * NT
-      // multiplies a step saved, the warp's rows agreeing on the branch (corr 1 elsewhere).
-      if (__any_sync(0xffffffffu, mn > m_r)) {
-        const float corr = exp2f(m_r - mn);
-        l_r *= corr;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-          o[nt][0] *= corr;
-          o[nt][1] *= corr;
-        }
-        m_r = mn;
-      }
-      float pr[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) pr[e] = exp2f(x[e] - m_r);
-      l_r += (pr[0] + pr[1]) + (pr[2] + pr[3]);
-      // P's A fragment: a0 = keys 2c, 2c+1 (n-tile 0), a2 = keys 8 + 2c, 8 + 2c + 1 (n-tile 1).
-      const u32 pa0 = dmma_pack(pr[0], pr[1]), pa2 = dmma_pack(pr[2], pr[3]);
-#if !KV_FP8
-      // bf16 keeps 8 bits of P: the rounding error (2^-9 relative) moved the demo model's
-      // logits against the fp32 CPU reference twice as far as the lane kernel's fp32 P, and
-      // flipped near-tied greedy tokens between split counts. P = hi + lo in two bf16 products
-      // keeps 16 bits (e4m3 caches run in f16: 11 bits, below the cache's own 4).
-      const u32 pl0 = pack_bf16x2(pr[0] - bf_lo(pa0), pr[1] - bf_hi(pa0));
-      const u32 pl2 = pack_bf16x2(pr[2] - bf_lo(pa2), pr[3] - bf_hi(pa2));
+      // P[key r + 8k][heads 2c, 2c+1] packed, then transposed into B's [keys][head r].
+      u32 pb[2];
+#if DMMA_TWO
+      u32 pl[2];
 #endif
 #pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        float d[4] = {o[nt][0], o[nt][1], 0.f, 0.f};
+      for (int k = 0; k < 2; k++) {
+        const u32 hi = dmma_pack(pr[0][k], pr[1][k]);
+#if DMMA_DUP || DMMA_TWO
+        // bf16 keeps 8 bits of P; hi + lo keeps 16 (paged_decode_mma.cu says why it matters).
+        const u32 lo = pack_bf16x2(pr[0][k] - bf_lo(hi), pr[1][k] - bf_hi(hi));
+#endif
+#if DMMA_DUP
+        pb[k] = dmma_trans(c < 2 ? hi : lo);
+#else
+        pb[k] = dmma_trans(hi);
+#endif
+#if DMMA_TWO
+        pl[k] = dmma_trans(lo);
+#endif
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        u32 a[4];
 #if KV_FP8
-        // Byte nt of each key's slice; keys (2c, 2c+1) paired into b0, (2c+8, 2c+9) into b1.
-        const int w = nt >> 2, sh = (nt & 1) * 16;
-        const u32 sel = (nt & 2) ? 0x7362u : 0x5140u;
+        // Bytes 2mt, 2mt+1 of each key's slice: keys (2c, 2c+1) paired, then (2c+8, 2c+9).
+        const int w = mt >> 1;
+        const u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
         const u32 k01 = __byte_perm(vw[u][0][w], vw[u][1][w], sel);
         const u32 k89 = __byte_perm(vw[u][2][w], vw[u][3][w], sel);
-        dmma(d, pa0, pa2, e4m3x2_to_f16x2((unsigned short)(k01 >> sh)),
-             e4m3x2_to_f16x2((unsigned short)(k89 >> sh)));
+        a[0] = e4m3x2_to_f16x2((unsigned short)(k01 & 0xffffu));
+        a[1] = e4m3x2_to_f16x2((unsigned short)(k01 >> 16));
+        a[2] = e4m3x2_to_f16x2((unsigned short)(k89 & 0xffffu));
+        a[3] = e4m3x2_to_f16x2((unsigned short)(k89 >> 16));
 #else
-        // Half nt of each key's slice; keys (2c, 2c+1) paired into b0, (2c+8, 2c+9) into b1.
-        const int w = nt >> 1;
-        const u32 sel = (nt & 1) ? 0x7632u : 0x5410u;
-        const u32 b0 = __byte_perm(vw[u][0][w], vw[u][1][w], sel);
-        const u32 b1 = __byte_perm(vw[u][2][w], vw[u][3][w], sel);
-        dmma(d, pa0, pa2, b0, b1);
-        dmma(d, pl0, pl2, b0, b1);
+        // Word mt of each key's slice (dims 2mt, 2mt+1): keys (2c, 2c+1) paired per dim.
+        a[0] = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x5410u);
+        a[1] = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x7632u);
+        a[2] = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x5410u);
+        a[3] = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x7632u);
 #endif
-        o[nt][0] = d[0];
-        o[nt][1] = d[1];
+        dmma4(o[mt], a, pb[0], pb[1]);
+#if DMMA_TWO
+        dmma4(o[mt], a, pl[0], pl[1]);
+#endif
       }
     }
   }
-  l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);
-  l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);
-
-  if (r < gn) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-      s_o[warp][r][2 * c * NT + nt] = o[nt][0];
-      s_o[warp][r][(2 * c + 1) * NT + nt] = o[nt][1];
-    }
-    if (c == 0) {
-      s_m[warp][r] = m_r;
-      s_l[warp][r] = l_r;
+  for (int h = 0; h < 2; h++) {
+    l_h[h] += __shfl_xor_sync(0xffffffffu, l_h[h], 4);
+    l_h[h] += __shfl_xor_sync(0xffffffffu, l_h[h], 8);
+    l_h[h] += __shfl_xor_sync(0xffffffffu, l_h[h], 16);
+  }
+#if DMMA_DUP
+  // Columns 4..7 hold the lo half of heads 0..3: add them to their heads (lane c ^ 2).
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[mt][i] += __shfl_xor_sync(0xffffffffu, o[mt][i], 2);
+  }
+  const bool writer = c < 2;
+#else
+  const bool writer = true;
+#endif
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int hh = 2 * c + h;
+    if (writer && hh < gn) {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        s_o[warp][hh][r * (HD / 8) + 2 * mt] = o[mt][h];
+        s_o[warp][hh][r * (HD / 8) + 2 * mt + 1] = o[mt][h + 2];
+      }
+      if (r == 0) {
+        s_m[warp][hh] = m_h[h];
+        s_l[warp][hh] = l_h[h];
+      }
     }
   }
   __syncthreads();
   finish_split<DMMA_WARPS, G>(p, item, row, split, h0, gn, s_o, s_m, s_l);
+}
+
+// grid: (num_splits, num_kv_heads * DMMA_GROUP_CTAS, num_items), block: DMMA_WARPS * 32
+extern "C" __global__ void __launch_bounds__(DMMA_WARPS * 32, DMMA_MIN_CTAS) paged_decode_mma(PagedDecodeParams p) {
+  __shared__ float s_o[DMMA_WARPS][DMMA_GC][HD];
+  __shared__ float s_m[DMMA_WARPS][DMMA_GC];
+  __shared__ float s_l[DMMA_WARPS][DMMA_GC];
+  if (p.block_size >= DMMA_KEYS) {
+    dmma_body<true>(p, s_o, s_m, s_l);
+  } else {
+    dmma_body<false>(p, s_o, s_m, s_l);
+  }
 }
 #else
 // Every module holds each kernel the loader looks for; the host never launches this one

@@ -4,7 +4,8 @@
 //! rule that fills the GPU at batch 1 (`decode_splits_filled`); and all of it again over an
 //! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA). Every case runs on both
 //! decode kernels: the lane kernel and, where the head dim has one, the tensor-core kernel
-//! (paged_decode_mma.cu: head dims up to 128, the group's heads as mma rows, 8 a CTA).
+//! (paged_decode_mma.cu: head dims up to 128, the group's heads as the mma's columns, 8 a CTA;
+//! 16-key steps sharing one block-table entry from blocks of 16 keys up).
 
 use brook::executor::cuda::kernels::{
     self, decode_group_ctas_for, decode_mma_supported, decode_splits, decode_splits_filled,
@@ -39,6 +40,8 @@ struct Decode {
     ctas_per_sm: usize,
     /// An e4m3 cache (the `-DKV_FP8` kernel); the reference reads the same quantized values.
     fp8: bool,
+    /// Keys a block (a power of two, as config.rs requires).
+    block_size: usize,
 }
 
 impl Default for Decode {
@@ -54,6 +57,7 @@ impl Default for Decode {
             inline: false,
             ctas_per_sm: 0,
             fp8: false,
+            block_size: 16,
         }
     }
 }
@@ -73,7 +77,7 @@ impl Decode {
             return;
         };
         let mut r = rng(self.seed);
-        let (hd, heads, bs) = (self.head_dim, self.heads, 16);
+        let (hd, heads, bs) = (self.head_dim, self.heads, self.block_size);
         let layout = KvLayout {
             kv_heads: self.kv_heads,
             block_size: bs,
@@ -256,6 +260,29 @@ fn paged_decode_sliding_window() {
             ..Decode::default()
         }
         .run();
+    }
+}
+
+/// Block sizes from 1 to 64 keys: the tensor-core kernels' steps of 16 keys share one
+/// block-table entry from 16 on and look each key up below that; split and not, under a window.
+#[test]
+fn paged_decode_block_sizes() {
+    for (i, block_size) in [1, 4, 8, 32, 64].into_iter().enumerate() {
+        for (fp8, window) in [(false, 0), (true, 0), (false, 90)] {
+            Decode {
+                seed: 450 + i as u64,
+                heads: 8,
+                kv_heads: 2,
+                ctx: vec![1, 17, 300, 1000],
+                splits: Some(1 + i % 3),
+                inline: i % 2 == 0,
+                window,
+                fp8,
+                block_size,
+                ..Decode::default()
+            }
+            .run();
+        }
     }
 }
 

@@ -20,7 +20,12 @@ use crate::common::{
 /// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint
 /// caches are rotated so small cases are not served from L2. Then the flash prefill kernel's
 /// rate on causal prompts (unless `decode_only`).
-pub fn run(decode_only: bool, dtypes: &[KvCacheDtype], shapes: &[String]) -> anyhow::Result<()> {
+pub fn run(
+    decode_only: bool,
+    dtypes: &[KvCacheDtype],
+    shapes: &[String],
+    filter: &DecodeFilter,
+) -> anyhow::Result<()> {
     let shapes = shapes
         .iter()
         .map(|s| parse_shape(s))
@@ -38,7 +43,7 @@ pub fn run(decode_only: bool, dtypes: &[KvCacheDtype], shapes: &[String]) -> any
             };
             gpu.load_attention(head_dim, heads / kv_heads)?;
             let mut rng = ChaCha8Rng::seed_from_u64(1);
-            paged_decode(&gpu, &shape, &mut rng, dtype)?;
+            paged_decode(&gpu, &shape, &mut rng, dtype, filter)?;
             if !decode_only {
                 prefill(&mut gpu, &shape, &mut rng, dtype)?;
             }
@@ -53,6 +58,45 @@ pub fn default_shapes() -> Vec<String> {
     ["32/32/128", "32/8/128", "28/4/128", "32/32/96"]
         .map(String::from)
         .to_vec()
+}
+
+/// Which decode variants and (ctx, batch) cases run; empty: all.
+pub struct DecodeFilter {
+    variants: Vec<String>,
+    cases: Vec<(usize, usize)>,
+}
+
+impl DecodeFilter {
+    /// Variant names (each must exist) and "ctx/batch" cases.
+    pub fn parse(variants: &[String], cases: &[String]) -> anyhow::Result<DecodeFilter> {
+        for v in variants {
+            anyhow::ensure!(
+                DECODE_VARIANTS.iter().any(|d| d.name == v),
+                "no decode variant {v:?}"
+            );
+        }
+        let cases = cases
+            .iter()
+            .map(|c| {
+                let (ctx, batch) = c
+                    .split_once('/')
+                    .ok_or_else(|| anyhow::anyhow!("case {c:?}: want ctx/batch"))?;
+                Ok((ctx.parse()?, batch.parse()?))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(DecodeFilter {
+            variants: variants.to_vec(),
+            cases,
+        })
+    }
+
+    fn variant(&self, name: &str) -> bool {
+        self.variants.is_empty() || self.variants.iter().any(|v| v == name)
+    }
+
+    fn case(&self, ctx: usize, batch: usize) -> bool {
+        self.cases.is_empty() || self.cases.contains(&(ctx, batch))
+    }
 }
 
 /// "heads/kv_heads/head_dim" as numbers; kv_heads must divide heads.
@@ -110,7 +154,8 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
     },
     // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
-    // the fill the backend uses for it (4, `forward::decode_fill`), both with the inline merge.
+    // the fills the backend uses for it (`forward::decode_fill`: 4 with a bf16 cache, 6 with
+    // e4m3), all with the inline merge.
     DecodeVariant {
         name: "fill8-inline-mma",
         ctas_per_sm: 8,
@@ -123,6 +168,12 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
     },
+    DecodeVariant {
+        name: "fill6-inline-mma",
+        ctas_per_sm: 6,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+    },
 ];
 
 fn paged_decode(
@@ -130,6 +181,7 @@ fn paged_decode(
     shape: &AttnShape,
     rng: &mut ChaCha8Rng,
     dtype: KvCacheDtype,
+    filter: &DecodeFilter,
 ) -> anyhow::Result<()> {
     let (h, kvh, hd, bs) = (
         shape.heads,
@@ -144,7 +196,7 @@ fn paged_decode(
             let blocks_per_seq = ctx.div_ceil(bs);
             let kv_bytes = batch * ctx * kvh * hd * 2 * kv_elem_bytes(gpu);
             // Batch 256 only where one copy of its cache stays under 16 GiB.
-            if kv_bytes > 16 << 30 {
+            if kv_bytes > 16 << 30 || !filter.case(ctx, batch) {
                 continue;
             }
             let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
@@ -182,7 +234,7 @@ fn paged_decode(
             gpu.memset(counters.ptr(), 0, num_counters * 4)?;
             // Each variant's output against the default's on the same inputs (the last set).
             let mut reference: Option<Vec<f32>> = None;
-            for var in DECODE_VARIANTS {
+            for var in DECODE_VARIANTS.iter().filter(|v| filter.variant(v.name)) {
                 let splits = splits_of(var);
                 let params = |set: usize| PagedDecodeParams {
                     q: q.ptr(),

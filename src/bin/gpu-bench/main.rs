@@ -12,6 +12,9 @@
 //!   gpu-bench prefill-chunks            flash prefill attention of one chunk (64-2048 queries) at
 //!                                       the end of a 2k/8k/16k context: split over the keys vs not
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
+//!   gpu-bench decode-batch              one decode batch (e.g. 1000) at a long context, no
+//!                                       prefill: ms a step, GPU span, host time; --breakdown
+//!                                       leaves each kind of launch out in turn
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
 //!                                       (--variants: once per set of issue-18 switches)
@@ -39,6 +42,7 @@
 mod attention;
 mod common;
 mod decode;
+mod decode_batch;
 mod gemv_sweep;
 mod offline;
 mod prefill_attn;
@@ -70,6 +74,12 @@ enum Cmd {
         /// Llama-3-8B, Qwen2.5-7B and Phi-3-mini.
         #[arg(long, value_delimiter = ',', default_values_t = attention::default_shapes())]
         shapes: Vec<String>,
+        /// Only these decode variants (comma-separated names; default: all), e.g. for a profiler.
+        #[arg(long, value_delimiter = ',')]
+        variants: Vec<String>,
+        /// Only these decode cases, each ctx/batch (comma-separated; default: all).
+        #[arg(long, value_delimiter = ',')]
+        cases: Vec<String>,
     },
     GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
@@ -96,6 +106,25 @@ enum Cmd {
         /// brook's defaults only (no variants): for a profiler run.
         #[arg(long)]
         quick: bool,
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
+        kv_cache_dtype: Vec<KvCacheDtype>,
+    },
+    /// One decode batch at a long context (prefix-cache hits, no prefill), step by step.
+    DecodeBatch {
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Tokens of context each sequence decodes at.
+        #[arg(long, default_value_t = 1500)]
+        context: usize,
+        #[arg(long, default_value_t = 12)]
+        steps: usize,
+        /// Also time the step with each kind of launch left out (norms, RoPE, attention, SiLU,
+        /// the linear layers, the LM head, sampling).
+        #[arg(long)]
+        breakdown: bool,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
@@ -171,7 +200,14 @@ fn main() -> anyhow::Result<()> {
             decode_only,
             kv_cache_dtype,
             shapes,
-        } => attention::run(decode_only, &kv_cache_dtype, &shapes),
+            variants,
+            cases,
+        } => attention::run(
+            decode_only,
+            &kv_cache_dtype,
+            &shapes,
+            &attention::DecodeFilter::parse(&variants, &cases)?,
+        ),
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
@@ -188,6 +224,21 @@ fn main() -> anyhow::Result<()> {
             breakdown,
             kv_cache_dtype,
         } => ttft::run(&model, input_len, breakdown, &kv_cache_dtype),
+        Cmd::DecodeBatch {
+            model,
+            batch,
+            context,
+            steps,
+            breakdown,
+            kv_cache_dtype,
+        } => decode_batch::run(&decode_batch::Args {
+            model: &model,
+            batch,
+            context,
+            steps,
+            breakdown,
+            dtypes: &kv_cache_dtype,
+        }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
         Cmd::Offline {

@@ -200,19 +200,22 @@ pub(super) enum KvSizing {
 }
 
 /// The decode split rule's CTAs per SM (`Limits::decode_ctas_per_sm`, and the split scratch's
-/// size): the option's, at most `DECODE_MMA_FILL` on the tensor-core kernel. Its CTAs take 255
-/// registers, so 2 are resident per SM against the lane kernel's 3 or more; aiming at 8 cut GQA
-/// batches into twice the splits the SMs can hold. On the H200 (`gpu-bench attention`, session
-/// 17 calls 3 and 5: `fill4-inline-mma` against `fill8-inline-mma`, Llama-3-8B and Qwen2.5-7B
-/// heads, bf16 and e4m3) 4 was never more than 3 % slower and up to 30 % faster (Qwen2.5-7B,
-/// batch 256 at 1k: 135 against 192 µs).
+/// size): the option's, at most twice the tensor-core kernel's resident CTAs (`DMMA_MIN_CTAS`
+/// in paged_decode_mma.cu: 2 an SM with a bf16 cache, 3 with e4m3) on that kernel. Aiming at
+/// the lane kernel's 8 cut GQA batches into more splits than the SMs hold: on the H200
+/// (`gpu-bench attention`, session 17 calls 3 and 5, Llama-3-8B and Qwen2.5-7B heads) fill 4
+/// was never more than 3 % slower than fill 8 at 2 resident CTAs and up to 30 % faster
+/// (Qwen2.5-7B, batch 256 at 1k: 135 against 192 µs); at 3 (session 18, call 3) fill 6 and 4
+/// were within 3 % of each other in total.
 fn decode_fill(opts: &CudaBackendOptions, head_dim: usize, group: usize, kv_fp8: bool) -> usize {
-    const DECODE_MMA_FILL: usize = 4;
-    match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
-        DecodeKernel::Mma if opts.decode_ctas_per_sm > 0 => {
-            opts.decode_ctas_per_sm.min(DECODE_MMA_FILL)
-        }
-        _ => opts.decode_ctas_per_sm,
+    let cap = match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
+        DecodeKernel::Mma if kv_fp8 => 6,
+        DecodeKernel::Mma => 4,
+        _ => usize::MAX,
+    };
+    match opts.decode_ctas_per_sm {
+        0 => 0,
+        n => n.min(cap),
     }
 }
 
@@ -698,15 +701,18 @@ pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, dtype: KvCacheDt
 mod tests {
     use super::*;
 
-    /// The tensor-core kernel's splits aim at 4 CTAs per SM; the lane kernel's at the option.
+    /// The tensor-core kernel's splits aim at 4 CTAs per SM (6 with an e4m3 cache); the lane
+    /// kernel's at the option.
     #[test]
-    fn decode_fill_caps_the_tensor_core_kernel_at_four() {
+    fn decode_fill_caps_the_tensor_core_kernel() {
         let opts = CudaBackendOptions::default();
         assert_eq!(opts.decode_ctas_per_sm, 8);
-        // Llama-3-8B (group 4): tensor cores, capped; Llama-2-7B (MHA): the lane kernel, as set.
+        // Llama-3-8B (group 4): tensor cores, capped; Llama-2-7B (MHA): the lane kernel, as set,
+        // with a bf16 cache, tensor cores with e4m3.
         assert_eq!(decode_fill(&opts, 128, 4, false), 4);
-        assert_eq!(decode_fill(&opts, 128, 4, true), 4);
+        assert_eq!(decode_fill(&opts, 128, 4, true), 6);
         assert_eq!(decode_fill(&opts, 128, 1, false), 8);
+        assert_eq!(decode_fill(&opts, 128, 1, true), 6);
         // Head dims without a tensor-core kernel, or the lane kernel asked for: as set.
         assert_eq!(decode_fill(&opts, 256, 4, false), 8);
         let lanes = CudaBackendOptions {

@@ -531,14 +531,14 @@ pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
     )
 }
 
-/// Query heads a tensor-core decode CTA serves (`DMMA_ROWS` in paged_decode_mma.cu): larger
+/// Query heads a tensor-core decode CTA serves (`DMMA_HEADS` in paged_decode_mma.cu): larger
 /// groups are cut in equal slices.
-const DECODE_MMA_ROWS: usize = 8;
+const DECODE_MMA_HEADS: usize = 8;
 
 /// CTAs per kv head of the tensor-core decode kernel (`DMMA_GROUP_CTAS`); never more than
 /// `decode_group_ctas_for` (the arrival counters are sized by that).
 pub fn decode_mma_group_ctas(group: usize) -> usize {
-    group.div_ceil(DECODE_MMA_ROWS)
+    group.div_ceil(DECODE_MMA_HEADS)
 }
 
 /// Whether paged_decode_mma.cu has a kernel for this head dim and cache dtype (its `#if`).
@@ -559,13 +559,16 @@ pub fn decode_kernel(
         return DecodeKernel::Lanes;
     }
     match choice {
-        // The lane kernel spends `group` fp32 FMAs on every cached element: with GQA that
-        // outgrows what the SM issues while the bytes stream in. On the H200 (`gpu-bench
-        // attention`, session 17, calls 3 and 5) the tensor-core kernel read Llama-3-8B's
-        // cache at batch 64-256 at 77-88 % of the copy bandwidth in bf16 where the lane kernel
-        // read 38-40 %, and in e4m3 at 56-70 % against 33-37 %; for MHA the lane kernel stayed
-        // ahead (bf16 95-103 % against 84-91 %, e4m3 87-90 % against 67 %).
-        DecodeKernel::Auto if group >= 2 => DecodeKernel::Mma,
+        // The lane kernel spends `group` fp32 FMAs on every cached element, and a widening on
+        // each e4m3 byte: with GQA or an e4m3 cache that outgrows what the SM issues while the
+        // bytes stream in. On the H200 (`gpu-bench attention`, session 18 call 4, summed over
+        // 11-12 (context, batch) cases a shape) the tensor-core kernel took 44 % of the lane
+        // kernel's time on Llama-3-8B's heads in bf16 (94-104 % of the copy bandwidth at batch
+        // 64-256) and 39 % in e4m3, on Qwen2.5-7B's 31 and 22 %; with MHA it took 91 % (e4m3) and 69 %
+        // (Phi-3's head dim 96, e4m3), and in bf16 the two were even (within 1 %), the lane
+        // kernel ahead at batch 1-16 and 1k keys (23 against 20 %, 82 against 73 %): there
+        // it stays.
+        DecodeKernel::Auto if group >= 2 || kv_fp8 => DecodeKernel::Mma,
         DecodeKernel::Auto => DecodeKernel::Lanes,
         c => c,
     }
@@ -903,14 +906,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decode_kernel_takes_tensor_cores_for_gqa_where_the_head_dim_allows() {
+    fn decode_kernel_takes_tensor_cores_for_gqa_and_e4m3_where_the_head_dim_allows() {
         use DecodeKernel::*;
+        // MHA with a bf16 cache: the lane kernel, unless asked; with e4m3, tensor cores.
+        assert_eq!(decode_kernel(Auto, 128, 1, false), Lanes);
+        assert_eq!(decode_kernel(Auto, 128, 1, true), Mma);
+        assert_eq!(decode_kernel(Auto, 96, 1, true), Mma);
         // Llama-3-8B (group 4) and Qwen2.5-7B (7), either cache dtype: tensor cores.
         for fp8 in [false, true] {
             assert_eq!(decode_kernel(Auto, 128, 4, fp8), Mma);
             assert_eq!(decode_kernel(Auto, 128, 7, fp8), Mma);
-            // MHA: the lane kernel, unless asked.
-            assert_eq!(decode_kernel(Auto, 128, 1, fp8), Lanes);
             assert_eq!(decode_kernel(Mma, 128, 1, fp8), Mma);
             assert_eq!(decode_kernel(Lanes, 128, 4, fp8), Lanes);
             // Head dims above 128 have no tensor-core kernel, whatever is asked.

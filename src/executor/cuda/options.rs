@@ -89,7 +89,7 @@ pub struct CudaBackendOptions {
 }
 
 /// The decode attention kernel (paged_decode.cu). `Lanes`: fp32 dot products on the CUDA cores,
-/// lanes sharing a key; `Mma`: tensor cores, the query heads of a kv head as the rows of the mma
+/// lanes sharing a key; `Mma`: tensor cores, the query heads of a kv head as the mma's columns
 /// (paged_decode_mma.cu; head dims up to 128); `Auto`: `kernels::decode_kernel`'s rule by shape
 /// and cache dtype, measured on the H200 (`gpu-bench attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
@@ -191,4 +191,8 @@ pub mod skip {
     pub const SILU: u32 = 8;
     /// The layers' linear projections (not the LM head).
     pub const LINEAR: u32 = 16;
+    /// The final norm and the LM head (the logits keep whatever they held).
+    pub const HEAD: u32 = 32;
+    /// Sampling (the tokens copied back are stale).
+    pub const SAMPLE: u32 = 64;
 }

@@ -312,28 +312,33 @@ impl Forward {
         if step.ns == 0 {
             return Ok(());
         }
-        let final_norm = AddRmsNormParams {
-            residual: a.residual.ptr(),
-            delta: a.delta.ptr(),
-            weight: self.weights.norm.ptr(),
-            rows: m(lay.sample_rows),
-            out: a.head_in.ptr(),
-            num_rows: step.ns as i32,
-            d: d as i32,
-            eps,
-        };
-        kernels::add_rmsnorm(g, &final_norm)?;
-        linear(
-            g,
-            None,
-            a.head_in.ptr(),
-            Weight::bf16(self.weights.lm_head_ptr()),
-            a.logits.ptr(),
-            step.ns,
-            c.vocab_size,
-            d,
-            true,
-        )?;
+        if on(skip::HEAD) {
+            let final_norm = AddRmsNormParams {
+                residual: a.residual.ptr(),
+                delta: a.delta.ptr(),
+                weight: self.weights.norm.ptr(),
+                rows: m(lay.sample_rows),
+                out: a.head_in.ptr(),
+                num_rows: step.ns as i32,
+                d: d as i32,
+                eps,
+            };
+            kernels::add_rmsnorm(g, &final_norm)?;
+            linear(
+                g,
+                None,
+                a.head_in.ptr(),
+                Weight::bf16(self.weights.lm_head_ptr()),
+                a.logits.ptr(),
+                step.ns,
+                c.vocab_size,
+                d,
+                true,
+            )?;
+        }
+        if !on(skip::SAMPLE) {
+            return Ok(());
+        }
         kernels::sample(
             g,
             &SampleParams {

@@ -1,0 +1,134 @@
+//! `gpu-bench decode-batch`: one large decode batch at a long context, step by step, without
+//! prefilling it: what a step of `offline`'s steady state costs, and with `--breakdown` what each
+//! kind of launch costs inside it (the default with that kind left out).
+//!
+//! Each sequence enters as a prefix-cache hit of `context - 1` tokens on blocks of its own (the
+//! cache holds whatever the pool held: the attention reads every byte all the same), so a
+//! batch of 1000 at 1,500 tokens is ready in one step instead of a minute of prefill.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use brook::executor::backend::Backend;
+use brook::executor::cuda::{skip, CudaBackendOptions, KvCacheDtype};
+use brook::request::RequestId;
+use brook::sampling::params::SamplingParams;
+use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
+use serde_json::json;
+
+use crate::common::{backend, bench_options, elapsed_ms, emit, median, SKIPS};
+
+/// Leave-one-out sets on top of `SKIPS`: the LM head (with the final norm) and sampling, which
+/// at a 128k vocabulary and batch 1000 are no longer small.
+const HEAD_SKIPS: [(&str, u32); 2] = [("lm head", skip::HEAD), ("sample", skip::SAMPLE)];
+
+pub struct Args<'a> {
+    pub model: &'a str,
+    pub batch: usize,
+    pub context: usize,
+    pub steps: usize,
+    pub breakdown: bool,
+    pub dtypes: &'a [KvCacheDtype],
+}
+
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    for &dtype in a.dtypes {
+        let base = CudaBackendOptions {
+            max_num_seqs: a.batch,
+            max_num_batched_tokens: a.batch.max(8192),
+            kv_cache_dtype: dtype,
+            step_timing: true,
+            ..bench_options()
+        };
+        let variants = std::iter::once(("", 0))
+            .chain(SKIPS.into_iter().chain(HEAD_SKIPS).filter(|_| a.breakdown));
+        for (skipped, bits) in variants {
+            let b = backend(
+                a.model,
+                CudaBackendOptions {
+                    skip: bits,
+                    ..base.clone()
+                },
+            )?;
+            run_one(a, b, dtype, skipped)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_one(
+    a: &Args,
+    mut b: brook::executor::cuda::CudaBackend,
+    dtype: KvCacheDtype,
+    skipped: &str,
+) -> anyhow::Result<()> {
+    let bs = b.info().block_size;
+    let per_seq = (a.context + a.steps).div_ceil(bs);
+    anyhow::ensure!(
+        a.batch * per_seq <= b.info().num_kv_blocks,
+        "{} sequences of {} blocks need more than the pool's {} blocks",
+        a.batch,
+        per_seq,
+        b.info().num_kv_blocks
+    );
+    let vocab = b.config().vocab_size as u32;
+    let params = Arc::new(SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(a.steps + 1)
+    });
+    let step = |i: usize| SchedulerOutput {
+        scheduled: (0..a.batch)
+            .map(|s| {
+                let blocks = (s * per_seq) as u32..((s + 1) * per_seq) as u32;
+                ScheduledRequest {
+                    id: RequestId(s as u64),
+                    num_computed_tokens: a.context - 1 + i,
+                    num_tokens: 1,
+                    num_draft_tokens: 0,
+                    sample: true,
+                    truncate_blocks_to: None,
+                    num_freed_blocks: 0,
+                    new_block_ids: if i == 0 { blocks.collect() } else { Vec::new() },
+                    new: (i == 0).then(|| NewRequestData {
+                        token_ids: (0..a.context as u32)
+                            .map(|t| (t * 7919 + s as u32) % vocab)
+                            .collect(),
+                        num_prompt_tokens: a.context,
+                        params: params.clone(),
+                        seed: s as u64,
+                    }),
+                }
+            })
+            .collect(),
+        num_decode_seqs: a.batch,
+        ..SchedulerOutput::default()
+    };
+    let (mut walls, mut spans, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..a.steps {
+        let out = step(i);
+        let t0 = Instant::now();
+        b.execute(&out)?;
+        walls.push(elapsed_ms(t0));
+        if let Some(t) = b.last_timing() {
+            spans.push(t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6);
+            hosts.push([t.prepare, t.launch, t.wait].map(|d| d.as_secs_f64() * 1e3));
+        }
+    }
+    // The first steps carry the requests' state and warm the allocator and cuBLAS.
+    let warm = 2.min(a.steps - 1);
+    let wall = median(walls[warm..].to_vec());
+    let gpu = (spans.len() > warm).then(|| median(spans[warm..].to_vec()));
+    let host = (hosts.len() > warm)
+        .then(|| [0, 1, 2].map(|k| median(hosts[warm..].iter().map(|h| h[k]).collect())));
+    let kv = dtype.as_str();
+    eprintln!(
+        "{} decode batch {} at context {}, kv {kv}, skipped [{skipped}]: {wall:.2} ms a step (GPU span {gpu:.2?} ms; host prepare / launch / wait {host:.2?} ms)",
+        a.model, a.batch, a.context
+    );
+    emit(json!({
+        "figure": "decode_batch_step_ms", "model": a.model, "kv_cache_dtype": kv, "batch": a.batch,
+        "context": a.context, "steps": a.steps, "median_ms": wall, "gpu_span_ms": gpu,
+        "host_prepare_launch_wait_ms": host, "skipped": skipped,
+    }));
+    Ok(())
+}
