@@ -154,6 +154,9 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
   c.bt = p.block_tables + (size_t)seq * p.max_blocks;
   c.bshift = __ffs(p.block_size) - 1;
   c.bmask = p.block_size - 1;
+  // Launched with PDL (kernels::paged_decode): the metadata above was uploaded before the step,
+  // but q and the step's new keys come from the kernel before (rope_kv).
+  pdl_wait();
   return c;
 }
 

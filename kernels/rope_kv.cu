@@ -50,6 +50,7 @@ __device__ __forceinline__ void store4_kv(kv_t* dst, const float* v) { store4_bf
 // (kernels::rope_kv picks hpc); head_dim % 8 == 0.
 extern "C" __global__ void rope_kv(RopeKvParams p) {
   __shared__ float s_part[ROPE_MAX_THREADS];  // the head norm's per-thread partial sums
+  pdl_trigger();  // decode attention may launch: it waits for this kernel before reading q, K, V
   const int half = p.head_dim / 2, tph = p.head_dim / 8;
   const int t = blockIdx.x, hpc = blockDim.x / tph;
   const int hs = threadIdx.x / tph, i = (threadIdx.x % tph) * 4;

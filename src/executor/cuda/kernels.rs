@@ -601,7 +601,9 @@ pub unsafe fn paged_decode(
         gpu,
         gpu.kv_kernel(&format!("{kernel_name}_hd{head_dim}_g{group}")),
     )?;
-    gpu.launch(
+    // With PDL its CTAs are resident by the time the kernel before (rope_kv) ends: both kernels
+    // wait (`decode_cta`) before reading what that kernel writes.
+    gpu.launch_pdl(
         &name,
         (
             p.num_splits as u32,
