@@ -65,7 +65,8 @@
 // Warp steps whose loads are in flight together, and CTAs an SM (forward::decode_fill aims the
 // split rule at twice this many). Measured on the H200 (session 18, Llama-3-8B and Qwen2.5-7B
 // heads): bf16 at HD 128 ran best with 2 steps in flight at 2 CTAs an SM (~215 registers), e4m3
-// with 2 steps at 3 CTAs (~150 registers; 3 steps at 2 CTAs: 4-7 % slower at large batches).
+// with 2 steps at 3 CTAs (~150 registers; 3 steps at 2 CTAs: 2 % slower summed over the
+// attention cases, 7 % in a batch-1000 decode step).
 #if KV_FP8
 #define DMMA_U 2
 #define DMMA_MIN_CTAS 3
