@@ -263,7 +263,7 @@ fn paged_decode_sliding_window() {
     }
 }
 
-/// Block sizes from 1 to 64 keys: the tensor-core kernels' steps of 16 keys share one
+/// Block sizes from 1 to 64 keys: the tensor-core kernel's steps of 16 keys share one
 /// block-table entry from 16 on and look each key up below that; split and not, under a window.
 #[test]
 fn paged_decode_block_sizes() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{skip, CudaBackendOptions, KvCacheDtype};
+use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, KvCacheDtype};
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
@@ -32,6 +32,10 @@ pub struct Args<'a> {
 }
 
 pub fn run(a: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.steps >= 3 && a.context >= 1 && a.batch >= 1,
+        "decode-batch needs at least 3 steps, a context and a batch"
+    );
     for &dtype in a.dtypes {
         let base = CudaBackendOptions {
             max_num_seqs: a.batch,
@@ -56,12 +60,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_one(
-    a: &Args,
-    mut b: brook::executor::cuda::CudaBackend,
-    dtype: KvCacheDtype,
-    skipped: &str,
-) -> anyhow::Result<()> {
+fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> anyhow::Result<()> {
     let bs = b.info().block_size;
     let per_seq = (a.context + a.steps).div_ceil(bs);
     anyhow::ensure!(
@@ -115,7 +114,7 @@ fn run_one(
         }
     }
     // The first steps carry the requests' state and warm the allocator and cuBLAS.
-    let warm = 2.min(a.steps - 1);
+    let warm = 2;
     let wall = median(walls[warm..].to_vec());
     let gpu = (spans.len() > warm).then(|| median(spans[warm..].to_vec()));
     let host = (hosts.len() > warm)

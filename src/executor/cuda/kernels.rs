@@ -564,9 +564,9 @@ pub fn decode_kernel(
         // bytes stream in. On the H200 (`gpu-bench attention`, session 18 call 4, summed over
         // 11-12 (context, batch) cases a shape) the tensor-core kernel took 44 % of the lane
         // kernel's time on Llama-3-8B's heads in bf16 (94-104 % of the copy bandwidth at batch
-        // 64-256) and 39 % in e4m3, on Qwen2.5-7B's 31 and 22 %; with MHA it took 91 % (e4m3) and 69 %
-        // (Phi-3's head dim 96, e4m3), and in bf16 the two were even (within 1 %), the lane
-        // kernel ahead at batch 1-16 and 1k keys (23 against 20 %, 82 against 73 %): there
+        // 64-256) and 39 % in e4m3, on Qwen2.5-7B's 31 and 22 %; with MHA it took 91 % (e4m3)
+        // and 69 % (Phi-3's head dim 96, e4m3), and in bf16 the two were even (within 1 %), the
+        // lane kernel ahead at batch 1-16 and 1k keys (23 against 20 %, 82 against 73 %): there
         // it stays.
         DecodeKernel::Auto if group >= 2 || kv_fp8 => DecodeKernel::Mma,
         DecodeKernel::Auto => DecodeKernel::Lanes,
