@@ -8,8 +8,8 @@
 //! 16-key steps sharing one block-table entry from blocks of 16 keys up).
 
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas_for, decode_mma_supported, decode_splits, decode_splits_filled,
-    PagedDecodeParams,
+    self, decode_group_ctas_for, decode_min_split_keys, decode_mma_supported, decode_splits,
+    decode_splits_filled, PagedDecodeParams,
 };
 use brook::executor::cuda::DecodeKernel;
 use half::bf16;
@@ -101,7 +101,15 @@ impl Decode {
         let max_ctx = *ctx.iter().max().unwrap();
         let num_splits = self.splits.unwrap_or_else(|| match self.ctas_per_sm {
             0 => decode_splits(g.num_sms, n, self.kv_heads, max_ctx),
-            c => decode_splits_filled(g.num_sms, c, n, self.kv_heads, group, max_ctx),
+            c => decode_splits_filled(
+                g.num_sms,
+                c,
+                n,
+                self.kv_heads,
+                group,
+                max_ctx,
+                decode_min_split_keys(kernel, max_ctx),
+            ),
         });
         let (qb, rows_b, seqs_b) = (dev(&g, &q), dev(&g, &item_row), dev(&g, &item_seq));
         let dp = paged.upload(&g);

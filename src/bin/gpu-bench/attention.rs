@@ -120,6 +120,9 @@ struct DecodeVariant {
     ctas_per_sm: usize,
     inline: bool,
     kernel: DecodeKernel,
+    /// `decode_splits_filled`'s fewest keys a split (the serving rule:
+    /// `kernels::decode_min_split_keys`).
+    min_keys: usize,
 }
 
 const DECODE_VARIANTS: &[DecodeVariant] = &[
@@ -128,30 +131,35 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         ctas_per_sm: 0,
         inline: false,
         kernel: DecodeKernel::Lanes,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "inline",
         ctas_per_sm: 0,
         inline: true,
         kernel: DecodeKernel::Lanes,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "fill4",
         ctas_per_sm: 4,
         inline: false,
         kernel: DecodeKernel::Lanes,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "fill4-inline",
         ctas_per_sm: 4,
         inline: true,
         kernel: DecodeKernel::Lanes,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "fill8-inline",
         ctas_per_sm: 8,
         inline: true,
         kernel: DecodeKernel::Lanes,
+        min_keys: 32,
     },
     // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
     // the fills the backend uses for it (`forward::decode_fill`: 4 with a bf16 cache, 6 with
@@ -161,18 +169,36 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         ctas_per_sm: 8,
         inline: true,
         kernel: DecodeKernel::Mma,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "fill4-inline-mma",
         ctas_per_sm: 4,
         inline: true,
         kernel: DecodeKernel::Mma,
+        min_keys: 32,
     },
     DecodeVariant {
         name: "fill6-inline-mma",
         ctas_per_sm: 6,
         inline: true,
         kernel: DecodeKernel::Mma,
+        min_keys: 32,
+    },
+    // The serving rule on tensor cores since session 18: at least 128 keys a split.
+    DecodeVariant {
+        name: "fill4-k128-inline-mma",
+        ctas_per_sm: 4,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+        min_keys: 128,
+    },
+    DecodeVariant {
+        name: "fill6-k128-inline-mma",
+        ctas_per_sm: 6,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+        min_keys: 128,
     },
 ];
 
@@ -222,7 +248,7 @@ fn paged_decode(
             let group = h / kvh;
             let splits_of = |v: &DecodeVariant| match v.ctas_per_sm {
                 0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
-                c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx),
+                c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx, v.min_keys),
             };
             let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
             let (part_acc, part_ml) = (

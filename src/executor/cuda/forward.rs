@@ -292,6 +292,8 @@ impl Forward {
                         cfg.num_key_value_heads,
                         group,
                         max_blocks * opts.block_size,
+                        // The fewest keys a split any rule allows: the most splits.
+                        kernels::MIN_SPLIT_KEYS,
                     );
                     n * splits
                 })
@@ -458,6 +460,12 @@ impl Forward {
             num_kv_heads: self.cfg.num_key_value_heads,
             decode_ctas_per_sm: decode_fill(
                 &self.opts,
+                self.cfg.head_dim,
+                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
+                self.gpu.kv_fp8(),
+            ),
+            decode_kernel: kernels::decode_kernel(
+                self.opts.decode_kernel,
                 self.cfg.head_dim,
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
                 self.gpu.kv_fp8(),

@@ -24,9 +24,10 @@
 use anyhow::ensure;
 
 use super::kernels::{
-    decode_splits, decode_splits_filled, prefill_splits, SampleArgs, SampleEdit, PREFILL_TILE,
-    SAMPLE_MAX_TOP,
+    decode_min_split_keys, decode_splits, decode_splits_filled, prefill_splits, SampleArgs,
+    SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
+use super::options::DecodeKernel;
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
 use crate::sampling::params::SamplingParams;
 use crate::step::BatchInput;
@@ -161,8 +162,10 @@ pub(super) struct Limits {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     /// Decode split rule: 0, `decode_splits`; else `decode_splits_filled` with this many CTAs
-    /// per SM (`CudaBackendOptions::decode_ctas_per_sm`).
+    /// per SM (`CudaBackendOptions::decode_ctas_per_sm`) and the fewest keys a split
+    /// `kernels::decode_min_split_keys` gives this decode kernel.
     pub decode_ctas_per_sm: usize,
+    pub decode_kernel: DecodeKernel,
     /// `CudaBackendOptions::prefill_split_kv`.
     pub prefill_split_kv: bool,
     pub gemm_max_len: usize,
@@ -184,6 +187,7 @@ impl Limits {
                 self.num_kv_heads,
                 self.num_heads / self.num_kv_heads.max(1),
                 max_context,
+                decode_min_split_keys(self.decode_kernel, max_context),
             ),
         }
     }

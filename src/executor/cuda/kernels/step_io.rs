@@ -45,11 +45,11 @@ pub unsafe fn feed_tokens(gpu: &Gpu, p: &FeedTokensParams) -> anyhow::Result<()>
 pub const MAX_FILLED_SPLITS: usize = 64;
 
 /// Splits per (item, kv head slice) so that the decode grid holds about `ctas_per_sm` CTAs per
-/// SM (`CudaBackendOptions::decode_ctas_per_sm`), with at least 32 keys per split, rounded down
-/// to a power of two so that a batch bucket needs few CUDA graphs (one per split count) as its
-/// context grows. At batch 1 a decode is short of parallelism: Llama-2-7B's 32 kv heads give 32
-/// CTAs, a quarter of the H200's 132 SMs, so the keys are cut in up to 64 splits; at batch ≥ 32
-/// there is one split.
+/// SM (`CudaBackendOptions::decode_ctas_per_sm`), with at least `min_keys` keys per split
+/// (`kernels::decode_min_split_keys`), rounded down to a power of two so that a batch bucket
+/// needs few CUDA graphs (one per split count) as its context grows. At batch 1 a decode is
+/// short of parallelism: Llama-2-7B's 32 kv heads give 32 CTAs, a quarter of the H200's 132
+/// SMs, so the keys are cut in up to 64 splits; at batch ≥ 32 there is one split.
 pub fn decode_splits_filled(
     num_sms: u32,
     ctas_per_sm: usize,
@@ -57,12 +57,12 @@ pub fn decode_splits_filled(
     num_kv_heads: usize,
     group: usize,
     max_context: usize,
+    min_keys: usize,
 ) -> usize {
-    const MIN_TOKENS: usize = 32;
     let ctas = (num_items * num_kv_heads * decode_group_ctas(group.max(1))).max(1);
     let want = (ctas_per_sm.max(1) * num_sms as usize).div_ceil(ctas);
     let splits = want
-        .min(max_context.div_ceil(MIN_TOKENS))
+        .min(max_context.div_ceil(min_keys.max(1)))
         .clamp(1, MAX_FILLED_SPLITS);
     1 << splits.ilog2()
 }
@@ -74,23 +74,26 @@ mod tests {
     #[test]
     fn filled_splits_cover_the_sms_in_powers_of_two() {
         // Llama-2-7B at batch 1 on 132 SMs: 4 CTAs a SM want 17 splits of 32 heads -> 16.
-        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 4096), 16);
-        assert_eq!(decode_splits_filled(132, 8, 1, 32, 1, 16384), 32);
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 4096, 32), 16);
+        assert_eq!(decode_splits_filled(132, 8, 1, 32, 1, 16384, 32), 32);
         // Llama-3-8B (8 kv heads, group 4): 66 wanted, capped at 64.
-        assert_eq!(decode_splits_filled(132, 4, 1, 8, 4, 4096), 64);
-        // Short contexts: at least 32 keys a split (100 keys -> 4, then 2 at 64 keys).
-        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 100), 4);
-        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 64), 2);
-        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 1), 1);
+        assert_eq!(decode_splits_filled(132, 4, 1, 8, 4, 4096, 32), 64);
+        // Short contexts: at least `min_keys` a split (100 keys -> 4, then 2 at 64 keys; with
+        // 128 keys a split, Llama-3-8B at 4k takes 32 splits instead of 64).
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 100, 32), 4);
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 64, 32), 2);
+        assert_eq!(decode_splits_filled(132, 4, 1, 32, 1, 1, 32), 1);
+        assert_eq!(decode_splits_filled(132, 4, 1, 8, 4, 4096, 128), 32);
+        assert_eq!(decode_splits_filled(132, 4, 1, 8, 4, 100, 128), 1);
         // Enough CTAs without splitting.
-        assert_eq!(decode_splits_filled(132, 4, 32, 32, 1, 16384), 1);
+        assert_eq!(decode_splits_filled(132, 4, 32, 32, 1, 16384, 32), 1);
         // Groups over 8 take two CTAs per kv head.
         assert_eq!(
-            decode_splits_filled(132, 4, 1, 2, 16, 1 << 20),
-            decode_splits_filled(132, 4, 1, 4, 8, 1 << 20)
+            decode_splits_filled(132, 4, 1, 2, 16, 1 << 20, 32),
+            decode_splits_filled(132, 4, 1, 4, 8, 1 << 20, 32)
         );
         for items in 1..600 {
-            let s = decode_splits_filled(132, 4, items, 8, 4, 1 << 20);
+            let s = decode_splits_filled(132, 4, items, 8, 4, 1 << 20, 32);
             assert!(
                 s.is_power_of_two() && s <= MAX_FILLED_SPLITS,
                 "{items}: {s}"

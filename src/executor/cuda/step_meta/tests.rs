@@ -25,6 +25,7 @@ pub(super) fn limits() -> Limits {
         num_heads: 4,
         num_kv_heads: 2,
         decode_ctas_per_sm: 0,
+        decode_kernel: DecodeKernel::Lanes,
         prefill_split_kv: true,
         gemm_max_len: 64,
         gemm_keys,
