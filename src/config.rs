@@ -94,9 +94,10 @@ pub struct ModelSection {
     /// CUDA executor: the linear layers' weights, none (bf16) or fp8 (e4m3 with one scale per
     /// matrix, fp8 GEMMs; sm_89+). The CPU executor refuses fp8 at start.
     pub quantization: crate::executor::cuda::Quantization,
-    /// CUDA executor: the decode attention kernel, auto (tensor cores for grouped-query models,
-    /// the CUDA-core lane kernel for MHA, as measured), lanes or mma (tensor cores; head dims up
-    /// to 128, else lanes). The CPU executor has one attention and ignores it.
+    /// CUDA executor: the decode attention kernel, auto (tensor cores for grouped-query models
+    /// and fp8 KV caches, the CUDA-core lane kernel for MHA over bf16, as measured), lanes or mma
+    /// (tensor cores; head dims up to 128, else lanes). The CPU executor has one attention and
+    /// ignores it.
     pub decode_attention: crate::executor::cuda::DecodeKernel,
 }
 

@@ -53,8 +53,9 @@ pub struct EngineArgs {
     /// CUDA executor on sm_89+ only; the CPU executor refuses it at start.
     #[arg(long, value_enum)]
     pub quantization: Option<crate::executor::cuda::Quantization>,
-    /// CUDA executor: decode attention kernel, auto (tensor cores for grouped-query models, the
-    /// CUDA-core lane kernel for MHA), lanes or mma (tensor cores, head dims up to 128).
+    /// CUDA executor: decode attention kernel, auto (tensor cores for grouped-query models and fp8
+    /// KV caches, the CUDA-core lane kernel for MHA over bf16), lanes or mma (tensor cores, head
+    /// dims up to 128).
     #[arg(long, value_enum)]
     pub decode_attention: Option<crate::executor::cuda::DecodeKernel>,
     /// CPU executor threads (0 = all cores).

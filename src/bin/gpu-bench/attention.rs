@@ -185,7 +185,8 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
     },
-    // The serving rule on tensor cores since session 18: at least 128 keys a split.
+    // At least 128 keys a split: the serving rule on tensor cores from 1k keys of context
+    // (`kernels::decode_min_split_keys`, session 18).
     DecodeVariant {
         name: "fill4-k128-inline-mma",
         ctas_per_sm: 4,

@@ -67,6 +67,41 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Each step's wall time, and with `CudaBackendOptions::step_timing` its GPU span (first
+/// kernel's start to last kernel's end) and host phases; medians past a warm-up.
+#[derive(Default)]
+pub struct StepTimes {
+    pub walls: Vec<f64>,
+    spans: Vec<f64>,
+    hosts: Vec<[f64; 3]>,
+}
+
+/// Medians of `StepTimes`, ms: wall, GPU span and host (prepare, launch, wait); None without
+/// step stamps.
+pub type StepMedians = (f64, Option<f64>, Option<[f64; 3]>);
+
+impl StepTimes {
+    /// Records the step `b` has just run in `wall_ms`.
+    pub fn push(&mut self, b: &CudaBackend, wall_ms: f64) {
+        self.walls.push(wall_ms);
+        if let Some(t) = b.last_timing() {
+            self.spans
+                .push(t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6);
+            self.hosts
+                .push([t.prepare, t.launch, t.wait].map(|d| d.as_secs_f64() * 1e3));
+        }
+    }
+
+    /// Medians over the steps after the first `warm`.
+    pub fn medians(&self, warm: usize) -> StepMedians {
+        let wall = median(self.walls[warm.min(self.walls.len())..].to_vec());
+        let gpu = (self.spans.len() > warm).then(|| median(self.spans[warm..].to_vec()));
+        let host = (self.hosts.len() > warm)
+            .then(|| [0, 1, 2].map(|k| median(self.hosts[warm..].iter().map(|h| h[k]).collect())));
+        (wall, gpu, host)
+    }
+}
+
 /// Times `f` with CUDA events: `warmup` untimed runs, then the median of `reps` (ms).
 pub fn time_ms(
     gpu: &Gpu,

@@ -16,7 +16,7 @@ use brook::sampling::params::SamplingParams;
 use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, SKIPS};
+use crate::common::{backend, bench_options, elapsed_ms, emit, StepTimes, SKIPS};
 
 /// Leave-one-out sets on top of `SKIPS`: the LM head (with the final norm) and sampling, which
 /// at a 128k vocabulary and batch 1000 are no longer small.
@@ -102,23 +102,15 @@ fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> 
         num_decode_seqs: a.batch,
         ..SchedulerOutput::default()
     };
-    let (mut walls, mut spans, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
+    let mut times = StepTimes::default();
     for i in 0..a.steps {
         let out = step(i);
         let t0 = Instant::now();
         b.execute(&out)?;
-        walls.push(elapsed_ms(t0));
-        if let Some(t) = b.last_timing() {
-            spans.push(t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6);
-            hosts.push([t.prepare, t.launch, t.wait].map(|d| d.as_secs_f64() * 1e3));
-        }
+        times.push(&b, elapsed_ms(t0));
     }
     // The first steps carry the requests' state and warm the allocator and cuBLAS.
-    let warm = 2;
-    let wall = median(walls[warm..].to_vec());
-    let gpu = (spans.len() > warm).then(|| median(spans[warm..].to_vec()));
-    let host = (hosts.len() > warm)
-        .then(|| [0, 1, 2].map(|k| median(hosts[warm..].iter().map(|h| h[k]).collect())));
+    let (wall, gpu, host) = times.medians(2);
     let kv = dtype.as_str();
     eprintln!(
         "{} decode batch {} at context {}, kv {kv}, skipped [{skipped}]: {wall:.2} ms a step (GPU span {gpu:.2?} ms; host prepare / launch / wait {host:.2?} ms)",

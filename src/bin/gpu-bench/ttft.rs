@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, median, one_seq_step, SKIPS};
+use crate::common::{backend, bench_options, elapsed_ms, emit, one_seq_step, StepTimes, SKIPS};
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks; then, with
 /// `breakdown`, the same with each of `SKIPS` left out; all once per KV cache dtype.
@@ -55,7 +55,7 @@ fn run_dtype(
         let bs = b.info().block_size;
         let vocab = b.config().vocab_size as u32;
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let (mut times, mut spans, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut times = StepTimes::default();
         for rep in 0..6 {
             let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
             let per = input_len.div_ceil(bs) as u32;
@@ -70,18 +70,13 @@ fn run_dtype(
                 &blocks,
                 last,
             ))?;
-            times.push(elapsed_ms(t0));
-            if let Some(t) = b.last_timing() {
-                spans.push(t.gpu_end_ns.saturating_sub(t.gpu_start_ns) as f64 / 1e6);
-                hosts.push([t.prepare, t.launch, t.wait].map(|d| d.as_secs_f64() * 1e3));
-            }
+            times.push(&b, elapsed_ms(t0));
         }
-        let med = median(times[1..].to_vec());
-        let gpu_ms = (spans.len() > 1).then(|| median(spans[1..].to_vec()));
-        let host_ms = (hosts.len() > 1)
-            .then(|| [0, 1, 2].map(|i| median(hosts[1..].iter().map(|h| h[i]).collect())));
+        // The first run warms up (cuBLAS heuristics, allocations).
+        let (med, gpu_ms, host_ms) = times.medians(1);
+        let runs = &times.walls;
         eprintln!(
-            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {times:.2?}); GPU span of the step {gpu_ms:.2?} ms; host prepare / launch / wait {host_ms:.2?} ms"
+            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {runs:.2?}); GPU span of the step {gpu_ms:.2?} ms; host prepare / launch / wait {host_ms:.2?} ms"
         );
         emit(
             json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "gpu_span_ms": gpu_ms, "host_prepare_launch_wait_ms": host_ms, "skipped": skipped}),
