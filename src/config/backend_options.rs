@@ -57,6 +57,7 @@ impl CudaBackendOptions {
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
             decode_kernel: cfg.model.decode_attention,
+            prefill_wgmma: true,
             prefill_split_kv: true,
             step_timing: false,
             progress,

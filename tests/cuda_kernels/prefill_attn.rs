@@ -5,6 +5,9 @@
 
 use half::bf16;
 
+use brook::executor::cuda::compile::prefill_wgmma_supported;
+use brook::executor::cuda::kernels::prefill_attn_kernel;
+
 use crate::harness::{attention_gpu_kv, poisoned, read_bf16, rng};
 use crate::paged::{PrefillBatch, PrefillRun};
 
@@ -36,27 +39,39 @@ fn check_prefill_kv(
     splits: usize,
     fp8: bool,
 ) {
-    let Some(g) = attention_gpu_kv(head_dim, heads / kv_heads, fp8) else {
+    let Some(mut g) = attention_gpu_kv(head_dim, heads / kv_heads, fp8) else {
         return;
     };
     let shape = (head_dim, heads, kv_heads);
     let mut b = PrefillBatch::random_kv(&mut rng(seed), shape, seqs, fp8);
     let freed = if window > 0 { b.with_window(window) } else { 0 };
     let n = b.tokens() * b.row_elems();
-    let out = poisoned::<bf16>(&g, n);
     let all: Vec<usize> = (0..seqs.len()).collect();
-    match splits {
-        1 => PrefillRun::new(&g, &b).flash(&all, &out),
-        _ => PrefillRun::new(&g, &b).flash_split(&all, &out, splits, 2),
+    let reference = b.reference();
+    // Every kernel built for this GPU and shape: on Hopper the wgmma kernel (the default) and
+    // the mma.sync kernel other GPUs run.
+    for wgmma in [true, false] {
+        g.prefill_wgmma = wgmma;
+        let kernel = prefill_attn_kernel(&g, head_dim).unwrap();
+        let built = prefill_wgmma_supported(g.compute_capability, head_dim, fp8);
+        assert_eq!(kernel.contains("_wg_"), wgmma && built, "{kernel}");
+        let out = poisoned::<bf16>(&g, n);
+        match splits {
+            1 => PrefillRun::new(&g, &b).flash(&all, &out),
+            _ => PrefillRun::new(&g, &b).flash_split(&all, &out, splits, 2),
+        }
+        let label = |s: usize| {
+            let (qlen, c) = seqs[s];
+            format!(
+                "prefill {kernel} hd{head_dim} g{} fp8 {fp8} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
+                b.group()
+            )
+        };
+        b.assert_rows(&read_bf16(&g, &out, n), &reference, 1.5e-2, label);
+        if !kernel.contains("_wg_") {
+            break; // the mma.sync kernel is checked (where no wgmma build exists, the first pass)
+        }
     }
-    let label = |s: usize| {
-        let (qlen, c) = seqs[s];
-        format!(
-            "prefill hd{head_dim} g{} fp8 {fp8} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
-            b.group()
-        )
-    };
-    b.assert_rows(&read_bf16(&g, &out, n), &b.reference(), 1.5e-2, label);
 }
 
 #[test]

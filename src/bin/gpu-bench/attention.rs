@@ -319,9 +319,10 @@ fn paged_decode(
     Ok(())
 }
 
-/// The flash prefill kernel on 16k tokens of causal prompts of each length; at the same points
-/// its builds with the synchronous K/V loads of the kernel before cp.async (`PF_LOADS=0`) and
-/// with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca).
+/// The engine's prefill kernel (`kernels::prefill_attn_kernel`: wgmma on Hopper) on 16k tokens of
+/// causal prompts of each length; at the same points the mma.sync kernel and its builds with the
+/// synchronous K/V loads of the kernel before cp.async (`PF_LOADS=0`) and with cp.async.cg, L2
+/// only (`PF_LOADS=1`; the default is cp.async.ca).
 fn prefill(
     gpu: &mut Gpu,
     shape: &AttnShape,
@@ -332,8 +333,10 @@ fn prefill(
     let variants = [
         gpu.load_prefill_variant(hd, 0)?,
         gpu.load_prefill_variant(hd, 1)?,
+        gpu.kv_kernel(&format!("prefill_attn_hd{hd}")),
     ];
     let gpu = &*gpu;
+    let kernel = kernels::prefill_attn_kernel(gpu, hd)?;
     let mut prefill_rows = Vec::new();
     for &len in &[128usize, 512, 2048, 8192] {
         let seqs = (16384 / len).max(1);
@@ -356,14 +359,16 @@ fn prefill(
             })?);
         }
         eprintln!(
-            "prefill attention kv {} {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s (sync loads {:.3} ms, cp.async.cg {:.3} ms)",
+            "prefill attention {kernel} kv {} {seqs} x {len}: {ms:.3} ms, {tflops:.0} TFLOP/s (mma.sync {:.3} ms, {:.0} TFLOP/s; its sync loads {:.3} ms, cp.async.cg {:.3} ms)",
             dtype.as_str(),
+            other[2],
+            flops / (other[2] * 1e-3) / 1e12,
             other[0],
             other[1]
         );
         prefill_rows.push(
-            json!({"seq_len": len, "seqs": seqs, "ms": ms, "tflops": tflops,
-            "sync_loads_ms": other[0], "cg_loads_ms": other[1]}),
+            json!({"seq_len": len, "seqs": seqs, "kernel": kernel, "ms": ms, "tflops": tflops,
+            "mma_sync_ms": other[2], "sync_loads_ms": other[0], "cg_loads_ms": other[1]}),
         );
     }
     emit(

@@ -25,6 +25,8 @@ pub fn emit(mut v: serde_json::Value) {
             .or_insert_with(|| quantization().as_str().into());
         o.entry("decode_kernel")
             .or_insert_with(|| decode_kernel().as_str().into());
+        o.entry("prefill_wgmma")
+            .or_insert_with(|| prefill_wgmma().into());
     }
     println!("{v}");
 }
@@ -50,6 +52,19 @@ fn env_choice<T: clap::ValueEnum + Default>(var: &str) -> T {
         eprintln!("{var}={v:?}: expected one of {}", names.join(", "));
         std::process::exit(2)
     })
+}
+
+/// Whether every backend gpu-bench makes runs prefill attention on the wgmma kernel where it is
+/// built: `BROOK_PREFILL_WGMMA` (1, the default, or 0: the mma.sync kernel), for A/B runs.
+pub fn prefill_wgmma() -> bool {
+    match std::env::var("BROOK_PREFILL_WGMMA").as_deref() {
+        Err(_) | Ok("1") => true,
+        Ok("0") => false,
+        Ok(v) => {
+            eprintln!("BROOK_PREFILL_WGMMA={v:?}: expected 0 or 1");
+            std::process::exit(2)
+        }
+    }
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -351,6 +366,7 @@ pub fn bench_options() -> CudaBackendOptions {
         progress: false,
         quantization: quantization(),
         decode_kernel: decode_kernel(),
+        prefill_wgmma: prefill_wgmma(),
         ..Default::default()
     }
 }

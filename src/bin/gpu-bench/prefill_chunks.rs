@@ -1,8 +1,10 @@
 //! `gpu-bench prefill-chunks`: one layer's flash prefill attention for one chunk of queries at
 //! the end of a long context (the shapes chunked prefill of long documents runs), split over the
 //! keys as `kernels::prefill_splits` chooses against unsplit, and at each forced split count;
-//! unsplit also with the kernel's synchronous K/V loads (`PF_LOADS=0`, the kernel before
-//! cp.async) and with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca).
+//! unsplit also with the mma.sync kernel's synchronous K/V loads (`PF_LOADS=0`, the kernel before
+//! cp.async) and with cp.async.cg, L2 only (`PF_LOADS=1`; the default is cp.async.ca). On Hopper
+//! the engine's kernel is the wgmma one (`kernels::prefill_attn_kernel`); the mma.sync kernel is
+//! timed beside it, unsplit and at the chosen splits.
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
@@ -32,6 +34,7 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         let variants = [
             gpu.load_prefill_variant(shape.head_dim, 0)?,
             gpu.load_prefill_variant(shape.head_dim, 1)?,
+            format!("prefill_attn_hd{}", shape.head_dim),
         ];
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
@@ -81,7 +84,7 @@ fn point(
     gpu: &Gpu,
     shape: &AttnShape,
     scratch: &Scratch,
-    variants: &[String; 2],
+    variants: &[String; 3],
     ctx: usize,
     chunk: usize,
     rng: &mut ChaCha8Rng,
@@ -148,7 +151,7 @@ fn point(
     let pairs = chunk * (ctx - chunk) + chunk * (chunk + 1) / 2;
     let flops = 4.0 * (h * hd) as f64 * pairs as f64;
     let reps = if chunk * ctx <= 512 * 8192 { 50 } else { 20 };
-    let default = format!("prefill_attn_hd{hd}");
+    let default = kernels::prefill_attn_kernel(gpu, hd)?;
     let run_named = |p: PrefillAttnParams, name: &str| -> anyhow::Result<(f64, Vec<f32>)> {
         // SAFETY: every buffer above matches the shapes in the params.
         let ms = time_ms(gpu, 3, reps, |_| unsafe {
@@ -178,6 +181,12 @@ fn point(
         err < 1e-2,
         "ctx {ctx} chunk {chunk}: {chosen} splits differ from unsplit by {err:.3e}"
     );
+    let (mma_split_us, got) = run_named(params(chosen, false), &variants[2])?;
+    let err_mma = rel_err(&got, &reference);
+    anyhow::ensure!(
+        err_mma < 1e-2,
+        "ctx {ctx} chunk {chunk}: mma.sync at {chosen} splits differs by {err_mma:.3e}"
+    );
     let mut forced = serde_json::Map::new();
     for s in FORCED
         .into_iter()
@@ -193,17 +202,18 @@ fn point(
     }
     let tf = |us: f64| flops / (us * 1e-6) / 1e12;
     eprintln!(
-        "prefill chunk {chunk:>4} at ctx {ctx:>5}: sync loads {:8.1} µs, cg {:8.1}, unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s), x{:.2} vs sync; forced {}",
-        loads_us[0],
-        loads_us[1],
+        "prefill chunk {chunk:>4} at ctx {ctx:>5}: {default} unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s); mma.sync {:8.1} / {mma_split_us:8.1} µs, its sync loads {:8.1}, cg {:8.1}; x{:.2} vs sync; forced {}",
         tf(off_us),
         tf(on_us),
+        loads_us[2],
+        loads_us[0],
+        loads_us[1],
         loads_us[0] / on_us,
         serde_json::Value::Object(forced.clone())
     );
     Ok(
-        json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen,
-        "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
+        json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen, "kernel": default,
+        "mma_sync_us": loads_us[2], "mma_sync_split_us": mma_split_us, "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
         "speedup": off_us / on_us, "rel_err": err, "forced_us": forced}),
     )
 }

@@ -69,6 +69,24 @@ pub const PREFILL_ATTN: (&str, &str) = (
     "prefill_attn",
     include_str!("../../../kernels/prefill_attn.cu"),
 );
+/// prefill_attn.cu with prefill_attn_wgmma.cu appended (the wgmma kernel shares its parameters,
+/// K/V offsets and split merge), built for `WGMMA_ARCH` at the head dims `prefill_wgmma_supported`
+/// allows.
+pub const PREFILL_ATTN_WG: (&str, &str) = (
+    "prefill_attn",
+    concat!(
+        include_str!("../../../kernels/prefill_attn.cu"),
+        include_str!("../../../kernels/prefill_attn_wgmma.cu")
+    ),
+);
+/// wgmma is an sm_90a instruction: PTX for compute_90a runs on compute capability 9.0 only.
+pub const WGMMA_ARCH: &str = "compute_90a";
+
+/// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
+/// shape: Hopper (9.0), head dim 64 or 128 (whole 128-byte swizzle rows), a bf16 cache.
+pub fn prefill_wgmma_supported(cc: (i32, i32), head_dim: usize, kv_fp8: bool) -> bool {
+    cc == (9, 0) && matches!(head_dim, 64 | 128) && !kv_fp8
+}
 
 /// Head dims and GQA groups the attention kernels compile for (`Gpu::load_attention`): the flash
 /// prefill kernel's tensor-core steps need head_dim % 16 == 0, and the decode kernel's lanes hold
@@ -208,6 +226,15 @@ mod tests {
                     "hd {hd} g {group}"
                 );
             }
+        }
+        // The wgmma prefill kernel, for sm_90a at the head dims it is built for.
+        for hd in [64, 128] {
+            assert!(prefill_wgmma_supported((9, 0), hd, false));
+            let (name, src) = PREFILL_ATTN_WG;
+            let (ptx, _) =
+                ptx_with(name, src, WGMMA_ARCH, &[("HD", hd)]).unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(ptx.to_src().contains(".entry prefill_attn_wg"), "hd {hd}");
+            assert!(ptx.to_src().contains("wgmma.mma_async"), "hd {hd}");
         }
         // The e4m3-cache builds (-DKV_FP8=1, sm_89+): the cache writers and gatherer, and the
         // attention kernels down to the tiny checkpoints' head dim 16.

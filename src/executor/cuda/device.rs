@@ -72,6 +72,10 @@ pub struct Gpu {
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
+    /// Prefill attention on the wgmma kernel where `load_attention` built it (sm_90, head dim
+    /// 64 or 128, bf16 cache; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
+    /// Tests and benchmarks set it to compare.
+    pub prefill_wgmma: bool,
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
@@ -113,6 +117,7 @@ impl Gpu {
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             pdl: compute_capability.0 >= 9,
+            prefill_wgmma: true,
             kv_fp8: false,
             functions,
             _blas_workspace: ws,
@@ -199,7 +204,8 @@ impl Gpu {
     /// Compiles (or takes from the PTX cache) and loads the attention kernels for one model
     /// shape: `paged_decode_hd{H}_g{G}` and `paged_decode_reduce_hd{H}_g{G}` (kernels/
     /// paged_decode.cu with `-DHD=H -DGROUP=G`) and `prefill_attn_hd{H}` (`-DHD=H`), each with
-    /// `-DKV_FP8=1` and `_fp8` after its name when the cache is e4m3 (`set_kv_fp8`). Idempotent.
+    /// `-DKV_FP8=1` and `_fp8` after its name when the cache is e4m3 (`set_kv_fp8`); on Hopper
+    /// also `prefill_attn_wg_hd{H}` where `compile::prefill_wgmma_supported`. Idempotent.
     pub fn load_attention(&mut self, head_dim: usize, group: usize) -> anyhow::Result<()> {
         anyhow::ensure!(
             compile::attention_supported(head_dim, group),
@@ -210,19 +216,30 @@ impl Gpu {
             true => (vec![("KV_FP8", 1)], "_fp8"),
             false => (vec![], ""),
         };
+        // On Hopper the prefill file comes with its wgmma kernel, for sm_90a.
+        let (prefill, prefill_arch) = match compile::prefill_wgmma_supported(
+            self.compute_capability,
+            head_dim,
+            self.kv_fp8,
+        ) {
+            true => (compile::PREFILL_ATTN_WG, compile::WGMMA_ARCH.to_string()),
+            false => (compile::PREFILL_ATTN, arch.clone()),
+        };
         let shaped = [
             (
                 compile::PAGED_DECODE,
                 [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
                 format!("_hd{head_dim}_g{group}{tail}"),
+                arch,
             ),
             (
-                compile::PREFILL_ATTN,
+                prefill,
                 [vec![("HD", head_dim)], fp8].concat(),
                 format!("_hd{head_dim}{tail}"),
+                prefill_arch,
             ),
         ];
-        for ((name, src), defines, suffix) in shaped {
+        for ((name, src), defines, suffix, arch) in shaped {
             if self.functions.contains_key(&format!("{name}{suffix}")) {
                 continue;
             }

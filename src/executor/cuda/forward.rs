@@ -245,6 +245,7 @@ impl Forward {
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         gpu.gemv_split = opts.gemv_split;
         gpu.pdl &= opts.pdl;
+        gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
                 && opts.max_num_seqs > 0

@@ -677,8 +677,18 @@ pub unsafe fn prefill_attn(
     p: &PrefillAttnParams,
     head_dim: usize,
 ) -> anyhow::Result<()> {
-    let name = attention_kernel(gpu, gpu.kv_kernel(&format!("prefill_attn_hd{head_dim}")))?;
-    prefill_attn_named(gpu, p, &name)
+    prefill_attn_named(gpu, p, &prefill_attn_kernel(gpu, head_dim)?)
+}
+
+/// The prefill-attention kernel `prefill_attn` launches at `head_dim`: the wgmma kernel where
+/// it was built (Hopper, head dim 64 or 128, bf16 cache) and `gpu.prefill_wgmma`, else the
+/// mma.sync kernel. Both take the same tiles, splits and scratch.
+pub fn prefill_attn_kernel(gpu: &Gpu, head_dim: usize) -> anyhow::Result<String> {
+    let wg = format!("prefill_attn_wg_hd{head_dim}");
+    if gpu.prefill_wgmma && !gpu.kv_fp8() && gpu.has_function(&wg) {
+        return Ok(wg);
+    }
+    attention_kernel(gpu, gpu.kv_kernel(&format!("prefill_attn_hd{head_dim}")))
 }
 
 /// `prefill_attn` through the loaded kernel `name` (a `Gpu::load_prefill_variant` build).

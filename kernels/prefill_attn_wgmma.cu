@@ -1,0 +1,377 @@
+// Causal varlen prefill attention on Hopper's warpgroup tensor cores (wgmma, sm_90a): the flash
+// prefill kernel of prefill_attn.cu (appended to it: the same parameters, tiles, splits, K/V
+// offsets and split merge) with its two products on wgmma instead of mma.sync.
+//
+// One CTA = one warpgroup = 64 query rows of one sequence and one head (PF_BM), as in
+// prefill_attn.cu, so the host's tiling and split rule are the same. Q, K and V tiles sit in
+// shared memory in the 128-byte swizzled layout wgmma reads (rows of 64 bf16, 16-byte chunk c of
+// row r at chunk c ^ (r % 8); a head of 128 dims is two such halves, one after the other):
+//   S = Q K^T:  wgmma m64n64k16, A = Q and B = K from shared memory, both K-major (head dims
+//               contiguous), HD / 16 steps;
+//   O += P V:   wgmma m64n{HD}k16, A = P from registers (the S accumulator's layout is the
+//               register A-fragment's, as with mma.sync), B = V from shared memory N-major (V's
+//               rows are keys: transposed by the instruction, no ldmatrix.trans), 4 steps.
+// The mma.sync kernel issues 2 shared-memory loads per 16x8x16 product for K's fragments and an
+// ldmatrix.trans per two for V's; here the tensor cores read the tiles themselves.
+//
+// K/V are cp.async'ed into the swizzled tiles (chunk offsets from the block table as in
+// prefill_attn.cu), with the same interleaving: V of tile j loads during S and the softmax of tile
+// j, K of tile j + 1 during O += PV. Writes by cp.async are generic-proxy writes and wgmma reads
+// through the async proxy: each thread fences (fence.proxy.async) after its copies land, before
+// the barrier that publishes the tile.
+//
+// Built only for sm_90a (Gpu::load_attention on compute capability 9.0), head dims 64 and 128,
+// bf16 caches; other shapes, e4m3 caches and other GPUs run prefill_attn.
+#if !(HD == 64 || HD == 128) || KV_FP8
+#error "prefill_attn_wgmma.cu is built for head dims 64 and 128 over a bf16 cache"
+#endif
+
+#define WG_BN 64                          // keys a tile (PF_BN at these head dims)
+#define WG_Q_BYTES (PF_BM * HD * 2)       // 16 KB at HD 128
+#define WG_KV_BYTES (WG_BN * HD * 2)      // 16 KB at HD 128
+#define WG_SMEM (WG_Q_BYTES + 2 * WG_KV_BYTES)
+static_assert(WG_BN == PF_BN, "tile_offsets walks PF_BN keys");
+static_assert(WG_SMEM >= PF_MERGE_BYTES + 4, "the split merge's weights and flag reuse the tiles");
+
+// Byte offset of 16-byte chunk c16 (of HD / 8) of row r in a [rows, HD] tile in the 128-byte
+// swizzled layout.
+__device__ __forceinline__ u32 wg_swizzled(int r, int c16, int rows) {
+  return (u32)((c16 >> 3) * rows * 128 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (each >> 4), layout type 1 in bits 62-63. The tiles are 1024-byte aligned (a
+// swizzle atom: 8 rows of 128 bytes), so the base offset field stays 0.
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3ffff) >> 4) | ((u64)((lbo >> 4) & 0x3fff) << 16) |
+         ((u64)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's reads.
+__device__ __forceinline__ void wg_fence_proxy() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Pins accumulator registers after wg_wait_all: the compiler sees the wgmma asm write them, not
+// the wait, and could otherwise read them between the two.
+template <int N>
+__device__ __forceinline__ void wg_pin(float (&x)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    asm volatile("" : "+f"(x[i][0]), "+f"(x[i][1]), "+f"(x[i][2]), "+f"(x[i][3])::"memory");
+}
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B in shared memory, both K-major.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, u64 desc_a, u64 desc_b, int accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 64] += A[64 x 16] B[16 x 64]; A in registers, B in shared memory N-major
+// (imm-trans-b 1).
+__device__ __forceinline__ void wgmma_rs_n64_nmajor(float* d, const u32* a, u64 desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128]; A in registers, B in shared memory N-major
+// (imm-trans-b 1).
+__device__ __forceinline__ void wgmma_rs_n128_nmajor(float* d, const u32* a, u64 desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// One thread's two query rows' online-softmax state (rows g and g + 8 of its warp's 16: the
+// m16n8 accumulator layout).
+struct PfRows {
+  int pos_a, pos_b;  // their positions (rows past the chunk: the chunk's last)
+  int lo_a, lo_b;    // their first visible keys under a window
+  float m_a, m_b;    // running max, log2 domain
+  float l_a, l_b;    // running sum of this thread's columns (reduced over the row at the end)
+  float sl2;         // softmax scale in the log2 domain
+};
+
+// Masks (causal and window), scales and exponentiates one tile of scores s (BN keys from kv0,
+// becoming P) and rescales o by the change of each row's max. `whole`: every row of the CTA
+// sees every key of the tile (no mask).
+template <int BN>
+__device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o)[HD / 8][4],
+                                              PfRows& r, int kv0, bool whole, int tig) {
+  // Causal mask (key <= position also keeps keys < context) and window, scaled into the log2
+  // domain.
+  float mx_a = r.m_a, mx_b = r.m_b;
+#pragma unroll
+  for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int key = kv0 + nt * 8 + tig * 2 + e;
+      s[nt][e] = whole || (key <= r.pos_a && key >= r.lo_a) ? s[nt][e] * r.sl2 : NEG_INF;
+      s[nt][2 + e] = whole || (key <= r.pos_b && key >= r.lo_b) ? s[nt][2 + e] * r.sl2 : NEG_INF;
+      mx_a = fmaxf(mx_a, s[nt][e]);
+      mx_b = fmaxf(mx_b, s[nt][2 + e]);
+    }
+  }
+  mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+  mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+  mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+  mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+  // Under a window a row may see no key of the first tiles: its max stays -inf, and the base
+  // 0 keeps exp2f(-inf - base) = 0 (rather than NaN) until its first key comes.
+  const float base_a = mx_a == NEG_INF ? 0.f : mx_a, base_b = mx_b == NEG_INF ? 0.f : mx_b;
+  const float corr_a = exp2f(r.m_a - base_a), corr_b = exp2f(r.m_b - base_b);
+  r.m_a = mx_a;
+  r.m_b = mx_b;
+  float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < BN / 8; nt++) {
+    s[nt][0] = exp2f(s[nt][0] - base_a);
+    s[nt][1] = exp2f(s[nt][1] - base_a);
+    s[nt][2] = exp2f(s[nt][2] - base_b);
+    s[nt][3] = exp2f(s[nt][3] - base_b);
+    sum_a += s[nt][0] + s[nt][1];
+    sum_b += s[nt][2] + s[nt][3];
+  }
+  // l stays a per-thread partial sum (the 4 lanes of a row share corr); reduced at the end.
+  r.l_a = r.l_a * corr_a + sum_a;
+  r.l_b = r.l_b * corr_b + sum_b;
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++) {
+    o[nd][0] *= corr_a;
+    o[nd][1] *= corr_a;
+    o[nd][2] *= corr_b;
+    o[nd][3] *= corr_b;
+  }
+}
+
+// Writes this thread's rows of O (normalised by the row sums), or with num_splits > 1 its
+// split's partials (unnormalised O, max, sum), and the last split of the (tile, head) to arrive
+// merges them. `smem`: PF_MERGE_BYTES + 4 bytes of shared memory that no warp reads any more.
+__device__ __forceinline__ void pf_finish(const PrefillAttnParams& p, float (&o)[HD / 8][4],
+                                          PfRows& r, int tile, int h, int q0, int qlen, int row0,
+                                          float* smem) {
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
+  r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, 1);
+  r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, 2);
+  r.l_b += __shfl_xor_sync(0xffffffffu, r.l_b, 1);
+  r.l_b += __shfl_xor_sync(0xffffffffu, r.l_b, 2);
+  if (p.num_splits > 1) {
+    // Every row of the tile (rows past the chunk too: the merge skips them). A row that saw no
+    // key of this split has max -inf, sum 0, O 0.
+    const size_t group = (size_t)tile * p.num_heads + h;
+    const size_t ps = (group * p.num_splits + blockIdx.z) * PF_BM + warp * 16 + g;
+    float* acc_a = p.part_acc + ps * HD + tig * 2;
+    float* acc_b = acc_a + 8 * HD;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      *(float2*)(acc_a + nd * 8) = make_float2(o[nd][0], o[nd][1]);
+      *(float2*)(acc_b + nd * 8) = make_float2(o[nd][2], o[nd][3]);
+    }
+    if (tig == 0) {
+      *(float2*)(p.part_ml + ps * 2) = make_float2(r.m_a, r.l_a);
+      *(float2*)(p.part_ml + (ps + 8) * 2) = make_float2(r.m_b, r.l_b);
+    }
+    u32* last = (u32*)(smem + PF_MERGE_BYTES / 4);  // past the merge's weights
+    __threadfence();  // this CTA's partials reach L2 before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u32* n = p.counters + group;
+      *last = atomicAdd(n, 1u) == (u32)(p.num_splits - 1);
+      if (*last) *n = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    merge_prefill_splits(p, group, row0, q0, qlen, h, smem);
+    return;
+  }
+  const int qa = q0 + warp * 16 + g, qb = qa + 8;
+  const float inv_a = 1.f / r.l_a, inv_b = 1.f / r.l_b;
+  if (qa < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][0] * inv_a, o[nd][1] * inv_a);
+  }
+  if (qb < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qb) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+  }
+}
+
+// Starts the copy of one WG_BN-key tile of `cache` (K or V) into the swizzled tile `dst` at this
+// thread's chunk offsets (tile_offsets; 0xffffffff: zero-filled).
+__device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* cache, const u32* off) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int j = c / (HD / 8), c16 = c % (HD / 8);
+    const bool valid = off[i] != 0xffffffffu;
+    cp_async16(dst + wg_swizzled(j, c16, WG_BN), cache + (valid ? (size_t)off[i] * 8 : 0), valid);
+  }
+  cp_async_commit();
+}
+
+// grid: (num_tiles, num_heads, num_splits), block: 128 (one warpgroup)
+extern "C" __global__ void __launch_bounds__(128, 3) prefill_attn_wg(PrefillAttnParams p) {
+  __shared__ __align__(1024) unsigned char smem[WG_SMEM];
+  unsigned char* Qs = smem;               // [PF_BM, HD] swizzled
+  unsigned char* Ks = smem + WG_Q_BYTES;  // [WG_BN, HD] swizzled
+  unsigned char* Vs = Ks + WG_KV_BYTES;   // [WG_BN, HD] swizzled
+  const u32 qs = smem_addr(Qs), ks = smem_addr(Ks), vs = smem_addr(Vs);
+  if (qs & 1023) __trap();  // the descriptors' base offset assumes aligned swizzle atoms
+
+  const int tile = blockIdx.x, h = blockIdx.y;
+  const int kh = h / (p.num_heads / p.num_kv_heads);
+  const int seq = p.tile_seq[tile], q0 = p.tile_q0[tile];
+  const int qlen = p.q_len[seq], ctx = p.context_lens[seq], row0 = p.q_start[seq];
+  const int first_pos = ctx - qlen;
+  const int* bt = p.block_tables + (size_t)seq * p.max_blocks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+
+  // This thread's two rows (g and g + 8 of its warp's 16); rows past the chunk compute a copy
+  // of the last row and are not stored.
+  const int qa = q0 + warp * 16 + g, qb = qa + 8;
+  const int win = p.window > 0 ? p.window : 1 << 30;
+  PfRows rows;
+  rows.pos_a = first_pos + min(qa, qlen - 1);
+  rows.pos_b = first_pos + min(qb, qlen - 1);
+  rows.lo_a = rows.pos_a - win + 1;
+  rows.lo_b = rows.pos_b - win + 1;
+  rows.m_a = rows.m_b = NEG_INF;
+  rows.l_a = rows.l_b = 0.f;
+  rows.sl2 = p.scale * LOG2E;
+
+  const int last_q = min(q0 + PF_BM, qlen) - 1;
+  const int kv_end = first_pos + last_q + 1;  // keys 0..kv_end-1 are seen by some row here
+  const int kv_begin = max(0, first_pos + q0 - win + 1);
+  // This CTA's share of the key tiles: split blockIdx.z of num_splits (all of them when 1).
+  const int kt0 = kv_begin / WG_BN, ktn = (kv_end + WG_BN - 1) / WG_BN - kt0;
+  const int per_split = (ktn + p.num_splits - 1) / p.num_splits;
+  const int kv_first = (kt0 + min(ktn, (int)blockIdx.z * per_split)) * WG_BN;
+  const int kv_stop = min(kv_end, (kt0 + min(ktn, ((int)blockIdx.z + 1) * per_split)) * WG_BN);
+
+  // Q's 64 rows (past the chunk: its last query), with the first K tile.
+#pragma unroll
+  for (int i = 0; i < PF_BM * HD / 8 / 128; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int r = c / (HD / 8), c16 = c % (HD / 8);
+    const size_t row = row0 + min(q0 + r, qlen - 1);
+    cp_async16(Qs + wg_swizzled(r, c16, PF_BM), p.q + (row * p.num_heads + h) * HD + c16 * 8, true);
+  }
+  cp_async_commit();
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+
+  u32 off[PF_CHUNKS];
+  if (kv_first < kv_stop) {
+    tile_offsets(off, bt, kv_first, kv_begin, kv_end, kh, p);
+    wg_load_tile(Ks, p.k_cache, off);
+  }
+  for (int kv0 = kv_first; kv0 < kv_stop; kv0 += WG_BN) {
+    // K of this tile (and Q) has landed, and the previous tile's O += PV is done with V: load
+    // this tile's V while S and the softmax compute.
+    cp_async_wait_all();
+    wg_fence_proxy();
+    __syncthreads();
+    wg_load_tile(Vs, p.v_cache, off);
+
+    // S = Q K^T, 64 rows x 64 keys: HD / 16 steps of 16 head dims (32 bytes of a swizzled row;
+    // the second half of a 128-dim head is the next 64-dim tile).
+    float s[WG_BN / 8][4];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+      const u32 step = (kk & 3) * 32;
+      const u64 da = wg_desc(qs + (kk >> 2) * (PF_BM * 128) + step, 16, 1024);
+      const u64 db = wg_desc(ks + (kk >> 2) * (WG_BN * 128) + step, 16, 1024);
+      wgmma_ss_n64(&s[0][0], da, db, kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_pin(s);
+
+    const bool whole = p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0;
+    pf_softmax_tile<WG_BN>(s, o, rows, kv0, whole, tig);
+
+    // V has landed and every warp's S is done with K: load the next tile's K while O += PV runs.
+    cp_async_wait_all();
+    wg_fence_proxy();
+    __syncthreads();
+    if (kv0 + WG_BN < kv_stop) {
+      tile_offsets(off, bt, kv0 + WG_BN, kv_begin, kv_end, kh, p);
+      wg_load_tile(Ks, p.k_cache, off);
+    }
+    // O += P V: 4 steps of 16 keys; V's 16 rows of a step are two swizzle atoms (1024 bytes
+    // apart: the stride byte offset), its two 64-dim halves a tile apart (the leading one).
+    u32 pa[WG_BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+      pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+      const u64 dv = wg_desc(vs + kk * 2048, WG_BN * 128, 1024);
+#if HD == 128
+      wgmma_rs_n128_nmajor(&o[0][0], pa[kk], dv);
+#else
+      wgmma_rs_n64_nmajor(&o[0][0], pa[kk], dv);
+#endif
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_pin(o);
+  }
+  cp_async_wait_all();  // an empty split's Q copy lands before the merge reuses shared memory
+  pf_finish(p, o, rows, tile, h, q0, qlen, row0, (float*)smem);
+}
