@@ -29,7 +29,12 @@
 #define WG_BN 64                          // keys a tile (PF_BN at these head dims)
 #define WG_Q_BYTES (PF_BM * HD * 2)       // 16 KB at HD 128
 #define WG_KV_BYTES (WG_BN * HD * 2)      // 16 KB at HD 128
-#define WG_SMEM (WG_Q_BYTES + 2 * WG_KV_BYTES)
+// K/V tiles in shared memory (compile::PREFILL_WG_STAGES passes it): 1, one K and one V tile
+// loaded in turns; 2 or more, a ring of (K, V) tiles loading WG_STAGES - 1 tiles ahead.
+#ifndef WG_STAGES
+#define WG_STAGES 1
+#endif
+#define WG_SMEM (WG_Q_BYTES + WG_STAGES * 2 * WG_KV_BYTES)
 static_assert(WG_BN == PF_BN, "tile_offsets walks PF_BN keys");
 static_assert(WG_SMEM >= PF_MERGE_BYTES + 4, "the split merge's weights and flag reuse the tiles");
 
@@ -130,61 +135,92 @@ __device__ __forceinline__ void wgmma_rs_n128_nmajor(float* d, const u32* a, u64
 struct PfRows {
   int pos_a, pos_b;  // their positions (rows past the chunk: the chunk's last)
   int lo_a, lo_b;    // their first visible keys under a window
-  float m_a, m_b;    // running max, log2 domain
+  float m_a, m_b;    // running max, log2 domain (lazy: see WG_SLACK)
   float l_a, l_b;    // running sum of this thread's columns (reduced over the row at the end)
   float sl2;         // softmax scale in the log2 domain
 };
 
+// The running max moves only when a score passes it by more than 2^WG_SLACK (FlashAttention-4's
+// lazy rescale; the decode kernel's DMMA_SLACK): P = 2^(s - m) then stays below 2^8, exact
+// enough in bf16 and far from fp32's range, and most tiles skip O's rescale.
+#define WG_SLACK 8.f
+
+__device__ __forceinline__ float wg_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Masks (causal and window), scales and exponentiates one tile of scores s (BN keys from kv0,
-// becoming P) and rescales o by the change of each row's max. `whole`: every row of the CTA
-// sees every key of the tile (no mask).
+// becoming P) and, when a row's max moves, rescales o and the sums. `whole`: every row of the
+// CTA sees every key of the tile (no mask; uniform over the CTA, so one branch a tile).
 template <int BN>
 __device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o)[HD / 8][4],
-                                              PfRows& r, int kv0, bool whole, int tig) {
-  // Causal mask (key <= position also keeps keys < context) and window, scaled into the log2
-  // domain.
-  float mx_a = r.m_a, mx_b = r.m_b;
+                                                PfRows& r, int kv0, bool whole, int tig) {
+  float mx_a = NEG_INF, mx_b = NEG_INF;
+  if (whole) {
 #pragma unroll
-  for (int nt = 0; nt < BN / 8; nt++) {
+    for (int nt = 0; nt < BN / 8; nt++) {
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int key = kv0 + nt * 8 + tig * 2 + e;
-      s[nt][e] = whole || (key <= r.pos_a && key >= r.lo_a) ? s[nt][e] * r.sl2 : NEG_INF;
-      s[nt][2 + e] = whole || (key <= r.pos_b && key >= r.lo_b) ? s[nt][2 + e] * r.sl2 : NEG_INF;
-      mx_a = fmaxf(mx_a, s[nt][e]);
-      mx_b = fmaxf(mx_b, s[nt][2 + e]);
+      for (int e = 0; e < 2; e++) {
+        s[nt][e] *= r.sl2;
+        s[nt][2 + e] *= r.sl2;
+        mx_a = fmaxf(mx_a, s[nt][e]);
+        mx_b = fmaxf(mx_b, s[nt][2 + e]);
+      }
+    }
+  } else {
+    // Key k is visible to a row when lo <= k <= pos: one unsigned compare of k - lo (the
+    // window's start; -2^30 without a window).
+    const unsigned span_a = r.pos_a - r.lo_a, span_b = r.pos_b - r.lo_b;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int key = kv0 + nt * 8 + tig * 2 + e;
+        s[nt][e] = (unsigned)(key - r.lo_a) <= span_a ? s[nt][e] * r.sl2 : NEG_INF;
+        s[nt][2 + e] = (unsigned)(key - r.lo_b) <= span_b ? s[nt][2 + e] * r.sl2 : NEG_INF;
+        mx_a = fmaxf(mx_a, s[nt][e]);
+        mx_b = fmaxf(mx_b, s[nt][2 + e]);
+      }
     }
   }
   mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
   mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
   mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
   mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-  // Under a window a row may see no key of the first tiles: its max stays -inf, and the base
-  // 0 keeps exp2f(-inf - base) = 0 (rather than NaN) until its first key comes.
-  const float base_a = mx_a == NEG_INF ? 0.f : mx_a, base_b = mx_b == NEG_INF ? 0.f : mx_b;
-  const float corr_a = exp2f(r.m_a - base_a), corr_b = exp2f(r.m_b - base_b);
-  r.m_a = mx_a;
-  r.m_b = mx_b;
+  // A row's first visible key always moves its max (from -inf); a row that has seen none
+  // keeps -inf, and base 0 keeps 2^(-inf - base) = 0 (rather than NaN).
+  if (__any_sync(0xffffffffu, mx_a > r.m_a + WG_SLACK || mx_b > r.m_b + WG_SLACK)) {
+    const float na = fmaxf(r.m_a, mx_a), nb = fmaxf(r.m_b, mx_b);
+    const float corr_a = na == NEG_INF ? 1.f : wg_exp2(r.m_a - na);
+    const float corr_b = nb == NEG_INF ? 1.f : wg_exp2(r.m_b - nb);
+    r.m_a = na;
+    r.m_b = nb;
+    r.l_a *= corr_a;
+    r.l_b *= corr_b;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      o[nd][0] *= corr_a;
+      o[nd][1] *= corr_a;
+      o[nd][2] *= corr_b;
+      o[nd][3] *= corr_b;
+    }
+  }
+  const float base_a = r.m_a == NEG_INF ? 0.f : r.m_a, base_b = r.m_b == NEG_INF ? 0.f : r.m_b;
   float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
   for (int nt = 0; nt < BN / 8; nt++) {
-    s[nt][0] = exp2f(s[nt][0] - base_a);
-    s[nt][1] = exp2f(s[nt][1] - base_a);
-    s[nt][2] = exp2f(s[nt][2] - base_b);
-    s[nt][3] = exp2f(s[nt][3] - base_b);
+    s[nt][0] = wg_exp2(s[nt][0] - base_a);
+    s[nt][1] = wg_exp2(s[nt][1] - base_a);
+    s[nt][2] = wg_exp2(s[nt][2] - base_b);
+    s[nt][3] = wg_exp2(s[nt][3] - base_b);
     sum_a += s[nt][0] + s[nt][1];
     sum_b += s[nt][2] + s[nt][3];
   }
-  // l stays a per-thread partial sum (the 4 lanes of a row share corr); reduced at the end.
-  r.l_a = r.l_a * corr_a + sum_a;
-  r.l_b = r.l_b * corr_b + sum_b;
-#pragma unroll
-  for (int nd = 0; nd < HD / 8; nd++) {
-    o[nd][0] *= corr_a;
-    o[nd][1] *= corr_a;
-    o[nd][2] *= corr_b;
-    o[nd][3] *= corr_b;
-  }
+  // l stays a per-thread partial sum (the 4 lanes of a row share m); reduced at the end.
+  r.l_a += sum_a;
+  r.l_b += sum_b;
 }
 
 // Writes this thread's rows of O (normalised by the row sums), or with num_splits > 1 its
@@ -245,8 +281,8 @@ __device__ __forceinline__ void pf_finish(const PrefillAttnParams& p, float (&o)
 }
 
 // Starts the copy of one WG_BN-key tile of `cache` (K or V) into the swizzled tile `dst` at this
-// thread's chunk offsets (tile_offsets; 0xffffffff: zero-filled).
-__device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* cache, const u32* off) {
+// thread's chunk offsets (tile_offsets; 0xffffffff: zero-filled); the caller commits.
+__device__ __forceinline__ void wg_copy_tile(unsigned char* dst, const bf16* cache, const u32* off) {
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
     const int c = threadIdx.x + i * 128;
@@ -254,17 +290,96 @@ __device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* cac
     const bool valid = off[i] != 0xffffffffu;
     cp_async16(dst + wg_swizzled(j, c16, WG_BN), cache + (valid ? (size_t)off[i] * 8 : 0), valid);
   }
-  cp_async_commit();
 }
 
-// grid: (num_tiles, num_heads, num_splits), block: 128 (one warpgroup)
-extern "C" __global__ void __launch_bounds__(128, 3) prefill_attn_wg(PrefillAttnParams p) {
-  __shared__ __align__(1024) unsigned char smem[WG_SMEM];
-  unsigned char* Qs = smem;               // [PF_BM, HD] swizzled
-  unsigned char* Ks = smem + WG_Q_BYTES;  // [WG_BN, HD] swizzled
-  unsigned char* Vs = Ks + WG_KV_BYTES;   // [WG_BN, HD] swizzled
-  const u32 qs = smem_addr(Qs), ks = smem_addr(Ks), vs = smem_addr(Vs);
-  if (qs & 1023) __trap();  // the descriptors' base offset assumes aligned swizzle atoms
+// Waits until at most N of this thread's cp.async groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// This thread's chunks of the WG_BN-key tile at kv0, in two steps so that the block-table loads
+// (the first) are in flight long before the copies need their offsets (the second): the block
+// of each chunk's key, -1 outside [kv_begin, kv_end).
+__device__ __forceinline__ void wg_tile_blocks(int* blk, const int* bt, int kv0, int kv_begin,
+                                               int kv_end, int block_size) {
+  const int bshift = __ffs(block_size) - 1;
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int key = kv0 + (threadIdx.x + i * 128) / (HD / 8);
+    blk[i] = key >= kv_begin && key < kv_end ? bt[key >> bshift] : -1;
+  }
+}
+
+// The chunks' offsets into a cache in 16-byte units (tile_offsets' form) from wg_tile_blocks.
+__device__ __forceinline__ void wg_tile_offsets(u32* off, const int* blk, int kv0, int kh,
+                                                const PrefillAttnParams& p) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int key = kv0 + c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    off[i] = blk[i] >= 0 ? (u32)((kv_offset(blk[i], kh, key & (p.block_size - 1),
+                                            p.num_kv_heads, p.block_size, HD) + d8) / 8)
+                         : 0xffffffffu;
+  }
+}
+
+// S = Q K^T for 64 rows x WG_BN keys: HD / 16 steps of 16 head dims (32 bytes of a swizzled
+// row; the second half of a 128-dim head is the next 64-dim tile), waited for.
+__device__ __forceinline__ void wg_scores(float (&s)[WG_BN / 8][4], u32 qs, u32 ks) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++) {
+    const u32 step = (kk & 3) * 32;
+    const u64 da = wg_desc(qs + (kk >> 2) * (PF_BM * 128) + step, 16, 1024);
+    const u64 db = wg_desc(ks + (kk >> 2) * (WG_BN * 128) + step, 16, 1024);
+    wgmma_ss_n64(&s[0][0], da, db, kk > 0);
+  }
+  wg_commit();
+  wg_wait_all();
+  wg_pin(s);
+}
+
+// O += P V: P from s (the accumulator layout is the register A-fragment's), 4 steps of 16
+// keys; V's 16 rows of a step are two swizzle atoms (1024 bytes apart: the stride byte offset),
+// its two 64-dim halves a tile apart (the leading one). Waited for.
+__device__ __forceinline__ void wg_accumulate(float (&o)[HD / 8][4], const float (&s)[WG_BN / 8][4],
+                                              u32 vs) {
+  u32 pa[WG_BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < WG_BN / 16; kk++) {
+    pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < WG_BN / 16; kk++) {
+    const u64 dv = wg_desc(vs + kk * 2048, WG_BN * 128, 1024);
+#if HD == 128
+    wgmma_rs_n128_nmajor(&o[0][0], pa[kk], dv);
+#else
+    wgmma_rs_n64_nmajor(&o[0][0], pa[kk], dv);
+#endif
+  }
+  wg_commit();
+  wg_wait_all();
+  wg_pin(o);
+}
+
+// CTAs an SM: with one K and one V tile (WG_STAGES 1, 49 KB) three fit at the 168 registers
+// the bound leaves; with more stages two (80 KB and up).
+#define WG_MIN_CTAS (WG_STAGES == 1 ? 3 : 2)
+
+// grid: (num_tiles, num_heads, num_splits), block: 128 (one warpgroup); dynamic shared memory
+// WG_SMEM + 1024 (compile::prefill_wgmma_smem: the tiles start at the first 1024-byte boundary).
+extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(PrefillAttnParams p) {
+  extern __shared__ unsigned char wg_raw[];
+  unsigned char* smem = wg_raw + ((1024 - (smem_addr(wg_raw) & 1023)) & 1023);
+  unsigned char* Qs = smem;  // [PF_BM, HD] swizzled
+  // Stage i: K at smem + WG_Q_BYTES + 2 i WG_KV_BYTES, V a tile after; [WG_BN, HD] swizzled.
+  const u32 qs = smem_addr(Qs), kv_base = qs + WG_Q_BYTES;
 
   const int tile = blockIdx.x, h = blockIdx.y;
   const int kh = h / (p.num_heads / p.num_kv_heads);
@@ -295,8 +410,9 @@ extern "C" __global__ void __launch_bounds__(128, 3) prefill_attn_wg(PrefillAttn
   const int per_split = (ktn + p.num_splits - 1) / p.num_splits;
   const int kv_first = (kt0 + min(ktn, (int)blockIdx.z * per_split)) * WG_BN;
   const int kv_stop = min(kv_end, (kt0 + min(ktn, ((int)blockIdx.z + 1) * per_split)) * WG_BN);
+  const int ntiles = kv_first < kv_stop ? (kv_stop - kv_first + WG_BN - 1) / WG_BN : 0;
 
-  // Q's 64 rows (past the chunk: its last query), with the first K tile.
+  // Q's 64 rows (past the chunk: its last query), in the first cp.async group.
 #pragma unroll
   for (int i = 0; i < PF_BM * HD / 8 / 128; i++) {
     const int c = threadIdx.x + i * 128;
@@ -304,74 +420,83 @@ extern "C" __global__ void __launch_bounds__(128, 3) prefill_attn_wg(PrefillAttn
     const size_t row = row0 + min(q0 + r, qlen - 1);
     cp_async16(Qs + wg_swizzled(r, c16, PF_BM), p.q + (row * p.num_heads + h) * HD + c16 * 8, true);
   }
-  cp_async_commit();
   float o[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-
+  int blk[PF_CHUNKS];
   u32 off[PF_CHUNKS];
-  if (kv_first < kv_stop) {
-    tile_offsets(off, bt, kv_first, kv_begin, kv_end, kh, p);
-    wg_load_tile(Ks, p.k_cache, off);
+  wg_tile_blocks(blk, bt, kv_first, kv_begin, kv_end, p.block_size);
+
+#if WG_STAGES == 1
+  // One K and one V tile: V of tile t loads during S and the softmax of tile t, K of tile t + 1
+  // during O += PV of tile t (FlashAttention-2's interleaving); tile t + 1's block-table
+  // entries load from the start of tile t.
+  const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
+  if (ntiles > 0) {
+    wg_tile_offsets(off, blk, kv_first, kh, p);
+    wg_copy_tile(smem + WG_Q_BYTES, p.k_cache, off);
   }
-  for (int kv0 = kv_first; kv0 < kv_stop; kv0 += WG_BN) {
-    // K of this tile (and Q) has landed, and the previous tile's O += PV is done with V: load
-    // this tile's V while S and the softmax compute.
-    cp_async_wait_all();
+  cp_async_commit();
+  for (int t = 0; t < ntiles; t++) {
+    const int kv0 = kv_first + t * WG_BN;
+    // K of this tile (and Q) has landed, and every warp is done with the previous tile's V.
+    cp_async_wait<0>();
     wg_fence_proxy();
     __syncthreads();
-    wg_load_tile(Vs, p.v_cache, off);
+    wg_copy_tile(smem + WG_Q_BYTES + WG_KV_BYTES, p.v_cache, off);
+    cp_async_commit();
+    if (t + 1 < ntiles) wg_tile_blocks(blk, bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
 
-    // S = Q K^T, 64 rows x 64 keys: HD / 16 steps of 16 head dims (32 bytes of a swizzled row;
-    // the second half of a 128-dim head is the next 64-dim tile).
     float s[WG_BN / 8][4];
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-      const u32 step = (kk & 3) * 32;
-      const u64 da = wg_desc(qs + (kk >> 2) * (PF_BM * 128) + step, 16, 1024);
-      const u64 db = wg_desc(ks + (kk >> 2) * (WG_BN * 128) + step, 16, 1024);
-      wgmma_ss_n64(&s[0][0], da, db, kk > 0);
-    }
-    wg_commit();
-    wg_wait_all();
-    wg_pin(s);
+    wg_scores(s, qs, ks);
+    pf_softmax_tile<WG_BN>(s, o, rows, kv0, p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0, tig);
 
-    const bool whole = p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0;
-    pf_softmax_tile<WG_BN>(s, o, rows, kv0, whole, tig);
-
-    // V has landed and every warp's S is done with K: load the next tile's K while O += PV runs.
-    cp_async_wait_all();
+    // V has landed and every warp's S is done with K: the next tile's K loads during O += PV.
+    cp_async_wait<0>();
     wg_fence_proxy();
     __syncthreads();
-    if (kv0 + WG_BN < kv_stop) {
-      tile_offsets(off, bt, kv0 + WG_BN, kv_begin, kv_end, kh, p);
-      wg_load_tile(Ks, p.k_cache, off);
+    if (t + 1 < ntiles) {
+      wg_tile_offsets(off, blk, kv0 + WG_BN, kh, p);
+      wg_copy_tile(smem + WG_Q_BYTES, p.k_cache, off);
     }
-    // O += P V: 4 steps of 16 keys; V's 16 rows of a step are two swizzle atoms (1024 bytes
-    // apart: the stride byte offset), its two 64-dim halves a tile apart (the leading one).
-    u32 pa[WG_BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++) {
-      pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++) {
-      const u64 dv = wg_desc(vs + kk * 2048, WG_BN * 128, 1024);
-#if HD == 128
-      wgmma_rs_n128_nmajor(&o[0][0], pa[kk], dv);
-#else
-      wgmma_rs_n64_nmajor(&o[0][0], pa[kk], dv);
-#endif
-    }
-    wg_commit();
-    wg_wait_all();
-    wg_pin(o);
+    cp_async_commit();
+    wg_accumulate(o, s, vs);
   }
-  cp_async_wait_all();  // an empty split's Q copy lands before the merge reuses shared memory
+#else
+  // A ring of WG_STAGES (K, V) tiles: tile t + WG_STAGES - 1 loads while tile t computes, one
+  // cp.async group a tile (empty past the last, so that "tile t has landed" is always "at most
+  // WG_STAGES - 2 groups pending"); the block-table entries of the tile after the one loading
+  // are read a tile ahead.
+  auto load = [&](int t) {
+    if (t < ntiles) {
+      const int kv0 = kv_first + t * WG_BN;
+      unsigned char* k = smem + WG_Q_BYTES + (t % WG_STAGES) * 2 * WG_KV_BYTES;
+      wg_tile_offsets(off, blk, kv0, kh, p);
+      wg_copy_tile(k, p.k_cache, off);
+      wg_copy_tile(k + WG_KV_BYTES, p.v_cache, off);
+      if (t + 1 < ntiles) wg_tile_blocks(blk, bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int t = 0; t < WG_STAGES - 1; t++) load(t);
+  for (int t = 0; t < ntiles; t++) {
+    // Tile t has landed, and every warp is done with tile t - 1, whose stage takes tile
+    // t + WG_STAGES - 1.
+    cp_async_wait<WG_STAGES - 2>();
+    wg_fence_proxy();
+    __syncthreads();
+    load(t + WG_STAGES - 1);
+    const int kv0 = kv_first + t * WG_BN;
+    const u32 ks = kv_base + (t % WG_STAGES) * 2 * WG_KV_BYTES, vs = ks + WG_KV_BYTES;
+    float s[WG_BN / 8][4];
+    wg_scores(s, qs, ks);
+    pf_softmax_tile<WG_BN>(s, o, rows, kv0, p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0, tig);
+    wg_accumulate(o, s, vs);
+  }
+#endif
+  // Every group (and an empty split's Q copy) lands before the merge reuses shared memory.
+  cp_async_wait<0>();
+  __syncthreads();
   pf_finish(p, o, rows, tile, h, q0, qlen, row0, (float*)smem);
 }

@@ -36,6 +36,11 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
             gpu.load_prefill_variant(shape.head_dim, 1)?,
             format!("prefill_attn_hd{}", shape.head_dim),
         ];
+        // The wgmma kernel with a ring of 2 and 3 (K, V) tiles, where it is built.
+        let mut rings = Vec::new();
+        for stages in [2, 3] {
+            rings.extend(gpu.load_prefill_wg_variant(shape.head_dim, stages)?);
+        }
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
             acc: gpu.alloc(acc * 4)?,
@@ -54,7 +59,7 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         for ctx in CONTEXTS {
             for chunk in CHUNKS.into_iter().filter(|&c| c <= ctx) {
                 rows.push(point(
-                    &gpu, &shape, &scratch, &variants, ctx, chunk, &mut rng,
+                    &gpu, &shape, &scratch, &variants, &rings, ctx, chunk, &mut rng,
                 )?);
             }
         }
@@ -85,6 +90,7 @@ fn point(
     shape: &AttnShape,
     scratch: &Scratch,
     variants: &[String; 3],
+    rings: &[String],
     ctx: usize,
     chunk: usize,
     rng: &mut ChaCha8Rng,
@@ -187,6 +193,16 @@ fn point(
         err_mma < 1e-2,
         "ctx {ctx} chunk {chunk}: mma.sync at {chosen} splits differs by {err_mma:.3e}"
     );
+    let mut rings_us = serde_json::Map::new();
+    for name in rings {
+        let (us, got) = run_named(params(chosen, false), name)?;
+        let err = rel_err(&got, &reference);
+        anyhow::ensure!(
+            err < 1e-2,
+            "ctx {ctx} chunk {chunk}: {name} differs by {err:.3e}"
+        );
+        rings_us.insert(name.clone(), json!(us));
+    }
     let mut forced = serde_json::Map::new();
     for s in FORCED
         .into_iter()
@@ -202,10 +218,11 @@ fn point(
     }
     let tf = |us: f64| flops / (us * 1e-6) / 1e12;
     eprintln!(
-        "prefill chunk {chunk:>4} at ctx {ctx:>5}: {default} unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s); mma.sync {:8.1} / {mma_split_us:8.1} µs, its sync loads {:8.1}, cg {:8.1}; x{:.2} vs sync; forced {}",
+        "prefill chunk {chunk:>4} at ctx {ctx:>5}: {default} unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s); mma.sync {:8.1} / {mma_split_us:8.1} µs, rings {}, its sync loads {:8.1}, cg {:8.1}; x{:.2} vs sync; forced {}",
         tf(off_us),
         tf(on_us),
         loads_us[2],
+        serde_json::Value::Object(rings_us.clone()),
         loads_us[0],
         loads_us[1],
         loads_us[0] / on_us,
@@ -213,7 +230,7 @@ fn point(
     );
     Ok(
         json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen, "kernel": default,
-        "mma_sync_us": loads_us[2], "mma_sync_split_us": mma_split_us, "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
+        "mma_sync_us": loads_us[2], "mma_sync_split_us": mma_split_us, "rings_split_us": rings_us, "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
         "speedup": off_us / on_us, "rel_err": err, "forced_us": forced}),
     )
 }

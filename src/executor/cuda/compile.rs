@@ -82,6 +82,19 @@ pub const PREFILL_ATTN_WG: (&str, &str) = (
 /// wgmma is an sm_90a instruction: PTX for compute_90a runs on compute capability 9.0 only.
 pub const WGMMA_ARCH: &str = "compute_90a";
 
+/// K/V tiles of the wgmma prefill kernel (`-DWG_STAGES`): 1, one K and one V tile loaded in
+/// turns at 3 CTAs an SM; 2 or more, a ring loading tiles ahead at 2 CTAs an SM (gpu-bench
+/// prefill-chunks times both).
+pub const PREFILL_WG_STAGES: usize = 1;
+
+/// Dynamic shared memory of the wgmma prefill kernel: Q's 64 rows and `stages` (K, V) tiles of
+/// 64 keys, plus 1 KB to align them to the 128-byte swizzle's 1024-byte atoms
+/// (prefill_attn_wgmma.cu's WG_SMEM).
+pub fn prefill_wgmma_smem(head_dim: usize, stages: usize) -> usize {
+    let row = head_dim * 2;
+    64 * row + stages * 2 * 64 * row + 1024
+}
+
 /// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
 /// shape: Hopper (9.0), head dim 64 or 128 (whole 128-byte swizzle rows), a bf16 cache.
 pub fn prefill_wgmma_supported(cc: (i32, i32), head_dim: usize, kv_fp8: bool) -> bool {

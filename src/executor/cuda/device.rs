@@ -80,6 +80,8 @@ pub struct Gpu {
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
     functions: HashMap<String, CudaFunction>,
+    /// Dynamic shared memory of the kernels that take it (bytes, by loaded name; the others 0).
+    dyn_smem: HashMap<String, u32>,
     _blas_workspace: DevBuf,
 }
 
@@ -120,6 +122,7 @@ impl Gpu {
             prefill_wgmma: true,
             kv_fp8: false,
             functions,
+            dyn_smem: HashMap::new(),
             _blas_workspace: ws,
         })
     }
@@ -217,13 +220,15 @@ impl Gpu {
             false => (vec![], ""),
         };
         // On Hopper the prefill file comes with its wgmma kernel, for sm_90a.
-        let (prefill, prefill_arch) = match compile::prefill_wgmma_supported(
-            self.compute_capability,
-            head_dim,
-            self.kv_fp8,
-        ) {
-            true => (compile::PREFILL_ATTN_WG, compile::WGMMA_ARCH.to_string()),
-            false => (compile::PREFILL_ATTN, arch.clone()),
+        let wgmma =
+            compile::prefill_wgmma_supported(self.compute_capability, head_dim, self.kv_fp8);
+        let (prefill, prefill_arch, stages) = match wgmma {
+            true => (
+                compile::PREFILL_ATTN_WG,
+                compile::WGMMA_ARCH.to_string(),
+                vec![("WG_STAGES", compile::PREFILL_WG_STAGES)],
+            ),
+            false => (compile::PREFILL_ATTN, arch.clone(), vec![]),
         };
         let shaped = [
             (
@@ -234,7 +239,7 @@ impl Gpu {
             ),
             (
                 prefill,
-                [vec![("HD", head_dim)], fp8].concat(),
+                [vec![("HD", head_dim)], fp8, stages].concat(),
                 format!("_hd{head_dim}{tail}"),
                 prefill_arch,
             ),
@@ -254,7 +259,43 @@ impl Gpu {
                 &mut self.functions,
             )?;
         }
+        let wg = format!("prefill_attn_wg_hd{head_dim}");
+        if wgmma && !self.dyn_smem.contains_key(&wg) {
+            let bytes = compile::prefill_wgmma_smem(head_dim, compile::PREFILL_WG_STAGES);
+            self.set_dyn_smem(&wg, bytes)?;
+        }
         Ok(())
+    }
+
+    /// gpu-bench: the wgmma prefill kernel at `head_dim` with `stages` K/V tiles in flight
+    /// (`-DWG_STAGES`), loaded as `prefill_attn_wg_hd{H}_st{S}`; its name, or None where the
+    /// kernel is not built (`compile::prefill_wgmma_supported`).
+    pub fn load_prefill_wg_variant(
+        &mut self,
+        head_dim: usize,
+        stages: usize,
+    ) -> anyhow::Result<Option<String>> {
+        if !compile::prefill_wgmma_supported(self.compute_capability, head_dim, self.kv_fp8) {
+            return Ok(None);
+        }
+        let suffix = format!("_hd{head_dim}_st{stages}");
+        let name = format!("prefill_attn_wg{suffix}");
+        if !self.functions.contains_key(&name) {
+            let (file, src) = compile::PREFILL_ATTN_WG;
+            let defines = [("HD", head_dim), ("WG_STAGES", stages)];
+            let (ptx, _) = compile::ptx_with(file, src, compile::WGMMA_ARCH, &defines)?;
+            load_module(
+                &self.ctx,
+                file,
+                src,
+                ptx,
+                &defines,
+                &suffix,
+                &mut self.functions,
+            )?;
+            self.set_dyn_smem(&name, compile::prefill_wgmma_smem(head_dim, stages))?;
+        }
+        Ok(Some(name))
     }
 
     /// gpu-bench: the flash prefill kernel at `head_dim` built with `-DPF_LOADS=loads` (how K/V
@@ -356,7 +397,34 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        self.launch_fn(self.function(name), name, grid, block, params)
+        let smem = self.smem_of(name);
+        launch_with(
+            self.function(name),
+            name,
+            &self.stream,
+            grid,
+            block,
+            smem,
+            params,
+        )
+    }
+
+    /// Dynamic shared memory `name` launches with (0 unless its loader set it).
+    fn smem_of(&self, name: &str) -> u32 {
+        self.dyn_smem.get(name).copied().unwrap_or(0)
+    }
+
+    /// Lets the loaded kernel `name` take `bytes` of dynamic shared memory (past the 48 KB
+    /// default), with which every launch of it then runs.
+    fn set_dyn_smem(&mut self, name: &str, bytes: usize) -> anyhow::Result<()> {
+        self.function(name)
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .with_context(|| format!("{name}: {bytes} bytes of dynamic shared memory"))?;
+        self.dyn_smem.insert(name.to_string(), bytes as u32);
+        Ok(())
     }
 
     /// Launches `name`, a kernel that calls `pdl_wait()` before reading what earlier kernels
@@ -385,7 +453,7 @@ impl Gpu {
             blockDimX: block.0,
             blockDimY: block.1,
             blockDimZ: block.2,
-            sharedMemBytes: 0,
+            sharedMemBytes: self.smem_of(name),
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
@@ -413,7 +481,7 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        launch_with(f, name, &self.stream, grid, block, params)
+        launch_with(f, name, &self.stream, grid, block, 0, params)
     }
 
     /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).
@@ -428,7 +496,8 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        launch_with(self.function(name), name, stream, grid, block, params)
+        let smem = self.smem_of(name);
+        launch_with(self.function(name), name, stream, grid, block, smem, params)
     }
 }
 
@@ -440,6 +509,7 @@ unsafe fn launch_with<P: Copy>(
     stream: &CudaStream,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
+    smem: u32,
     params: &P,
 ) -> anyhow::Result<()> {
     let mut args = [params as *const P as *mut c_void];
@@ -447,7 +517,7 @@ unsafe fn launch_with<P: Copy>(
         f.cu_function(),
         grid,
         block,
-        0,
+        smem,
         stream.cu_stream(),
         &mut args,
     )
