@@ -20,10 +20,12 @@
 // through the async proxy: each thread fences (fence.proxy.async) after its copies land, before
 // the barrier that publishes the tile.
 //
-// Built only for sm_90a (Gpu::load_attention on compute capability 9.0), head dims 64 and 128,
-// bf16 caches; other shapes, e4m3 caches and other GPUs run prefill_attn.
-#if !(HD == 64 || HD == 128) || KV_FP8
-#error "prefill_attn_wgmma.cu is built for head dims 64 and 128 over a bf16 cache"
+// An e4m3 cache (-DKV_FP8=1) is staged and widened to bf16 in shared memory as in prefill_attn.cu.
+//
+// Built only for sm_90a (Gpu::load_attention on compute capability 9.0) at head dims 64 and 128;
+// other shapes and other GPUs run prefill_attn.
+#if !(HD == 64 || HD == 128)
+#error "prefill_attn_wgmma.cu is built for head dims 64 and 128"
 #endif
 
 #define WG_BN 64                          // keys a tile (PF_BN at these head dims)
@@ -34,7 +36,18 @@
 #ifndef WG_STAGES
 #define WG_STAGES 1
 #endif
-#define WG_SMEM (WG_Q_BYTES + WG_STAGES * 2 * WG_KV_BYTES)
+#if KV_FP8
+// An e4m3 cache: each tile is cp.async'ed as e4m3 into a staging buffer (K and V take turns in
+// it) and each thread widens the chunks it copied into the swizzled bf16 tile (exact), as in
+// prefill_attn.cu; with one K and one V tile only.
+#if WG_STAGES != 1
+#error "prefill_attn_wgmma.cu stages an e4m3 cache with WG_STAGES 1 only"
+#endif
+#define WG_STAGE_BYTES (WG_BN * HD)
+#else
+#define WG_STAGE_BYTES 0
+#endif
+#define WG_SMEM (WG_Q_BYTES + WG_STAGES * 2 * WG_KV_BYTES + WG_STAGE_BYTES)
 static_assert(WG_BN == PF_BN, "tile_offsets walks PF_BN keys");
 static_assert(WG_SMEM >= PF_MERGE_BYTES + 4, "the split merge's weights and flag reuse the tiles");
 
@@ -280,17 +293,38 @@ __device__ __forceinline__ void pf_finish(const PrefillAttnParams& p, float (&o)
   }
 }
 
-// Starts the copy of one WG_BN-key tile of `cache` (K or V) into the swizzled tile `dst` at this
-// thread's chunk offsets (tile_offsets; 0xffffffff: zero-filled); the caller commits.
-__device__ __forceinline__ void wg_copy_tile(unsigned char* dst, const bf16* cache, const u32* off) {
+// Starts the copy of one WG_BN-key tile of `cache` (K or V) at this thread's chunk offsets
+// (0xffffffff: zero-filled; the caller commits): into the swizzled tile `dst`, or with an e4m3
+// cache into the staging buffer `dst` (chunk c of 16 e4m3 at c * 16).
+__device__ __forceinline__ void wg_copy_tile(unsigned char* dst, const kv_t* cache, const u32* off) {
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
     const int c = threadIdx.x + i * 128;
-    const int j = c / (HD / 8), c16 = c % (HD / 8);
     const bool valid = off[i] != 0xffffffffu;
-    cp_async16(dst + wg_swizzled(j, c16, WG_BN), cache + (valid ? (size_t)off[i] * 8 : 0), valid);
+    const kv_t* src = cache + (valid ? (size_t)off[i] * KV_VEC : 0);
+#if KV_FP8
+    cp_async16(dst + c * KV_VEC, src, valid);
+#else
+    cp_async16(dst + wg_swizzled(c / (HD / 8), c % (HD / 8), WG_BN), src, valid);
+#endif
   }
 }
+
+#if KV_FP8
+// This thread's staged e4m3 chunks widened to bf16 into the swizzled tile `dst` (zero-filled
+// chunks become zeros); made visible to wgmma by the caller's proxy fence and barrier.
+__device__ __forceinline__ void wg_widen_tile(unsigned char* dst, const unsigned char* staging) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int j = c / (HD / KV_VEC), c16 = (c % (HD / KV_VEC)) * 2;
+    uint4 lo, hi;
+    e4m3x16_to_bf16(*(const uint4*)(staging + c * KV_VEC), &lo, &hi);
+    *(uint4*)(dst + wg_swizzled(j, c16, WG_BN)) = lo;
+    *(uint4*)(dst + wg_swizzled(j, c16 + 1, WG_BN)) = hi;
+  }
+}
+#endif
 
 // Waits until at most N of this thread's cp.async groups are pending.
 template <int N>
@@ -306,20 +340,21 @@ __device__ __forceinline__ void wg_tile_blocks(int* blk, const int* bt, int kv0,
   const int bshift = __ffs(block_size) - 1;
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
-    const int key = kv0 + (threadIdx.x + i * 128) / (HD / 8);
+    const int key = kv0 + (threadIdx.x + i * 128) / (HD / KV_VEC);
     blk[i] = key >= kv_begin && key < kv_end ? bt[key >> bshift] : -1;
   }
 }
 
 // The chunks' offsets into a cache in 16-byte units (tile_offsets' form) from wg_tile_blocks.
+// A chunk is 8 bf16 or 16 e4m3 (KV_VEC) of one key.
 __device__ __forceinline__ void wg_tile_offsets(u32* off, const int* blk, int kv0, int kh,
                                                 const PrefillAttnParams& p) {
 #pragma unroll
   for (int i = 0; i < PF_CHUNKS; i++) {
     const int c = threadIdx.x + i * 128;
-    const int key = kv0 + c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+    const int key = kv0 + c / (HD / KV_VEC), d = (c % (HD / KV_VEC)) * KV_VEC;
     off[i] = blk[i] >= 0 ? (u32)((kv_offset(blk[i], kh, key & (p.block_size - 1),
-                                            p.num_kv_heads, p.block_size, HD) + d8) / 8)
+                                            p.num_kv_heads, p.block_size, HD) + d) / KV_VEC)
                          : 0xffffffffu;
   }
 }
@@ -432,18 +467,33 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   // during O += PV of tile t (FlashAttention-2's interleaving); tile t + 1's block-table
   // entries load from the start of tile t.
   const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
+  unsigned char* const Ks = smem + WG_Q_BYTES;
+  unsigned char* const Vs = Ks + WG_KV_BYTES;
+#if KV_FP8
+  // Where the copies land: the e4m3 staging buffer, which K and V take in turns.
+  unsigned char* const Kin = Vs + WG_KV_BYTES;
+  unsigned char* const Vin = Kin;
+#else
+  unsigned char* const Kin = Ks;
+  unsigned char* const Vin = Vs;
+#endif
   if (ntiles > 0) {
     wg_tile_offsets(off, blk, kv_first, kh, p);
-    wg_copy_tile(smem + WG_Q_BYTES, p.k_cache, off);
+    wg_copy_tile(Kin, p.k_cache, off);
   }
   cp_async_commit();
   for (int t = 0; t < ntiles; t++) {
     const int kv0 = kv_first + t * WG_BN;
-    // K of this tile (and Q) has landed, and every warp is done with the previous tile's V.
+    // K of this tile (and Q) has landed, and every warp is done with the previous tile's V
+    // (and S: with an e4m3 cache each thread widens its own staged chunks of K into Ks, and
+    // reuses only those staging chunks for V).
     cp_async_wait<0>();
+#if KV_FP8
+    wg_widen_tile(Ks, Kin);
+#endif
     wg_fence_proxy();
     __syncthreads();
-    wg_copy_tile(smem + WG_Q_BYTES + WG_KV_BYTES, p.v_cache, off);
+    wg_copy_tile(Vin, p.v_cache, off);
     cp_async_commit();
     if (t + 1 < ntiles) wg_tile_blocks(blk, bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
 
@@ -453,11 +503,14 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
 
     // V has landed and every warp's S is done with K: the next tile's K loads during O += PV.
     cp_async_wait<0>();
+#if KV_FP8
+    wg_widen_tile(Vs, Vin);
+#endif
     wg_fence_proxy();
     __syncthreads();
     if (t + 1 < ntiles) {
       wg_tile_offsets(off, blk, kv0 + WG_BN, kh, p);
-      wg_copy_tile(smem + WG_Q_BYTES, p.k_cache, off);
+      wg_copy_tile(Kin, p.k_cache, off);
     }
     cp_async_commit();
     wg_accumulate(o, s, vs);

@@ -53,7 +53,7 @@ fn check_prefill_kv(
     for wgmma in [true, false] {
         g.prefill_wgmma = wgmma;
         let kernel = prefill_attn_kernel(&g, head_dim).unwrap();
-        let built = prefill_wgmma_supported(g.compute_capability, head_dim, fp8);
+        let built = prefill_wgmma_supported(g.compute_capability, head_dim);
         assert_eq!(kernel.contains("_wg_"), wgmma && built, "{kernel}");
         let out = poisoned::<bf16>(&g, n);
         match splits {

@@ -31,15 +31,19 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
     for model in models {
         let shape = AttnShape::of_model(model)?;
         gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
-        let variants = [
-            gpu.load_prefill_variant(shape.head_dim, 0)?,
-            gpu.load_prefill_variant(shape.head_dim, 1)?,
-            format!("prefill_attn_hd{}", shape.head_dim),
-        ];
+        let mut variants = Variants {
+            mma: [
+                gpu.load_prefill_variant(shape.head_dim, 0)?,
+                gpu.load_prefill_variant(shape.head_dim, 1)?,
+                format!("prefill_attn_hd{}", shape.head_dim),
+            ],
+            rings: Vec::new(),
+        };
         // The wgmma kernel with a ring of 2 and 3 (K, V) tiles, where it is built.
-        let mut rings = Vec::new();
         for stages in [2, 3] {
-            rings.extend(gpu.load_prefill_wg_variant(shape.head_dim, stages)?);
+            variants
+                .rings
+                .extend(gpu.load_prefill_wg_variant(shape.head_dim, stages)?);
         }
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
@@ -59,7 +63,7 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         for ctx in CONTEXTS {
             for chunk in CHUNKS.into_iter().filter(|&c| c <= ctx) {
                 rows.push(point(
-                    &gpu, &shape, &scratch, &variants, &rings, ctx, chunk, &mut rng,
+                    &gpu, &shape, &scratch, &variants, ctx, chunk, &mut rng,
                 )?);
             }
         }
@@ -69,6 +73,13 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The kernels timed beside the engine's: the mma.sync kernel with synchronous and cp.async.cg
+/// loads and as built (`mma`), and the wgmma kernel's ring builds (`rings`, Hopper only).
+struct Variants {
+    mma: [String; 3],
+    rings: Vec<String>,
 }
 
 /// Split CTAs per SM that the forced split counts may use (their scratch).
@@ -89,8 +100,7 @@ fn point(
     gpu: &Gpu,
     shape: &AttnShape,
     scratch: &Scratch,
-    variants: &[String; 3],
-    rings: &[String],
+    variants: &Variants,
     ctx: usize,
     chunk: usize,
     rng: &mut ChaCha8Rng,
@@ -171,7 +181,7 @@ fn point(
     let run = |p: PrefillAttnParams| run_named(p, &default);
     let (off_us, reference) = run(params(1, false))?;
     let mut loads_us = Vec::new();
-    for name in variants {
+    for name in &variants.mma {
         let (us, got) = run_named(params(1, false), name)?;
         let err = rel_err(&got, &reference);
         anyhow::ensure!(
@@ -187,14 +197,14 @@ fn point(
         err < 1e-2,
         "ctx {ctx} chunk {chunk}: {chosen} splits differ from unsplit by {err:.3e}"
     );
-    let (mma_split_us, got) = run_named(params(chosen, false), &variants[2])?;
+    let (mma_split_us, got) = run_named(params(chosen, false), &variants.mma[2])?;
     let err_mma = rel_err(&got, &reference);
     anyhow::ensure!(
         err_mma < 1e-2,
         "ctx {ctx} chunk {chunk}: mma.sync at {chosen} splits differs by {err_mma:.3e}"
     );
     let mut rings_us = serde_json::Map::new();
-    for name in rings {
+    for name in &variants.rings {
         let (us, got) = run_named(params(chosen, false), name)?;
         let err = rel_err(&got, &reference);
         anyhow::ensure!(

@@ -90,15 +90,17 @@ pub const PREFILL_WG_STAGES: usize = 1;
 /// Dynamic shared memory of the wgmma prefill kernel: Q's 64 rows and `stages` (K, V) tiles of
 /// 64 keys, plus 1 KB to align them to the 128-byte swizzle's 1024-byte atoms
 /// (prefill_attn_wgmma.cu's WG_SMEM).
-pub fn prefill_wgmma_smem(head_dim: usize, stages: usize) -> usize {
+/// With an e4m3 cache, also the staging buffer of one tile (64 keys of e4m3).
+pub fn prefill_wgmma_smem(head_dim: usize, stages: usize, kv_fp8: bool) -> usize {
     let row = head_dim * 2;
-    64 * row + stages * 2 * 64 * row + 1024
+    let staging = if kv_fp8 { 64 * head_dim } else { 0 };
+    64 * row + stages * 2 * 64 * row + staging + 1024
 }
 
 /// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
-/// shape: Hopper (9.0), head dim 64 or 128 (whole 128-byte swizzle rows), a bf16 cache.
-pub fn prefill_wgmma_supported(cc: (i32, i32), head_dim: usize, kv_fp8: bool) -> bool {
-    cc == (9, 0) && matches!(head_dim, 64 | 128) && !kv_fp8
+/// shape: Hopper (9.0), head dim 64 or 128 (whole 128-byte swizzle rows); bf16 or e4m3 cache.
+pub fn prefill_wgmma_supported(cc: (i32, i32), head_dim: usize) -> bool {
+    cc == (9, 0) && matches!(head_dim, 64 | 128)
 }
 
 /// Head dims and GQA groups the attention kernels compile for (`Gpu::load_attention`): the flash

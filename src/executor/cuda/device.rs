@@ -73,7 +73,7 @@ pub struct Gpu {
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
     /// Prefill attention on the wgmma kernel where `load_attention` built it (sm_90, head dim
-    /// 64 or 128, bf16 cache; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
+    /// 64 or 128; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
     /// Tests and benchmarks set it to compare.
     pub prefill_wgmma: bool,
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
@@ -208,7 +208,8 @@ impl Gpu {
     /// shape: `paged_decode_hd{H}_g{G}` and `paged_decode_reduce_hd{H}_g{G}` (kernels/
     /// paged_decode.cu with `-DHD=H -DGROUP=G`) and `prefill_attn_hd{H}` (`-DHD=H`), each with
     /// `-DKV_FP8=1` and `_fp8` after its name when the cache is e4m3 (`set_kv_fp8`); on Hopper
-    /// also `prefill_attn_wg_hd{H}` where `compile::prefill_wgmma_supported`. Idempotent.
+    /// also `prefill_attn_wg_hd{H}` (likewise) where `compile::prefill_wgmma_supported`.
+    /// Idempotent.
     pub fn load_attention(&mut self, head_dim: usize, group: usize) -> anyhow::Result<()> {
         anyhow::ensure!(
             compile::attention_supported(head_dim, group),
@@ -220,8 +221,7 @@ impl Gpu {
             false => (vec![], ""),
         };
         // On Hopper the prefill file comes with its wgmma kernel, for sm_90a.
-        let wgmma =
-            compile::prefill_wgmma_supported(self.compute_capability, head_dim, self.kv_fp8);
+        let wgmma = compile::prefill_wgmma_supported(self.compute_capability, head_dim);
         let (prefill, prefill_arch, stages) = match wgmma {
             true => (
                 compile::PREFILL_ATTN_WG,
@@ -259,9 +259,10 @@ impl Gpu {
                 &mut self.functions,
             )?;
         }
-        let wg = format!("prefill_attn_wg_hd{head_dim}");
+        let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && !self.dyn_smem.contains_key(&wg) {
-            let bytes = compile::prefill_wgmma_smem(head_dim, compile::PREFILL_WG_STAGES);
+            let stages = compile::PREFILL_WG_STAGES;
+            let bytes = compile::prefill_wgmma_smem(head_dim, stages, self.kv_fp8);
             self.set_dyn_smem(&wg, bytes)?;
         }
         Ok(())
@@ -269,13 +270,13 @@ impl Gpu {
 
     /// gpu-bench: the wgmma prefill kernel at `head_dim` with `stages` K/V tiles in flight
     /// (`-DWG_STAGES`), loaded as `prefill_attn_wg_hd{H}_st{S}`; its name, or None where the
-    /// kernel is not built (`compile::prefill_wgmma_supported`).
+    /// kernel is not built (`compile::prefill_wgmma_supported`; the rings take bf16 caches).
     pub fn load_prefill_wg_variant(
         &mut self,
         head_dim: usize,
         stages: usize,
     ) -> anyhow::Result<Option<String>> {
-        if !compile::prefill_wgmma_supported(self.compute_capability, head_dim, self.kv_fp8) {
+        if !compile::prefill_wgmma_supported(self.compute_capability, head_dim) || self.kv_fp8 {
             return Ok(None);
         }
         let suffix = format!("_hd{head_dim}_st{stages}");
@@ -293,7 +294,7 @@ impl Gpu {
                 &suffix,
                 &mut self.functions,
             )?;
-            self.set_dyn_smem(&name, compile::prefill_wgmma_smem(head_dim, stages))?;
+            self.set_dyn_smem(&name, compile::prefill_wgmma_smem(head_dim, stages, false))?;
         }
         Ok(Some(name))
     }

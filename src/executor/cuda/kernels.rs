@@ -681,11 +681,11 @@ pub unsafe fn prefill_attn(
 }
 
 /// The prefill-attention kernel `prefill_attn` launches at `head_dim`: the wgmma kernel where
-/// it was built (Hopper, head dim 64 or 128, bf16 cache) and `gpu.prefill_wgmma`, else the
-/// mma.sync kernel. Both take the same tiles, splits and scratch.
+/// it was built (Hopper, head dim 64 or 128) and `gpu.prefill_wgmma`, else the mma.sync kernel
+/// (each the build for the cache's dtype). Both take the same tiles, splits and scratch.
 pub fn prefill_attn_kernel(gpu: &Gpu, head_dim: usize) -> anyhow::Result<String> {
-    let wg = format!("prefill_attn_wg_hd{head_dim}");
-    if gpu.prefill_wgmma && !gpu.kv_fp8() && gpu.has_function(&wg) {
+    let wg = gpu.kv_kernel(&format!("prefill_attn_wg_hd{head_dim}"));
+    if gpu.prefill_wgmma && gpu.has_function(&wg) {
         return Ok(wg);
     }
     attention_kernel(gpu, gpu.kv_kernel(&format!("prefill_attn_hd{head_dim}")))

@@ -62,8 +62,8 @@ pub struct CudaBackendOptions {
     /// Merge decode attention's splits inside the decode kernel (the last CTA of each head
     /// merges; one launch) instead of in `paged_decode_reduce`. On by default (measured).
     pub decode_merge_inline: bool,
-    /// Prefill attention on the wgmma kernel where it is built (Hopper, head dim 64 or 128, bf16
-    /// cache; kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
+    /// Prefill attention on the wgmma kernel where it is built (Hopper, head dim 64 or 128;
+    /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
     pub prefill_wgmma: bool,
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
