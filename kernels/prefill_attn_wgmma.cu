@@ -416,7 +416,9 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   // Stage i: K at smem + WG_Q_BYTES + 2 i WG_KV_BYTES, V a tile after; [WG_BN, HD] swizzled.
   const u32 qs = smem_addr(Qs), kv_base = qs + WG_Q_BYTES;
 
-  const int tile = blockIdx.x, h = blockIdx.y;
+  // Tiles in reverse: a sequence's later tiles see more keys (causal), and starting them first
+  // leaves the short ones for the grid's last wave.
+  const int tile = p.num_tiles - 1 - blockIdx.x, h = blockIdx.y;
   const int kh = h / (p.num_heads / p.num_kv_heads);
   const int seq = p.tile_seq[tile], q0 = p.tile_q0[tile];
   const int qlen = p.q_len[seq], ctx = p.context_lens[seq], row0 = p.q_start[seq];
