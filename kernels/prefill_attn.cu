@@ -225,13 +225,73 @@ __device__ __forceinline__ void merge_prefill_splits(const PrefillAttnParams& p,
   }
 }
 
+// Writes this thread's rows of O (normalised by the row sums), or with num_splits > 1 its
+// split's partials (unnormalised O, max, sum), and the last split of the (tile, head) to arrive
+// merges them. `smem`: PF_MERGE_BYTES + 4 bytes of shared memory that no warp reads any more.
+// m_*, l_*: this thread's rows' max (log2 domain) and its columns' share of their sums. Shared
+// by both prefill kernels.
+__device__ __forceinline__ void pf_finish(const PrefillAttnParams& p, float (&o)[HD / 8][4],
+                                          float m_a, float m_b, float l_a, float l_b, int tile,
+                                          int h, int q0, int qlen, int row0, float* smem) {
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  if (p.num_splits > 1) {
+    // Every row of the tile (rows past the chunk too: the merge skips them). A row that saw no
+    // key of this split has max -inf, sum 0, O 0.
+    const size_t group = (size_t)tile * p.num_heads + h;
+    const size_t ps = (group * p.num_splits + blockIdx.z) * PF_BM + warp * 16 + g;
+    float* acc_a = p.part_acc + ps * HD + tig * 2;
+    float* acc_b = acc_a + 8 * HD;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      *(float2*)(acc_a + nd * 8) = make_float2(o[nd][0], o[nd][1]);
+      *(float2*)(acc_b + nd * 8) = make_float2(o[nd][2], o[nd][3]);
+    }
+    if (tig == 0) {
+      *(float2*)(p.part_ml + ps * 2) = make_float2(m_a, l_a);
+      *(float2*)(p.part_ml + (ps + 8) * 2) = make_float2(m_b, l_b);
+    }
+    u32* last = (u32*)(smem + PF_MERGE_BYTES / 4);  // past the merge's weights
+    __threadfence();  // this CTA's partials reach L2 before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u32* n = p.counters + group;
+      *last = atomicAdd(n, 1u) == (u32)(p.num_splits - 1);
+      if (*last) *n = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    merge_prefill_splits(p, group, row0, q0, qlen, h, smem);
+    return;
+  }
+  const int qa = q0 + warp * 16 + g, qb = qa + 8;
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  if (qa < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][0] * inv_a, o[nd][1] * inv_a);
+  }
+  if (qb < qlen) {
+    bf16* out = p.out + ((size_t)(row0 + qb) * p.num_heads + h) * HD + tig * 2;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+  }
+}
+
 // HD is the -DHD define.
 __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
   static_assert(HD % 16 == 0 && HD <= 256, "HD must be a multiple of 16, at most 256");
   constexpr int KP = HD + 8;  // padded row (bf16): 16-byte aligned rows, conflict-free reads
   constexpr int KV_BYTES = 2 * PF_BN * KP * (int)sizeof(bf16);
   constexpr int TILE_BYTES = KV_BYTES + PF_STAGE_BYTES;
-  __shared__ __align__(16) unsigned char smem[TILE_BYTES > PF_MERGE_BYTES ? TILE_BYTES : PF_MERGE_BYTES];
+  constexpr int MERGE_BYTES = PF_MERGE_BYTES + 16;  // the weights and pf_finish's flag
+  __shared__ __align__(16) unsigned char smem[TILE_BYTES > MERGE_BYTES ? TILE_BYTES : MERGE_BYTES];
   bf16* Ks = (bf16*)smem;        // [PF_BN, KP]
   bf16* Vs = Ks + PF_BN * KP;    // [PF_BN, KP]
 #if PF_LOADS && KV_FP8
@@ -432,53 +492,7 @@ __device__ __forceinline__ void prefill_attn_impl(const PrefillAttnParams& p) {
     }
   }
 
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-  if (p.num_splits > 1) {
-    // Partial O (unnormalised), max and sum of every row of the tile (rows past the chunk too:
-    // the merge skips them). A row that saw no key of this split has max -inf, sum 0, O 0.
-    const size_t group = (size_t)tile * p.num_heads + h;
-    const size_t ps = (group * p.num_splits + blockIdx.z) * PF_BM + warp * 16 + g;
-    float* acc_a = p.part_acc + ps * HD + tig * 2;
-    float* acc_b = acc_a + 8 * HD;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) {
-      *(float2*)(acc_a + nd * 8) = make_float2(o[nd][0], o[nd][1]);
-      *(float2*)(acc_b + nd * 8) = make_float2(o[nd][2], o[nd][3]);
-    }
-    if (tig == 0) {
-      *(float2*)(p.part_ml + ps * 2) = make_float2(m_a, l_a);
-      *(float2*)(p.part_ml + (ps + 8) * 2) = make_float2(m_b, l_b);
-    }
-    // The last CTA of this (tile, head) to finish merges every split.
-    __shared__ u32 s_last;
-    __threadfence();  // this CTA's partials reach L2 before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      u32* c = p.counters + group;
-      const u32 prev = atomicAdd(c, 1u);
-      s_last = prev == (u32)(p.num_splits - 1);
-      if (s_last) *c = 0;  // every split has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    merge_prefill_splits(p, group, row0, q0, qlen, h, (float*)smem);
-    return;
-  }
-  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
-  if (qa < qlen) {
-    bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][0] * inv_a, o[nd][1] * inv_a);
-  }
-  if (qb < qlen) {
-    bf16* out = p.out + ((size_t)(row0 + qb) * p.num_heads + h) * HD + tig * 2;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][2] * inv_b, o[nd][3] * inv_b);
-  }
+  pf_finish(p, o, m_a, m_b, l_a, l_b, tile, h, q0, qlen, row0, (float*)smem);
 }
 
 // CTAs an SM must fit (the register cap that follows): 3 up to head dim 128 (168 registers at

@@ -236,63 +236,6 @@ __device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o
   r.l_b += sum_b;
 }
 
-// Writes this thread's rows of O (normalised by the row sums), or with num_splits > 1 its
-// split's partials (unnormalised O, max, sum), and the last split of the (tile, head) to arrive
-// merges them. `smem`: PF_MERGE_BYTES + 4 bytes of shared memory that no warp reads any more.
-__device__ __forceinline__ void pf_finish(const PrefillAttnParams& p, float (&o)[HD / 8][4],
-                                          PfRows& r, int tile, int h, int q0, int qlen, int row0,
-                                          float* smem) {
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
-  r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, 1);
-  r.l_a += __shfl_xor_sync(0xffffffffu, r.l_a, 2);
-  r.l_b += __shfl_xor_sync(0xffffffffu, r.l_b, 1);
-  r.l_b += __shfl_xor_sync(0xffffffffu, r.l_b, 2);
-  if (p.num_splits > 1) {
-    // Every row of the tile (rows past the chunk too: the merge skips them). A row that saw no
-    // key of this split has max -inf, sum 0, O 0.
-    const size_t group = (size_t)tile * p.num_heads + h;
-    const size_t ps = (group * p.num_splits + blockIdx.z) * PF_BM + warp * 16 + g;
-    float* acc_a = p.part_acc + ps * HD + tig * 2;
-    float* acc_b = acc_a + 8 * HD;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) {
-      *(float2*)(acc_a + nd * 8) = make_float2(o[nd][0], o[nd][1]);
-      *(float2*)(acc_b + nd * 8) = make_float2(o[nd][2], o[nd][3]);
-    }
-    if (tig == 0) {
-      *(float2*)(p.part_ml + ps * 2) = make_float2(r.m_a, r.l_a);
-      *(float2*)(p.part_ml + (ps + 8) * 2) = make_float2(r.m_b, r.l_b);
-    }
-    u32* last = (u32*)(smem + PF_MERGE_BYTES / 4);  // past the merge's weights
-    __threadfence();  // this CTA's partials reach L2 before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      u32* n = p.counters + group;
-      *last = atomicAdd(n, 1u) == (u32)(p.num_splits - 1);
-      if (*last) *n = 0;  // every split has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    merge_prefill_splits(p, group, row0, q0, qlen, h, smem);
-    return;
-  }
-  const int qa = q0 + warp * 16 + g, qb = qa + 8;
-  const float inv_a = 1.f / r.l_a, inv_b = 1.f / r.l_b;
-  if (qa < qlen) {
-    bf16* out = p.out + ((size_t)(row0 + qa) * p.num_heads + h) * HD + tig * 2;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++)
-      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][0] * inv_a, o[nd][1] * inv_a);
-  }
-  if (qb < qlen) {
-    bf16* out = p.out + ((size_t)(row0 + qb) * p.num_heads + h) * HD + tig * 2;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++)
-      *(u32*)(out + nd * 8) = pack_bf16x2(o[nd][2] * inv_b, o[nd][3] * inv_b);
-  }
-}
-
 // Starts the copy of one WG_BN-key tile of `cache` (K or V) at this thread's chunk offsets
 // (0xffffffff: zero-filled; the caller commits): into the swizzled tile `dst`, or with an e4m3
 // cache into the staging buffer `dst` (chunk c of 16 e4m3 at c * 16).
@@ -553,5 +496,5 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   // Every group (and an empty split's Q copy) lands before the merge reuses shared memory.
   cp_async_wait<0>();
   __syncthreads();
-  pf_finish(p, o, rows, tile, h, q0, qlen, row0, (float*)smem);
+  pf_finish(p, o, rows.m_a, rows.m_b, rows.l_a, rows.l_b, tile, h, q0, qlen, row0, (float*)smem);
 }

@@ -242,15 +242,29 @@ mod tests {
                 );
             }
         }
-        // The wgmma prefill kernel, for sm_90a at the head dims it is built for.
-        for hd in [64, 128] {
-            assert!(prefill_wgmma_supported((9, 0), hd, false));
+        // The wgmma prefill kernel, for sm_90a at the head dims it is built for, over bf16 and
+        // e4m3 caches.
+        for (hd, fp8) in [(64, 0), (128, 0), (64, 1), (128, 1)] {
+            assert!(prefill_wgmma_supported((9, 0), hd));
             let (name, src) = PREFILL_ATTN_WG;
+            let defines = [
+                ("HD", hd),
+                ("WG_STAGES", PREFILL_WG_STAGES),
+                ("KV_FP8", fp8),
+            ];
             let (ptx, _) =
-                ptx_with(name, src, WGMMA_ARCH, &[("HD", hd)]).unwrap_or_else(|e| panic!("{e:#}"));
-            assert!(ptx.to_src().contains(".entry prefill_attn_wg"), "hd {hd}");
-            assert!(ptx.to_src().contains("wgmma.mma_async"), "hd {hd}");
+                ptx_with(name, src, WGMMA_ARCH, &defines).unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(
+                ptx.to_src().contains(".entry prefill_attn_wg"),
+                "hd {hd} fp8 {fp8}"
+            );
+            assert!(
+                ptx.to_src().contains("wgmma.mma_async"),
+                "hd {hd} fp8 {fp8}"
+            );
         }
+        assert!(!prefill_wgmma_supported((8, 0), 128));
+        assert!(!prefill_wgmma_supported((9, 0), 96));
         // The e4m3-cache builds (-DKV_FP8=1, sm_89+): the cache writers and gatherer, and the
         // attention kernels down to the tiny checkpoints' head dim 16.
         for (name, src) in KV_SOURCES {

@@ -155,24 +155,14 @@ impl Gpu {
             self.name
         );
         let arch = compile::arch_for(major, minor);
-        for (name, src) in compile::KV_SOURCES {
-            let loaded = kernel_names(src)
+        for &file in compile::KV_SOURCES {
+            let loaded = kernel_names(file.1)
                 .first()
                 .is_some_and(|f| self.functions.contains_key(&format!("{f}_fp8")));
-            if loaded {
-                continue; // loaded by an earlier switch
+            if !loaded {
+                // (else loaded by an earlier switch)
+                self.build(file, &arch, &[("KV_FP8", 1)], "_fp8")?;
             }
-            let defines = [("KV_FP8", 1)];
-            let (ptx, _) = compile::ptx_with(name, src, &arch, &defines)?;
-            load_module(
-                &self.ctx,
-                name,
-                src,
-                ptx,
-                &defines,
-                "_fp8",
-                &mut self.functions,
-            )?;
         }
         self.kv_fp8 = true;
         Ok(())
@@ -244,20 +234,10 @@ impl Gpu {
                 prefill_arch,
             ),
         ];
-        for ((name, src), defines, suffix, arch) in shaped {
-            if self.functions.contains_key(&format!("{name}{suffix}")) {
-                continue;
+        for (file, defines, suffix, arch) in shaped {
+            if !self.functions.contains_key(&format!("{}{suffix}", file.0)) {
+                self.build(file, &arch, &defines, &suffix)?;
             }
-            let (ptx, _) = compile::ptx_with(name, src, &arch, &defines)?;
-            load_module(
-                &self.ctx,
-                name,
-                src,
-                ptx,
-                &defines,
-                &suffix,
-                &mut self.functions,
-            )?;
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && !self.dyn_smem.contains_key(&wg) {
@@ -282,17 +262,12 @@ impl Gpu {
         let suffix = format!("_hd{head_dim}_st{stages}");
         let name = format!("prefill_attn_wg{suffix}");
         if !self.functions.contains_key(&name) {
-            let (file, src) = compile::PREFILL_ATTN_WG;
             let defines = [("HD", head_dim), ("WG_STAGES", stages)];
-            let (ptx, _) = compile::ptx_with(file, src, compile::WGMMA_ARCH, &defines)?;
-            load_module(
-                &self.ctx,
-                file,
-                src,
-                ptx,
+            self.build(
+                compile::PREFILL_ATTN_WG,
+                compile::WGMMA_ARCH,
                 &defines,
                 &suffix,
-                &mut self.functions,
             )?;
             self.set_dyn_smem(&name, compile::prefill_wgmma_smem(head_dim, stages, false))?;
         }
@@ -312,25 +287,16 @@ impl Gpu {
             return Ok(name);
         }
         let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
-        let (file, src) = compile::PREFILL_ATTN;
         let mut defines = vec![("HD", head_dim), ("PF_LOADS", loads)];
         if self.kv_fp8 {
             defines.push(("KV_FP8", 1));
         }
-        let (ptx, _) = compile::ptx_with(file, src, &arch, &defines)?;
         // Every kernel of the file under this variant's suffix: `prefill_attn` becomes `name`.
         let suffix = name
             .strip_prefix("prefill_attn")
-            .context("prefill variant name")?;
-        load_module(
-            &self.ctx,
-            file,
-            src,
-            ptx,
-            &defines,
-            suffix,
-            &mut self.functions,
-        )?;
+            .context("prefill variant name")?
+            .to_string();
+        self.build(compile::PREFILL_ATTN, &arch, &defines, &suffix)?;
         Ok(name)
     }
 
@@ -407,6 +373,27 @@ impl Gpu {
             block,
             smem,
             params,
+        )
+    }
+
+    /// Compiles (or takes from the PTX cache) `src` (kernels/`file`.cu) for `arch` with `defines`
+    /// and loads each of its kernels under its name + `suffix`.
+    fn build(
+        &mut self,
+        (file, src): (&str, &str),
+        arch: &str,
+        defines: &[(&str, usize)],
+        suffix: &str,
+    ) -> anyhow::Result<()> {
+        let (ptx, _) = compile::ptx_with(file, src, arch, defines)?;
+        load_module(
+            &self.ctx,
+            file,
+            src,
+            ptx,
+            defines,
+            suffix,
+            &mut self.functions,
         )
     }
 
