@@ -48,7 +48,7 @@
 #define WG_STAGE_BYTES 0
 #endif
 #define WG_SMEM (WG_Q_BYTES + WG_STAGES * 2 * WG_KV_BYTES + WG_STAGE_BYTES)
-static_assert(WG_BN == PF_BN, "tile_offsets walks PF_BN keys");
+static_assert(WG_BN == PF_BN, "PF_CHUNKS counts the chunks of a PF_BN-key tile");
 static_assert(WG_SMEM >= PF_MERGE_BYTES + 4, "the split merge's weights and flag reuse the tiles");
 
 // Byte offset of 16-byte chunk c16 (of HD / 8) of row r in a [rows, HD] tile in the 128-byte

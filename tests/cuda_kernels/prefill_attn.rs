@@ -1,7 +1,8 @@
 //! `prefill_attn`: the flash prefill kernel (causal, cached prefixes) on a random paged cache,
 //! over the head sizes and GQA groups of the model families, under a sliding window, and split
 //! over the keys (chunks at the end of long contexts, the in-kernel merge); and over an e4m3
-//! cache (tiles staged as e4m3 and widened in shared memory).
+//! cache (tiles staged as e4m3 and widened in shared memory). On Hopper every case runs both the
+//! wgmma kernel (the default there at head dims 64 and 128) and the mma.sync kernel.
 
 use half::bf16;
 
