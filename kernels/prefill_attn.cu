@@ -57,6 +57,8 @@ struct PrefillAttnParams {
   int window;               // sliding window in keys; 0: the whole context
   int num_splits;           // CTAs per (tile, head) over its keys; 1: no partials, no counters
   float scale;
+  const void* kv_maps;      // [2] CUtensorMap (K, V) of this layer's cache for the wgmma kernel's
+                            // TMA build (prefill_attn_wgmma.cu, WG_TMA), else null
 };
 
 #ifndef HD

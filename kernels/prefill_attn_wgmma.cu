@@ -32,9 +32,22 @@
 #define WG_Q_BYTES (PF_BM * HD * 2)       // 16 KB at HD 128
 #define WG_KV_BYTES (WG_BN * HD * 2)      // 16 KB at HD 128
 // K/V tiles in shared memory (compile::PREFILL_WG_STAGES passes it): 1, one K and one V tile
-// loaded in turns; 2 or more, a ring of (K, V) tiles loading WG_STAGES - 1 tiles ahead.
+// loaded in turns; 2, two of each, with tile t's S and tile t - 1's O += PV in flight together
+// (the pipelined loop at the end).
 #ifndef WG_STAGES
 #define WG_STAGES 1
+#endif
+#if WG_STAGES != 1 && WG_STAGES != 2
+#error "prefill_attn_wgmma.cu is built with WG_STAGES 1 or 2"
+#endif
+// WG_TMA 1: K/V tiles arrive by TMA (cp.async.bulk.tensor through p.kv_maps, one copy per
+// cache block and 64-dim half, issued by warp 0 and completing on an mbarrier) instead of every
+// thread computing and issuing 16 cp.async a tile; bf16 caches, WG_STAGES 1.
+#ifndef WG_TMA
+#define WG_TMA 0
+#endif
+#if WG_TMA && (KV_FP8 || WG_STAGES != 1)
+#error "the TMA build takes a bf16 cache and WG_STAGES 1"
 #endif
 #if KV_FP8
 // An e4m3 cache: each tile is cp.async'ed as e4m3 into a staging buffer (K and V take turns in
@@ -165,11 +178,14 @@ __device__ __forceinline__ float wg_exp2(float x) {
 }
 
 // Masks (causal and window), scales and exponentiates one tile of scores s (BN keys from kv0,
-// becoming P) and, when a row's max moves, rescales o and the sums. `whole`: every row of the
-// CTA sees every key of the tile (no mask; uniform over the CTA, so one branch a tile).
+// becoming P) and, when a row's max moves, rescales the sums and returns true with O's factors
+// in corr_a / corr_b (wg_rescale: the caller applies them once O is its own, which with the
+// pipelined loop is after the previous tile's O += PV lands). `whole`: every row of the CTA
+// sees every key of the tile (no mask; uniform over the CTA, so one branch a tile).
 template <int BN>
-__device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o)[HD / 8][4],
-                                                PfRows& r, int kv0, bool whole, int tig) {
+__device__ __forceinline__ bool pf_softmax_tile(float (&s)[BN / 8][4], PfRows& r, int kv0,
+                                                bool whole, int tig, float& corr_a,
+                                                float& corr_b) {
   float mx_a = NEG_INF, mx_b = NEG_INF;
   if (whole) {
 #pragma unroll
@@ -204,21 +220,15 @@ __device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o
   mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
   // A row's first visible key always moves its max (from -inf); a row that has seen none
   // keeps -inf, and base 0 keeps 2^(-inf - base) = 0 (rather than NaN).
-  if (__any_sync(0xffffffffu, mx_a > r.m_a + WG_SLACK || mx_b > r.m_b + WG_SLACK)) {
+  const bool moved = __any_sync(0xffffffffu, mx_a > r.m_a + WG_SLACK || mx_b > r.m_b + WG_SLACK);
+  if (moved) {
     const float na = fmaxf(r.m_a, mx_a), nb = fmaxf(r.m_b, mx_b);
-    const float corr_a = na == NEG_INF ? 1.f : wg_exp2(r.m_a - na);
-    const float corr_b = nb == NEG_INF ? 1.f : wg_exp2(r.m_b - nb);
+    corr_a = na == NEG_INF ? 1.f : wg_exp2(r.m_a - na);
+    corr_b = nb == NEG_INF ? 1.f : wg_exp2(r.m_b - nb);
     r.m_a = na;
     r.m_b = nb;
     r.l_a *= corr_a;
     r.l_b *= corr_b;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) {
-      o[nd][0] *= corr_a;
-      o[nd][1] *= corr_a;
-      o[nd][2] *= corr_b;
-      o[nd][3] *= corr_b;
-    }
   }
   const float base_a = r.m_a == NEG_INF ? 0.f : r.m_a, base_b = r.m_b == NEG_INF ? 0.f : r.m_b;
   float sum_a = 0.f, sum_b = 0.f;
@@ -234,6 +244,18 @@ __device__ __forceinline__ void pf_softmax_tile(float (&s)[BN / 8][4], float (&o
   // l stays a per-thread partial sum (the 4 lanes of a row share m); reduced at the end.
   r.l_a += sum_a;
   r.l_b += sum_b;
+  return moved;
+}
+
+// O's rows scaled by pf_softmax_tile's factors.
+__device__ __forceinline__ void wg_rescale(float (&o)[HD / 8][4], float corr_a, float corr_b) {
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++) {
+    o[nd][0] *= corr_a;
+    o[nd][1] *= corr_a;
+    o[nd][2] *= corr_b;
+    o[nd][3] *= corr_b;
+  }
 }
 
 // Starts the copy of one WG_BN-key tile of `cache` (K or V) at this thread's chunk offsets
@@ -302,10 +324,16 @@ __device__ __forceinline__ void wg_tile_offsets(u32* off, const int* blk, int kv
   }
 }
 
+// Waits until at most N of this warpgroup's wgmma groups are pending (they complete in order).
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
 // S = Q K^T for 64 rows x WG_BN keys: HD / 16 steps of 16 head dims (32 bytes of a swizzled
-// row; the second half of a 128-dim head is the next 64-dim tile), waited for.
-__device__ __forceinline__ void wg_scores(float (&s)[WG_BN / 8][4], u32 qs, u32 ks) {
-  wg_fence();
+// row; the second half of a 128-dim head is the next 64-dim tile), one wgmma group, not waited
+// for (after the caller's wg_fence).
+__device__ __forceinline__ void wg_scores_issue(float (&s)[WG_BN / 8][4], u32 qs, u32 ks) {
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++) {
     const u32 step = (kk & 3) * 32;
@@ -314,16 +342,19 @@ __device__ __forceinline__ void wg_scores(float (&s)[WG_BN / 8][4], u32 qs, u32 
     wgmma_ss_n64(&s[0][0], da, db, kk > 0);
   }
   wg_commit();
+}
+
+// S = Q K^T, waited for.
+__device__ __forceinline__ void wg_scores(float (&s)[WG_BN / 8][4], u32 qs, u32 ks) {
+  wg_fence();
+  wg_scores_issue(s, qs, ks);
   wg_wait_all();
   wg_pin(s);
 }
 
-// O += P V: P from s (the accumulator layout is the register A-fragment's), 4 steps of 16
-// keys; V's 16 rows of a step are two swizzle atoms (1024 bytes apart: the stride byte offset),
-// its two 64-dim halves a tile apart (the leading one). Waited for.
-__device__ __forceinline__ void wg_accumulate(float (&o)[HD / 8][4], const float (&s)[WG_BN / 8][4],
-                                              u32 vs) {
-  u32 pa[WG_BN / 16][4];
+// P (the scores after pf_softmax_tile) as wgmma's register A-fragments: the accumulator layout
+// is the A-fragment's, as with mma.sync.
+__device__ __forceinline__ void wg_pack_p(u32 (&pa)[WG_BN / 16][4], const float (&s)[WG_BN / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < WG_BN / 16; kk++) {
     pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
@@ -331,7 +362,13 @@ __device__ __forceinline__ void wg_accumulate(float (&o)[HD / 8][4], const float
     pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
-  wg_fence();
+}
+
+// O += P V, 4 steps of 16 keys; V's 16 rows of a step are two swizzle atoms (1024 bytes apart:
+// the stride byte offset), its two 64-dim halves a tile apart (the leading one). One wgmma
+// group, not waited for (after the caller's wg_fence); pa and o stay untouched until it lands.
+__device__ __forceinline__ void wg_pv_issue(float (&o)[HD / 8][4], const u32 (&pa)[WG_BN / 16][4],
+                                            u32 vs) {
 #pragma unroll
   for (int kk = 0; kk < WG_BN / 16; kk++) {
     const u64 dv = wg_desc(vs + kk * 2048, WG_BN * 128, 1024);
@@ -342,12 +379,103 @@ __device__ __forceinline__ void wg_accumulate(float (&o)[HD / 8][4], const float
 #endif
   }
   wg_commit();
+}
+
+// O += P V with P from s, waited for.
+__device__ __forceinline__ void wg_accumulate(float (&o)[HD / 8][4], const float (&s)[WG_BN / 8][4],
+                                              u32 vs) {
+  u32 pa[WG_BN / 16][4];
+  wg_pack_p(pa, s);
+  wg_fence();
+  wg_pv_issue(o, pa, vs);
   wg_wait_all();
   wg_pin(o);
 }
 
+// Keeps the A-fragments of an O += PV in flight alive (in their registers) up to this point.
+__device__ __forceinline__ void wg_keep(const u32 (&pa)[WG_BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < WG_BN / 16; kk++)
+    asm volatile("" ::"r"(pa[kk][0]), "r"(pa[kk][1]), "r"(pa[kk][2]), "r"(pa[kk][3]) : "memory");
+}
+
+#if WG_TMA
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival (the barriers count one a phase) that also expects `bytes` from the copies.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase `phase` (0 or 1) has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
+  u32 done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(phase)
+        : "memory");
+  } while (!done);
+}
+// TMA: the box at (c0, c1) of the tensor `map` into shared memory at `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, int c0, int c1, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// Lane j of warp 0 copies block j of a tile (min(block_size, WG_BN) keys, one box): this is its
+// block-table entry for the tile at kv0, read a tile ahead; -1 for a block with no key in
+// [kv_begin, kv_end), which is not copied.
+__device__ __forceinline__ int wg_tma_block(const int* bt, int kv0, int kv_begin, int kv_end,
+                                            int block_size) {
+  const int lane = threadIdx.x & 31, rows = min(block_size, WG_BN);
+  const int key0 = kv0 + lane * rows;
+  const bool in = lane * rows < WG_BN && key0 < kv_end && key0 + rows > kv_begin;
+  return in ? bt[key0 >> (__ffs(block_size) - 1)] : -1;
+}
+
+// Warp 0 starts the TMA copies of the tile at kv0 into the swizzled tile at `dst` (the tensor
+// map's 128-byte swizzle is the layout wgmma reads), completing on `bar`: per block, a box of
+// its keys for each 64-dim half. The maps view a cache as [blocks x kv heads x block_size, HD].
+__device__ __forceinline__ void wg_tma_tile(u32 dst, const void* map, u32 bar, int blk, int kv0,
+                                            int kh, const PrefillAttnParams& p) {
+  const int lane = threadIdx.x & 31, rows = min(p.block_size, WG_BN);
+  const bool load = blk >= 0;
+  const u32 boxes = __popc(__ballot_sync(0xffffffffu, load));
+  if (lane == 0) mbar_expect_tx(bar, boxes * rows * HD * 2);
+  __syncwarp();
+  if (load) {
+    const int row = (blk * p.num_kv_heads + kh) * p.block_size + ((kv0 + lane * rows) & (p.block_size - 1));
+#pragma unroll
+    for (int h = 0; h < HD / 64; h++)
+      tma_load_2d(dst + h * WG_BN * 128 + lane * rows * 128, map, h * 64, row, bar);
+  }
+}
+
+// Zeroes the rows of keys outside [kv_begin, kv_end) in the swizzled tile: a V row there is
+// weighted by P = 0, but an uncopied or never-written row may hold NaN, and 0 * NaN is NaN.
+// (K's rows there are masked to -inf by a select, whatever they hold.)
+__device__ __forceinline__ void wg_zero_rows(unsigned char* tile, int kv0, int kv_begin, int kv_end) {
+#pragma unroll
+  for (int i = 0; i < PF_CHUNKS; i++) {
+    const int c = threadIdx.x + i * 128;
+    const int r = c / (HD / 8), key = kv0 + r;
+    if (key < kv_begin || key >= kv_end)
+      *(uint4*)(tile + wg_swizzled(r, c % (HD / 8), WG_BN)) = make_uint4(0, 0, 0, 0);
+  }
+}
+#endif
+
 // CTAs an SM: with one K and one V tile (WG_STAGES 1, 49 KB) three fit at the 168 registers
-// the bound leaves; with more stages two (80 KB and up).
+// the bound leaves; with two of each two (81 KB).
 #define WG_MIN_CTAS (WG_STAGES == 1 ? 3 : 2)
 
 // grid: (num_tiles, num_heads, num_splits), block: 128 (one warpgroup); dynamic shared memory
@@ -406,8 +534,56 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   int blk[PF_CHUNKS];
   u32 off[PF_CHUNKS];
   wg_tile_blocks(blk, bt, kv_first, kv_begin, kv_end, p.block_size);
+  // Every row of the CTA sees every key of the tile at kv0 (no window, below the diagonal).
+  auto whole = [&](int kv0) { return p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0; };
 
-#if WG_STAGES == 1
+#if WG_TMA
+  // As the WG_STAGES 1 loop below, with warp 0 starting each tile's TMA copies where every
+  // thread started its cp.async; K and V each complete on their own mbarrier, once a tile.
+  __shared__ alignas(8) unsigned long long wg_bars[2];
+  const u32 kbar = smem_addr(&wg_bars[0]), vbar = smem_addr(&wg_bars[1]);
+  const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
+  unsigned char* const Vs = smem + WG_Q_BYTES + WG_KV_BYTES;
+  const void* kmap = p.kv_maps;
+  const void* vmap = (const unsigned char*)p.kv_maps + 128;
+  cp_async_commit();  // Q's group: the loop's first cp_async_wait waits for it
+  if (threadIdx.x == 0) {
+    mbar_init(kbar, 1);
+    mbar_init(vbar, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  int tb = warp == 0 ? wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size) : -1;
+  if (ntiles > 0 && warp == 0) wg_tma_tile(ks, kmap, kbar, tb, kv_first, kh, p);
+  for (int t = 0; t < ntiles; t++) {
+    const int kv0 = kv_first + t * WG_BN;
+    const u32 phase = t & 1;
+    // Q (cp.async, the first tile) and K of this tile have landed, and every warp is done with
+    // the previous tile's V.
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    mbar_wait(kbar, phase);
+    __syncthreads();
+    if (warp == 0) {
+      wg_tma_tile(vs, vmap, vbar, tb, kv0, kh, p);
+      if (t + 1 < ntiles) tb = wg_tma_block(bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
+    }
+    float s[WG_BN / 8][4], corr_a, corr_b;
+    wg_scores(s, qs, ks);
+    if (pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b))
+      wg_rescale(o, corr_a, corr_b);
+    // V has landed (its rows outside the keys zeroed) and every warp's S is done with K: the
+    // next tile's K copies during O += PV.
+    mbar_wait(vbar, phase);
+    if (kv0 < kv_begin || kv0 + WG_BN > kv_end) {
+      wg_zero_rows(Vs, kv0, kv_begin, kv_end);
+      wg_fence_proxy();
+    }
+    __syncthreads();
+    if (warp == 0 && t + 1 < ntiles) wg_tma_tile(ks, kmap, kbar, tb, kv0 + WG_BN, kh, p);
+    wg_accumulate(o, s, vs);
+  }
+#elif WG_STAGES == 1
   // One K and one V tile: V of tile t loads during S and the softmax of tile t, K of tile t + 1
   // during O += PV of tile t (FlashAttention-2's interleaving); tile t + 1's block-table
   // entries load from the start of tile t.
@@ -442,9 +618,10 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     cp_async_commit();
     if (t + 1 < ntiles) wg_tile_blocks(blk, bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
 
-    float s[WG_BN / 8][4];
+    float s[WG_BN / 8][4], corr_a, corr_b;
     wg_scores(s, qs, ks);
-    pf_softmax_tile<WG_BN>(s, o, rows, kv0, p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0, tig);
+    if (pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b))
+      wg_rescale(o, corr_a, corr_b);
 
     // V has landed and every warp's S is done with K: the next tile's K loads during O += PV.
     cp_async_wait<0>();
@@ -461,36 +638,79 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     wg_accumulate(o, s, vs);
   }
 #else
-  // A ring of WG_STAGES (K, V) tiles: tile t + WG_STAGES - 1 loads while tile t computes, one
-  // cp.async group a tile (empty past the last, so that "tile t has landed" is always "at most
-  // WG_STAGES - 2 groups pending"); the block-table entries of the tile after the one loading
-  // are read a tile ahead.
-  auto load = [&](int t) {
-    if (t < ntiles) {
-      const int kv0 = kv_first + t * WG_BN;
-      unsigned char* k = smem + WG_Q_BYTES + (t % WG_STAGES) * 2 * WG_KV_BYTES;
-      wg_tile_offsets(off, blk, kv0, kh, p);
-      wg_copy_tile(k, p.k_cache, off);
-      wg_copy_tile(k + WG_KV_BYTES, p.v_cache, off);
-      if (t + 1 < ntiles) wg_tile_blocks(blk, bt, kv0 + WG_BN, kv_begin, kv_end, p.block_size);
+  // WG_STAGES 2: FlashAttention-3's intra-warpgroup overlap. Tile t's S = Q K^T and tile t-1's
+  // O += P V are issued together, and the softmax of tile t runs while O += PV still occupies
+  // the tensor cores; O's rescale waits for it. Two K and two V tiles: V of tile t and K of
+  // tile t + 1 load (one cp.async group, issued as tile t's products start) into the buffers
+  // tile t - 1's products and tile t - 2's O += PV have released, so each lands during a whole
+  // tile's work and every wait is "all groups landed".
+  unsigned char* const KV = smem + WG_Q_BYTES;  // K tiles 0 and 1, then V tiles 0 and 1
+  auto k_at = [&](int t) { return (u32)((t & 1) * WG_KV_BYTES); };
+  auto v_at = [&](int t) { return (u32)((2 + (t & 1)) * WG_KV_BYTES); };
+  // Starts the copies of V of tile t (at `off`, tile t's offsets) and K of tile t + 1 (whose
+  // offsets then replace them), and reads tile t + 2's block-table entries.
+  auto load_next = [&](int t) {
+    wg_copy_tile(KV + v_at(t), p.v_cache, off);
+    if (t + 1 < ntiles) {
+      const int kv1 = kv_first + (t + 1) * WG_BN;
+      wg_tile_offsets(off, blk, kv1, kh, p);
+      wg_copy_tile(KV + k_at(t + 1), p.k_cache, off);
+      if (t + 2 < ntiles) wg_tile_blocks(blk, bt, kv1 + WG_BN, kv_begin, kv_end, p.block_size);
     }
     cp_async_commit();
   };
-#pragma unroll
-  for (int t = 0; t < WG_STAGES - 1; t++) load(t);
-  for (int t = 0; t < ntiles; t++) {
-    // Tile t has landed, and every warp is done with tile t - 1, whose stage takes tile
-    // t + WG_STAGES - 1.
-    cp_async_wait<WG_STAGES - 2>();
+  float s[WG_BN / 8][4], corr_a = 1.f, corr_b = 1.f;
+  u32 pa[WG_BN / 16][4];
+  if (ntiles > 0) {
+    wg_tile_offsets(off, blk, kv_first, kh, p);
+    wg_copy_tile(KV + k_at(0), p.k_cache, off);
+  }
+  cp_async_commit();
+  if (ntiles > 1) wg_tile_blocks(blk, bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
+  if (ntiles > 0) {
+    // Q and K of tile 0 have landed.
+    cp_async_wait<0>();
     wg_fence_proxy();
     __syncthreads();
-    load(t + WG_STAGES - 1);
+    wg_fence();
+    wg_scores_issue(s, qs, kv_base + k_at(0));
+    load_next(0);
+    wg_wait<0>();
+    wg_pin(s);
+    // O is still zero: its factors need not be applied.
+    pf_softmax_tile<WG_BN>(s, rows, kv_first, whole(kv_first), tig, corr_a, corr_b);
+    wg_pack_p(pa, s);
+  }
+  for (int t = 1; t < ntiles; t++) {
     const int kv0 = kv_first + t * WG_BN;
-    const u32 ks = kv_base + (t % WG_STAGES) * 2 * WG_KV_BYTES, vs = ks + WG_KV_BYTES;
-    float s[WG_BN / 8][4];
-    wg_scores(s, qs, ks);
-    pf_softmax_tile<WG_BN>(s, o, rows, kv0, p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0, tig);
-    wg_accumulate(o, s, vs);
+    // K of tile t and V of tile t - 1 have landed, and every warp is done with tile t - 1's S
+    // and tile t - 2's O += PV (their buffers take V of tile t and K of tile t + 1).
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    __syncthreads();
+    wg_fence();
+    wg_scores_issue(s, qs, kv_base + k_at(t));
+    wg_pv_issue(o, pa, kv_base + v_at(t - 1));
+    load_next(t);
+    // S of tile t is done; O += PV of tile t - 1 may still run.
+    wg_wait<1>();
+    wg_pin(s);
+    const bool moved = pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b);
+    wg_wait<0>();
+    wg_pin(o);
+    wg_keep(pa);
+    if (moved) wg_rescale(o, corr_a, corr_b);
+    wg_pack_p(pa, s);
+  }
+  if (ntiles > 0) {
+    // V of the last tile has landed.
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    __syncthreads();
+    wg_fence();
+    wg_pv_issue(o, pa, kv_base + v_at(ntiles - 1));
+    wg_wait<0>();
+    wg_pin(o);
   }
 #endif
   // Every group (and an empty split's Q copy) lands before the merge reuses shared memory.

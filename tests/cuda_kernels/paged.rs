@@ -379,6 +379,22 @@ impl<'a> PrefillRun<'a> {
         }
     }
 
+    /// Tensor maps of the cache for the wgmma kernel's TMA build, where the test's Gpu takes it
+    /// (`prefill_tma`, `prefill_wgmma`, the build loaded: a bf16 cache on Hopper).
+    fn tma_maps(&self) -> Option<DevBuf> {
+        let layout = self.b.layout();
+        let loaded = self
+            .g
+            .has_function(&kernels::prefill_tma_kernel(layout.head_dim));
+        let cache = &self.b.paged.cache;
+        (self.g.prefill_tma && self.g.prefill_wgmma && loaded && !cache.fp8).then(|| {
+            let blocks = cache.k.len() / (layout.kv_heads * layout.block_size * layout.head_dim);
+            let caches = [(self.paged.k_cache.ptr(), self.paged.v_cache.ptr())];
+            let (kvh, bs, hd) = (layout.kv_heads, layout.block_size, layout.head_dim);
+            kernels::kv_tensor_maps(self.g, &caches, blocks, kvh, bs, hd).unwrap()
+        })
+    }
+
     /// The flash kernel on `seqs` (64-query tiles), unsplit.
     pub fn flash(&self, seqs: &[usize], out: &DevBuf) {
         self.flash_split(seqs, out, 1, 1);
@@ -401,6 +417,7 @@ impl<'a> PrefillRun<'a> {
         let part_acc = poisoned::<f32>(self.g, groups * splits * PREFILL_TILE * layout.head_dim);
         let part_ml = poisoned::<f32>(self.g, groups * splits * PREFILL_TILE * 2);
         let counters = dev(self.g, &vec![0u32; groups]);
+        let maps = self.tma_maps();
         let p = PrefillAttnParams {
             q: self.q.ptr(),
             k_cache: self.paged.k_cache.ptr(),
@@ -423,6 +440,7 @@ impl<'a> PrefillRun<'a> {
             window: self.b.window as i32,
             num_splits: splits as i32,
             scale: self.b.scale(),
+            kv_maps: maps.as_ref().map_or(0, DevBuf::ptr),
         };
         let bytes = self.b.tokens() * self.b.row_elems() * 2;
         for run in 0..runs {

@@ -49,13 +49,27 @@ fn check_prefill_kv(
     let n = b.tokens() * b.row_elems();
     let all: Vec<usize> = (0..seqs.len()).collect();
     let reference = b.reference();
-    // Every kernel built for this GPU and shape: on Hopper the wgmma kernel (the default) and
-    // the mma.sync kernel other GPUs run.
-    for wgmma in [true, false] {
+    // Every kernel built for this GPU and shape: on Hopper the wgmma kernel in its pipelined
+    // (2-stage) and TMA builds (bf16 caches) and as built by default, and the mma.sync kernel
+    // other GPUs run.
+    let built = prefill_wgmma_supported(g.compute_capability, head_dim);
+    for (wgmma, stages, tma) in [
+        (true, 2, false),
+        (true, 1, true),
+        (true, 1, false),
+        (false, 1, false),
+    ] {
         g.prefill_wgmma = wgmma;
+        g.prefill_wg_stages = stages;
+        g.prefill_tma = tma;
+        g.load_attention(head_dim, heads / kv_heads).unwrap();
         let kernel = prefill_attn_kernel(&g, head_dim).unwrap();
-        let built = prefill_wgmma_supported(g.compute_capability, head_dim);
         assert_eq!(kernel.contains("_wg_"), wgmma && built, "{kernel}");
+        assert_eq!(
+            kernel.ends_with("_st2"),
+            wgmma && built && stages == 2 && !fp8,
+            "{kernel}"
+        );
         let out = poisoned::<bf16>(&g, n);
         match splits {
             1 => PrefillRun::new(&g, &b).flash(&all, &out),
@@ -64,7 +78,7 @@ fn check_prefill_kv(
         let label = |s: usize| {
             let (qlen, c) = seqs[s];
             format!(
-                "prefill {kernel} hd{head_dim} g{} fp8 {fp8} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
+                "prefill {kernel} (tma {tma}) hd{head_dim} g{} fp8 {fp8} window {window} ({freed} blocks freed) {splits} splits seq {s} (q {qlen}, ctx {c})",
                 b.group()
             )
         };
@@ -84,6 +98,15 @@ fn prefill_attention_causal_with_cached_prefix_hd128() {
         &[(70, 70), (5, 200), (130, 300), (64, 64), (2, 2)],
         0,
     );
+}
+
+/// A fresh prompt of more (tile, head) CTAs than an H200 runs at once (640 at 3 an SM on 132
+/// SMs): CTAs of later waves start on shared memory that earlier ones filled, so a tile read
+/// before its copies land shows up here (it did for the TMA build's Q, before its cp.async
+/// group was committed).
+#[test]
+fn prefill_attention_fresh_prompt_over_many_waves() {
+    check_prefill(33, (64, 64, 64), &[(640, 640)], 0);
 }
 
 #[test]

@@ -12,8 +12,8 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{
-    emit, kv_elem_bytes, random_bf16, random_kv, read_bf16, rel_err, time_ms, upload, AttnShape,
-    CausalPrefill,
+    emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16, rel_err, time_ms, upload,
+    AttnShape, CausalPrefill,
 };
 
 /// Paged decode attention at each of `shapes` (heads/kv_heads/head_dim; `default_shapes`), one
@@ -30,7 +30,7 @@ pub fn run(
         .iter()
         .map(|s| parse_shape(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut gpu = Gpu::open(0)?;
+    let mut gpu = open_gpu()?;
     for &dtype in dtypes {
         // Kernels for this cache dtype (e4m3: the -DKV_FP8 builds) and caches filled in it.
         gpu.set_kv_fp8(dtype.is_fp8())?;

@@ -27,6 +27,10 @@ pub fn emit(mut v: serde_json::Value) {
             .or_insert_with(|| decode_kernel().as_str().into());
         o.entry("prefill_wgmma")
             .or_insert_with(|| prefill_wgmma().into());
+        o.entry("prefill_wg_stages")
+            .or_insert_with(|| prefill_wg_stages().into());
+        o.entry("prefill_tma")
+            .or_insert_with(|| prefill_tma().into());
     }
     println!("{v}");
 }
@@ -62,6 +66,34 @@ pub fn prefill_wgmma() -> bool {
         Ok("0") => false,
         Ok(v) => {
             eprintln!("BROOK_PREFILL_WGMMA={v:?}: expected 0 or 1");
+            std::process::exit(2)
+        }
+    }
+}
+
+/// K/V tiles of the wgmma prefill kernel in every backend and `Gpu` gpu-bench makes:
+/// `BROOK_PREFILL_WG_STAGES` (1 or 2; brook's default when unset), for A/B runs.
+pub fn prefill_wg_stages() -> usize {
+    match std::env::var("BROOK_PREFILL_WG_STAGES").as_deref() {
+        Err(_) => brook::executor::cuda::compile::PREFILL_WG_STAGES,
+        Ok("1") => 1,
+        Ok("2") => 2,
+        Ok(v) => {
+            eprintln!("BROOK_PREFILL_WG_STAGES={v:?}: expected 1 or 2");
+            std::process::exit(2)
+        }
+    }
+}
+
+/// Whether the wgmma prefill kernel loads K/V by TMA in every backend and `Gpu` gpu-bench
+/// makes: `BROOK_PREFILL_TMA` (0 or 1; brook's default when unset), for A/B runs.
+pub fn prefill_tma() -> bool {
+    match std::env::var("BROOK_PREFILL_TMA").as_deref() {
+        Err(_) => CudaBackendOptions::default().prefill_tma,
+        Ok("1") => true,
+        Ok("0") => false,
+        Ok(v) => {
+            eprintln!("BROOK_PREFILL_TMA={v:?}: expected 0 or 1");
             std::process::exit(2)
         }
     }
@@ -334,6 +366,7 @@ impl CausalPrefill {
             part_acc: 0,
             part_ml: 0,
             counters: 0,
+            kv_maps: 0,
             num_tiles: self.num_tiles as i32,
             num_heads: shape.heads as i32,
             num_kv_heads: shape.kv_heads as i32,
@@ -367,8 +400,20 @@ pub fn bench_options() -> CudaBackendOptions {
         quantization: quantization(),
         decode_kernel: decode_kernel(),
         prefill_wgmma: prefill_wgmma(),
+        prefill_wg_stages: prefill_wg_stages(),
+        prefill_tma: prefill_tma(),
         ..Default::default()
     }
+}
+
+/// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
+/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`), as `bench_options` gives the backends.
+pub fn open_gpu() -> anyhow::Result<Gpu> {
+    let mut gpu = Gpu::open(0)?;
+    gpu.prefill_wgmma = prefill_wgmma();
+    gpu.prefill_wg_stages = prefill_wg_stages();
+    gpu.prefill_tma = prefill_tma();
+    Ok(gpu)
 }
 
 pub fn backend(model: &str, opts: CudaBackendOptions) -> anyhow::Result<CudaBackend> {

@@ -9,14 +9,14 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{emit, time_ms, upload, AttnShape, CausalPrefill};
+use crate::common::{emit, open_gpu, time_ms, upload, AttnShape, CausalPrefill};
 
 /// Prefill attention of one layer at a model's head shape, `batch` prompts of `len` tokens (no
 /// cached prefix), on the GEMM path (gather + S GEMMs + causal softmax + P·V GEMMs, all it costs)
 /// and on the flash kernel, timed with CUDA events (median of many runs). Each point also
 /// checks that the two outputs agree.
 pub fn run(models: &[String]) -> anyhow::Result<()> {
-    let mut gpu = Gpu::open(0)?;
+    let mut gpu = open_gpu()?;
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     const LENS: [usize; 8] = [16, 32, 64, 128, 256, 512, 1024, 2048];
     for model in models {

@@ -15,7 +15,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{emit, random_bf16, read_bf16, rel_err, time_ms, upload, AttnShape};
+use crate::common::{
+    emit, open_gpu, prefill_tma, random_bf16, read_bf16, rel_err, time_ms, upload, AttnShape,
+};
 
 const CONTEXTS: [usize; 3] = [2048, 8192, 16384];
 const CHUNKS: [usize; 5] = [64, 128, 256, 512, 2048];
@@ -26,10 +28,12 @@ const FORCED: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
 /// Every (context, chunk) point at each model's head shape: µs and TFLOP/s unsplit, with the
 /// chosen splits, and µs at each forced split count (what the split rule is tuned from).
 pub fn run(models: &[String]) -> anyhow::Result<()> {
-    let mut gpu = Gpu::open(0)?;
+    let mut gpu = open_gpu()?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for model in models {
         let shape = AttnShape::of_model(model)?;
+        // The TMA build is timed beside the others whatever the engine's choice.
+        gpu.prefill_tma = true;
         gpu.load_attention(shape.head_dim, shape.heads / shape.kv_heads)?;
         let mut variants = Variants {
             mma: [
@@ -37,12 +41,12 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
                 gpu.load_prefill_variant(shape.head_dim, 1)?,
                 format!("prefill_attn_hd{}", shape.head_dim),
             ],
-            rings: Vec::new(),
+            wg_stages: Vec::new(),
         };
-        // The wgmma kernel with a ring of 2 and 3 (K, V) tiles, where it is built.
-        for stages in [2, 3] {
+        // The wgmma kernel with 1 and 2 tiles of K and V, where it is built.
+        for stages in [1, 2] {
             variants
-                .rings
+                .wg_stages
                 .extend(gpu.load_prefill_wg_variant(shape.head_dim, stages)?);
         }
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
@@ -76,10 +80,11 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
 }
 
 /// The kernels timed beside the engine's: the mma.sync kernel with synchronous and cp.async.cg
-/// loads and as built (`mma`), and the wgmma kernel's ring builds (`rings`, Hopper only).
+/// loads and as built (`mma`), and the wgmma kernel's builds by K/V stages (`wg_stages`, Hopper
+/// only).
 struct Variants {
     mma: [String; 3],
-    rings: Vec<String>,
+    wg_stages: Vec<String>,
 }
 
 /// Split CTAs per SM that the forced split counts may use (their scratch).
@@ -128,6 +133,17 @@ fn point(
     );
     let block_tables = upload(gpu, &table)?;
     let out = gpu.alloc(chunk * h * hd * 2)?;
+    // The TMA build's tensor maps of these caches; the engine's kernel when BROOK_PREFILL_TMA.
+    let tma = kernels::prefill_tma_kernel(hd);
+    let maps = match gpu.has_function(&tma) {
+        true => {
+            let caches = [(k_cache.ptr(), v_cache.ptr())];
+            Some(kernels::kv_tensor_maps(gpu, &caches, blocks, kvh, bs, hd)?)
+        }
+        false => None,
+    };
+    let maps_ptr = maps.as_ref().map_or(0, |m| m.ptr());
+    let engine_maps = if prefill_tma() { maps_ptr } else { 0 };
     let params = |splits: usize, forced: bool| PrefillAttnParams {
         q: q.ptr(),
         k_cache: k_cache.ptr(),
@@ -162,12 +178,16 @@ fn point(
         window: 0,
         num_splits: splits as i32,
         scale: shape.scale(),
+        kv_maps: engine_maps,
     };
     // Query i sees ctx - chunk + i + 1 keys.
     let pairs = chunk * (ctx - chunk) + chunk * (chunk + 1) / 2;
     let flops = 4.0 * (h * hd) as f64 * pairs as f64;
     let reps = if chunk * ctx <= 512 * 8192 { 50 } else { 20 };
-    let default = kernels::prefill_attn_kernel(gpu, hd)?;
+    let default = match engine_maps {
+        0 => kernels::prefill_attn_kernel(gpu, hd)?,
+        _ => tma.clone(),
+    };
     let run_named = |p: PrefillAttnParams, name: &str| -> anyhow::Result<(f64, Vec<f32>)> {
         // SAFETY: every buffer above matches the shapes in the params.
         let ms = time_ms(gpu, 3, reps, |_| unsafe {
@@ -203,15 +223,28 @@ fn point(
         err_mma < 1e-2,
         "ctx {ctx} chunk {chunk}: mma.sync at {chosen} splits differs by {err_mma:.3e}"
     );
-    let mut rings_us = serde_json::Map::new();
-    for name in &variants.rings {
+    let mut stages_us = serde_json::Map::new();
+    for name in &variants.wg_stages {
         let (us, got) = run_named(params(chosen, false), name)?;
         let err = rel_err(&got, &reference);
         anyhow::ensure!(
             err < 1e-2,
             "ctx {ctx} chunk {chunk}: {name} differs by {err:.3e}"
         );
-        rings_us.insert(name.clone(), json!(us));
+        stages_us.insert(name.clone(), json!(us));
+    }
+    if maps_ptr != 0 {
+        let p = PrefillAttnParams {
+            kv_maps: maps_ptr,
+            ..params(chosen, false)
+        };
+        let (us, got) = run_named(p, &tma)?;
+        let err = rel_err(&got, &reference);
+        anyhow::ensure!(
+            err < 1e-2,
+            "ctx {ctx} chunk {chunk}: {tma} differs by {err:.3e}"
+        );
+        stages_us.insert(tma.clone(), json!(us));
     }
     let mut forced = serde_json::Map::new();
     for s in FORCED
@@ -228,11 +261,11 @@ fn point(
     }
     let tf = |us: f64| flops / (us * 1e-6) / 1e12;
     eprintln!(
-        "prefill chunk {chunk:>4} at ctx {ctx:>5}: {default} unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s); mma.sync {:8.1} / {mma_split_us:8.1} µs, rings {}, its sync loads {:8.1}, cg {:8.1}; x{:.2} vs sync; forced {}",
+        "prefill chunk {chunk:>4} at ctx {ctx:>5}: {default} unsplit {off_us:8.1} µs ({:5.1} TFLOP/s), {chosen:>2} splits {on_us:8.1} µs ({:5.1} TFLOP/s); mma.sync {:8.1} / {mma_split_us:8.1} µs, wgmma by stages {}, its sync loads {:8.1}, cg {:8.1}; x{:.2} vs sync; forced {}",
         tf(off_us),
         tf(on_us),
         loads_us[2],
-        serde_json::Value::Object(rings_us.clone()),
+        serde_json::Value::Object(stages_us.clone()),
         loads_us[0],
         loads_us[1],
         loads_us[0] / on_us,
@@ -240,7 +273,7 @@ fn point(
     );
     Ok(
         json!({"ctx": ctx, "chunk": chunk, "tiles": tiles, "splits": chosen, "kernel": default,
-        "mma_sync_us": loads_us[2], "mma_sync_split_us": mma_split_us, "rings_split_us": rings_us, "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
+        "mma_sync_us": loads_us[2], "mma_sync_split_us": mma_split_us, "wg_stages_split_us": stages_us, "sync_loads_us": loads_us[0], "cg_loads_us": loads_us[1], "unsplit_us": off_us, "split_us": on_us, "unsplit_tflops": tf(off_us), "split_tflops": tf(on_us),
         "speedup": off_us / on_us, "rel_err": err, "forced_us": forced}),
     )
 }

@@ -82,9 +82,11 @@ pub const PREFILL_ATTN_WG: (&str, &str) = (
 /// wgmma is an sm_90a instruction: PTX for compute_90a runs on compute capability 9.0 only.
 pub const WGMMA_ARCH: &str = "compute_90a";
 
-/// K/V tiles of the wgmma prefill kernel (`-DWG_STAGES`): 1, one K and one V tile loaded in
-/// turns at 3 CTAs an SM; 2 or more, a ring loading tiles ahead at 2 CTAs an SM (gpu-bench
-/// prefill-chunks times both).
+/// K/V tiles of the wgmma prefill kernel over a bf16 cache (`-DWG_STAGES`, `Gpu::
+/// prefill_wg_stages`): 1, one K and one V tile loaded in turns at 3 CTAs an SM; 2, two of each
+/// and FlashAttention-3's overlap of one tile's softmax with the previous tile's O += PV, at 2
+/// CTAs an SM: correct, but no faster than 1 on the H200 (BENCHMARKS.md, session 20), so a
+/// variant that gpu-bench prefill-chunks and ttft time (`BROOK_PREFILL_WG_STAGES`).
 pub const PREFILL_WG_STAGES: usize = 1;
 
 /// Dynamic shared memory of the wgmma prefill kernel: Q's 64 rows and `stages` (K, V) tiles of
@@ -242,26 +244,26 @@ mod tests {
                 );
             }
         }
-        // The wgmma prefill kernel, for sm_90a at the head dims it is built for, over bf16 and
-        // e4m3 caches.
-        for (hd, fp8) in [(64, 0), (128, 0), (64, 1), (128, 1)] {
+        // The wgmma prefill kernel, for sm_90a at the head dims it is built for: over bf16 and
+        // e4m3 caches, and its pipelined (2-stage) and TMA builds over bf16 caches.
+        for hd in [64, 128] {
             assert!(prefill_wgmma_supported((9, 0), hd));
-            let (name, src) = PREFILL_ATTN_WG;
-            let defines = [
-                ("HD", hd),
-                ("WG_STAGES", PREFILL_WG_STAGES),
-                ("KV_FP8", fp8),
-            ];
-            let (ptx, _) =
-                ptx_with(name, src, WGMMA_ARCH, &defines).unwrap_or_else(|e| panic!("{e:#}"));
-            assert!(
-                ptx.to_src().contains(".entry prefill_attn_wg"),
-                "hd {hd} fp8 {fp8}"
-            );
-            assert!(
-                ptx.to_src().contains("wgmma.mma_async"),
-                "hd {hd} fp8 {fp8}"
-            );
+            for (fp8, stages, tma) in [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1)] {
+                let (name, src) = PREFILL_ATTN_WG;
+                let defines = [
+                    ("HD", hd),
+                    ("WG_STAGES", stages),
+                    ("KV_FP8", fp8),
+                    ("WG_TMA", tma),
+                ];
+                let what = format!("hd {hd} fp8 {fp8} stages {stages} tma {tma}");
+                let (ptx, _) = ptx_with(name, src, WGMMA_ARCH, &defines)
+                    .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+                let ptx = ptx.to_src();
+                assert!(ptx.contains(".entry prefill_attn_wg"), "{what}");
+                assert!(ptx.contains("wgmma.mma_async"), "{what}");
+                assert_eq!(ptx.contains("cp.async.bulk.tensor"), tma == 1, "{what}");
+            }
         }
         assert!(!prefill_wgmma_supported((8, 0), 128));
         assert!(!prefill_wgmma_supported((9, 0), 96));

@@ -16,6 +16,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
+use super::kernels;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -76,6 +77,15 @@ pub struct Gpu {
     /// 64 or 128; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
     /// Tests and benchmarks set it to compare.
     pub prefill_wgmma: bool,
+    /// K/V tiles of the wgmma prefill kernel over a bf16 cache (`compile::PREFILL_WG_STAGES`
+    /// by default): 2 also builds `prefill_attn_wg_hd{H}_st2` (its pipelined loop) in
+    /// `load_attention`, and `kernels::prefill_attn_kernel` picks it. Set before
+    /// `load_attention`; e4m3 caches take the 1-stage kernel.
+    pub prefill_wg_stages: usize,
+    /// Also build the wgmma prefill kernel's TMA loads (`prefill_attn_wg_hd{H}_tma`, bf16
+    /// caches) in `load_attention`; the forward pass then gives it tensor maps of its cache.
+    /// Set before `load_attention`.
+    pub prefill_tma: bool,
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
@@ -120,6 +130,8 @@ impl Gpu {
             gemv_split: 0,
             pdl: compute_capability.0 >= 9,
             prefill_wgmma: true,
+            prefill_wg_stages: compile::PREFILL_WG_STAGES,
+            prefill_tma: false,
             kv_fp8: false,
             functions,
             dyn_smem: HashMap::new(),
@@ -216,7 +228,7 @@ impl Gpu {
             true => (
                 compile::PREFILL_ATTN_WG,
                 compile::WGMMA_ARCH.to_string(),
-                vec![("WG_STAGES", compile::PREFILL_WG_STAGES)],
+                vec![("WG_STAGES", 1)],
             ),
             false => (compile::PREFILL_ATTN, arch.clone(), vec![]),
         };
@@ -241,16 +253,31 @@ impl Gpu {
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && !self.dyn_smem.contains_key(&wg) {
-            let stages = compile::PREFILL_WG_STAGES;
-            let bytes = compile::prefill_wgmma_smem(head_dim, stages, self.kv_fp8);
+            let bytes = compile::prefill_wgmma_smem(head_dim, 1, self.kv_fp8);
             self.set_dyn_smem(&wg, bytes)?;
+        }
+        if wgmma && self.prefill_wg_stages == 2 {
+            self.load_prefill_wg_variant(head_dim, 2)?;
+        }
+        let tma = kernels::prefill_tma_kernel(head_dim);
+        if wgmma && self.prefill_tma && !self.kv_fp8 && !self.functions.contains_key(&tma) {
+            let defines = [("HD", head_dim), ("WG_STAGES", 1), ("WG_TMA", 1)];
+            let suffix = format!("_hd{head_dim}_tma");
+            self.build(
+                compile::PREFILL_ATTN_WG,
+                compile::WGMMA_ARCH,
+                &defines,
+                &suffix,
+            )?;
+            self.set_dyn_smem(&tma, compile::prefill_wgmma_smem(head_dim, 1, false))?;
         }
         Ok(())
     }
 
-    /// gpu-bench: the wgmma prefill kernel at `head_dim` with `stages` K/V tiles in flight
+    /// The wgmma prefill kernel at `head_dim` with `stages` K/V tiles of each kind
     /// (`-DWG_STAGES`), loaded as `prefill_attn_wg_hd{H}_st{S}`; its name, or None where the
-    /// kernel is not built (`compile::prefill_wgmma_supported`; the rings take bf16 caches).
+    /// kernel is not built (`compile::prefill_wgmma_supported`; more than one stage takes bf16
+    /// caches only). Idempotent.
     pub fn load_prefill_wg_variant(
         &mut self,
         head_dim: usize,

@@ -140,6 +140,9 @@ pub(super) struct Forward {
     /// K and V of all layers: layer l's K at kv_base + 2 l · layer_bytes, its V after it.
     kv: DevBuf,
     kv_layer_bytes: usize,
+    /// Each layer's K and V tensor maps for the TMA prefill kernel (`kernels::kv_tensor_maps`),
+    /// where it is built; rebuilt with the pool.
+    kv_maps: Option<DevBuf>,
     /// `[max_seqs + 1, max_blocks]` block ids: row r is the persistent batch's row r (the last
     /// row serves graph padding). Updated in place, never re-uploaded whole.
     block_tables: DevBuf,
@@ -238,6 +241,8 @@ impl Forward {
             }
             false => None,
         };
+        gpu.prefill_wg_stages = opts.prefill_wg_stages;
+        gpu.prefill_tma = opts.prefill_tma;
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,
@@ -248,6 +253,7 @@ impl Forward {
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
+                && matches!(opts.prefill_wg_stages, 1 | 2)
                 && opts.max_num_seqs > 0
                 && opts.max_num_batched_tokens >= opts.max_num_seqs,
             "invalid CUDA backend options {opts:?}"
@@ -411,7 +417,7 @@ impl Forward {
             gemm_max_len,
             gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
         );
-        Ok(Forward {
+        let mut forward = Forward {
             cfg,
             opts,
             weights,
@@ -419,6 +425,7 @@ impl Forward {
             inv_freq,
             kv,
             kv_layer_bytes,
+            kv_maps: None,
             block_tables,
             num_blocks,
             max_blocks,
@@ -447,7 +454,32 @@ impl Forward {
             last_stamps: None,
             fp8,
             gpu,
-        })
+        };
+        forward.kv_maps = forward.build_kv_maps()?;
+        Ok(forward)
+    }
+
+    /// The TMA prefill kernel's tensor maps of the current pool, where the kernel is loaded
+    /// (`Gpu::prefill_tma`, Hopper, bf16 cache).
+    fn build_kv_maps(&self) -> anyhow::Result<Option<DevBuf>> {
+        if !self
+            .gpu
+            .has_function(&kernels::prefill_tma_kernel(self.cfg.head_dim))
+        {
+            return Ok(None);
+        }
+        let caches: Vec<(u64, u64)> = (0..self.cfg.num_hidden_layers)
+            .map(|l| (self.k_cache(l), self.v_cache(l)))
+            .collect();
+        kernels::kv_tensor_maps(
+            &self.gpu,
+            &caches,
+            self.num_blocks,
+            self.cfg.num_key_value_heads,
+            self.opts.block_size,
+            self.cfg.head_dim,
+        )
+        .map(Some)
     }
 
     fn limits(&self) -> Limits {
@@ -668,6 +700,7 @@ impl Forward {
         self.kv = self.gpu.alloc(num_blocks * bytes_per_block)?;
         self.kv_layer_bytes = num_blocks * bytes_per_block / (2 * self.cfg.num_hidden_layers);
         self.num_blocks = num_blocks;
+        self.kv_maps = self.build_kv_maps()?;
         Ok(())
     }
 

@@ -5,7 +5,9 @@
 //! checked together against the C layout (`param_structs_match_the_c_layout`); the
 //! step-pipeline kernels and the filled decode split rule are in `kernels/step_io.rs`.
 
-use super::device::Gpu;
+use anyhow::Context;
+
+use super::device::{DevBuf, Gpu};
 use super::options::DecodeKernel;
 
 mod kv_stage;
@@ -129,6 +131,9 @@ pub struct PrefillAttnParams {
     /// CTAs per (tile, head) over its keys (`prefill_splits`); 1: no partials.
     pub num_splits: i32,
     pub scale: f32,
+    /// This layer's K and V tensor maps (`kv_tensor_maps`, 2 x 128 bytes on the device): the
+    /// wgmma kernel's TMA build loads the tiles through them (`prefill_attn`); 0: none.
+    pub kv_maps: u64,
 }
 
 #[repr(C)]
@@ -677,13 +682,106 @@ pub unsafe fn prefill_attn(
     p: &PrefillAttnParams,
     head_dim: usize,
 ) -> anyhow::Result<()> {
-    prefill_attn_named(gpu, p, &prefill_attn_kernel(gpu, head_dim)?)
+    let name = match p.kv_maps {
+        0 => prefill_attn_kernel(gpu, head_dim)?,
+        _ => prefill_tma_kernel(head_dim),
+    };
+    prefill_attn_named(gpu, p, &name)
+}
+
+/// The TMA build of the wgmma prefill kernel (`Gpu::load_attention` builds it where
+/// `Gpu::prefill_tma` and the cache is bf16); launched for params that carry tensor maps.
+pub fn prefill_tma_kernel(head_dim: usize) -> String {
+    format!("prefill_attn_wg_hd{head_dim}_tma")
+}
+
+/// Bytes of one tensor map (CUtensorMap), and its alignment on the device.
+pub const TENSOR_MAP_BYTES: usize = 128;
+
+/// The TMA tensor map of one layer's K or V cache at `ptr` (bf16 `[num_blocks, num_kv_heads,
+/// block_size, head_dim]`) as prefill_attn_wgmma.cu's TMA build reads it: a 2-D tensor of
+/// `[num_blocks * num_kv_heads * block_size rows, head_dim]`, boxes of min(block_size, 64) rows
+/// x 64 dims (128 bytes) in the 128-byte swizzle wgmma reads.
+pub fn kv_tensor_map(
+    ptr: u64,
+    num_blocks: usize,
+    num_kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+) -> anyhow::Result<[u8; TENSOR_MAP_BYTES]> {
+    use cudarc::driver::sys;
+    anyhow::ensure!(
+        head_dim % 64 == 0 && block_size.is_power_of_two() && ptr % 16 == 0,
+        "no TMA map for head_dim {head_dim}, block_size {block_size}"
+    );
+    let dims = [
+        head_dim as u64,
+        (num_blocks * num_kv_heads * block_size) as u64,
+    ];
+    let strides = [(head_dim * 2) as u64];
+    let boxes = [64u32, block_size.min(PREFILL_TILE) as u32];
+    let elem_strides = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the rank's entries (strides: rank - 1); the map is written whole.
+    let map = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .context("cuTensorMapEncodeTiled")?;
+        map.assume_init()
+    };
+    // SAFETY: CUtensorMap is 128 bytes of plain data.
+    Ok(unsafe { std::mem::transmute::<sys::CUtensorMap, [u8; TENSOR_MAP_BYTES]>(map) })
+}
+
+/// The K and V tensor maps of `layers` caches (`caches[l]` = (K, V) pointers) in one device
+/// buffer, layer l's pair at `l * 2 * TENSOR_MAP_BYTES` (`PrefillAttnParams::kv_maps`).
+pub fn kv_tensor_maps(
+    gpu: &Gpu,
+    caches: &[(u64, u64)],
+    num_blocks: usize,
+    num_kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+) -> anyhow::Result<DevBuf> {
+    let mut bytes = Vec::with_capacity(caches.len() * 2 * TENSOR_MAP_BYTES);
+    for &(k, v) in caches {
+        for ptr in [k, v] {
+            bytes.extend(kv_tensor_map(
+                ptr,
+                num_blocks,
+                num_kv_heads,
+                block_size,
+                head_dim,
+            )?);
+        }
+    }
+    let buf = gpu.alloc(bytes.len())?;
+    gpu.upload(buf.ptr(), &bytes)?;
+    Ok(buf)
 }
 
 /// The prefill-attention kernel `prefill_attn` launches at `head_dim`: the wgmma kernel where
 /// it was built (Hopper, head dim 64 or 128) and `gpu.prefill_wgmma`, else the mma.sync kernel
 /// (each the build for the cache's dtype). Both take the same tiles, splits and scratch.
 pub fn prefill_attn_kernel(gpu: &Gpu, head_dim: usize) -> anyhow::Result<String> {
+    let piped = format!("prefill_attn_wg_hd{head_dim}_st2");
+    if gpu.prefill_wgmma && gpu.prefill_wg_stages == 2 && !gpu.kv_fp8() && gpu.has_function(&piped)
+    {
+        return Ok(piped);
+    }
     let wg = gpu.kv_kernel(&format!("prefill_attn_wg_hd{head_dim}"));
     if gpu.prefill_wgmma && gpu.has_function(&wg) {
         return Ok(wg);
@@ -727,6 +825,11 @@ pub const PREFILL_SPLIT_CTAS_PER_SM: usize = 2 * PREFILL_SPLIT_FILL;
 /// Fewest key tiles (of 64 keys) a split walks: shorter splits cost more to merge than they gain
 /// (H200: a 64-query chunk at 2k context took 104 µs in 4 splits of 8 tiles, 132 µs in 8 of 4).
 pub const PREFILL_SPLIT_MIN_KEY_TILES: usize = 8;
+/// Fewest key tiles a split walks when the unsplit launch already fills half a wave: its CTAs
+/// then run the whole context at fewer CTAs an SM, and two waves of splits shorter than this
+/// lose to it (H200, wgmma kernel: a 512-query chunk at 2k context took 71 µs unsplit, 81 µs in
+/// 3 splits of ~11 tiles; at 8k the same chunk's 3 splits of ~43 tiles win, 238 against 270 µs).
+pub const PREFILL_SPLIT_MIN_KEY_TILES_HALF_WAVE: usize = 16;
 /// Most splits per (tile, head).
 pub const PREFILL_MAX_SPLITS: usize = 32;
 
@@ -735,7 +838,8 @@ pub const PREFILL_MAX_SPLITS: usize = 32;
 /// walking 16k keys: one 64-query tile x 32 heads is 32 CTAs. 1 when tiles x heads already fill
 /// a wave (`PREFILL_SPLIT_FILL` CTAs per SM); else the count that minimises waves / splits (a
 /// CTA's time is about its share of the keys), within two waves and at least
-/// `PREFILL_SPLIT_MIN_KEY_TILES` key tiles a split, the fewest among equals (less to merge).
+/// `PREFILL_SPLIT_MIN_KEY_TILES` key tiles a split (`PREFILL_SPLIT_MIN_KEY_TILES_HALF_WAVE` once
+/// tiles x heads fill half a wave), the fewest among equals (less to merge).
 pub fn prefill_splits(
     num_sms: u32,
     num_tiles: usize,
@@ -747,8 +851,12 @@ pub fn prefill_splits(
     if ctas >= wave {
         return 1;
     }
+    let min_key_tiles = match 2 * ctas >= wave {
+        true => PREFILL_SPLIT_MIN_KEY_TILES_HALF_WAVE,
+        false => PREFILL_SPLIT_MIN_KEY_TILES,
+    };
     let most = (PREFILL_SPLIT_CTAS_PER_SM * num_sms.max(1) as usize / ctas)
-        .min(max_context.div_ceil(PREFILL_TILE) / PREFILL_SPLIT_MIN_KEY_TILES)
+        .min(max_context.div_ceil(PREFILL_TILE) / min_key_tiles)
         .clamp(1, PREFILL_MAX_SPLITS);
     // waves / splits, compared as fractions: w1 / s1 < w2 / s2.
     let waves = |s: usize| (ctas * s).div_ceil(wave);
@@ -992,6 +1100,11 @@ mod tests {
         assert_eq!(prefill_splits(132, 5, 30, 16384), 5);
         // A 512-query chunk (256 CTAs): 3 splits in two waves of a third of the keys.
         assert_eq!(prefill_splits(132, 8, 32, 16384), 3);
+        assert_eq!(prefill_splits(132, 8, 32, 8192), 3);
+        // ... but not at 2k, where a third of the keys (11 tiles) is too short a split for a
+        // launch that already fills half a wave; a 256-query chunk there still splits.
+        assert_eq!(prefill_splits(132, 8, 32, 2048), 1);
+        assert_eq!(prefill_splits(132, 4, 32, 2048), 3);
         // 396 CTAs and more already fill the GPU: a 832-query chunk, a 2048-token prompt.
         assert_eq!(prefill_splits(132, 13, 32, 16384), 1);
         assert_eq!(prefill_splits(132, 32, 32, 2048), 1);

@@ -201,6 +201,12 @@ impl Forward {
                     window,
                     num_splits: step.prefill_splits as i32,
                     scale,
+                    kv_maps: match (&self.kv_maps, g.prefill_wgmma) {
+                        (Some(maps), true) => {
+                            maps.ptr() + (l * 2 * kernels::TENSOR_MAP_BYTES) as u64
+                        }
+                        _ => 0,
+                    },
                 };
                 kernels::prefill_attn(g, &p, hd)?;
             }
