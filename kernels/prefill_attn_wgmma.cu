@@ -46,8 +46,8 @@
 #ifndef WG_TMA
 #define WG_TMA 0
 #endif
-#if WG_TMA && (KV_FP8 || WG_STAGES != 1)
-#error "the TMA build takes a bf16 cache and WG_STAGES 1"
+#if WG_TMA && KV_FP8
+#error "the TMA build takes a bf16 cache"
 #endif
 #if KV_FP8
 // An e4m3 cache: each tile is cp.async'ed as e4m3 into a staging buffer (K and V take turns in
@@ -538,21 +538,21 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   auto whole = [&](int kv0) { return p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0; };
 
 #if WG_TMA
-  // As the WG_STAGES 1 loop below, with warp 0 starting each tile's TMA copies where every
-  // thread started its cp.async; K and V each complete on their own mbarrier, once a tile.
-  __shared__ alignas(8) unsigned long long wg_bars[2];
-  const u32 kbar = smem_addr(&wg_bars[0]), vbar = smem_addr(&wg_bars[1]);
-  const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
-  unsigned char* const Vs = smem + WG_Q_BYTES + WG_KV_BYTES;
+  // As the cp.async loops below, with warp 0 starting each tile's TMA copies where every
+  // thread started its cp.async; each K and V tile buffer completes on its own mbarrier.
+  __shared__ alignas(8) unsigned long long wg_bars[2 * WG_STAGES];  // K buffers', then V's
   const void* kmap = p.kv_maps;
   const void* vmap = (const unsigned char*)p.kv_maps + 128;
   cp_async_commit();  // Q's group: the loop's first cp_async_wait waits for it
   if (threadIdx.x == 0) {
-    mbar_init(kbar, 1);
-    mbar_init(vbar, 1);
+    for (int b = 0; b < 2 * WG_STAGES; b++) mbar_init(smem_addr(&wg_bars[b]), 1);
     mbar_fence_init();
   }
   __syncthreads();
+#if WG_STAGES == 1
+  const u32 kbar = smem_addr(&wg_bars[0]), vbar = smem_addr(&wg_bars[1]);
+  const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
+  unsigned char* const Vs = smem + WG_Q_BYTES + WG_KV_BYTES;
   int tb = warp == 0 ? wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size) : -1;
   if (ntiles > 0 && warp == 0) wg_tma_tile(ks, kmap, kbar, tb, kv_first, kh, p);
   for (int t = 0; t < ntiles; t++) {
@@ -583,6 +583,91 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     if (warp == 0 && t + 1 < ntiles) wg_tma_tile(ks, kmap, kbar, tb, kv0 + WG_BN, kh, p);
     wg_accumulate(o, s, vs);
   }
+#else
+  // The pipelined loop of the cp.async WG_STAGES 2 build below with TMA copies: tile t uses K
+  // and V buffers t % 2, whose mbarriers complete once every two tiles (phase (t / 2) % 2).
+  // Warp 0's lanes hold the block-table entries of the tile whose V loads next (cur) and of
+  // the tile whose K loads next (nxt).
+  auto k_at = [&](int t) { return (u32)((t & 1) * WG_KV_BYTES); };
+  auto v_at = [&](int t) { return (u32)((2 + (t & 1)) * WG_KV_BYTES); };
+  auto kbar = [&](int t) { return smem_addr(&wg_bars[t & 1]); };
+  auto vbar = [&](int t) { return smem_addr(&wg_bars[2 + (t & 1)]); };
+  auto phase = [](int t) { return (u32)((t >> 1) & 1); };
+  int tb_cur = -1, tb_nxt = -1;
+  if (warp == 0) {
+    tb_cur = wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size);
+    if (ntiles > 1) tb_nxt = wg_tma_block(bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
+  }
+  // V of tile t and K of tile t + 1, then the entries move on a tile.
+  auto load_next = [&](int t) {
+    if (warp != 0) return;
+    const int kv0 = kv_first + t * WG_BN;
+    wg_tma_tile(kv_base + v_at(t), vmap, vbar(t), tb_cur, kv0, kh, p);
+    if (t + 1 < ntiles) {
+      wg_tma_tile(kv_base + k_at(t + 1), kmap, kbar(t + 1), tb_nxt, kv0 + WG_BN, kh, p);
+      tb_cur = tb_nxt;
+      if (t + 2 < ntiles)
+        tb_nxt = wg_tma_block(bt, kv0 + 2 * WG_BN, kv_begin, kv_end, p.block_size);
+    }
+  };
+  // V of tile t has landed: its rows outside the keys zeroed, and made visible to wgmma by the
+  // caller's barrier.
+  auto v_ready = [&](int t) {
+    const int kv0 = kv_first + t * WG_BN;
+    mbar_wait(vbar(t), phase(t));
+    if (kv0 < kv_begin || kv0 + WG_BN > kv_end) {
+      wg_zero_rows(smem + WG_Q_BYTES + v_at(t), kv0, kv_begin, kv_end);
+      wg_fence_proxy();
+    }
+  };
+  float s[WG_BN / 8][4], corr_a = 1.f, corr_b = 1.f;
+  u32 pa[WG_BN / 16][4];
+  if (ntiles > 0) {
+    if (warp == 0) wg_tma_tile(kv_base + k_at(0), kmap, kbar(0), tb_cur, kv_first, kh, p);
+    // Q and K of tile 0 have landed.
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    mbar_wait(kbar(0), 0);
+    __syncthreads();
+    wg_fence();
+    wg_scores_issue(s, qs, kv_base + k_at(0));
+    load_next(0);
+    wg_wait<0>();
+    wg_pin(s);
+    // O is still zero: its factors need not be applied.
+    pf_softmax_tile<WG_BN>(s, rows, kv_first, whole(kv_first), tig, corr_a, corr_b);
+    wg_pack_p(pa, s);
+  }
+  for (int t = 1; t < ntiles; t++) {
+    const int kv0 = kv_first + t * WG_BN;
+    // K of tile t and V of tile t - 1 have landed, and every warp is done with tile t - 1's S
+    // and tile t - 2's O += PV (their buffers take V of tile t and K of tile t + 1).
+    mbar_wait(kbar(t), phase(t));
+    v_ready(t - 1);
+    __syncthreads();
+    wg_fence();
+    wg_scores_issue(s, qs, kv_base + k_at(t));
+    wg_pv_issue(o, pa, kv_base + v_at(t - 1));
+    load_next(t);
+    // S of tile t is done; O += PV of tile t - 1 may still run.
+    wg_wait<1>();
+    wg_pin(s);
+    const bool moved = pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b);
+    wg_wait<0>();
+    wg_pin(o);
+    wg_keep(pa);
+    if (moved) wg_rescale(o, corr_a, corr_b);
+    wg_pack_p(pa, s);
+  }
+  if (ntiles > 0) {
+    v_ready(ntiles - 1);
+    __syncthreads();
+    wg_fence();
+    wg_pv_issue(o, pa, kv_base + v_at(ntiles - 1));
+    wg_wait<0>();
+    wg_pin(o);
+  }
+#endif
 #elif WG_STAGES == 1
   // One K and one V tile: V of tile t loads during S and the softmax of tile t, K of tile t + 1
   // during O += PV of tile t (FlashAttention-2's interleaving); tile t + 1's block-table

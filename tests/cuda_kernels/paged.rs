@@ -385,7 +385,7 @@ impl<'a> PrefillRun<'a> {
         let layout = self.b.layout();
         let loaded = self
             .g
-            .has_function(&kernels::prefill_tma_kernel(layout.head_dim));
+            .has_function(&kernels::prefill_tma_kernel(self.g, layout.head_dim));
         let cache = &self.b.paged.cache;
         (self.g.prefill_tma && self.g.prefill_wgmma && loaded && !cache.fp8).then(|| {
             let blocks = cache.k.len() / (layout.kv_heads * layout.block_size * layout.head_dim);

@@ -49,11 +49,12 @@ fn check_prefill_kv(
     let n = b.tokens() * b.row_elems();
     let all: Vec<usize> = (0..seqs.len()).collect();
     let reference = b.reference();
-    // Every kernel built for this GPU and shape: on Hopper the wgmma kernel in its pipelined
-    // (2-stage) and TMA builds (bf16 caches) and as built by default, and the mma.sync kernel
-    // other GPUs run.
+    // Every kernel built for this GPU and shape: on Hopper the wgmma kernel's TMA and cp.async
+    // builds, each with its pipelined (2-stage) loop (bf16 caches) and the 1-stage one, and the
+    // mma.sync kernel other GPUs run.
     let built = prefill_wgmma_supported(g.compute_capability, head_dim);
     for (wgmma, stages, tma) in [
+        (true, 2, true),
         (true, 2, false),
         (true, 1, true),
         (true, 1, false),

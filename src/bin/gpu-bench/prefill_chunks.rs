@@ -42,13 +42,18 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
                 format!("prefill_attn_hd{}", shape.head_dim),
             ],
             wg_stages: Vec::new(),
+            tma_piped: None,
         };
         // The wgmma kernel with 1 and 2 tiles of K and V, where it is built.
         for stages in [1, 2] {
-            variants
-                .wg_stages
-                .extend(gpu.load_prefill_wg_variant(shape.head_dim, stages)?);
+            variants.wg_stages.extend(gpu.load_prefill_wg_variant(
+                shape.head_dim,
+                stages,
+                false,
+            )?);
         }
+        // And the TMA build's pipelined loop (2 stages), timed with the tensor maps.
+        variants.tma_piped = gpu.load_prefill_wg_variant(shape.head_dim, 2, true)?;
         let (acc, ml, counters) = prefill_split_scratch(gpu.num_sms, shape.head_dim);
         let scratch = Scratch {
             acc: gpu.alloc(acc * 4)?,
@@ -85,6 +90,8 @@ pub fn run(models: &[String]) -> anyhow::Result<()> {
 struct Variants {
     mma: [String; 3],
     wg_stages: Vec<String>,
+    /// The TMA build with 2 stages (`Gpu::load_prefill_wg_variant`).
+    tma_piped: Option<String>,
 }
 
 /// Split CTAs per SM that the forced split counts may use (their scratch).
@@ -134,7 +141,7 @@ fn point(
     let block_tables = upload(gpu, &table)?;
     let out = gpu.alloc(chunk * h * hd * 2)?;
     // The TMA build's tensor maps of these caches; the engine's kernel when BROOK_PREFILL_TMA.
-    let tma = kernels::prefill_tma_kernel(hd);
+    let tma = kernels::prefill_tma_kernel(gpu, hd);
     let maps = match gpu.has_function(&tma) {
         true => {
             let caches = [(k_cache.ptr(), v_cache.ptr())];
@@ -233,18 +240,19 @@ fn point(
         );
         stages_us.insert(name.clone(), json!(us));
     }
-    if maps_ptr != 0 {
+    let tma_builds = std::iter::once(&tma).chain(variants.tma_piped.as_ref());
+    for name in tma_builds.filter(|_| maps_ptr != 0) {
         let p = PrefillAttnParams {
             kv_maps: maps_ptr,
             ..params(chosen, false)
         };
-        let (us, got) = run_named(p, &tma)?;
+        let (us, got) = run_named(p, name)?;
         let err = rel_err(&got, &reference);
         anyhow::ensure!(
             err < 1e-2,
-            "ctx {ctx} chunk {chunk}: {tma} differs by {err:.3e}"
+            "ctx {ctx} chunk {chunk}: {name} differs by {err:.3e}"
         );
-        stages_us.insert(tma.clone(), json!(us));
+        stages_us.insert(name.clone(), json!(us));
     }
     let mut forced = serde_json::Map::new();
     for s in FORCED

@@ -257,10 +257,12 @@ impl Gpu {
             self.set_dyn_smem(&wg, bytes)?;
         }
         if wgmma && self.prefill_wg_stages == 2 {
-            self.load_prefill_wg_variant(head_dim, 2)?;
+            self.load_prefill_wg_variant(head_dim, 2, false)?;
         }
-        let tma = kernels::prefill_tma_kernel(head_dim);
-        if wgmma && self.prefill_tma && !self.kv_fp8 && !self.functions.contains_key(&tma) {
+        let tma = kernels::prefill_tma_kernel(self, head_dim);
+        if wgmma && self.prefill_tma && self.prefill_wg_stages == 2 {
+            self.load_prefill_wg_variant(head_dim, 2, true)?;
+        } else if wgmma && self.prefill_tma && !self.kv_fp8 && !self.functions.contains_key(&tma) {
             let defines = [("HD", head_dim), ("WG_STAGES", 1), ("WG_TMA", 1)];
             let suffix = format!("_hd{head_dim}_tma");
             self.build(
@@ -275,21 +277,30 @@ impl Gpu {
     }
 
     /// The wgmma prefill kernel at `head_dim` with `stages` K/V tiles of each kind
-    /// (`-DWG_STAGES`), loaded as `prefill_attn_wg_hd{H}_st{S}`; its name, or None where the
-    /// kernel is not built (`compile::prefill_wgmma_supported`; more than one stage takes bf16
+    /// (`-DWG_STAGES`), with TMA loads when `tma` (`-DWG_TMA`: its params need `kv_maps`),
+    /// loaded as `prefill_attn_wg_hd{H}_st{S}` (`_hd{H}_tma_st{S}`); its name, or None where
+    /// the kernel is not built (`compile::prefill_wgmma_supported`; these builds take bf16
     /// caches only). Idempotent.
     pub fn load_prefill_wg_variant(
         &mut self,
         head_dim: usize,
         stages: usize,
+        tma: bool,
     ) -> anyhow::Result<Option<String>> {
         if !compile::prefill_wgmma_supported(self.compute_capability, head_dim) || self.kv_fp8 {
             return Ok(None);
         }
-        let suffix = format!("_hd{head_dim}_st{stages}");
+        let suffix = match tma {
+            true => format!("_hd{head_dim}_tma_st{stages}"),
+            false => format!("_hd{head_dim}_st{stages}"),
+        };
         let name = format!("prefill_attn_wg{suffix}");
         if !self.functions.contains_key(&name) {
-            let defines = [("HD", head_dim), ("WG_STAGES", stages)];
+            let defines = [
+                ("HD", head_dim),
+                ("WG_STAGES", stages),
+                ("WG_TMA", tma as usize),
+            ];
             self.build(
                 compile::PREFILL_ATTN_WG,
                 compile::WGMMA_ARCH,

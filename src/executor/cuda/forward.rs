@@ -464,7 +464,7 @@ impl Forward {
     fn build_kv_maps(&self) -> anyhow::Result<Option<DevBuf>> {
         if !self
             .gpu
-            .has_function(&kernels::prefill_tma_kernel(self.cfg.head_dim))
+            .has_function(&kernels::prefill_tma_kernel(&self.gpu, self.cfg.head_dim))
         {
             return Ok(None);
         }

@@ -684,15 +684,19 @@ pub unsafe fn prefill_attn(
 ) -> anyhow::Result<()> {
     let name = match p.kv_maps {
         0 => prefill_attn_kernel(gpu, head_dim)?,
-        _ => prefill_tma_kernel(head_dim),
+        _ => prefill_tma_kernel(gpu, head_dim),
     };
     prefill_attn_named(gpu, p, &name)
 }
 
 /// The TMA build of the wgmma prefill kernel (`Gpu::load_attention` builds it where
-/// `Gpu::prefill_tma` and the cache is bf16); launched for params that carry tensor maps.
-pub fn prefill_tma_kernel(head_dim: usize) -> String {
-    format!("prefill_attn_wg_hd{head_dim}_tma")
+/// `Gpu::prefill_tma` and the cache is bf16; its pipelined loop with `Gpu::prefill_wg_stages`
+/// 2); launched for params that carry tensor maps.
+pub fn prefill_tma_kernel(gpu: &Gpu, head_dim: usize) -> String {
+    match gpu.prefill_wg_stages {
+        2 => format!("prefill_attn_wg_hd{head_dim}_tma_st2"),
+        _ => format!("prefill_attn_wg_hd{head_dim}_tma"),
+    }
 }
 
 /// Bytes of one tensor map (CUtensorMap), and its alignment on the device.
