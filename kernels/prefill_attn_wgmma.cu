@@ -549,7 +549,8 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     mbar_fence_init();
   }
   __syncthreads();
-#if WG_STAGES == 1
+#endif
+#if WG_STAGES == 1 && WG_TMA
   const u32 kbar = smem_addr(&wg_bars[0]), vbar = smem_addr(&wg_bars[1]);
   const u32 ks = kv_base, vs = kv_base + WG_KV_BYTES;
   unsigned char* const Vs = smem + WG_Q_BYTES + WG_KV_BYTES;
@@ -583,91 +584,6 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     if (warp == 0 && t + 1 < ntiles) wg_tma_tile(ks, kmap, kbar, tb, kv0 + WG_BN, kh, p);
     wg_accumulate(o, s, vs);
   }
-#else
-  // The pipelined loop of the cp.async WG_STAGES 2 build below with TMA copies: tile t uses K
-  // and V buffers t % 2, whose mbarriers complete once every two tiles (phase (t / 2) % 2).
-  // Warp 0's lanes hold the block-table entries of the tile whose V loads next (cur) and of
-  // the tile whose K loads next (nxt).
-  auto k_at = [&](int t) { return (u32)((t & 1) * WG_KV_BYTES); };
-  auto v_at = [&](int t) { return (u32)((2 + (t & 1)) * WG_KV_BYTES); };
-  auto kbar = [&](int t) { return smem_addr(&wg_bars[t & 1]); };
-  auto vbar = [&](int t) { return smem_addr(&wg_bars[2 + (t & 1)]); };
-  auto phase = [](int t) { return (u32)((t >> 1) & 1); };
-  int tb_cur = -1, tb_nxt = -1;
-  if (warp == 0) {
-    tb_cur = wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size);
-    if (ntiles > 1) tb_nxt = wg_tma_block(bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
-  }
-  // V of tile t and K of tile t + 1, then the entries move on a tile.
-  auto load_next = [&](int t) {
-    if (warp != 0) return;
-    const int kv0 = kv_first + t * WG_BN;
-    wg_tma_tile(kv_base + v_at(t), vmap, vbar(t), tb_cur, kv0, kh, p);
-    if (t + 1 < ntiles) {
-      wg_tma_tile(kv_base + k_at(t + 1), kmap, kbar(t + 1), tb_nxt, kv0 + WG_BN, kh, p);
-      tb_cur = tb_nxt;
-      if (t + 2 < ntiles)
-        tb_nxt = wg_tma_block(bt, kv0 + 2 * WG_BN, kv_begin, kv_end, p.block_size);
-    }
-  };
-  // V of tile t has landed: its rows outside the keys zeroed, and made visible to wgmma by the
-  // caller's barrier.
-  auto v_ready = [&](int t) {
-    const int kv0 = kv_first + t * WG_BN;
-    mbar_wait(vbar(t), phase(t));
-    if (kv0 < kv_begin || kv0 + WG_BN > kv_end) {
-      wg_zero_rows(smem + WG_Q_BYTES + v_at(t), kv0, kv_begin, kv_end);
-      wg_fence_proxy();
-    }
-  };
-  float s[WG_BN / 8][4], corr_a = 1.f, corr_b = 1.f;
-  u32 pa[WG_BN / 16][4];
-  if (ntiles > 0) {
-    if (warp == 0) wg_tma_tile(kv_base + k_at(0), kmap, kbar(0), tb_cur, kv_first, kh, p);
-    // Q and K of tile 0 have landed.
-    cp_async_wait<0>();
-    wg_fence_proxy();
-    mbar_wait(kbar(0), 0);
-    __syncthreads();
-    wg_fence();
-    wg_scores_issue(s, qs, kv_base + k_at(0));
-    load_next(0);
-    wg_wait<0>();
-    wg_pin(s);
-    // O is still zero: its factors need not be applied.
-    pf_softmax_tile<WG_BN>(s, rows, kv_first, whole(kv_first), tig, corr_a, corr_b);
-    wg_pack_p(pa, s);
-  }
-  for (int t = 1; t < ntiles; t++) {
-    const int kv0 = kv_first + t * WG_BN;
-    // K of tile t and V of tile t - 1 have landed, and every warp is done with tile t - 1's S
-    // and tile t - 2's O += PV (their buffers take V of tile t and K of tile t + 1).
-    mbar_wait(kbar(t), phase(t));
-    v_ready(t - 1);
-    __syncthreads();
-    wg_fence();
-    wg_scores_issue(s, qs, kv_base + k_at(t));
-    wg_pv_issue(o, pa, kv_base + v_at(t - 1));
-    load_next(t);
-    // S of tile t is done; O += PV of tile t - 1 may still run.
-    wg_wait<1>();
-    wg_pin(s);
-    const bool moved = pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b);
-    wg_wait<0>();
-    wg_pin(o);
-    wg_keep(pa);
-    if (moved) wg_rescale(o, corr_a, corr_b);
-    wg_pack_p(pa, s);
-  }
-  if (ntiles > 0) {
-    v_ready(ntiles - 1);
-    __syncthreads();
-    wg_fence();
-    wg_pv_issue(o, pa, kv_base + v_at(ntiles - 1));
-    wg_wait<0>();
-    wg_pin(o);
-  }
-#endif
 #elif WG_STAGES == 1
   // One K and one V tile: V of tile t loads during S and the softmax of tile t, K of tile t + 1
   // during O += PV of tile t (FlashAttention-2's interleaving); tile t + 1's block-table
@@ -725,13 +641,69 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
 #else
   // WG_STAGES 2: FlashAttention-3's intra-warpgroup overlap. Tile t's S = Q K^T and tile t-1's
   // O += P V are issued together, and the softmax of tile t runs while O += PV still occupies
-  // the tensor cores; O's rescale waits for it. Two K and two V tiles: V of tile t and K of
-  // tile t + 1 load (one cp.async group, issued as tile t's products start) into the buffers
-  // tile t - 1's products and tile t - 2's O += PV have released, so each lands during a whole
-  // tile's work and every wait is "all groups landed".
-  unsigned char* const KV = smem + WG_Q_BYTES;  // K tiles 0 and 1, then V tiles 0 and 1
+  // the tensor cores; O's rescale waits for it. Two K and two V tiles (tile t in buffers
+  // t % 2): V of tile t and K of tile t + 1 start loading as tile t's products start, into the
+  // buffers tile t - 1's S and tile t - 2's O += PV have released, so each lands during a whole
+  // tile's work. The loads are the build's (load_first, load_next; k_ready and v_ready wait
+  // for them), the loop is shared.
   auto k_at = [&](int t) { return (u32)((t & 1) * WG_KV_BYTES); };
   auto v_at = [&](int t) { return (u32)((2 + (t & 1)) * WG_KV_BYTES); };
+#if WG_TMA
+  // Each buffer's mbarrier completes once every two tiles (phase (t / 2) % 2). Warp 0's lanes
+  // hold the block-table entries of the tile whose V loads next (cur) and of the tile whose K
+  // loads next (nxt).
+  auto kbar = [&](int t) { return smem_addr(&wg_bars[t & 1]); };
+  auto vbar = [&](int t) { return smem_addr(&wg_bars[2 + (t & 1)]); };
+  auto phase = [](int t) { return (u32)((t >> 1) & 1); };
+  int tb_cur = -1, tb_nxt = -1;
+  if (warp == 0) {
+    tb_cur = wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size);
+    if (ntiles > 1) tb_nxt = wg_tma_block(bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
+  }
+  auto load_first = [&]() {
+    if (warp == 0) wg_tma_tile(kv_base + k_at(0), kmap, kbar(0), tb_cur, kv_first, kh, p);
+  };
+  // V of tile t and K of tile t + 1, then the entries move on a tile.
+  auto load_next = [&](int t) {
+    if (warp != 0) return;
+    const int kv0 = kv_first + t * WG_BN;
+    wg_tma_tile(kv_base + v_at(t), vmap, vbar(t), tb_cur, kv0, kh, p);
+    if (t + 1 < ntiles) {
+      wg_tma_tile(kv_base + k_at(t + 1), kmap, kbar(t + 1), tb_nxt, kv0 + WG_BN, kh, p);
+      tb_cur = tb_nxt;
+      if (t + 2 < ntiles)
+        tb_nxt = wg_tma_block(bt, kv0 + 2 * WG_BN, kv_begin, kv_end, p.block_size);
+    }
+  };
+  // K of tile t (and for tile 0 Q, a cp.async group) has landed.
+  auto k_ready = [&](int t) {
+    if (t == 0) {
+      cp_async_wait<0>();
+      wg_fence_proxy();
+    }
+    mbar_wait(kbar(t), phase(t));
+  };
+  // V of tile t has landed, its rows outside the keys zeroed (made visible to wgmma by the
+  // caller's barrier).
+  auto v_ready = [&](int t) {
+    const int kv0 = kv_first + t * WG_BN;
+    mbar_wait(vbar(t), phase(t));
+    if (kv0 < kv_begin || kv0 + WG_BN > kv_end) {
+      wg_zero_rows(smem + WG_Q_BYTES + v_at(t), kv0, kv_begin, kv_end);
+      wg_fence_proxy();
+    }
+  };
+#else
+  // One cp.async group a tile, so every wait is "all groups landed"; Q's is its own (an empty
+  // split waits for it before the merge).
+  unsigned char* const KV = smem + WG_Q_BYTES;  // K tiles 0 and 1, then V tiles 0 and 1
+  cp_async_commit();
+  auto load_first = [&]() {
+    wg_tile_offsets(off, blk, kv_first, kh, p);
+    wg_copy_tile(KV + k_at(0), p.k_cache, off);
+    cp_async_commit();
+    if (ntiles > 1) wg_tile_blocks(blk, bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
+  };
   // Starts the copies of V of tile t (at `off`, tile t's offsets) and K of tile t + 1 (whose
   // offsets then replace them), and reads tile t + 2's block-table entries.
   auto load_next = [&](int t) {
@@ -744,18 +716,18 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     }
     cp_async_commit();
   };
+  auto k_ready = [&](int) {
+    cp_async_wait<0>();
+    wg_fence_proxy();
+  };
+  auto v_ready = k_ready;
+#endif
   float s[WG_BN / 8][4], corr_a = 1.f, corr_b = 1.f;
   u32 pa[WG_BN / 16][4];
   if (ntiles > 0) {
-    wg_tile_offsets(off, blk, kv_first, kh, p);
-    wg_copy_tile(KV + k_at(0), p.k_cache, off);
-  }
-  cp_async_commit();
-  if (ntiles > 1) wg_tile_blocks(blk, bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
-  if (ntiles > 0) {
-    // Q and K of tile 0 have landed.
-    cp_async_wait<0>();
-    wg_fence_proxy();
+    // K of tile 0 loads (the first tile's copies start here); then it and Q have landed.
+    load_first();
+    k_ready(0);
     __syncthreads();
     wg_fence();
     wg_scores_issue(s, qs, kv_base + k_at(0));
@@ -770,8 +742,8 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     const int kv0 = kv_first + t * WG_BN;
     // K of tile t and V of tile t - 1 have landed, and every warp is done with tile t - 1's S
     // and tile t - 2's O += PV (their buffers take V of tile t and K of tile t + 1).
-    cp_async_wait<0>();
-    wg_fence_proxy();
+    k_ready(t);
+    v_ready(t - 1);
     __syncthreads();
     wg_fence();
     wg_scores_issue(s, qs, kv_base + k_at(t));
@@ -789,8 +761,7 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   }
   if (ntiles > 0) {
     // V of the last tile has landed.
-    cp_async_wait<0>();
-    wg_fence_proxy();
+    v_ready(ntiles - 1);
     __syncthreads();
     wg_fence();
     wg_pv_issue(o, pa, kv_base + v_at(ntiles - 1));

@@ -16,7 +16,6 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
-use super::kernels;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -259,19 +258,8 @@ impl Gpu {
         if wgmma && self.prefill_wg_stages == 2 {
             self.load_prefill_wg_variant(head_dim, 2, false)?;
         }
-        let tma = kernels::prefill_tma_kernel(self, head_dim);
-        if wgmma && self.prefill_tma && self.prefill_wg_stages == 2 {
-            self.load_prefill_wg_variant(head_dim, 2, true)?;
-        } else if wgmma && self.prefill_tma && !self.kv_fp8 && !self.functions.contains_key(&tma) {
-            let defines = [("HD", head_dim), ("WG_STAGES", 1), ("WG_TMA", 1)];
-            let suffix = format!("_hd{head_dim}_tma");
-            self.build(
-                compile::PREFILL_ATTN_WG,
-                compile::WGMMA_ARCH,
-                &defines,
-                &suffix,
-            )?;
-            self.set_dyn_smem(&tma, compile::prefill_wgmma_smem(head_dim, 1, false))?;
+        if wgmma && self.prefill_tma {
+            self.load_prefill_wg_variant(head_dim, self.prefill_wg_stages, true)?;
         }
         Ok(())
     }

@@ -693,10 +693,10 @@ pub unsafe fn prefill_attn(
 /// `Gpu::prefill_tma` and the cache is bf16; its pipelined loop with `Gpu::prefill_wg_stages`
 /// 2); launched for params that carry tensor maps.
 pub fn prefill_tma_kernel(gpu: &Gpu, head_dim: usize) -> String {
-    match gpu.prefill_wg_stages {
-        2 => format!("prefill_attn_wg_hd{head_dim}_tma_st2"),
-        _ => format!("prefill_attn_wg_hd{head_dim}_tma"),
-    }
+    format!(
+        "prefill_attn_wg_hd{head_dim}_tma_st{}",
+        gpu.prefill_wg_stages
+    )
 }
 
 /// Bytes of one tensor map (CUtensorMap), and its alignment on the device.
