@@ -81,9 +81,9 @@ pub struct Gpu {
     /// `load_attention`, and `kernels::prefill_attn_kernel` picks it. Set before
     /// `load_attention`; e4m3 caches take the 1-stage kernel.
     pub prefill_wg_stages: usize,
-    /// Also build the wgmma prefill kernel's TMA loads (`prefill_attn_wg_hd{H}_tma`, bf16
-    /// caches) in `load_attention`; the forward pass then gives it tensor maps of its cache.
-    /// Set before `load_attention`.
+    /// Also build the wgmma prefill kernel's TMA loads (`prefill_attn_wg_hd{H}_tma_st{S}`,
+    /// `kernels::prefill_tma_kernel`; bf16 caches) in `load_attention`; the forward pass then
+    /// gives it tensor maps of its cache. Set before `load_attention`.
     pub prefill_tma: bool,
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).

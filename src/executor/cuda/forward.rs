@@ -241,6 +241,11 @@ impl Forward {
             }
             false => None,
         };
+        anyhow::ensure!(
+            matches!(opts.prefill_wg_stages, 1 | 2),
+            "prefill_wg_stages is 1 or 2, got {}",
+            opts.prefill_wg_stages
+        );
         gpu.prefill_wg_stages = opts.prefill_wg_stages;
         gpu.prefill_tma = opts.prefill_tma;
         gpu.load_attention(
@@ -253,7 +258,6 @@ impl Forward {
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
-                && matches!(opts.prefill_wg_stages, 1 | 2)
                 && opts.max_num_seqs > 0
                 && opts.max_num_batched_tokens >= opts.max_num_seqs,
             "invalid CUDA backend options {opts:?}"
