@@ -1178,7 +1178,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
         assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
-        assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 13 * 8 + 7 * 4 + 4);
+        assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 14 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<RopeKvParams>(), 10 * 8 + 7 * 4 + 4);
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
