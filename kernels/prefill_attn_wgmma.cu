@@ -192,8 +192,6 @@ __device__ __forceinline__ bool pf_softmax_tile(float (&s)[BN / 8][4], PfRows& r
     for (int nt = 0; nt < BN / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        s[nt][e] *= r.sl2;
-        s[nt][2 + e] *= r.sl2;
         mx_a = fmaxf(mx_a, s[nt][e]);
         mx_b = fmaxf(mx_b, s[nt][2 + e]);
       }
@@ -207,13 +205,17 @@ __device__ __forceinline__ bool pf_softmax_tile(float (&s)[BN / 8][4], PfRows& r
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int key = kv0 + nt * 8 + tig * 2 + e;
-        s[nt][e] = (unsigned)(key - r.lo_a) <= span_a ? s[nt][e] * r.sl2 : NEG_INF;
-        s[nt][2 + e] = (unsigned)(key - r.lo_b) <= span_b ? s[nt][2 + e] * r.sl2 : NEG_INF;
+        s[nt][e] = (unsigned)(key - r.lo_a) <= span_a ? s[nt][e] : NEG_INF;
+        s[nt][2 + e] = (unsigned)(key - r.lo_b) <= span_b ? s[nt][2 + e] : NEG_INF;
         mx_a = fmaxf(mx_a, s[nt][e]);
         mx_b = fmaxf(mx_b, s[nt][2 + e]);
       }
     }
   }
+  // The scale (> 0) keeps the order: the max of the raw scores, scaled once; the scale of every
+  // score rides in the exponent's FMA below.
+  mx_a *= r.sl2;
+  mx_b *= r.sl2;
   mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
   mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
   mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
@@ -234,10 +236,10 @@ __device__ __forceinline__ bool pf_softmax_tile(float (&s)[BN / 8][4], PfRows& r
   float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
   for (int nt = 0; nt < BN / 8; nt++) {
-    s[nt][0] = wg_exp2(s[nt][0] - base_a);
-    s[nt][1] = wg_exp2(s[nt][1] - base_a);
-    s[nt][2] = wg_exp2(s[nt][2] - base_b);
-    s[nt][3] = wg_exp2(s[nt][3] - base_b);
+    s[nt][0] = wg_exp2(fmaf(s[nt][0], r.sl2, -base_a));
+    s[nt][1] = wg_exp2(fmaf(s[nt][1], r.sl2, -base_a));
+    s[nt][2] = wg_exp2(fmaf(s[nt][2], r.sl2, -base_b));
+    s[nt][3] = wg_exp2(fmaf(s[nt][3], r.sl2, -base_b));
     sum_a += s[nt][0] + s[nt][1];
     sum_b += s[nt][2] + s[nt][3];
   }
