@@ -533,9 +533,12 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
   float o[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+#if !WG_TMA
+  // This thread's chunks of the first tile: block-table entries now, offsets when it copies.
   int blk[PF_CHUNKS];
   u32 off[PF_CHUNKS];
   wg_tile_blocks(blk, bt, kv_first, kv_begin, kv_end, p.block_size);
+#endif
   // Every row of the CTA sees every key of the tile at kv0 (no window, below the diagonal).
   auto whole = [&](int kv0) { return p.window == 0 && kv0 + WG_BN - 1 <= first_pos + q0; };
 

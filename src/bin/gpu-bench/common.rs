@@ -58,24 +58,34 @@ fn env_choice<T: clap::ValueEnum + Default>(var: &str) -> T {
     })
 }
 
-/// Whether every backend gpu-bench makes runs prefill attention on the wgmma kernel where it is
-/// built: `BROOK_PREFILL_WGMMA` (1, the default, or 0: the mma.sync kernel), for A/B runs.
-pub fn prefill_wgmma() -> bool {
-    match std::env::var("BROOK_PREFILL_WGMMA").as_deref() {
-        Err(_) | Ok("1") => true,
+/// `var` as 0 or 1, `default` when unset; any other value ends the run (as `env_choice`).
+fn env_flag(var: &str, default: bool) -> bool {
+    match std::env::var(var).as_deref() {
+        Err(_) => default,
+        Ok("1") => true,
         Ok("0") => false,
         Ok(v) => {
-            eprintln!("BROOK_PREFILL_WGMMA={v:?}: expected 0 or 1");
+            eprintln!("{var}={v:?}: expected 0 or 1");
             std::process::exit(2)
         }
     }
+}
+
+/// Whether every backend gpu-bench makes runs prefill attention on the wgmma kernel where it is
+/// built: `BROOK_PREFILL_WGMMA` (0: the mma.sync kernel; brook's default when unset), for A/B
+/// runs.
+pub fn prefill_wgmma() -> bool {
+    env_flag(
+        "BROOK_PREFILL_WGMMA",
+        CudaBackendOptions::default().prefill_wgmma,
+    )
 }
 
 /// K/V tiles of the wgmma prefill kernel in every backend and `Gpu` gpu-bench makes:
 /// `BROOK_PREFILL_WG_STAGES` (1 or 2; brook's default when unset), for A/B runs.
 pub fn prefill_wg_stages() -> usize {
     match std::env::var("BROOK_PREFILL_WG_STAGES").as_deref() {
-        Err(_) => brook::executor::cuda::compile::PREFILL_WG_STAGES,
+        Err(_) => CudaBackendOptions::default().prefill_wg_stages,
         Ok("1") => 1,
         Ok("2") => 2,
         Ok(v) => {
@@ -88,15 +98,10 @@ pub fn prefill_wg_stages() -> usize {
 /// Whether the wgmma prefill kernel loads K/V by TMA in every backend and `Gpu` gpu-bench
 /// makes: `BROOK_PREFILL_TMA` (0 or 1; brook's default when unset), for A/B runs.
 pub fn prefill_tma() -> bool {
-    match std::env::var("BROOK_PREFILL_TMA").as_deref() {
-        Err(_) => CudaBackendOptions::default().prefill_tma,
-        Ok("1") => true,
-        Ok("0") => false,
-        Ok(v) => {
-            eprintln!("BROOK_PREFILL_TMA={v:?}: expected 0 or 1");
-            std::process::exit(2)
-        }
-    }
+    env_flag(
+        "BROOK_PREFILL_TMA",
+        CudaBackendOptions::default().prefill_tma,
+    )
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,

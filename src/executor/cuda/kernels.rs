@@ -723,6 +723,7 @@ pub fn kv_tensor_map(
         (num_blocks * num_kv_heads * block_size) as u64,
     ];
     let strides = [(head_dim * 2) as u64];
+    // A box is one block's keys within a tile (the kernel's WG_BN = PREFILL_TILE keys) x 64 dims.
     let boxes = [64u32, block_size.min(PREFILL_TILE) as u32];
     let elem_strides = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
