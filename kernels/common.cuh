@@ -176,6 +176,36 @@ __device__ __forceinline__ u32 smem_addr(const void* ptr) {
   return r;
 }
 
+// mbarriers (sm_90): the completion of bulk and TMA copies into shared memory (expect_tx /
+// complete_tx) and the hand-back of their buffers (arrive). Used by prefill_attn_wgmma.cu's TMA
+// build and gemv_bulk.cu.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival (the barriers count one a phase) that also expects `bytes` from the copies.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase `phase` (0 or 1) has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
+  u32 done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(phase)
+        : "memory");
+  } while (!done);
+}
+// One plain arrival.
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
 // SplitMix64: a counter-based hash, used for seeded draws and synthetic weights.
 __device__ __forceinline__ u64 splitmix64(u64 x) {
   x += 0x9E3779B97F4A7C15ull;

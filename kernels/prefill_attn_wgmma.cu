@@ -402,28 +402,6 @@ __device__ __forceinline__ void wg_keep(const u32 (&pa)[WG_BN / 16][4]) {
 }
 
 #if WG_TMA
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// One arrival (the barriers count one a phase) that also expects `bytes` from the copies.
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Waits until the barrier's phase `phase` (0 or 1) has completed.
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
-  u32 done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(phase)
-        : "memory");
-  } while (!done);
-}
 // TMA: the box at (c0, c1) of the tensor `map` into shared memory at `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, int c0, int c1, u32 bar) {
   asm volatile(

@@ -47,6 +47,7 @@ impl CudaBackendOptions {
             verify_graphs: cfg.model.cuda_verify_graphs,
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
+            gemv_bulk: true,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

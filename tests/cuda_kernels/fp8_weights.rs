@@ -12,7 +12,7 @@ use brook::executor::cuda::kernels::{self, GemvParams, GEMV_MAX_M};
 use half::bf16;
 use rand_chacha::ChaCha8Rng;
 
-use crate::gemv::check_both_outputs;
+use crate::gemv::{check_both_outputs, gemv_params};
 use crate::harness::{
     assert_close, dev, e4m3, e4m3_to_f32, matmul_ref, poisoned, rand_bf16, read, read_bf16,
     read_e4m3, setup, to_f32,
@@ -97,15 +97,8 @@ fn gemv_fp8_matches_the_dequantized_reference_for_each_row_count() {
         let xb = dev(&g, &x);
         for split in [1, 2, 4, 8] {
             let p = GemvParams {
-                x: xb.ptr(),
-                w: wq.ptr(),
-                y: 0,
-                y32: 0,
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                split,
                 w_scale: ws.ptr(),
+                ..gemv_params(xb.ptr(), wq.ptr(), (m, n, k), split)
             };
             let what = format!("gemv_fp8 m={m} split {split}");
             check_both_outputs(&g, kernels::gemv_fp8, p, &want, &what);

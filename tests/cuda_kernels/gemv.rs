@@ -17,7 +17,10 @@ use crate::qkv_write::{QkvDev, QkvWrite};
 
 #[test]
 fn gemv_matches_reference_for_each_row_count() {
-    let Some((g, mut r)) = setup(51) else { return };
+    let Some((mut g, mut r)) = setup(51) else {
+        return;
+    };
+    g.gemv_bulk = false; // the split kernel; gemv_bulk_* below
     let (n, k) = (1003, 1336);
     let w = rand_bf16(&mut r, n * k, 1.0);
     let wb = dev(&g, &w);
@@ -28,17 +31,7 @@ fn gemv_matches_reference_for_each_row_count() {
         let xb = dev(&g, &x);
         // Every split: 1003 rows leave the last CTA part empty, 167 chunks per row leave lanes idle.
         for split in [1, 2, 4, 8] {
-            let p = GemvParams {
-                x: xb.ptr(),
-                w: wb.ptr(),
-                y: 0,
-                y32: 0,
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                split,
-                w_scale: 0,
-            };
+            let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), split);
             check_both_outputs(
                 &g,
                 kernels::gemv,
@@ -47,6 +40,77 @@ fn gemv_matches_reference_for_each_row_count() {
                 &format!("gemv m={m} split {split}"),
             );
         }
+    }
+}
+
+/// The bulk-copy gemv (gemv_bulk.cu) for every row count, on shapes that reach each of its
+/// paths: rows that end inside a warp's 512-byte step (k 2,056: 4,112 bytes), a slab of a few
+/// stages and one that goes round the 32-stage ring several times (n 12,000: ~91 rows = 92
+/// stages a CTA), rows exactly a stage long (k 2,048), and more rows than the SMs' accumulators
+/// hold (m 4, n 140,000: more CTAs than SMs). Where the kernel is not built it checks `gemv`'s
+/// fallback instead.
+#[test]
+fn gemv_bulk_matches_reference() {
+    let Some((g, mut r)) = setup(57) else { return };
+    for (n, k, ms) in [
+        (1003, 2056, 1..=GEMV_MAX_M),
+        (12000, 2056, 1..=2),
+        (5, 2048, 1..=1),
+        (140_000, 2048, 4..=4),
+    ] {
+        let w = rand_bf16(&mut r, n * k, 1.0);
+        let wb = dev(&g, &w);
+        let wf = to_f32(&w);
+        for m in ms {
+            let takes = kernels::gemv_bulk_grid(&g, m, (n, k), 2 * k);
+            assert_eq!(takes.is_some(), g.gemv_bulk, "n {n} k {k} m {m}");
+            let x = rand_bf16(&mut r, m * k, 1.0);
+            let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
+            let xb = dev(&g, &x);
+            let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
+            let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs)");
+            check_both_outputs(&g, kernels::gemv, p, &want, &what);
+        }
+    }
+}
+
+/// Rows shorter than a stage, m past `GEMV_MAX_M`, and x past the shared memory kept for it are
+/// not the bulk kernel's; a GPU without it (before sm_90) takes no shape.
+#[test]
+fn gemv_bulk_grid_takes_only_its_shapes() {
+    let Some((mut g, _)) = setup(58) else { return };
+    let grid = |g: &Gpu, m, n, k| kernels::gemv_bulk_grid(g, m, (n, k), 2 * k);
+    let stage = kernels::GEMV_BULK_STAGE_BYTES;
+    assert_eq!(grid(&g, 1, 4096, stage / 2 - 8), None);
+    assert_eq!(grid(&g, GEMV_MAX_M + 1, 4096, 4096), None);
+    assert_eq!(grid(&g, 1, 4096, 4100), None); // not whole 16-byte chunks
+    let x_cap = kernels::GEMV_BULK_X_BYTES / 2; // elements of x
+    assert_eq!(grid(&g, 4, 4096, x_cap / 4 + 8), None);
+    if g.gemv_bulk {
+        assert_eq!(grid(&g, 1, 4096, stage / 2), Some(g.num_sms));
+        assert_eq!(grid(&g, 4, 4096, x_cap / 4), Some(g.num_sms));
+        assert_eq!(grid(&g, 1, 7, 4096), Some(7));
+        let cap = kernels::GEMV_BULK_ACC_FLOATS / 4;
+        let n = cap * g.num_sms as usize + 1;
+        assert_eq!(grid(&g, 4, n, 4096), Some(g.num_sms + 1));
+    }
+    g.gemv_bulk = false;
+    assert_eq!(grid(&g, 1, 4096, 4096), None);
+}
+
+/// gemv params over x [m, k] and w [n, k] (bf16; set `w_scale` for e4m3); the outputs are
+/// `check_both_outputs`'.
+pub fn gemv_params(x: u64, w: u64, (m, n, k): (usize, usize, usize), split: i32) -> GemvParams {
+    GemvParams {
+        x,
+        w,
+        y: 0,
+        y32: 0,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        split,
+        w_scale: 0,
     }
 }
 

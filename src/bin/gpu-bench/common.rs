@@ -31,6 +31,7 @@ pub fn emit(mut v: serde_json::Value) {
             .or_insert_with(|| prefill_wg_stages().into());
         o.entry("prefill_tma")
             .or_insert_with(|| prefill_tma().into());
+        o.entry("gemv_bulk").or_insert_with(|| gemv_bulk().into());
     }
     println!("{v}");
 }
@@ -102,6 +103,12 @@ pub fn prefill_tma() -> bool {
         "BROOK_PREFILL_TMA",
         CudaBackendOptions::default().prefill_tma,
     )
+}
+
+/// Whether decode GEMVs run on the bulk-copy kernel in every backend and `Gpu` gpu-bench makes:
+/// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
+pub fn gemv_bulk() -> bool {
+    env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -407,17 +414,20 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wgmma: prefill_wgmma(),
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
+        gemv_bulk: gemv_bulk(),
         ..Default::default()
     }
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
-/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`), as `bench_options` gives the backends.
+/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`), as
+/// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
     gpu.prefill_wgmma = prefill_wgmma();
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
+    gpu.gemv_bulk &= gemv_bulk();
     Ok(gpu)
 }
 

@@ -43,6 +43,10 @@ fn run_dtype(
     let variants = [
         base.clone(),
         CudaBackendOptions {
+            gemv_bulk: !base.gemv_bulk,
+            ..base.clone()
+        },
+        CudaBackendOptions {
             gemv_split: 1,
             ..base.clone()
         },
@@ -86,12 +90,13 @@ fn run_dtype(
         }));
     let count = if quick { 1 } else { usize::MAX };
     for (opts, skipped) in variants.take(count) {
-        let (graphs, gemv, fuse, pdl, split) = (
+        let (graphs, gemv, fuse, pdl, split, bulk) = (
             opts.cuda_graphs,
             opts.gemv_max_rows > 0,
             opts.fuse_decode,
             opts.pdl,
             opts.gemv_split,
+            opts.gemv_bulk,
         );
         let mut b = backend(model, opts)?;
         let bs = b.info().block_size;
@@ -113,11 +118,11 @@ fn run_dtype(
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
             dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

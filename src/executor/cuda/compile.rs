@@ -26,6 +26,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("fill", include_str!("../../../kernels/fill.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
+    ("gemv_bulk", include_str!("../../../kernels/gemv_bulk.cu")),
     ("quant_fp8", include_str!("../../../kernels/quant_fp8.cu")),
     (
         "block_table",

@@ -16,6 +16,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
+use super::kernels;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -69,6 +70,9 @@ pub struct Gpu {
     /// Warps per row of every gemv launch (1, 2, 4 or 8); 0: chosen per shape
     /// (`kernels::gemv_split`). Benchmarks set it to compare.
     pub gemv_split: usize,
+    /// Decode GEMVs on the bulk-copy kernel (`kernels::gemv_bulk_grid`, kernels/gemv_bulk.cu)
+    /// where it takes the shape; on by default on sm_90+, where it is built.
+    pub gemv_bulk: bool,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -118,7 +122,7 @@ impl Gpu {
                 .result()
                 .context("cublasSetWorkspace")?;
         }
-        Ok(Gpu {
+        let mut gpu = Gpu {
             ctx,
             stream,
             blas,
@@ -127,6 +131,7 @@ impl Gpu {
             num_sms,
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
+            gemv_bulk: false,
             pdl: compute_capability.0 >= 9,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,
@@ -135,7 +140,14 @@ impl Gpu {
             functions,
             dyn_smem: HashMap::new(),
             _blas_workspace: ws,
-        })
+        };
+        // The bulk gemv's ring and x take ~208 KB of shared memory a CTA: where the GPU cannot
+        // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
+        if compute_capability.0 >= 9 {
+            gpu.gemv_bulk = kernels::gemv_bulk_kernels()
+                .all(|name| gpu.set_dyn_smem(&name, kernels::GEMV_BULK_SMEM).is_ok());
+        }
+        Ok(gpu)
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {
@@ -483,7 +495,8 @@ impl Gpu {
         .with_context(|| format!("launching {name} (PDL)"))
     }
 
-    /// Launches a kernel the caller loaded itself (benchmarks of kernel variants).
+    /// Launches a kernel the caller loaded itself (benchmarks of kernel variants), with `smem`
+    /// bytes of dynamic shared memory (past 48 KB the caller set the function's limit).
     ///
     /// # Safety
     /// As `launch`.
@@ -491,11 +504,10 @@ impl Gpu {
         &self,
         f: &CudaFunction,
         name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
+        (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        launch_with(f, name, &self.stream, grid, block, 0, params)
+        launch_with(f, name, &self.stream, grid, block, smem, params)
     }
 
     /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).

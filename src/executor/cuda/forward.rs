@@ -254,6 +254,7 @@ impl Forward {
         )?;
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         gpu.gemv_split = opts.gemv_split;
+        gpu.gemv_bulk &= opts.gemv_bulk;
         gpu.pdl &= opts.pdl;
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(

@@ -10,8 +10,10 @@ use anyhow::Context;
 use super::device::{DevBuf, Gpu};
 use super::options::DecodeKernel;
 
+mod gemv_bulk;
 mod kv_stage;
 mod step_io;
+pub use gemv_bulk::*;
 pub use kv_stage::*;
 pub use step_io::*;
 
@@ -930,6 +932,10 @@ pub unsafe fn causal_softmax(
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
+    check_gemv_rows(p.m, p.k)?;
+    if try_gemv_bulk(gpu, p)? {
+        return Ok(());
+    }
     launch_gemv(gpu, "gemv", (p.m, p.k, p.split), p.n, p, false)
 }
 
@@ -960,10 +966,7 @@ unsafe fn launch_gemv<P: Copy>(
     p: &P,
     writes_kv: bool,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
-        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {m} k {k}"
-    );
+    check_gemv_rows(m, k)?;
     anyhow::ensure!(
         split > 0 && (GEMV_WARPS as i32) % split == 0,
         "gemv split {split} must divide {GEMV_WARPS}"
@@ -978,6 +981,14 @@ unsafe fn launch_gemv<P: Copy>(
         (32 * GEMV_WARPS, 1, 1),
         p,
     )
+}
+
+fn check_gemv_rows(m: i32, k: i32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=GEMV_MAX_M as i32).contains(&m) && k % 8 == 0,
+        "gemv takes 1 to {GEMV_MAX_M} rows and k % 8 == 0; got m {m} k {k}"
+    );
+    Ok(())
 }
 
 /// gate|up projection with SiLU × up in the epilogue (decode, m <= 4).
@@ -1184,6 +1195,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
         assert_eq!(std::mem::size_of::<GemvParams>(), 4 * 8 + 4 * 4 + 8);
+        assert_eq!(std::mem::size_of::<GemvBulkParams>(), 4 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<AmaxScaleParams>(), 5 * 8);
         assert_eq!(std::mem::size_of::<QuantScaledParams>(), 4 * 8);
         assert_eq!(

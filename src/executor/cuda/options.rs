@@ -29,6 +29,10 @@ pub struct CudaBackendOptions {
     /// Warps per output row of every gemv (1, 2, 4 or 8); 0 (default): chosen per shape by
     /// `kernels::gemv_split`. For benchmarks.
     pub gemv_split: usize,
+    /// Decode GEMVs (the gemv path's rows) on the bulk-copy kernel (kernels/gemv_bulk.cu, sm_90+):
+    /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
+    /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
+    pub gemv_bulk: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

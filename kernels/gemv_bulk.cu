@@ -1,0 +1,219 @@
+// Skinny GEMM for decode, streamed by bulk copies: y[m, n] = x[m, k] · w[n, k]ᵀ with m <= 4,
+// the same op as gemv.cu's gemv, bf16 weights (sm_90+; the host picks it, kernels::gemv). e4m3
+// weights stay on gemv_fp8: an e4m3 build of this kernel was 6 % slower there (session 21).
+//
+// Why another schedule: gemv.cu's CTAs each take a few rows and leave, so every launch pays a
+// ramp (CTAs start, first loads travel) and a tail (the last wave's rows), and only a few KB a
+// warp are in flight before `pdl_wait`. Here one CTA an SM (the grid is the SM count) owns a
+// contiguous slab of whole rows, which are contiguous bytes of w, and streams it through a
+// ring of GB_STAGES shared-memory stages with 1-D bulk copies (`cp.async.bulk`, the copy engine
+// of TMA), issued by one producer warp. The producer fills the whole ring (128 KB an SM)
+// before the kernel waits on the previous one (weights are read-only), so what runs before it
+// can overlap the weights' transfer. Every CTA streams the same bytes (± one row), so there is
+// no last wave. x [m, k] sits in shared memory after the ring (at most GB_X_BYTES; the
+// dynamic shared memory is the ring and that).
+//
+// Stage i (GB_STAGE_BYTES) is consumer warp i % GB_WARPS's: the warp copies it from shared memory
+// to registers, 16 bytes a lane (512 bytes a warp a step, conflict-free), hands the buffer back
+// to the producer, and dots it with x, keeping two partial dots per lane: for the row the
+// stage starts in and the next one (rows are at least a stage long, so at most one row ends
+// inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics; after
+// the last stage the CTA writes its rows.
+struct GemvBulkParams {
+  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES
+  const bf16* w;         // [n, k]   rows >= GB_STAGE_BYTES
+  bf16* y;               // [m, n]   bf16 output, or null when y32 is set
+  float* y32;            // [m, n]   fp32 output (logits), or null
+  int m;
+  int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
+  int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
+};
+
+#ifndef GB_STAGE_BYTES
+#define GB_STAGE_BYTES 4096
+#endif
+#ifndef GB_STAGES
+#define GB_STAGES 32
+#endif
+// L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
+// activations and the KV cache), 0 the default.
+#ifndef GB_EVICT_FIRST
+#define GB_EVICT_FIRST 1
+#endif
+// gpu-bench only: 1 consumers read each stage into registers and drop it (the ring's streaming
+// rate alone); the output is then garbage.
+#ifndef GB_DIAG
+#define GB_DIAG 0
+#endif
+#ifndef GB_WARPS
+#define GB_WARPS 16  // consumer warps; warp GB_WARPS issues the copies
+#endif
+#define GB_THREADS (32 * (GB_WARPS + 1))
+#define GB_STEPS (GB_STAGE_BYTES / 512)  // 16-byte loads a lane a stage
+#define GB_ACC_FLOATS 4096
+#define GB_X_BYTES 81920
+#if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
+#error "GB_STAGES must be a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
+#endif
+
+// One 512-byte step of a warp: this lane's 16 bytes of w (`wv`, at byte `col` of its row) dotted
+// with each x row.
+template <int M>
+__device__ __forceinline__ void gb_dot(uint4 wv, const bf16* __restrict__ x, int k, int col,
+                                       float d[M]) {
+  const u32 ww[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    const uint4 xv = *(const uint4*)(x + (size_t)m * k + col / 2);
+    const u32 xx[4] = {xv.x, xv.y, xv.z, xv.w};
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      s += bf_lo(ww[e]) * bf_lo(xx[e]);
+      s += bf_hi(ww[e]) * bf_hi(xx[e]);
+    }
+    d[m] = s;
+  }
+}
+
+// Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
+// buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
+__device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
+                                           u32 empty) {
+#if __CUDA_ARCH__ >= 900
+#if GB_EVICT_FIRST
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
+  for (int i = 0; i < stages; i++) {
+    const int s = i % GB_STAGES;
+    if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
+    const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
+    const u32 bar = full + 8 * s;
+    mbar_expect_tx(bar, n);
+#if GB_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+        "[%1], %2, [%3], %4;" ::"r"(ring + s * GB_STAGE_BYTES),
+        "l"(src + (size_t)i * GB_STAGE_BYTES), "r"(n), "r"(bar), "l"(policy)
+        : "memory");
+#else
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            ring + s * GB_STAGE_BYTES),
+        "l"(src + (size_t)i * GB_STAGE_BYTES), "r"(n), "r"(bar)
+        : "memory");
+#endif
+  }
+#endif
+}
+
+template <int M>
+__device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char gb_ring[];  // [GB_STAGES][GB_STAGE_BYTES], then x [m, k]
+  __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
+  __shared__ __align__(8) u64 bars[2 * GB_STAGES];           // full[GB_STAGES], empty[GB_STAGES]
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
+  const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
+  const int row_bytes = 2 * p.k;
+  const int slab = rows * row_bytes;
+  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < GB_STAGES; s++) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, 1);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (warp == GB_WARPS) {
+    // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
+    if (lane == 0)
+      gb_produce((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
+                 full, empty);
+    return;
+  }
+  const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
+  for (int i = tid; i < rows * M; i += consumers) acc[i] = 0.f;
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  pdl_wait();  // x is the previous kernel's output
+  // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
+  // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
+  bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
+  for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
+  // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
+  // a warp never waits on a buffer another warp has not handed back.
+  for (int i = warp; i < stages; i += GB_WARPS) {
+    const int s = i % GB_STAGES;
+    mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
+    // The stage is slab bytes [b, e); it starts in (local) row ra, which ends at a_end. Rows
+    // are at least a stage long, so at most one row ends inside it.
+    const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
+    const unsigned char* buf = gb_ring + s * GB_STAGE_BYTES - b;
+    uint4 wv[GB_STEPS];
+#pragma unroll
+    for (int j = 0; j < GB_STEPS; j++) {
+      const int off = b + j * 512 + lane * 16;
+      wv[j] = off < e ? *(const uint4*)(buf + off) : make_uint4(0, 0, 0, 0);
+    }
+    // The stage is in registers: hand the buffer back before the arithmetic.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * s);
+#if GB_DIAG == 0
+    const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
+    float da[M], db[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
+#pragma unroll
+    for (int j = 0; j < GB_STEPS; j++) {
+      const int off = b + j * 512 + lane * 16;
+      if (off < e) {
+        const bool in_a = off < a_end;
+        float d[M];
+        gb_dot<M>(wv[j], x, p.k, off - (in_a ? a_end - row_bytes : a_end), d);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+          da[m] += in_a ? d[m] : 0.f;
+          db[m] += in_a ? 0.f : d[m];
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
+    if (e > a_end) {  // row ra + 1 starts inside the stage (the same for the whole warp)
+#pragma unroll
+      for (int m = 0; m < M; m++) db[m] = warp_sum(db[m]);
+      if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
+    }
+#else
+    if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads
+#endif
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  for (int i = tid; i < rows * M; i += consumers) {
+    const int r = i / M, m = i % M;
+    const size_t o = (size_t)m * p.n + r0 + r;
+    if (p.y32) p.y32[o] = acc[i];
+    else p.y[o] = f2bf(acc[i]);
+  }
+#endif
+}
+
+// grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
+// dynamic shared memory: GB_STAGES * GB_STAGE_BYTES + GB_X_BYTES. Empty below sm_90 (the host never launches
+// them there).
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }

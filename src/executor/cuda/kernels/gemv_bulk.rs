@@ -1,0 +1,94 @@
+//! The bulk-copy gemv (kernels/gemv_bulk.cu): decode rows of a linear layer with bf16 weights
+//! streamed through a shared-memory ring by `cp.async.bulk`, one CTA an SM. `kernels::gemv`
+//! launches it where `Gpu::gemv_bulk` is on and `gemv_bulk_grid` takes the shape.
+
+use super::{GemvParams, Gpu, GEMV_MAX_M};
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvBulkParams {
+    pub x: u64,
+    pub w: u64,
+    /// 0 when `y32` is set.
+    pub y: u64,
+    /// 0 for a bf16 output.
+    pub y32: u64,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+}
+
+/// Bytes of one stage of the ring (`GB_STAGE_BYTES`): a consumer warp's unit, and the shortest
+/// row the kernel takes.
+pub const GEMV_BULK_STAGE_BYTES: usize = 4096;
+/// Stages in the ring (`GB_STAGES`): the dynamic shared memory is their product.
+pub const GEMV_BULK_STAGES: usize = 32;
+/// 16 consumer warps and the producer warp (`GB_THREADS`).
+pub const GEMV_BULK_THREADS: u32 = 32 * 17;
+/// The shared accumulator's floats (`GB_ACC_FLOATS`): a CTA owns at most this / m rows.
+pub const GEMV_BULK_ACC_FLOATS: usize = 4096;
+
+/// Most bytes of x [m, k] (`GB_X_BYTES`), staged in shared memory after the ring.
+pub const GEMV_BULK_X_BYTES: usize = 81920;
+
+/// Dynamic shared memory of every gemv_bulk kernel brook launches: the ring and x.
+pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES;
+
+/// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
+pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
+    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
+}
+
+/// CTAs of a bulk gemv over `n` rows of `row_bytes` for `m` decode rows, or None where the
+/// kernel does not apply: off (`Gpu::gemv_bulk`, sm_90+ only), more than `GEMV_MAX_M` rows, rows
+/// shorter than a stage (one would hold more than one row end; short rows are small models',
+/// which the split kernel serves) or not whole 16-byte chunks, x past `GEMV_BULK_X_BYTES`, or
+/// a slab past i32 offsets. One CTA an SM, or more where the SM count would
+/// give a CTA more rows than its accumulator holds; never more CTAs than rows.
+pub fn gemv_bulk_grid(
+    gpu: &Gpu,
+    m: usize,
+    (n, k): (usize, usize),
+    row_bytes: usize,
+) -> Option<u32> {
+    if !gpu.gemv_bulk || m == 0 || m > GEMV_MAX_M || n == 0 || m * k * 2 > GEMV_BULK_X_BYTES {
+        return None;
+    }
+    if row_bytes < GEMV_BULK_STAGE_BYTES || row_bytes % 16 != 0 {
+        return None;
+    }
+    let cap = GEMV_BULK_ACC_FLOATS / m;
+    if cap * row_bytes > i32::MAX as usize {
+        return None;
+    }
+    let ctas = (gpu.num_sms as usize).max(n.div_ceil(cap)).min(n);
+    u32::try_from(ctas).ok()
+}
+
+/// `gemv` on the bulk kernel when `gemv_bulk_grid` takes the shape; Ok(false) (nothing
+/// launched) otherwise.
+///
+/// # Safety
+/// As `kernels::gemv`.
+pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<bool> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let Some(ctas) = gemv_bulk_grid(gpu, m, (n, k), 2 * k) else {
+        return Ok(false);
+    };
+    let q = GemvBulkParams {
+        x: p.x,
+        w: p.w,
+        y: p.y,
+        y32: p.y32,
+        m: p.m,
+        n: p.n,
+        k: p.k,
+    };
+    gpu.launch_pdl(
+        &format!("gemv_bulk_m{m}"),
+        (ctas, 1, 1),
+        (GEMV_BULK_THREADS, 1, 1),
+        &q,
+    )?;
+    Ok(true)
+}
