@@ -16,7 +16,6 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
-use super::kernels;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -144,8 +143,8 @@ impl Gpu {
         // The bulk gemv's ring and x take ~208 KB of shared memory a CTA: where the GPU cannot
         // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
         if compute_capability.0 >= 9 {
-            gpu.gemv_bulk = kernels::gemv_bulk_kernels()
-                .all(|name| gpu.set_dyn_smem(&name, kernels::GEMV_BULK_SMEM).is_ok());
+            gpu.gemv_bulk = compile::gemv_bulk_kernels()
+                .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
         }
         Ok(gpu)
     }

@@ -3,6 +3,10 @@
 //! launches it where `Gpu::gemv_bulk` is on and `gemv_bulk_grid` takes the shape.
 
 use super::{GemvParams, Gpu, GEMV_MAX_M};
+pub use crate::executor::cuda::compile::{
+    gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_SMEM, GEMV_BULK_STAGES,
+    GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
+};
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -16,27 +20,6 @@ pub struct GemvBulkParams {
     pub m: i32,
     pub n: i32,
     pub k: i32,
-}
-
-/// Bytes of one stage of the ring (`GB_STAGE_BYTES`): a consumer warp's unit, and the shortest
-/// row the kernel takes.
-pub const GEMV_BULK_STAGE_BYTES: usize = 4096;
-/// Stages in the ring (`GB_STAGES`): the dynamic shared memory is their product.
-pub const GEMV_BULK_STAGES: usize = 32;
-/// 16 consumer warps and the producer warp (`GB_THREADS`).
-pub const GEMV_BULK_THREADS: u32 = 32 * 17;
-/// The shared accumulator's floats (`GB_ACC_FLOATS`): a CTA owns at most this / m rows.
-pub const GEMV_BULK_ACC_FLOATS: usize = 4096;
-
-/// Most bytes of x [m, k] (`GB_X_BYTES`), staged in shared memory after the ring.
-pub const GEMV_BULK_X_BYTES: usize = 81920;
-
-/// Dynamic shared memory of every gemv_bulk kernel brook launches: the ring and x.
-pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES;
-
-/// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
-pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
-    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
 }
 
 /// CTAs of a bulk gemv over `n` rows of `row_bytes` for `m` decode rows, or None where the
