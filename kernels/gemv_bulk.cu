@@ -7,10 +7,11 @@
 // warp are in flight before `pdl_wait`. Here one CTA an SM (the grid is the SM count) owns a
 // contiguous slab of whole rows, which are contiguous bytes of w, and streams it through a
 // ring of GB_STAGES shared-memory stages with 1-D bulk copies (`cp.async.bulk`, the copy engine
-// of TMA), issued by one producer warp. The producer fills the whole ring (128 KB an SM)
-// before the kernel waits on the previous one (weights are read-only), so what runs before it
-// can overlap the weights' transfer. Every CTA streams the same bytes (± one row), so there is
-// no last wave. x [m, k] sits in shared memory after the ring (at most GB_X_BYTES; the
+// of TMA), issued by one producer warp. Every CTA streams the same bytes (± one row), so there
+// is no last wave; the ring alone streams at 4.0-4.5 TB/s on the H200 (gpu-bench gemv-sweep,
+// GB_DIAG 1). The producer fills the ring (128 KB an SM) before the kernel waits on the
+// previous one (weights are read-only); that alone gained nothing inside the decode graph
+// (BENCHMARKS.md, session 21, call 5). x [m, k] sits in shared memory after the ring (at most GB_X_BYTES; the
 // dynamic shared memory is the ring and that).
 //
 // Stage i (GB_STAGE_BYTES) is consumer warp i % GB_WARPS's: the warp copies it from shared memory

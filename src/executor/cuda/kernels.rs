@@ -929,6 +929,9 @@ pub unsafe fn causal_softmax(
     }
 }
 
+/// y = x · wᵀ for decode rows over bf16 weights: the bulk-copy kernel (gemv_bulk.cu) where
+/// `gemv_bulk_grid` takes the shape, else gemv.cu's `gemv_m{m}` at `p.split`.
+///
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn gemv(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<()> {
