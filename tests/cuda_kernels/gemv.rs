@@ -62,7 +62,7 @@ fn gemv_bulk_matches_reference() {
         let wb = dev(&g, &w);
         let wf = to_f32(&w);
         for m in ms {
-            let takes = kernels::gemv_bulk_grid(&g, m, (n, k), 2 * k);
+            let takes = kernels::gemv_bulk_grid(&g, m, n, k);
             assert_eq!(takes.is_some(), g.gemv_bulk, "n {n} k {k} m {m}");
             let x = rand_bf16(&mut r, m * k, 1.0);
             let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
@@ -79,7 +79,7 @@ fn gemv_bulk_matches_reference() {
 #[test]
 fn gemv_bulk_grid_takes_only_its_shapes() {
     let Some((mut g, _)) = setup(58) else { return };
-    let grid = |g: &Gpu, m, n, k| kernels::gemv_bulk_grid(g, m, (n, k), 2 * k);
+    let grid = kernels::gemv_bulk_grid;
     let stage = kernels::GEMV_BULK_STAGE_BYTES;
     assert_eq!(grid(&g, 1, 4096, stage / 2 - 8), None);
     assert_eq!(grid(&g, GEMV_MAX_M + 1, 4096, 4096), None);

@@ -172,7 +172,7 @@ fn split_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                 };
                 let auto = shipped
                     && kernels::gemv_split(&b.gpu, k) == split as i32
-                    && kernels::gemv_bulk_grid(&b.gpu, 1, (n, k), 2 * k).is_none();
+                    && kernels::gemv_bulk_grid(&b.gpu, 1, n, k).is_none();
                 let variant = format!("brook w{warps} u{unroll} s{split}");
                 report(shape, &variant, auto, b.time(n, k, &launch)?);
             }
@@ -234,7 +234,7 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                 unsafe { b.gpu.launch_fn(&f, "gemv_bulk_m1", shape, &p) }
             };
             let variant = format!("bulk {stage}x{stages} evict{evict} diag{diag} w{warps}");
-            let auto = i == 0 && kernels::gemv_bulk_grid(&b.gpu, 1, (n, k), 2 * k).is_some();
+            let auto = i == 0 && kernels::gemv_bulk_grid(&b.gpu, 1, n, k).is_some();
             report(shape, &variant, auto, b.time(n, k, &launch)?);
         }
     }

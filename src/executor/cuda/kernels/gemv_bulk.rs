@@ -22,19 +22,15 @@ pub struct GemvBulkParams {
     pub k: i32,
 }
 
-/// CTAs of a bulk gemv over `n` rows of `row_bytes` for `m` decode rows, or None where the
-/// kernel does not apply: off (`Gpu::gemv_bulk`, sm_90+ only), more than `GEMV_MAX_M` rows, rows
+/// CTAs of a bulk gemv over bf16 weights [n, k] for `m` decode rows, or None where the kernel
+/// does not apply: off (`Gpu::gemv_bulk`, sm_90+ only), more than `GEMV_MAX_M` rows, rows
 /// shorter than a stage (one would hold more than one row end; short rows are small models',
 /// which the split kernel serves) or not whole 16-byte chunks, x past `GEMV_BULK_X_BYTES`, or
-/// a slab past i32 offsets. One CTA an SM, or more where the SM count would
-/// give a CTA more rows than its accumulator holds; never more CTAs than rows.
-pub fn gemv_bulk_grid(
-    gpu: &Gpu,
-    m: usize,
-    (n, k): (usize, usize),
-    row_bytes: usize,
-) -> Option<u32> {
-    if !gpu.gemv_bulk || m == 0 || m > GEMV_MAX_M || n == 0 || m * k * 2 > GEMV_BULK_X_BYTES {
+/// a slab past i32 offsets. One CTA an SM, or more where the SM count would give a CTA more
+/// rows than its accumulator holds; never more CTAs than rows.
+pub fn gemv_bulk_grid(gpu: &Gpu, m: usize, n: usize, k: usize) -> Option<u32> {
+    let row_bytes = 2 * k;
+    if !gpu.gemv_bulk || m == 0 || m > GEMV_MAX_M || n == 0 || m * row_bytes > GEMV_BULK_X_BYTES {
         return None;
     }
     if row_bytes < GEMV_BULK_STAGE_BYTES || row_bytes % 16 != 0 {
@@ -55,7 +51,7 @@ pub fn gemv_bulk_grid(
 /// As `kernels::gemv`.
 pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<bool> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let Some(ctas) = gemv_bulk_grid(gpu, m, (n, k), 2 * k) else {
+    let Some(ctas) = gemv_bulk_grid(gpu, m, n, k) else {
         return Ok(false);
     };
     let q = GemvBulkParams {
