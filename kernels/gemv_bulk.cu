@@ -20,14 +20,27 @@
 // stage starts in and the next one (rows are at least a stage long, so at most one row ends
 // inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics; after
 // the last stage the CTA writes its rows.
+//
+// The input and output can be the layer's neighbours' work (decode's fusion, `bulk_fusion`),
+// which takes three small launches a layer off the critical path:
+// - `norm_in`: x = rmsnorm(norm_in) * norm_w, add_rmsnorm's arithmetic on the fp32 residual
+//   stream, computed by every CTA into its shared x (the residual is 16 KB a row);
+// - `gate_up`: x = silu(gate) * up, silu_mul's arithmetic on the gate|up projection's fp32 output;
+// - `accumulate`: y32 += x · wᵀ, the residual add folded into the o and down projections (each
+//   CTA owns its rows, so no two threads touch one element).
 struct GemvBulkParams {
-  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES
+  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES; null with norm_in / gate_up
   const bf16* w;         // [n, k]   rows >= GB_STAGE_BYTES
   bf16* y;               // [m, n]   bf16 output, or null when y32 is set
-  float* y32;            // [m, n]   fp32 output (logits), or null
+  float* y32;            // [m, n]   fp32 output (logits, qkv, gate|up, the residual), or null
+  const float* norm_in;  // [m, k]   fp32 residual rows to normalise into x, or null
+  const bf16* norm_w;    // [k]      the norm's weight (with norm_in)
+  const float* gate_up;  // [m, 2k]  fp32 gate | up to take silu(gate) * up of into x, or null
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
+  int accumulate;        // 1: y32 += the product (y32 is the residual stream), 0: y32 =
+  float eps;             // the norm's epsilon (with norm_in)
 };
 
 #ifndef GB_STAGE_BYTES
@@ -110,12 +123,72 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 #endif
 }
 
+// The consumers (threads 0 .. 32 GB_WARPS - 1, after pdl_wait) put x [M, k] into shared
+// memory: copied, normalised (norm_in) or activated (gate_up); see GemvBulkParams. `red` holds
+// GB_WARPS * M floats.
+template <int M>
+__device__ __forceinline__ void gb_stage_x(const GemvBulkParams& p, bf16* x, float* red) {
+  const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
+  const int warp = tid >> 5, lane = tid & 31;
+  if (p.norm_in) {
+    // Each row's sum of squares over the CTA's consumers, then a second (L1/L2-hit) read of the
+    // row to scale it: registers for a whole row would cost the streaming loop its occupancy.
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float4* row = (const float4*)(p.norm_in + (size_t)m * p.k);
+      float s = 0.f;
+      for (int c = tid; c < p.k / 4; c += consumers) {
+        const float4 v = row[c];
+        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      ss[m] = warp_sum(s);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; m++) red[warp * M + m] = ss[m];
+    asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < GB_WARPS; w++) s += red[w * M + m];
+      const float inv = rsqrtf(s / p.k + p.eps);
+      const float4* row = (const float4*)(p.norm_in + (size_t)m * p.k);
+      for (int c = tid; c < p.k / 8; c += consumers) {
+        const float4 a = row[2 * c], b = row[2 * c + 1];
+        const uint4 wv = ((const uint4*)p.norm_w)[c];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const u32 ww[4] = {wv.x, wv.y, wv.z, wv.w};
+        u32 o[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          o[e] = pack_bf16x2(v[2 * e] * inv * bf_lo(ww[e]), v[2 * e + 1] * inv * bf_hi(ww[e]));
+        ((uint4*)(x + (size_t)m * p.k))[c] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else if (p.gate_up) {
+    for (int i = tid; i < M * p.k / 4; i += consumers) {
+      const int m = i / (p.k / 4), c = i % (p.k / 4);
+      const float* row = p.gate_up + (size_t)m * 2 * p.k;
+      const float4 g = ((const float4*)row)[c], u = ((const float4*)(row + p.k))[c];
+      *(uint2*)(x + (size_t)m * p.k + 4 * c) =
+          make_uint2(pack_bf16x2(silu_times(g.x, u.x), silu_times(g.y, u.y)),
+                     pack_bf16x2(silu_times(g.z, u.z), silu_times(g.w, u.w)));
+    }
+  } else {
+    for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+}
+
 template <int M>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char gb_ring[];  // [GB_STAGES][GB_STAGE_BYTES], then x [m, k]
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
   __shared__ __align__(8) u64 bars[2 * GB_STAGES];           // full[GB_STAGES], empty[GB_STAGES]
+  __shared__ float red[GB_WARPS * M];                        // the norm's partial sums
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
@@ -141,12 +214,11 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
   for (int i = tid; i < rows * M; i += consumers) acc[i] = 0.f;
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-  pdl_wait();  // x is the previous kernel's output
+  pdl_wait();  // x (or what it is made of) is the previous kernel's output
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
   bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
-  for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
-  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  gb_stage_x<M>(p, x, red);
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
@@ -205,7 +277,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = tid; i < rows * M; i += consumers) {
     const int r = i / M, m = i % M;
     const size_t o = (size_t)m * p.n + r0 + r;
-    if (p.y32) p.y32[o] = acc[i];
+    if (p.y32) p.y32[o] = p.accumulate ? p.y32[o] + acc[i] : acc[i];
     else p.y[o] = f2bf(acc[i]);
   }
 #endif

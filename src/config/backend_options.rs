@@ -48,6 +48,7 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
+            bulk_fusion: false,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

@@ -3,14 +3,14 @@
 
 use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{
-    self, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
+    self, BulkInput, BulkOutput, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
 };
 use brook::model::config::RopeScaling;
 use half::bf16;
 
 use crate::harness::{
-    assert_close, dev, inv_freqs, kv_gpu, matmul_ref, poisoned, rand_bf16, read, read_bf16, rng,
-    setup, to_f32,
+    assert_close, dev, inv_freqs, kv_gpu, matmul_ref, poisoned, rand_bf16, rand_f32, read,
+    read_bf16, rng, setup, to_f32,
 };
 use crate::paged::KvLayout;
 use crate::qkv_write::{QkvDev, QkvWrite};
@@ -72,6 +72,116 @@ fn gemv_bulk_matches_reference() {
             check_both_outputs(&g, kernels::gemv, p, &want, &what);
         }
     }
+}
+
+/// The bulk gemv's fused inputs and output (decode's `bulk_fusion`), for every row count: x as
+/// rmsnorm(fp32 residual) * weight, x as silu(gate) * up of an fp32 gate|up row, and y added
+/// into fp32 rows, each against the separate kernels' arithmetic (add_rmsnorm, silu_mul) done
+/// here. 3,001 rows of 4,112 bytes: row ends inside a warp's step, a few stages a CTA.
+#[test]
+fn gemv_bulk_fused_input_and_output_match_reference() {
+    let Some((g, mut r)) = setup(59) else { return };
+    if !g.gemv_bulk {
+        eprintln!("skipped: no bulk gemv on this GPU");
+        return;
+    }
+    let (n, k, eps) = (3001, 2056, 1e-5f32);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let (wb, wf) = (dev(&g, &w), to_f32(&w));
+    let bulk = |input, output, m| kernels::BulkGemv {
+        input,
+        w: wb.ptr(),
+        output,
+        m,
+        n,
+        k,
+    };
+    for m in 1..=GEMV_MAX_M {
+        // Normalised input: rows of different scales, so a wrong row's norm shows.
+        let res: Vec<f32> = (0..m)
+            .flat_map(|i| rand_f32(&mut r, k, 0.5 + i as f32))
+            .collect();
+        let norm_w = rand_bf16(&mut r, k, 1.0);
+        let x: Vec<f32> = res
+            .chunks(k)
+            .flat_map(|row| {
+                let ss: f32 = row.iter().map(|v| v * v).sum();
+                let inv = 1.0 / (ss / k as f32 + eps).sqrt();
+                row.iter()
+                    .zip(&norm_w)
+                    .map(move |(v, nw)| bf16::from_f32(v * inv * nw.to_f32()).to_f32())
+            })
+            .collect();
+        let (resb, norm_wb) = (dev(&g, &res), dev(&g, &norm_w));
+        let input = BulkInput::Norm {
+            residual: resb.ptr(),
+            weight: norm_wb.ptr(),
+            eps,
+        };
+        let want = matmul_ref(&x, &wf, m, n, k);
+        check_bulk_outputs(&g, |o| bulk(input, o, m), &want, &format!("norm m={m}"));
+
+        // SiLU × up input from fp32 gate | up rows.
+        let gu = rand_f32(&mut r, m * 2 * k, 4.0);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let (row, j) = (i / k, i % k);
+                let (gate, up) = (gu[row * 2 * k + j], gu[row * 2 * k + k + j]);
+                bf16::from_f32(gate / (1.0 + (-gate).exp()) * up).to_f32()
+            })
+            .collect();
+        let gub = dev(&g, &gu);
+        let want = matmul_ref(&x, &wf, m, n, k);
+        let what = format!("silu m={m}");
+        check_bulk_outputs(
+            &g,
+            |o| bulk(BulkInput::GateUp(gub.ptr()), o, m),
+            &want,
+            &what,
+        );
+
+        // Plain x, the product added into fp32 rows that already hold values.
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let xb = dev(&g, &x);
+        let y0 = rand_f32(&mut r, m * n, 20.0);
+        let y = dev(&g, &y0);
+        let job = bulk(BulkInput::X(xb.ptr()), BulkOutput::AddF32(y.ptr()), m);
+        unsafe { kernels::gemv_bulk(&g, &job).unwrap() };
+        let want: Vec<f32> = matmul_ref(&to_f32(&x), &wf, m, n, k)
+            .iter()
+            .zip(&y0)
+            .map(|(p, y)| p + y)
+            .collect();
+        let what = format!("accumulate m={m}");
+        assert_close(&what, &read::<f32>(&g, &y, m * n), &want, 1e-5);
+    }
+    // A shape the kernel does not take is an error, not a silent fallback.
+    let short = kernels::BulkGemv {
+        k: 1024,
+        ..bulk(BulkInput::X(0), BulkOutput::Bf16(0), 1)
+    };
+    assert!(unsafe { kernels::gemv_bulk(&g, &short) }.is_err());
+}
+
+/// `job(output)` into a poisoned bf16 and then a poisoned f32 output, each against `want`.
+fn check_bulk_outputs(
+    g: &Gpu,
+    job: impl Fn(BulkOutput) -> kernels::BulkGemv,
+    want: &[f32],
+    what: &str,
+) {
+    let (y16, y32) = (
+        poisoned::<bf16>(g, want.len()),
+        poisoned::<f32>(g, want.len()),
+    );
+    // SAFETY: the job's input and weights are live buffers of its shapes; the outputs m x n.
+    unsafe {
+        kernels::gemv_bulk(g, &job(BulkOutput::Bf16(y16.ptr()))).unwrap();
+        kernels::gemv_bulk(g, &job(BulkOutput::F32(y32.ptr()))).unwrap();
+    }
+    let n = want.len();
+    assert_close(&format!("{what} bf16"), &read_bf16(g, &y16, n), want, 8e-3);
+    assert_close(&format!("{what} f32"), &read::<f32>(g, &y32, n), want, 1e-4);
 }
 
 /// Rows shorter than a stage, m past `GEMV_MAX_M`, and x past the shared memory kept for it are

@@ -32,6 +32,8 @@ pub fn emit(mut v: serde_json::Value) {
         o.entry("prefill_tma")
             .or_insert_with(|| prefill_tma().into());
         o.entry("gemv_bulk").or_insert_with(|| gemv_bulk().into());
+        o.entry("bulk_fusion")
+            .or_insert_with(|| bulk_fusion().into());
     }
     println!("{v}");
 }
@@ -109,6 +111,15 @@ pub fn prefill_tma() -> bool {
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
+}
+
+/// Whether decode steps fold the norms, SiLU and residual adds into the bulk gemv in every
+/// backend gpu-bench makes: `BROOK_BULK_FUSION` (0 or 1; brook's default when unset).
+pub fn bulk_fusion() -> bool {
+    env_flag(
+        "BROOK_BULK_FUSION",
+        CudaBackendOptions::default().bulk_fusion,
+    )
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -415,6 +426,7 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
         gemv_bulk: gemv_bulk(),
+        bulk_fusion: bulk_fusion(),
         ..Default::default()
     }
 }

@@ -47,6 +47,10 @@ fn run_dtype(
             ..base.clone()
         },
         CudaBackendOptions {
+            bulk_fusion: !base.bulk_fusion,
+            ..base.clone()
+        },
+        CudaBackendOptions {
             gemv_split: 1,
             ..base.clone()
         },
@@ -90,13 +94,14 @@ fn run_dtype(
         }));
     let count = if quick { 1 } else { usize::MAX };
     for (opts, skipped) in variants.take(count) {
-        let (graphs, gemv, fuse, pdl, split, bulk) = (
+        let (graphs, gemv, fuse, pdl, split, bulk, bulk_fusion) = (
             opts.cuda_graphs,
             opts.gemv_max_rows > 0,
             opts.fuse_decode,
             opts.pdl,
             opts.gemv_split,
             opts.gemv_bulk,
+            opts.bulk_fusion,
         );
         let mut b = backend(model, opts)?;
         let bs = b.info().block_size;
@@ -118,11 +123,11 @@ fn run_dtype(
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, bulk fusion {bulk_fusion}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
             dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "bulk_fusion": bulk_fusion, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

@@ -33,6 +33,11 @@ pub struct CudaBackendOptions {
     /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
     /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
     pub gemv_bulk: bool,
+    /// Where every linear layer of a decode step takes the bulk kernel: fold the norms, SiLU ×
+    /// up and the residual adds into its input and output (three launches fewer a layer; see
+    /// kernels/gemv_bulk.cu). The residual then takes the o and down projections' fp32 sums
+    /// without rounding them to bf16 first. Off by default until measured on the H200.
+    pub bulk_fusion: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
