@@ -47,7 +47,7 @@ struct GemvBulkParams {
 #define GB_STAGE_BYTES 4096
 #endif
 #ifndef GB_STAGES
-#define GB_STAGES 32
+#define GB_STAGES 32  // the ring of gemv_bulk_m*; gemv_bulk_r16_m* has 16 stages
 #endif
 // L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
 // activations and the KV cache), 0 the default.
@@ -69,6 +69,7 @@ struct GemvBulkParams {
 #if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
 #error "GB_STAGES must be a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
 #endif
+#define GB_SHORT_STAGES (GB_STAGES / 2 / GB_WARPS * GB_WARPS)  // the short ring's (r16)
 
 // One 512-byte step of a warp: this lane's 16 bytes of w (`wv`, at byte `col` of its row) dotted
 // with each x row.
@@ -91,7 +92,8 @@ __device__ __forceinline__ void gb_dot(uint4 wv, const bf16* __restrict__ x, int
 }
 
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
-// buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
+// buffer i % STAGES once the consumers have handed that buffer back (its empty barrier).
+template <int STAGES>
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
                                            u32 empty) {
 #if __CUDA_ARCH__ >= 900
@@ -101,8 +103,8 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 #endif
   const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
-    const int s = i % GB_STAGES;
-    if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
     const u32 bar = full + 8 * s;
     mbar_expect_tx(bar, n);
@@ -182,12 +184,12 @@ __device__ __forceinline__ void gb_stage_x(const GemvBulkParams& p, bf16* x, flo
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
 
-template <int M>
+template <int M, int STAGES>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char gb_ring[];  // [GB_STAGES][GB_STAGE_BYTES], then x [m, k]
+  extern __shared__ __align__(128) unsigned char gb_ring[];  // [STAGES][GB_STAGE_BYTES], then x [m, k]
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
-  __shared__ __align__(8) u64 bars[2 * GB_STAGES];           // full[GB_STAGES], empty[GB_STAGES]
+  __shared__ __align__(8) u64 bars[2 * STAGES];              // full[STAGES], empty[STAGES]
   __shared__ float red[GB_WARPS * M];                        // the norm's partial sums
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -195,9 +197,9 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
   const int row_bytes = 2 * p.k;
   const int slab = rows * row_bytes;
-  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
+  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[STAGES]);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < GB_STAGES; s++) {
+    for (int s = 0; s < STAGES; s++) {
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, 1);
     }
@@ -207,7 +209,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   if (warp == GB_WARPS) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
-      gb_produce((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
+      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
                  full, empty);
     return;
   }
@@ -217,14 +219,14 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   pdl_wait();  // x (or what it is made of) is the previous kernel's output
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
-  bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
+  bf16* x = (bf16*)(gb_ring + STAGES * GB_STAGE_BYTES);
   gb_stage_x<M>(p, x, red);
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
-  // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
+  // Stage i is warp i % GB_WARPS's, and so is its buffer (STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
-    const int s = i % GB_STAGES;
-    mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
+    const int s = i % STAGES;
+    mbar_wait(full + 8 * s, (i / STAGES) & 1);
     // The stage is slab bytes [b, e); it starts in (local) row ra, which ends at a_end. Rows
     // are at least a stage long, so at most one row ends inside it.
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
@@ -284,9 +286,21 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 }
 
 // grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
-// dynamic shared memory: GB_STAGES * GB_STAGE_BYTES + GB_X_BYTES. Empty below sm_90 (the host never launches
-// them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }
+// dynamic shared memory: the ring (stages * GB_STAGE_BYTES) and x (m * k * 2 bytes, at most
+// GB_X_BYTES), no more, so that CTAs of the kernels around it fit beside it on the SM (PDL).
+// Two rings: GB_STAGES (128 KB) and the short GB_SHORT_STAGES (64 KB; with x of a decode row,
+// two bulk CTAs fit an SM, so one launch's ring fills while the one before drains). Empty below
+// sm_90 (the host never launches them there).
+#define GB_KERNEL(name, m, stages, bounds) \
+  extern "C" __global__ void __launch_bounds__ bounds name(GemvBulkParams p) { gemv_bulk_impl<m, stages>(p); }
+GB_KERNEL(gemv_bulk_m1, 1, GB_STAGES, (GB_THREADS))
+GB_KERNEL(gemv_bulk_m2, 2, GB_STAGES, (GB_THREADS))
+GB_KERNEL(gemv_bulk_m3, 3, GB_STAGES, (GB_THREADS))
+GB_KERNEL(gemv_bulk_m4, 4, GB_STAGES, (GB_THREADS))
+#if GB_SHORT_STAGES >= GB_WARPS  // (gpu-bench's builds of other rings may have no short one)
+// Two CTAs an SM also need the registers (at most 60 a thread); m 3 and 4 would spill there.
+GB_KERNEL(gemv_bulk_r16_m1, 1, GB_SHORT_STAGES, (GB_THREADS, 2))
+GB_KERNEL(gemv_bulk_r16_m2, 2, GB_SHORT_STAGES, (GB_THREADS, 2))
+GB_KERNEL(gemv_bulk_r16_m3, 3, GB_SHORT_STAGES, (GB_THREADS))
+GB_KERNEL(gemv_bulk_r16_m4, 4, GB_SHORT_STAGES, (GB_THREADS))
+#endif

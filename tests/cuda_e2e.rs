@@ -359,7 +359,7 @@ fn random_prompts_of(
 
 /// Decode rows of 4 KB (hidden and intermediate 2,048, as Llama-class models' are at least):
 /// 1-4 sequences' linear layers run on the bulk gemv where the GPU has it (sm_90+), plain and
-/// with its fused norms, SiLU and residual adds (`bulk_fusion`).
+/// with its fused norms, SiLU and residual adds (`bulk_fusion`), and those with the short ring.
 #[test]
 fn cuda_matches_cpu_on_the_bulk_gemv() {
     if !have_gpu() {
@@ -391,13 +391,17 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
     }
     drop(gpu);
     let prompts = random_prompts(4, cfg.vocab_size, 5);
-    for bulk_fusion in [false, true] {
+    let short = brook::executor::cuda::kernels::GEMV_BULK_SHORT_STAGES;
+    for (bulk_fusion, gemv_bulk_stages) in [(false, 32), (true, 32), (true, short)] {
         let opts = CudaBackendOptions {
             bulk_fusion,
+            gemv_bulk_stages,
             ..cuda_opts(false, default_gemm_max_len())
         };
         let (t, tg) = run_both_opts(dir.path(), prompts.clone(), 40, 16, opts);
-        eprintln!("bulk gemv, fusion {bulk_fusion}\n  eager: {t:?}\n  graphs: {tg:?}");
+        eprintln!(
+            "bulk gemv, fusion {bulk_fusion}, {gemv_bulk_stages} stages\n  eager: {t:?}\n  graphs: {tg:?}"
+        );
         t.assert_close(&format!("bulk_fusion {bulk_fusion}"));
         assert!(
             tg.mismatches * 20 <= tg.compared,

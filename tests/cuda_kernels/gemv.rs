@@ -47,11 +47,13 @@ fn gemv_matches_reference_for_each_row_count() {
 /// paths: rows that end inside a warp's 512-byte step (k 2,056: 4,112 bytes), a slab of a few
 /// stages and one that goes round the 32-stage ring several times (n 12,000: ~91 rows = 92
 /// stages a CTA), rows exactly a stage long (k 2,048), and more rows than the SMs' accumulators
-/// hold (m 4, n 140,000: more CTAs than SMs). Where the kernel is not built it checks `gemv`'s
-/// fallback instead.
+/// hold (m 4, n 140,000: more CTAs than SMs); with both rings (32 and 16 stages). Where the
+/// kernel is not built it checks `gemv`'s fallback instead.
 #[test]
 fn gemv_bulk_matches_reference() {
-    let Some((g, mut r)) = setup(57) else { return };
+    let Some((mut g, mut r)) = setup(57) else {
+        return;
+    };
     for (n, k, ms) in [
         (1003, 2056, 1..=GEMV_MAX_M),
         (12000, 2056, 1..=2),
@@ -68,8 +70,11 @@ fn gemv_bulk_matches_reference() {
             let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
             let xb = dev(&g, &x);
             let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
-            let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs)");
-            check_both_outputs(&g, kernels::gemv, p, &want, &what);
+            for stages in [kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES] {
+                g.gemv_bulk_stages = stages;
+                let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs, {stages} stages)");
+                check_both_outputs(&g, kernels::gemv, p, &want, &what);
+            }
         }
     }
 }
@@ -77,10 +82,13 @@ fn gemv_bulk_matches_reference() {
 /// The bulk gemv's fused inputs and output (decode's `bulk_fusion`), for every row count: x as
 /// rmsnorm(fp32 residual) * weight, x as silu(gate) * up of an fp32 gate|up row, and y added
 /// into fp32 rows, each against the separate kernels' arithmetic (add_rmsnorm, silu_mul) done
-/// here. 3,001 rows of 4,112 bytes: row ends inside a warp's step, a few stages a CTA.
+/// here. 3,001 rows of 4,112 bytes: row ends inside a warp's step, a few stages a CTA; the
+/// short ring (16 stages) for 2 and 4 rows.
 #[test]
 fn gemv_bulk_fused_input_and_output_match_reference() {
-    let Some((g, mut r)) = setup(59) else { return };
+    let Some((mut g, mut r)) = setup(59) else {
+        return;
+    };
     if !g.gemv_bulk {
         eprintln!("skipped: no bulk gemv on this GPU");
         return;
@@ -97,6 +105,10 @@ fn gemv_bulk_fused_input_and_output_match_reference() {
         k,
     };
     for m in 1..=GEMV_MAX_M {
+        g.gemv_bulk_stages = match m % 2 {
+            0 => kernels::GEMV_BULK_SHORT_STAGES,
+            _ => kernels::GEMV_BULK_STAGES,
+        };
         // Normalised input: rows of different scales, so a wrong row's norm shows.
         let res: Vec<f32> = (0..m)
             .flat_map(|i| rand_f32(&mut r, k, 0.5 + i as f32))
@@ -189,6 +201,9 @@ fn check_bulk_outputs(
 #[test]
 fn gemv_bulk_grid_takes_only_its_shapes() {
     let Some((mut g, _)) = setup(58) else { return };
+    // On sm_90+ every bulk kernel loaded with its shared memory (else decode silently falls
+    // back to the split kernel).
+    assert_eq!(g.gemv_bulk, g.compute_capability.0 >= 9);
     let grid = kernels::gemv_bulk_grid;
     let stage = kernels::GEMV_BULK_STAGE_BYTES;
     assert_eq!(grid(&g, 1, 4096, stage / 2 - 8), None);

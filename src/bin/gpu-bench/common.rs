@@ -34,6 +34,8 @@ pub fn emit(mut v: serde_json::Value) {
         o.entry("gemv_bulk").or_insert_with(|| gemv_bulk().into());
         o.entry("bulk_fusion")
             .or_insert_with(|| bulk_fusion().into());
+        o.entry("gemv_bulk_stages")
+            .or_insert_with(|| gemv_bulk_stages().into());
     }
     println!("{v}");
 }
@@ -120,6 +122,20 @@ pub fn bulk_fusion() -> bool {
         "BROOK_BULK_FUSION",
         CudaBackendOptions::default().bulk_fusion,
     )
+}
+
+/// Stages of the bulk gemv's ring in every backend and `Gpu` gpu-bench makes:
+/// `BROOK_GEMV_BULK_STAGES` (32 or 16; brook's default when unset).
+pub fn gemv_bulk_stages() -> usize {
+    match std::env::var("BROOK_GEMV_BULK_STAGES").as_deref() {
+        Err(_) => CudaBackendOptions::default().gemv_bulk_stages,
+        Ok("32") => 32,
+        Ok("16") => 16,
+        Ok(v) => {
+            eprintln!("BROOK_GEMV_BULK_STAGES={v:?}: expected 32 or 16");
+            std::process::exit(2)
+        }
+    }
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -427,12 +443,14 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_tma: prefill_tma(),
         gemv_bulk: gemv_bulk(),
         bulk_fusion: bulk_fusion(),
+        gemv_bulk_stages: gemv_bulk_stages(),
         ..Default::default()
     }
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
-/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`), as
+/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`,
+/// `BROOK_GEMV_BULK_STAGES`), as
 /// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
@@ -440,6 +458,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
+    gpu.gemv_bulk_stages = gemv_bulk_stages();
     Ok(gpu)
 }
 

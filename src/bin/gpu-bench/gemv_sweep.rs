@@ -111,7 +111,10 @@ pub fn run() -> anyhow::Result<()> {
     split_builds(&b, &shapes)?;
     if b.gpu.gemv_bulk {
         bulk_builds(&b, &shapes)?;
-        bulk_fused(&b, &shapes)?;
+        for stages in [kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES] {
+            b.gpu.gemv_bulk_stages = stages;
+            bulk_fused(&b, &shapes)?;
+        }
     }
     b.gpu.gemv_max_m = 0; // cuBLAS for every row count
     for &shape in &shapes {
@@ -242,13 +245,14 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The shipped bulk kernel at 1-4 rows, plain and with the input or output decode's
-/// `bulk_fusion` gives each layer (a norm over the fp32 residual into QKV and gate|up, SiLU ×
+/// The shipped bulk kernel at 1-4 rows with `b.gpu`'s ring, launched as decode launches it (PDL,
+/// its own shared memory), plain and with the input or output decode's `bulk_fusion` gives
+/// each layer (a norm over the fp32 residual into QKV and gate|up, SiLU ×
 /// up into down, the residual add out of o and down): what folding the neighbours in costs the
 /// GEMV itself, against the launches it saves.
 fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
     use kernels::{BulkGemv, BulkInput, BulkOutput};
-    let rows = kernels::GEMV_MAX_M;
+    let (rows, stages) = (kernels::GEMV_MAX_M, b.gpu.gemv_bulk_stages);
     let max_k = shapes.iter().map(|s| s.3).max().unwrap_or(0);
     let max_n = shapes.iter().map(|s| s.2).max().unwrap_or(0);
     let upload = |v: Vec<f32>| -> anyhow::Result<DevBuf> {
@@ -301,8 +305,11 @@ fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                 g
             };
             for (variant, job) in [
-                (format!("bulk m{m}"), &plain as &dyn Fn(u64) -> BulkGemv),
-                (format!("bulk m{m} {fused}"), &with_fusion),
+                (
+                    format!("bulk r{stages} m{m}"),
+                    &plain as &dyn Fn(u64) -> BulkGemv,
+                ),
+                (format!("bulk r{stages} m{m} {fused}"), &with_fusion),
             ] {
                 // SAFETY: w holds copies of [n, k]; x, the residual, gate|up and y hold
                 // `rows` rows of the largest shape.

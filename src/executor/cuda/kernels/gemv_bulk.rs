@@ -4,8 +4,8 @@
 
 use super::{GemvParams, Gpu, GEMV_MAX_M};
 pub use crate::executor::cuda::compile::{
-    gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_SMEM, GEMV_BULK_STAGES,
-    GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
+    gemv_bulk_kernel, gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_SHORT_STAGES,
+    GEMV_BULK_SMEM, GEMV_BULK_STAGES, GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
 };
 
 #[repr(C)]
@@ -164,13 +164,23 @@ pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<
     Ok(true)
 }
 
+/// Dynamic shared memory of a bulk gemv launch over `m` rows of length `k` with `gpu`'s ring:
+/// the ring and x, no more, so that CTAs of the neighbouring kernels fit beside it on an SM.
+pub fn gemv_bulk_smem(gpu: &Gpu, m: usize, k: usize) -> u32 {
+    (gpu.gemv_bulk_stages * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16)) as u32
+}
+
 /// # Safety
 /// As `gemv_bulk`, with `ctas` from `gemv_bulk_grid`.
 unsafe fn launch_bulk(gpu: &Gpu, ctas: u32, g: &BulkGemv) -> anyhow::Result<()> {
-    gpu.launch_pdl(
-        &format!("gemv_bulk_m{}", g.m),
+    let shape = (
         (ctas, 1, 1),
         (GEMV_BULK_THREADS, 1, 1),
+        gemv_bulk_smem(gpu, g.m, g.k),
+    );
+    gpu.launch_pdl_sized(
+        &gemv_bulk_kernel(g.m, gpu.gemv_bulk_stages),
+        shape,
         &g.params(),
     )
 }
