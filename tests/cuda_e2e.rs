@@ -396,6 +396,7 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
         let opts = CudaBackendOptions {
             bulk_fusion,
             gemv_bulk_stages,
+            gemv_bulk_tight: gemv_bulk_stages == short,
             ..cuda_opts(false, default_gemm_max_len())
         };
         let (t, tg) = run_both_opts(dir.path(), prompts.clone(), 40, 16, opts);

@@ -50,6 +50,7 @@ impl CudaBackendOptions {
             gemv_bulk: true,
             bulk_fusion: false,
             gemv_bulk_stages: GEMV_BULK_STAGES,
+            gemv_bulk_tight: false,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

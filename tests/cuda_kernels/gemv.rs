@@ -70,8 +70,10 @@ fn gemv_bulk_matches_reference() {
             let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
             let xb = dev(&g, &x);
             let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
+            // Each ring, the short one with its tight shared memory (x alone past the ring).
             for stages in [kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES] {
                 g.gemv_bulk_stages = stages;
+                g.gemv_bulk_tight = stages == kernels::GEMV_BULK_SHORT_STAGES;
                 let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs, {stages} stages)");
                 check_both_outputs(&g, kernels::gemv, p, &want, &what);
             }
@@ -105,9 +107,11 @@ fn gemv_bulk_fused_input_and_output_match_reference() {
         k,
     };
     for m in 1..=GEMV_MAX_M {
-        g.gemv_bulk_stages = match m % 2 {
-            0 => kernels::GEMV_BULK_SHORT_STAGES,
-            _ => kernels::GEMV_BULK_STAGES,
+        // Rows 2 and 4 on the short ring with tight shared memory, 1 and 3 on the long one.
+        g.gemv_bulk_tight = m % 2 == 0;
+        g.gemv_bulk_stages = match g.gemv_bulk_tight {
+            true => kernels::GEMV_BULK_SHORT_STAGES,
+            false => kernels::GEMV_BULK_STAGES,
         };
         // Normalised input: rows of different scales, so a wrong row's norm shows.
         let res: Vec<f32> = (0..m)

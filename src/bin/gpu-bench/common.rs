@@ -36,6 +36,8 @@ pub fn emit(mut v: serde_json::Value) {
             .or_insert_with(|| bulk_fusion().into());
         o.entry("gemv_bulk_stages")
             .or_insert_with(|| gemv_bulk_stages().into());
+        o.entry("gemv_bulk_tight")
+            .or_insert_with(|| gemv_bulk_tight().into());
     }
     println!("{v}");
 }
@@ -136,6 +138,15 @@ pub fn gemv_bulk_stages() -> usize {
             std::process::exit(2)
         }
     }
+}
+
+/// Whether bulk gemv launches take only their ring's and x's shared memory in every backend and
+/// `Gpu` gpu-bench makes: `BROOK_GEMV_BULK_TIGHT` (0 or 1; brook's default when unset).
+pub fn gemv_bulk_tight() -> bool {
+    env_flag(
+        "BROOK_GEMV_BULK_TIGHT",
+        CudaBackendOptions::default().gemv_bulk_tight,
+    )
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -444,13 +455,14 @@ pub fn bench_options() -> CudaBackendOptions {
         gemv_bulk: gemv_bulk(),
         bulk_fusion: bulk_fusion(),
         gemv_bulk_stages: gemv_bulk_stages(),
+        gemv_bulk_tight: gemv_bulk_tight(),
         ..Default::default()
     }
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
 /// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`,
-/// `BROOK_GEMV_BULK_STAGES`), as
+/// `BROOK_GEMV_BULK_STAGES`, `BROOK_GEMV_BULK_TIGHT`), as
 /// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
@@ -459,6 +471,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
     gpu.gemv_bulk_stages = gemv_bulk_stages();
+    gpu.gemv_bulk_tight = gemv_bulk_tight();
     Ok(gpu)
 }
 

@@ -111,8 +111,12 @@ pub fn run() -> anyhow::Result<()> {
     split_builds(&b, &shapes)?;
     if b.gpu.gemv_bulk {
         bulk_builds(&b, &shapes)?;
-        for stages in [kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES] {
-            b.gpu.gemv_bulk_stages = stages;
+        for (stages, tight) in [
+            (kernels::GEMV_BULK_STAGES, false),
+            (kernels::GEMV_BULK_STAGES, true),
+            (kernels::GEMV_BULK_SHORT_STAGES, true),
+        ] {
+            (b.gpu.gemv_bulk_stages, b.gpu.gemv_bulk_tight) = (stages, tight);
             bulk_fused(&b, &shapes)?;
         }
     }
@@ -253,6 +257,10 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
 fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
     use kernels::{BulkGemv, BulkInput, BulkOutput};
     let (rows, stages) = (kernels::GEMV_MAX_M, b.gpu.gemv_bulk_stages);
+    let ring = format!(
+        "r{stages}{}",
+        if b.gpu.gemv_bulk_tight { " tight" } else { "" }
+    );
     let max_k = shapes.iter().map(|s| s.3).max().unwrap_or(0);
     let max_n = shapes.iter().map(|s| s.2).max().unwrap_or(0);
     let upload = |v: Vec<f32>| -> anyhow::Result<DevBuf> {
@@ -306,10 +314,10 @@ fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
             };
             for (variant, job) in [
                 (
-                    format!("bulk r{stages} m{m}"),
+                    format!("bulk {ring} m{m}"),
                     &plain as &dyn Fn(u64) -> BulkGemv,
                 ),
-                (format!("bulk r{stages} m{m} {fused}"), &with_fusion),
+                (format!("bulk {ring} m{m} {fused}"), &with_fusion),
             ] {
                 // SAFETY: w holds copies of [n, k]; x, the residual, gate|up and y hold
                 // `rows` rows of the largest shape.

@@ -75,6 +75,9 @@ pub struct Gpu {
     /// Stages in the bulk gemv's ring: `compile::GEMV_BULK_STAGES` (default) or
     /// `compile::GEMV_BULK_SHORT_STAGES`.
     pub gemv_bulk_stages: usize,
+    /// Bulk gemv launches take only their ring's and x's shared memory
+    /// (`kernels::gemv_bulk_smem`); false: the ring and the largest x, as measured so far.
+    pub gemv_bulk_tight: bool,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -135,6 +138,7 @@ impl Gpu {
             gemv_split: 0,
             gemv_bulk: false,
             gemv_bulk_stages: compile::GEMV_BULK_STAGES,
+            gemv_bulk_tight: false,
             pdl: compute_capability.0 >= 9,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,

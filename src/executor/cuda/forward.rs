@@ -261,6 +261,7 @@ impl Forward {
             opts.gemv_bulk_stages
         );
         gpu.gemv_bulk_stages = opts.gemv_bulk_stages;
+        gpu.gemv_bulk_tight = opts.gemv_bulk_tight;
         gpu.pdl &= opts.pdl;
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(

@@ -38,10 +38,14 @@ pub struct CudaBackendOptions {
     /// kernels/gemv_bulk.cu). The residual then takes the o and down projections' fp32 sums
     /// without rounding them to bf16 first. Off by default until measured on the H200.
     pub bulk_fusion: bool,
-    /// Stages of the bulk gemv's ring: 32 (128 KB, default) or 16 (64 KB: with a decode row's
-    /// x, two of its CTAs fit an SM, so under PDL the next launch's ring fills while this one
-    /// drains). Off the default until measured on the H200.
+    /// Stages of the bulk gemv's ring: 32 (128 KB, default) or 16 (64 KB: with
+    /// `gemv_bulk_tight` and a decode row's x, two of its CTAs fit an SM, so under PDL the next
+    /// launch's ring fills while this one drains). Not the default until measured on the H200.
     pub gemv_bulk_stages: usize,
+    /// Bulk gemv launches take only their ring's and x's shared memory instead of room for the
+    /// largest x (80 KB), so CTAs of the kernels around them fit beside them on an SM. Off by
+    /// default until measured on the H200.
+    pub gemv_bulk_tight: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

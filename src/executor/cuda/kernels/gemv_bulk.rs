@@ -165,9 +165,14 @@ pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<
 }
 
 /// Dynamic shared memory of a bulk gemv launch over `m` rows of length `k` with `gpu`'s ring:
-/// the ring and x, no more, so that CTAs of the neighbouring kernels fit beside it on an SM.
+/// the ring and, with `Gpu::gemv_bulk_tight`, x and no more (so that CTAs of the neighbouring
+/// kernels fit beside it on an SM), else room for the largest x.
 pub fn gemv_bulk_smem(gpu: &Gpu, m: usize, k: usize) -> u32 {
-    (gpu.gemv_bulk_stages * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16)) as u32
+    let x = match gpu.gemv_bulk_tight {
+        true => (2 * m * k).next_multiple_of(16),
+        false => GEMV_BULK_X_BYTES,
+    };
+    (gpu.gemv_bulk_stages * GEMV_BULK_STAGE_BYTES + x) as u32
 }
 
 /// # Safety
