@@ -83,8 +83,8 @@ fn report((model, name, n, k): Shape, variant: &str, auto: bool, ms: f64) {
 /// brook's gemv kernel at each split (warps per row) for a few (warps per CTA, 16-byte loads in
 /// flight per lane) builds, by the bulk-copy kernel for a few rings (`bulk_builds`), and by
 /// cuBLAS. Each figure is the median of 30 runs of `INNER` back-to-back launches, divided by
-/// `INNER`.
-pub fn run() -> anyhow::Result<()> {
+/// `INNER`. `bulk_only`: the bulk kernel's rows alone.
+pub fn run(bulk_only: bool) -> anyhow::Result<()> {
     let gpu = Gpu::open(0)?;
     let (major, minor) = gpu.compute_capability;
     let mut shapes: Vec<Shape> = Vec::new();
@@ -108,7 +108,9 @@ pub fn run() -> anyhow::Result<()> {
         arch: compile::arch_for(major, minor),
         gpu,
     };
-    split_builds(&b, &shapes)?;
+    if !bulk_only {
+        split_builds(&b, &shapes)?;
+    }
     if b.gpu.gemv_bulk {
         bulk_builds(&b, &shapes)?;
         for (stages, tight) in [
@@ -119,6 +121,9 @@ pub fn run() -> anyhow::Result<()> {
             (b.gpu.gemv_bulk_stages, b.gpu.gemv_bulk_tight) = (stages, tight);
             bulk_fused(&b, &shapes)?;
         }
+    }
+    if bulk_only {
+        return Ok(());
     }
     b.gpu.gemv_max_m = 0; // cuBLAS for every row count
     for &shape in &shapes {

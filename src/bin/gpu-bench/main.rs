@@ -30,7 +30,9 @@
 //!                                       --variants picks (a)'s, --verify-graphs A/Bs (b) eager vs
 //!                                       verification graphs
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
-//!                                       gemv by split and (warps, loads in flight) build, cuBLAS
+//!                                       gemv by split and (warps, loads in flight) build, the
+//!                                       bulk gemv by ring and fused input (1-4 rows), cuBLAS;
+//!                                       --bulk-only: the bulk gemv's rows alone
 //!
 //! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
 //! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
@@ -81,7 +83,13 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         cases: Vec<String>,
     },
-    GemvSweep,
+    /// Batch-1 GEMV GB/s of each kernel and build on the synthetic models' linear layers.
+    GemvSweep {
+        /// The bulk kernel's rows only (its rings and fused inputs), not the split kernel's
+        /// builds or cuBLAS.
+        #[arg(long)]
+        bulk_only: bool,
+    },
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
     /// batch 1, 8 and 32; then the length from which the flash kernel wins.
     PrefillAttn {
@@ -208,7 +216,7 @@ fn main() -> anyhow::Result<()> {
             &shapes,
             &attention::DecodeFilter::parse(&variants, &cases)?,
         ),
-        Cmd::GemvSweep => gemv_sweep::run(),
+        Cmd::GemvSweep { bulk_only } => gemv_sweep::run(bulk_only),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
         Cmd::Decode {
