@@ -91,12 +91,23 @@ pub fn prefill_wgmma() -> bool {
 /// K/V tiles of the wgmma prefill kernel in every backend and `Gpu` gpu-bench makes:
 /// `BROOK_PREFILL_WG_STAGES` (1 or 2; brook's default when unset), for A/B runs.
 pub fn prefill_wg_stages() -> usize {
-    match std::env::var("BROOK_PREFILL_WG_STAGES").as_deref() {
-        Err(_) => CudaBackendOptions::default().prefill_wg_stages,
-        Ok("1") => 1,
-        Ok("2") => 2,
-        Ok(v) => {
-            eprintln!("BROOK_PREFILL_WG_STAGES={v:?}: expected 1 or 2");
+    env_count(
+        "BROOK_PREFILL_WG_STAGES",
+        &[1, 2],
+        CudaBackendOptions::default().prefill_wg_stages,
+    )
+}
+
+/// `var` as one of the counts `allowed`, `default` when unset; any other value ends the run
+/// (as `env_flag`).
+fn env_count(var: &str, allowed: &[usize], default: usize) -> usize {
+    let Ok(v) = std::env::var(var) else {
+        return default;
+    };
+    match v.parse() {
+        Ok(n) if allowed.contains(&n) => n,
+        _ => {
+            eprintln!("{var}={v:?}: expected one of {allowed:?}");
             std::process::exit(2)
         }
     }
@@ -129,15 +140,11 @@ pub fn bulk_fusion() -> bool {
 /// Stages of the bulk gemv's ring in every backend and `Gpu` gpu-bench makes:
 /// `BROOK_GEMV_BULK_STAGES` (32 or 16; brook's default when unset).
 pub fn gemv_bulk_stages() -> usize {
-    match std::env::var("BROOK_GEMV_BULK_STAGES").as_deref() {
-        Err(_) => CudaBackendOptions::default().gemv_bulk_stages,
-        Ok("32") => 32,
-        Ok("16") => 16,
-        Ok(v) => {
-            eprintln!("BROOK_GEMV_BULK_STAGES={v:?}: expected 32 or 16");
-            std::process::exit(2)
-        }
-    }
+    env_count(
+        "BROOK_GEMV_BULK_STAGES",
+        &[kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES],
+        CudaBackendOptions::default().gemv_bulk_stages,
+    )
 }
 
 /// Whether bulk gemv launches take only their ring's and x's shared memory in every backend and
