@@ -1,6 +1,8 @@
 //! The bulk-copy gemv (kernels/gemv_bulk.cu): decode rows of a linear layer with bf16 weights
 //! streamed through a shared-memory ring by `cp.async.bulk`, one CTA an SM. `kernels::gemv`
-//! launches it where `Gpu::gemv_bulk` is on and `gemv_bulk_grid` takes the shape.
+//! launches it where `Gpu::gemv_bulk` is on and `gemv_bulk_grid` takes the shape; the decode
+//! forward's `bulk_fusion` path launches it through `gemv_bulk` with a fused input or output
+//! (`BulkInput`, `BulkOutput`).
 
 use super::{GemvParams, Gpu, GEMV_MAX_M};
 pub use crate::executor::cuda::compile::{
@@ -122,7 +124,8 @@ pub fn gemv_bulk_grid(gpu: &Gpu, m: usize, n: usize, k: usize) -> Option<u32> {
 }
 
 /// Launches `g` on the bulk kernel; an error where `gemv_bulk_grid` refuses its shape (the
-/// fused inputs and outputs have no other kernel; `bulk_fusion_fits` checks a layer first).
+/// fused inputs and outputs have no other kernel: the forward checks a layer's four shapes
+/// before it takes the fused path).
 ///
 /// # Safety
 /// Every pointer in `g` addresses a live device buffer of the shape given in gemv_bulk.cu.
