@@ -255,10 +255,10 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
 }
 
 /// The shipped bulk kernel at 1-4 rows with `b.gpu`'s ring, launched as decode launches it (PDL,
-/// its own shared memory), plain and with the input or output decode's `bulk_fusion` gives
-/// each layer (a norm over the fp32 residual into QKV and gate|up, SiLU ×
-/// up into down, the residual add out of o and down): what folding the neighbours in costs the
-/// GEMV itself, against the launches it saves.
+/// `kernels::gemv_bulk_smem`), plain and with the input or output decode's `bulk_fusion` gives
+/// each layer (a norm over the fp32 residual into QKV and gate|up, SiLU × up into down, the
+/// residual add out of o and down): what folding the neighbours in costs the GEMV itself,
+/// against the launches it saves.
 fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
     use kernels::{BulkGemv, BulkInput, BulkOutput};
     let (rows, stages) = (kernels::GEMV_MAX_M, b.gpu.gemv_bulk_stages);

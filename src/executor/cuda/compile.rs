@@ -74,7 +74,8 @@ pub const GEMV_BULK_ACC_FLOATS: usize = 4096;
 pub const GEMV_BULK_X_BYTES: usize = 81920;
 
 /// Most dynamic shared memory a gemv_bulk kernel launches with: the long ring and the largest
-/// x (each launch asks for its ring and its x only, `kernels::gemv_bulk_smem`).
+/// x (a launch asks for its ring and room for that x, or with `Gpu::gemv_bulk_tight` for its
+/// own x only: `kernels::gemv_bulk_smem`).
 pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES;
 
 /// The gemv_bulk kernel over `m` rows with a ring of `stages` (`GEMV_BULK_STAGES` or

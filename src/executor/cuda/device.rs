@@ -148,8 +148,8 @@ impl Gpu {
             dyn_smem: HashMap::new(),
             _blas_workspace: ws,
         };
-        // The bulk gemv's ring and x take up to ~208 KB of shared memory a CTA: where the GPU cannot
-        // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
+        // The bulk gemv's ring and x take up to ~208 KB of shared memory a CTA: where the GPU
+        // cannot give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
         if compute_capability.0 >= 9 {
             gpu.gemv_bulk = compile::gemv_bulk_kernels()
                 .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
