@@ -18,8 +18,9 @@
 // to registers, 16 bytes a lane (512 bytes a warp a step, conflict-free), hands the buffer back
 // to the producer, and dots it with x, keeping two partial dots per lane: for the row the
 // stage starts in and the next one (rows are at least a stage long, so at most one row ends
-// inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics; after
-// the last stage the CTA writes its rows.
+// inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics (in
+// arrival order: a row of three or more stages can differ in its last bits between runs), or
+// with `ordered` stage after stage; after the last stage the CTA writes its rows.
 //
 // The input and output can be the layer's neighbours' work (decode's fusion, `bulk_fusion`),
 // which takes three small launches a layer off the critical path:
@@ -40,6 +41,7 @@ struct GemvBulkParams {
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
   int accumulate;        // 1: y32 += the product (y32 is the residual stream), 0: y32 =
+  int ordered;           // 1: stages add their partial sums in order (deterministic bits)
   float eps;             // the norm's epsilon (with norm_in)
 };
 
@@ -191,6 +193,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
   __shared__ __align__(8) u64 bars[2 * STAGES];              // full[STAGES], empty[STAGES]
   __shared__ float red[GB_WARPS * M];                        // the norm's partial sums
+  __shared__ int turn[1];                                    // next stage to add (ordered)
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
@@ -215,6 +218,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   }
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
   for (int i = tid; i < rows * M; i += consumers) acc[i] = 0.f;
+  if (tid == 0) turn[0] = 0;
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   pdl_wait();  // x (or what it is made of) is the previous kernel's output
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
@@ -259,17 +263,35 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
         }
       }
     }
+    const bool two_rows = e > a_end;  // row ra + 1 starts inside the stage (warp-uniform)
 #pragma unroll
     for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
-    if (e > a_end) {  // row ra + 1 starts inside the stage (the same for the whole warp)
+    if (two_rows)
 #pragma unroll
       for (int m = 0; m < M; m++) db[m] = warp_sum(db[m]);
-      if (lane == 0)
+    if (p.ordered) {
+      // Stage i adds after stage i - 1 (its warp waits for the turn): each row's sum is the
+      // same, bit for bit, every run. Shared atomics from the warps of a row's 3+ stages (rows
+      // longer than two stages, or not whole stages) sum in whatever order the warps arrive.
+      if (lane == 0) {
+        while (*(volatile int*)turn < i) {
+        }
+        __threadfence_block();
 #pragma unroll
-        for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
+        for (int m = 0; m < M; m++) {
+          acc[ra * M + m] += da[m];
+          if (two_rows) acc[(ra + 1) * M + m] += db[m];
+        }
+        __threadfence_block();
+        *(volatile int*)turn = i + 1;
+      }
+      __syncwarp();
+    } else if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        atomicAdd(&acc[ra * M + m], da[m]);
+        if (two_rows) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
+      }
     }
 #else
     if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads

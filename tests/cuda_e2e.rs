@@ -359,7 +359,8 @@ fn random_prompts_of(
 
 /// Decode rows of 4 KB (hidden and intermediate 2,048, as Llama-class models' are at least):
 /// 1-4 sequences' linear layers run on the bulk gemv where the GPU has it (sm_90+), plain and
-/// with its fused norms, SiLU and residual adds (`bulk_fusion`), and those with the short ring.
+/// with its fused norms, SiLU and residual adds (`bulk_fusion`), and those with the short ring,
+/// tight launches and ordered sums.
 #[test]
 fn cuda_matches_cpu_on_the_bulk_gemv() {
     if !have_gpu() {
@@ -397,6 +398,7 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
             bulk_fusion,
             gemv_bulk_stages,
             gemv_bulk_tight: gemv_bulk_stages == short,
+            gemv_bulk_ordered: gemv_bulk_stages == short,
             ..cuda_opts(false, default_gemm_max_len())
         };
         let (t, tg) = run_both_opts(dir.path(), prompts.clone(), 40, 16, opts);

@@ -51,6 +51,7 @@ impl CudaBackendOptions {
             bulk_fusion: false,
             gemv_bulk_stages: GEMV_BULK_STAGES,
             gemv_bulk_tight: false,
+            gemv_bulk_ordered: false,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

@@ -179,6 +179,56 @@ fn gemv_bulk_fused_input_and_output_match_reference() {
     assert!(unsafe { kernels::gemv_bulk(&g, &short) }.is_err());
 }
 
+/// With `gemv_bulk_ordered` the bulk gemv's sums are the same bits every run, on rows that span
+/// several stages (k 11,008: the down projection's 5.4 stages a row, whose partial sums shared
+/// atomics add in the order the warps arrive), and they are the reference's; both rings.
+#[test]
+fn gemv_bulk_ordered_repeats_bit_for_bit() {
+    let Some((mut g, mut r)) = setup(60) else {
+        return;
+    };
+    if !g.gemv_bulk {
+        eprintln!("skipped: no bulk gemv on this GPU");
+        return;
+    }
+    g.gemv_bulk_ordered = true;
+    let (n, k) = (4096, 11008);
+    let w = rand_bf16(&mut r, n * k, 1.0);
+    let (wb, wf) = (dev(&g, &w), to_f32(&w));
+    for m in 1..=3 {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
+        let xb = dev(&g, &x);
+        let y = poisoned::<f32>(&g, m * n);
+        let mut first: Option<Vec<u32>> = None;
+        for run in 0..6 {
+            g.gemv_bulk_tight = run % 2 == 1;
+            g.gemv_bulk_stages = match run % 2 {
+                0 => kernels::GEMV_BULK_STAGES,
+                _ => kernels::GEMV_BULK_SHORT_STAGES,
+            };
+            g.memset(y.ptr(), 0xff, m * n * 4).unwrap();
+            let job = kernels::BulkGemv {
+                input: BulkInput::X(xb.ptr()),
+                w: wb.ptr(),
+                output: BulkOutput::F32(y.ptr()),
+                m,
+                n,
+                k,
+            };
+            // SAFETY: x is [m, k], w [n, k], y [m, n].
+            unsafe { kernels::gemv_bulk(&g, &job).unwrap() };
+            let got = read::<f32>(&g, &y, m * n);
+            assert_close(&format!("ordered m={m} run {run}"), &got, &want, 1e-5);
+            let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            match &first {
+                None => first = Some(bits),
+                Some(f) => assert!(*f == bits, "m={m}: run {run} differs from run 0"),
+            }
+        }
+    }
+}
+
 /// `job(output)` into a poisoned bf16 and then a poisoned f32 output, each against `want`.
 fn check_bulk_outputs(
     g: &Gpu,

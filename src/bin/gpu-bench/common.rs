@@ -38,6 +38,8 @@ pub fn emit(mut v: serde_json::Value) {
             .or_insert_with(|| gemv_bulk_stages().into());
         o.entry("gemv_bulk_tight")
             .or_insert_with(|| gemv_bulk_tight().into());
+        o.entry("gemv_bulk_ordered")
+            .or_insert_with(|| gemv_bulk_ordered().into());
     }
     println!("{v}");
 }
@@ -153,6 +155,15 @@ pub fn gemv_bulk_tight() -> bool {
     env_flag(
         "BROOK_GEMV_BULK_TIGHT",
         CudaBackendOptions::default().gemv_bulk_tight,
+    )
+}
+
+/// Whether bulk gemv stages add their row sums in order in every backend and `Gpu` gpu-bench
+/// makes: `BROOK_GEMV_BULK_ORDERED` (0 or 1; brook's default when unset).
+pub fn gemv_bulk_ordered() -> bool {
+    env_flag(
+        "BROOK_GEMV_BULK_ORDERED",
+        CudaBackendOptions::default().gemv_bulk_ordered,
     )
 }
 
@@ -463,13 +474,14 @@ pub fn bench_options() -> CudaBackendOptions {
         bulk_fusion: bulk_fusion(),
         gemv_bulk_stages: gemv_bulk_stages(),
         gemv_bulk_tight: gemv_bulk_tight(),
+        gemv_bulk_ordered: gemv_bulk_ordered(),
         ..Default::default()
     }
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
 /// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`,
-/// `BROOK_GEMV_BULK_STAGES`, `BROOK_GEMV_BULK_TIGHT`), as
+/// `BROOK_GEMV_BULK_STAGES`, `BROOK_GEMV_BULK_TIGHT`, `BROOK_GEMV_BULK_ORDERED`), as
 /// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
@@ -479,6 +491,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.gemv_bulk &= gemv_bulk();
     gpu.gemv_bulk_stages = gemv_bulk_stages();
     gpu.gemv_bulk_tight = gemv_bulk_tight();
+    gpu.gemv_bulk_ordered = gemv_bulk_ordered();
     Ok(gpu)
 }
 

@@ -63,6 +63,10 @@ fn run_dtype(
             ..base.clone()
         },
         CudaBackendOptions {
+            gemv_bulk_ordered: !base.gemv_bulk_ordered,
+            ..base.clone()
+        },
+        CudaBackendOptions {
             gemv_split: 1,
             ..base.clone()
         },
@@ -106,7 +110,11 @@ fn run_dtype(
         }));
     let count = if quick { 1 } else { usize::MAX };
     for (opts, skipped) in variants.take(count) {
-        let (stages, tight) = (opts.gemv_bulk_stages, opts.gemv_bulk_tight);
+        let (stages, tight, ordered) = (
+            opts.gemv_bulk_stages,
+            opts.gemv_bulk_tight,
+            opts.gemv_bulk_ordered,
+        );
         let (graphs, gemv, fuse, pdl, split, bulk, bulk_fusion) = (
             opts.cuda_graphs,
             opts.gemv_max_rows > 0,
@@ -136,11 +144,11 @@ fn run_dtype(
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk} ({stages} stages, tight {tight}), bulk fusion {bulk_fusion}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk} ({stages} stages, tight {tight}, ordered {ordered}), bulk fusion {bulk_fusion}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
             dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_bulk_stages": stages, "gemv_bulk_tight": tight, "bulk_fusion": bulk_fusion, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_bulk_stages": stages, "gemv_bulk_tight": tight, "gemv_bulk_ordered": ordered, "bulk_fusion": bulk_fusion, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

@@ -113,12 +113,14 @@ pub fn run(bulk_only: bool) -> anyhow::Result<()> {
     }
     if b.gpu.gemv_bulk {
         bulk_builds(&b, &shapes)?;
-        for (stages, tight) in [
-            (kernels::GEMV_BULK_STAGES, false),
-            (kernels::GEMV_BULK_STAGES, true),
-            (kernels::GEMV_BULK_SHORT_STAGES, true),
+        for (stages, tight, ordered) in [
+            (kernels::GEMV_BULK_STAGES, false, false),
+            (kernels::GEMV_BULK_STAGES, false, true),
+            (kernels::GEMV_BULK_STAGES, true, false),
+            (kernels::GEMV_BULK_SHORT_STAGES, true, false),
         ] {
-            (b.gpu.gemv_bulk_stages, b.gpu.gemv_bulk_tight) = (stages, tight);
+            let g = &mut b.gpu;
+            (g.gemv_bulk_stages, g.gemv_bulk_tight, g.gemv_bulk_ordered) = (stages, tight, ordered);
             bulk_fused(&b, &shapes)?;
         }
     }
@@ -263,8 +265,13 @@ fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
     use kernels::{BulkGemv, BulkInput, BulkOutput};
     let (rows, stages) = (kernels::GEMV_MAX_M, b.gpu.gemv_bulk_stages);
     let ring = format!(
-        "r{stages}{}",
-        if b.gpu.gemv_bulk_tight { " tight" } else { "" }
+        "r{stages}{}{}",
+        if b.gpu.gemv_bulk_tight { " tight" } else { "" },
+        if b.gpu.gemv_bulk_ordered {
+            " ordered"
+        } else {
+            ""
+        }
     );
     let max_k = shapes.iter().map(|s| s.3).max().unwrap_or(0);
     let max_n = shapes.iter().map(|s| s.2).max().unwrap_or(0);

@@ -78,6 +78,10 @@ pub struct Gpu {
     /// Bulk gemv launches take only their ring's and x's shared memory
     /// (`kernels::gemv_bulk_smem`); false: the ring and the largest x, as measured so far.
     pub gemv_bulk_tight: bool,
+    /// Bulk gemv stages add their partial row sums in stage order, so each output is the same
+    /// bits every run; false: shared atomics in arrival order (rows of 3+ stages vary in their
+    /// last bits).
+    pub gemv_bulk_ordered: bool,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -139,6 +143,7 @@ impl Gpu {
             gemv_bulk: false,
             gemv_bulk_stages: compile::GEMV_BULK_STAGES,
             gemv_bulk_tight: false,
+            gemv_bulk_ordered: false,
             pdl: compute_capability.0 >= 9,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,

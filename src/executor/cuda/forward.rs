@@ -262,6 +262,7 @@ impl Forward {
         );
         gpu.gemv_bulk_stages = opts.gemv_bulk_stages;
         gpu.gemv_bulk_tight = opts.gemv_bulk_tight;
+        gpu.gemv_bulk_ordered = opts.gemv_bulk_ordered;
         gpu.pdl &= opts.pdl;
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(

@@ -46,6 +46,12 @@ pub struct CudaBackendOptions {
     /// largest x (80 KB), so CTAs of the kernels around them fit beside them on an SM. Off by
     /// default until measured on the H200.
     pub gemv_bulk_tight: bool,
+    /// The bulk gemv's stages add their partial row sums in stage order (each waits for the one
+    /// before), so decode logits are the same bits every run (same seed, same output). Off: the
+    /// shared atomics add in arrival order, and rows longer than two stages (the down
+    /// projection) can differ in their last bits between runs. Off by default until its cost is
+    /// measured on the H200.
+    pub gemv_bulk_ordered: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

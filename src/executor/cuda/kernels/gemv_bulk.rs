@@ -27,6 +27,8 @@ pub struct GemvBulkParams {
     pub n: i32,
     pub k: i32,
     pub accumulate: i32,
+    /// 1: stages add their partial sums in stage order (`Gpu::gemv_bulk_ordered`).
+    pub ordered: i32,
     pub eps: f32,
 }
 
@@ -96,6 +98,7 @@ impl BulkGemv {
             n: self.n as i32,
             k: self.k as i32,
             accumulate,
+            ordered: 0,
             eps,
         }
     }
@@ -186,9 +189,9 @@ unsafe fn launch_bulk(gpu: &Gpu, ctas: u32, g: &BulkGemv) -> anyhow::Result<()> 
         (GEMV_BULK_THREADS, 1, 1),
         gemv_bulk_smem(gpu, g.m, g.k),
     );
-    gpu.launch_pdl_sized(
-        &gemv_bulk_kernel(g.m, gpu.gemv_bulk_stages),
-        shape,
-        &g.params(),
-    )
+    let p = GemvBulkParams {
+        ordered: gpu.gemv_bulk_ordered.into(),
+        ..g.params()
+    };
+    gpu.launch_pdl_sized(&gemv_bulk_kernel(g.m, gpu.gemv_bulk_stages), shape, &p)
 }
