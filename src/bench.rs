@@ -59,8 +59,12 @@ pub struct BenchArgs {
     pub memory: bool,
     /// Returning users' TTFT with the KV host tier (--cpu-kv-cache-gib) vs recompute; users:
     /// --num-prompts, first turns: --input-len tokens (`bench::tiers`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "scheduler")]
     pub multiturn: bool,
+    /// The scheduler's own host cost a step (`schedule` + `update_from_output` with the KV
+    /// manager; no model, made-up outputs) for --num-prompts requests (`bench::host`).
+    #[arg(long, conflicts_with = "memory")]
+    pub scheduler: bool,
 }
 
 /// How the benchmark's prompts are made.
@@ -74,6 +78,7 @@ pub enum PromptKind {
 /// Tokens of the phrase a `repeat` prompt repeats.
 const REPEAT_PHRASE: usize = 16;
 
+mod host;
 mod tiers;
 
 #[derive(Debug, Serialize)]
@@ -336,6 +341,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.multiturn {
         return tiers::multiturn(&args);
+    }
+    if args.scheduler {
+        return host::scheduler(&args);
     }
     let report = execute(&args)?.report;
     let weights = if report.synthetic {
