@@ -30,7 +30,7 @@
 //! every check on a row's tokens, table and counts lives next to the one state they guard;
 //! splitting it would spread those invariants over files.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use anyhow::{bail, ensure};

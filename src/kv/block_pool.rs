@@ -6,7 +6,7 @@
 //! free block takes it out of the middle of the list. The list is intrusive (prev/next indices in
 //! the block records), so every operation is O(1) and allocates nothing.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// Index of a physical block in the executor's KV pool.

@@ -31,7 +31,7 @@
 //! (copy-on-write, driven by the reference count), so no sequence ever writes a block another
 //! holds.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use crate::kv::block_pool::{BlockHash, BlockId, BlockPool};
 use crate::request::RequestId;

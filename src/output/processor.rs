@@ -1,6 +1,6 @@
 //! Per-request output state and the events sent to sessions (see the module docs of `output`).
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

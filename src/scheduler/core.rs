@@ -55,7 +55,9 @@ mod overload;
 mod spec;
 mod tiers;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::kv::KvCacheManager;
 use crate::request::{FinishReason, RequestId, TokenLogprobs};

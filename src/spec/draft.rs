@@ -15,7 +15,7 @@
 //! params (`rejection::filtered_dense`, the `Draft` role of the seed's stream) and report that
 //! distribution for verification; greedy ones take the argmax.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use crate::request::RequestId;
 use crate::sampling::rejection::{draw, filtered_dense, sample_dense, Role};

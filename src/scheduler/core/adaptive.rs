@@ -2,7 +2,7 @@
 //! the step when blocks run out), then prefill candidates lane by lane, each fused into the step
 //! only when `policy::should_merge` allows it (see `scheduler::policy`).
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 
 use super::{Scheduler, StepPlan};
 use crate::kv::KvCacheManager;

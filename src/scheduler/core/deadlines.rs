@@ -1,7 +1,7 @@
 //! Documents against their TTFT deadlines (adaptive policy, `merge.deadline_share`): which one
 //! a step must pull, and what its remaining prefill is predicted to take.
 
-use std::collections::HashSet;
+use foldhash::HashSet;
 
 use super::Scheduler;
 use crate::request::RequestId;
