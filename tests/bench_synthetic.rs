@@ -193,3 +193,16 @@ fn token_level_engine_refuses_stop_strings_and_counts_tokens() {
         assert_eq!(counted, 5);
     });
 }
+
+/// `brook bench --scheduler` drives every request to its last token through the scheduler and
+/// KV manager alone (it fails when a step schedules nothing or a token is missing), with queued
+/// requests and chunked prefills (4 slots, a 16-token budget, 21-token prompts), in both
+/// policies.
+#[test]
+fn scheduler_host_cost_runs_every_request_to_the_end() {
+    for policy in ["fcfs", "adaptive"] {
+        let mut args = bench_args(&[("--policy", policy)]).unwrap();
+        args.scheduler = true;
+        brook::bench::run(args).unwrap_or_else(|e| panic!("{policy}: {e:#}"));
+    }
+}
