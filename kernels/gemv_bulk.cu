@@ -308,11 +308,12 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 }
 
 // grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
-// dynamic shared memory: the ring (stages * GB_STAGE_BYTES) and x (m * k * 2 bytes, at most
-// GB_X_BYTES), no more, so that CTAs of the kernels around it fit beside it on the SM (PDL).
-// Two rings: GB_STAGES (128 KB) and the short GB_SHORT_STAGES (64 KB; with x of a decode row,
-// two bulk CTAs fit an SM, so one launch's ring fills while the one before drains). Empty below
-// sm_90 (the host never launches them there).
+// dynamic shared memory: the ring (stages * GB_STAGE_BYTES) and room for x: GB_X_BYTES, or
+// with the host's tight launches m * k * 2 bytes and no more, so that CTAs of the kernels around
+// it fit beside it on the SM under PDL (kernels::gemv_bulk_smem). Two rings: GB_STAGES (128 KB)
+// and the short GB_SHORT_STAGES (64 KB; tight, with x of a decode row, two bulk CTAs fit an SM,
+// so one launch's ring fills while the one before drains). Empty below sm_90 (the host never
+// launches them there).
 #define GB_KERNEL(name, m, stages, bounds) \
   extern "C" __global__ void __launch_bounds__ bounds name(GemvBulkParams p) { gemv_bulk_impl<m, stages>(p); }
 GB_KERNEL(gemv_bulk_m1, 1, GB_STAGES, (GB_THREADS))

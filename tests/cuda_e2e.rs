@@ -376,12 +376,13 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
     write_test_model(dir.path(), &spec).unwrap();
     let cfg = ModelConfig::from_dir(dir.path()).unwrap();
     let gpu = brook::executor::cuda::device::Gpu::open(0).unwrap();
-    let (d, qkv) = (2048, 2048 + 2 * 512);
+    let (d, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let qkv = cfg.q_dim() + 2 * cfg.kv_dim();
     for (n, k) in [
         (qkv, d),
-        (d, d),
-        (2 * 2048, d),
-        (d, 2048),
+        (d, cfg.q_dim()),
+        (2 * inter, d),
+        (d, inter),
         (cfg.vocab_size, d),
     ] {
         let grid = brook::executor::cuda::kernels::gemv_bulk_grid(&gpu, 4, n, k);
@@ -392,8 +393,13 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
     }
     drop(gpu);
     let prompts = random_prompts(4, cfg.vocab_size, 5);
-    let short = brook::executor::cuda::kernels::GEMV_BULK_SHORT_STAGES;
-    for (bulk_fusion, gemv_bulk_stages) in [(false, 32), (true, 32), (true, short)] {
+    use brook::executor::cuda::kernels::{GEMV_BULK_SHORT_STAGES, GEMV_BULK_STAGES};
+    let short = GEMV_BULK_SHORT_STAGES;
+    for (bulk_fusion, gemv_bulk_stages) in [
+        (false, GEMV_BULK_STAGES),
+        (true, GEMV_BULK_STAGES),
+        (true, short),
+    ] {
         let opts = CudaBackendOptions {
             bulk_fusion,
             gemv_bulk_stages,

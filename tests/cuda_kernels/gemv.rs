@@ -7,6 +7,7 @@ use brook::executor::cuda::kernels::{
 };
 use brook::model::config::RopeScaling;
 use half::bf16;
+use rand_chacha::ChaCha8Rng;
 
 use crate::harness::{
     assert_close, dev, inv_freqs, kv_gpu, matmul_ref, poisoned, rand_bf16, rand_f32, read,
@@ -71,9 +72,9 @@ fn gemv_bulk_matches_reference() {
             let xb = dev(&g, &x);
             let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
             // Each ring, the short one with its tight shared memory (x alone past the ring).
-            for stages in [kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES] {
-                g.gemv_bulk_stages = stages;
-                g.gemv_bulk_tight = stages == kernels::GEMV_BULK_SHORT_STAGES;
+            for short in [false, true] {
+                use_short_ring(&mut g, short);
+                let stages = g.gemv_bulk_stages;
                 let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs, {stages} stages)");
                 check_both_outputs(&g, kernels::gemv, p, &want, &what);
             }
@@ -88,13 +89,9 @@ fn gemv_bulk_matches_reference() {
 /// short ring (16 stages) for 2 and 4 rows.
 #[test]
 fn gemv_bulk_fused_input_and_output_match_reference() {
-    let Some((mut g, mut r)) = setup(59) else {
+    let Some((mut g, mut r)) = bulk_setup(59) else {
         return;
     };
-    if !g.gemv_bulk {
-        eprintln!("skipped: no bulk gemv on this GPU");
-        return;
-    }
     let (n, k, eps) = (3001, 2056, 1e-5f32);
     let w = rand_bf16(&mut r, n * k, 1.0);
     let (wb, wf) = (dev(&g, &w), to_f32(&w));
@@ -107,12 +104,8 @@ fn gemv_bulk_fused_input_and_output_match_reference() {
         k,
     };
     for m in 1..=GEMV_MAX_M {
-        // Rows 2 and 4 on the short ring with tight shared memory, 1 and 3 on the long one.
-        g.gemv_bulk_tight = m % 2 == 0;
-        g.gemv_bulk_stages = match g.gemv_bulk_tight {
-            true => kernels::GEMV_BULK_SHORT_STAGES,
-            false => kernels::GEMV_BULK_STAGES,
-        };
+        // Rows 2 and 4 on the short ring, 1 and 3 on the long one.
+        use_short_ring(&mut g, m % 2 == 0);
         // Normalised input: rows of different scales, so a wrong row's norm shows.
         let res: Vec<f32> = (0..m)
             .flat_map(|i| rand_f32(&mut r, k, 0.5 + i as f32))
@@ -184,13 +177,9 @@ fn gemv_bulk_fused_input_and_output_match_reference() {
 /// atomics add in the order the warps arrive), and they are the reference's; both rings.
 #[test]
 fn gemv_bulk_ordered_repeats_bit_for_bit() {
-    let Some((mut g, mut r)) = setup(60) else {
+    let Some((mut g, mut r)) = bulk_setup(60) else {
         return;
     };
-    if !g.gemv_bulk {
-        eprintln!("skipped: no bulk gemv on this GPU");
-        return;
-    }
     g.gemv_bulk_ordered = true;
     let (n, k) = (4096, 11008);
     let w = rand_bf16(&mut r, n * k, 1.0);
@@ -202,11 +191,7 @@ fn gemv_bulk_ordered_repeats_bit_for_bit() {
         let y = poisoned::<f32>(&g, m * n);
         let mut first: Option<Vec<u32>> = None;
         for run in 0..6 {
-            g.gemv_bulk_tight = run % 2 == 1;
-            g.gemv_bulk_stages = match run % 2 {
-                0 => kernels::GEMV_BULK_STAGES,
-                _ => kernels::GEMV_BULK_SHORT_STAGES,
-            };
+            use_short_ring(&mut g, run % 2 == 1);
             g.memset(y.ptr(), 0xff, m * n * 4).unwrap();
             let job = kernels::BulkGemv {
                 input: BulkInput::X(xb.ptr()),
@@ -236,18 +221,34 @@ fn check_bulk_outputs(
     want: &[f32],
     what: &str,
 ) {
-    let (y16, y32) = (
-        poisoned::<bf16>(g, want.len()),
-        poisoned::<f32>(g, want.len()),
-    );
-    // SAFETY: the job's input and weights are live buffers of its shapes; the outputs m x n.
-    unsafe {
-        kernels::gemv_bulk(g, &job(BulkOutput::Bf16(y16.ptr()))).unwrap();
-        kernels::gemv_bulk(g, &job(BulkOutput::F32(y32.ptr()))).unwrap();
+    check_outputs(g, want, what, 1e-4, |y, y32| {
+        let out = match y32 {
+            0 => BulkOutput::Bf16(y),
+            _ => BulkOutput::F32(y32),
+        };
+        // SAFETY: the job's input and weights are live buffers of its shapes; the outputs m x n.
+        unsafe { kernels::gemv_bulk(g, &job(out)).unwrap() }
+    });
+}
+
+/// `setup(seed)` where the GPU has the bulk gemv; None (after saying so) where it has not.
+fn bulk_setup(seed: u64) -> Option<(Gpu, ChaCha8Rng)> {
+    let (g, r) = setup(seed)?;
+    if !g.gemv_bulk {
+        eprintln!("skipped: no bulk gemv on this GPU");
+        return None;
     }
-    let n = want.len();
-    assert_close(&format!("{what} bf16"), &read_bf16(g, &y16, n), want, 8e-3);
-    assert_close(&format!("{what} f32"), &read::<f32>(g, &y32, n), want, 1e-4);
+    Some((g, r))
+}
+
+/// The bulk gemv's short ring (16 stages) with tight shared memory, or the long one (32) with
+/// the usual reservation.
+fn use_short_ring(g: &mut Gpu, short: bool) {
+    g.gemv_bulk_tight = short;
+    g.gemv_bulk_stages = match short {
+        true => kernels::GEMV_BULK_SHORT_STAGES,
+        false => kernels::GEMV_BULK_STAGES,
+    };
 }
 
 /// Rows shorter than a stage, m past `GEMV_MAX_M`, and x past the shared memory kept for it are
@@ -302,40 +303,25 @@ pub fn check_both_outputs(
     want: &[f32],
     what: &str,
 ) {
-    let (m, n) = (p.m as usize, p.n as usize);
-    let (y16, y32) = (poisoned::<bf16>(g, m * n), poisoned::<f32>(g, m * n));
     // SAFETY: the caller's buffers hold p's shapes; the outputs are m x n.
-    unsafe {
-        launch(
-            g,
-            &GemvParams {
-                y: y16.ptr(),
-                y32: 0,
-                ..p
-            },
-        )
-        .unwrap();
-        launch(
-            g,
-            &GemvParams {
-                y: 0,
-                y32: y32.ptr(),
-                ..p
-            },
-        )
-        .unwrap();
-    }
-    assert_close(
-        &format!("{what} bf16"),
-        &read_bf16(g, &y16, m * n),
-        want,
-        8e-3,
-    );
+    check_outputs(g, want, what, 1e-5, |y, y32| unsafe {
+        launch(g, &GemvParams { y, y32, ..p }).unwrap()
+    });
+}
+
+/// `launch(y, y32)` into a poisoned bf16 output (y32 0) and then a poisoned f32 one (y 0), each
+/// against `want` (bf16 within 8e-3, f32 within `f32_tol`, relative).
+fn check_outputs(g: &Gpu, want: &[f32], what: &str, f32_tol: f64, launch: impl Fn(u64, u64)) {
+    let n = want.len();
+    let (y16, y32) = (poisoned::<bf16>(g, n), poisoned::<f32>(g, n));
+    launch(y16.ptr(), 0);
+    launch(0, y32.ptr());
+    assert_close(&format!("{what} bf16"), &read_bf16(g, &y16, n), want, 8e-3);
     assert_close(
         &format!("{what} f32"),
-        &read::<f32>(g, &y32, m * n),
+        &read::<f32>(g, &y32, n),
         want,
-        1e-5,
+        f32_tol,
     );
 }
 
