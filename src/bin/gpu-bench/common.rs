@@ -18,28 +18,25 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// One figure: a JSON object on its own line of stdout, tagged with the weights' quantization.
+/// One figure: a JSON object on its own line of stdout, tagged with the environment's choices
+/// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        o.entry("quantization")
-            .or_insert_with(|| quantization().as_str().into());
-        o.entry("decode_kernel")
-            .or_insert_with(|| decode_kernel().as_str().into());
-        o.entry("prefill_wgmma")
-            .or_insert_with(|| prefill_wgmma().into());
-        o.entry("prefill_wg_stages")
-            .or_insert_with(|| prefill_wg_stages().into());
-        o.entry("prefill_tma")
-            .or_insert_with(|| prefill_tma().into());
-        o.entry("gemv_bulk").or_insert_with(|| gemv_bulk().into());
-        o.entry("bulk_fusion")
-            .or_insert_with(|| bulk_fusion().into());
-        o.entry("gemv_bulk_stages")
-            .or_insert_with(|| gemv_bulk_stages().into());
-        o.entry("gemv_bulk_tight")
-            .or_insert_with(|| gemv_bulk_tight().into());
-        o.entry("gemv_bulk_ordered")
-            .or_insert_with(|| gemv_bulk_ordered().into());
+        let tags: [(&str, serde_json::Value); 10] = [
+            ("quantization", quantization().as_str().into()),
+            ("decode_kernel", decode_kernel().as_str().into()),
+            ("prefill_wgmma", prefill_wgmma().into()),
+            ("prefill_wg_stages", prefill_wg_stages().into()),
+            ("prefill_tma", prefill_tma().into()),
+            ("gemv_bulk", gemv_bulk().into()),
+            ("bulk_fusion", bulk_fusion().into()),
+            ("gemv_bulk_stages", gemv_bulk_stages().into()),
+            ("gemv_bulk_tight", gemv_bulk_tight().into()),
+            ("gemv_bulk_ordered", gemv_bulk_ordered().into()),
+        ];
+        for (key, value) in tags {
+            o.entry(key).or_insert(value);
+        }
     }
     println!("{v}");
 }
