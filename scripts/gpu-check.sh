@@ -11,7 +11,7 @@
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18 |
 #                                       prefill18 | kv13 | spec | fp8 | fp8bench | bulk18 |
-#                                       bulk18more
+#                                       bulk18more | overlap18
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
@@ -53,6 +53,11 @@
 #                                       BEFORE=DIR also that build's gpu-bench), into
 #                                       $OUT/bulk18.jsonl; bulk18more (about 4 min): the same on
 #                                       Llama-3-8B, decode-batch 2 and 4, gemv-sweep --bulk-only
+#                                       overlap18 (issue 18, about 1 min): the sibling-stream
+#                                       test, then gpu-bench overlap (a large decode batch's
+#                                       GEMMs and attention as two nano-batches on two streams vs
+#                                       one stream) on Llama-2-7B and Llama-3-8B shapes into
+#                                       $OUT/overlap18.jsonl
 #
 # Device call (the repo root there is the lead's checkout):
 #   cd .carry/cuda && ./gpu-check.sh device all
@@ -276,6 +281,13 @@ device)
         done
         step "gemv-sweep --bulk-only" timeout 150 sh -c "./gpu-bench gemv-sweep --bulk-only >>'$out/bulk18.jsonl'"
         grep -hE "decode batch|bulk r" "$out/log.txt" | grep -v "^===" | tail -150
+    fi
+    if [ "$what" = overlap18 ]; then
+        : >"$out/overlap18.jsonl"
+        step "kernels: sibling stream" ./cuda_kernels --test-threads=1 sibling_stream
+        step "overlap llama-2-7b" timeout 200 sh -c "./gpu-bench overlap --model llama-2-7b --batch 256,512 --context 192,1024 >>'$out/overlap18.jsonl'"
+        step "overlap llama-3-8b" timeout 200 sh -c "./gpu-bench overlap --model llama-3-8b --batch 512,1024 --context 1000,2000 >>'$out/overlap18.jsonl'"
+        grep -h "^overlap" "$out/log.txt" | tail -80
     fi
     if [ "$what" = all ] || [ "$what" = peers ]; then
         : >"$out/peers.jsonl"

@@ -21,6 +21,8 @@
 //!   gpu-bench decode-variants           decode through the scheduler for the default and each
 //!                                       issue-18 switch in one process: ms/step, GPU idle gap
 //!                                       between steps (host overhead), lookahead hits
+//!   gpu-bench overlap                   a large decode batch's GEMMs and attention as two
+//!                                       nano-batches on two streams vs the whole batch on one
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
 //!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
@@ -47,6 +49,7 @@ mod decode;
 mod decode_batch;
 mod gemv_sweep;
 mod offline;
+mod overlap;
 mod prefill_attn;
 mod prefill_chunks;
 mod spec;
@@ -136,6 +139,24 @@ enum Cmd {
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
+    },
+    /// A large decode batch's layers as two nano-batches on two streams (GEMMs beside
+    /// attention) against the whole batch on one stream (GEMMs, attention, no element-wise).
+    Overlap {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// Whole batches (comma-separated), each cut in two halves.
+        #[arg(long, value_delimiter = ',', default_values_t = [256, 512])]
+        batch: Vec<usize>,
+        /// Keys every sequence attends to (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [192, 1024])]
+        context: Vec<usize>,
+        /// Layers a timed run goes through (default: the model's).
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Timed runs a variant (after 2 untimed).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
     },
     Swap {
         #[arg(long, default_value = "llama-2-7b")]
@@ -246,6 +267,19 @@ fn main() -> anyhow::Result<()> {
             steps,
             breakdown,
             dtypes: &kv_cache_dtype,
+        }),
+        Cmd::Overlap {
+            model,
+            batch,
+            context,
+            layers,
+            reps,
+        } => overlap::run(&overlap::Args {
+            model: &model,
+            batch: &batch,
+            context: &context,
+            layers,
+            reps,
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),

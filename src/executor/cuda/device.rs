@@ -122,15 +122,8 @@ impl Gpu {
         let num_sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        let blas = CudaBlas::new(stream.clone()).context("creating the cuBLAS handle")?;
+        let (blas, ws) = blas_on(&stream)?;
         let functions = load_kernels(&ctx, compute_capability)?;
-        let ws = alloc_on(&stream, CUBLAS_WORKSPACE_BYTES)?;
-        // SAFETY: the handle and the workspace live as long as the returned `Gpu`.
-        unsafe {
-            cublas_sys::cublasSetWorkspace_v2(*blas.handle(), ws.ptr() as *mut c_void, ws.bytes())
-                .result()
-                .context("cublasSetWorkspace")?;
-        }
         let mut gpu = Gpu {
             ctx,
             stream,
@@ -160,6 +153,28 @@ impl Gpu {
                 .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
         }
         Ok(gpu)
+    }
+
+    /// A second handle on this GPU's context for work that should run beside this handle's:
+    /// its own stream (at `priority`, where lower numbers run first; None: the default) and
+    /// cuBLAS handle, the kernels loaded so far and the same switches. Buffers are shared (one
+    /// context); nothing orders the two streams but the events a caller records.
+    pub fn sibling(&self, priority: Option<i32>) -> anyhow::Result<Gpu> {
+        let stream = match priority {
+            Some(p) => self.ctx.new_stream_with_priority(p)?,
+            None => self.ctx.new_stream()?,
+        };
+        let (blas, ws) = blas_on(&stream)?;
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            stream,
+            blas,
+            name: self.name.clone(),
+            functions: self.functions.clone(),
+            dyn_smem: self.dyn_smem.clone(),
+            _blas_workspace: ws,
+            ..*self
+        })
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {
@@ -574,6 +589,19 @@ unsafe fn launch_with<P: Copy>(
         &mut args,
     )
     .with_context(|| format!("launching {name}"))
+}
+
+/// A cuBLAS handle on `stream` with a workspace of its own (the handle must outlive neither).
+fn blas_on(stream: &Arc<CudaStream>) -> anyhow::Result<(CudaBlas, DevBuf)> {
+    let blas = CudaBlas::new(stream.clone()).context("creating the cuBLAS handle")?;
+    let ws = alloc_on(stream, CUBLAS_WORKSPACE_BYTES)?;
+    // SAFETY: the caller keeps the workspace as long as the handle (both in one `Gpu`).
+    unsafe {
+        cublas_sys::cublasSetWorkspace_v2(*blas.handle(), ws.ptr() as *mut c_void, ws.bytes())
+            .result()
+            .context("cublasSetWorkspace")?;
+    }
+    Ok((blas, ws))
 }
 
 fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {

@@ -210,7 +210,12 @@ pub(super) enum KvSizing {
 /// was never more than 3 % slower than fill 8 at 2 resident CTAs and up to 30 % faster
 /// (Qwen2.5-7B, batch 256 at 1k: 135 against 192 µs); at 3 (session 18, call 3) fill 6 and 4
 /// were within 3 % of each other in total.
-fn decode_fill(opts: &CudaBackendOptions, head_dim: usize, group: usize, kv_fp8: bool) -> usize {
+pub fn decode_fill(
+    opts: &CudaBackendOptions,
+    head_dim: usize,
+    group: usize,
+    kv_fp8: bool,
+) -> usize {
     let cap = match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
         DecodeKernel::Mma if kv_fp8 => 6,
         DecodeKernel::Mma => 4,

@@ -39,4 +39,5 @@ pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
 pub use device::{probe, Gpu};
+pub use forward::decode_fill;
 pub use options::{DecodeKernel, KvCacheDtype, Quantization};
