@@ -27,7 +27,6 @@ use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm::{self, Weight};
 use brook::executor::cuda::kernels::{self, PagedDecodeParams};
 use brook::executor::cuda::{compile, decode_fill, DecodeKernel};
-use brook::model::config::ModelConfig;
 use brook::model::synthetic::synthetic_config;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{result, CudaEvent, CudaFunction};
@@ -36,7 +35,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{bench_options, elapsed_ms, emit, median, open_gpu, random_bf16, upload};
+use crate::common::{
+    bench_options, elapsed_ms, emit, median, open_gpu, random_bf16, upload, AttnShape,
+};
 
 pub struct Args<'a> {
     pub model: &'a str,
@@ -81,36 +82,32 @@ struct Dims {
     qkv_n: usize,
     q_dim: usize,
     inter: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    block_size: usize,
+    attn: AttnShape,
     kernel: DecodeKernel,
 }
 
 impl Dims {
-    fn of(c: &ModelConfig, gpu: &Gpu) -> Dims {
-        let group = c.num_attention_heads / c.num_key_value_heads;
-        Dims {
+    fn of(model: &str, gpu: &Gpu) -> anyhow::Result<Dims> {
+        let c = synthetic_config(model)?;
+        let attn = AttnShape::of_model(model)?;
+        let kernel = kernels::decode_kernel(
+            bench_options().decode_kernel,
+            attn.head_dim,
+            attn.heads / attn.kv_heads,
+            gpu.kv_fp8(),
+        );
+        Ok(Dims {
             d: c.hidden_size,
             qkv_n: c.q_dim() + 2 * c.kv_dim(),
             q_dim: c.q_dim(),
             inter: c.intermediate_size,
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            block_size: 16,
-            kernel: kernels::decode_kernel(
-                bench_options().decode_kernel,
-                c.head_dim,
-                group,
-                gpu.kv_fp8(),
-            ),
-        }
+            attn,
+            kernel,
+        })
     }
 
     fn group(&self) -> usize {
-        self.heads / self.kv_heads
+        self.attn.heads / self.attn.kv_heads
     }
 }
 
@@ -127,9 +124,9 @@ struct Caches {
 
 impl Caches {
     fn new(gpu: &Gpu, dims: &Dims, seqs: usize, context: usize) -> anyhow::Result<Caches> {
-        let blocks_per_seq = context.div_ceil(dims.block_size);
+        let blocks_per_seq = context.div_ceil(dims.attn.block_size);
         let num_blocks = seqs * blocks_per_seq;
-        let elems = num_blocks * dims.kv_heads * dims.block_size * dims.head_dim;
+        let elems = num_blocks * dims.attn.kv_heads * dims.attn.block_size * dims.attn.head_dim;
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut c = Caches {
             k: Vec::new(),
@@ -185,21 +182,26 @@ impl<'g> Lane<'g> {
         first: usize,
     ) -> anyhow::Result<Lane<'g>> {
         let g = gemm;
-        let fill = decode_fill(&bench_options(), dims.head_dim, dims.group(), g.kv_fp8());
+        let fill = decode_fill(
+            &bench_options(),
+            dims.attn.head_dim,
+            dims.group(),
+            g.kv_fp8(),
+        );
         let splits = match fill {
-            0 => kernels::decode_splits(g.num_sms, rows, dims.kv_heads, caches.context),
+            0 => kernels::decode_splits(g.num_sms, rows, dims.attn.kv_heads, caches.context),
             c => kernels::decode_splits_filled(
                 g.num_sms,
                 c,
                 rows,
-                dims.kv_heads,
+                dims.attn.kv_heads,
                 dims.group(),
                 caches.context,
                 kernels::decode_min_split_keys(dims.kernel, caches.context),
             ),
         };
         let counters_n =
-            rows * dims.kv_heads * kernels::decode_group_ctas_for(dims.group(), g.kv_fp8());
+            rows * dims.attn.kv_heads * kernels::decode_group_ctas_for(dims.group(), g.kv_fp8());
         let counters = g.alloc(counters_n * 4)?;
         g.memset(counters.ptr(), 0, counters_n * 4)?;
         let row_ids: Vec<i32> = (0..rows as i32).collect();
@@ -222,8 +224,8 @@ impl<'g> Lane<'g> {
             y: g.alloc(rows * dims.d * 2)?,
             item_row: upload(g, &row_ids)?,
             ctx_lens: upload(g, &vec![caches.context as i32; rows])?,
-            part_acc: g.alloc((rows * dims.heads * splits * dims.head_dim * 4).max(4))?,
-            part_ml: g.alloc((rows * dims.heads * splits * 2 * 4).max(4))?,
+            part_acc: g.alloc((rows * dims.attn.heads * splits * dims.attn.head_dim * 4).max(4))?,
+            part_ml: g.alloc((rows * dims.attn.heads * splits * 2 * 4).max(4))?,
             counters,
             to_attn: event()?,
             to_gemm: event()?,
@@ -271,18 +273,18 @@ impl<'g> Lane<'g> {
                 0
             },
             num_items: self.rows as i32,
-            num_heads: dims.heads as i32,
-            num_kv_heads: dims.kv_heads as i32,
-            block_size: dims.block_size as i32,
+            num_heads: dims.attn.heads as i32,
+            num_kv_heads: dims.attn.kv_heads as i32,
+            block_size: dims.attn.block_size as i32,
             max_blocks: caches.blocks_per_seq as i32,
             num_splits: self.splits as i32,
             window: 0,
-            scale: 1.0 / (dims.head_dim as f32).sqrt(),
+            scale: dims.attn.scale(),
         };
         // SAFETY: the lane's rows index `rows` sequences of `blocks_per_seq` blocks from
         // `first` on, inside the set's table; q and out are [rows, heads, head_dim]; the split
         // scratch and counters are sized for `splits` (counters zero: the kernel leaves them so).
-        unsafe { kernels::paged_decode(self.attn, &p, dims.head_dim, dims.kernel) }
+        unsafe { kernels::paged_decode(self.attn, &p, dims.attn.head_dim, dims.kernel) }
     }
 
     /// One layer: QKV, attention, o, gate|up, down (the element-wise kernels left out);
@@ -410,7 +412,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         cfg.head_dim,
         cfg.num_attention_heads / cfg.num_key_value_heads,
     )?;
-    let dims = Dims::of(&cfg, &gpu);
+    let dims = Dims::of(a.model, &gpu)?;
     let (_, highest) = result::stream::get_priority_range()?;
     let (sib, high) = (gpu.sibling(None)?, gpu.sibling(Some(highest))?);
     let layers = a.layers.unwrap_or(cfg.num_hidden_layers);
