@@ -234,7 +234,22 @@ impl OutputProcessor {
             let Some(r) = self.requests.get_mut(&u.id) else {
                 continue; // cancelled or aborted while the step ran
             };
-            let n = u.new_token_ids.len();
+            // Text first: a stop string can end the output before the step's last token.
+            let mut n = u.new_token_ids.len();
+            let mut by_stop_string = false;
+            let mut new_text = None;
+            if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
+                let out = text.push_tokens(tok, &u.new_token_ids);
+                n = out.tokens_used;
+                by_stop_string = out.stopped_by_string;
+                new_text = Some(out.text);
+                if u.finished.is_some() && !by_stop_string {
+                    // Text held back (a partial stop string, an incomplete character) goes
+                    // out now; it may still complete a stop string.
+                    new_text.get_or_insert_default().push_str(&text.finish(tok));
+                    by_stop_string = text.is_stopped();
+                }
+            }
             if n > 0 {
                 match r.last_token_at {
                     None => self.metrics.ttft.observe(secs(now - r.arrival)),
@@ -250,23 +265,11 @@ impl OutputProcessor {
                 r.last_token_at = Some(now);
                 r.completion_tokens += n;
                 r.pending_tokens += n;
-                r.pending_logprobs.extend(u.logprobs.iter().cloned());
+                r.pending_logprobs
+                    .extend(u.logprobs.iter().take(n).cloned());
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
-            let mut by_stop_string = false;
-            let mut tripped = false;
-            if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
-                let out = text.push_tokens(tok, &u.new_token_ids);
-                by_stop_string = out.stopped_by_string;
-                let mut new_text = out.text;
-                if u.finished.is_some() && !by_stop_string {
-                    // Text held back (a partial stop string, an incomplete character) goes
-                    // out now; it may still complete a stop string.
-                    new_text.push_str(&text.finish(tok));
-                    by_stop_string = text.is_stopped();
-                }
-                tripped = r.push_text(&new_text);
-            }
+            let tripped = new_text.is_some_and(|t| r.push_text(&t));
             if tripped {
                 over_limit.extend(r.backlog.clone());
             }

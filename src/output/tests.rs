@@ -181,6 +181,42 @@ fn stop_string_across_steps_is_cut_and_reported_to_the_core() {
     assert!(h.drain().is_empty());
 }
 
+/// A speculative step's tokens past the one that completes a stop string are not output: the
+/// usage, the deltas' counts and their log-probabilities stop at that token.
+#[test]
+fn tokens_after_a_stop_string_in_one_step_are_not_counted() {
+    let mut h = Harness::new(&["brown"], 64, true);
+    h.drain();
+    let ids = h.ids("the quick brown fox jumps over");
+    let used = (1..=ids.len())
+        .find(|&k| h.tok.decode(&ids[..k], true).contains("brown"))
+        .unwrap();
+    assert!(used < ids.len());
+    let logprobs = (0..ids.len())
+        .map(|i| TokenLogprobs {
+            token: ids[i],
+            logprob: -(i as f32),
+            top: Vec::new(),
+        })
+        .collect();
+    let done = h.step_with_logprobs(&ids, logprobs, None, 1);
+    assert_eq!(done.stopped, [ID]);
+    let evs = h.drain();
+    assert_eq!(text_of(&evs), "the quick ");
+    assert_eq!(tokens_of(&evs), used);
+    let (reason, usage, _) = done_of(&evs);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.completion_tokens, used);
+    let sent_logprobs: usize = evs
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Delta { logprobs, .. } => logprobs.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(sent_logprobs, used);
+}
+
 #[test]
 fn held_text_is_released_when_the_core_finishes_the_request() {
     let mut h = Harness::new(&["fox!"], 64, true);

@@ -11,6 +11,9 @@ pub struct TextUpdate {
     pub text: String,
     /// A stop string completed: finish the request with reason `stop`.
     pub stopped_by_string: bool,
+    /// The step's tokens that count as output: all of them, or those up to and including the
+    /// one that completed a stop string (a speculative step can bring tokens past it).
+    pub tokens_used: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -38,11 +41,33 @@ impl TextOutput {
         self.stop.as_ref().is_some_and(StopChecker::is_stopped)
     }
 
+    /// One step's tokens. With stop strings, a step of several tokens (speculative decoding)
+    /// goes through one token at a time, as single-token steps would: the tokens after the one
+    /// that completes a stop string are not output (`tokens_used`), so usage and text do not
+    /// depend on how many tokens a step brought.
     pub fn push_tokens(&mut self, tok: &Tokenizer, ids: &[u32]) -> TextUpdate {
+        if self.stop.is_none() || ids.len() <= 1 {
+            return self.push_step(tok, ids);
+        }
+        let mut all = TextUpdate::default();
+        for id in ids {
+            let one = self.push_step(tok, std::slice::from_ref(id));
+            all.text.push_str(&one.text);
+            all.tokens_used += one.tokens_used;
+            if one.stopped_by_string {
+                all.stopped_by_string = true;
+                break;
+            }
+        }
+        all
+    }
+
+    fn push_step(&mut self, tok: &Tokenizer, ids: &[u32]) -> TextUpdate {
         if self.is_stopped() {
             return TextUpdate {
                 text: String::new(),
                 stopped_by_string: true,
+                tokens_used: 0,
             };
         }
         let text = self.detok.push(tok, ids);
@@ -50,23 +75,19 @@ impl TextOutput {
         // reaches min_tokens).
         let unchecked = self.unchecked_tokens > ids.len();
         self.unchecked_tokens = self.unchecked_tokens.saturating_sub(ids.len());
-        match &mut self.stop {
-            _ if unchecked => TextUpdate {
-                text,
-                stopped_by_string: false,
-            },
-            None => TextUpdate {
-                text,
-                stopped_by_string: false,
-            },
-            Some(_) if text.is_empty() => TextUpdate::default(),
+        let (text, stopped_by_string) = match &mut self.stop {
+            _ if unchecked => (text, false),
+            None => (text, false),
+            Some(_) if text.is_empty() => (text, false),
             Some(stop) => {
                 let out = stop.push(&text);
-                TextUpdate {
-                    text: out.emit,
-                    stopped_by_string: out.stopped,
-                }
+                (out.emit, out.stopped)
             }
+        };
+        TextUpdate {
+            text,
+            stopped_by_string,
+            tokens_used: ids.len(),
         }
     }
 
@@ -157,6 +178,43 @@ mod tests {
             let (deltas, stopped) = run(&tok, &prompt, &text, &stop, &mut rng);
             assert!(stopped);
             assert_eq!(deltas.concat(), before);
+        }
+    }
+
+    /// A speculative step brings several tokens; those after the one that completes a stop
+    /// string are not output: text and token count equal one-token steps'.
+    #[test]
+    fn tokens_after_a_stop_string_in_the_same_step_are_not_used() {
+        let tok = TokFixture::default().build();
+        let mut rng = ChaCha8Rng::seed_from_u64(34);
+        let stop = stops(&["STOP", "🚀"]);
+        for _ in 0..50 {
+            let before = random_text(&mut rng, 12)
+                .replace("STOP", "")
+                .replace('🚀', "");
+            let ids = tok
+                .encode(&format!("{before} STOP and more text after"), false)
+                .unwrap();
+            let stream = |steps: &mut dyn FnMut() -> usize| {
+                let mut out = TextOutput::new(&tok, &[0], &stop, 0);
+                let (mut text, mut used, mut rest) = (String::new(), 0, &ids[..]);
+                while !rest.is_empty() {
+                    let n = steps().min(rest.len());
+                    let u = out.push_tokens(&tok, &rest[..n]);
+                    assert!(u.tokens_used <= n);
+                    text += &u.text;
+                    used += u.tokens_used;
+                    rest = &rest[n..];
+                    if u.stopped_by_string {
+                        return (text, used);
+                    }
+                }
+                panic!("no stop in {ids:?}");
+            };
+            let one = stream(&mut || 1);
+            let many = stream(&mut || rng.random_range(2..=6));
+            assert_eq!(many, one);
+            assert!(one.1 < ids.len(), "{one:?}");
         }
     }
 
