@@ -446,7 +446,7 @@ mod tests {
             },
             timing: Timing {
                 queue_ms: 1.0,
-                ttft_ms: 2.0,
+                ttft_ms: Some(2.0),
                 total_ms: 3.0,
             },
         };

@@ -42,7 +42,8 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
 pub struct Timing {
     pub queue_ms: f64,
-    pub ttft_ms: f64,
+    /// None (`null`): no token came (cancelled or failed before the first).
+    pub ttft_ms: Option<f64>,
     pub total_ms: f64,
 }
 

@@ -118,6 +118,7 @@ struct Group {
     left: usize,
     completion_tokens: usize,
     first_token_at: Option<Instant>,
+    scheduled_at: Option<Instant>,
     /// Ended choices' last events that found the channel full: they go before the `Done`.
     held: Vec<StreamEvent>,
 }
@@ -183,6 +184,7 @@ impl OutputProcessor {
                     left: n,
                     completion_tokens: 0,
                     first_token_at: None,
+                    scheduled_at: None,
                     held: Vec::new(),
                 },
             );
@@ -406,7 +408,7 @@ impl OutputProcessor {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let timing = Timing {
             queue_ms: ms(r.scheduled_at.unwrap_or(now) - r.arrival),
-            ttft_ms: r.first_token_at.map(|t| ms(t - r.arrival)).unwrap_or(0.0),
+            ttft_ms: r.first_token_at.map(|t| ms(t - r.arrival)),
             total_ms: ms(now - r.arrival),
         };
         let m = &self.metrics;
@@ -435,10 +437,8 @@ impl OutputProcessor {
         };
         g.left -= 1;
         g.completion_tokens += r.completion_tokens;
-        g.first_token_at = match (g.first_token_at, r.first_token_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        g.first_token_at = earliest(g.first_token_at, r.first_token_at);
+        g.scheduled_at = earliest(g.scheduled_at, r.scheduled_at);
         if g.left > 0 {
             // Another choice still runs: this one's end is not the request's.
             events.push(StreamEvent::ChoiceDone {
@@ -463,8 +463,11 @@ impl OutputProcessor {
             return;
         }
         let g = self.groups.remove(&r.first).expect("found above");
+        // The request's queueing ended when its first choice was scheduled (the others fork
+        // from it later).
         let timing = Timing {
-            ttft_ms: g.first_token_at.map(|t| ms(t - r.arrival)).unwrap_or(0.0),
+            queue_ms: ms(g.scheduled_at.unwrap_or(now) - r.arrival),
+            ttft_ms: g.first_token_at.map(|t| ms(t - r.arrival)),
             ..timing
         };
         let mut all = g.held;
@@ -479,6 +482,13 @@ impl OutputProcessor {
             timing,
         });
         send_terminal(r.tx, all, done);
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

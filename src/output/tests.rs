@@ -266,7 +266,7 @@ fn usage_timing_and_metrics() {
     );
     let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
     assert!(close(timing.queue_ms, 10.0), "{timing:?}");
-    assert!(close(timing.ttft_ms, 30.0), "{timing:?}");
+    assert!(close(timing.ttft_ms.unwrap(), 30.0), "{timing:?}");
     assert!(close(timing.total_ms, 100.0), "{timing:?}");
     let m = &h.metrics;
     assert_eq!(m.prompt_tokens.get(), h.prompt_tokens as u64);
@@ -493,6 +493,8 @@ fn drain_rx(rx: &mut mpsc::Receiver<StreamEvent>) -> Vec<StreamEvent> {
 fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
     let (mut out, mut rx, t0) = group(3, 64);
     let at = |ms| t0 + Duration::from_millis(ms);
+    // Choice 0 is scheduled (the others fork from it and are never scheduled themselves).
+    out.scheduled(&[ID], at(5));
     let d = out.process(&[update(7, 1, None), update(8, 2, None)], at(10), false);
     assert!(d.aborted.is_empty());
     let d = out.process(
@@ -539,11 +541,25 @@ fn n_choices_stream_with_their_index_and_one_done_counts_them_all() {
             assert_eq!(*index, 2);
             assert_eq!(usage.completion_tokens, 10, "every choice counts");
             assert_eq!(usage.prompt_tokens, 3);
-            assert_eq!(timing.ttft_ms, 10.0, "the first choice's first token");
+            assert_eq!(timing.ttft_ms, Some(10.0), "the first choice's first token");
+            assert_eq!(timing.queue_ms, 5.0, "until the first choice was scheduled");
         }
         other => panic!("expected done last, got {other:?}"),
     }
     assert!(out.is_empty());
+}
+
+#[test]
+fn a_request_cancelled_before_its_first_token_has_no_ttft() {
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    let mut done = Processed::default();
+    h.out.cancel(ID, h.at(20), &mut done);
+    let (reason, usage, timing) = done_of(&h.drain());
+    assert_eq!(reason, FinishReason::Cancelled);
+    assert_eq!(usage.completion_tokens, 0);
+    assert_eq!(timing.ttft_ms, None);
+    assert_eq!(h.metrics.ttft.get_sample_count(), 0);
 }
 
 #[test]

@@ -74,7 +74,7 @@ export class Chat {
       const n = f.usage.completion_tokens;
       // The engine's decode rate, from its own timing: deltas can arrive batched in one
       // event-loop turn, which would make a client-side rate meaningless for short replies.
-      const genSecs = f.timing ? (f.timing.total_ms - f.timing.ttft_ms) / 1000 : 0;
+      const genSecs = f.timing?.ttft_ms != null ? (f.timing.total_ms - f.timing.ttft_ms) / 1000 : 0;
       this.finishPending({
         finish: f.finish_reason,
         stats: {
