@@ -1,4 +1,5 @@
-//! Output bytes one socket has not taken yet: produced by the output processor for the socket's
+//! Output bytes one socket has not taken yet (text, and log-probabilities at an estimated size
+//! an entry: `delta_bytes`): produced by the output processor for the socket's
 //! requests (`produced`), taken by its session as it pulls events off their channels (`taken`).
 //!
 //! Why it is counted here and not at the socket: actix-web-actors' `WebsocketContext` exposes
@@ -16,6 +17,19 @@ use std::sync::Arc;
 
 use prometheus::IntGauge;
 use tokio::sync::Notify;
+
+use crate::request::TokenLogprobs;
+
+/// What one log-probability entry of a delta frame counts for, the token's and each
+/// alternative's (`{"id":…,"token":"…","logprob":…}`: ~40-50 bytes with a short token). Counted
+/// beside the text, or a reader that asked for them could leave ~20× its limit unread.
+pub const LOGPROB_ENTRY_BYTES: usize = 48;
+
+/// What a delta counts for in its socket's backlog: its text and its log-probabilities.
+pub fn delta_bytes(text: &str, logprobs: &[TokenLogprobs]) -> usize {
+    let entries: usize = logprobs.iter().map(|l| 1 + l.top.len()).sum();
+    text.len() + entries * LOGPROB_ENTRY_BYTES
+}
 
 #[derive(Debug)]
 pub struct Backlog {

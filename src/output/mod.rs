@@ -23,5 +23,5 @@ pub mod stop;
 mod tests;
 pub mod text;
 
-pub use backlog::Backlog;
+pub use backlog::{delta_bytes, Backlog};
 pub use processor::{BlockedTerminal, OutputProcessor, Processed};

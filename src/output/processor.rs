@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 
-use super::backlog::Backlog;
+use super::backlog::{delta_bytes, Backlog};
 use super::text::TextOutput;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
@@ -48,18 +48,20 @@ impl RequestState {
         !self.pending_text.is_empty() || (self.text.is_none() && self.pending_tokens > 0)
     }
 
-    /// New text for the client; true when it pushed the socket's unread output past its limit.
-    fn push_text(&mut self, text: &str) -> bool {
+    /// New text and log-probabilities for the client; true when they pushed the socket's
+    /// unread output past its limit.
+    fn push_output(&mut self, text: &str, logprobs: &[TokenLogprobs]) -> bool {
         self.pending_text.push_str(text);
+        self.pending_logprobs.extend(logprobs.iter().cloned());
         self.backlog
             .as_ref()
-            .is_some_and(|b| b.produced(text.len()))
+            .is_some_and(|b| b.produced(delta_bytes(text, logprobs)))
     }
 
-    /// The request leaves without its pending text being sent: the socket will never take it.
+    /// The request leaves without its pending output being sent: the socket will never take it.
     fn discard_pending(&self) {
         if let Some(b) = &self.backlog {
-            b.taken(self.pending_text.len());
+            b.taken(delta_bytes(&self.pending_text, &self.pending_logprobs));
         }
     }
 
@@ -267,11 +269,10 @@ impl OutputProcessor {
                 r.last_token_at = Some(now);
                 r.completion_tokens += n;
                 r.pending_tokens += n;
-                r.pending_logprobs
-                    .extend(u.logprobs.iter().take(n).cloned());
                 self.metrics.generation_tokens.inc_by(n as u64);
             }
-            let tripped = new_text.is_some_and(|t| r.push_text(&t));
+            let logprobs = &u.logprobs[..n.min(u.logprobs.len())];
+            let tripped = r.push_output(new_text.as_deref().unwrap_or(""), logprobs);
             if tripped {
                 over_limit.extend(r.backlog.clone());
             }
@@ -355,7 +356,7 @@ impl OutputProcessor {
         if let (Some(text), Some(tok)) = (&mut r.text, &self.tokenizer) {
             let rest = text.finish(tok);
             // Past the limit or not, the socket asked for this: its cancel is served.
-            let _ = r.push_text(&rest);
+            let _ = r.push_output(&rest, &[]);
         }
         self.finish(id, FinishReason::Cancelled, now, done);
         done.aborted.push(id);
@@ -374,8 +375,8 @@ impl OutputProcessor {
         // Ended choices' held text will not be sent either.
         if let (Some(g), Some(b)) = (self.groups.remove(&id), backlog) {
             for ev in g.held {
-                if let StreamEvent::Delta { text, .. } = ev {
-                    b.taken(text.len());
+                if let StreamEvent::Delta { text, logprobs, .. } = ev {
+                    b.taken(delta_bytes(&text, &logprobs));
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::text::TextOutput;
-use super::{Backlog, OutputProcessor, Processed};
+use super::{delta_bytes, Backlog, OutputProcessor, Processed};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, RequestId, StreamEvent, Timing, TokenLogprobs, Usage};
@@ -723,7 +723,7 @@ fn a_socket_past_its_unread_limit_loses_all_its_requests_and_only_those() {
         let done = step(&mut out, &[0, 1, 2]);
         while let Ok(ev) = rxs[2].try_recv() {
             if let StreamEvent::Delta { text, .. } = ev {
-                fine.taken(text.len());
+                fine.taken(delta_bytes(&text, &[]));
             }
         }
         if !done.aborted.is_empty() {
@@ -753,4 +753,53 @@ fn a_socket_past_its_unread_limit_loses_all_its_requests_and_only_those() {
     assert!(done.aborted.is_empty(), "the fine socket's request goes on");
     // Pending text of the failed requests was dropped: only the two queued deltas are unread.
     assert_eq!(slow.bytes(), 8, "{}", slow.bytes());
+}
+
+/// Log-probabilities count toward a socket's unread output (`delta_bytes`), not only text: a
+/// reader that asked for 20 alternatives a token and stops reading trips the limit as soon
+/// as they pass it, and what it never took leaves the count when its request goes.
+#[test]
+fn unread_log_probabilities_count_toward_the_limit() {
+    let mut h = Harness::new(&[], 2, true);
+    let b = Backlog::new(10_000, h.metrics.ws_unread_bytes.clone());
+    let prompt = h.tok.encode("Hello", true).unwrap();
+    let text = TextOutput::new(&h.tok, &prompt, &[], 0);
+    let (tx, mut rx) = mpsc::channel(2);
+    let id = RequestId(100);
+    h.out
+        .add_request(id, 1, prompt.len(), Some(text), tx, Some(b.clone()), h.t0);
+    let word = h.ids(" fox");
+    let entry = TokenLogprobs {
+        token: word[0],
+        logprob: -0.5,
+        top: vec![(word[0], -0.5); 20],
+    };
+    let per_step = delta_bytes(" fox", &vec![entry.clone(); word.len()]);
+    assert!(per_step > 20 * word.len() * 40, "{per_step}");
+    let mut tripped_at = None;
+    for n in 1..=20 {
+        let u = RequestUpdate {
+            id,
+            new_token_ids: word.clone(),
+            logprobs: vec![entry.clone(); word.len()],
+            finished: None,
+            num_computed_tokens: 0,
+            num_output_tokens: 0,
+        };
+        let done = h.out.process(&[u], h.at(n), false);
+        if !done.aborted.is_empty() {
+            tripped_at = Some(n as usize);
+            break;
+        }
+    }
+    assert_eq!(tripped_at, Some(10_000 / per_step + 1));
+    assert!(b.is_tripped());
+    // Started and one delta are queued (never read); the rest was dropped with the request.
+    let queued: usize = std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|ev| match ev {
+            StreamEvent::Delta { text, logprobs, .. } => delta_bytes(&text, &logprobs),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(b.bytes(), queued);
 }

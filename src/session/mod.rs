@@ -28,7 +28,7 @@ use actix_web_actors::ws;
 
 use crate::engine::EngineHandle;
 use crate::error::EngineError;
-use crate::output::Backlog;
+use crate::output::{delta_bytes, Backlog};
 use crate::protocol::{parse_client_frame, ClientFrame, ServerFrame};
 use crate::request::{RequestId, StreamEvent};
 use close::CloseWhy;
@@ -337,8 +337,8 @@ impl StreamHandler<Tagged> for Session {
             // Streamed errors take the same exit as the session's own, where they are counted.
             StreamEvent::Error(err) => self.send_error(ctx, Some(&id), err),
             ev => {
-                if let StreamEvent::Delta { text, .. } = ev {
-                    self.backlog.taken(text.len());
+                if let StreamEvent::Delta { text, logprobs, .. } = ev {
+                    self.backlog.taken(delta_bytes(text, logprobs));
                 }
                 let tok = Some(&*self.engine.tokenizer);
                 ctx.text(ServerFrame::from_event(&id, ev, tok).to_json());
