@@ -40,6 +40,20 @@ impl OverloadReason {
             OverloadReason::SlotWait => "slot_wait",
         }
     }
+
+    /// What the client reads in the error's message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            OverloadReason::QueueRequests => "the waiting queue is full",
+            OverloadReason::QueueTokens => "the waiting prompts hold the most tokens allowed",
+            OverloadReason::TtftUnreachable => {
+                "its first token cannot come within its latency target behind the prompts queued ahead"
+            }
+            OverloadReason::SlotWait => {
+                "no sequence slot frees in time for its latency target"
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +82,7 @@ impl Admission {
                 reason,
                 retry_after_ms,
             } => Some(EngineError::Overloaded {
-                reason: reason.as_str().replace('_', " "),
+                reason: reason.describe().into(),
                 retry_after_ms,
             }),
             Admission::Duplicate => Some(EngineError::Internal("request id reused".into())),

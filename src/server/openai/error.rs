@@ -40,15 +40,20 @@ impl ApiError {
         }
     }
 
-    /// The body as JSON (also the `data:` of an error inside a stream).
+    /// The body as JSON (also the `data:` of an error inside a stream); an `overloaded` one
+    /// also carries `retry_after_ms`, as the WebSocket's error frame does.
     pub fn body(&self) -> Value {
         let e = &self.error;
-        json!({"error": {
+        let mut body = json!({
             "message": e.to_string(),
             "type": e.openai_type(),
             "param": self.param,
             "code": e.code(),
-        }})
+        });
+        if let Some(ms) = e.retry_after_ms() {
+            body["retry_after_ms"] = ms.into();
+        }
+        json!({ "error": body })
     }
 
     pub fn response(&self) -> HttpResponse {
@@ -107,6 +112,7 @@ mod tests {
         let resp = e.response();
         assert_eq!(resp.status(), 429);
         assert_eq!(resp.headers().get(header::RETRY_AFTER).unwrap(), "2");
+        assert_eq!(e.body()["error"]["retry_after_ms"], 1200);
         assert_eq!(e.body()["error"]["type"], "rate_limit_error");
         let resp = ApiError::from_edge(EdgeError::MissingKey).response();
         assert_eq!(resp.status(), 401);
