@@ -95,7 +95,7 @@ fn invalid(id: Option<String>, msg: impl Into<String>) -> FrameError {
 
 fn read_id(v: &Value) -> Result<String, String> {
     match v {
-        Value::String(s) if !s.is_empty() && s.len() <= MAX_ID_LEN => Ok(s.clone()),
+        Value::String(s) if !s.is_empty() && s.chars().count() <= MAX_ID_LEN => Ok(s.clone()),
         Value::String(_) => Err(format!(
             "field `id` must be a string of 1 to {MAX_ID_LEN} characters"
         )),
@@ -337,6 +337,24 @@ mod tests {
         );
         let c = parse_client_frame(r#"{"type":"cancel","id":"a"}"#).unwrap();
         assert!(matches!(c, ClientFrame::Cancel { ref id } if id == "a"));
+    }
+
+    /// The id's limit is in characters, as documented, not in UTF-8 bytes.
+    #[test]
+    fn ids_are_limited_in_characters() {
+        let cancel = |id: &str| parse_client_frame(&format!(r#"{{"type":"cancel","id":"{id}"}}"#));
+        for c in ["x", "é", "😀"] {
+            let at_limit = c.repeat(MAX_ID_LEN);
+            assert!(
+                matches!(cancel(&at_limit), Ok(ClientFrame::Cancel { ref id }) if *id == at_limit)
+            );
+            let e = cancel(&c.repeat(MAX_ID_LEN + 1)).unwrap_err();
+            assert!(
+                e.error.to_string().contains("1 to 256 characters"),
+                "{}",
+                e.error
+            );
+        }
     }
 
     #[test]

@@ -85,9 +85,11 @@ fn frame_like() -> impl Strategy<Value = Value> {
 fn check_parse(text: &str) {
     match parse_client_frame(text) {
         Ok(ClientFrame::Generate(g)) => {
-            assert!(!g.id.is_empty() && g.id.len() <= MAX_ID_LEN);
+            assert!(!g.id.is_empty() && g.id.chars().count() <= MAX_ID_LEN);
         }
-        Ok(ClientFrame::Cancel { id }) => assert!(!id.is_empty() && id.len() <= MAX_ID_LEN),
+        Ok(ClientFrame::Cancel { id }) => {
+            assert!(!id.is_empty() && id.chars().count() <= MAX_ID_LEN)
+        }
         Err(e) => {
             let code = e.error.code();
             assert!(
