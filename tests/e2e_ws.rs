@@ -329,6 +329,34 @@ async fn http_routes() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
     let _ = resp.body().await;
+    // A known route with a method it does not take: 405 with `Allow` and a JSON body; HEAD
+    // works where GET does (load balancers), with no body.
+    let client = awc::Client::new();
+    for (method, path, allow) in [
+        ("POST", "/health", "GET, HEAD"),
+        ("DELETE", "/metrics", "GET, HEAD"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("POST", "/v1/ws", "GET"),
+    ] {
+        let m = awc::http::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut resp = client.request(m, server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 405, "{method} {path}");
+        assert_eq!(
+            resp.headers().get("allow").unwrap(),
+            allow,
+            "{method} {path}"
+        );
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "method_not_allowed");
+    }
+    let mut resp = client.head(server.url("/health")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.body().await.unwrap().is_empty());
+    // /v1/ws without an upgrade: 400 with a body that says what the route takes.
+    let (status, body) = http_get_json(&server.url("/v1/ws")).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"], "websocket_handshake");
     server.stop().await;
 }
 

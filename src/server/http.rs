@@ -59,6 +59,15 @@ pub async fn no_content() -> HttpResponse {
     HttpResponse::NoContent().finish()
 }
 
+/// A known route asked with a method it does not take: 405, `Allow: allow`.
+pub async fn method_not_allowed(allow: &'static str) -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((actix_web::http::header::ALLOW, allow))
+        .json(
+            json!({"error": "method_not_allowed", "message": format!("this route takes {allow}")}),
+        )
+}
+
 pub async fn not_found() -> HttpResponse {
     HttpResponse::NotFound()
         .json(json!({"error": "not_found", "message": "routes: GET /, /dashboard, /health, /metrics, /v1/ws, /v1/dashboard/stream, /v1/models; POST /v1/chat/completions, /v1/completions"}))

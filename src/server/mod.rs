@@ -13,7 +13,8 @@ pub mod shutdown;
 
 use std::sync::Arc;
 
-use actix_web::{web, App, HttpServer};
+use actix_web::dev::HttpServiceFactory;
+use actix_web::{web, App, FromRequest, Handler, HttpServer, Responder};
 
 use crate::config::ServerConfig;
 use crate::engine::EngineHandle;
@@ -27,20 +28,58 @@ pub fn configure(
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(web::Data::from(engine))
             .app_data(web::Data::from(edge))
-            .route("/", web::get().to(assets::page))
-            .route("/dashboard", web::get().to(assets::page))
-            .route("/static/{path:.*}", web::get().to(assets::asset))
-            .route("/v1/dashboard/stream", web::get().to(dashboard::stream))
-            .route("/favicon.ico", web::get().to(http::no_content))
-            .route("/health", web::get().to(http::health))
-            .route("/metrics", web::get().to(http::metrics))
-            .route("/v1/ws", web::get().to(edge::ws_route))
-            .route("/v1/chat/completions", web::post().to(openai::chat))
-            .route("/v1/completions", web::post().to(openai::completions))
-            .route("/v1/models", web::get().to(openai::models))
-            .route("/v1/models/{model}", web::get().to(openai::model))
+            .service(get_head("/", assets::page))
+            .service(get_head("/dashboard", assets::page))
+            .service(get_head("/static/{path:.*}", assets::asset))
+            .service(get_only("/v1/dashboard/stream", dashboard::stream))
+            .service(get_head("/favicon.ico", http::no_content))
+            .service(get_head("/health", http::health))
+            .service(get_head("/metrics", http::metrics))
+            .service(get_only("/v1/ws", edge::ws_route))
+            .service(post_only("/v1/chat/completions", openai::chat))
+            .service(post_only("/v1/completions", openai::completions))
+            .service(get_head("/v1/models", openai::models))
+            .service(get_head("/v1/models/{model}", openai::model))
             .default_service(web::to(http::not_found));
     }
+}
+
+/// A route that takes GET, and HEAD through the same handler (actix sends no body for HEAD: a
+/// load balancer's `HEAD /health`); any other method gets 405 with `Allow`.
+fn get_head<F, Args>(path: &str, handler: F) -> impl HttpServiceFactory
+where
+    F: Handler<Args> + Clone,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler.clone()))
+        .route(web::head().to(handler))
+        .default_service(web::to(|| http::method_not_allowed("GET, HEAD")))
+}
+
+/// A GET-only route (a WebSocket upgrade, an event stream); other methods get 405.
+fn get_only<F, Args>(path: &str, handler: F) -> impl HttpServiceFactory
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler))
+        .default_service(web::to(|| http::method_not_allowed("GET")))
+}
+
+/// A POST-only route (the OpenAI API's completions); other methods get 405.
+fn post_only<F, Args>(path: &str, handler: F) -> impl HttpServiceFactory
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    web::resource(path)
+        .route(web::post().to(handler))
+        .default_service(web::to(|| http::method_not_allowed("POST")))
 }
 
 /// Seconds the HTTP workers wait for open connections once the server stops (after a drain).

@@ -74,7 +74,18 @@ pub fn start(
     limits: Arc<EdgeLimits>,
     slot: ConnectionSlot,
 ) -> actix_web::Result<HttpResponse> {
-    let mut resp = ws::handshake_with_protocols(req, &[SUBPROTOCOL])?;
+    let mut resp = match ws::handshake_with_protocols(req, &[SUBPROTOCOL]) {
+        Ok(resp) => resp,
+        // Not a WebSocket upgrade (a plain GET, a missing header): its status, with a body
+        // that says so, as every other refusal has.
+        Err(e) => {
+            let status = actix_web::ResponseError::error_response(&e).status();
+            return Ok(HttpResponse::build(status).json(serde_json::json!({
+                "error": "websocket_handshake",
+                "message": format!("{e}: /v1/ws takes a WebSocket upgrade (docs/PROTOCOL.md)"),
+            })));
+        }
+    };
     let frames = FrameReader::new(payload, limits.max_message_bytes);
     let mut session = Session::new(engine, limits, slot);
     session.conn = req.conn_data::<ConnSocket>().copied();
