@@ -421,7 +421,9 @@ impl OutputProcessor {
             m.queue_time.observe(secs(s - r.arrival));
         }
         let mut events = Vec::with_capacity(2);
-        if r.has_pending() || !r.pending_logprobs.is_empty() {
+        // Tokens without text (eos, special tokens) still end in a delta, so that the deltas'
+        // counts add up to the usage.
+        if r.has_pending() || !r.pending_logprobs.is_empty() || r.pending_tokens > 0 {
             events.push(r.take_delta());
         }
         let Some(g) = self.groups.get_mut(&r.first) else {

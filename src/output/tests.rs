@@ -245,6 +245,27 @@ fn eos_in_the_last_step_counts_but_shows_no_text() {
     assert_eq!(done_of(&evs).1.completion_tokens, ids.len());
 }
 
+/// Tokens without text at the end (eos in a step of its own, special tokens under
+/// `ignore_eos`) come in a last delta with empty text: the deltas' counts add up to the usage.
+#[test]
+fn tokens_without_text_at_the_end_still_come_in_a_delta() {
+    let mut h = Harness::new(&[], 64, true);
+    h.drain();
+    let ids = h.ids("Hi");
+    h.step(&ids, None, 5);
+    let eos = h.tok.eos_token_ids()[0];
+    h.step(&[eos], None, 6);
+    h.step(&[eos], Some(FinishReason::Length), 7);
+    let evs = h.drain();
+    assert_eq!(text_of(&evs), "Hi");
+    assert_eq!(tokens_of(&evs), ids.len() + 2);
+    assert_eq!(done_of(&evs).1.completion_tokens, ids.len() + 2);
+    assert!(matches!(
+        &evs[evs.len() - 2],
+        StreamEvent::Delta { text, tokens: 2, .. } if text.is_empty()
+    ));
+}
+
 #[test]
 fn usage_timing_and_metrics() {
     let mut h = Harness::new(&[], 64, true);
