@@ -311,19 +311,37 @@ fn completion_fields(
                 .into_iter()
                 .map(PromptInput::Text)
                 .collect(),
-            Value::Number(_) => vec![PromptInput::Tokens(
-                serde_json::from_value(Value::Array(items)).map_err(|_| bad())?,
-            )],
-            Value::Array(_) => (serde_json::from_value::<Vec<Vec<u32>>>(Value::Array(items)))
-                .map_err(|_| bad())?
-                .into_iter()
-                .map(PromptInput::Tokens)
-                .collect(),
+            Value::Number(_) => vec![PromptInput::Tokens(token_ids(&items, "prompt")?)],
+            Value::Array(_) => (items.iter().enumerate())
+                .map(|(i, list)| match list {
+                    Value::Array(ids) if !ids.is_empty() => {
+                        token_ids(ids, &format!("prompt[{i}]")).map(PromptInput::Tokens)
+                    }
+                    _ => Err(bad()),
+                })
+                .collect::<Result<_, _>>()?,
             _ => return Err(bad()),
         },
         _ => return Err(bad()),
     };
     Ok((inputs, logprobs))
+}
+
+/// A prompt's list of token ids (`at`: where it is in `prompt`), naming the first element that
+/// is not one (the vocabulary's bound is checked with the prompt, after this).
+fn token_ids(items: &[Value], at: &str) -> Result<Vec<u32>, ApiError> {
+    (items.iter().enumerate())
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!("`{at}[{i}]` must be a token id (an integer from 0), got {v}"),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Chat messages: `role` and `content` (a string, or a list of text parts); `developer` is

@@ -187,13 +187,30 @@ fn completion_prompts_and_fields() {
     assert!(matches!(&p.requests[0].input, PromptInput::Tokens(t) if t == &[1, 2, 3]));
     let p = completion(json!({"model": "m", "prompt": [[1], [2, 3]]})).unwrap();
     assert_eq!(p.requests.len(), 2);
-    for bad in [json!([]), json!(5), json!([{"x": 1}]), json!([1, "a"])] {
+    for bad in [
+        json!([]),
+        json!(5),
+        json!([{"x": 1}]),
+        json!([1, "a"]),
+        json!([[]]),
+    ] {
         assert_eq!(
             refused(completion(json!({"model": "m", "prompt": bad})))
                 .0
                 .as_deref(),
             Some("prompt")
         );
+    }
+    // A list of ids names the element that is not one.
+    for (bad, at) in [
+        (json!([1, -1]), "`prompt[1]`"),
+        (json!([1.5]), "`prompt[0]`"),
+        (json!([1_099_511_627_776u64]), "`prompt[0]`"),
+        (json!([[1], [2, -3]]), "`prompt[1][1]`"),
+    ] {
+        let (param, msg) = refused(completion(json!({"model": "m", "prompt": bad})));
+        assert_eq!(param.as_deref(), Some("prompt"));
+        assert!(msg.contains(at) && msg.contains("token id"), "{msg}");
     }
     assert_eq!(
         refused(completion(
