@@ -465,6 +465,13 @@ fn start_actors(
     let backend_info = backend.info();
     let model_cfg = &model.config;
     let max_model_len = resolve_max_model_len(cfg, model_cfg);
+    if cfg.scheduler.max_model_len > max_model_len {
+        tracing::warn!(
+            "max_model_len {} is more than the model's {} positions: serving {max_model_len}",
+            cfg.scheduler.max_model_len,
+            model_cfg.max_position_embeddings
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     metrics
         .kv_blocks_total
