@@ -29,7 +29,7 @@ pub async fn serve_until_signalled(
     let mut signals = Signals::new()?;
     tokio::select! {
         ended = &mut running => return Ok(ended??),
-        sig = signals.next() => eprintln!("{sig}: draining; requests in flight get {:.0} s to finish", timeout.as_secs_f64()),
+        sig = signals.next() => eprintln!("{sig}: draining; requests in flight get {:.1} s to finish", timeout.as_secs_f64()),
     }
     let started = Instant::now();
     engine.health.begin_drain();

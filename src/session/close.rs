@@ -26,7 +26,9 @@ pub enum CloseWhy {
     /// The server is draining and this socket's requests have ended (1001).
     ShuttingDown,
     /// The client left more than the limit of output unread; its requests were cancelled (1008).
-    SlowConsumer { unread: usize, limit: usize },
+    /// The socket's unread output passed `limit` bytes (by close time the session has taken
+    /// what was queued, so only the limit says anything).
+    SlowConsumer { limit: usize },
 }
 
 impl CloseWhy {
@@ -71,8 +73,8 @@ impl CloseWhy {
             CloseWhy::TooBig { limit } => format!("message larger than {limit} bytes"),
             CloseWhy::Internal(what) => format!("internal error: {what}"),
             CloseWhy::ShuttingDown => "the server is shutting down".into(),
-            CloseWhy::SlowConsumer { unread, limit } => {
-                format!("slow consumer: {unread} bytes unread (limit {limit})")
+            CloseWhy::SlowConsumer { limit } => {
+                format!("slow consumer: over {limit} bytes of output left unread")
             }
         }
     }
@@ -109,13 +111,7 @@ mod tests {
             (CloseWhy::TooBig { limit: 10 }, 1009),
             (CloseWhy::Internal("x".into()), 1011),
             (CloseWhy::ShuttingDown, 1001),
-            (
-                CloseWhy::SlowConsumer {
-                    unread: 2,
-                    limit: 1,
-                },
-                1008,
-            ),
+            (CloseWhy::SlowConsumer { limit: 1 }, 1008),
         ];
         for (why, code) in cases {
             assert_eq!(u16::from(why.code()), code, "{why:?}");

@@ -290,8 +290,8 @@ impl Session {
             return;
         }
         if self.backlog.is_tripped() {
-            let (unread, limit) = (self.backlog.bytes(), self.backlog.limit());
-            self.close(ctx, CloseWhy::SlowConsumer { unread, limit });
+            let limit = self.backlog.limit();
+            self.close(ctx, CloseWhy::SlowConsumer { limit });
         } else if self.draining {
             self.close(ctx, CloseWhy::ShuttingDown);
         }
