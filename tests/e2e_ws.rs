@@ -163,12 +163,15 @@ async fn every_bad_input_gets_its_error_and_the_socket_keeps_working() {
 
     // (A binary message closes the socket with 1003: tests/ws_edge.rs.)
 
-    // duplicate_id: the first request is still in flight when the second arrives.
-    c.send(generate("dup", "first", 300)).await;
+    // duplicate_id: the first request is still in flight when the second arrives. These three
+    // must still run when their cancels come (else a cancel crosses the request's own end and
+    // gets `unknown_id` after its `done`): the demo model decodes 300 tokens in ~0.1 s, which a
+    // loaded machine can spend between two of this test's frames, so they ask for 1000.
+    c.send(generate("dup", "first", 1000)).await;
     c.send(generate("dup", "second", 3)).await;
     // overloaded: the connection allows 3 in flight.
-    c.send(generate("o2", "two", 300)).await;
-    c.send(generate("o3", "three", 300)).await;
+    c.send(generate("o2", "two", 1000)).await;
+    c.send(generate("o3", "three", 1000)).await;
     c.send(generate("o4", "four", 3)).await;
     let mut dup_error = false;
     let mut overloaded = false;
