@@ -152,10 +152,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Starts the engine (a model folder, or `--synthetic` random weights) in an actix System of
 /// its own, runs the workload and returns its figures.
 pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
-    anyhow::ensure!(
-        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0,
-        "--num-prompts, --input-len and --output-len must be > 0"
-    );
+    check_sizes(args)?;
     let cfg = args.engine.resolve()?;
     let system = actix::System::new();
     match &args.synthetic {
@@ -335,7 +332,54 @@ async fn follow(mut rx: mpsc::Receiver<StreamEvent>) -> anyhow::Result<RequestSt
     anyhow::bail!("a request's stream ended without a terminal event")
 }
 
+/// Most requests a run takes: each holds its prompt, its stream and its figures in memory.
+pub const MAX_BENCH_PROMPTS: usize = 1_000_000;
+
+/// The workload's sizes, for every mode.
+fn check_sizes(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0,
+        "--num-prompts, --input-len and --output-len must be > 0"
+    );
+    anyhow::ensure!(
+        args.num_prompts <= MAX_BENCH_PROMPTS,
+        "--num-prompts {}: at most {MAX_BENCH_PROMPTS}",
+        args.num_prompts
+    );
+    Ok(())
+}
+
+/// `--memory`, `--multiturn` and `--scheduler` load no checkpoint and (but `--multiturn`) run
+/// no model: a model folder or a device given to them is a mistake, not something to ignore.
+/// The config and the engine flags are checked as `serve` checks them.
+fn check_model_free(args: &BenchArgs) -> anyhow::Result<()> {
+    let mode = match (args.memory, args.multiturn) {
+        (true, _) => "--memory",
+        (_, true) => "--multiturn",
+        _ => "--scheduler",
+    };
+    anyhow::ensure!(
+        args.engine.model.is_none(),
+        "--model does not apply to bench {mode}: it runs without a checkpoint{}",
+        if args.multiturn {
+            " (random weights: --synthetic NAME, default tiny)"
+        } else {
+            ""
+        }
+    );
+    anyhow::ensure!(
+        args.multiturn || args.engine.device.is_none(),
+        "--device does not apply to bench {mode}: it runs no model"
+    );
+    args.engine.resolve()?;
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.memory || args.multiturn || args.scheduler {
+        check_sizes(&args)?;
+        check_model_free(&args)?;
+    }
     if args.memory {
         return tiers::memory(&args);
     }

@@ -22,7 +22,8 @@ use crate::validation::{GenerateRequest, PromptInput};
 
 /// `--memory`: paged vs contiguous KV utilization.
 pub fn memory(args: &BenchArgs) -> anyhow::Result<()> {
-    let bs = args.engine.block_size.unwrap_or(16);
+    // The block size the config and flags give, checked as `serve` checks it.
+    let bs = args.engine.resolve()?.cache.block_size;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let n = 256;
     let reqs: Vec<(usize, usize)> = (0..n)

@@ -124,6 +124,10 @@ impl CpuBackend {
             .as_ref()
             .map_or(0, |d| KvPool::bytes_per_block(&d.config, opts.block_size));
         let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size) + draft_bytes;
+        super::host_memory::check(
+            "the KV cache (--kv-cache-mib) with its host tier (--cpu-kv-cache-gib)",
+            opts.kv_cache_bytes.saturating_add(opts.host_kv_cache_bytes),
+        )?;
         let num_blocks = opts.kv_cache_bytes / bytes_per_block;
         anyhow::ensure!(
             num_blocks > 0,

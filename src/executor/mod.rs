@@ -3,6 +3,7 @@ pub mod actor;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod host_memory;
 pub mod input_batch;
 pub mod kv_tier;
 /// The serving-path test harness (test-only; tests/cuda_e2e.rs includes it too).

@@ -233,6 +233,7 @@ impl CudaBackend {
         draft: Option<DraftParts>,
     ) -> anyhow::Result<Self> {
         let host_bytes = opts.host_kv_cache_bytes;
+        crate::executor::host_memory::check("the KV host tier (--cpu-kv-cache-gib)", host_bytes)?;
         let draft = match draft {
             Some(d) => {
                 let o = d.options(&opts, &cfg);
