@@ -61,7 +61,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         w.seed = seed;
     }
     if let Some(d) = args.duration {
-        anyhow::ensure!(d > 0.0, "--duration must be > 0");
+        anyhow::ensure!(
+            d > 0.0 && d.is_finite(),
+            "--duration must be > 0 and finite, got {d}"
+        );
         w.duration_s = d;
     }
     anyhow::ensure!(!args.policy.is_empty(), "--policy names no policy");
@@ -97,7 +100,16 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 
 /// One run of `policy` at `rate`, reported.
 pub fn simulate(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<RunReport> {
-    anyhow::ensure!(rate > 0.0 && rate.is_finite(), "rate must be > 0");
+    workload::check_rate(rate)?;
+    // A Poisson workload's arrivals (a trace brings its own count).
+    let expected = rate * w.duration_s;
+    anyhow::ensure!(
+        !matches!(w.arrival, workload::ArrivalProcess::Poisson)
+            || expected <= workload::MAX_SIM_REQUESTS,
+        "{rate} req/s for {} s is ~{expected:.0} requests; a run takes at most {}",
+        w.duration_s,
+        workload::MAX_SIM_REQUESTS
+    );
     let run = sim::run_once(w, policy, rate)?;
     Ok(report::report(
         &w.name,

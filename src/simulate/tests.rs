@@ -205,6 +205,53 @@ fn traces_parse_and_rescale_to_the_rate() {
     assert!((fast[2].arrival_s - 1.0).abs() < 1e-9);
 }
 
+/// Distributions, durations and rates that cannot be what was meant are refused, by name.
+#[test]
+fn bad_workload_values_are_refused() {
+    use super::workload::LengthDist;
+    let bad = [
+        (LengthDist::Constant { value: 0 }, "constant of 0"),
+        (LengthDist::Uniform { min: 9, max: 3 }, "min 9 > max 3"),
+        (
+            LengthDist::Lognormal {
+                median: 0.0,
+                sigma: 1.0,
+                min: 1,
+                max: 10,
+            },
+            "median must be > 0",
+        ),
+        (
+            LengthDist::Lognormal {
+                median: 5.0,
+                sigma: -1.0,
+                min: 1,
+                max: 10,
+            },
+            "sigma must be >= 0",
+        ),
+    ];
+    for (d, says) in bad {
+        let e = d.validate("mix \"a\" prompt").unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("mix"), "{e}");
+    }
+    let mut w = workload();
+    w.duration_s = f64::INFINITY;
+    assert!(w.validate().is_err());
+    let w = workload();
+    for rate in [f64::INFINITY, 0.0, f64::NAN] {
+        assert!(super::simulate(&w, crate::scheduler::Policy::Fcfs, rate).is_err());
+    }
+    let mut w = workload();
+    w.duration_s = 1e12;
+    let e = super::simulate(&w, crate::scheduler::Policy::Fcfs, 10.0).unwrap_err();
+    assert!(e.to_string().contains("at most"), "{e}");
+    assert!(parse_trace("h\n-1,5,5\n")
+        .unwrap_err()
+        .to_string()
+        .contains("arrival_s must be >= 0"));
+}
+
 #[test]
 fn sweep_ranges_parse() {
     let w = workload();

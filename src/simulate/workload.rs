@@ -112,6 +112,35 @@ fn usize_max() -> usize {
 }
 
 impl LengthDist {
+    /// Refuses a distribution that cannot be what was meant (`what`: where it is).
+    pub fn validate(&self, what: &str) -> anyhow::Result<()> {
+        match *self {
+            LengthDist::Constant { value } => {
+                anyhow::ensure!(value > 0, "{what}: a constant of 0 tokens")
+            }
+            LengthDist::Uniform { min, max } => {
+                anyhow::ensure!(min <= max, "{what}: uniform min {min} > max {max}")
+            }
+            LengthDist::Lognormal {
+                median,
+                sigma,
+                min,
+                max,
+            } => {
+                anyhow::ensure!(
+                    median.is_finite() && median > 0.0,
+                    "{what}: lognormal median must be > 0, got {median}"
+                );
+                anyhow::ensure!(
+                    sigma.is_finite() && sigma >= 0.0,
+                    "{what}: lognormal sigma must be >= 0, got {sigma}"
+                );
+                anyhow::ensure!(min <= max, "{what}: lognormal min {min} > max {max}");
+            }
+        }
+        Ok(())
+    }
+
     pub fn sample(&self, rng: &mut impl Rng) -> usize {
         match *self {
             LengthDist::Constant { value } => value.max(1),
@@ -200,8 +229,17 @@ impl Workload {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.duration_s > 0.0, "duration_s must be > 0");
-        anyhow::ensure!(self.rate > 0.0, "rate must be > 0");
+        anyhow::ensure!(
+            self.duration_s > 0.0 && self.duration_s.is_finite(),
+            "duration_s must be > 0 and finite, got {}",
+            self.duration_s
+        );
+        check_rate(self.rate)?;
+        for m in &self.mix {
+            m.prompt.validate(&format!("mix {:?} prompt", m.name))?;
+            m.output.validate(&format!("mix {:?} output", m.name))?;
+            anyhow::ensure!(m.max_tokens > 0, "mix {:?}: max_tokens must be > 0", m.name);
+        }
         if matches!(self.arrival, ArrivalProcess::Poisson) {
             anyhow::ensure!(
                 !self.mix.is_empty(),
@@ -212,9 +250,10 @@ impl Workload {
                 "mix weights must be >= 0 and not all 0"
             );
         }
+        anyhow::ensure!(self.engine.block_size > 0, "engine.block_size must be > 0");
         anyhow::ensure!(
-            self.engine.block_size > 0 && self.engine.num_kv_blocks > 0,
-            "engine: empty KV pool"
+            self.engine.num_kv_blocks > 0,
+            "engine.num_kv_blocks must be > 0"
         );
         anyhow::ensure!(
             (0.0..0.5).contains(&self.engine.noise),
@@ -232,7 +271,8 @@ impl Workload {
             ArrivalProcess::Trace { path } => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| anyhow::anyhow!("cannot read trace {}: {e}", path.display()))?;
-                let mut reqs = parse_trace(&text)?;
+                let mut reqs = parse_trace(&text)
+                    .map_err(|e| anyhow::anyhow!("trace {}: {e}", path.display()))?;
                 rescale(&mut reqs, rate);
                 Ok(reqs)
             }
@@ -269,6 +309,18 @@ impl Workload {
     }
 }
 
+/// Most requests one simulated run takes (each is held, with its record, until the report).
+pub const MAX_SIM_REQUESTS: f64 = 10_000_000.0;
+
+/// A request rate: positive and finite.
+pub fn check_rate(rate: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rate > 0.0 && rate.is_finite(),
+        "rate must be > 0 and finite, got {rate}"
+    );
+    Ok(())
+}
+
 /// `arrival_s,prompt_tokens,output_tokens[,max_tokens]` with one header line.
 pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimRequest>> {
     let mut out = Vec::new();
@@ -280,7 +332,7 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimRequest>> {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         let bad = || {
             anyhow::anyhow!(
-                "trace line {}: expected arrival_s,prompt_tokens,output_tokens[,max_tokens]",
+                "line {}: expected arrival_s,prompt_tokens,output_tokens[,max_tokens]",
                 i + 1
             )
         };
@@ -293,8 +345,14 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimRequest>> {
             None => output_tokens,
         };
         anyhow::ensure!(
-            arrival_s >= 0.0 && prompt_tokens > 0 && output_tokens > 0,
-            bad()
+            arrival_s >= 0.0 && arrival_s.is_finite(),
+            "line {}: arrival_s must be >= 0, got {arrival_s}",
+            i + 1
+        );
+        anyhow::ensure!(
+            prompt_tokens > 0 && output_tokens > 0,
+            "line {}: prompt_tokens and output_tokens must be > 0",
+            i + 1
         );
         out.push(SimRequest {
             arrival_s,
