@@ -244,6 +244,7 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        const MAX_CPU_THREADS: usize = 1024;
         let c = &self.cache;
         anyhow::ensure!(
             c.block_size.is_power_of_two() && c.block_size <= 256,
@@ -251,6 +252,11 @@ impl Config {
             c.block_size
         );
         anyhow::ensure!(c.kv_cache_mib > 0, "cache.kv_cache_mib must be > 0");
+        anyhow::ensure!(
+            self.model.cpu_threads <= MAX_CPU_THREADS,
+            "model.cpu_threads (--cpu-threads) must be at most {MAX_CPU_THREADS}, got {} (0: all cores)",
+            self.model.cpu_threads
+        );
         anyhow::ensure!(
             c.cpu_kv_cache_gib.is_finite() && c.cpu_kv_cache_gib >= 0.0,
             "cache.cpu_kv_cache_gib must be >= 0, got {}",

@@ -134,7 +134,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if cfg.server.api_key.is_some() {
             eprintln!("API key required on /v1/ws, /v1/dashboard/stream{}", if cfg.server.public_metrics { "" } else { " and /metrics" });
         }
-        eprintln!("brook listening on http://{}:{port}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", cfg.server.host);
+        eprintln!("brook listening on http://{}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", crate::server::host_port(&cfg.server.host, port));
         let timeout = std::time::Duration::from_secs_f64(cfg.server.shutdown_timeout_s);
         crate::server::shutdown::serve_until_signalled(engine, server, timeout).await
     })

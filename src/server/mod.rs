@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use actix_web::dev::HttpServiceFactory;
 use actix_web::{web, App, FromRequest, Handler, HttpServer, Responder};
+use anyhow::Context;
 
 use crate::config::ServerConfig;
 use crate::engine::EngineHandle;
@@ -82,6 +83,14 @@ where
         .default_service(web::to(|| http::method_not_allowed("POST")))
 }
 
+/// `host:port` as a URL's authority: an IPv6 address in brackets.
+pub fn host_port(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 /// Seconds the HTTP workers wait for open connections once the server stops (after a drain).
 pub const STOP_GRACE_S: u64 = 2;
 
@@ -108,7 +117,13 @@ pub fn bind(
     // sockets have closed themselves, so the workers' grace only covers stuck ones.
     .disable_signals()
     .shutdown_timeout(STOP_GRACE_S)
-    .bind((server.host.as_str(), server.port))?;
+    .bind((server.host.as_str(), server.port))
+    .with_context(|| {
+        format!(
+            "listening on {} (--host / --port, server.host / server.port)",
+            host_port(&server.host, server.port)
+        )
+    })?;
     let port = http
         .addrs()
         .first()
