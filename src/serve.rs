@@ -66,6 +66,11 @@ enum Source {
 /// The model folder to serve: the flag or config, else the bundled demo model.
 pub fn resolve_model(cfg: &Config) -> anyhow::Result<PathBuf> {
     if let Some(p) = &cfg.model.path {
+        anyhow::ensure!(
+            !p.is_file(),
+            "--model {} is a file: give the model's folder (the one holding config.json)",
+            p.display()
+        );
         return Ok(p.clone());
     }
     crate::engine::default_model_dir().ok_or_else(|| {

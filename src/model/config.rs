@@ -592,7 +592,7 @@ pub(crate) fn read_file(path: &Path) -> Result<String, ModelError> {
         },
         _ => ModelError::Io {
             path: path.to_path_buf(),
-            source: e,
+            reason: e,
         },
     })
 }

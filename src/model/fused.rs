@@ -145,7 +145,7 @@ pub fn load_bf16(
             .and_then(|t| t.to_vec1::<bf16>())
             .map_err(|e| ModelError::Tensor {
                 name: name.to_owned(),
-                source: e,
+                reason: e,
             })?;
         anyhow::ensure!(
             offset + values.len() <= fused.len(cfg),

@@ -180,7 +180,7 @@ pub fn load_weights(
     for_each_tensor(dir, config, progress, |name, raw| {
         let t = raw.to_dtype(DType::F32).map_err(|e| ModelError::Tensor {
             name: name.to_owned(),
-            source: e,
+            reason: e,
         })?;
         tensors.insert(name.to_owned(), t);
         Ok::<_, ModelError>(())
@@ -217,7 +217,7 @@ pub(crate) fn for_each_tensor<E: From<ModelError>>(
     for file in &checkpoint.files {
         let bytes = std::fs::read(file).map_err(|e| ModelError::Io {
             path: file.clone(),
-            source: e,
+            reason: e,
         })?;
         let st = candle_core::safetensors::SliceSafetensors::new(&bytes).map_err(|e| {
             ModelError::Parse {
@@ -241,7 +241,7 @@ pub(crate) fn for_each_tensor<E: From<ModelError>>(
                 .load(&name, &Device::Cpu)
                 .map_err(|e| ModelError::Tensor {
                     name: name.clone(),
-                    source: e,
+                    reason: e,
                 })?;
             if !matches!(raw.dtype(), DType::BF16 | DType::F16 | DType::F32) {
                 return Err(ModelError::unsupported(
@@ -399,7 +399,7 @@ fn split_rows<const N: usize>(
         .collect::<candle_core::Result<Vec<_>>>()
         .map_err(|e| ModelError::Tensor {
             name: "fused projection".into(),
-            source: e,
+            reason: e,
         })?;
     Ok(parts
         .try_into()

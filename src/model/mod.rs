@@ -29,10 +29,12 @@ use thiserror::Error;
 pub enum ModelError {
     #[error("missing file {}", path.display())]
     MissingFile { path: PathBuf },
-    #[error("cannot read {}: {source}", path.display())]
+    // The causes are part of the message and not `source`s: printed with its chain (`{:#}`),
+    // a source would repeat itself.
+    #[error("cannot read {}: {reason}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     #[error("cannot parse {}: {message}", path.display())]
     Parse { path: PathBuf, message: String },
@@ -50,10 +52,10 @@ pub enum ModelError {
         expected: Vec<usize>,
         actual: Vec<usize>,
     },
-    #[error("tensor {name}: {source}")]
+    #[error("tensor {name}: {reason}")]
     Tensor {
         name: String,
-        source: candle_core::Error,
+        reason: candle_core::Error,
     },
 }
 

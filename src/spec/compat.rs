@@ -68,8 +68,11 @@ fn same_tokenizer(a: &Tokenizer, b: &Tokenizer) -> Result<(), String> {
     for id in 0..a.vocab_size() as u32 {
         let (x, y) = (a.id_to_token(id), b.id_to_token(id));
         if x != y {
+            let show = |t: Option<String>| t.map_or("no token".into(), |t| format!("{t:?}"));
             return Err(format!(
-                "token id {id} is {y:?} in its tokenizer, {x:?} in the target's"
+                "token id {id} is {} in its tokenizer, {} in the target's",
+                show(y),
+                show(x)
             ));
         }
     }
