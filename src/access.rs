@@ -57,8 +57,38 @@ pub enum AllowedOrigins {
     List(Vec<String>),
 }
 
+/// Lower case, without a trailing slash or the scheme's default port: the form browsers send
+/// (`https://a.com`, never `https://a.com:443`).
 fn normalize_origin(o: &str) -> String {
-    o.trim().trim_end_matches('/').to_ascii_lowercase()
+    let n = o.trim().trim_end_matches('/').to_ascii_lowercase();
+    for (scheme, port) in [("http://", ":80"), ("https://", ":443")] {
+        if let Some(host) = n.strip_prefix(scheme).and_then(|h| h.strip_suffix(port)) {
+            return format!("{scheme}{host}");
+        }
+    }
+    n
+}
+
+/// Why `host` (an origin's part after the scheme) cannot be one a browser sends.
+fn origin_host_problem(host: &str) -> Option<&'static str> {
+    if host.is_empty() {
+        return Some("no host");
+    }
+    if host.contains(['/', '?', '#']) {
+        return Some("a path, query or fragment");
+    }
+    if host.contains('@') {
+        return Some("user information");
+    }
+    // The port after the last colon, unless that colon is inside an IPv6 address's brackets.
+    let port = match host.rfind(':') {
+        Some(i) if !host[i..].contains(']') => Some(&host[i + 1..]),
+        _ => None,
+    };
+    match port {
+        Some(p) if p.parse::<u16>().map_or(true, |p| p == 0) => Some("a port outside 1-65535"),
+        _ => None,
+    }
 }
 
 impl AllowedOrigins {
@@ -74,9 +104,9 @@ impl AllowedOrigins {
                 .strip_prefix("http://")
                 .or_else(|| n.strip_prefix("https://"))
                 .ok_or_else(|| format!("{o:?} is not an origin: expected http(s)://host[:port]"))?;
-            if host.is_empty() || host.contains('/') {
+            if let Some(what) = origin_host_problem(host) {
                 return Err(format!(
-                    "{o:?} is not an origin: expected http(s)://host[:port] without a path"
+                    "{o:?} is not an origin ({what}): expected http(s)://host[:port], as a browser's Origin header"
                 ));
             }
             out.push(n);

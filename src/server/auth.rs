@@ -218,6 +218,25 @@ mod tests {
     fn origins() {
         assert!(AllowedOrigins::parse(&["ftp://x".into()]).is_err());
         assert!(AllowedOrigins::parse(&["https://x.com/path".into()]).is_err());
+        // What a browser never sends is refused at start, by what is wrong.
+        for (bad, why) in [
+            ("https://a.com?x=1", "query"),
+            ("https://a.com:99999", "port"),
+            ("https://a.com:0", "port"),
+            ("https://user:pw@a.com", "user"),
+            ("https://", "not an origin"),
+        ] {
+            let e = AllowedOrigins::parse(&[bad.into()]).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        // The scheme's default port is what browsers leave out.
+        let list = AllowedOrigins::parse(&["https://a.com:443".into(), "http://b.org:80/".into()]);
+        let list = list.unwrap();
+        assert!(list.allows("https://a.com") && list.allows("http://b.org"));
+        assert!(list.allows("https://a.com:443") && !list.allows("https://a.com:8443"));
+        let v6 = AllowedOrigins::parse(&["http://[::1]:8080".into()]).unwrap();
+        assert!(v6.allows("http://[::1]:8080"));
+        assert!(AllowedOrigins::parse(&["http://[::1]".into()]).is_ok());
         assert_eq!(
             AllowedOrigins::parse(&["https://a.com".into(), "*".into()]),
             Ok(AllowedOrigins::Any)
