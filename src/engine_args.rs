@@ -156,7 +156,53 @@ impl EngineArgs {
         if self.spec_fixed_depth {
             spec.adaptive = false;
         }
+        // Flags that would be ignored are mistakes to say, not to skip.
+        if let (Some(_), Some(m)) = (&self.draft_model, self.speculative) {
+            anyhow::ensure!(
+                m == SpecMethod::Draft,
+                "--draft-model goes with --speculative draft, not {}",
+                m.as_str()
+            );
+        }
+        if spec.method == SpecMethod::Off
+            && (self.spec_fixed_depth || self.spec_max_depth.is_some())
+        {
+            anyhow::bail!(
+                "--spec-max-depth and --spec-fixed-depth need speculative decoding \
+                 (--speculative ngram|draft, or --draft-model)"
+            );
+        }
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: super::EngineArgs,
+    }
+
+    fn resolve(args: &[&str]) -> anyhow::Result<crate::config::Config> {
+        Cli::parse_from(std::iter::once("brook").chain(args.iter().copied()))
+            .engine
+            .resolve()
+    }
+
+    /// Speculative flags that would do nothing are refused, saying which go together.
+    #[test]
+    fn speculative_flags_that_would_be_ignored_are_refused() {
+        let e = resolve(&["--draft-model", "d", "--speculative", "ngram"]).unwrap_err();
+        assert!(e.to_string().contains("--speculative draft"), "{e}");
+        for flags in [&["--spec-fixed-depth"][..], &["--spec-max-depth", "3"]] {
+            let e = resolve(flags).unwrap_err();
+            assert!(e.to_string().contains("need speculative decoding"), "{e}");
+        }
+        assert!(resolve(&["--speculative", "ngram", "--spec-max-depth", "3"]).is_ok());
+        assert!(resolve(&["--draft-model", "d", "--spec-fixed-depth"]).is_ok());
     }
 }
