@@ -70,6 +70,12 @@ pub struct SimRun {
 
 pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRun> {
     let reqs = w.requests(rate)?;
+    // A report over no requests would read as every SLO met.
+    anyhow::ensure!(
+        !reqs.is_empty(),
+        "no request arrives in {} s at {rate} req/s: lengthen the duration or raise the rate",
+        w.duration_s
+    );
     let mut cfg = w.scheduler.clone();
     cfg.policy = policy;
     cfg.slo = w.slo;
