@@ -32,13 +32,25 @@ pub fn configure(
             .service(get_head("/", assets::page))
             .service(get_head("/dashboard", assets::page))
             .service(get_head("/static/{path:.*}", assets::asset))
-            .service(get_only("/v1/dashboard/stream", dashboard::stream))
+            .service(only(
+                "/v1/dashboard/stream",
+                (web::get(), "GET"),
+                dashboard::stream,
+            ))
             .service(get_head("/favicon.ico", http::no_content))
             .service(get_head("/health", http::health))
             .service(get_head("/metrics", http::metrics))
-            .service(get_only("/v1/ws", edge::ws_route))
-            .service(post_only("/v1/chat/completions", openai::chat))
-            .service(post_only("/v1/completions", openai::completions))
+            .service(only("/v1/ws", (web::get(), "GET"), edge::ws_route))
+            .service(only(
+                "/v1/chat/completions",
+                (web::post(), "POST"),
+                openai::chat,
+            ))
+            .service(only(
+                "/v1/completions",
+                (web::post(), "POST"),
+                openai::completions,
+            ))
             .service(get_head("/v1/models", openai::models))
             .service(get_head("/v1/models/{model}", openai::model))
             .default_service(web::to(http::not_found));
@@ -59,28 +71,21 @@ where
         .default_service(web::to(|| http::method_not_allowed("GET, HEAD")))
 }
 
-/// A GET-only route (a WebSocket upgrade, an event stream); other methods get 405.
-fn get_only<F, Args>(path: &str, handler: F) -> impl HttpServiceFactory
+/// A route of one method (`allow`: its name): the WebSocket upgrade and the event stream take
+/// GET, the OpenAI API's completions POST; other methods get 405.
+fn only<F, Args>(
+    path: &str,
+    (method, allow): (actix_web::Route, &'static str),
+    handler: F,
+) -> impl HttpServiceFactory
 where
     F: Handler<Args>,
     Args: FromRequest + 'static,
     F::Output: Responder + 'static,
 {
     web::resource(path)
-        .route(web::get().to(handler))
-        .default_service(web::to(|| http::method_not_allowed("GET")))
-}
-
-/// A POST-only route (the OpenAI API's completions); other methods get 405.
-fn post_only<F, Args>(path: &str, handler: F) -> impl HttpServiceFactory
-where
-    F: Handler<Args>,
-    Args: FromRequest + 'static,
-    F::Output: Responder + 'static,
-{
-    web::resource(path)
-        .route(web::post().to(handler))
-        .default_service(web::to(|| http::method_not_allowed("POST")))
+        .route(method.to(handler))
+        .default_service(web::to(move || http::method_not_allowed(allow)))
 }
 
 /// `host:port` as a URL's authority: an IPv6 address in brackets.
