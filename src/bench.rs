@@ -350,7 +350,7 @@ fn check_sizes(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `--memory`, `--multiturn` and `--scheduler` load no checkpoint and (but `--multiturn`) run
-/// no model: a model folder or a device given to them is a mistake, not something to ignore.
+/// no model: a model folder or a GPU asked of them is a mistake, not something to ignore.
 /// The config and the engine flags are checked as `serve` checks them.
 fn check_model_free(args: &BenchArgs) -> anyhow::Result<()> {
     let mode = match (args.memory, args.multiturn) {
@@ -367,9 +367,10 @@ fn check_model_free(args: &BenchArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    // (`--device cpu` or `auto` asks for nothing these modes lack.)
     anyhow::ensure!(
-        args.multiturn || args.engine.device.is_none(),
-        "--device does not apply to bench {mode}: it runs no model"
+        args.multiturn || args.engine.device.as_deref() != Some("cuda"),
+        "--device cuda does not apply to bench {mode}: it runs no model"
     );
     args.engine.resolve()?;
     Ok(())
