@@ -423,7 +423,7 @@ impl OutputProcessor {
         let mut events = Vec::with_capacity(2);
         // Tokens without text (eos, special tokens) still end in a delta, so that the deltas'
         // counts add up to the usage.
-        if r.has_pending() || !r.pending_logprobs.is_empty() || r.pending_tokens > 0 {
+        if !r.pending_text.is_empty() || r.pending_tokens > 0 || !r.pending_logprobs.is_empty() {
             events.push(r.take_delta());
         }
         let Some(g) = self.groups.get_mut(&r.first) else {

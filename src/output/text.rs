@@ -76,13 +76,11 @@ impl TextOutput {
         let unchecked = self.unchecked_tokens > ids.len();
         self.unchecked_tokens = self.unchecked_tokens.saturating_sub(ids.len());
         let (text, stopped_by_string) = match &mut self.stop {
-            _ if unchecked => (text, false),
-            None => (text, false),
-            Some(_) if text.is_empty() => (text, false),
-            Some(stop) => {
+            Some(stop) if !unchecked && !text.is_empty() => {
                 let out = stop.push(&text);
                 (out.emit, out.stopped)
             }
+            _ => (text, false),
         };
         TextUpdate {
             text,
