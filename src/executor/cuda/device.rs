@@ -451,15 +451,7 @@ impl Gpu {
         suffix: &str,
     ) -> anyhow::Result<()> {
         let (ptx, _) = compile::ptx_with(file, src, arch, defines)?;
-        load_module(
-            &self.ctx,
-            file,
-            src,
-            ptx,
-            defines,
-            suffix,
-            &mut self.functions,
-        )
+        load_module(&self.ctx, file, ptx, defines, suffix, &mut self.functions)
     }
 
     /// Dynamic shared memory `name` launches with (0 unless its loader set it).
@@ -620,21 +612,23 @@ fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
     })
 }
 
-/// Loads `ptx` (kernels/`name`.cu built with `defines`) and every kernel of `src` into
+/// Loads `ptx` (kernels/`name`.cu built with `defines`) and every kernel in it into
 /// `functions`, each as its name + `suffix`.
 fn load_module(
     ctx: &Arc<CudaContext>,
     name: &str,
-    src: &str,
     ptx: Ptx,
     defines: &[(&str, usize)],
     suffix: &str,
     functions: &mut HashMap<String, CudaFunction>,
 ) -> anyhow::Result<()> {
+    // The PTX's entries, not the source's declarations: kernels made by a macro or left out by
+    // `#if` are named right only there.
+    let entries = ptx_entries(&ptx.to_src());
     let module = ctx
         .load_module(ptx)
         .with_context(|| format!("loading kernels/{name}.cu {defines:?}"))?;
-    for f in kernel_names(src) {
+    for f in entries {
         let func = module
             .load_function(&f)
             .with_context(|| format!("kernel {f} in kernels/{name}.cu {defines:?}"))?;
@@ -655,7 +649,7 @@ fn load_kernels(
     for (name, src) in compile::SOURCES {
         let (ptx, cached) = compile::ptx_for(name, src, &arch)?;
         compiled += usize::from(!cached);
-        load_module(ctx, name, src, ptx, &[], "", &mut functions)?;
+        load_module(ctx, name, ptx, &[], "", &mut functions)?;
     }
     tracing::info!(
         "CUDA kernels ready for {arch} in {:.0} ms ({compiled} of {} modules compiled, the rest from the PTX cache)",
@@ -665,13 +659,29 @@ fn load_kernels(
     Ok(functions)
 }
 
-/// Names of the `extern "C" __global__` functions in a source.
+/// The `extern "C"` kernels (`.entry`) of a PTX module; C++-mangled entries (`_Z…`) are
+/// template instances that no launch names.
+fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|line| line.split_once(".entry ").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split('(').next())
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !n.starts_with("_Z"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Names of the `extern "C" __global__` functions written out in a source (not those a macro
+/// makes: `ptx_entries` has every one).
 fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
+    let mut in_macro = false;
     for line in src.lines() {
         let line = line.trim();
-        if line.starts_with("#define") || line.ends_with('\\') {
-            continue; // macro bodies
+        let macro_line = in_macro || line.starts_with("#define");
+        in_macro = macro_line && line.ends_with('\\');
+        if macro_line {
+            continue; // macro bodies, to their last continued line
         }
         if let Some(rest) = line.strip_prefix("extern \"C\" __global__ void ") {
             // Skip `__launch_bounds__(...)`; the name is the identifier before the next '('.
@@ -721,5 +731,16 @@ mod tests {
         ] {
             assert!(all.iter().any(|n| n == want), "{want} missing from {all:?}");
         }
+        // Macro bodies are not declarations (gemv_bulk.cu's GB_KERNEL once gave a
+        // "__launch_bounds__ bounds name" kernel that no module has).
+        assert!(all.iter().all(|n| !n.contains(' ')), "{all:?}");
+    }
+
+    #[test]
+    fn ptx_entries_are_the_extern_c_kernels() {
+        let ptx = ".visible .entry gemv_bulk_m1(\n\t.param .align 8 .b8 p[64]\n)\n\
+                   .weak .entry _Z9templatedILi1EEvv(\n)\n.visible .entry silu_mul (\n)\n\
+                   .func (.reg .b32 r) helper(\n)\n";
+        assert_eq!(ptx_entries(ptx), ["gemv_bulk_m1", "silu_mul"]);
     }
 }
