@@ -127,9 +127,6 @@ __device__ __forceinline__ kv_t f2kv(float f) { return f2bf(f); }
 __device__ __forceinline__ void kv_widen16(uint4 v, uint4 out[KV_VEC / 8]) { out[0] = v; }
 #endif
 
-// SwiGLU's product silu(g) * u (silu_mul.cu, and gemv_bulk.cu's fused input).
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
-
 // Sum (kMax false) or max (kMax true) over the warp; every lane gets the result.
 template <bool kMax>
 __device__ __forceinline__ float warp_reduce(float v) {

@@ -18,38 +18,23 @@
 // to registers, 16 bytes a lane (512 bytes a warp a step, conflict-free), hands the buffer back
 // to the producer, and dots it with x, keeping two partial dots per lane: for the row the
 // stage starts in and the next one (rows are at least a stage long, so at most one row ends
-// inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics (in
-// arrival order: a row of three or more stages can differ in its last bits between runs), or
-// with `ordered` stage after stage; after the last stage the CTA writes its rows.
-//
-// The input and output can be the layer's neighbours' work (decode's fusion, `bulk_fusion`),
-// which takes three small launches a layer off the critical path:
-// - `norm_in`: x = rmsnorm(norm_in) * norm_w, add_rmsnorm's arithmetic on the fp32 residual
-//   stream, computed by every CTA into its shared x (the residual is 16 KB a row);
-// - `gate_up`: x = silu(gate) * up, silu_mul's arithmetic on the gate|up projection's fp32 output;
-// - `accumulate`: y32 += x · wᵀ, the residual add folded into the o and down projections (each
-//   CTA owns its rows, so no two threads touch one element).
+// inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics; after
+// the last stage the CTA writes its rows.
 struct GemvBulkParams {
-  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES; null with norm_in / gate_up
+  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES
   const bf16* w;         // [n, k]   rows >= GB_STAGE_BYTES
   bf16* y;               // [m, n]   bf16 output, or null when y32 is set
-  float* y32;            // [m, n]   fp32 output (logits, qkv, gate|up, the residual), or null
-  const float* norm_in;  // [m, k]   fp32 residual rows to normalise into x, or null
-  const bf16* norm_w;    // [k]      the norm's weight (with norm_in)
-  const float* gate_up;  // [m, 2k]  fp32 gate | up to take silu(gate) * up of into x, or null
+  float* y32;            // [m, n]   fp32 output (logits), or null
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
-  int accumulate;        // 1: y32 += the product (y32 is the residual stream), 0: y32 =
-  int ordered;           // 1: stages add their partial sums in order (deterministic bits)
-  float eps;             // the norm's epsilon (with norm_in)
 };
 
 #ifndef GB_STAGE_BYTES
 #define GB_STAGE_BYTES 4096
 #endif
 #ifndef GB_STAGES
-#define GB_STAGES 32  // the ring of gemv_bulk_m*; gemv_bulk_r16_m* has 16 stages
+#define GB_STAGES 32
 #endif
 // L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
 // activations and the KV cache), 0 the default.
@@ -71,7 +56,6 @@ struct GemvBulkParams {
 #if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
 #error "GB_STAGES must be a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
 #endif
-#define GB_SHORT_STAGES (GB_STAGES / 2 / GB_WARPS * GB_WARPS)  // the short ring's (r16)
 
 // One 512-byte step of a warp: this lane's 16 bytes of w (`wv`, at byte `col` of its row) dotted
 // with each x row.
@@ -94,8 +78,7 @@ __device__ __forceinline__ void gb_dot(uint4 wv, const bf16* __restrict__ x, int
 }
 
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
-// buffer i % STAGES once the consumers have handed that buffer back (its empty barrier).
-template <int STAGES>
+// buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
                                            u32 empty) {
 #if __CUDA_ARCH__ >= 900
@@ -105,8 +88,8 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 #endif
   const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
-    const int s = i % STAGES;
-    if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
+    const int s = i % GB_STAGES;
+    if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
     const u32 bar = full + 8 * s;
     mbar_expect_tx(bar, n);
@@ -127,82 +110,21 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 #endif
 }
 
-// The consumers (threads 0 .. 32 GB_WARPS - 1, after pdl_wait) put x [M, k] into shared
-// memory: copied, normalised (norm_in) or activated (gate_up); see GemvBulkParams. `red` holds
-// GB_WARPS * M floats.
 template <int M>
-__device__ __forceinline__ void gb_stage_x(const GemvBulkParams& p, bf16* x, float* red) {
-  const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
-  const int warp = tid >> 5, lane = tid & 31;
-  if (p.norm_in) {
-    // Each row's sum of squares over the CTA's consumers, then a second (L1/L2-hit) read of the
-    // row to scale it: registers for a whole row would cost the streaming loop its occupancy.
-    float ss[M];
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      const float4* row = (const float4*)(p.norm_in + (size_t)m * p.k);
-      float s = 0.f;
-      for (int c = tid; c < p.k / 4; c += consumers) {
-        const float4 v = row[c];
-        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      ss[m] = warp_sum(s);
-    }
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; m++) red[warp * M + m] = ss[m];
-    asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < GB_WARPS; w++) s += red[w * M + m];
-      const float inv = rsqrtf(s / p.k + p.eps);
-      const float4* row = (const float4*)(p.norm_in + (size_t)m * p.k);
-      for (int c = tid; c < p.k / 8; c += consumers) {
-        const float4 a = row[2 * c], b = row[2 * c + 1];
-        const uint4 wv = ((const uint4*)p.norm_w)[c];
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const u32 ww[4] = {wv.x, wv.y, wv.z, wv.w};
-        u32 o[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-          o[e] = pack_bf16x2(v[2 * e] * inv * bf_lo(ww[e]), v[2 * e + 1] * inv * bf_hi(ww[e]));
-        ((uint4*)(x + (size_t)m * p.k))[c] = make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
-  } else if (p.gate_up) {
-    for (int i = tid; i < M * p.k / 4; i += consumers) {
-      const int m = i / (p.k / 4), c = i % (p.k / 4);
-      const float* row = p.gate_up + (size_t)m * 2 * p.k;
-      const float4 g = ((const float4*)row)[c], u = ((const float4*)(row + p.k))[c];
-      *(uint2*)(x + (size_t)m * p.k + 4 * c) =
-          make_uint2(pack_bf16x2(silu_times(g.x, u.x), silu_times(g.y, u.y)),
-                     pack_bf16x2(silu_times(g.z, u.z), silu_times(g.w, u.w)));
-    }
-  } else {
-    for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-}
-
-template <int M, int STAGES>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char gb_ring[];  // [STAGES][GB_STAGE_BYTES], then x [m, k]
+  extern __shared__ __align__(128) unsigned char gb_ring[];  // [GB_STAGES][GB_STAGE_BYTES], then x [m, k]
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
-  __shared__ __align__(8) u64 bars[2 * STAGES];              // full[STAGES], empty[STAGES]
-  __shared__ float red[GB_WARPS * M];                        // the norm's partial sums
-  __shared__ int turn[1];                                    // next stage to add (ordered)
+  __shared__ __align__(8) u64 bars[2 * GB_STAGES];           // full[GB_STAGES], empty[GB_STAGES]
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
   const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
   const int row_bytes = 2 * p.k;
   const int slab = rows * row_bytes;
-  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[STAGES]);
+  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; s++) {
+    for (int s = 0; s < GB_STAGES; s++) {
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, 1);
     }
@@ -212,25 +134,25 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   if (warp == GB_WARPS) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
-      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
+      gb_produce((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
                  full, empty);
     return;
   }
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
   for (int i = tid; i < rows * M; i += consumers) acc[i] = 0.f;
-  if (tid == 0) turn[0] = 0;
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-  pdl_wait();  // x (or what it is made of) is the previous kernel's output
+  pdl_wait();  // x is the previous kernel's output
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
-  bf16* x = (bf16*)(gb_ring + STAGES * GB_STAGE_BYTES);
-  gb_stage_x<M>(p, x, red);
+  bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
+  for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
-  // Stage i is warp i % GB_WARPS's, and so is its buffer (STAGES is a multiple of GB_WARPS):
+  // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
-    const int s = i % STAGES;
-    mbar_wait(full + 8 * s, (i / STAGES) & 1);
+    const int s = i % GB_STAGES;
+    mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
     // The stage is slab bytes [b, e); it starts in (local) row ra, which ends at a_end. Rows
     // are at least a stage long, so at most one row ends inside it.
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
@@ -263,35 +185,17 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
         }
       }
     }
-    const bool two_rows = e > a_end;  // row ra + 1 starts inside the stage (warp-uniform)
 #pragma unroll
     for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
-    if (two_rows)
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
+    if (e > a_end) {  // row ra + 1 starts inside the stage (the same for the whole warp)
 #pragma unroll
       for (int m = 0; m < M; m++) db[m] = warp_sum(db[m]);
-    if (p.ordered) {
-      // Stage i adds after stage i - 1 (its warp waits for the turn): each row's sum is the
-      // same, bit for bit, every run. Shared atomics from the warps of a row's 3+ stages (rows
-      // longer than two stages, or not whole stages) sum in whatever order the warps arrive.
-      if (lane == 0) {
-        while (*(volatile int*)turn < i) {
-        }
-        __threadfence_block();
+      if (lane == 0)
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-          acc[ra * M + m] += da[m];
-          if (two_rows) acc[(ra + 1) * M + m] += db[m];
-        }
-        __threadfence_block();
-        *(volatile int*)turn = i + 1;
-      }
-      __syncwarp();
-    } else if (lane == 0) {
-#pragma unroll
-      for (int m = 0; m < M; m++) {
-        atomicAdd(&acc[ra * M + m], da[m]);
-        if (two_rows) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
-      }
+        for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
     }
 #else
     if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads
@@ -301,29 +205,16 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = tid; i < rows * M; i += consumers) {
     const int r = i / M, m = i % M;
     const size_t o = (size_t)m * p.n + r0 + r;
-    if (p.y32) p.y32[o] = p.accumulate ? p.y32[o] + acc[i] : acc[i];
+    if (p.y32) p.y32[o] = acc[i];
     else p.y[o] = f2bf(acc[i]);
   }
 #endif
 }
 
 // grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
-// dynamic shared memory: the ring (stages * GB_STAGE_BYTES) and room for x: GB_X_BYTES, or
-// with the host's tight launches m * k * 2 bytes and no more, so that CTAs of the kernels around
-// it fit beside it on the SM under PDL (kernels::gemv_bulk_smem). Two rings: GB_STAGES (128 KB)
-// and the short GB_SHORT_STAGES (64 KB; tight, with x of a decode row, two bulk CTAs fit an SM,
-// so one launch's ring fills while the one before drains). Empty below sm_90 (the host never
-// launches them there).
-#define GB_KERNEL(name, m, stages, bounds) \
-  extern "C" __global__ void __launch_bounds__ bounds name(GemvBulkParams p) { gemv_bulk_impl<m, stages>(p); }
-GB_KERNEL(gemv_bulk_m1, 1, GB_STAGES, (GB_THREADS))
-GB_KERNEL(gemv_bulk_m2, 2, GB_STAGES, (GB_THREADS))
-GB_KERNEL(gemv_bulk_m3, 3, GB_STAGES, (GB_THREADS))
-GB_KERNEL(gemv_bulk_m4, 4, GB_STAGES, (GB_THREADS))
-#if GB_SHORT_STAGES >= GB_WARPS  // (gpu-bench's builds of other rings may have no short one)
-// Two CTAs an SM also need the registers (at most 60 a thread); m 3 and 4 would spill there.
-GB_KERNEL(gemv_bulk_r16_m1, 1, GB_SHORT_STAGES, (GB_THREADS, 2))
-GB_KERNEL(gemv_bulk_r16_m2, 2, GB_SHORT_STAGES, (GB_THREADS, 2))
-GB_KERNEL(gemv_bulk_r16_m3, 3, GB_SHORT_STAGES, (GB_THREADS))
-GB_KERNEL(gemv_bulk_r16_m4, 4, GB_SHORT_STAGES, (GB_THREADS))
-#endif
+// dynamic shared memory: GB_STAGES * GB_STAGE_BYTES + GB_X_BYTES. Empty below sm_90 (the host never launches
+// them there).
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }

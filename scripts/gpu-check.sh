@@ -11,7 +11,7 @@
 #                                       figures go to $OUT (or ./gpu-check-out).
 #                                       WHAT: all (default) | tests | bench | peers | perf18 |
 #                                       prefill18 | kv13 | spec | fp8 | fp8bench | bulk18 |
-#                                       bulk18more | overlap18
+#                                       overlap18
 #                                       perf18 (issue 18, about 5 min): the decode attention and
 #                                       step-pipeline kernel tests, the CUDA-vs-CPU tests (the
 #                                       serving-path one runs every switch), then each switch timed against the default
@@ -45,14 +45,11 @@
 #                                       attention --decode-only, offline llama-2-7b 512x128/128
 #                                       and 300x1000/1000, llama-3-8b 300x1000/1000, decode and
 #                                       ttft batch 1, into $OUT/fp8.jsonl
-#                                       bulk18 (issue 18, the bulk gemv's switches, about 5
-#                                       min): the gemv kernel tests (both rings, fused inputs,
-#                                       ordered sums), the CUDA-vs-CPU suite (bulk_gemv runs the
-#                                       switches), then decode batch 1 on Llama-2-7B for each
-#                                       (tight, fusion, ring, ordered) config, two rounds (with
-#                                       BEFORE=DIR also that build's gpu-bench), into
-#                                       $OUT/bulk18.jsonl; bulk18more (about 4 min): the same on
-#                                       Llama-3-8B, decode-batch 2 and 4, gemv-sweep --bulk-only
+#                                       bulk18 (issue 18, the bulk gemv, about 3 min): the
+#                                       gemv kernel tests, the CUDA-vs-CPU suite, decode batch 1
+#                                       on Llama-2-7B and Llama-3-8B, two rounds (with BEFORE=DIR
+#                                       alternated with that build's gpu-bench) into
+#                                       $OUT/bulk18.jsonl
 #                                       overlap18 (issue 18, about 1 min): the sibling-stream
 #                                       test, then gpu-bench overlap (a large decode batch's
 #                                       GEMMs and attention as two nano-batches on two streams vs
@@ -248,39 +245,19 @@ device)
         done
         grep -hE "paged decode .*ctx|offline|decode batch 1|ttft" "$out/log.txt" | grep -v "^===" | tail -120
     fi
-    # (tight, fusion, stages, ordered) of the bulk gemv, as gpu-bench's environment
-    bulk_env() {
-        IFS=, read -r tight fusion stages ordered <<<"$1"
-        echo "BROOK_GEMV_BULK_TIGHT=$tight BROOK_BULK_FUSION=$fusion BROOK_GEMV_BULK_STAGES=$stages BROOK_GEMV_BULK_ORDERED=$ordered"
-    }
-    # Today's default first, then each switch, then combinations.
-    bulk_configs="0,0,32,0 1,0,32,0 0,1,32,0 1,1,32,0 1,0,16,0 1,1,16,0 0,0,32,1 1,1,16,1"
-    bulk_decode() { # model: decode batch 1 for every config, one round
-        for c in $bulk_configs; do
-            step "decode $1 [$c]" timeout 60 sh -c "$(bulk_env "$c") ./gpu-bench decode --quick --model $1 --output-len 512 >>'$out/bulk18.jsonl'"
-        done
-    }
     if [ "$what" = bulk18 ]; then
         step "kernels gemv fp8_weights gemm" timeout 150 ./cuda_kernels --test-threads=2 gemv fp8_weights gemm
         step "e2e" timeout 240 ./cuda_e2e --test-threads=1 --nocapture
         : >"$out/bulk18.jsonl"
-        bulk_decode llama-2-7b
-        bulk_decode llama-2-7b # a second round, against drift
-        if [ -n "${BEFORE:-}" ]; then
-            step "before: decode llama-2-7b" timeout 60 sh -c "$BEFORE/gpu-bench decode --quick --model llama-2-7b --output-len 512 | sed 's/^{/{\"build\":\"before\",/' >>'$out/bulk18.jsonl'"
-        fi
-        grep -hE "decode batch 1" "$out/log.txt" | tail -40
-    fi
-    if [ "$what" = bulk18more ]; then
-        : >>"$out/bulk18.jsonl"
-        bulk_decode llama-3-8b
-        for c in 0,0,32,0 1,1,32,0 1,1,16,0; do
-            for batch in 2 4; do
-                step "decode-batch $batch [$c]" timeout 60 sh -c "$(bulk_env "$c") ./gpu-bench decode-batch --model llama-2-7b --batch $batch --context 512 --steps 64 >>'$out/bulk18.jsonl'"
+        for round in 1 2; do # two rounds, against drift
+            for model in llama-2-7b llama-3-8b; do
+                step "decode $model" timeout 60 sh -c "./gpu-bench decode --quick --model $model --output-len 512 >>'$out/bulk18.jsonl'"
+                if [ -n "${BEFORE:-}" ]; then
+                    step "before: decode $model" timeout 60 sh -c "$BEFORE/gpu-bench decode --quick --model $model --output-len 512 | sed 's/^{/{\"build\":\"before\",/' >>'$out/bulk18.jsonl'"
+                fi
             done
         done
-        step "gemv-sweep --bulk-only" timeout 150 sh -c "./gpu-bench gemv-sweep --bulk-only >>'$out/bulk18.jsonl'"
-        grep -hE "decode batch|bulk r" "$out/log.txt" | grep -v "^===" | tail -150
+        grep -hE "decode batch 1" "$out/log.txt" | tail -40
     fi
     if [ "$what" = overlap18 ]; then
         : >"$out/overlap18.jsonl"

@@ -4,7 +4,7 @@
 
 use super::Config;
 use crate::executor::cpu::CpuBackendOptions;
-use crate::executor::cuda::compile::{GEMV_BULK_STAGES, PREFILL_WG_STAGES};
+use crate::executor::cuda::compile::PREFILL_WG_STAGES;
 use crate::executor::cuda::kernels::GEMV_MAX_M;
 use crate::executor::cuda::CudaBackendOptions;
 
@@ -48,10 +48,6 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
-            bulk_fusion: false,
-            gemv_bulk_stages: GEMV_BULK_STAGES,
-            gemv_bulk_tight: false,
-            gemv_bulk_ordered: false,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

@@ -22,17 +22,13 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 10] = [
+        let tags: [(&str, serde_json::Value); 6] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
             ("prefill_wg_stages", prefill_wg_stages().into()),
             ("prefill_tma", prefill_tma().into()),
             ("gemv_bulk", gemv_bulk().into()),
-            ("bulk_fusion", bulk_fusion().into()),
-            ("gemv_bulk_stages", gemv_bulk_stages().into()),
-            ("gemv_bulk_tight", gemv_bulk_tight().into()),
-            ("gemv_bulk_ordered", gemv_bulk_ordered().into()),
         ];
         for (key, value) in tags {
             o.entry(key).or_insert(value);
@@ -125,43 +121,6 @@ pub fn prefill_tma() -> bool {
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
-}
-
-/// Whether decode steps fold the norms, SiLU and residual adds into the bulk gemv in every
-/// backend gpu-bench makes: `BROOK_BULK_FUSION` (0 or 1; brook's default when unset).
-pub fn bulk_fusion() -> bool {
-    env_flag(
-        "BROOK_BULK_FUSION",
-        CudaBackendOptions::default().bulk_fusion,
-    )
-}
-
-/// Stages of the bulk gemv's ring in every backend and `Gpu` gpu-bench makes:
-/// `BROOK_GEMV_BULK_STAGES` (32 or 16; brook's default when unset).
-pub fn gemv_bulk_stages() -> usize {
-    env_count(
-        "BROOK_GEMV_BULK_STAGES",
-        &[kernels::GEMV_BULK_STAGES, kernels::GEMV_BULK_SHORT_STAGES],
-        CudaBackendOptions::default().gemv_bulk_stages,
-    )
-}
-
-/// Whether bulk gemv launches take only their ring's and x's shared memory in every backend and
-/// `Gpu` gpu-bench makes: `BROOK_GEMV_BULK_TIGHT` (0 or 1; brook's default when unset).
-pub fn gemv_bulk_tight() -> bool {
-    env_flag(
-        "BROOK_GEMV_BULK_TIGHT",
-        CudaBackendOptions::default().gemv_bulk_tight,
-    )
-}
-
-/// Whether bulk gemv stages add their row sums in order in every backend and `Gpu` gpu-bench
-/// makes: `BROOK_GEMV_BULK_ORDERED` (0 or 1; brook's default when unset).
-pub fn gemv_bulk_ordered() -> bool {
-    env_flag(
-        "BROOK_GEMV_BULK_ORDERED",
-        CudaBackendOptions::default().gemv_bulk_ordered,
-    )
 }
 
 /// The decode attention kernel of every backend gpu-bench makes: `BROOK_DECODE_KERNEL` (auto,
@@ -468,17 +427,12 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
         gemv_bulk: gemv_bulk(),
-        bulk_fusion: bulk_fusion(),
-        gemv_bulk_stages: gemv_bulk_stages(),
-        gemv_bulk_tight: gemv_bulk_tight(),
-        gemv_bulk_ordered: gemv_bulk_ordered(),
         ..Default::default()
     }
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
-/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`,
-/// `BROOK_GEMV_BULK_STAGES`, `BROOK_GEMV_BULK_TIGHT`, `BROOK_GEMV_BULK_ORDERED`), as
+/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`), as
 /// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
@@ -486,9 +440,6 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
-    gpu.gemv_bulk_stages = gemv_bulk_stages();
-    gpu.gemv_bulk_tight = gemv_bulk_tight();
-    gpu.gemv_bulk_ordered = gemv_bulk_ordered();
     Ok(gpu)
 }
 

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{kernels, CudaBackendOptions, KvCacheDtype};
+use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -44,26 +44,6 @@ fn run_dtype(
         base.clone(),
         CudaBackendOptions {
             gemv_bulk: !base.gemv_bulk,
-            ..base.clone()
-        },
-        CudaBackendOptions {
-            bulk_fusion: !base.bulk_fusion,
-            ..base.clone()
-        },
-        CudaBackendOptions {
-            gemv_bulk_tight: !base.gemv_bulk_tight,
-            ..base.clone()
-        },
-        CudaBackendOptions {
-            gemv_bulk_tight: true,
-            gemv_bulk_stages: match base.gemv_bulk_stages {
-                kernels::GEMV_BULK_STAGES => kernels::GEMV_BULK_SHORT_STAGES,
-                _ => kernels::GEMV_BULK_STAGES,
-            },
-            ..base.clone()
-        },
-        CudaBackendOptions {
-            gemv_bulk_ordered: !base.gemv_bulk_ordered,
             ..base.clone()
         },
         CudaBackendOptions {
@@ -110,19 +90,13 @@ fn run_dtype(
         }));
     let count = if quick { 1 } else { usize::MAX };
     for (opts, skipped) in variants.take(count) {
-        let (stages, tight, ordered) = (
-            opts.gemv_bulk_stages,
-            opts.gemv_bulk_tight,
-            opts.gemv_bulk_ordered,
-        );
-        let (graphs, gemv, fuse, pdl, split, bulk, bulk_fusion) = (
+        let (graphs, gemv, fuse, pdl, split, bulk) = (
             opts.cuda_graphs,
             opts.gemv_max_rows > 0,
             opts.fuse_decode,
             opts.pdl,
             opts.gemv_split,
             opts.gemv_bulk,
-            opts.bulk_fusion,
         );
         let mut b = backend(model, opts)?;
         let bs = b.info().block_size;
@@ -144,11 +118,11 @@ fn run_dtype(
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk} ({stages} stages, tight {tight}, ordered {ordered}), bulk fusion {bulk_fusion}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
             dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_bulk_stages": stages, "gemv_bulk_tight": tight, "gemv_bulk_ordered": ordered, "bulk_fusion": bulk_fusion, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

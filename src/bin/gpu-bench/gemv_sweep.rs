@@ -83,8 +83,8 @@ fn report((model, name, n, k): Shape, variant: &str, auto: bool, ms: f64) {
 /// brook's gemv kernel at each split (warps per row) for a few (warps per CTA, 16-byte loads in
 /// flight per lane) builds, by the bulk-copy kernel for a few rings (`bulk_builds`), and by
 /// cuBLAS. Each figure is the median of 30 runs of `INNER` back-to-back launches, divided by
-/// `INNER`. `bulk_only`: the bulk kernel's rows alone.
-pub fn run(bulk_only: bool) -> anyhow::Result<()> {
+/// `INNER`.
+pub fn run() -> anyhow::Result<()> {
     let gpu = Gpu::open(0)?;
     let (major, minor) = gpu.compute_capability;
     let mut shapes: Vec<Shape> = Vec::new();
@@ -108,24 +108,9 @@ pub fn run(bulk_only: bool) -> anyhow::Result<()> {
         arch: compile::arch_for(major, minor),
         gpu,
     };
-    if !bulk_only {
-        split_builds(&b, &shapes)?;
-    }
+    split_builds(&b, &shapes)?;
     if b.gpu.gemv_bulk {
         bulk_builds(&b, &shapes)?;
-        for (stages, tight, ordered) in [
-            (kernels::GEMV_BULK_STAGES, false, false),
-            (kernels::GEMV_BULK_STAGES, false, true),
-            (kernels::GEMV_BULK_STAGES, true, false),
-            (kernels::GEMV_BULK_SHORT_STAGES, true, false),
-        ] {
-            let g = &mut b.gpu;
-            (g.gemv_bulk_stages, g.gemv_bulk_tight, g.gemv_bulk_ordered) = (stages, tight, ordered);
-            bulk_fused(&b, &shapes)?;
-        }
-    }
-    if bulk_only {
-        return Ok(());
     }
     b.gpu.gemv_max_m = 0; // cuBLAS for every row count
     for &shape in &shapes {
@@ -234,15 +219,15 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                 continue; // rows shorter than a stage: the kernel does not take them
             }
             let launch = |wp: u64| {
-                let p = kernels::BulkGemv {
-                    input: kernels::BulkInput::X(b.x.ptr()),
+                let p = kernels::GemvBulkParams {
+                    x: b.x.ptr(),
                     w: wp,
-                    output: kernels::BulkOutput::Bf16(b.y.ptr()),
+                    y: b.y.ptr(),
+                    y32: 0,
                     m: 1,
-                    n,
-                    k,
-                }
-                .params();
+                    n: n as i32,
+                    k: k as i32,
+                };
                 let grid = ((b.gpu.num_sms as usize).min(n) as u32, 1, 1);
                 let shape = (grid, (32 * (warps + 1), 1, 1), smem as u32);
                 // SAFETY: w holds copies of [n, k], x [1, k], y [1, n].
@@ -251,91 +236,6 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
             let variant = format!("bulk {stage}x{stages} evict{evict} diag{diag} w{warps}");
             let auto = i == 0 && kernels::gemv_bulk_grid(&b.gpu, 1, n, k).is_some();
             report(shape, &variant, auto, b.time(n, k, &launch)?);
-        }
-    }
-    Ok(())
-}
-
-/// The shipped bulk kernel at 1-4 rows with `b.gpu`'s ring, launched as decode launches it (PDL,
-/// `kernels::gemv_bulk_smem`), plain and with the input or output decode's `bulk_fusion` gives
-/// each layer (a norm over the fp32 residual into QKV and gate|up, SiLU × up into down, the
-/// residual add out of o and down): what folding the neighbours in costs the GEMV itself,
-/// against the launches it saves.
-fn bulk_fused(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
-    use kernels::{BulkGemv, BulkInput, BulkOutput};
-    let (rows, stages) = (kernels::GEMV_MAX_M, b.gpu.gemv_bulk_stages);
-    let ring = format!(
-        "r{stages}{}{}",
-        if b.gpu.gemv_bulk_tight { " tight" } else { "" },
-        if b.gpu.gemv_bulk_ordered {
-            " ordered"
-        } else {
-            ""
-        }
-    );
-    let max_k = shapes.iter().map(|s| s.3).max().unwrap_or(0);
-    let max_n = shapes.iter().map(|s| s.2).max().unwrap_or(0);
-    let upload = |v: Vec<f32>| -> anyhow::Result<DevBuf> {
-        let buf = b.gpu.alloc(v.len() * 4)?;
-        b.gpu.upload(buf.ptr(), &v)?;
-        Ok(buf)
-    };
-    // Inputs of unit scale (the values do not change the time; NaNs could).
-    let wave = |n: usize| (0..n).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect();
-    let residual = upload(wave(rows * max_k))?;
-    let gate_up = upload(wave(rows * 2 * max_k))?;
-    let x = random_bf16(&b.gpu, rows * max_k, 3)?;
-    let y32 = upload(vec![0.0; rows * max_n])?;
-    for &shape in shapes {
-        let (_, layer, n, k) = shape;
-        // (label, input normalised, input SiLU × up, output added)
-        let (fused, norm, silu, add) = match layer {
-            "qkv" | "gate_up" => ("norm in", true, false, false),
-            "o" => ("add out", false, false, true),
-            "down" => ("silu in, add out", false, true, true),
-            _ => continue,
-        };
-        for m in 1..=rows {
-            if kernels::gemv_bulk_grid(&b.gpu, m, n, k).is_none() {
-                continue;
-            }
-            let plain = |w| BulkGemv {
-                input: BulkInput::X(x.ptr()),
-                w,
-                output: BulkOutput::F32(y32.ptr()),
-                m,
-                n,
-                k,
-            };
-            let with_fusion = |w| {
-                let mut g = plain(w);
-                if norm {
-                    g.input = BulkInput::Norm {
-                        residual: residual.ptr(),
-                        weight: b.x.ptr(),
-                        eps: 1e-5,
-                    };
-                }
-                if silu {
-                    g.input = BulkInput::GateUp(gate_up.ptr());
-                }
-                if add {
-                    g.output = BulkOutput::AddF32(y32.ptr());
-                }
-                g
-            };
-            for (variant, job) in [
-                (
-                    format!("bulk {ring} m{m}"),
-                    &plain as &dyn Fn(u64) -> BulkGemv,
-                ),
-                (format!("bulk {ring} m{m} {fused}"), &with_fusion),
-            ] {
-                // SAFETY: w holds copies of [n, k]; x, the residual, gate|up and y hold
-                // `rows` rows of the largest shape.
-                let launch = |wp: u64| unsafe { kernels::gemv_bulk(&b.gpu, &job(wp)) };
-                report(shape, &variant, false, b.time(n, k, &launch)?);
-            }
         }
     }
     Ok(())

@@ -32,9 +32,7 @@
 //!                                       --variants picks (a)'s, --verify-graphs A/Bs (b) eager vs
 //!                                       verification graphs
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
-//!                                       gemv by split and (warps, loads in flight) build, the
-//!                                       bulk gemv by ring and fused input (1-4 rows), cuBLAS;
-//!                                       --bulk-only: the bulk gemv's rows alone
+//!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
 //! Each prints one JSON object per figure on stdout (`{"figure": ..., ...}`), progress on stderr.
 //! The offline run drives brook's own `Scheduler` and `KvCacheManager` step by step (no actors,
@@ -86,13 +84,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         cases: Vec<String>,
     },
-    /// Batch-1 GEMV GB/s of each kernel and build on the synthetic models' linear layers.
-    GemvSweep {
-        /// The bulk kernel's rows only (its rings and fused inputs), not the split kernel's
-        /// builds or cuBLAS.
-        #[arg(long)]
-        bulk_only: bool,
-    },
+    GemvSweep,
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
     /// batch 1, 8 and 32; then the length from which the flash kernel wins.
     PrefillAttn {
@@ -237,7 +229,7 @@ fn main() -> anyhow::Result<()> {
             &shapes,
             &attention::DecodeFilter::parse(&variants, &cases)?,
         ),
-        Cmd::GemvSweep { bulk_only } => gemv_sweep::run(bulk_only),
+        Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
         Cmd::Decode {

@@ -60,11 +60,8 @@ pub const GEMV_MAX_M: usize = 4;
 /// Bytes of one stage of the ring (`GB_STAGE_BYTES`): a consumer warp's unit, and the shortest
 /// row the kernel takes.
 pub const GEMV_BULK_STAGE_BYTES: usize = 4096;
-/// Stages in the ring (`GB_STAGES`) of `gemv_bulk_m*`.
+/// Stages in the ring (`GB_STAGES`): the dynamic shared memory is their product.
 pub const GEMV_BULK_STAGES: usize = 32;
-/// Stages in the short ring (`GB_SHORT_STAGES`) of `gemv_bulk_r16_m*`: 64 KB, so that two CTAs
-/// (and their registers at one or two rows) fit an SM.
-pub const GEMV_BULK_SHORT_STAGES: usize = 16;
 /// 16 consumer warps and the producer warp (`GB_THREADS`).
 pub const GEMV_BULK_THREADS: u32 = 32 * 17;
 /// The shared accumulator's floats (`GB_ACC_FLOATS`): a CTA owns at most this / m rows.
@@ -73,25 +70,12 @@ pub const GEMV_BULK_ACC_FLOATS: usize = 4096;
 /// Most bytes of x [m, k] (`GB_X_BYTES`), staged in shared memory after the ring.
 pub const GEMV_BULK_X_BYTES: usize = 81920;
 
-/// Most dynamic shared memory a gemv_bulk kernel launches with: the long ring and the largest
-/// x (a launch asks for its ring and room for that x, or with `Gpu::gemv_bulk_tight` for its
-/// own x only: `kernels::gemv_bulk_smem`).
+/// Dynamic shared memory of every gemv_bulk kernel brook launches: the ring and x.
 pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES;
-
-/// The gemv_bulk kernel over `m` rows with a ring of `stages` (`GEMV_BULK_STAGES` or
-/// `GEMV_BULK_SHORT_STAGES`).
-pub fn gemv_bulk_kernel(m: usize, stages: usize) -> String {
-    match stages {
-        GEMV_BULK_SHORT_STAGES => format!("gemv_bulk_r16_m{m}"),
-        _ => format!("gemv_bulk_m{m}"),
-    }
-}
 
 /// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
 pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
-    [GEMV_BULK_STAGES, GEMV_BULK_SHORT_STAGES]
-        .into_iter()
-        .flat_map(|stages| (1..=GEMV_MAX_M).map(move |m| gemv_bulk_kernel(m, stages)))
+    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
 }
 
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and
@@ -362,22 +346,6 @@ mod tests {
                 src.contains("extern \"C\" __global__"),
                 "{name} has no kernel"
             );
-        }
-    }
-
-    /// `Gpu::open` turns the bulk gemv off unless every kernel it names is loaded: each must be
-    /// defined in gemv_bulk.cu's default build.
-    #[test]
-    fn every_bulk_gemv_kernel_is_defined() {
-        let src = SOURCES
-            .iter()
-            .find(|(name, _)| *name == "gemv_bulk")
-            .unwrap()
-            .1;
-        let names: Vec<String> = gemv_bulk_kernels().collect();
-        assert_eq!(names.len(), 2 * GEMV_MAX_M);
-        for name in names {
-            assert!(src.contains(&format!("GB_KERNEL({name},")), "{name}");
         }
     }
 }

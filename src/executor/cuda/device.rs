@@ -72,16 +72,6 @@ pub struct Gpu {
     /// Decode GEMVs on the bulk-copy kernel (`kernels::gemv_bulk_grid`, kernels/gemv_bulk.cu)
     /// where it takes the shape; on by default on sm_90+, where it is built.
     pub gemv_bulk: bool,
-    /// Stages in the bulk gemv's ring: `compile::GEMV_BULK_STAGES` (default) or
-    /// `compile::GEMV_BULK_SHORT_STAGES`.
-    pub gemv_bulk_stages: usize,
-    /// Bulk gemv launches take only their ring's and x's shared memory
-    /// (`kernels::gemv_bulk_smem`); false: the ring and the largest x, as measured so far.
-    pub gemv_bulk_tight: bool,
-    /// Bulk gemv stages add their partial row sums in stage order, so each output is the same
-    /// bits every run; false: shared atomics in arrival order (rows of 3+ stages vary in their
-    /// last bits).
-    pub gemv_bulk_ordered: bool,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -134,9 +124,6 @@ impl Gpu {
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: false,
-            gemv_bulk_stages: compile::GEMV_BULK_STAGES,
-            gemv_bulk_tight: false,
-            gemv_bulk_ordered: false,
             pdl: compute_capability.0 >= 9,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,
@@ -146,8 +133,8 @@ impl Gpu {
             dyn_smem: HashMap::new(),
             _blas_workspace: ws,
         };
-        // The bulk gemv's ring and x take up to ~208 KB of shared memory a CTA: where the GPU
-        // cannot give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
+        // The bulk gemv's ring and x take ~208 KB of shared memory a CTA: where the GPU cannot
+        // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
         if compute_capability.0 >= 9 {
             gpu.gemv_bulk = compile::gemv_bulk_kernels()
                 .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
@@ -484,24 +471,10 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        self.launch_pdl_sized(name, (grid, block, self.smem_of(name)), params)
-    }
-
-    /// `launch_pdl` with `smem` bytes of dynamic shared memory (at most what the kernel's loader
-    /// allowed it) instead of the kernel's usual amount.
-    ///
-    /// # Safety
-    /// As `launch`.
-    pub unsafe fn launch_pdl_sized<P: Copy>(
-        &self,
-        name: &str,
-        (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
-        params: &P,
-    ) -> anyhow::Result<()> {
-        let f = self.function(name);
         if !self.pdl {
-            return launch_with(f, name, &self.stream, grid, block, smem, params);
+            return self.launch(name, grid, block, params);
         }
+        let f = self.function(name);
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
@@ -512,7 +485,7 @@ impl Gpu {
             blockDimX: block.0,
             blockDimY: block.1,
             blockDimZ: block.2,
-            sharedMemBytes: smem,
+            sharedMemBytes: self.smem_of(name),
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,

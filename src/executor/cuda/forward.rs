@@ -42,8 +42,8 @@ use super::device::{DevBuf, Gpu};
 use super::fp8_gemm::Fp8Gemm;
 use super::kernels::{
     self, decode_group_ctas_for, decode_splits_filled, prefill_split_scratch,
-    BlockTableUpdateParams, CountUpdate, FeedTokensParams, GEMV_BULK_SHORT_STAGES,
-    GEMV_BULK_STAGES, GEMV_MAX_M, PREFILL_TILE, SAMPLE_MAX_TOP,
+    BlockTableUpdateParams, CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE,
+    SAMPLE_MAX_TOP,
 };
 use super::lookahead::{self, LookaheadStats};
 use super::options::{CudaBackendOptions, DecodeKernel, KvCacheDtype};
@@ -260,14 +260,6 @@ impl Forward {
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
-        anyhow::ensure!(
-            [GEMV_BULK_STAGES, GEMV_BULK_SHORT_STAGES].contains(&opts.gemv_bulk_stages),
-            "gemv_bulk_stages is {GEMV_BULK_STAGES} or {GEMV_BULK_SHORT_STAGES}, got {}",
-            opts.gemv_bulk_stages
-        );
-        gpu.gemv_bulk_stages = opts.gemv_bulk_stages;
-        gpu.gemv_bulk_tight = opts.gemv_bulk_tight;
-        gpu.gemv_bulk_ordered = opts.gemv_bulk_ordered;
         gpu.pdl &= opts.pdl;
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(

@@ -33,25 +33,6 @@ pub struct CudaBackendOptions {
     /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
     /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
     pub gemv_bulk: bool,
-    /// Where every linear layer of a decode step takes the bulk kernel: fold the norms, SiLU ×
-    /// up and the residual adds into its input and output (three launches fewer a layer; see
-    /// kernels/gemv_bulk.cu). The residual then takes the o and down projections' fp32 sums
-    /// without rounding them to bf16 first. Off by default until measured on the H200.
-    pub bulk_fusion: bool,
-    /// Stages of the bulk gemv's ring: 32 (128 KB, default) or 16 (64 KB: with
-    /// `gemv_bulk_tight` and a decode row's x, two of its CTAs fit an SM, so under PDL the next
-    /// launch's ring fills while this one drains). Not the default until measured on the H200.
-    pub gemv_bulk_stages: usize,
-    /// Bulk gemv launches take only their ring's and x's shared memory instead of room for the
-    /// largest x (80 KB), so CTAs of the kernels around them fit beside them on an SM. Off by
-    /// default until measured on the H200.
-    pub gemv_bulk_tight: bool,
-    /// The bulk gemv's stages add their partial row sums in stage order (each waits for the one
-    /// before), so decode logits are the same bits every run (same seed, same output). Off: the
-    /// shared atomics add in arrival order, and rows longer than two stages (the down
-    /// projection) can differ in their last bits between runs. Off by default until its cost is
-    /// measured on the H200.
-    pub gemv_bulk_ordered: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

@@ -67,34 +67,6 @@ impl Forward {
             && !c.qkv_bias
             && !c.qk_norm
             && rope_scale == 1.0;
-        // Decode rows on the bulk gemv with its neighbours folded in (`bulk_fusion`): the two
-        // norms read the residual stream inside the QKV and gate|up projections, SiLU × up is
-        // taken inside the down projection, and the o and down projections add into the
-        // residual, so `delta` is not used.
-        let bulk = self.opts.bulk_fusion
-            && self.opts.skip == 0
-            && !self.weights.fp8()
-            && t <= g.gemv_max_m
-            && [(qkv_dim, d), (d, c.q_dim()), (2 * inter, d), (d, inter)]
-                .iter()
-                .all(|&(n, k)| kernels::gemv_bulk_grid(g, t, n, k).is_some());
-        let fused = fused && !bulk;
-        let bulk_gemv = |input, w: u64, output, n, k| {
-            // SAFETY: the activations hold t rows of each shape; the weights are [n, k].
-            unsafe {
-                kernels::gemv_bulk(
-                    g,
-                    &BulkGemv {
-                        input,
-                        w,
-                        output,
-                        m: t,
-                        n,
-                        k,
-                    },
-                )
-            }
-        };
         let on = |kind: u32| self.opts.skip & kind == 0;
         kernels::embedding(
             g,
@@ -117,20 +89,7 @@ impl Forward {
                 d: d as i32,
                 eps,
             };
-            if bulk {
-                let input = BulkInput::Norm {
-                    residual: a.residual.ptr(),
-                    weight: w.input_norm.ptr(),
-                    eps,
-                };
-                bulk_gemv(
-                    input,
-                    w.qkv.w.ptr(),
-                    BulkOutput::F32(a.qkv.ptr()),
-                    qkv_dim,
-                    d,
-                )?;
-            } else if on(skip::NORMS) {
+            if on(skip::NORMS) {
                 kernels::add_rmsnorm(g, &norm)?;
             }
             if fused {
@@ -154,7 +113,7 @@ impl Forward {
                         split: kernels::gemv_split(g, d),
                     },
                 )?;
-            } else if !bulk && on(skip::LINEAR) {
+            } else if on(skip::LINEAR) {
                 linear(
                     g,
                     fp8,
@@ -282,26 +241,6 @@ impl Forward {
                     },
                 )?;
             }
-            if bulk {
-                let out = BulkOutput::AddF32(a.residual.ptr());
-                bulk_gemv(BulkInput::X(a.attn.ptr()), w.o.w.ptr(), out, d, c.q_dim())?;
-                let input = BulkInput::Norm {
-                    residual: a.residual.ptr(),
-                    weight: w.post_norm.ptr(),
-                    eps,
-                };
-                let out = BulkOutput::F32(a.gate_up.ptr());
-                bulk_gemv(input, w.gate_up.w.ptr(), out, 2 * inter, d)?;
-                let out = BulkOutput::AddF32(a.residual.ptr());
-                bulk_gemv(
-                    BulkInput::GateUp(a.gate_up.ptr()),
-                    w.down.w.ptr(),
-                    out,
-                    d,
-                    inter,
-                )?;
-                continue;
-            }
             if on(skip::LINEAR) {
                 linear(
                     g,
@@ -382,8 +321,7 @@ impl Forward {
         if on(skip::HEAD) {
             let final_norm = AddRmsNormParams {
                 residual: a.residual.ptr(),
-                // The bulk path's down projections added into the residual themselves.
-                delta: if bulk { 0 } else { a.delta.ptr() },
+                delta: a.delta.ptr(),
                 weight: self.weights.norm.ptr(),
                 rows: m(lay.sample_rows),
                 out: a.head_in.ptr(),
