@@ -71,9 +71,19 @@ impl ApiError {
 
 /// Validation names a parameter as `params.<field>` at the start of its message (the WS
 /// protocol's object); the OpenAI API has no `params` object, so the prefix becomes `param`.
+/// A top-level field is named as "field `<name>`" and kept in the message.
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         if let EngineError::InvalidRequest(msg) = &error {
+            if let Some((field, _)) = msg
+                .strip_prefix("field `")
+                .and_then(|rest| rest.split_once('`'))
+            {
+                return ApiError {
+                    param: Some(field.to_owned()),
+                    error,
+                };
+            }
             if let Some(rest) = msg.strip_prefix("params.") {
                 let field: String = rest
                     .chars()
@@ -92,6 +102,16 @@ impl From<EngineError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_top_level_field_in_the_message_is_the_param() {
+        let e = ApiError::from(EngineError::invalid("field `n` must be 1 to 1, got 2"));
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert_eq!(
+            e.body()["error"]["message"],
+            "field `n` must be 1 to 1, got 2"
+        );
+    }
 
     #[actix_rt::test]
     async fn bodies_statuses_and_headers() {
