@@ -23,6 +23,8 @@
 //!                                       between steps (host overhead), lookahead hits
 //!   gpu-bench overlap                   a large decode batch's GEMMs and attention as two
 //!                                       nano-batches on two streams vs the whole batch on one
+//!   gpu-bench elementwise               add_rmsnorm and silu_mul alone (GB/s against copy) and
+//!                                       the gate|up GEMM over random input vs zeros
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
 //!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
@@ -45,12 +47,14 @@ mod attention;
 mod common;
 mod decode;
 mod decode_batch;
+mod elementwise;
 mod gemv_sweep;
 mod offline;
 mod overlap;
 mod prefill_attn;
 mod prefill_chunks;
 mod spec;
+mod spin;
 mod swap;
 mod ttft;
 mod variants;
@@ -147,6 +151,18 @@ enum Cmd {
         #[arg(long)]
         layers: Option<usize>,
         /// Timed runs a variant (after 2 untimed).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
+    /// A step's element-wise kernels alone against the copy bandwidth, and the gate|up GEMM
+    /// over random input against zeros (what `--breakdown`'s leave-one-out rows can owe to it).
+    Elementwise {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// Token counts (comma-separated): rows of each run.
+        #[arg(long, value_delimiter = ',', default_values_t = [512, 2048])]
+        tokens: Vec<usize>,
+        /// Rounds a figure is the median of.
         #[arg(long, default_value_t = 5)]
         reps: usize,
     },
@@ -271,6 +287,15 @@ fn main() -> anyhow::Result<()> {
             batch: &batch,
             context: &context,
             layers,
+            reps,
+        }),
+        Cmd::Elementwise {
+            model,
+            tokens,
+            reps,
+        } => elementwise::run(&elementwise::Args {
+            model: &model,
+            tokens: &tokens,
             reps,
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),

@@ -26,10 +26,10 @@ use anyhow::Context;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm::{self, Weight};
 use brook::executor::cuda::kernels::{self, PagedDecodeParams};
-use brook::executor::cuda::{compile, decode_fill, DecodeKernel};
+use brook::executor::cuda::{decode_fill, DecodeKernel};
 use brook::model::synthetic::synthetic_config;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{result, CudaEvent, CudaFunction};
+use cudarc::driver::{result, CudaEvent};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -38,6 +38,7 @@ use serde_json::json;
 use crate::common::{
     bench_options, elapsed_ms, emit, median, open_gpu, random_bf16, upload, AttnShape,
 };
+use crate::spin::Spin;
 
 pub struct Args<'a> {
     pub model: &'a str,
@@ -53,21 +54,6 @@ pub struct Args<'a> {
 /// Caches the layers take turns on: each is far larger than L2, so two keep any layer from
 /// reading what the one before left there.
 const CACHE_SETS: usize = 2;
-/// How long the spin kernel holds the GPU while the host queues a run (checked against the
-/// queueing time measured each run).
-const SPIN_NS: u64 = 20_000_000;
-const SPIN_SRC: &str = r#"
-// Holds one thread for `ns` nanoseconds of the GPU's global timer.
-extern "C" __global__ void spin_ns(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        __nanosleep(1000);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-}
-"#;
-
 /// One layer's linear weights, `[n, k]` each.
 struct LayerWeights {
     qkv: DevBuf,
@@ -336,7 +322,7 @@ struct Run<'a> {
 
 /// The events and the spin kernel every timed run uses (on the primary stream).
 struct Timer {
-    spin: CudaFunction,
+    spin: Spin,
     start: CudaEvent,
     end: CudaEvent,
     stagger: CudaEvent,
@@ -345,9 +331,7 @@ struct Timer {
 
 impl Timer {
     fn new(gpu: &Gpu) -> anyhow::Result<Timer> {
-        let (maj, min) = gpu.compute_capability;
-        let (ptx, _) = compile::ptx_for("bench_spin", SPIN_SRC, &compile::arch_for(maj, min))?;
-        let spin = gpu.ctx.load_module(ptx)?.load_function("spin_ns")?;
+        let spin = Spin::new(gpu)?;
         let timed = || gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
         let plain = || {
             gpu.ctx
@@ -365,10 +349,7 @@ impl Timer {
     /// One run of `lanes` (the first lane's GEMM stream is the primary): GPU ms from the first
     /// launch to the last one's end, and the host's queueing time (ms).
     fn time(&self, primary: &Gpu, lanes: &[Lane], run: &Run) -> anyhow::Result<(f64, f64)> {
-        // SAFETY: spin_ns takes one u64.
-        unsafe {
-            primary.launch_fn(&self.spin, "spin_ns", ((1, 1, 1), (1, 1, 1), 0), &SPIN_NS)?;
-        }
+        self.spin.hold(primary)?;
         let queued = std::time::Instant::now();
         self.start.record(&primary.stream)?;
         let mut others: Vec<&Gpu> = Vec::new();
@@ -493,7 +474,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 } else if name.starts_with("two") || name.starts_with("attention_high") {
                     best = best.min(ms);
                 }
-                let starved = queue_ms > SPIN_NS as f64 / 1e6;
+                let starved = Spin::starved(queue_ms);
                 eprintln!(
                     "overlap {} batch {batch} ctx {context} {name:<22}: {ms:.3} ms ({:.1} us a layer), queued in {queue_ms:.2} ms{}",
                     a.model,
