@@ -124,7 +124,7 @@ device)
     fi
     if [ "$what" = all ] || [ "$what" = bench ]; then
         : >"$out/brook.jsonl"
-        for args in "attention" "gemv-sweep" "prefill-attn" "prefill-chunks" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
+        for args in "attention" "gemv-sweep" "elementwise" "prefill-attn" "prefill-chunks" "decode --model llama-2-7b" "ttft --model llama-2-7b --input-len 2048" \
             "offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128" \
             "swap --model llama-2-7b --host-gib 8" \
             "spec --model llama-2-7b --draft tinyllama-1.1b"; do
