@@ -32,25 +32,13 @@ pub fn configure(
             .service(get_head("/", assets::page))
             .service(get_head("/dashboard", assets::page))
             .service(get_head("/static/{path:.*}", assets::asset))
-            .service(only(
-                "/v1/dashboard/stream",
-                (web::get(), "GET"),
-                dashboard::stream,
-            ))
+            .service(only("/v1/dashboard/stream", "GET", dashboard::stream))
             .service(get_head("/favicon.ico", http::no_content))
             .service(get_head("/health", http::health))
             .service(get_head("/metrics", http::metrics))
-            .service(only("/v1/ws", (web::get(), "GET"), edge::ws_route))
-            .service(only(
-                "/v1/chat/completions",
-                (web::post(), "POST"),
-                openai::chat,
-            ))
-            .service(only(
-                "/v1/completions",
-                (web::post(), "POST"),
-                openai::completions,
-            ))
+            .service(only("/v1/ws", "GET", edge::ws_route))
+            .service(only("/v1/chat/completions", "POST", openai::chat))
+            .service(only("/v1/completions", "POST", openai::completions))
             .service(get_head("/v1/models", openai::models))
             .service(get_head("/v1/models/{model}", openai::model))
             .default_service(web::to(http::not_found));
@@ -71,21 +59,18 @@ where
         .default_service(web::to(|| http::method_not_allowed("GET, HEAD")))
 }
 
-/// A route of one method (`allow`: its name): the WebSocket upgrade and the event stream take
-/// GET, the OpenAI API's completions POST; other methods get 405.
-fn only<F, Args>(
-    path: &str,
-    (method, allow): (actix_web::Route, &'static str),
-    handler: F,
-) -> impl HttpServiceFactory
+/// A route of one method (`method`: its name): the WebSocket upgrade and the event stream take
+/// GET, the OpenAI API's completions POST; other methods get 405 with it as `Allow`.
+fn only<F, Args>(path: &str, method: &'static str, handler: F) -> impl HttpServiceFactory
 where
     F: Handler<Args>,
     Args: FromRequest + 'static,
     F::Output: Responder + 'static,
 {
+    let m = actix_web::http::Method::from_bytes(method.as_bytes()).expect("an HTTP method name");
     web::resource(path)
-        .route(method.to(handler))
-        .default_service(web::to(move || http::method_not_allowed(allow)))
+        .route(web::route().method(m).to(handler))
+        .default_service(web::to(move || http::method_not_allowed(method)))
 }
 
 /// `host:port` as a URL's authority: an IPv6 address in brackets.
