@@ -28,3 +28,4 @@ mod sample;
 mod sample_penalties;
 mod silu_mul;
 mod step_io;
+mod trace;

@@ -502,3 +502,41 @@ pub fn execute(b: &mut CudaBackend, out: &SchedulerOutput) -> anyhow::Result<Ste
         b.execute(out)
     }
 }
+
+/// Prints and emits a per-launch trace (`Gpu::take_trace`) summed by launch name (GEMMs by
+/// shape), largest first, beside `span_ms`, the untraced step's GPU span: the trace's own
+/// events add a little to each launch, and its total against the span says how much.
+pub fn report_trace(label: &str, trace: &[(String, f64)], span_ms: Option<f64>) {
+    let mut by_name: Vec<(String, usize, f64)> = Vec::new();
+    for (name, ms) in trace {
+        match by_name.iter_mut().find(|(n, _, _)| n == name) {
+            Some(row) => {
+                row.1 += 1;
+                row.2 += ms;
+            }
+            None => by_name.push((name.clone(), 1, *ms)),
+        }
+    }
+    by_name.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let total: f64 = trace.iter().map(|(_, ms)| ms).sum();
+    eprintln!(
+        "{label}: trace of {} launches, {total:.2} ms in all (untraced GPU span {span_ms:.2?} ms); each row is launch time plus the gap before it",
+        trace.len()
+    );
+    for (name, count, ms) in &by_name {
+        eprintln!(
+            "  {name:<40} {count:>4} × {:>8.1} µs = {ms:>7.3} ms ({:>4.1} %)",
+            ms * 1e3 / *count as f64,
+            100.0 * ms / total
+        );
+    }
+    let rows: Vec<_> = by_name
+        .iter()
+        .map(
+            |(name, count, ms)| serde_json::json!({"launch": name, "count": count, "total_ms": ms}),
+        )
+        .collect();
+    emit(
+        serde_json::json!({"figure": "step_trace", "label": label, "total_ms": total, "gpu_span_ms": span_ms, "launches": rows}),
+    );
+}

@@ -16,7 +16,7 @@ use brook::sampling::params::SamplingParams;
 use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, StepTimes, SKIPS};
+use crate::common::{backend, bench_options, elapsed_ms, emit, report_trace, StepTimes, SKIPS};
 
 /// Leave-one-out sets on top of `SKIPS`: the LM head (with the final norm) and sampling, which
 /// at a 128k vocabulary and batch 1000 are no longer small.
@@ -28,13 +28,16 @@ pub struct Args<'a> {
     pub context: usize,
     pub steps: usize,
     pub breakdown: bool,
+    /// Time each launch of the last step (`Gpu::start_trace`; CUDA graphs off, as its
+    /// launches must be the stream's own).
+    pub trace: bool,
     pub dtypes: &'a [KvCacheDtype],
 }
 
 pub fn run(a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
-        a.steps >= 3 && a.context >= 1 && a.batch >= 1,
-        "decode-batch needs at least 3 steps, a context and a batch"
+        a.steps >= 3 + usize::from(a.trace) && a.context >= 1 && a.batch >= 1,
+        "decode-batch needs at least 3 steps (4 with --trace), a context and a batch"
     );
     for &dtype in a.dtypes {
         let base = CudaBackendOptions {
@@ -42,6 +45,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             max_num_batched_tokens: a.batch.max(8192),
             kv_cache_dtype: dtype,
             step_timing: true,
+            cuda_graphs: !a.trace,
             ..bench_options()
         };
         let variants = std::iter::once(("", 0))
@@ -103,8 +107,17 @@ fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> 
         ..SchedulerOutput::default()
     };
     let mut times = StepTimes::default();
+    let traced = a.trace && skipped.is_empty();
+    let mut trace = Vec::new();
     for i in 0..a.steps {
         let out = step(i);
+        // The traced step (the last) stays out of the medians.
+        if traced && i + 1 == a.steps {
+            b.gpu().start_trace()?;
+            b.execute(&out)?;
+            trace = b.gpu().take_trace()?;
+            continue;
+        }
         let t0 = Instant::now();
         b.execute(&out)?;
         times.push(&b, elapsed_ms(t0));
@@ -121,5 +134,12 @@ fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> 
         "context": a.context, "steps": a.steps, "median_ms": wall, "gpu_span_ms": gpu,
         "host_prepare_launch_wait_ms": host, "skipped": skipped,
     }));
+    if traced {
+        let label = format!(
+            "{} decode batch {} ctx {} kv {kv}",
+            a.model, a.batch, a.context
+        );
+        report_trace(&label, &trace, gpu);
+    }
     Ok(())
 }

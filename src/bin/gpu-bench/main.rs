@@ -132,6 +132,10 @@ enum Cmd {
         /// the linear layers, the LM head, sampling).
         #[arg(long)]
         breakdown: bool,
+        /// Also time each launch of the last step (events between launches, CUDA graphs off),
+        /// summed by kernel.
+        #[arg(long)]
+        trace: bool,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
@@ -182,6 +186,9 @@ enum Cmd {
         /// the linear layers): what each costs inside the prefill.
         #[arg(long)]
         breakdown: bool,
+        /// Also time each launch of one more run (events between launches), summed by kernel.
+        #[arg(long)]
+        trace: bool,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
@@ -259,14 +266,22 @@ fn main() -> anyhow::Result<()> {
             model,
             input_len,
             breakdown,
+            trace,
             kv_cache_dtype,
-        } => ttft::run(&model, input_len, breakdown, &kv_cache_dtype),
+        } => ttft::run(&ttft::Args {
+            model: &model,
+            input_len,
+            breakdown,
+            trace,
+            dtypes: &kv_cache_dtype,
+        }),
         Cmd::DecodeBatch {
             model,
             batch,
             context,
             steps,
             breakdown,
+            trace,
             kv_cache_dtype,
         } => decode_batch::run(&decode_batch::Args {
             model: &model,
@@ -274,6 +289,7 @@ fn main() -> anyhow::Result<()> {
             context,
             steps,
             breakdown,
+            trace,
             dtypes: &kv_cache_dtype,
         }),
         Cmd::Overlap {

@@ -9,29 +9,32 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, one_seq_step, StepTimes, SKIPS};
+use crate::common::{
+    backend, bench_options, elapsed_ms, emit, one_seq_step, report_trace, StepTimes, SKIPS,
+};
+
+pub struct Args<'a> {
+    pub model: &'a str,
+    pub input_len: usize,
+    /// Also each of `SKIPS` left out.
+    pub breakdown: bool,
+    /// Also one more run with each launch timed (`Gpu::start_trace`).
+    pub trace: bool,
+    pub dtypes: &'a [KvCacheDtype],
+}
 
 /// One prompt in one step (prefill + first token), median of 5 on fresh blocks; then, with
 /// `breakdown`, the same with each of `SKIPS` left out; all once per KV cache dtype.
-pub fn run(
-    model: &str,
-    input_len: usize,
-    breakdown: bool,
-    dtypes: &[KvCacheDtype],
-) -> anyhow::Result<()> {
-    for &dtype in dtypes {
-        run_dtype(model, input_len, breakdown, dtype)?;
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    for &dtype in a.dtypes {
+        run_dtype(a, dtype)?;
     }
     Ok(())
 }
 
 /// `run` for one KV cache dtype.
-fn run_dtype(
-    model: &str,
-    input_len: usize,
-    breakdown: bool,
-    dtype: KvCacheDtype,
-) -> anyhow::Result<()> {
+fn run_dtype(a: &Args, dtype: KvCacheDtype) -> anyhow::Result<()> {
+    let (model, input_len, breakdown) = (a.model, a.input_len, a.breakdown);
     // Step stamps on: the GPU's span of the step (first kernel's start to last kernel's end)
     // against the wall time says how much of a TTFT is the host's (two one-thread stamp
     // kernels, a few µs).
@@ -56,20 +59,24 @@ fn run_dtype(
         let vocab = b.config().vocab_size as u32;
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut times = StepTimes::default();
-        for rep in 0..6 {
+        // The traced run (without leave-outs) comes last and stays out of the medians.
+        let traced = a.trace && bits == 0;
+        for rep in 0..6 + u32::from(traced) {
             let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
             let per = input_len.div_ceil(bs) as u32;
             let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
             let last = rep.checked_sub(1).map(u64::from);
+            let step = one_seq_step(rep.into(), &tokens, 0, input_len, &blocks, last);
+            if rep == 6 {
+                b.gpu().start_trace()?;
+                b.execute(&step)?;
+                let trace = b.gpu().take_trace()?;
+                let span = times.medians(1).1;
+                report_trace(&format!("{model} ttft {input_len} kv {kv}"), &trace, span);
+                continue;
+            }
             let t0 = Instant::now();
-            b.execute(&one_seq_step(
-                rep.into(),
-                &tokens,
-                0,
-                input_len,
-                &blocks,
-                last,
-            ))?;
+            b.execute(&step)?;
             times.push(&b, elapsed_ms(t0));
         }
         // The first run warms up (cuBLAS heuristics, allocations).

@@ -8,11 +8,13 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
@@ -95,6 +97,9 @@ pub struct Gpu {
     /// Dynamic shared memory of the kernels that take it (bytes, by loaded name; the others 0).
     dyn_smem: HashMap<String, u32>,
     _blas_workspace: DevBuf,
+    /// Per-launch timing (`start_trace`, gpu-bench's `--trace`): while Some, every launch on the
+    /// compute stream records an event after it, under the kernel's name.
+    trace: Mutex<Option<Vec<(String, CudaEvent)>>>,
 }
 
 /// cuBLAS needs its own workspace for graph capture (it must not allocate while capturing).
@@ -132,6 +137,7 @@ impl Gpu {
             functions,
             dyn_smem: HashMap::new(),
             _blas_workspace: ws,
+            trace: Mutex::default(),
         };
         // The bulk gemv's ring and x take ~208 KB of shared memory a CTA: where the GPU cannot
         // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
@@ -160,6 +166,7 @@ impl Gpu {
             functions: self.functions.clone(),
             dyn_smem: self.dyn_smem.clone(),
             _blas_workspace: ws,
+            trace: Mutex::default(),
             ..*self
         })
     }
@@ -425,7 +432,48 @@ impl Gpu {
             block,
             smem,
             params,
-        )
+        )?;
+        self.traced(name)
+    }
+
+    /// Starts timing each launch on the compute stream (`traced`) until `take_trace`. For
+    /// benchmarks of steps that are not replayed from a CUDA graph: it records events between
+    /// the launches, so it also costs a little time of its own.
+    pub fn start_trace(&self) -> anyhow::Result<()> {
+        let start = self.trace_event()?;
+        *self.trace.lock().expect("trace lock") = Some(vec![(String::new(), start)]);
+        Ok(())
+    }
+
+    /// Stops tracing, waits for the stream and returns each traced launch's name with the ms
+    /// from the previous launch's end (or the trace's start) to its own end: its run time plus
+    /// any gap before it.
+    pub fn take_trace(&self) -> anyhow::Result<Vec<(String, f64)>> {
+        let events = self.trace.lock().expect("trace lock").take();
+        self.sync()?;
+        let events = events.unwrap_or_default();
+        events
+            .windows(2)
+            .map(|w| Ok((w[1].0.clone(), w[0].1.elapsed_ms(&w[1].1)? as f64)))
+            .collect()
+    }
+
+    /// Marks the end of launch `name` on the compute stream while a trace is on.
+    pub fn traced(&self, name: impl std::fmt::Display) -> anyhow::Result<()> {
+        let mut trace = self.trace.lock().expect("trace lock");
+        if let Some(events) = trace.as_mut() {
+            events.push((name.to_string(), self.trace_event()?));
+        }
+        Ok(())
+    }
+
+    /// A timing event recorded on the compute stream now.
+    fn trace_event(&self) -> anyhow::Result<CudaEvent> {
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        event.record(&self.stream)?;
+        Ok(event)
     }
 
     /// Compiles (or takes from the PTX cache) `src` (kernels/`file`.cu) for `arch` with `defines`
@@ -498,7 +546,8 @@ impl Gpu {
             std::ptr::null_mut(),
         )
         .result()
-        .with_context(|| format!("launching {name} (PDL)"))
+        .with_context(|| format!("launching {name} (PDL)"))?;
+        self.traced(name)
     }
 
     /// Launches a kernel the caller loaded itself (benchmarks of kernel variants), with `smem`

@@ -178,7 +178,8 @@ impl Fp8Gemm {
             WORKSPACE_BYTES,
             gpu.stream.cu_stream() as sys::cudaStream_t,
         )
-        .with_context(|| format!("cublasLtMatmul fp8 m={m} n={n} k={k}"))
+        .with_context(|| format!("cublasLtMatmul fp8 m={m} n={n} k={k}"))?;
+        gpu.traced(format_args!("fp8 gemm {m}x{n}x{k}"))
     }
 }
 

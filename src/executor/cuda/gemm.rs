@@ -98,7 +98,8 @@ pub unsafe fn linear(
         cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
     )
     .result()
-    .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))
+    .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))?;
+    gpu.traced(format_args!("gemm {m}x{n}x{k}"))
 }
 
 /// `linear` over e4m3 weights: `gemv_fp8` for decode rows, else the fp8 GEMM.
@@ -223,5 +224,6 @@ pub unsafe fn gemm_strided_batched(
         cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
     )
     .result()
-    .with_context(|| format!("cublasGemmStridedBatchedEx m={m} n={n} k={k} batch={batch}"))
+    .with_context(|| format!("cublasGemmStridedBatchedEx m={m} n={n} k={k} batch={batch}"))?;
+    gpu.traced(format_args!("batched gemm {m}x{n}x{k}"))
 }

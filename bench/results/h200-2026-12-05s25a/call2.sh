@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 25, call 2: in-situ per-launch trace (events between launches, `--trace`) of the TTFT
+# 2048 step and a batch-512 decode step (Llama-2-7B bf16), with SM clock and power sampled
+# every 10 ms: call 1's ncu kernel sum (43.5 ms) fell 5.8 ms short of the step's GPU span.
+# Carry: .carry/gb25 (gpu-bench of this commit, xz)
+mkdir -p /tmp/gb && xz -dc .carry/gb25/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench || exit 1
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
+G=/tmp/gb/gpu-bench
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 10 > "$OUT/smi_ttft.csv" & SMI=$!
+timeout 120 $G ttft --model llama-2-7b --input-len 2048 --trace >"$OUT/ttft.jsonl" 2>"$OUT/ttft.log"; echo "ttft rc $?"
+kill $SMI
+grep -v "INFO\|BackendInfo" "$OUT/ttft.log" | head -40
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 10 > "$OUT/smi_dec.csv" & SMI=$!
+timeout 120 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 8 --trace >"$OUT/dec.jsonl" 2>"$OUT/dec.log"; echo "dec rc $?"
+kill $SMI
+grep -v "INFO\|BackendInfo" "$OUT/dec.log" | head -30
+# SM clocks of the busy samples (power over 150 W), and their power.
+for f in smi_ttft smi_dec; do echo "$f:"; awk -F', ' 'NR>1 && $4+0>150 {print $2}' "$OUT/$f.csv" | sort | uniq -c | sort -k2 -n | tail -12
+  awk -F', ' 'NR>1 && $4+0>150 {n++; s+=$4; if ($4+0>m) m=$4+0} END {print n" busy samples, mean "s/n" W, max "m" W"}' "$OUT/$f.csv"; done
