@@ -17,3 +17,6 @@ grep -v "INFO\|BackendInfo" "$OUT/dec.log" | head -30
 # SM clocks of the busy samples (power over 150 W), and their power.
 for f in smi_ttft smi_dec; do echo "$f:"; awk -F', ' 'NR>1 && $4+0>150 {print $2}' "$OUT/$f.csv" | sort | uniq -c | sort -k2 -n | tail -12
   awk -F', ' 'NR>1 && $4+0>150 {n++; s+=$4; if ($4+0>m) m=$4+0} END {print n" busy samples, mean "s/n" W, max "m" W"}' "$OUT/$f.csv"; done
+# The trace's own test, with the kernel tests it sits among.
+xz -dc .carry/gb25/cuda_kernels.xz > /tmp/gb/cuda_kernels && chmod +x /tmp/gb/cuda_kernels
+(cd .carry && BROOK_REQUIRE_GPU=1 timeout 200 /tmp/gb/cuda_kernels --test-threads 1 >"$OUT/cuda_kernels.log" 2>&1; echo "cuda_kernels rc $?"); grep -E "test result|FAILED|panicked" "$OUT/cuda_kernels.log" | head

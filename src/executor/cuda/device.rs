@@ -93,9 +93,9 @@ pub struct Gpu {
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
-    functions: HashMap<String, CudaFunction>,
-    /// Dynamic shared memory of the kernels that take it (bytes, by loaded name; the others 0).
-    dyn_smem: HashMap<String, u32>,
+    /// The loaded kernels by name (one lookup a launch finds both the function and its shared
+    /// memory).
+    functions: HashMap<String, Kernel>,
     _blas_workspace: DevBuf,
     /// Per-launch timing (`start_trace`, gpu-bench's `--trace`): while Some, every launch on the
     /// compute stream records an event after it, under the kernel's name.
@@ -135,7 +135,6 @@ impl Gpu {
             prefill_tma: false,
             kv_fp8: false,
             functions,
-            dyn_smem: HashMap::new(),
             _blas_workspace: ws,
             trace: Mutex::default(),
         };
@@ -164,7 +163,6 @@ impl Gpu {
             blas,
             name: self.name.clone(),
             functions: self.functions.clone(),
-            dyn_smem: self.dyn_smem.clone(),
             _blas_workspace: ws,
             trace: Mutex::default(),
             ..*self
@@ -172,6 +170,10 @@ impl Gpu {
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {
+        &self.kernel(name).f
+    }
+
+    fn kernel(&self, name: &str) -> &Kernel {
         self.functions
             .get(name)
             .unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
@@ -284,7 +286,7 @@ impl Gpu {
             }
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
-        if wgmma && !self.dyn_smem.contains_key(&wg) {
+        if wgmma && self.kernel(&wg).smem == 0 {
             let bytes = compile::prefill_wgmma_smem(head_dim, 1, self.kv_fp8);
             self.set_dyn_smem(&wg, bytes)?;
         }
@@ -423,16 +425,8 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        let smem = self.smem_of(name);
-        launch_with(
-            self.function(name),
-            name,
-            &self.stream,
-            grid,
-            block,
-            smem,
-            params,
-        )?;
+        let k = self.kernel(name);
+        launch_with(&k.f, name, &self.stream, grid, block, k.smem, params)?;
         self.traced(name)
     }
 
@@ -489,11 +483,6 @@ impl Gpu {
         load_module(&self.ctx, file, ptx, defines, suffix, &mut self.functions)
     }
 
-    /// Dynamic shared memory `name` launches with (0 unless its loader set it).
-    fn smem_of(&self, name: &str) -> u32 {
-        self.dyn_smem.get(name).copied().unwrap_or(0)
-    }
-
     /// Lets the loaded kernel `name` take `bytes` of dynamic shared memory (past the 48 KB
     /// default), with which every launch of it then runs.
     fn set_dyn_smem(&mut self, name: &str, bytes: usize) -> anyhow::Result<()> {
@@ -503,7 +492,9 @@ impl Gpu {
                 bytes as i32,
             )
             .with_context(|| format!("{name}: {bytes} bytes of dynamic shared memory"))?;
-        self.dyn_smem.insert(name.to_string(), bytes as u32);
+        if let Some(k) = self.functions.get_mut(name) {
+            k.smem = bytes as u32;
+        }
         Ok(())
     }
 
@@ -522,7 +513,7 @@ impl Gpu {
         if !self.pdl {
             return self.launch(name, grid, block, params);
         }
-        let f = self.function(name);
+        let k = self.kernel(name);
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
@@ -533,7 +524,7 @@ impl Gpu {
             blockDimX: block.0,
             blockDimY: block.1,
             blockDimZ: block.2,
-            sharedMemBytes: self.smem_of(name),
+            sharedMemBytes: k.smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
@@ -541,7 +532,7 @@ impl Gpu {
         let mut args = [params as *const P as *mut c_void];
         sys::cuLaunchKernelEx(
             &config,
-            f.cu_function(),
+            k.f.cu_function(),
             args.as_mut_ptr(),
             std::ptr::null_mut(),
         )
@@ -577,8 +568,8 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        let smem = self.smem_of(name);
-        launch_with(self.function(name), name, stream, grid, block, smem, params)
+        let k = self.kernel(name);
+        launch_with(&k.f, name, stream, grid, block, k.smem, params)
     }
 }
 
@@ -634,6 +625,14 @@ fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<DevBuf> {
     })
 }
 
+/// A loaded kernel and the dynamic shared memory it launches with (0 unless its loader set
+/// it, past the 48 KB default, with `set_dyn_smem`).
+#[derive(Clone)]
+struct Kernel {
+    f: CudaFunction,
+    smem: u32,
+}
+
 /// Loads `ptx` (kernels/`name`.cu built with `defines`) and every kernel in it into
 /// `functions`, each as its name + `suffix`.
 fn load_module(
@@ -642,7 +641,7 @@ fn load_module(
     ptx: Ptx,
     defines: &[(&str, usize)],
     suffix: &str,
-    functions: &mut HashMap<String, CudaFunction>,
+    functions: &mut HashMap<String, Kernel>,
 ) -> anyhow::Result<()> {
     // The PTX's entries, not the source's declarations: kernels made by a macro or left out by
     // `#if` are named right only there.
@@ -654,7 +653,7 @@ fn load_module(
         let func = module
             .load_function(&f)
             .with_context(|| format!("kernel {f} in kernels/{name}.cu {defines:?}"))?;
-        functions.insert(format!("{f}{suffix}"), func);
+        functions.insert(format!("{f}{suffix}"), Kernel { f: func, smem: 0 });
     }
     Ok(())
 }
@@ -662,7 +661,7 @@ fn load_module(
 fn load_kernels(
     ctx: &Arc<CudaContext>,
     (major, minor): (i32, i32),
-) -> anyhow::Result<HashMap<String, CudaFunction>> {
+) -> anyhow::Result<HashMap<String, Kernel>> {
     anyhow::ensure!(major >= 8, "brook's CUDA kernels need compute capability 8.0 or newer (bf16 tensor cores); this GPU has {major}.{minor}");
     let arch = compile::arch_for(major, minor);
     let mut functions = HashMap::new();
