@@ -20,3 +20,12 @@ for f in smi_ttft smi_dec; do echo "$f:"; awk -F', ' 'NR>1 && $4+0>150 {print $2
 # The trace's own test, with the kernel tests it sits among.
 xz -dc .carry/gb25/cuda_kernels.xz > /tmp/gb/cuda_kernels && chmod +x /tmp/gb/cuda_kernels
 (cd .carry && BROOK_REQUIRE_GPU=1 timeout 200 /tmp/gb/cuda_kernels --test-threads 1 >"$OUT/cuda_kernels.log" 2>&1; echo "cuda_kernels rc $?"); grep -E "test result|FAILED|panicked" "$OUT/cuda_kernels.log" | head
+# Per-kernel durations (ncu, clocks and caches left alone) of decode batch 1 (Llama-2-7B bf16,
+# graph nodes one by one): which GEMVs fall short of copy bandwidth, and what the rest costs.
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NC="$NCU --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base"
+timeout 240 $NC $G decode --quick --model llama-2-7b --output-len 6 >"$OUT/ncu_decode_b1.csv" 2>"$OUT/ncu_decode_b1.log"; echo "ncu decode b1 rc $?"; grep -v "INFO\|BackendInfo" "$OUT/ncu_decode_b1.log" | tail -3
+# The wgmma prefill attention at 2k under ncu's speed-of-light and memory sections: is L2 the
+# limit (each 64-row CTA loads its own K/V tiles; a 128-row CTA of two warpgroups halves that)?
+timeout 200 $NCU --clock-control none --kernel-name regex:prefill_attn_wg --launch-skip 40 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats $G ttft --model llama-2-7b --input-len 2048 >"$OUT/ncu_prefill_attn.txt" 2>&1; echo "ncu prefill attn rc $?"
+grep -E "Duration|Throughput|L2 Cache|L1/TEX|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Mem Busy|Max Bandwidth" "$OUT/ncu_prefill_attn.txt" | head -40
