@@ -247,6 +247,19 @@ fn run_both(
     gen: usize,
     gemm_max_len: usize,
 ) -> (Tally, Tally) {
+    run_both_with(dir, prompts, chunk, gen, |graphs| {
+        cuda_opts(graphs, gemm_max_len)
+    })
+}
+
+/// `run_both` with the CUDA backends' options from `opts(graphs)`.
+fn run_both_with(
+    dir: &Path,
+    prompts: Vec<Vec<u32>>,
+    chunk: usize,
+    gen: usize,
+    opts: impl Fn(bool) -> CudaBackendOptions,
+) -> (Tally, Tally) {
     let cfg = ModelConfig::from_dir(dir).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
     let cpu_opts = CpuBackendOptions {
@@ -259,10 +272,8 @@ fn run_both(
     };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();
-    let mut gpu =
-        CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(false, gemm_max_len)).unwrap();
-    let mut graphed =
-        CudaBackend::from_weights(cfg.clone(), &weights, cuda_opts(true, gemm_max_len)).unwrap();
+    let mut gpu = CudaBackend::from_weights(cfg.clone(), &weights, opts(false)).unwrap();
+    let mut graphed = CudaBackend::from_weights(cfg.clone(), &weights, opts(true)).unwrap();
 
     let mut seqs = on_shuffled_blocks(prompts, gen, 7);
     let mut t = Tally::default();
@@ -390,6 +401,39 @@ fn cuda_matches_cpu_mha_hd128_llama3_rope_tied() {
 fn cuda_matches_cpu_small_batches_on_gemv() {
     let spec = gqa_hd64().seed(9);
     check_model_with(spec, 100, 3, default_gemm_max_len());
+}
+
+/// The o and down projections adding into the fp32 residual in cuBLAS's epilogue
+/// (`residual_gemm`), against the CPU: every prefill chunk and the 12-sequence decode steps
+/// take it; with 3 sequences decode stays on the gemv kernels (a bf16 delta) between prefill
+/// steps that add, over the same residual.
+#[test]
+fn cuda_matches_cpu_with_residual_gemm() {
+    if !have_gpu() {
+        return;
+    }
+    let mha = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(4, 4)
+        .head_dim(128)
+        .intermediate_size(384)
+        .seed(23);
+    for (spec, num_prompts) in [(gqa_hd64().layers(3).seed(21), 12), (mha, 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        write_test_model(dir.path(), &spec).unwrap();
+        let vocab = ModelConfig::from_dir(dir.path()).unwrap().vocab_size;
+        let prompts = random_prompts(num_prompts, vocab, 5);
+        let (t, tg) = run_both_with(dir.path(), prompts, 40, 16, |graphs| CudaBackendOptions {
+            residual_gemm: true,
+            ..cuda_opts(graphs, default_gemm_max_len())
+        });
+        eprintln!("{spec:?} residual_gemm\n  eager: {t:?}\n  graphs: {tg:?}");
+        t.assert_close(&format!("{spec:?} residual_gemm"));
+        assert!(
+            tg.mismatches * 20 <= tg.compared,
+            "graph decode with residual_gemm differs from the CPU: {tg:?}"
+        );
+    }
 }
 
 /// Prefill attention on the flash kernel only (`prefill_gemm_max_len` 0).

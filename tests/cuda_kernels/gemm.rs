@@ -5,7 +5,7 @@ use brook::executor::cuda::kernels::{self, FillParams};
 use half::bf16;
 
 use crate::harness::{
-    assert_close, dev, matmul_ref, poisoned, rand_bf16, read, read_bf16, setup, to_f32,
+    assert_close, dev, matmul_ref, poisoned, rand_bf16, rand_f32, read, read_bf16, setup, to_f32,
 };
 
 #[test]
@@ -46,6 +46,32 @@ fn gemm_bf16_matches_reference() {
     }
     assert_close("gemm bf16 out", &read_bf16(&g, &y16, m * n), &want, 8e-3);
     assert_close("gemm f32 out", &read::<f32>(&g, &y32, m * n), &want, 1e-4);
+}
+
+/// `gemm::linear_add`: y += x · wᵀ into an fp32 y holding random values (the residual stream),
+/// at a prefill's rows and at rows the gemv kernels would take (it stays on cuBLAS).
+#[test]
+fn gemm_adds_into_f32_output() {
+    let Some((g, mut r)) = setup(52) else { return };
+    for (m, n, k) in [(37, 301, 200), (3, 256, 512)] {
+        let x = rand_bf16(&mut r, m * k, 1.0);
+        let w = rand_bf16(&mut r, n * k, 1.0);
+        let y0 = rand_f32(&mut r, m * n, 8.0);
+        let prod = matmul_ref(&to_f32(&x), &to_f32(&w), m, n, k);
+        let want: Vec<f32> = y0.iter().zip(&prod).map(|(a, b)| a + b).collect();
+        let (xb, wb, yb) = (dev(&g, &x), dev(&g, &w), dev(&g, &y0));
+        unsafe { gemm::linear_add(&g, xb.ptr(), Weight::bf16(wb.ptr()), yb.ptr(), (m, n, k)) }
+            .unwrap();
+        assert_close(
+            &format!("gemm += {m}x{n}x{k}"),
+            &read::<f32>(&g, &yb, m * n),
+            &want,
+            1e-4,
+        );
+    }
+    // e4m3 weights are refused rather than read as bf16.
+    let w = Weight { ptr: 0, scale: 1 };
+    assert!(unsafe { gemm::linear_add(&g, 0, w, 0, (4, 8, 8)) }.is_err());
 }
 
 /// A sibling handle (`Gpu::sibling`: the second stream of `gpu-bench overlap`) runs cuBLAS and

@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
-# Session 25, call 2: in-situ per-launch trace (events between launches, `--trace`) of the TTFT
-# 2048 step and a batch-512 decode step (Llama-2-7B bf16), with SM clock and power sampled
-# every 10 ms: call 1's ncu kernel sum (43.5 ms) fell 5.8 ms short of the step's GPU span.
-# Carry: .carry/gb25 (gpu-bench of this commit, xz)
-mkdir -p /tmp/gb && xz -dc .carry/gb25/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench || exit 1
+# Session 25, call 2 (not yet run; pack with pack.sh, carry [".carry/gb25"]):
+#  1. GPU tests of this commit: cuda_kernels (new: trace, gemm_adds_into_f32_output) and
+#     cuda_e2e (new: cuda_matches_cpu_with_residual_gemm).
+#  2. In-situ per-launch trace (`--trace`) of the TTFT 2048 step and a batch-512 decode step
+#     (Llama-2-7B bf16) with SM clock and power sampled every 10 ms: call 1's ncu kernel sum
+#     (43.5 ms) fell 5.8 ms short of the step's GPU span (49.3 ms).
+#  3. A/B of `residual_gemm` (o and down projections add into the fp32 residual on cuBLAS),
+#     alternated twice: TTFT 2048 and the batch-512 decode step.
+mkdir -p /tmp/gb && for b in gpu-bench cuda_kernels cuda_e2e; do
+  xz -dc .carry/gb25/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1; done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
 G=/tmp/gb/gpu-bench
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 10 > "$OUT/smi_ttft.csv" & SMI=$!
-timeout 120 $G ttft --model llama-2-7b --input-len 2048 --trace >"$OUT/ttft.jsonl" 2>"$OUT/ttft.log"; echo "ttft rc $?"
-kill $SMI
-grep -v "INFO\|BackendInfo" "$OUT/ttft.log" | head -40
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 10 > "$OUT/smi_dec.csv" & SMI=$!
-timeout 120 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 8 --trace >"$OUT/dec.jsonl" 2>"$OUT/dec.log"; echo "dec rc $?"
-kill $SMI
-grep -v "INFO\|BackendInfo" "$OUT/dec.log" | head -30
+(cd .carry && BROOK_REQUIRE_GPU=1 timeout 150 /tmp/gb/cuda_kernels --test-threads 1 >"$OUT/cuda_kernels.log" 2>&1; echo "cuda_kernels rc $?")
+grep -E "test result|FAILED|panicked" "$OUT/cuda_kernels.log" | head
+(cd .carry && BROOK_REQUIRE_GPU=1 timeout 200 /tmp/gb/cuda_e2e --test-threads 1 >"$OUT/cuda_e2e.log" 2>&1; echo "cuda_e2e rc $?")
+grep -E "test result|FAILED|panicked" "$OUT/cuda_e2e.log" | head
+SMI="nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 10"
+$SMI > "$OUT/smi_ttft.csv" & S=$!
+timeout 100 $G ttft --model llama-2-7b --input-len 2048 --trace >"$OUT/ttft_trace.jsonl" 2>"$OUT/ttft_trace.log"; echo "ttft trace rc $?"
+kill $S
+grep -v "INFO\|BackendInfo" "$OUT/ttft_trace.log" | head -30
+$SMI > "$OUT/smi_dec.csv" & S=$!
+timeout 100 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 8 --trace >"$OUT/dec_trace.jsonl" 2>"$OUT/dec_trace.log"; echo "dec trace rc $?"
+kill $S
+grep -v "INFO\|BackendInfo" "$OUT/dec_trace.log" | head -30
 # SM clocks of the busy samples (power over 150 W), and their power.
 for f in smi_ttft smi_dec; do echo "$f:"; awk -F', ' 'NR>1 && $4+0>150 {print $2}' "$OUT/$f.csv" | sort | uniq -c | sort -k2 -n | tail -12
   awk -F', ' 'NR>1 && $4+0>150 {n++; s+=$4; if ($4+0>m) m=$4+0} END {print n" busy samples, mean "s/n" W, max "m" W"}' "$OUT/$f.csv"; done
-# The trace's own test, with the kernel tests it sits among.
-xz -dc .carry/gb25/cuda_kernels.xz > /tmp/gb/cuda_kernels && chmod +x /tmp/gb/cuda_kernels
-(cd .carry && BROOK_REQUIRE_GPU=1 timeout 200 /tmp/gb/cuda_kernels --test-threads 1 >"$OUT/cuda_kernels.log" 2>&1; echo "cuda_kernels rc $?"); grep -E "test result|FAILED|panicked" "$OUT/cuda_kernels.log" | head
-# Per-kernel durations (ncu, clocks and caches left alone) of decode batch 1 (Llama-2-7B bf16,
-# graph nodes one by one): which GEMVs fall short of copy bandwidth, and what the rest costs.
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-NC="$NCU --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base"
-timeout 240 $NC $G decode --quick --model llama-2-7b --output-len 6 >"$OUT/ncu_decode_b1.csv" 2>"$OUT/ncu_decode_b1.log"; echo "ncu decode b1 rc $?"; grep -v "INFO\|BackendInfo" "$OUT/ncu_decode_b1.log" | tail -3
-# The wgmma prefill attention at 2k under ncu's speed-of-light and memory sections: is L2 the
-# limit (each 64-row CTA loads its own K/V tiles; a 128-row CTA of two warpgroups halves that)?
-timeout 200 $NCU --clock-control none --kernel-name regex:prefill_attn_wg --launch-skip 40 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats $G ttft --model llama-2-7b --input-len 2048 >"$OUT/ncu_prefill_attn.txt" 2>&1; echo "ncu prefill attn rc $?"
-grep -E "Duration|Throughput|L2 Cache|L1/TEX|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Mem Busy|Max Bandwidth" "$OUT/ncu_prefill_attn.txt" | head -40
+for round in 1 2; do for rg in 0 1; do
+  BROOK_RESIDUAL_GEMM=$rg timeout 100 $G ttft --model llama-2-7b --input-len 2048 >>"$OUT/ab_ttft.jsonl" 2>>"$OUT/ab.log"
+  BROOK_RESIDUAL_GEMM=$rg timeout 100 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 12 >>"$OUT/ab_dec.jsonl" 2>>"$OUT/ab.log"
+done; done
+grep -h -o '"median_ms":[0-9.]*\|"residual_gemm":[a-z]*\|"figure":"[a-z_0-9]*"' "$OUT"/ab_*.jsonl | paste - - - | head

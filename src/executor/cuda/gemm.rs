@@ -69,13 +69,52 @@ pub unsafe fn linear(
         };
         return kernels::gemv(gpu, &p);
     }
-    // Column-major view: yᵀ[n, m] = w[k, n]ᵀ · xᵀ[k, m].
-    let (alpha, beta) = (1.0f32, 0.0f32);
     let y_type = if y_f32 {
         cudaDataType::CUDA_R_32F
     } else {
         cudaDataType::CUDA_R_16BF
     };
+    cublas_linear(gpu, x, w, y, (m, n, k), y_type, 0.0)?;
+    gpu.traced(format_args!("gemm {m}x{n}x{k}"))
+}
+
+/// y[m, n] += x[m, k] · w[n, k]ᵀ into fp32 `y` (the residual stream), on cuBLAS at any m: the
+/// o and down projections of prefill and large decode steps add into the residual in their
+/// epilogue instead of writing a bf16 delta that the next norm reads back
+/// (`CudaBackendOptions::residual_gemm`). bf16 weights only.
+///
+/// # Safety
+/// As `linear`; `y` is fp32 `[m, n]`.
+pub unsafe fn linear_add(
+    gpu: &Gpu,
+    x: u64,
+    w: Weight,
+    y: u64,
+    (m, n, k): (usize, usize, usize),
+) -> anyhow::Result<()> {
+    anyhow::ensure!(w.scale == 0, "linear_add takes bf16 weights");
+    if m == 0 {
+        return Ok(());
+    }
+    cublas_linear(gpu, x, w.ptr, y, (m, n, k), cudaDataType::CUDA_R_32F, 1.0)?;
+    gpu.traced(format_args!("gemm+= {m}x{n}x{k}"))
+}
+
+/// cuBLAS y = x · wᵀ + beta · y (bf16 x and w, fp32 accumulation, y of `y_type`).
+///
+/// # Safety
+/// As `linear`.
+unsafe fn cublas_linear(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    y: u64,
+    (m, n, k): (usize, usize, usize),
+    y_type: cudaDataType,
+    beta: f32,
+) -> anyhow::Result<()> {
+    // Column-major view: yᵀ[n, m] = w[k, n]ᵀ · xᵀ[k, m].
+    let alpha = 1.0f32;
     sys::cublasGemmEx(
         *gpu.blas.handle(),
         cublasOperation_t::CUBLAS_OP_T,
@@ -98,8 +137,7 @@ pub unsafe fn linear(
         cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
     )
     .result()
-    .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))?;
-    gpu.traced(format_args!("gemm {m}x{n}x{k}"))
+    .with_context(|| format!("cublasGemmEx m={m} n={n} k={k}"))
 }
 
 /// `linear` over e4m3 weights: `gemv_fp8` for decode rows, else the fp8 GEMM.

@@ -78,6 +78,12 @@ pub struct CudaBackendOptions {
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
     pub prefill_split_kv: bool,
+    /// Linear layers on cuBLAS (more rows than the gemv kernels take: prefill, large decode
+    /// steps) with bf16 weights: the o and down projections add into the fp32 residual in
+    /// their epilogue (`gemm::linear_add`), and the norm after each reads the residual alone,
+    /// instead of a bf16 delta written and read back (`add_rmsnorm`'s residual += delta). Also
+    /// skips rounding the delta to bf16 before the add.
+    pub residual_gemm: bool,
     /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
     /// (two one-thread launches inside the step) and time the host's phases; read with
     /// `CudaBackend::last_timing`.

@@ -6,7 +6,7 @@ use anyhow::Context;
 use super::io::{out_logprobs, out_top_ids, out_top_logprobs, OUT_TOKENS};
 use super::Forward;
 use crate::executor::cuda::device::DevBuf;
-use crate::executor::cuda::gemm::{linear, Weight};
+use crate::executor::cuda::gemm::{linear, linear_add, Weight};
 use crate::executor::cuda::kernels::{self, *};
 use crate::executor::cuda::options::skip;
 use crate::executor::cuda::prefill_gemm::{self, GemmAttention};
@@ -68,6 +68,17 @@ impl Forward {
             && !c.qk_norm
             && rope_scale == 1.0;
         let on = |kind: u32| self.opts.skip & kind == 0;
+        // The o and down projections add into the residual (cuBLAS rows, bf16 weights): the
+        // norms then read the residual alone. Else they write `delta`, which the next norm adds.
+        let add = self.opts.residual_gemm && !self.weights.fp8() && t > g.gemv_max_m;
+        let delta = if add { 0 } else { a.delta.ptr() };
+        // y += x · wᵀ into the residual, or y = x · wᵀ into `delta`.
+        let project = |x: u64, w: Weight, k: usize| -> anyhow::Result<()> {
+            match add {
+                true => linear_add(g, x, w, a.residual.ptr(), (t, d, k)),
+                false => linear(g, fp8, x, w, a.delta.ptr(), t, d, k, false),
+            }
+        };
         kernels::embedding(
             g,
             &EmbeddingParams {
@@ -81,7 +92,7 @@ impl Forward {
         for (l, w) in self.weights.layers.iter().enumerate() {
             let norm = AddRmsNormParams {
                 residual: a.residual.ptr(),
-                delta: if l == 0 { 0 } else { a.delta.ptr() },
+                delta: if l == 0 { 0 } else { delta },
                 weight: w.input_norm.ptr(),
                 rows: 0,
                 out: a.xn.ptr(),
@@ -242,23 +253,13 @@ impl Forward {
                 )?;
             }
             if on(skip::LINEAR) {
-                linear(
-                    g,
-                    fp8,
-                    a.attn.ptr(),
-                    w.o.weight(),
-                    a.delta.ptr(),
-                    t,
-                    d,
-                    c.q_dim(),
-                    false,
-                )?;
+                project(a.attn.ptr(), w.o.weight(), c.q_dim())?;
             }
             if on(skip::NORMS) {
                 kernels::add_rmsnorm(
                     g,
                     &AddRmsNormParams {
-                        delta: a.delta.ptr(),
+                        delta,
                         weight: w.post_norm.ptr(),
                         ..norm
                     },
@@ -302,17 +303,7 @@ impl Forward {
                 )?;
             }
             if on(skip::LINEAR) {
-                linear(
-                    g,
-                    fp8,
-                    a.act.ptr(),
-                    w.down.weight(),
-                    a.delta.ptr(),
-                    t,
-                    d,
-                    inter,
-                    false,
-                )?;
+                project(a.act.ptr(), w.down.weight(), inter)?;
             }
         }
         if step.ns == 0 {
@@ -321,7 +312,7 @@ impl Forward {
         if on(skip::HEAD) {
             let final_norm = AddRmsNormParams {
                 residual: a.residual.ptr(),
-                delta: a.delta.ptr(),
+                delta,
                 weight: self.weights.norm.ptr(),
                 rows: m(lay.sample_rows),
                 out: a.head_in.ptr(),
