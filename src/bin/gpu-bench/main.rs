@@ -189,6 +189,9 @@ enum Cmd {
         /// Also time each launch of one more run (events between launches), summed by kernel.
         #[arg(long)]
         trace: bool,
+        /// Idle ms before each run (0: back to back), so each starts on an idle GPU.
+        #[arg(long, default_value_t = 0)]
+        gap_ms: u64,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
@@ -267,12 +270,14 @@ fn main() -> anyhow::Result<()> {
             input_len,
             breakdown,
             trace,
+            gap_ms,
             kv_cache_dtype,
         } => ttft::run(&ttft::Args {
             model: &model,
             input_len,
             breakdown,
             trace,
+            gap_ms,
             dtypes: &kv_cache_dtype,
         }),
         Cmd::DecodeBatch {

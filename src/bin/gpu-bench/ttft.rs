@@ -20,6 +20,10 @@ pub struct Args<'a> {
     pub breakdown: bool,
     /// Also one more run with each launch timed (`Gpu::start_trace`).
     pub trace: bool,
+    /// Idle ms before each run (0: back to back): each prefill then starts on an idle GPU, as
+    /// a lone request arriving at an idle server does, rather than on one still hot and at its
+    /// power limit from the run before.
+    pub gap_ms: u64,
     pub dtypes: &'a [KvCacheDtype],
 }
 
@@ -67,6 +71,8 @@ fn run_dtype(a: &Args, dtype: KvCacheDtype) -> anyhow::Result<()> {
             let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
             let last = rep.checked_sub(1).map(u64::from);
             let step = one_seq_step(rep.into(), &tokens, 0, input_len, &blocks, last);
+            // A benchmark's pause between runs, not the engine's loop.
+            std::thread::sleep(std::time::Duration::from_millis(a.gap_ms));
             if rep == 6 {
                 b.gpu().start_trace()?;
                 b.execute(&step)?;
@@ -82,11 +88,12 @@ fn run_dtype(a: &Args, dtype: KvCacheDtype) -> anyhow::Result<()> {
         // The first run warms up (cuBLAS heuristics, allocations).
         let (med, gpu_ms, host_ms) = times.medians(1);
         let runs = &times.walls;
+        let gap = a.gap_ms;
         eprintln!(
-            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}]: {med:.2} ms (runs {runs:.2?}); GPU span of the step {gpu_ms:.2?} ms; host prepare / launch / wait {host_ms:.2?} ms"
+            "{model} ttft for {input_len} tokens, kv {kv}, skipped [{skipped}], {gap} ms idle before each: {med:.2} ms (runs {runs:.2?}); GPU span of the step {gpu_ms:.2?} ms; host prepare / launch / wait {host_ms:.2?} ms"
         );
         emit(
-            json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "gpu_span_ms": gpu_ms, "host_prepare_launch_wait_ms": host_ms, "skipped": skipped}),
+            json!({"figure": "ttft_b1_ms", "model": model, "kv_cache_dtype": kv, "input_len": input_len, "median_ms": med, "gpu_span_ms": gpu_ms, "host_prepare_launch_wait_ms": host_ms, "skipped": skipped, "gap_ms": gap}),
         );
         // One backend at a time: each holds most of the GPU's memory for its KV pool.
         drop(b);
