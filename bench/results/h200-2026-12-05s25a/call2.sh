@@ -7,7 +7,9 @@
 #     (43.5 ms) fell 5.8 ms short of the step's GPU span (49.3 ms).
 #  3. TTFT 2048 back to back (the usual figure) against 300 ms idle before each run
 #     (`--gap-ms`: a lone request at an idle server), alternated twice.
-#  4. A/B of `residual_gemm` (o and down projections add into the fp32 residual on cuBLAS),
+#  4. `gpu-bench cold`: a fresh backend's first prefills and first decode steps at each batch
+#     size (graph capture on first use) against warm ones: what a warm-up at start would save.
+#  5. A/B of `residual_gemm` (o and down projections add into the fp32 residual on cuBLAS),
 #     alternated twice: TTFT 2048 and the batch-512 decode step.
 mkdir -p /tmp/gb && for b in gpu-bench cuda_kernels cuda_e2e; do
   xz -dc .carry/gb25/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1; done
@@ -33,6 +35,8 @@ for round in 1 2; do for gap in 0 300; do
   timeout 100 $G ttft --model llama-2-7b --input-len 2048 --gap-ms $gap >>"$OUT/gap_ttft.jsonl" 2>>"$OUT/gap.log"
 done; done
 grep -v "INFO\|BackendInfo" "$OUT/gap.log"
+timeout 120 $G cold --model llama-2-7b >"$OUT/cold.jsonl" 2>"$OUT/cold.log"; echo "cold rc $?"
+grep -v "INFO\|BackendInfo" "$OUT/cold.log"
 for round in 1 2; do for rg in 0 1; do
   BROOK_RESIDUAL_GEMM=$rg timeout 100 $G ttft --model llama-2-7b --input-len 2048 >>"$OUT/ab_ttft.jsonl" 2>>"$OUT/ab.log"
   BROOK_RESIDUAL_GEMM=$rg timeout 100 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 12 >>"$OUT/ab_dec.jsonl" 2>>"$OUT/ab.log"

@@ -551,3 +551,56 @@ pub fn report_trace(label: &str, trace: &[(String, f64)], span_ms: Option<f64>) 
         serde_json::json!({"figure": "step_trace", "label": label, "total_ms": total, "gpu_span_ms": span_ms, "launches": rows}),
     );
 }
+
+/// `batch` sequences (ids from `first_id`, blocks `per_seq` each from block `first_id ×
+/// per_seq`) that enter as prefix-cache hits of `context - 1` tokens on blocks of their own (the
+/// cache holds whatever the pool held: attention reads every byte all the same) and decode one
+/// token a step: a large decode batch at a long context in one step instead of a prefill.
+pub struct PrefixHitBatch {
+    pub first_id: usize,
+    pub batch: usize,
+    pub context: usize,
+    pub per_seq: usize,
+    pub vocab: u32,
+    pub params: Arc<SamplingParams>,
+}
+
+impl PrefixHitBatch {
+    /// Decode step `i` (0: the sequences enter).
+    pub fn step(&self, i: usize) -> SchedulerOutput {
+        SchedulerOutput {
+            scheduled: (self.first_id..self.first_id + self.batch)
+                .map(|s| {
+                    let blocks = (s * self.per_seq) as u32..((s + 1) * self.per_seq) as u32;
+                    ScheduledRequest {
+                        id: RequestId(s as u64),
+                        num_computed_tokens: self.context - 1 + i,
+                        num_tokens: 1,
+                        num_draft_tokens: 0,
+                        sample: true,
+                        truncate_blocks_to: None,
+                        num_freed_blocks: 0,
+                        new_block_ids: if i == 0 { blocks.collect() } else { Vec::new() },
+                        new: (i == 0).then(|| NewRequestData {
+                            token_ids: (0..self.context as u32)
+                                .map(|t| (t * 7919 + s as u32) % self.vocab)
+                                .collect(),
+                            num_prompt_tokens: self.context,
+                            params: self.params.clone(),
+                            seed: s as u64,
+                        }),
+                    }
+                })
+                .collect(),
+            num_decode_seqs: self.batch,
+            ..SchedulerOutput::default()
+        }
+    }
+
+    /// The batch's request ids (a later step's `finished_req_ids` frees their rows).
+    pub fn ids(&self) -> Vec<RequestId> {
+        (self.first_id..self.first_id + self.batch)
+            .map(|s| RequestId(s as u64))
+            .collect()
+    }
+}

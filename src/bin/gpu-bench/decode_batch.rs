@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use brook::executor::backend::Backend;
 use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, KvCacheDtype};
-use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
-use brook::step::{NewRequestData, ScheduledRequest, SchedulerOutput};
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, report_trace, StepTimes, SKIPS};
+use crate::common::{
+    backend, bench_options, elapsed_ms, emit, report_trace, PrefixHitBatch, StepTimes, SKIPS,
+};
 
 /// Leave-one-out sets on top of `SKIPS`: the LM head (with the final norm) and sampling, which
 /// at a 128k vocabulary and batch 1000 are no longer small.
@@ -79,33 +79,15 @@ fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> 
         ignore_eos: true,
         ..SamplingParams::greedy(a.steps + 1)
     });
-    let step = |i: usize| SchedulerOutput {
-        scheduled: (0..a.batch)
-            .map(|s| {
-                let blocks = (s * per_seq) as u32..((s + 1) * per_seq) as u32;
-                ScheduledRequest {
-                    id: RequestId(s as u64),
-                    num_computed_tokens: a.context - 1 + i,
-                    num_tokens: 1,
-                    num_draft_tokens: 0,
-                    sample: true,
-                    truncate_blocks_to: None,
-                    num_freed_blocks: 0,
-                    new_block_ids: if i == 0 { blocks.collect() } else { Vec::new() },
-                    new: (i == 0).then(|| NewRequestData {
-                        token_ids: (0..a.context as u32)
-                            .map(|t| (t * 7919 + s as u32) % vocab)
-                            .collect(),
-                        num_prompt_tokens: a.context,
-                        params: params.clone(),
-                        seed: s as u64,
-                    }),
-                }
-            })
-            .collect(),
-        num_decode_seqs: a.batch,
-        ..SchedulerOutput::default()
+    let seqs = PrefixHitBatch {
+        first_id: 0,
+        batch: a.batch,
+        context: a.context,
+        per_seq,
+        vocab,
+        params,
     };
+    let step = |i: usize| seqs.step(i);
     let mut times = StepTimes::default();
     let traced = a.trace && skipped.is_empty();
     let mut trace = Vec::new();

@@ -14,8 +14,13 @@
 //!   gpu-bench decode  --model NAME      batch-1 decode ms/token (CUDA graphs on and off)
 //!   gpu-bench decode-batch              one decode batch (e.g. 1000) at a long context, no
 //!                                       prefill: ms a step, GPU span, host time; --breakdown
-//!                                       leaves each kind of launch out in turn
+//!                                       leaves each kind of launch out in turn, --trace times
+//!                                       each launch of the last step in place
 //!   gpu-bench ttft    --model NAME      one prompt of --input-len tokens: time to first token
+//!                                       (--trace: each launch's time in place; --gap-ms: idle
+//!                                       before each run)
+//!   gpu-bench cold                      a fresh backend's first prefills and first decode steps
+//!                                       at each batch size (graph capture) against warm ones
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
 //!                                       (--variants: once per set of issue-18 switches)
 //!   gpu-bench decode-variants           decode through the scheduler for the default and each
@@ -44,6 +49,7 @@
 //! they share.
 
 mod attention;
+mod cold;
 mod common;
 mod decode;
 mod decode_batch;
@@ -177,6 +183,19 @@ enum Cmd {
         #[arg(long, default_value_t = 8.0)]
         host_gib: f64,
     },
+    /// A fresh backend's first steps against the same steps warm: the first prefills, and the
+    /// first decode steps at each batch size (CUDA graph captured on first use).
+    Cold {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        #[arg(long, default_value_t = 2048)]
+        input_len: usize,
+        /// Decode batch sizes, in the order visited (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8, 16, 32, 64, 128, 256])]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 128)]
+        context: usize,
+    },
     Ttft {
         #[arg(long, default_value = "llama-2-7b")]
         model: String,
@@ -265,6 +284,17 @@ fn main() -> anyhow::Result<()> {
             quick,
             kv_cache_dtype,
         } => decode::run(&model, input_len, output_len, quick, &kv_cache_dtype),
+        Cmd::Cold {
+            model,
+            input_len,
+            batches,
+            context,
+        } => cold::run(&cold::Args {
+            model: &model,
+            input_len,
+            batches: &batches,
+            context,
+        }),
         Cmd::Ttft {
             model,
             input_len,
