@@ -182,9 +182,20 @@ pub fn ptx_with(
     arch: &str,
     defines: &[(&str, usize)],
 ) -> anyhow::Result<(Ptx, bool)> {
+    ptx_cached_in(cache_dir().as_deref(), name, src, arch, defines)
+}
+
+/// `ptx_with` over the PTX cache in `cache` (None: compile every time).
+fn ptx_cached_in(
+    cache: Option<&std::path::Path>,
+    name: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, usize)],
+) -> anyhow::Result<(Ptx, bool)> {
     let opts = options(arch, defines);
     let key = fnv1a(&[COMMON, src, arch, &opts.join(" ")]);
-    let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+    let path = cache.map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
     if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok((Ptx::from_src(text), true));
     }
@@ -233,9 +244,16 @@ mod tests {
     /// The PTX of `name` built for `arch` with `defines` (fresh or cached), assembled by ptxas
     /// where one is found (`ptxas_path`): NVRTC passes inline PTX (wgmma, TMA, mbarriers)
     /// through as text, and only the assembler reads it. Returns the PTX text.
-    fn compiled(name: &str, src: &str, arch: &str, defines: &[(&str, usize)]) -> String {
+    fn compiled(
+        cache: &std::path::Path,
+        name: &str,
+        src: &str,
+        arch: &str,
+        defines: &[(&str, usize)],
+    ) -> String {
         let what = format!("{name} {arch} {defines:?}");
-        let (ptx, _) = ptx_with(name, src, arch, defines).unwrap_or_else(|e| panic!("{e:#}"));
+        let (ptx, _) = ptx_cached_in(Some(cache), name, src, arch, defines)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let text = ptx.to_src();
         assert!(
             text.contains(".entry"),
@@ -300,8 +318,17 @@ mod tests {
             eprintln!("libnvrtc not found: kernel compilation not checked");
             return;
         }
+        // A cache of the test's own (not the environment's, which other tests may read).
         let dir = tempfile::tempdir().unwrap();
-        std::env::set_var("BROOK_CACHE_DIR", dir.path());
+        let cache = dir.path();
+        let compiled = |name: &str, src: &str, arch: &str, defines: &[(&str, usize)]| {
+            compiled(cache, name, src, arch, defines)
+        };
+        let ptx_for =
+            |name: &str, src: &str, arch: &str| ptx_cached_in(Some(cache), name, src, arch, &[]);
+        let ptx_with = |name: &str, src: &str, arch: &str, defines: &[(&str, usize)]| {
+            ptx_cached_in(Some(cache), name, src, arch, defines)
+        };
         for arch in ["compute_80", "compute_90"] {
             for (name, src) in SOURCES {
                 let (_, cached) = ptx_for(name, src, arch).unwrap_or_else(|e| panic!("{e:#}"));
