@@ -244,7 +244,7 @@ mod tests {
     /// The PTX of `name` built for `arch` with `defines` (fresh or cached), assembled by ptxas
     /// where one is found (`ptxas_path`): NVRTC passes inline PTX (wgmma, TMA, mbarriers)
     /// through as text, and only the assembler reads it. Returns the PTX text.
-    fn compiled(
+    fn build_checked(
         cache: &std::path::Path,
         name: &str,
         src: &str,
@@ -322,20 +322,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path();
         let compiled = |name: &str, src: &str, arch: &str, defines: &[(&str, usize)]| {
-            compiled(cache, name, src, arch, defines)
+            build_checked(cache, name, src, arch, defines)
         };
-        let ptx_for =
-            |name: &str, src: &str, arch: &str| ptx_cached_in(Some(cache), name, src, arch, &[]);
-        let ptx_with = |name: &str, src: &str, arch: &str, defines: &[(&str, usize)]| {
-            ptx_cached_in(Some(cache), name, src, arch, defines)
+        let cached = |name: &str, src: &str, arch: &str, defines: &[(&str, usize)]| {
+            ptx_cached_in(Some(cache), name, src, arch, defines).map(|(_, hit)| hit)
         };
         for arch in ["compute_80", "compute_90"] {
             for (name, src) in SOURCES {
-                let (_, cached) = ptx_for(name, src, arch).unwrap_or_else(|e| panic!("{e:#}"));
-                assert!(!cached);
+                assert!(!cached(name, src, arch, &[]).unwrap_or_else(|e| panic!("{e:#}")));
                 compiled(name, src, arch, &[]);
-                let (_, cached) = ptx_for(name, src, arch).unwrap();
-                assert!(cached, "{name}: second compile should hit the cache");
+                assert!(
+                    cached(name, src, arch, &[]).unwrap(),
+                    "{name}: second compile should hit the cache"
+                );
             }
         }
         // The shaped attention kernels over the head sizes brook's families use and group sizes
@@ -388,21 +387,10 @@ mod tests {
                 assert!(ptx.contains(".entry paged_decode"), "hd {hd} g {group} fp8");
             }
         }
-        let (_, cached) = ptx_with(
-            PAGED_DECODE.0,
-            PAGED_DECODE.1,
-            "compute_90",
-            &[("HD", 64), ("GROUP", 1)],
-        )
-        .unwrap();
-        let (_, other) = ptx_with(
-            PAGED_DECODE.0,
-            PAGED_DECODE.1,
-            "compute_90",
-            &[("HD", 64), ("GROUP", 2)],
-        )
-        .unwrap();
-        assert!(cached, "a shape compiled above comes from the cache");
+        let (name, src) = PAGED_DECODE;
+        let hit = cached(name, src, "compute_90", &[("HD", 64), ("GROUP", 1)]).unwrap();
+        let other = cached(name, src, "compute_90", &[("HD", 64), ("GROUP", 2)]).unwrap();
+        assert!(hit, "a shape compiled above comes from the cache");
         assert!(!other, "another shape is compiled under its own key");
     }
 

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -98,8 +99,10 @@ pub struct Gpu {
     functions: HashMap<String, Kernel>,
     _blas_workspace: DevBuf,
     /// Per-launch timing (`start_trace`, gpu-bench's `--trace`): while Some, every launch on the
-    /// compute stream records an event after it, under the kernel's name.
+    /// compute stream records an event after it, under the kernel's name. `tracing` says so
+    /// without the lock, which a launch outside a trace never takes.
     trace: Mutex<Option<Vec<(String, CudaEvent)>>>,
+    tracing: AtomicBool,
 }
 
 /// cuBLAS needs its own workspace for graph capture (it must not allocate while capturing).
@@ -137,6 +140,7 @@ impl Gpu {
             functions,
             _blas_workspace: ws,
             trace: Mutex::default(),
+            tracing: AtomicBool::new(false),
         };
         // The bulk gemv's ring and x take ~208 KB of shared memory a CTA: where the GPU cannot
         // give that (e.g. sm_120's ~100 KB), decode stays on the split gemv.
@@ -165,6 +169,7 @@ impl Gpu {
             functions: self.functions.clone(),
             _blas_workspace: ws,
             trace: Mutex::default(),
+            tracing: AtomicBool::new(false),
             ..*self
         })
     }
@@ -436,6 +441,7 @@ impl Gpu {
     pub fn start_trace(&self) -> anyhow::Result<()> {
         let start = self.trace_event()?;
         *self.trace.lock().expect("trace lock") = Some(vec![(String::new(), start)]);
+        self.tracing.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -443,6 +449,7 @@ impl Gpu {
     /// from the previous launch's end (or the trace's start) to its own end: its run time plus
     /// any gap before it.
     pub fn take_trace(&self) -> anyhow::Result<Vec<(String, f64)>> {
+        self.tracing.store(false, Ordering::Relaxed);
         let events = self.trace.lock().expect("trace lock").take();
         self.sync()?;
         let events = events.unwrap_or_default();
@@ -454,6 +461,9 @@ impl Gpu {
 
     /// Marks the end of launch `name` on the compute stream while a trace is on.
     pub fn traced(&self, name: impl std::fmt::Display) -> anyhow::Result<()> {
+        if !self.tracing.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut trace = self.trace.lock().expect("trace lock");
         if let Some(events) = trace.as_mut() {
             events.push((name.to_string(), self.trace_event()?));
