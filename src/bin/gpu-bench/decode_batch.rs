@@ -87,12 +87,11 @@ fn run_one(a: &Args, mut b: CudaBackend, dtype: KvCacheDtype, skipped: &str) -> 
         vocab,
         params,
     };
-    let step = |i: usize| seqs.step(i);
     let mut times = StepTimes::default();
     let traced = a.trace && skipped.is_empty();
     let mut trace = Vec::new();
     for i in 0..a.steps {
-        let out = step(i);
+        let out = seqs.step(i);
         // The traced step (the last) stays out of the medians.
         if traced && i + 1 == a.steps {
             b.gpu().start_trace()?;
