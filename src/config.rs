@@ -91,6 +91,10 @@ pub struct ModelSection {
     /// CUDA executor: replay speculative verification steps (every sequence verifying the same
     /// number of drafts) from CUDA graphs as decode steps are. Off by default until measured.
     pub cuda_verify_graphs: bool,
+    /// CUDA executor: before serving, run a dummy prefill and decode step, so that the first
+    /// requests do not pay cuBLAS's and the kernels' first use or the batch-1 graph's capture.
+    /// Off by default until measured.
+    pub cuda_warm_up: bool,
     /// CUDA executor: the linear layers' weights, none (bf16) or fp8 (e4m3 with one scale per
     /// matrix, fp8 GEMMs; sm_89+). The CPU executor refuses fp8 at start.
     pub quantization: crate::executor::cuda::Quantization,
@@ -162,6 +166,7 @@ impl Default for ModelSection {
             // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
             prefill_gemm_max_len: 0,
             cuda_verify_graphs: false,
+            cuda_warm_up: false,
             quantization: Default::default(),
             decode_attention: Default::default(),
         }
@@ -415,6 +420,28 @@ mod tests {
         let off = Cli::parse_from(["brook"]).engine;
         let flag = |e: &crate::engine_args::EngineArgs| {
             CudaBackendOptions::from_config(&e.resolve().unwrap(), false).verify_graphs
+        };
+        assert_eq!((flag(&on), flag(&off)), (true, false));
+    }
+
+    /// `model.cuda_warm_up` and `--cuda-warm-up` reach the CUDA options; off by default
+    /// (opt-in until measured).
+    #[test]
+    fn cuda_warm_up_flows_to_the_cuda_options() {
+        use crate::executor::cuda::CudaBackendOptions;
+        use clap::Parser;
+        assert!(!CudaBackendOptions::from_config(&Config::default(), false).warm_up);
+        let cfg = Config::from_toml("[model]\ncuda_warm_up = true\n").unwrap();
+        assert!(CudaBackendOptions::from_config(&cfg, false).warm_up);
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            engine: crate::engine_args::EngineArgs,
+        }
+        let on = Cli::parse_from(["brook", "--cuda-warm-up"]).engine;
+        let off = Cli::parse_from(["brook"]).engine;
+        let flag = |e: &crate::engine_args::EngineArgs| {
+            CudaBackendOptions::from_config(&e.resolve().unwrap(), false).warm_up
         };
         assert_eq!((flag(&on), flag(&off)), (true, false));
     }

@@ -69,6 +69,10 @@ pub struct EngineArgs {
     /// verifying the same number of drafts), as decode steps are. Off by default.
     #[arg(long)]
     pub cuda_verify_graphs: bool,
+    /// CUDA executor: before serving, run a dummy prefill and decode step (cuBLAS's and the
+    /// kernels' first use, the batch-1 graph), so the first requests do not pay them.
+    #[arg(long)]
+    pub cuda_warm_up: bool,
     /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
     /// emergency mode).
     #[arg(long, value_enum)]
@@ -122,6 +126,9 @@ impl EngineArgs {
         );
         if self.cuda_verify_graphs {
             cfg.model.cuda_verify_graphs = true;
+        }
+        if self.cuda_warm_up {
+            cfg.model.cuda_warm_up = true;
         }
         if let Some(p) = self.policy {
             cfg.scheduler.policy = p;

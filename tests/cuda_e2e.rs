@@ -435,6 +435,26 @@ fn cuda_matches_cpu_with_residual_gemm() {
     }
 }
 
+/// `warm_up` (a dummy prefill and decode step at start) succeeds on its own, again on a warm
+/// backend, and leaves nothing behind: backends built with it still match the CPU.
+#[test]
+fn cuda_warm_up_runs_and_leaves_the_backend_as_it_was() {
+    if !have_gpu() {
+        return;
+    }
+    let spec = gqa_hd64().layers(2).seed(25);
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), &spec).unwrap();
+    let mut b = CudaBackend::load(dir.path(), cuda_opts(true, default_gemm_max_len())).unwrap();
+    let len = b.warm_up().unwrap();
+    assert!(len > 0);
+    assert_eq!(b.warm_up().unwrap(), len);
+    check_model_opts(spec, 40, 12, |graphs| CudaBackendOptions {
+        warm_up: true,
+        ..cuda_opts(graphs, default_gemm_max_len())
+    });
+}
+
 /// Prefill attention on the flash kernel only (`prefill_gemm_max_len` 0).
 #[test]
 fn cuda_matches_cpu_flash_prefill_only() {

@@ -45,6 +45,7 @@ impl CudaBackendOptions {
             max_model_len: cfg.scheduler.max_model_len,
             cuda_graphs: true,
             verify_graphs: cfg.model.cuda_verify_graphs,
+            warm_up: cfg.model.cuda_warm_up,
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,

@@ -8,7 +8,8 @@
 #  3. TTFT 2048 back to back (the usual figure) against 300 ms idle before each run
 #     (`--gap-ms`: a lone request at an idle server), alternated twice.
 #  4. `gpu-bench cold`: a fresh backend's first prefills and first decode steps at each batch
-#     size (graph capture on first use) against warm ones: what a warm-up at start would save.
+#     size (graph capture on first use) against warm ones, without and with `--cuda-warm-up`
+#     (a dummy prefill and decode step at start).
 #  5. A/B of `residual_gemm` (o and down projections add into the fp32 residual on cuBLAS),
 #     alternated twice: TTFT 2048 and the batch-512 decode step.
 mkdir -p /tmp/gb && for b in gpu-bench cuda_kernels cuda_e2e; do
@@ -35,7 +36,9 @@ for round in 1 2; do for gap in 0 300; do
   timeout 100 $G ttft --model llama-2-7b --input-len 2048 --gap-ms $gap >>"$OUT/gap_ttft.jsonl" 2>>"$OUT/gap.log"
 done; done
 grep -v "INFO\|BackendInfo" "$OUT/gap.log"
-timeout 120 $G cold --model llama-2-7b >"$OUT/cold.jsonl" 2>"$OUT/cold.log"; echo "cold rc $?"
+for w in "" --warm-up; do
+  timeout 120 $G cold --model llama-2-7b $w >>"$OUT/cold.jsonl" 2>>"$OUT/cold.log"; echo "cold $w rc $?"
+done
 grep -v "INFO\|BackendInfo" "$OUT/cold.log"
 for round in 1 2; do for rg in 0 1; do
   BROOK_RESIDUAL_GEMM=$rg timeout 100 $G ttft --model llama-2-7b --input-len 2048 >>"$OUT/ab_ttft.jsonl" 2>>"$OUT/ab.log"

@@ -23,6 +23,8 @@ pub struct Args<'a> {
     pub batches: &'a [usize],
     /// Context of each decoding sequence.
     pub context: usize,
+    /// The backend warms up at start (`CudaBackendOptions::warm_up`).
+    pub warm_up: bool,
 }
 
 /// Decode steps timed at each batch size (the first enters the sequences).
@@ -38,6 +40,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         CudaBackendOptions {
             max_num_seqs: most.max(8),
             max_num_batched_tokens: a.input_len.max(most),
+            warm_up: a.warm_up,
             ..bench_options()
         },
     )?;

@@ -195,6 +195,9 @@ enum Cmd {
         batches: Vec<usize>,
         #[arg(long, default_value_t = 128)]
         context: usize,
+        /// The backend warms up at start (`--cuda-warm-up`).
+        #[arg(long)]
+        warm_up: bool,
     },
     Ttft {
         #[arg(long, default_value = "llama-2-7b")]
@@ -289,11 +292,13 @@ fn main() -> anyhow::Result<()> {
             input_len,
             batches,
             context,
+            warm_up,
         } => cold::run(&cold::Args {
             model: &model,
             input_len,
             batches: &batches,
             context,
+            warm_up,
         }),
         Cmd::Ttft {
             model,

@@ -21,6 +21,7 @@
 //! before.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::device::Gpu;
@@ -35,10 +36,15 @@ use crate::executor::input_batch::{CountOp, InputBatch};
 use crate::executor::verify::ForcedAcceptance;
 use crate::model::config::ModelConfig;
 use crate::model::loader::ModelWeights;
+use crate::request::RequestId;
+use crate::sampling::params::SamplingParams;
 use crate::spec::draft::DraftProposer;
 use crate::spec::ngram::NgramProposer;
 use crate::spec::{Proposer, SpecConfig, SpecMethod};
-use crate::step::{BatchInput, BlockCopy, SchedulerOutput, SpecOutput, StepOutput};
+use crate::step::{BatchInput, BlockCopy, SampleInput, SchedulerOutput, SpecOutput, StepOutput};
+
+/// Most prompt tokens of `CudaBackend::warm_up`'s prefill.
+const WARM_UP_TOKENS: usize = 2048;
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -282,7 +288,8 @@ impl CudaBackend {
             .with_sliding_window(fwd.cfg.sliding_window)
             .track_table_changes()
             .track_counts_on_device();
-        Ok(CudaBackend {
+        let warm = fwd.opts.warm_up;
+        let mut backend = CudaBackend {
             fwd,
             input,
             updates: Vec::new(),
@@ -291,7 +298,52 @@ impl CudaBackend {
             count_ops: Vec::new(),
             spec: Speculation::new(proposer),
             draft_bytes_per_block,
-        })
+        };
+        if warm {
+            let started = Instant::now();
+            match backend.warm_up() {
+                Ok(tokens) => tracing::info!(
+                    "CUDA warm-up: a {tokens}-token prefill and a decode step in {:.0} ms",
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+                // An optimisation only: the first requests pay what it would have.
+                Err(e) => tracing::warn!("CUDA warm-up failed, serving without it: {e:#}"),
+            }
+        }
+        Ok(backend)
+    }
+
+    /// A dummy prefill of up to `WARM_UP_TOKENS` tokens, then one decode step after it, outside
+    /// the persistent batch (`execute_batch`), on blocks from 0 (the pool is all free at start,
+    /// and nothing is prefix-cached yet): cuBLAS's and the kernels' first use and the batch-1
+    /// decode graph's capture, before the first request. Returns the prefill's length.
+    pub fn warm_up(&mut self) -> anyhow::Result<usize> {
+        let bs = self.fwd.opts.block_size;
+        let vocab = self.fwd.cfg.vocab_size as u32;
+        // The prompt and its one decoded token fit the step, a sequence's blocks and the pool.
+        let len = WARM_UP_TOKENS
+            .min(self.fwd.max_tokens)
+            .min(self.fwd.max_blocks * bs - 1)
+            .min(self.fwd.num_blocks * bs - 1);
+        anyhow::ensure!(len > 0, "no room for a warm-up prompt");
+        let blocks: Vec<u32> = (0..(len + 1).div_ceil(bs) as u32).collect();
+        let tokens: Vec<u32> = (0..len as u32).map(|t| (t * 7919) % vocab).collect();
+        let sample = |output_index| {
+            Some(SampleInput {
+                params: Arc::new(SamplingParams::greedy(2)),
+                seed: 0,
+                output_index,
+            })
+        };
+        let id = RequestId(u64::MAX);
+        let mut prefill = BatchInput::default();
+        prefill.push_seq(id, &tokens, 0, &blocks, bs, sample(0));
+        let first = self.execute_batch(&prefill)?;
+        let next = first.sampled.first().map_or(0, |s| s.token);
+        let mut decode = BatchInput::default();
+        decode.push_seq(id, &[next], len, &blocks, bs, sample(1));
+        self.execute_batch(&decode)?;
+        Ok(len)
     }
 
     /// The last `execute`'s timing, with `step_timing` on.

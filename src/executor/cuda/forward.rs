@@ -148,7 +148,7 @@ pub(super) struct Forward {
     block_tables: DevBuf,
     pub num_blocks: usize,
     pub max_blocks: usize,
-    max_tokens: usize,
+    pub max_tokens: usize,
     pub max_seqs: usize,
     /// Logit rows a step may sample: one per sequence, plus the drafts of speculative decoding
     /// (`CudaBackendOptions::max_drafts`).
