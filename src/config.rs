@@ -402,48 +402,49 @@ mod tests {
         assert!(err.contains("max_depth"), "{err}");
     }
 
-    /// `model.cuda_verify_graphs` and `--cuda-verify-graphs` reach the CUDA options; off by
-    /// default (opt-in until measured).
-    #[test]
-    fn cuda_verify_graphs_flows_to_the_cuda_options() {
+    /// The `[model]` switch `key` and its CLI `flag` reach the CUDA option `get` reads; off by
+    /// default (the opt-in switches, until measured).
+    fn cuda_switch_flows(
+        key: &str,
+        flag: &str,
+        get: fn(&crate::executor::cuda::CudaBackendOptions) -> bool,
+    ) {
         use crate::executor::cuda::CudaBackendOptions;
         use clap::Parser;
-        assert!(!CudaBackendOptions::from_config(&Config::default(), false).verify_graphs);
-        let cfg = Config::from_toml("[model]\ncuda_verify_graphs = true\n").unwrap();
-        assert!(CudaBackendOptions::from_config(&cfg, false).verify_graphs);
+        assert!(!get(&CudaBackendOptions::from_config(
+            &Config::default(),
+            false
+        )));
+        let cfg = Config::from_toml(&format!("[model]\n{key} = true\n")).unwrap();
+        assert!(get(&CudaBackendOptions::from_config(&cfg, false)), "{key}");
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             engine: crate::engine_args::EngineArgs,
         }
-        let on = Cli::parse_from(["brook", "--cuda-verify-graphs"]).engine;
+        let on = Cli::parse_from(["brook", flag]).engine;
         let off = Cli::parse_from(["brook"]).engine;
-        let flag = |e: &crate::engine_args::EngineArgs| {
-            CudaBackendOptions::from_config(&e.resolve().unwrap(), false).verify_graphs
+        let set = |e: &crate::engine_args::EngineArgs| {
+            get(&CudaBackendOptions::from_config(
+                &e.resolve().unwrap(),
+                false,
+            ))
         };
-        assert_eq!((flag(&on), flag(&off)), (true, false));
+        assert_eq!((set(&on), set(&off)), (true, false), "{flag}");
     }
 
-    /// `model.cuda_warm_up` and `--cuda-warm-up` reach the CUDA options; off by default
-    /// (opt-in until measured).
+    /// `model.cuda_verify_graphs` and `--cuda-verify-graphs` reach the CUDA options.
+    #[test]
+    fn cuda_verify_graphs_flows_to_the_cuda_options() {
+        cuda_switch_flows("cuda_verify_graphs", "--cuda-verify-graphs", |o| {
+            o.verify_graphs
+        });
+    }
+
+    /// `model.cuda_warm_up` and `--cuda-warm-up` reach the CUDA options.
     #[test]
     fn cuda_warm_up_flows_to_the_cuda_options() {
-        use crate::executor::cuda::CudaBackendOptions;
-        use clap::Parser;
-        assert!(!CudaBackendOptions::from_config(&Config::default(), false).warm_up);
-        let cfg = Config::from_toml("[model]\ncuda_warm_up = true\n").unwrap();
-        assert!(CudaBackendOptions::from_config(&cfg, false).warm_up);
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            engine: crate::engine_args::EngineArgs,
-        }
-        let on = Cli::parse_from(["brook", "--cuda-warm-up"]).engine;
-        let off = Cli::parse_from(["brook"]).engine;
-        let flag = |e: &crate::engine_args::EngineArgs| {
-            CudaBackendOptions::from_config(&e.resolve().unwrap(), false).warm_up
-        };
-        assert_eq!((flag(&on), flag(&off)), (true, false));
+        cuda_switch_flows("cuda_warm_up", "--cuda-warm-up", |o| o.warm_up);
     }
 
     /// `cache.kv_cache_dtype` (and `--kv-cache-dtype`) reach the CUDA options; the CPU
