@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
-# Session 25, call 2 (not yet run; pack with pack.sh, carry [".carry/gb25"]):
+# Session 25, call 2 (not yet run; pack with pack.sh, carry [".carry/gb25"]; ~5 min):
 #  1. GPU tests of this commit: cuda_kernels (new: trace, gemm_adds_into_f32_output) and
-#     cuda_e2e (new: cuda_matches_cpu_with_residual_gemm).
+#     cuda_e2e (new: cuda_matches_cpu_with_residual_gemm,
+#     cuda_warm_up_runs_and_leaves_the_backend_as_it_was).
 #  2. In-situ per-launch trace (`--trace`) of the TTFT 2048 step and a batch-512 decode step
 #     (Llama-2-7B bf16) with SM clock and power sampled every 10 ms: call 1's ncu kernel sum
 #     (43.5 ms) fell 5.8 ms short of the step's GPU span (49.3 ms).
-#  3. TTFT 2048 back to back (the usual figure) against 300 ms idle before each run
-#     (`--gap-ms`: a lone request at an idle server), alternated twice.
-#  4. `gpu-bench cold`: a fresh backend's first prefills and first decode steps at each batch
-#     size (graph capture on first use) against warm ones, without and with `--cuda-warm-up`
-#     (a dummy prefill and decode step at start).
-#  5. A/B of `residual_gemm` (o and down projections add into the fp32 residual on cuBLAS),
-#     alternated twice: TTFT 2048 and the batch-512 decode step.
 mkdir -p /tmp/gb && for b in gpu-bench cuda_kernels cuda_e2e; do
   xz -dc .carry/gb25/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1; done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
@@ -32,16 +26,3 @@ grep -v "INFO\|BackendInfo" "$OUT/dec_trace.log" | head -30
 # SM clocks of the busy samples (power over 150 W), and their power.
 for f in smi_ttft smi_dec; do echo "$f:"; awk -F', ' 'NR>1 && $4+0>150 {print $2}' "$OUT/$f.csv" | sort | uniq -c | sort -k2 -n | tail -12
   awk -F', ' 'NR>1 && $4+0>150 {n++; s+=$4; if ($4+0>m) m=$4+0} END {print n" busy samples, mean "s/n" W, max "m" W"}' "$OUT/$f.csv"; done
-for round in 1 2; do for gap in 0 300; do
-  timeout 100 $G ttft --model llama-2-7b --input-len 2048 --gap-ms $gap >>"$OUT/gap_ttft.jsonl" 2>>"$OUT/gap.log"
-done; done
-grep -v "INFO\|BackendInfo" "$OUT/gap.log"
-for w in "" --warm-up; do
-  timeout 120 $G cold --model llama-2-7b $w >>"$OUT/cold.jsonl" 2>>"$OUT/cold.log"; echo "cold $w rc $?"
-done
-grep -v "INFO\|BackendInfo" "$OUT/cold.log"
-for round in 1 2; do for rg in 0 1; do
-  BROOK_RESIDUAL_GEMM=$rg timeout 100 $G ttft --model llama-2-7b --input-len 2048 >>"$OUT/ab_ttft.jsonl" 2>>"$OUT/ab.log"
-  BROOK_RESIDUAL_GEMM=$rg timeout 100 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 12 >>"$OUT/ab_dec.jsonl" 2>>"$OUT/ab.log"
-done; done
-grep -h -o '"median_ms":[0-9.]*\|"residual_gemm":[a-z]*\|"figure":"[a-z_0-9]*"' "$OUT"/ab_*.jsonl | paste - - - | head

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and packs this commit's gpu-bench and GPU test binaries into .carry/gb25 (stripped, xz:
-# the tree and the carry must stay under 64 MiB together). Run here, then call2.sh / call3.sh on
-# the device with carry [".carry/gb25"].
+# the tree and the carry must stay under 64 MiB together). Run here, then call2.sh, call3.sh and call4.sh
+# on the device with carry [".carry/gb25"].
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 cargo build --release --bin gpu-bench
