@@ -9,11 +9,11 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::CudaBackendOptions;
 use brook::sampling::params::SamplingParams;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::common::{backend, bench_options, elapsed_ms, emit, one_seq_step, PrefixHitBatch};
+use crate::common::{backend, bench_options, elapsed_ms, emit, fresh_prompt_step, PrefixHitBatch};
 
 pub struct Args<'a> {
     pub model: &'a str,
@@ -51,22 +51,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let per_prompt = a.input_len.div_ceil(bs);
     let mut prefill_ms = Vec::new();
     for rep in 0..PREFILLS {
-        let tokens: Vec<u32> = (0..a.input_len)
-            .map(|_| rng.random_range(0..vocab))
-            .collect();
-        let blocks: Vec<u32> = (rep * per_prompt..(rep + 1) * per_prompt)
-            .map(|x| x as u32)
-            .collect();
-        let last = rep.checked_sub(1).map(|r| r as u64);
+        let step = fresh_prompt_step(rep, a.input_len, bs, vocab, &mut rng);
         let t0 = Instant::now();
-        b.execute(&one_seq_step(
-            rep as u64,
-            &tokens,
-            0,
-            a.input_len,
-            &blocks,
-            last,
-        ))?;
+        b.execute(&step)?;
         prefill_ms.push(elapsed_ms(t0));
     }
     eprintln!(

@@ -505,6 +505,23 @@ pub fn one_seq_step(
     }
 }
 
+/// Run `rep` of a one-prompt benchmark: a fresh random prompt of `len` tokens as request `rep`
+/// on blocks of its own (the rep-th run of `len.div_ceil(block_size)`), the previous run's
+/// request dropped.
+pub fn fresh_prompt_step(
+    rep: usize,
+    len: usize,
+    block_size: usize,
+    vocab: u32,
+    rng: &mut ChaCha8Rng,
+) -> SchedulerOutput {
+    let tokens: Vec<u32> = (0..len).map(|_| rng.random_range(0..vocab)).collect();
+    let per = len.div_ceil(block_size);
+    let blocks: Vec<u32> = (rep * per..(rep + 1) * per).map(|b| b as u32).collect();
+    let last = rep.checked_sub(1).map(|r| r as u64);
+    one_seq_step(rep as u64, &tokens, 0, len, &blocks, last)
+}
+
 /// A step of `b` on `out` (an empty step runs nothing and samples nothing).
 pub fn execute(b: &mut CudaBackend, out: &SchedulerOutput) -> anyhow::Result<StepOutput> {
     if out.is_empty() {

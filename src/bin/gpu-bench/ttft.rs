@@ -5,12 +5,12 @@ use std::time::Instant;
 
 use brook::executor::backend::Backend;
 use brook::executor::cuda::{CudaBackendOptions, KvCacheDtype};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{
-    backend, bench_options, elapsed_ms, emit, one_seq_step, report_trace, StepTimes, SKIPS,
+    backend, bench_options, elapsed_ms, emit, fresh_prompt_step, report_trace, StepTimes, SKIPS,
 };
 
 pub struct Args<'a> {
@@ -65,12 +65,8 @@ fn run_dtype(a: &Args, dtype: KvCacheDtype) -> anyhow::Result<()> {
         let mut times = StepTimes::default();
         // The traced run (without leave-outs) comes last and stays out of the medians.
         let traced = a.trace && bits == 0;
-        for rep in 0..6 + u32::from(traced) {
-            let tokens: Vec<u32> = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
-            let per = input_len.div_ceil(bs) as u32;
-            let blocks: Vec<u32> = (rep * per..(rep + 1) * per).collect();
-            let last = rep.checked_sub(1).map(u64::from);
-            let step = one_seq_step(rep.into(), &tokens, 0, input_len, &blocks, last);
+        for rep in 0..6 + usize::from(traced) {
+            let step = fresh_prompt_step(rep, input_len, bs, vocab, &mut rng);
             // A benchmark's pause between runs, not the engine's loop.
             std::thread::sleep(std::time::Duration::from_millis(a.gap_ms));
             if rep == 6 {
