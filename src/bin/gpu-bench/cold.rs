@@ -49,6 +49,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let vocab = b.config().vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let per_prompt = a.input_len.div_ceil(bs);
+    let warm = a.warm_up;
     let mut prefill_ms = Vec::new();
     for rep in 0..PREFILLS {
         let step = fresh_prompt_step(rep, a.input_len, bs, vocab, &mut rng);
@@ -57,11 +58,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         prefill_ms.push(elapsed_ms(t0));
     }
     eprintln!(
-        "{} cold: backend ready in {startup_ms:.0} ms; prefills of {} tokens {prefill_ms:.2?} ms",
+        "{} cold (warm-up {warm}): backend ready in {startup_ms:.0} ms; prefills of {} tokens {prefill_ms:.2?} ms",
         a.model, a.input_len
     );
     emit(
-        json!({"figure": "cold_prefill_ms", "model": a.model, "input_len": a.input_len, "startup_ms": startup_ms, "runs_ms": prefill_ms}),
+        json!({"figure": "cold_prefill_ms", "model": a.model, "warm_up": warm, "input_len": a.input_len, "startup_ms": startup_ms, "runs_ms": prefill_ms}),
     );
     // Decoding sequences take ids and blocks after the prefills'; each batch size's are new.
     let per_seq = (a.context + DECODE_STEPS).div_ceil(bs);
@@ -97,11 +98,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             steps_ms.push(elapsed_ms(t0));
         }
         eprintln!(
-            "{} cold: decode batch {batch} at context {}: steps {steps_ms:.2?} ms (the first enters the sequences)",
+            "{} cold (warm-up {warm}): decode batch {batch} at context {}: steps {steps_ms:.2?} ms (the first enters the sequences)",
             a.model, a.context
         );
         emit(
-            json!({"figure": "cold_decode_ms", "model": a.model, "batch": batch, "context": a.context, "steps_ms": steps_ms}),
+            json!({"figure": "cold_decode_ms", "model": a.model, "warm_up": warm, "batch": batch, "context": a.context, "steps_ms": steps_ms}),
         );
         finished = seqs.ids();
         first_id += batch;
