@@ -85,6 +85,10 @@ pub struct ModelSection {
     pub device: String,
     /// CPU executor threads; 0 = all cores.
     pub cpu_threads: usize,
+    /// Ranks the model is split over (Megatron-style tensor parallelism; 1 = none). The CPU
+    /// executor runs the ranks on threads of one process; the CUDA executor refuses more than
+    /// one (its NCCL path is not built).
+    pub tensor_parallel_size: usize,
     /// CUDA executor: prefill sequences whose context has at most this many tokens run
     /// attention as cuBLAS GEMMs, longer ones on the flash kernel; 0 = flash only.
     pub prefill_gemm_max_len: usize,
@@ -163,6 +167,7 @@ impl Default for ModelSection {
             path: None,
             device: "auto".into(),
             cpu_threads: 0,
+            tensor_parallel_size: 1,
             // Measured: the flash kernel beat the GEMM path everywhere (BENCHMARKS.md).
             prefill_gemm_max_len: 0,
             cuda_verify_graphs: false,
@@ -250,6 +255,7 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         const MAX_CPU_THREADS: usize = 1024;
+        const MAX_TENSOR_PARALLEL: usize = 64;
         let c = &self.cache;
         anyhow::ensure!(
             c.block_size.is_power_of_two() && c.block_size <= 256,
@@ -261,6 +267,11 @@ impl Config {
             self.model.cpu_threads <= MAX_CPU_THREADS,
             "model.cpu_threads (--cpu-threads) must be at most {MAX_CPU_THREADS}, got {} (0: all cores)",
             self.model.cpu_threads
+        );
+        anyhow::ensure!(
+            (1..=MAX_TENSOR_PARALLEL).contains(&self.model.tensor_parallel_size),
+            "model.tensor_parallel_size (--tensor-parallel-size) must be 1 to {MAX_TENSOR_PARALLEL}, got {}",
+            self.model.tensor_parallel_size
         );
         anyhow::ensure!(
             c.cpu_kv_cache_gib.is_finite() && c.cpu_kv_cache_gib >= 0.0,

@@ -574,6 +574,13 @@ enum Device {
 /// cannot.
 fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
     let device = pick_device_for(cfg, model)?;
+    let tp = cfg.model.tensor_parallel_size;
+    anyhow::ensure!(
+        tp == 1 || matches!(device, Device::Cpu(_)),
+        "--tensor-parallel-size {tp} runs on the CPU executor only so far (the CUDA executor's NCCL path is not built); use --tensor-parallel-size 1 on a GPU, or --device cpu"
+    );
+    // Before the weights load: a size that does not fit the model fails fast.
+    crate::model::shard::check_split(model, tp)?;
     if let Device::Cpu(why) = &device {
         anyhow::ensure!(
             !cfg.cache.kv_cache_dtype.is_fp8(),

@@ -61,6 +61,11 @@ pub struct EngineArgs {
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
+    /// Split the model over this many ranks (Megatron-style tensor parallelism: attention heads,
+    /// MLP and vocabulary); each rank holds its KV heads in a pool of --kv-cache-mib. CPU
+    /// executor only so far (its ranks are threads of this process).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
     /// CUDA executor: longest context (tokens) whose prefill attention runs as cuBLAS GEMMs;
     /// longer ones use the flash kernel (0 = flash only).
     #[arg(long)]
@@ -120,6 +125,10 @@ impl EngineArgs {
         set(&mut cfg.scheduler.max_model_len, self.max_model_len);
         set(&mut cfg.cache.kv_cache_mib, self.kv_cache_mib);
         set(&mut cfg.model.cpu_threads, self.cpu_threads);
+        set(
+            &mut cfg.model.tensor_parallel_size,
+            self.tensor_parallel_size,
+        );
         set(
             &mut cfg.model.prefill_gemm_max_len,
             self.prefill_gemm_max_len,
@@ -211,5 +220,20 @@ mod tests {
         }
         assert!(resolve(&["--speculative", "ngram", "--spec-max-depth", "3"]).is_ok());
         assert!(resolve(&["--draft-model", "d", "--spec-fixed-depth"]).is_ok());
+    }
+
+    /// `--tensor-parallel-size` reaches the config and the CPU options; 0 is refused.
+    #[test]
+    fn tensor_parallel_size_flows_to_the_cpu_options() {
+        use crate::executor::cpu::CpuBackendOptions;
+        let cfg = resolve(&["--tensor-parallel-size", "2"]).unwrap();
+        assert_eq!(cfg.model.tensor_parallel_size, 2);
+        assert_eq!(
+            CpuBackendOptions::from_config(&cfg, false).tensor_parallel_size,
+            2
+        );
+        assert_eq!(resolve(&[]).unwrap().model.tensor_parallel_size, 1);
+        let e = resolve(&["--tensor-parallel-size", "0"]).unwrap_err();
+        assert!(e.to_string().contains("tensor_parallel_size"), "{e}");
     }
 }

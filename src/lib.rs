@@ -15,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod output;
+pub mod parallel;
 pub mod protocol;
 pub mod request;
 pub mod sampling;

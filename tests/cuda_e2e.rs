@@ -269,6 +269,7 @@ fn run_both_with(
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: 1,
     };
     let mut cpu = CpuBackend::from_parts(cfg.clone(), weights, &cpu_opts).unwrap();
     let weights = load_weights(dir, &cfg, false).unwrap();

@@ -14,9 +14,9 @@ use brook::tokenizer::Tokenizer;
 use demo::{fixture, ids, root};
 use serde_json::Value;
 
-/// Runs every case at once through the scheduler core and the CPU backend; returns each case's
-/// generated ids.
-fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
+/// Runs every case at once through the scheduler core and the CPU backend, the model split over
+/// `tp` ranks; returns each case's generated ids.
+fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize], tp: usize) -> Vec<Vec<u32>> {
     let opts = CpuBackendOptions {
         block_size: 16,
         kv_cache_bytes: 64 << 20,
@@ -24,6 +24,7 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: tp,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let reqs: Vec<(Vec<u32>, SamplingParams)> = prompts
@@ -35,6 +36,11 @@ fn greedy_batch(dir: &Path, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<
 }
 
 fn check_model(dir: &Path, cases: &[Value]) {
+    check_model_tp(dir, cases, 1);
+}
+
+/// `check_model` with the model split over `tp` ranks (tensor parallelism).
+fn check_model_tp(dir: &Path, cases: &[Value], tp: usize) {
     let tok = Tokenizer::from_dir(dir).unwrap();
     let chat = ChatTemplate::from_tokenizer(&tok)
         .unwrap()
@@ -64,11 +70,11 @@ fn check_model(dir: &Path, cases: &[Value]) {
         want.push(ids(&case["output_token_ids"]));
     }
     let max_new: Vec<usize> = want.iter().map(|w| w.len()).collect();
-    let got = greedy_batch(dir, &prompts, &max_new);
+    let got = greedy_batch(dir, &prompts, &max_new, tp);
     for ((case, g), w) in cases.iter().zip(&got).zip(&want) {
         assert_eq!(
             g, w,
-            "{}: brook greedy output differs from transformers",
+            "{} (tensor-parallel size {tp}): brook greedy output differs from transformers",
             case["name"]
         );
     }
@@ -80,6 +86,18 @@ fn demo_chat_matches_transformers_golden_outputs() {
     check_model(
         &root().join("models/demo-chat"),
         f["cases"].as_array().unwrap(),
+    );
+}
+
+/// The demo model split over two ranks (3 query heads, 1 KV head and half the MLP and the
+/// vocabulary each): the same tokens as transformers, so the same as unsplit.
+#[test]
+fn demo_chat_over_two_tensor_parallel_ranks_matches_the_golden_outputs() {
+    let f = fixture();
+    check_model_tp(
+        &root().join("models/demo-chat"),
+        f["cases"].as_array().unwrap(),
+        2,
     );
 }
 
@@ -96,9 +114,21 @@ fn demo_chat_draft_matches_transformers_golden_outputs() {
 /// text equals the tokenizer's decode of the golden ids.
 #[actix_rt::test]
 async fn streamed_text_equals_the_decoded_golden_output() {
+    streamed_text_matches(1).await;
+}
+
+/// As above with `model.tensor_parallel_size = 2` (the `--tensor-parallel-size` path: the
+/// engine checks the split and starts the ranks).
+#[actix_rt::test]
+async fn streamed_text_over_two_tensor_parallel_ranks_equals_the_golden_output() {
+    streamed_text_matches(2).await;
+}
+
+async fn streamed_text_matches(tp: usize) {
     let dir = root().join("models/demo-chat");
     let mut cfg = brook::config::Config::default();
     cfg.model.device = "cpu".into();
+    cfg.model.tensor_parallel_size = tp;
     cfg.cache.kv_cache_mib = 32;
     let engine = brook::engine::start(&cfg, &dir, false).unwrap();
     let f = fixture();
@@ -132,6 +162,23 @@ async fn streamed_text_equals_the_decoded_golden_output() {
                 _ => {}
             }
         }
-        assert_eq!(text, want, "{name}");
+        assert_eq!(text, want, "{name} (tensor-parallel size {tp})");
     }
+}
+
+/// A tensor-parallel size the model does not divide by is refused at start, before the weights
+/// load, saying what does not divide.
+#[actix_rt::test]
+async fn a_tensor_parallel_size_the_model_cannot_split_into_is_refused() {
+    let mut cfg = brook::config::Config::default();
+    cfg.model.device = "cpu".into();
+    cfg.model.tensor_parallel_size = 4;
+    let err = brook::engine::start(&cfg, &root().join("models/demo-chat"), false)
+        .err()
+        .expect("6 heads do not split over 4 ranks")
+        .to_string();
+    assert!(
+        err.contains("--tensor-parallel-size 4") && err.contains("6 attention heads"),
+        "{err}"
+    );
 }

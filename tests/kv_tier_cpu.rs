@@ -83,6 +83,7 @@ fn run(dir: &Path, s: &Setup, reqs: &[(u64, Vec<u32>, usize, usize, usize)]) -> 
         progress: false,
         host_kv_cache_bytes: s.host_blocks * per_block,
         copy_bytes_per_s: Some(1e12),
+        tensor_parallel_size: 1,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let info = backend.info();
@@ -261,6 +262,7 @@ mod gpu_geometry {
                 host_kv_cache_bytes: host * per_block,
                 // The H200's measured rate (call g), so swap-or-not prices as there.
                 copy_bytes_per_s: Some(53e9),
+                tensor_parallel_size: 1,
             },
         )
         .unwrap()

@@ -26,6 +26,7 @@ fn check_family(family: &str) {
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: 1,
     };
     let mut backend = CpuBackend::load(&dir, opts.clone()).unwrap();
     let mut worst = 0f32;

@@ -12,6 +12,11 @@ use demo::{greedy_goldens, root, sampled, spec, Run};
 
 /// Runs the requests on the CPU backend with the demo target (4-token blocks).
 fn run(spec: SpecConfig, reqs: &[(Vec<u32>, SamplingParams)], seed: u64) -> Run {
+    run_tp(spec, reqs, seed, 1)
+}
+
+/// `run` with the target split over `tp` ranks (the draft model stays whole, beside rank 0).
+fn run_tp(spec: SpecConfig, reqs: &[(Vec<u32>, SamplingParams)], seed: u64, tp: usize) -> Run {
     let dir = root().join("models/demo-chat");
     let opts = CpuBackendOptions {
         block_size: 4,
@@ -20,14 +25,19 @@ fn run(spec: SpecConfig, reqs: &[(Vec<u32>, SamplingParams)], seed: u64) -> Run 
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: tp,
     };
     let mut backend = CpuBackend::load_speculative(&dir, opts, &spec).unwrap();
     demo::run(&mut backend, spec, &dir, reqs, seed)
 }
 
 fn check_greedy_goldens(method: SpecMethod, max_depth: usize) -> Run {
+    check_greedy_goldens_tp(method, max_depth, 1)
+}
+
+fn check_greedy_goldens_tp(method: SpecMethod, max_depth: usize, tp: usize) -> Run {
     let (reqs, want) = greedy_goldens();
-    let r = run(spec(method, max_depth), &reqs, 0);
+    let r = run_tp(spec(method, max_depth), &reqs, 0, tp);
     for (i, (got, want)) in r.outputs.iter().zip(&want).enumerate() {
         assert_eq!(got, want, "case {i}: speculative greedy output differs");
     }
@@ -41,6 +51,12 @@ fn check_greedy_goldens(method: SpecMethod, max_depth: usize) -> Run {
 #[test]
 fn greedy_with_the_draft_model_equals_the_goldens() {
     check_greedy_goldens(SpecMethod::Draft, 4).assert_accepts_and_rejects();
+}
+
+/// Verification (k + 1 positions a sequence) and KV rollback on a target split over two ranks.
+#[test]
+fn greedy_with_the_draft_model_over_two_tensor_parallel_ranks_equals_the_goldens() {
+    check_greedy_goldens_tp(SpecMethod::Draft, 4, 2).assert_accepts_and_rejects();
 }
 
 #[test]

@@ -20,6 +20,7 @@ impl CpuBackendOptions {
             host_kv_cache_bytes: cfg.cache.cpu_kv_cache_bytes(),
             copy_bytes_per_s: (cfg.cache.swap_bandwidth_gbs > 0.0)
                 .then_some(cfg.cache.swap_bandwidth_gbs * 1e9),
+            tensor_parallel_size: cfg.model.tensor_parallel_size,
         }
     }
 }

@@ -4,7 +4,7 @@ use crate::step::{SchedulerOutput, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
-    /// "cpu" or "cuda:0 (NVIDIA H200)".
+    /// "cpu", "cpu (tensor parallel: 2 ranks)" or "cuda:0 (NVIDIA H200)".
     pub device: String,
     /// KV blocks the backend allocated its pool for.
     pub num_kv_blocks: usize,

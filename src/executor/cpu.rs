@@ -8,8 +8,13 @@
 //! whose K/V shares the target's block ids, `draft.rs`) a step first proposes drafts for the
 //! requests the scheduler gave draft positions, then runs the target over their k + 1
 //! positions and verifies on the host (`executor::verify`).
+//!
+//! Tensor parallelism (`tensor_parallel_size` > 1, `tp.rs`): the backend's model is rank 0's
+//! shard and ranks 1..N run beside it on threads of their own; everything else (input batch,
+//! sampling, proposer) stays here, once.
 
 pub mod draft;
+pub mod tp;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,11 +29,13 @@ use crate::executor::verify::{HostSampler, Logits, StepDrafts};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel};
 use crate::model::loader::{load_weights, ModelWeights};
+use crate::model::shard::{check_split, shard_config};
 use crate::spec::ngram::NgramProposer;
 use crate::spec::{Proposer, SpecConfig, SpecMethod};
 use crate::step::{BatchInput, SchedulerOutput, StepOutput};
 
 use self::draft::CpuDraft;
+use self::tp::{TpPeers, TpWorld};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -45,11 +52,19 @@ pub struct CpuBackendOptions {
     pub host_kv_cache_bytes: usize,
     /// Copy bandwidth between the tiers, bytes per second; None: measured at start.
     pub copy_bytes_per_s: Option<f64>,
+    /// Ranks the model is split over (Megatron-style, `model::shard`; 1: none). Each rank
+    /// holds its KV heads of every block in a pool of `kv_cache_bytes` (the budget is a
+    /// rank's, as a GPU's memory is) and gets `num_threads / N` of the threads.
+    pub tensor_parallel_size: usize,
 }
 
 pub struct CpuBackend {
+    /// The whole model's config (with tensor parallelism `model` holds rank 0's shard).
+    config: ModelConfig,
     model: LlamaModel,
     kv: KvPool,
+    /// Ranks 1..N under tensor parallelism.
+    peers: Option<TpPeers>,
     threads: Arc<rayon::ThreadPool>,
     sampler: HostSampler,
     /// The requests in flight: their tokens, sampling state and block tables.
@@ -120,13 +135,23 @@ impl CpuBackend {
             (spec.method == SpecMethod::Draft) == draft.is_some(),
             "a draft model goes with --speculative draft, and only with it"
         );
+        let world = opts.tensor_parallel_size;
+        check_split(&config, world)?;
+        anyhow::ensure!(
+            world == 1 || opts.host_kv_cache_bytes == 0,
+            "the KV host tier (--cpu-kv-cache-gib) does not run with tensor parallelism yet; leave one of them out"
+        );
+        // A rank's shard: its KV heads are what one block costs it.
+        let rank_config = shard_config(&config, world);
         let draft_bytes = draft
             .as_ref()
             .map_or(0, |d| KvPool::bytes_per_block(&d.config, opts.block_size));
-        let bytes_per_block = KvPool::bytes_per_block(&config, opts.block_size) + draft_bytes;
+        let bytes_per_block = KvPool::bytes_per_block(&rank_config, opts.block_size) + draft_bytes;
         super::host_memory::check(
-            "the KV cache (--kv-cache-mib) with its host tier (--cpu-kv-cache-gib)",
-            opts.kv_cache_bytes.saturating_add(opts.host_kv_cache_bytes),
+            "the KV cache (--kv-cache-mib, per tensor-parallel rank) with its host tier (--cpu-kv-cache-gib)",
+            opts.kv_cache_bytes
+                .saturating_mul(world)
+                .saturating_add(opts.host_kv_cache_bytes),
         )?;
         let num_blocks = opts.kv_cache_bytes / bytes_per_block;
         anyhow::ensure!(
@@ -142,14 +167,22 @@ impl CpuBackend {
                 config.max_position_embeddings
             );
         }
+        // Ranks share the cores: each gets its part of the threads.
+        let threads_per_rank = match world {
+            1 => opts.num_threads.unwrap_or(0),
+            _ => {
+                let all = opts.num_threads.unwrap_or_else(rayon::current_num_threads);
+                (all / world).max(1)
+            }
+        };
         let threads = Arc::new(
             rayon::ThreadPoolBuilder::new()
-                .num_threads(opts.num_threads.unwrap_or(0))
+                .num_threads(threads_per_rank)
                 .thread_name(|i| format!("brook-cpu-{i}"))
                 .build()
                 .context("building the CPU executor's thread pool")?,
         );
-        let mut kv = KvPool::new(&config, num_blocks, opts.block_size);
+        let mut kv = KvPool::new(&rank_config, num_blocks, opts.block_size);
         // The host tier holds the target's K/V only: a request swapped out is forgotten by the
         // draft model (it is among the step's preempted), which recomputes its own K/V.
         let num_host = opts.host_kv_cache_bytes / KvPool::bytes_per_block(&config, opts.block_size);
@@ -165,7 +198,20 @@ impl CpuBackend {
         let input = InputBatch::new(opts.block_size, num_blocks, max_blocks)
             .with_sliding_window(config.sliding_window);
         let sample_vocab = config.vocab_size;
-        let model = LlamaModel::new(config, weights)?;
+        let (model, peers) = match world {
+            1 => (LlamaModel::new(config.clone(), weights)?, None),
+            _ => {
+                let w = TpWorld::start(
+                    &config,
+                    weights,
+                    world,
+                    num_blocks,
+                    opts.block_size,
+                    threads_per_rank,
+                )?;
+                (w.rank0, Some(w.peers))
+            }
+        };
         let proposer: Option<Box<dyn Proposer>> = match (spec.method, draft) {
             (SpecMethod::Off, _) => None,
             (SpecMethod::Ngram, _) => {
@@ -183,8 +229,10 @@ impl CpuBackend {
             (SpecMethod::Draft, None) => unreachable!("checked above"),
         };
         Ok(CpuBackend {
+            config,
             model,
             kv,
+            peers,
             threads,
             sampler: HostSampler::new(),
             input,
@@ -200,15 +248,16 @@ impl CpuBackend {
     /// tokenizer smaller than its shape's vocabulary emits only ids the tokenizer can decode.
     /// The other logits are masked out, log-probabilities included (as the CUDA sampler does).
     pub fn sample_below(mut self, n: usize) -> Self {
-        self.sample_vocab = n.clamp(1, self.model.config().vocab_size);
+        self.sample_vocab = n.clamp(1, self.config.vocab_size);
         self
     }
 
     pub fn config(&self) -> &ModelConfig {
-        self.model.config()
+        &self.config
     }
 
-    /// The device pool's block `b` (tests compare tiers with it).
+    /// The device pool's block `b` (tests compare tiers with it); rank 0's under tensor
+    /// parallelism.
     pub fn kv_block(&self, b: usize) -> Vec<f32> {
         self.kv.block_data(b)
     }
@@ -220,7 +269,7 @@ impl CpuBackend {
 
     /// Runs the batch and returns its logit rows (`BatchInput::num_logit_rows`), in seq order.
     pub fn forward_logits(&mut self, batch: &BatchInput) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (flat, vocab) = forward_flat(&self.model, &mut self.kv, &self.threads, batch)?;
+        let (flat, vocab) = self.forward_flat(batch)?;
         Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
@@ -229,7 +278,7 @@ impl CpuBackend {
     /// earlier tokens).
     pub fn execute_batch(&mut self, batch: &BatchInput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
-        let (logits, vocab) = forward_flat(&self.model, &mut self.kv, &self.threads, batch)?;
+        let (logits, vocab) = self.forward_flat(batch)?;
         self.drafts.fill_from_batch(batch);
         let mut out = StepOutput::default();
         let drafts = &self.drafts;
@@ -245,26 +294,66 @@ impl CpuBackend {
     }
 }
 
-/// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
-fn forward_flat(
-    model: &LlamaModel,
-    kv: &mut KvPool,
-    threads: &rayon::ThreadPool,
-    batch: &BatchInput,
-) -> anyhow::Result<(Vec<f32>, usize)> {
-    batch
-        .validate(kv.block_size(), kv.num_blocks())
-        .and_then(|()| batch.validate_window(kv.block_size(), model.config().sliding_window))
-        .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
-    // Within the pool already (a step), `install` runs the forward in place.
-    let logits = threads.install(|| model.forward(batch, kv))?;
-    Ok((logits, model.config().vocab_size))
+/// The model's parts a forward uses (borrowed apart from the rest of the backend).
+struct Forward<'a> {
+    model: &'a LlamaModel,
+    kv: &'a mut KvPool,
+    peers: Option<&'a TpPeers>,
+    threads: &'a rayon::ThreadPool,
+}
+
+impl Forward<'_> {
+    /// Logits `[num_sampled * vocab]` row-major, and the vocabulary size.
+    fn run(self, batch: &BatchInput) -> anyhow::Result<(Vec<f32>, usize)> {
+        let Forward {
+            model,
+            kv,
+            peers,
+            threads,
+        } = self;
+        batch
+            .validate(kv.block_size(), kv.num_blocks())
+            .and_then(|()| batch.validate_window(kv.block_size(), model.config().sliding_window))
+            .map_err(|e| anyhow::anyhow!("invalid batch: {e}"))?;
+        model.check_batch(batch)?;
+        // Within the pool already (a step), `install` runs the forward in place.
+        let mut rank0 = move || threads.install(|| model.forward(batch, kv));
+        let logits = match peers {
+            None => rank0()?,
+            Some(p) => p.forward(batch, rank0),
+        };
+        Ok((logits, model.config().vocab_size))
+    }
+}
+
+impl CpuBackend {
+    fn forward_flat(&mut self, batch: &BatchInput) -> anyhow::Result<(Vec<f32>, usize)> {
+        Forward {
+            model: &self.model,
+            kv: &mut self.kv,
+            peers: self.peers.as_ref(),
+            threads: &self.threads,
+        }
+        .run(batch)
+    }
+
+    /// Block copies within the pool (copy-on-write), on every rank's.
+    fn copy_on_device(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
+        CpuHostTier::apply_on_device(&mut self.kv, copies)?;
+        if let Some(p) = &self.peers {
+            p.apply_copies(copies);
+        }
+        Ok(())
+    }
 }
 
 impl Backend for CpuBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            device: "cpu".into(),
+            device: match &self.peers {
+                None => "cpu".into(),
+                Some(p) => format!("cpu (tensor parallel: {} ranks)", p.world_size()),
+            },
             num_kv_blocks: self.kv.num_blocks(),
             block_size: self.kv.block_size(),
             bytes_per_block: self.bytes_per_block,
@@ -305,6 +394,7 @@ impl CpuBackend {
         let CpuBackend {
             model,
             kv,
+            peers,
             threads,
             sampler,
             input,
@@ -319,7 +409,10 @@ impl CpuBackend {
             Some(h) => h.apply_step(kv, &step.kv_copies, step.kv_copies_for_forward)?,
             // Copy-on-write needs no host tier (and the forward waits for it).
             None if !step.kv_copies.is_empty() => {
-                CpuHostTier::apply_on_device(kv, &step.kv_copies)?
+                CpuHostTier::apply_on_device(kv, &step.kv_copies)?;
+                if let Some(p) = peers {
+                    p.apply_copies(&step.kv_copies);
+                }
             }
             None => {}
         }
@@ -341,7 +434,13 @@ impl CpuBackend {
         }
         input.build(&drafts.proposals)?;
         let (batch, held) = (input.batch(), &*input);
-        let (logits, vocab) = forward_flat(model, kv, threads, batch)?;
+        let forward = Forward {
+            model,
+            kv,
+            peers: peers.as_ref(),
+            threads,
+        };
+        let (logits, vocab) = forward.run(batch)?;
         let counts = |row| held.counts(row);
         let logits = Logits {
             data: &logits,
@@ -370,7 +469,7 @@ impl KvTier for CpuBackend {
     fn apply_copies(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
         match &mut self.host {
             Some(h) => h.apply(&mut self.kv, copies),
-            None => CpuHostTier::apply_on_device(&mut self.kv, copies),
+            None => self.copy_on_device(copies),
         }
     }
 

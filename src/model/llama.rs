@@ -24,6 +24,7 @@ use crate::model::config::ModelConfig;
 use crate::model::cpu_attention::{paged_attention, AttentionPlan};
 use crate::model::cpu_ops::{add_assign, dot, rms_norm, swiglu, to_vec, Dense};
 use crate::model::loader::ModelWeights;
+use crate::parallel::Communicator;
 use crate::step::BatchInput;
 
 /// The paged KV cache: for each layer, K and V as flat f32 arrays laid out
@@ -132,8 +133,9 @@ struct LayerParams {
 }
 
 pub struct LlamaModel {
+    /// A tensor-parallel rank's: its shard's (`model::shard::shard_config`).
     config: ModelConfig,
-    /// `[vocab, hidden]`.
+    /// `[vocab, hidden]`; a rank's `[vocab_rows, hidden]` slice.
     embed_tokens: Dense,
     layers: Vec<LayerParams>,
     norm: Vec<f32>,
@@ -143,6 +145,16 @@ pub struct LlamaModel {
     /// `[max_position_embeddings, head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// Set when this is one rank of a tensor-parallel world (`model::shard`).
+    tp: Option<TpRank>,
+}
+
+/// A tensor-parallel rank's link to the others: its communicator and its vocabulary slice.
+pub struct TpRank {
+    pub comm: Box<dyn Communicator>,
+    /// The first vocabulary id of this rank's embedding and LM-head rows
+    /// (`rank * shard::vocab_rows`).
+    pub vocab_start: usize,
 }
 
 fn stack(parts: &[&Linear]) -> candle_core::Result<Dense> {
@@ -198,12 +210,13 @@ impl LlamaModel {
                 rope_sin.push((angle.sin() * mscale) as f32);
             }
         }
-        let embed_tokens = Dense::new(
-            to_vec(&embed_tokens)?,
-            config.vocab_size,
-            config.hidden_size,
-            None,
+        // A tensor-parallel rank holds a slice of the vocabulary's rows.
+        let (rows, hidden) = embed_tokens.dims2()?;
+        anyhow::ensure!(
+            hidden == config.hidden_size,
+            "embed_tokens is not [_, hidden]"
         );
+        let embed_tokens = Dense::new(to_vec(&embed_tokens)?, rows, hidden, None);
         let lm_head = match lm_head_tied {
             true => None,
             false => Some(Dense::from_linear(&lm_head)?),
@@ -216,11 +229,84 @@ impl LlamaModel {
             lm_head,
             rope_cos,
             rope_sin,
+            tp: None,
         })
+    }
+
+    /// One rank of a tensor-parallel world: `config` and `weights` are the rank's shard
+    /// (`model::shard`); the forward all-reduces and all-gathers through `tp.comm`.
+    pub fn new_rank(
+        config: ModelConfig,
+        weights: ModelWeights,
+        tp: TpRank,
+    ) -> anyhow::Result<Self> {
+        let mut m = Self::new(config, weights)?;
+        m.tp = Some(tp);
+        Ok(m)
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Fails this rank's collectives in progress and to come on every rank (a rank that
+    /// panicked releases the others); a no-op without tensor parallelism.
+    pub fn abort_collectives(&self, why: &str) {
+        if let Some(tp) = &self.tp {
+            tp.comm.abort(why);
+        }
+    }
+
+    /// Sums a row-parallel projection's partial products over the ranks.
+    fn all_reduce(&self, x: &mut [f32]) -> anyhow::Result<()> {
+        match &self.tp {
+            Some(tp) => Ok(tp.comm.all_reduce_sum(x)?),
+            None => Ok(()),
+        }
+    }
+
+    /// The embedding rows of `tokens`: with tensor parallelism each rank looks up the ids in its
+    /// vocabulary slice (zeros for the others) and the all-reduce completes every row.
+    fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> anyhow::Result<()> {
+        let hs = self.config.hidden_size;
+        let (start, rows) = match &self.tp {
+            Some(tp) => (tp.vocab_start, self.embed_tokens.out_features()),
+            None => (0, self.config.vocab_size),
+        };
+        for &t in tokens {
+            match (t as usize).checked_sub(start).filter(|&i| i < rows) {
+                Some(i) => self.embed_tokens.push_row(i, x),
+                None => x.resize(x.len() + hs, 0.0),
+            }
+        }
+        self.all_reduce(x)
+    }
+
+    /// The logits of `h`'s `rows` rows, `[rows, vocab]`: with tensor parallelism each rank's
+    /// vocabulary slice, gathered and put side by side (the last rank's padding dropped).
+    fn logits(&self, h: &[f32], rows: usize) -> anyhow::Result<Vec<f32>> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        let mut local = Vec::new();
+        head.forward(h, rows, &mut local);
+        let Some(tp) = &self.tp else {
+            return Ok(local);
+        };
+        let mut all = Vec::new();
+        tp.comm.all_gather(&local, &mut all)?;
+        let (world, width, vocab) = (
+            tp.comm.world_size(),
+            head.out_features(),
+            self.config.vocab_size,
+        );
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for row in 0..rows {
+            for rank in 0..world {
+                let take = width.min(vocab - (rank * width).min(vocab));
+                let at = (rank * rows + row) * width;
+                logits.extend_from_slice(&all[at..at + take]);
+            }
+        }
+        Ok(logits)
     }
 
     /// Runs the batch through the model, writing its K/V into `kv`, and returns the logits at the
@@ -228,25 +314,9 @@ impl LlamaModel {
     /// positions when it verifies drafts — `[batch.num_logit_rows(), vocab]` row-major, in seq
     /// order. The batch must be valid (`BatchInput::validate`) for `kv`'s block size and count.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvPool) -> anyhow::Result<Vec<f32>> {
+        self.check_batch(batch)?;
         let c = &self.config;
         let n = batch.num_tokens();
-        if let Some(&p) = batch
-            .positions
-            .iter()
-            .find(|&&p| p as usize >= c.max_position_embeddings)
-        {
-            anyhow::bail!(
-                "position {p} exceeds max_position_embeddings {}",
-                c.max_position_embeddings
-            );
-        }
-        if let Some(&t) = batch
-            .token_ids
-            .iter()
-            .find(|&&t| t as usize >= c.vocab_size)
-        {
-            anyhow::bail!("token id {t} is outside the vocabulary of {}", c.vocab_size);
-        }
         anyhow::ensure!(
             kv.kv_dim == c.kv_dim() && kv.k.len() == self.layers.len(),
             "KV pool shape does not match the model"
@@ -257,9 +327,7 @@ impl LlamaModel {
         let plan = AttentionPlan::new(batch, c.sliding_window.unwrap_or(usize::MAX));
         let hs = c.hidden_size;
         let mut x = Vec::with_capacity(n * hs);
-        for &t in &batch.token_ids {
-            self.embed_tokens.push_row(t as usize, &mut x);
-        }
+        self.embed(&batch.token_ids, &mut x)?;
         let eps = c.rms_norm_eps as f32;
         let q_dim = c.q_dim();
         // Buffers reused by every layer.
@@ -280,12 +348,14 @@ impl LlamaModel {
                 &plan,
             );
             layer.o_proj.forward(&attn, n, &mut proj);
+            self.all_reduce(&mut proj)?;
             add_assign(&mut x, &proj);
 
             rms_norm(&x, &layer.post_attention_layernorm, eps, &mut h);
             layer.gate_up_proj.forward(&h, n, &mut gate_up);
             swiglu(&gate_up, c.intermediate_size, &mut act);
             layer.down_proj.forward(&act, n, &mut proj);
+            self.all_reduce(&mut proj)?;
             add_assign(&mut x, &proj);
         }
         // Prefill chunks that end before their prompt does only fill the cache.
@@ -295,12 +365,32 @@ impl LlamaModel {
         }
         let rows = last.len() / hs;
         rms_norm(&last, &self.norm, eps, &mut h);
-        let mut logits = Vec::new();
-        match &self.lm_head {
-            Some(head) => head.forward(&h, rows, &mut logits),
-            None => self.embed_tokens.forward(&h, rows, &mut logits),
+        self.logits(&h, rows)
+    }
+
+    /// The forward's checks of a batch's positions and token ids (the rest is
+    /// `BatchInput::validate`'s): a tensor-parallel backend runs them before any rank starts, so
+    /// a bad batch fails alike everywhere and before any collective.
+    pub fn check_batch(&self, batch: &BatchInput) -> anyhow::Result<()> {
+        let c = &self.config;
+        if let Some(&p) = batch
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= c.max_position_embeddings)
+        {
+            anyhow::bail!(
+                "position {p} exceeds max_position_embeddings {}",
+                c.max_position_embeddings
+            );
         }
-        Ok(logits)
+        if let Some(&t) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= c.vocab_size)
+        {
+            anyhow::bail!("token id {t} is outside the vocabulary of {}", c.vocab_size);
+        }
+        Ok(())
     }
 
     /// Normalises each q and k head when the model has q/k norms (Qwen3), rotates the q and k

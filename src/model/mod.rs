@@ -1,8 +1,8 @@
 //! Model loading and the CPU forward: Hugging Face config and safetensors checkpoints of the
 //! Llama family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3: `arch`), the paged batched forward the CPU executor runs, the plain
 //! forward the tests compare it with, the checkpoint streamed as bf16 into the CUDA executor's
-//! fused layout, a writer of small random-weight test checkpoints, and the shapes of synthetic
-//! (random-weight) benchmark models.
+//! fused layout, tensor-parallel shards of a model's weights (`shard`), a writer of small
+//! random-weight test checkpoints, and the shapes of synthetic (random-weight) benchmark models.
 
 pub mod arch;
 pub mod config;
@@ -12,6 +12,7 @@ pub mod fused;
 pub mod llama;
 pub mod loader;
 pub mod reference;
+pub mod shard;
 pub mod synthetic;
 /// Test-only (see its header): never in the release binary.
 #[cfg(test)]

@@ -128,14 +128,21 @@ fn write_model(spec: &TestModelSpec) -> tempfile::TempDir {
 }
 
 fn backend_for(dir: &Path, block_size: usize, num_blocks: usize) -> CpuBackend {
+    backend_for_tp(dir, block_size, num_blocks, 1)
+}
+
+/// `backend_for` with the model split over `tp` ranks (each rank's pool `num_blocks` blocks).
+fn backend_for_tp(dir: &Path, block_size: usize, num_blocks: usize, tp: usize) -> CpuBackend {
     let config = ModelConfig::from_dir(dir).unwrap();
+    let rank = crate::model::shard::shard_config(&config, tp);
     let opts = CpuBackendOptions {
         block_size,
-        kv_cache_bytes: num_blocks * KvPool::bytes_per_block(&config, block_size),
+        kv_cache_bytes: num_blocks * KvPool::bytes_per_block(&rank, block_size),
         num_threads: Some(2),
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: tp,
     };
     CpuBackend::load(dir, opts).unwrap()
 }
@@ -244,10 +251,15 @@ fn run_engine(backend: &mut CpuBackend, sc: &Scenario) -> Vec<SeqState> {
 /// The key equality: every sampled logits row within `TOLERANCE` of the reference's, and the same
 /// greedy tokens, for every sequence of the scenario.
 fn assert_engine_matches_reference(spec: &TestModelSpec, sc: &Scenario) {
+    assert_matches_reference_tp(spec, sc, 1);
+}
+
+/// `assert_engine_matches_reference` with the engine's model split over `tp` ranks.
+fn assert_matches_reference_tp(spec: &TestModelSpec, sc: &Scenario, tp: usize) {
     let dir = write_model(spec);
     let config = ModelConfig::from_dir(dir.path()).unwrap();
     let weights = load_weights(dir.path(), &config, false).unwrap();
-    let mut backend = backend_for(dir.path(), sc.block_size, sc.num_blocks);
+    let mut backend = backend_for_tp(dir.path(), sc.block_size, sc.num_blocks, tp);
     assert_eq!(backend.info().num_kv_blocks, sc.num_blocks);
     let seqs = run_engine(&mut backend, sc);
     let mut worst = 0f32;
@@ -518,6 +530,7 @@ fn kv_pool_is_sized_from_kv_cache_bytes() {
         progress: false,
         host_kv_cache_bytes: 0,
         copy_bytes_per_s: None,
+        tensor_parallel_size: 1,
     };
     let backend = CpuBackend::load(dir.path(), opts(10 * per_block + per_block / 2)).unwrap();
     let info = backend.info();
@@ -655,3 +668,5 @@ fn executor_thread_joins_the_pool_and_steps_are_unchanged() {
         }
     }
 }
+
+mod tp;

@@ -1,0 +1,266 @@
+//! Tensor parallelism on the CPU executor (`--tensor-parallel-size N`): ranks 1..N of the world
+//! run on threads of their own, each with its shard of the model (`model::shard`), its own KV
+//! pool (its KV heads of every block: the scheduler's block ids index every rank's pool) and
+//! its own rayon pool; rank 0 is the backend's model, on the executor thread. Each step the
+//! backend hands the peers the batch (and any block copies), runs rank 0's forward and waits for
+//! theirs: the ranks meet in the model's collectives (`parallel::ThreadComm`), and rank 0's
+//! logits are the step's.
+//!
+//! A rank that fails mid-step aborts the world, which releases the ranks waiting for it; the
+//! step then panics, so the executor actor rebuilds the backend (a world with a rank gone is in
+//! no known state). Batches are checked before they reach any rank, so a bad batch fails the
+//! step alone, the same on every rank.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::executor::actor::panic_message;
+use crate::executor::kv_tier::CpuHostTier;
+use crate::model::config::ModelConfig;
+use crate::model::llama::{KvPool, LlamaModel, TpRank};
+use crate::model::loader::ModelWeights;
+use crate::model::shard::{shard_config, shard_weights, vocab_rows};
+use crate::parallel::{AbortHandle, ThreadComm};
+use crate::step::{BatchInput, BlockCopy};
+
+/// What a peer rank does for a step.
+enum Job {
+    Forward(Arc<BatchInput>),
+    Copies(Arc<[BlockCopy]>),
+    /// Tests: the peer panics instead of running the step's forward.
+    #[cfg(test)]
+    Panic,
+}
+
+/// How a peer's job ended.
+enum Done {
+    Ok,
+    Failed(String),
+    Panicked(String),
+}
+
+/// One peer rank's thread and its two channels (one job in flight at a time: bounded at 1).
+struct Peer {
+    rank: usize,
+    jobs: Sender<Job>,
+    done: Receiver<Done>,
+    thread: JoinHandle<()>,
+}
+
+/// Ranks 1..N of a world whose rank 0 is the caller's model.
+pub struct TpPeers {
+    peers: Vec<Peer>,
+    abort: AbortHandle,
+    /// Tests: the next forward's peers panic (`Job::Panic`).
+    #[cfg(test)]
+    pub(crate) fail_next: std::sync::atomic::AtomicBool,
+}
+
+/// A world's rank 0 (the backend's own model) and its peers.
+pub struct TpWorld {
+    pub rank0: LlamaModel,
+    pub peers: TpPeers,
+}
+
+/// Rank `rank`'s model: its shard of `weights` with its end of the world.
+fn rank_model(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    comm: ThreadComm,
+    world: usize,
+) -> anyhow::Result<LlamaModel> {
+    let rank = crate::parallel::Communicator::rank(&comm);
+    let shard = shard_weights(config, weights, rank, world)?;
+    let tp = TpRank {
+        comm: Box::new(comm),
+        vocab_start: rank * vocab_rows(config.vocab_size, world),
+    };
+    LlamaModel::new_rank(shard_config(config, world), shard, tp)
+}
+
+impl TpWorld {
+    /// Splits `weights` (the whole model, `config`'s shapes; the split checked by the caller)
+    /// over `world` ranks and starts ranks 1..N, each with a KV pool of `num_blocks` blocks of
+    /// its shard's KV heads and a rayon pool of `threads_per_rank` threads.
+    pub fn start(
+        config: &ModelConfig,
+        weights: ModelWeights,
+        world: usize,
+        num_blocks: usize,
+        block_size: usize,
+        threads_per_rank: usize,
+    ) -> anyhow::Result<Self> {
+        let mut comms = ThreadComm::world(world).into_iter();
+        let first = comms.next().expect("a world has a rank 0");
+        let abort = first.abort_handle();
+        let rank0 = rank_model(config, &weights, first, world)?;
+        let shard = shard_config(config, world);
+        let mut peers = Vec::with_capacity(world - 1);
+        for comm in comms {
+            let rank = crate::parallel::Communicator::rank(&comm);
+            let model = rank_model(config, &weights, comm, world)?;
+            let kv = KvPool::new(&shard, num_blocks, block_size);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads_per_rank)
+                .thread_name(move |i| format!("brook-tp{rank}-{i}"))
+                .build()
+                .context("building a tensor-parallel rank's thread pool")?;
+            let (jobs, job_rx) = bounded(1);
+            let (done_tx, done) = bounded(1);
+            let thread = std::thread::Builder::new()
+                .name(format!("brook-tp{rank}"))
+                .spawn(move || serve(model, kv, pool, job_rx, done_tx))
+                .context("starting a tensor-parallel rank's thread")?;
+            peers.push(Peer {
+                rank,
+                jobs,
+                done,
+                thread,
+            });
+        }
+        Ok(TpWorld {
+            rank0,
+            peers: TpPeers {
+                peers,
+                abort,
+                #[cfg(test)]
+                fail_next: Default::default(),
+            },
+        })
+    }
+}
+
+/// A peer rank's loop: one job at a time until the backend drops its channel.
+fn serve(
+    model: LlamaModel,
+    mut kv: KvPool,
+    pool: rayon::ThreadPool,
+    jobs: Receiver<Job>,
+    done: Sender<Done>,
+) {
+    while let Ok(job) = jobs.recv() {
+        let run = catch_unwind(AssertUnwindSafe(|| match &job {
+            Job::Forward(batch) => pool.install(|| model.forward(batch, &mut kv)).map(drop),
+            Job::Copies(copies) => CpuHostTier::apply_on_device(&mut kv, copies),
+            #[cfg(test)]
+            Job::Panic => panic!("injected"),
+        }));
+        let end = match run {
+            Ok(Ok(())) => Done::Ok,
+            Ok(Err(e)) => Done::Failed(format!("{e:#}")),
+            Err(p) => Done::Panicked(panic_message(&*p)),
+        };
+        if !matches!(end, Done::Ok) {
+            // Rank 0 and the others may be waiting in a collective this rank will not reach.
+            model.abort_collectives("a peer rank failed");
+        }
+        if done.send(end).is_err() {
+            break;
+        }
+    }
+}
+
+impl TpPeers {
+    /// Ranks in the world, rank 0 included.
+    pub fn world_size(&self) -> usize {
+        self.peers.len() + 1
+    }
+
+    /// Runs the step's forward on every peer and `rank0` (rank 0's forward) here; returns rank
+    /// 0's logits. `batch` must be checked already (`LlamaModel::check_batch`): a rank that
+    /// fails now leaves the world broken, and this panics for the backend to be rebuilt.
+    pub fn forward(
+        &self,
+        batch: &BatchInput,
+        rank0: impl FnOnce() -> anyhow::Result<Vec<f32>>,
+    ) -> Vec<f32> {
+        let shared = Arc::new(batch.clone());
+        #[cfg(test)]
+        let inject = self
+            .fail_next
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        self.post(|| {
+            #[cfg(test)]
+            if inject {
+                return Job::Panic;
+            }
+            Job::Forward(shared.clone())
+        });
+        let mine = rank0();
+        if mine.is_err() {
+            self.abort.abort("rank 0 failed");
+        }
+        let theirs = self.collect();
+        match (mine, theirs) {
+            (Ok(logits), None) => logits,
+            (_, Some(why)) => panic!("tensor-parallel step failed: {why}"),
+            (Err(e), None) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
+        }
+    }
+
+    /// Applies block copies within the pool (copy-on-write) on every peer, as the caller did on
+    /// rank 0's (which checked them).
+    pub fn apply_copies(&self, copies: &[BlockCopy]) {
+        if copies.is_empty() {
+            return;
+        }
+        let shared: Arc<[BlockCopy]> = copies.into();
+        self.post(|| Job::Copies(shared.clone()));
+        if let Some(why) = self.collect() {
+            panic!("tensor-parallel block copies failed: {why}");
+        }
+    }
+
+    fn post(&self, job: impl Fn() -> Job) {
+        for p in &self.peers {
+            // A peer's thread ends only with the channel, or by a bug: `collect` reports it.
+            let _ = p.jobs.send(job());
+        }
+    }
+
+    /// Waits for every peer's job; the first failure that is not another's abort, else the
+    /// first failure, or None.
+    fn collect(&self) -> Option<String> {
+        let mut failures: Vec<(bool, String)> = Vec::new();
+        for p in &self.peers {
+            let (cause, why) = match p.done.recv() {
+                Ok(Done::Ok) => continue,
+                Ok(Done::Panicked(m)) => (true, format!("rank {} panicked: {m}", p.rank)),
+                Ok(Done::Failed(m)) => (
+                    !m.contains("collective aborted"),
+                    format!("rank {}: {m}", p.rank),
+                ),
+                Err(_) => (true, format!("rank {}'s thread is gone", p.rank)),
+            };
+            failures.push((cause, why));
+        }
+        let first_cause = failures.iter().position(|(cause, _)| *cause);
+        first_cause
+            .or((!failures.is_empty()).then_some(0))
+            .map(|i| failures.swap_remove(i).1)
+    }
+}
+
+impl Drop for TpPeers {
+    /// Releases peers waiting in a collective (rank 0 panicked mid-step), closes their channels
+    /// and joins their threads.
+    fn drop(&mut self) {
+        self.abort.abort("the backend is shutting down");
+        for Peer {
+            rank,
+            jobs,
+            done,
+            thread,
+        } in self.peers.drain(..)
+        {
+            drop((jobs, done));
+            if thread.join().is_err() {
+                tracing::error!("tensor-parallel rank {rank}'s thread panicked");
+            }
+        }
+    }
+}
