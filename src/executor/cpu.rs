@@ -339,6 +339,9 @@ impl CpuBackend {
 
     /// Block copies within the pool (copy-on-write), on every rank's.
     fn copy_on_device(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
         CpuHostTier::apply_on_device(&mut self.kv, copies)?;
         if let Some(p) = &self.peers {
             p.apply_copies(copies);
@@ -391,6 +394,12 @@ impl CpuBackend {
     /// One step, on a thread of the backend's pool (`execute`).
     fn execute_in_pool(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
+        match &mut self.host {
+            // Every step: the last step's overlapped copies land first.
+            Some(h) => h.apply_step(&mut self.kv, &step.kv_copies, step.kv_copies_for_forward)?,
+            // Copy-on-write needs no host tier (and the forward waits for it).
+            None => self.copy_on_device(&step.kv_copies)?,
+        }
         let CpuBackend {
             model,
             kv,
@@ -398,24 +407,11 @@ impl CpuBackend {
             threads,
             sampler,
             input,
-            host,
             sample_vocab,
             proposer,
             drafts,
             ..
         } = self;
-        match host {
-            // Every step: the last step's overlapped copies land first.
-            Some(h) => h.apply_step(kv, &step.kv_copies, step.kv_copies_for_forward)?,
-            // Copy-on-write needs no host tier (and the forward waits for it).
-            None if !step.kv_copies.is_empty() => {
-                CpuHostTier::apply_on_device(kv, &step.kv_copies)?;
-                if let Some(p) = peers {
-                    p.apply_copies(&step.kv_copies);
-                }
-            }
-            None => {}
-        }
         input.apply(step)?;
         let mut out = StepOutput::default();
         drafts.clear();

@@ -205,9 +205,6 @@ impl TpPeers {
     /// Applies block copies within the pool (copy-on-write) on every peer, as the caller did on
     /// rank 0's (which checked them).
     pub fn apply_copies(&self, copies: &[BlockCopy]) {
-        if copies.is_empty() {
-            return;
-        }
         let shared: Arc<[BlockCopy]> = copies.into();
         self.post(|| Job::Copies(shared.clone()));
         if let Some(why) = self.collect() {
