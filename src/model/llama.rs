@@ -15,6 +15,9 @@
 //!
 //! q/k/v and gate/up are fused into one weight each at load (as vLLM does), so a layer runs four
 //! GEMMs: qkv, o, gate_up, down.
+//!
+//! A tensor-parallel rank (`new_rank`) runs its shard (`model::shard`) through the same forward:
+//! its embedding slice and o/down products are all-reduced, its logits slice all-gathered.
 
 use candle_core::Tensor;
 use candle_nn::Linear;
