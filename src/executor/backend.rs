@@ -9,7 +9,8 @@ pub struct BackendInfo {
     /// KV blocks the backend allocated its pool for.
     pub num_kv_blocks: usize,
     pub block_size: usize,
-    /// Bytes of one block across all layers, K and V.
+    /// Bytes of one block across all layers, K and V: what it costs one device (under tensor
+    /// parallelism a rank, which holds its KV heads of every block).
     pub bytes_per_block: usize,
     /// Blocks of the KV host tier (0: none), and the copy bandwidth between the tiers, bytes
     /// per second one way (measured at start, or configured).
