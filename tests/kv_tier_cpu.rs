@@ -3,7 +3,8 @@
 //! tier. Greedy outputs must equal the unbatched reference forward whatever the tiers did: a
 //! swapped-out request resumes from K/V copied back bit-exactly, a host-tier prefix hit computes
 //! on K/V it did not compute itself, `n > 1` choices share the prompt's blocks and copy the
-//! partial one on write.
+//! partial one on write. The same with the model split over two tensor-parallel ranks, each
+//! holding its KV heads of every block in both tiers.
 /// The test-model writer, compiled here rather than into the library (see its header).
 #[path = "../src/model/testing.rs"]
 #[allow(dead_code)]
@@ -19,6 +20,7 @@ use brook::model::config::ModelConfig;
 use brook::model::llama::KvPool;
 use brook::model::loader::load_weights;
 use brook::model::reference::reference_greedy;
+use brook::model::shard::shard_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
 use brook::scheduler::{
@@ -42,10 +44,12 @@ struct Run {
 }
 
 struct Setup {
+    /// Blocks of each tier (each rank's pools hold as many, of its KV heads).
     device_blocks: usize,
     host_blocks: usize,
     mode: PreemptionMode,
     max_num_seqs: usize,
+    tensor_parallel_size: usize,
 }
 
 impl Default for Setup {
@@ -55,6 +59,7 @@ impl Default for Setup {
             host_blocks: 64,
             mode: PreemptionMode::Swap,
             max_num_seqs: 8,
+            tensor_parallel_size: 1,
         }
     }
 }
@@ -75,7 +80,8 @@ fn prompt(seed: usize, len: usize) -> Vec<u32> {
 /// Runs `reqs` (id, prompt, max new tokens, n, the step it arrives at) to completion.
 fn run(dir: &Path, s: &Setup, reqs: &[(u64, Vec<u32>, usize, usize, usize)]) -> Run {
     let config = ModelConfig::from_dir(dir).unwrap();
-    let per_block = KvPool::bytes_per_block(&config, BLOCK);
+    let tp = s.tensor_parallel_size;
+    let per_block = KvPool::bytes_per_block(&shard_config(&config, tp), BLOCK);
     let opts = CpuBackendOptions {
         block_size: BLOCK,
         kv_cache_bytes: s.device_blocks * per_block,
@@ -83,7 +89,7 @@ fn run(dir: &Path, s: &Setup, reqs: &[(u64, Vec<u32>, usize, usize, usize)]) -> 
         progress: false,
         host_kv_cache_bytes: s.host_blocks * per_block,
         copy_bytes_per_s: Some(1e12),
-        tensor_parallel_size: 1,
+        tensor_parallel_size: tp,
     };
     let mut backend = CpuBackend::load(dir, opts).unwrap();
     let info = backend.info();
@@ -147,6 +153,16 @@ fn reference(dir: &Path, p: &[u32], max_new: usize) -> Vec<u32> {
 
 #[test]
 fn greedy_output_is_unchanged_by_swapping_out_and_in_mid_generation() {
+    swapping_keeps_greedy_output(1);
+}
+
+/// Every rank swaps its KV heads of the blocks out and back at the same points.
+#[test]
+fn swapping_over_two_tensor_parallel_ranks_keeps_greedy_output() {
+    swapping_keeps_greedy_output(2);
+}
+
+fn swapping_keeps_greedy_output(tensor_parallel_size: usize) {
     let (dir, _) = model();
     // Three sequences of up to 14 blocks in 24 device blocks: decodes preempt each other.
     let reqs: Vec<_> = (0..3)
@@ -156,6 +172,7 @@ fn greedy_output_is_unchanged_by_swapping_out_and_in_mid_generation() {
         let s = Setup {
             device_blocks: 24,
             mode,
+            tensor_parallel_size,
             ..Setup::default()
         };
         let r = run(dir.path(), &s, &reqs);
@@ -206,6 +223,15 @@ fn a_full_host_tier_recomputes_and_the_output_is_unchanged() {
 
 #[test]
 fn prefix_hits_in_the_host_tier_come_back_and_the_output_is_unchanged() {
+    host_prefix_hits_keep_greedy_output(1);
+}
+
+#[test]
+fn host_tier_prefix_hits_over_two_tensor_parallel_ranks_keep_greedy_output() {
+    host_prefix_hits_keep_greedy_output(2);
+}
+
+fn host_prefix_hits_keep_greedy_output(tensor_parallel_size: usize) {
     let (dir, _) = model();
     // The first request's prompt blocks are evicted from the 16-block device tier by the
     // second's; the third repeats the first prompt and finds its blocks in the host tier.
@@ -218,6 +244,7 @@ fn prefix_hits_in_the_host_tier_come_back_and_the_output_is_unchanged() {
     ];
     let s = Setup {
         device_blocks: 16,
+        tensor_parallel_size,
         ..Setup::default()
     };
     let r = run(dir.path(), &s, &reqs);
@@ -230,10 +257,23 @@ fn prefix_hits_in_the_host_tier_come_back_and_the_output_is_unchanged() {
 
 #[test]
 fn n_choices_share_the_prompt_and_copy_the_partial_block_on_write() {
+    n_choices_keep_greedy_output(1);
+}
+
+#[test]
+fn n_choices_over_two_tensor_parallel_ranks_copy_on_write_on_every_rank() {
+    n_choices_keep_greedy_output(2);
+}
+
+fn n_choices_keep_greedy_output(tensor_parallel_size: usize) {
     let (dir, _) = model();
     // A prompt of 4.5 blocks: the fork shares 4 full blocks and copies the partial one.
     let p = prompt(3, 18);
-    let r = run(dir.path(), &Setup::default(), &[(0, p.clone(), 10, 3, 0)]);
+    let s = Setup {
+        tensor_parallel_size,
+        ..Setup::default()
+    };
+    let r = run(dir.path(), &s, &[(0, p.clone(), 10, 3, 0)]);
     assert!(r.kv.tier_stats().cow_blocks >= 2, "{:?}", r.kv.tier_stats());
     let want = reference(dir.path(), &p, 10);
     for id in 0..3 {

@@ -35,7 +35,7 @@ use crate::spec::{Proposer, SpecConfig, SpecMethod};
 use crate::step::{BatchInput, SchedulerOutput, StepOutput};
 
 use self::draft::CpuDraft;
-use self::tp::{TpPeers, TpWorld};
+use self::tp::{RankPools, TpPeers, TpWorld};
 
 #[derive(Debug, Clone)]
 pub struct CpuBackendOptions {
@@ -137,10 +137,6 @@ impl CpuBackend {
         );
         let world = opts.tensor_parallel_size;
         check_split(&config, world)?;
-        anyhow::ensure!(
-            world == 1 || opts.host_kv_cache_bytes == 0,
-            "the KV host tier (--cpu-kv-cache-gib) does not run with tensor parallelism yet; leave one of them out"
-        );
         // A rank's shard: its KV heads are what one block costs it.
         let rank_config = shard_config(&config, world);
         let draft_bytes = draft
@@ -148,10 +144,10 @@ impl CpuBackend {
             .map_or(0, |d| KvPool::bytes_per_block(&d.config, opts.block_size));
         let bytes_per_block = KvPool::bytes_per_block(&rank_config, opts.block_size) + draft_bytes;
         super::host_memory::check(
-            "the KV cache (--kv-cache-mib, per tensor-parallel rank) with its host tier (--cpu-kv-cache-gib)",
+            "the KV cache (--kv-cache-mib) with its host tier (--cpu-kv-cache-gib), each per tensor-parallel rank",
             opts.kv_cache_bytes
-                .saturating_mul(world)
-                .saturating_add(opts.host_kv_cache_bytes),
+                .saturating_add(opts.host_kv_cache_bytes)
+                .saturating_mul(world),
         )?;
         let num_blocks = opts.kv_cache_bytes / bytes_per_block;
         anyhow::ensure!(
@@ -185,9 +181,10 @@ impl CpuBackend {
         let mut kv = KvPool::new(&rank_config, num_blocks, opts.block_size);
         // The host tier holds the target's K/V only: a request swapped out is forgotten by the
         // draft model (it is among the step's preempted), which recomputes its own K/V.
-        let num_host = opts.host_kv_cache_bytes / KvPool::bytes_per_block(&config, opts.block_size);
+        let num_host =
+            opts.host_kv_cache_bytes / KvPool::bytes_per_block(&rank_config, opts.block_size);
         let host = (num_host > 0).then(|| {
-            let pool = KvPool::new(&config, num_host, opts.block_size);
+            let pool = KvPool::new(&rank_config, num_host, opts.block_size);
             CpuHostTier::new(pool, &mut kv, opts.copy_bytes_per_s)
         });
         // A sequence is at most the model's context, and holds at most the whole pool.
@@ -201,14 +198,12 @@ impl CpuBackend {
         let (model, peers) = match world {
             1 => (LlamaModel::new(config.clone(), weights)?, None),
             _ => {
-                let w = TpWorld::start(
-                    &config,
-                    weights,
-                    world,
+                let pools = RankPools {
                     num_blocks,
-                    opts.block_size,
-                    threads_per_rank,
-                )?;
+                    block_size: opts.block_size,
+                    host: host.as_ref().map(|h| (h.num_blocks(), h.bytes_per_s())),
+                };
+                let w = TpWorld::start(&config, weights, world, pools, threads_per_rank)?;
                 (w.rank0, Some(w.peers))
             }
         };
@@ -336,18 +331,6 @@ impl CpuBackend {
         }
         .run(batch)
     }
-
-    /// Block copies within the pool (copy-on-write), on every rank's.
-    fn copy_on_device(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
-        if copies.is_empty() {
-            return Ok(());
-        }
-        CpuHostTier::apply_on_device(&mut self.kv, copies)?;
-        if let Some(p) = &self.peers {
-            p.apply_copies(copies);
-        }
-        Ok(())
-    }
 }
 
 impl Backend for CpuBackend {
@@ -394,11 +377,15 @@ impl CpuBackend {
     /// One step, on a thread of the backend's pool (`execute`).
     fn execute_in_pool(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let start = Instant::now();
+        let (copies, for_forward) = (&step.kv_copies, step.kv_copies_for_forward);
         match &mut self.host {
             // Every step: the last step's overlapped copies land first.
-            Some(h) => h.apply_step(&mut self.kv, &step.kv_copies, step.kv_copies_for_forward)?,
+            Some(h) => h.apply_step(&mut self.kv, copies, for_forward)?,
             // Copy-on-write needs no host tier (and the forward waits for it).
-            None => self.copy_on_device(&step.kv_copies)?,
+            None => CpuHostTier::apply_on_device(&mut self.kv, copies)?,
+        }
+        if let Some(p) = &mut self.peers {
+            p.step_copies(copies, for_forward);
         }
         let CpuBackend {
             model,
@@ -464,9 +451,13 @@ impl KvTier for CpuBackend {
 
     fn apply_copies(&mut self, copies: &[crate::step::BlockCopy]) -> anyhow::Result<()> {
         match &mut self.host {
-            Some(h) => h.apply(&mut self.kv, copies),
-            None => self.copy_on_device(copies),
+            Some(h) => h.apply(&mut self.kv, copies)?,
+            None => CpuHostTier::apply_on_device(&mut self.kv, copies)?,
         }
+        if let Some(p) = &mut self.peers {
+            p.apply_copies(copies);
+        }
+        Ok(())
     }
 
     fn copy_bytes_per_s(&self) -> f64 {

@@ -6,6 +6,10 @@
 //! theirs: the ranks meet in the model's collectives (`parallel::ThreadComm`), and rank 0's
 //! logits are the step's.
 //!
+//! With a KV host tier each rank holds its share of the host blocks too (its KV heads), and
+//! applies every block copy the step carries to its own pools, at the points rank 0 does
+//! (`executor::kv_tier`).
+//!
 //! A rank that fails mid-step aborts the world, which releases the ranks waiting for it; the
 //! step then panics, so the executor actor rebuilds the backend (a world with a rank gone is in
 //! no known state). Batches are checked before they reach any rank, so a bad batch fails the
@@ -30,6 +34,13 @@ use crate::step::{BatchInput, BlockCopy};
 /// What a peer rank does for a step.
 enum Job {
     Forward(Arc<BatchInput>),
+    /// A step's block copies: `CpuHostTier::apply_step` (the first `for_forward` now, the rest
+    /// at the next step), or within the pool without a host tier.
+    StepCopies {
+        copies: Arc<[BlockCopy]>,
+        for_forward: usize,
+    },
+    /// Block copies applied now (`KvTier::apply_copies`).
     Copies(Arc<[BlockCopy]>),
     /// Tests: the peer panics instead of running the step's forward.
     #[cfg(test)]
@@ -55,6 +66,8 @@ struct Peer {
 pub struct TpPeers {
     peers: Vec<Peer>,
     abort: AbortHandle,
+    /// The peers hold copies of the last step to apply at the next (`Job::StepCopies`).
+    pending: bool,
     /// Tests: the next forward's peers panic (`Job::Panic`).
     #[cfg(test)]
     pub(crate) fail_next: std::sync::atomic::AtomicBool,
@@ -85,13 +98,13 @@ fn rank_model(
 impl TpWorld {
     /// Splits `weights` (the whole model, `config`'s shapes; the split checked by the caller)
     /// over `world` ranks and starts ranks 1..N, each with a KV pool of `num_blocks` blocks of
-    /// its shard's KV heads and a rayon pool of `threads_per_rank` threads.
+    /// its shard's KV heads, a host tier like rank 0's (`host`: its blocks and measured copy
+    /// bandwidth) and a rayon pool of `threads_per_rank` threads.
     pub fn start(
         config: &ModelConfig,
         weights: ModelWeights,
         world: usize,
-        num_blocks: usize,
-        block_size: usize,
+        pools: RankPools,
         threads_per_rank: usize,
     ) -> anyhow::Result<Self> {
         let mut comms = ThreadComm::world(world).into_iter();
@@ -103,7 +116,16 @@ impl TpWorld {
         for comm in comms {
             let rank = crate::parallel::Communicator::rank(&comm);
             let model = rank_model(config, &weights, comm, world)?;
-            let kv = KvPool::new(&shard, num_blocks, block_size);
+            let RankPools {
+                num_blocks,
+                block_size,
+                host,
+            } = pools;
+            let mut kv = KvPool::new(&shard, num_blocks, block_size);
+            let host = host.map(|(blocks, bytes_per_s)| {
+                let pool = KvPool::new(&shard, blocks, block_size);
+                CpuHostTier::new(pool, &mut kv, Some(bytes_per_s))
+            });
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_rank)
                 .thread_name(move |i| format!("brook-tp{rank}-{i}"))
@@ -113,7 +135,7 @@ impl TpWorld {
             let (done_tx, done) = bounded(1);
             let thread = std::thread::Builder::new()
                 .name(format!("brook-tp{rank}"))
-                .spawn(move || serve(model, kv, pool, job_rx, done_tx))
+                .spawn(move || serve(model, kv, host, pool, job_rx, done_tx))
                 .context("starting a tensor-parallel rank's thread")?;
             peers.push(Peer {
                 rank,
@@ -127,6 +149,7 @@ impl TpWorld {
             peers: TpPeers {
                 peers,
                 abort,
+                pending: false,
                 #[cfg(test)]
                 fail_next: Default::default(),
             },
@@ -134,10 +157,20 @@ impl TpWorld {
     }
 }
 
+/// Each rank's KV pools: blocks of the device pool, tokens a block, and the host tier's blocks
+/// with its copy bandwidth (bytes per second), if there is one.
+#[derive(Debug, Clone, Copy)]
+pub struct RankPools {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub host: Option<(usize, f64)>,
+}
+
 /// A peer rank's loop: one job at a time until the backend drops its channel.
 fn serve(
     model: LlamaModel,
     mut kv: KvPool,
+    mut host: Option<CpuHostTier>,
     pool: rayon::ThreadPool,
     jobs: Receiver<Job>,
     done: Sender<Done>,
@@ -145,7 +178,17 @@ fn serve(
     while let Ok(job) = jobs.recv() {
         let run = catch_unwind(AssertUnwindSafe(|| match &job {
             Job::Forward(batch) => pool.install(|| model.forward(batch, &mut kv)).map(drop),
-            Job::Copies(copies) => CpuHostTier::apply_on_device(&mut kv, copies),
+            Job::StepCopies {
+                copies,
+                for_forward,
+            } => match &mut host {
+                Some(h) => h.apply_step(&mut kv, copies, *for_forward),
+                None => CpuHostTier::apply_on_device(&mut kv, copies),
+            },
+            Job::Copies(copies) => match &mut host {
+                Some(h) => h.apply(&mut kv, copies),
+                None => CpuHostTier::apply_on_device(&mut kv, copies),
+            },
             #[cfg(test)]
             Job::Panic => panic!("injected"),
         }));
@@ -202,11 +245,32 @@ impl TpPeers {
         }
     }
 
-    /// Applies block copies within the pool (copy-on-write) on every peer, as the caller did on
-    /// rank 0's (which checked them).
-    pub fn apply_copies(&self, copies: &[BlockCopy]) {
+    /// A step's block copies on every peer, as rank 0 applied them (which checked them): the
+    /// first `for_forward` now, the rest at the next step, as `CpuHostTier::apply_step` does.
+    pub fn step_copies(&mut self, copies: &[BlockCopy], for_forward: usize) {
+        if copies.is_empty() && !self.pending {
+            return;
+        }
         let shared: Arc<[BlockCopy]> = copies.into();
-        self.post(|| Job::Copies(shared.clone()));
+        self.run_copies(|| Job::StepCopies {
+            copies: shared.clone(),
+            for_forward,
+        });
+        self.pending = for_forward < copies.len();
+    }
+
+    /// Block copies applied now on every peer (after any pending ones), as rank 0 applied them.
+    pub fn apply_copies(&mut self, copies: &[BlockCopy]) {
+        if copies.is_empty() && !self.pending {
+            return;
+        }
+        let shared: Arc<[BlockCopy]> = copies.into();
+        self.run_copies(|| Job::Copies(shared.clone()));
+        self.pending = false;
+    }
+
+    fn run_copies(&self, job: impl Fn() -> Job) {
+        self.post(job);
         if let Some(why) = self.collect() {
             panic!("tensor-parallel block copies failed: {why}");
         }

@@ -70,7 +70,7 @@ fn tp2_matches_reference_phi3_with_window() {
 }
 
 /// A rank holds its KV heads of each block: a block costs it half as much over 2 ranks, and
-/// the budget (a rank's) buys twice the blocks.
+/// the budget (a rank's) buys twice the blocks, in the host tier too.
 #[test]
 fn a_ranks_pool_holds_its_kv_heads_of_every_block() {
     let dir = write_model(&TestModelSpec::default());
@@ -93,15 +93,18 @@ fn a_ranks_pool_holds_its_kv_heads_of_every_block() {
     let two = info(2);
     assert_eq!((two.num_kv_blocks, two.bytes_per_block), (20, whole / 2));
     assert_eq!(two.device, "cpu (tensor parallel: 2 ranks)");
-    let host = CpuBackendOptions {
-        host_kv_cache_bytes: 1 << 20,
-        ..opts(2)
+    let host = |tp| {
+        let o = CpuBackendOptions {
+            host_kv_cache_bytes: 3 * whole,
+            copy_bytes_per_s: Some(1e9),
+            ..opts(tp)
+        };
+        CpuBackend::load(dir.path(), o)
+            .unwrap()
+            .info()
+            .num_host_blocks
     };
-    let err = CpuBackend::load(dir.path(), host)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(err.contains("host tier"), "{err}");
+    assert_eq!((host(1), host(2)), (3, 6));
     let err = CpuBackend::load(dir.path(), opts(3))
         .err()
         .unwrap()
