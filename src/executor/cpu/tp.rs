@@ -28,7 +28,7 @@ use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel, TpRank};
 use crate::model::loader::ModelWeights;
 use crate::model::shard::{shard_config, shard_weights, vocab_rows};
-use crate::parallel::{AbortHandle, ThreadComm};
+use crate::parallel::{AbortHandle, Communicator, ThreadComm};
 use crate::step::{BatchInput, BlockCopy};
 
 /// What a peer rank does for a step.
@@ -86,7 +86,7 @@ fn rank_model(
     comm: ThreadComm,
     world: usize,
 ) -> anyhow::Result<LlamaModel> {
-    let rank = crate::parallel::Communicator::rank(&comm);
+    let rank = comm.rank();
     let shard = shard_weights(config, weights, rank, world)?;
     let tp = TpRank {
         comm: Box::new(comm),
@@ -114,7 +114,7 @@ impl TpWorld {
         let shard = shard_config(config, world);
         let mut peers = Vec::with_capacity(world - 1);
         for comm in comms {
-            let rank = crate::parallel::Communicator::rank(&comm);
+            let rank = comm.rank();
             let model = rank_model(config, &weights, comm, world)?;
             let RankPools {
                 num_blocks,
