@@ -28,7 +28,7 @@ use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel, TpRank};
 use crate::model::loader::ModelWeights;
 use crate::model::shard::{shard_config, shard_weights, vocab_rows};
-use crate::parallel::{AbortHandle, Communicator, ThreadComm};
+use crate::parallel::{AbortHandle, CommAborted, Communicator, ThreadComm};
 use crate::step::{BatchInput, BlockCopy};
 
 /// What a peer rank does for a step.
@@ -47,10 +47,21 @@ enum Job {
     Panic,
 }
 
+/// A peer's failed job: why, and whether it failed on its own (`cause`) rather than because
+/// another rank aborted the world.
+struct Failure {
+    cause: bool,
+    why: String,
+}
+
 /// How a peer's job ended.
 enum Done {
     Ok,
-    Failed(String),
+    /// `aborted`: the failure was another rank's abort reaching this one.
+    Failed {
+        why: String,
+        aborted: bool,
+    },
     Panicked(String),
 }
 
@@ -194,7 +205,10 @@ fn serve(
         }));
         let end = match run {
             Ok(Ok(())) => Done::Ok,
-            Ok(Err(e)) => Done::Failed(format!("{e:#}")),
+            Ok(Err(e)) => Done::Failed {
+                why: format!("{e:#}"),
+                aborted: e.chain().any(|c| c.is::<CommAborted>()),
+            },
             Err(p) => Done::Panicked(panic_message(&*p)),
         };
         if !matches!(end, Done::Ok) {
@@ -238,10 +252,13 @@ impl TpPeers {
             self.abort.abort("rank 0 failed");
         }
         let theirs = self.collect();
-        match (mine, theirs) {
-            (Ok(logits), None) => logits,
-            (_, Some(why)) => panic!("tensor-parallel step failed: {why}"),
-            (Err(e), None) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
+        // The failure that caused the others: a peer's own, else rank 0's, else any.
+        let cause = theirs.iter().find(|f| f.cause).map(|f| f.why.clone());
+        match (mine, cause, theirs.first()) {
+            (Ok(logits), None, None) => logits,
+            (_, Some(why), _) => panic!("tensor-parallel step failed: {why}"),
+            (Err(e), None, _) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
+            (Ok(_), None, Some(f)) => panic!("tensor-parallel step failed: {}", f.why),
         }
     }
 
@@ -271,8 +288,8 @@ impl TpPeers {
 
     fn run_copies(&self, job: impl Fn() -> Job) {
         self.post(job);
-        if let Some(why) = self.collect() {
-            panic!("tensor-parallel block copies failed: {why}");
+        if let Some(f) = self.collect().first() {
+            panic!("tensor-parallel block copies failed: {}", f.why);
         }
     }
 
@@ -283,26 +300,19 @@ impl TpPeers {
         }
     }
 
-    /// Waits for every peer's job; the first failure that is not another's abort, else the
-    /// first failure, or None.
-    fn collect(&self) -> Option<String> {
-        let mut failures: Vec<(bool, String)> = Vec::new();
+    /// Waits for every peer's job; their failures, in rank order.
+    fn collect(&self) -> Vec<Failure> {
+        let mut failures = Vec::new();
         for p in &self.peers {
             let (cause, why) = match p.done.recv() {
                 Ok(Done::Ok) => continue,
                 Ok(Done::Panicked(m)) => (true, format!("rank {} panicked: {m}", p.rank)),
-                Ok(Done::Failed(m)) => (
-                    !m.contains("collective aborted"),
-                    format!("rank {}: {m}", p.rank),
-                ),
+                Ok(Done::Failed { why, aborted }) => (!aborted, format!("rank {}: {why}", p.rank)),
                 Err(_) => (true, format!("rank {}'s thread is gone", p.rank)),
             };
-            failures.push((cause, why));
+            failures.push(Failure { cause, why });
         }
-        let first_cause = failures.iter().position(|(cause, _)| *cause);
-        first_cause
-            .or((!failures.is_empty()).then_some(0))
-            .map(|i| failures.swap_remove(i).1)
+        failures
     }
 }
 
