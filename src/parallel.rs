@@ -109,9 +109,9 @@ impl ThreadComm {
         }
     }
 
-    /// Posts `x` into this rank's slot of this exchange's set, waits for every rank's, and runs
-    /// `read` over the set's slots in rank order.
-    fn exchange(&self, x: &[f32], read: impl FnOnce(&[&[f32]])) -> Result<(), CommAborted> {
+    /// Posts `x` into this rank's slot of this exchange's set and waits for every rank's;
+    /// returns the set, whose slots (rank order) the caller reads.
+    fn exchange(&self, x: &[f32]) -> Result<&[Mutex<Vec<f32>>], CommAborted> {
         let set = &self.shared.slots[(self.exchanges.fetch_add(1, Ordering::Relaxed) % 2) as usize];
         {
             let mut slot = lock(&set[self.rank]);
@@ -119,10 +119,7 @@ impl ThreadComm {
             slot.extend_from_slice(x);
         }
         self.barrier()?;
-        let guards: Vec<MutexGuard<Vec<f32>>> = set.iter().map(|s| lock(s)).collect();
-        let views: Vec<&[f32]> = guards.iter().map(|g| g.as_slice()).collect();
-        read(&views);
-        Ok(())
+        Ok(set)
     }
 }
 
@@ -164,14 +161,15 @@ impl Communicator for ThreadComm {
         if self.shared.world == 1 {
             return Ok(());
         }
-        let mut sum = vec![0f32; x.len()];
-        self.exchange(x, |slots| {
-            for s in slots {
-                assert_eq!(s.len(), sum.len(), "all-reduce buffers differ in length");
-                sum.iter_mut().zip(*s).for_each(|(a, b)| *a += b);
+        let set = self.exchange(x)?;
+        for (r, slot) in set.iter().enumerate() {
+            let s = lock(slot);
+            assert_eq!(s.len(), x.len(), "all-reduce buffers differ in length");
+            match r {
+                0 => x.copy_from_slice(&s),
+                _ => x.iter_mut().zip(s.iter()).for_each(|(a, b)| *a += b),
             }
-        })?;
-        x.copy_from_slice(&sum);
+        }
         Ok(())
     }
 
@@ -181,12 +179,12 @@ impl Communicator for ThreadComm {
             out.extend_from_slice(x);
             return Ok(());
         }
-        self.exchange(x, |slots| {
-            for s in slots {
-                assert_eq!(s.len(), x.len(), "all-gather buffers differ in length");
-                out.extend_from_slice(s);
-            }
-        })
+        for slot in self.exchange(x)? {
+            let s = lock(slot);
+            assert_eq!(s.len(), x.len(), "all-gather buffers differ in length");
+            out.extend_from_slice(&s);
+        }
+        Ok(())
     }
 
     fn abort(&self, why: &str) {
