@@ -146,7 +146,7 @@ impl TpWorld {
             let (done_tx, done) = bounded(1);
             let thread = std::thread::Builder::new()
                 .name(format!("brook-tp{rank}"))
-                .spawn(move || serve(model, kv, host, pool, job_rx, done_tx))
+                .spawn(move || run_rank(model, kv, host, pool, job_rx, done_tx))
                 .context("starting a tensor-parallel rank's thread")?;
             peers.push(Peer {
                 rank,
@@ -178,7 +178,7 @@ pub struct RankPools {
 }
 
 /// A peer rank's loop: one job at a time until the backend drops its channel.
-fn serve(
+fn run_rank(
     model: LlamaModel,
     mut kv: KvPool,
     mut host: Option<CpuHostTier>,
