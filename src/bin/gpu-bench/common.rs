@@ -208,6 +208,24 @@ pub fn time_ms(
     Ok(median(times))
 }
 
+/// As `time_ms`, with `launches` calls of `f` between each pair of events (call i of rep r is
+/// `f(r * launches + i)`), per call: the GPU runs them back to back, as a step's kernels run,
+/// so the host's launch latency, which a lone launch between two events pays on an idle GPU,
+/// stays out of a short kernel's time.
+pub fn time_ms_back_to_back(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    launches: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    let launches = launches.max(1);
+    let rep = time_ms(gpu, warmup, reps, |r| {
+        (0..launches).try_for_each(|i| f(r * launches + i))
+    })?;
+    Ok(rep / launches as f64)
+}
+
 /// `n` bf16 values of a device buffer, as f32 (NaN stays NaN).
 pub fn read_bf16(gpu: &Gpu, b: &DevBuf, n: usize) -> anyhow::Result<Vec<f32>> {
     let mut raw = vec![0u16; n];
