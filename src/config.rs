@@ -86,8 +86,8 @@ pub struct ModelSection {
     /// CPU executor threads; 0 = all cores.
     pub cpu_threads: usize,
     /// Ranks the model is split over (Megatron-style tensor parallelism; 1 = none). The CPU
-    /// executor runs the ranks on threads of one process; the CUDA executor refuses more than
-    /// one (its NCCL path is not built).
+    /// executor runs the ranks on threads of one process; the CUDA executor one rank a GPU,
+    /// its collectives staged through host memory (NCCL is not built).
     pub tensor_parallel_size: usize,
     /// CUDA executor: prefill sequences whose context has at most this many tokens run
     /// attention as cuBLAS GEMMs, longer ones on the flash kernel; 0 = flash only.

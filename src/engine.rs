@@ -21,7 +21,7 @@ use crate::error::EngineError;
 use crate::executor::actor::{BackendFactory, ExecutorActor};
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
-use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions};
+use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions, CudaTpBackend};
 use crate::health::Health;
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
@@ -212,6 +212,13 @@ pub fn start_wrapped(
         // a rebuilt backend starts with no draft state, the old one's is dropped with it.
         move || -> anyhow::Result<Box<dyn Backend>> {
             let backend: Box<dyn Backend> = match &device {
+                Device::Cuda if cfg.model.tensor_parallel_size > 1 => {
+                    Box::new(CudaTpBackend::load(
+                        &dir,
+                        CudaBackendOptions::from_config(&cfg, progress),
+                        cfg.model.tensor_parallel_size,
+                    )?)
+                }
                 Device::Cuda => Box::new(CudaBackend::load_speculative(
                     &dir,
                     CudaBackendOptions::from_config(&cfg, progress),
@@ -575,10 +582,17 @@ enum Device {
 fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
     let device = pick_device_for(cfg, model)?;
     let tp = cfg.model.tensor_parallel_size;
-    anyhow::ensure!(
-        tp == 1 || matches!(device, Device::Cpu(_)),
-        "--tensor-parallel-size {tp} runs on the CPU executor only so far (the CUDA executor's NCCL path is not built); use --tensor-parallel-size 1 on a GPU, or --device cpu"
-    );
+    if tp > 1 && matches!(device, Device::Cuda) {
+        let have = cuda::device_count();
+        anyhow::ensure!(
+            tp <= have,
+            "--tensor-parallel-size {tp} on the GPU needs {tp} GPUs, and the driver reports {have}; use a smaller size, or --device cpu"
+        );
+        anyhow::ensure!(
+            cfg.speculative.method == SpecMethod::Off,
+            "speculative decoding with --tensor-parallel-size {tp} on the GPU is not supported; leave one of them out"
+        );
+    }
     // Before the weights load: a size that does not fit the model fails fast.
     crate::model::shard::check_split(model, tp)?;
     if let Device::Cpu(why) = &device {

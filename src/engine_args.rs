@@ -62,8 +62,9 @@ pub struct EngineArgs {
     #[arg(long)]
     pub cpu_threads: Option<usize>,
     /// Split the model over this many ranks (Megatron-style tensor parallelism: attention heads,
-    /// MLP and vocabulary); each rank holds its KV heads in a pool of --kv-cache-mib. CPU
-    /// executor only so far (its ranks are threads of this process).
+    /// MLP and vocabulary); each rank holds its KV heads in a pool of --kv-cache-mib. On the CPU
+    /// the ranks are threads of this process; on CUDA one GPU a rank (collectives through host
+    /// memory).
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
     /// CUDA executor: longest context (tokens) whose prefill attention runs as cuBLAS GEMMs;

@@ -1,8 +1,8 @@
 //! Tensor parallelism's collectives: the `Communicator` a rank's forward calls after its
 //! row-parallel projections (all-reduce) and its vocabulary slice of the logits (all-gather),
 //! and `ThreadComm`, a world of ranks on threads of one process (the CPU executor's ranks). A
-//! GPU world needs the same two collectives over device buffers on a stream (NCCL): not built
-//! yet, so the CUDA executor refuses tensor parallelism.
+//! GPU world needs the same two collectives over device buffers: the CUDA executor stages them
+//! through the host over a `ThreadComm` (`executor::cuda::collective`); NCCL is not built.
 //!
 //! The sums are deterministic: every rank adds the ranks' buffers in rank order, so every rank
 //! ends with the same bits (the ranks' replicated state, the residual stream, never drifts

@@ -74,6 +74,10 @@ mod kv_fp8;
 #[path = "cuda_e2e/weights_fp8.rs"]
 mod weights_fp8;
 
+/// Tensor parallelism: ranks of the model on one GPU, host-staged collectives.
+#[path = "cuda_e2e/tp.rs"]
+mod tp;
+
 const BLOCK: usize = 16;
 
 fn cuda_opts(graphs: bool, prefill_gemm_max_len: usize) -> CudaBackendOptions {

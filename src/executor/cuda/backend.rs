@@ -24,6 +24,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::collective::TpLink;
 use super::device::Gpu;
 use super::draft::{CudaDraft, DraftParts};
 use super::forward::{Forward, KvSizing};
@@ -123,7 +124,7 @@ impl CudaBackend {
             _ => None,
         };
         let w = GpuWeights::load(&gpu, &cfg, dir, opts.progress)?;
-        Self::build(gpu, cfg, w, opts, draft)?.with_proposer(spec)
+        Self::build(gpu, cfg, w, opts, draft, None)?.with_proposer(spec)
     }
 
     /// As `synthetic`, with `spec`'s proposer (n-gram only: a synthetic model has no draft).
@@ -163,7 +164,7 @@ impl CudaBackend {
             cfg: draft,
             weights: dw,
         };
-        Self::build(gpu, cfg, w, opts, Some(parts))
+        Self::build(gpu, cfg, w, opts, Some(parts), None)
     }
 
     /// Benchmarks only (gpu-bench spec; no config or serving path calls it): from now on each
@@ -225,7 +226,21 @@ impl CudaBackend {
         weights: GpuWeights,
         opts: CudaBackendOptions,
     ) -> anyhow::Result<Self> {
-        Self::build(gpu, cfg, weights, opts, None)
+        Self::build(gpu, cfg, weights, opts, None, None)
+    }
+
+    /// One rank of a tensor-parallel world (`cuda::tp`): `cfg` and `weights` are its shard,
+    /// `link` its end of the world; its KV pool has `blocks` blocks (None: what the GPU's
+    /// memory allows, as alone).
+    pub(super) fn rank(
+        gpu: Gpu,
+        cfg: ModelConfig,
+        weights: GpuWeights,
+        opts: CudaBackendOptions,
+        link: TpLink,
+        blocks: Option<usize>,
+    ) -> anyhow::Result<Self> {
+        Self::build(gpu, cfg, weights, opts, None, Some((link, blocks)))
     }
 
     /// The backend, with a draft model's forward beside the target's when `draft` is given:
@@ -237,6 +252,7 @@ impl CudaBackend {
         weights: GpuWeights,
         opts: CudaBackendOptions,
         draft: Option<DraftParts>,
+        rank: Option<(TpLink, Option<usize>)>,
     ) -> anyhow::Result<Self> {
         let host_bytes = opts.host_kv_cache_bytes;
         crate::executor::host_memory::check("the KV host tier (--cpu-kv-cache-gib)", host_bytes)?;
@@ -256,10 +272,17 @@ impl CudaBackend {
         let draft_bytes_per_block = draft.as_ref().map_or(0, |d| {
             kv_bytes_per_block(&d.cfg, opts.block_size, opts.kv_cache_dtype)
         });
-        let sizing = KvSizing::Free {
-            shared_bytes: draft_bytes_per_block,
+        let (link, sizing) = match rank {
+            Some((link, Some(n))) => (Some(link), KvSizing::Blocks(n)),
+            other => (
+                other.map(|(link, _)| link),
+                KvSizing::Free {
+                    shared_bytes: draft_bytes_per_block,
+                },
+            ),
         };
-        let fwd = Forward::new(gpu, cfg, weights, opts, sizing)?;
+        let mut fwd = Forward::new(gpu, cfg, weights, opts, sizing)?;
+        fwd.tp = link;
         let proposer = match draft {
             Some(mut d) => {
                 d.resize_kv(fwd.num_blocks)?;
@@ -479,6 +502,61 @@ impl CudaBackend {
     /// One scheduler step through the persistent input batch.
     fn step(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let started = Instant::now();
+        let (spec, prepared, hits) = self.launch_step(step)?;
+        let launched = Instant::now();
+        let batch = self.input.batch();
+        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
+        let waited = Instant::now();
+        let mut out = StepOutput {
+            top_logprobs,
+            spec,
+            ..StepOutput::default()
+        };
+        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
+        out.elapsed = started.elapsed();
+        self.input.record(&out)?;
+        if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
+            self.timing = Some(StepTiming {
+                gpu_start_ns,
+                gpu_end_ns,
+                prepare: prepared - started,
+                launch: launched - prepared,
+                wait: waited - launched,
+                total: started.elapsed(),
+                kept_ahead: self.fwd.lookahead_stats.hits > hits,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A tensor-parallel peer's step (`cuda::tp`): the same launches as rank 0's, the
+    /// collectives among them, and a wait for the GPU; what it sampled is not used. The lead's
+    /// output comes next (`record_lead`), so every rank records the same tokens.
+    pub(super) fn follow(&mut self, step: &SchedulerOutput) -> anyhow::Result<()> {
+        self.launch_step(step)?;
+        self.fwd.sampled(self.input.batch())?;
+        Ok(())
+    }
+
+    /// Fails every collective of this rank's tensor-parallel world (none alone).
+    pub(super) fn abort_collectives(&self, why: &str) {
+        if let Some(tp) = &self.fwd.tp {
+            tp.abort(why);
+        }
+    }
+
+    /// A tensor-parallel peer records rank 0's output of the step it followed.
+    pub(super) fn record_lead(&mut self, out: &StepOutput) -> anyhow::Result<()> {
+        self.input.record(out)
+    }
+
+    /// The step up to its launch: the plan applied to the persistent batch, drafts proposed,
+    /// block copies, table and count changes, and the forward launched. Returns the proposer's
+    /// part of the output, when the host work ended and the lookahead hits before the launch.
+    fn launch_step(
+        &mut self,
+        step: &SchedulerOutput,
+    ) -> anyhow::Result<(SpecOutput, Instant, u64)> {
         if let Some(p) = self.spec.proposer.as_mut() {
             for &id in step.finished_req_ids.iter().chain(&step.preempted) {
                 p.forget(id);
@@ -533,29 +611,7 @@ impl CudaBackend {
         } else {
             self.fwd.launch(batch, &self.updates, true, true)?;
         }
-        let launched = Instant::now();
-        let (rows, top_logprobs) = self.fwd.sampled(batch)?;
-        let waited = Instant::now();
-        let mut out = StepOutput {
-            top_logprobs,
-            spec,
-            ..StepOutput::default()
-        };
-        self.spec.verify(&self.fwd, batch, rows, &mut out)?;
-        out.elapsed = started.elapsed();
-        self.input.record(&out)?;
-        if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
-            self.timing = Some(StepTiming {
-                gpu_start_ns,
-                gpu_end_ns,
-                prepare: prepared - started,
-                launch: launched - prepared,
-                wait: waited - launched,
-                total: started.elapsed(),
-                kept_ahead: self.fwd.lookahead_stats.hits > hits,
-            });
-        }
-        Ok(out)
+        Ok((spec, prepared, hits))
     }
 }
 

@@ -59,6 +59,14 @@ pub fn probe() -> Result<(), String> {
     }
 }
 
+/// GPUs the driver reports; 0 where `probe` fails.
+pub fn device_count() -> usize {
+    match probe() {
+        Ok(()) => CudaContext::device_count().map_or(0, |n| n.max(0) as usize),
+        Err(_) => 0,
+    }
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,

@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use anyhow::Context;
 use cudarc::driver::CudaGraph;
 
+use super::collective::TpLink;
 use super::device::{DevBuf, Gpu};
 use super::fp8_gemm::Fp8Gemm;
 use super::kernels::{
@@ -188,6 +189,10 @@ pub(super) struct Forward {
     pub last_stamps: Option<(u64, u64)>,
     /// The fp8 GEMM path of e4m3 weights (`--quantization fp8`); None: bf16 weights.
     fp8: Option<Fp8Gemm>,
+    /// This rank's end of a tensor-parallel world (`cuda::tp`): its weights are a shard, and
+    /// the forward meets the other ranks after the embedding, the o and down projections and
+    /// the LM head. None: the whole model on one GPU.
+    pub tp: Option<TpLink>,
     // Declared last: dropped after every buffer above.
     pub gpu: Gpu,
 }
@@ -463,6 +468,7 @@ impl Forward {
             verify_graph_steps: (0, 0),
             last_stamps: None,
             fp8,
+            tp: None,
             gpu,
         };
         forward.kv_maps = forward.build_kv_maps()?;
@@ -490,6 +496,13 @@ impl Forward {
             self.cfg.head_dim,
         )
         .map(Some)
+    }
+
+    /// Rows of the embedding and LM head on this GPU: the vocabulary, or a rank's slice of it.
+    pub fn head_rows(&self) -> usize {
+        self.tp
+            .as_ref()
+            .map_or(self.cfg.vocab_size, |tp| tp.head_rows)
     }
 
     fn limits(&self) -> Limits {

@@ -25,6 +25,10 @@ pub struct EmbeddingParams {
     pub out: u64,
     pub num_tokens: i32,
     pub d: i32,
+    /// The table's first row's token id (tensor parallelism's vocabulary slice; else 0).
+    pub vocab_start: u32,
+    /// The table's rows: tokens outside [vocab_start, vocab_start + vocab_rows) give zero rows.
+    pub vocab_rows: u32,
 }
 
 #[repr(C)]

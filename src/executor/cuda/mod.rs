@@ -19,9 +19,12 @@
 //! - `step_meta`: one step's integer metadata, packed on the host (tested on the CPU)
 //! - `speculation`: the proposer and the verification of a step's drafts
 //! - `draft`: the draft model's forward (speculative decoding), a second `Forward` on the device
+//! - `tp`, `collective`: tensor parallelism, a world of `CudaBackend` ranks over shards of
+//!   the model meeting in host-staged collectives
 //! - `lookahead`: which step to launch before the scheduler asks for it, and whether the plan
 //!   that arrives is that step (tested on the CPU)
 pub mod backend;
+mod collective;
 pub mod compile;
 pub mod device;
 mod draft;
@@ -35,9 +38,11 @@ pub mod options;
 pub mod prefill_gemm;
 mod speculation;
 mod step_meta;
+pub mod tp;
 pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
-pub use device::{probe, Gpu};
+pub use device::{device_count, probe, Gpu};
 pub use forward::decode_fill;
 pub use options::{DecodeKernel, KvCacheDtype, Quantization};
+pub use tp::CudaTpBackend;

@@ -70,13 +70,22 @@ impl Forward {
         let on = |kind: u32| self.opts.skip & kind == 0;
         // The o and down projections add into the residual (cuBLAS rows, bf16 weights): the
         // norms then read the residual alone. Else they write `delta`, which the next norm adds.
-        let add = self.opts.residual_gemm && !self.weights.fp8() && t > g.gemv_max_m;
+        // Not under tensor parallelism: a rank's product is a partial sum, reduced first.
+        let add =
+            self.opts.residual_gemm && !self.weights.fp8() && t > g.gemv_max_m && self.tp.is_none();
         let delta = if add { 0 } else { a.delta.ptr() };
-        // y += x · wᵀ into the residual, or y = x · wᵀ into `delta`.
+        // y += x · wᵀ into the residual, or y = x · wᵀ into `delta` (summed over the ranks
+        // under tensor parallelism: each holds the product of its slice of k).
         let project = |x: u64, w: Weight, k: usize| -> anyhow::Result<()> {
             match add {
                 true => linear_add(g, x, w, a.residual.ptr(), (t, d, k)),
-                false => linear(g, fp8, x, w, a.delta.ptr(), t, d, k, false),
+                false => {
+                    linear(g, fp8, x, w, a.delta.ptr(), t, d, k, false)?;
+                    match &self.tp {
+                        Some(tp) => tp.all_reduce_bf16(g, a.delta.ptr(), t * d),
+                        None => Ok(()),
+                    }
+                }
             }
         };
         kernels::embedding(
@@ -87,8 +96,14 @@ impl Forward {
                 out: a.residual.ptr(),
                 num_tokens: t as i32,
                 d: d as i32,
+                vocab_start: self.tp.as_ref().map_or(0, |tp| tp.vocab_start) as u32,
+                vocab_rows: self.head_rows() as u32,
             },
         )?;
+        if let Some(tp) = &self.tp {
+            // Each rank wrote the rows of the tokens in its slice, zeros elsewhere.
+            tp.all_reduce_f32(g, a.residual.ptr(), t * d)?;
+        }
         for (l, w) in self.weights.layers.iter().enumerate() {
             let norm = AddRmsNormParams {
                 residual: a.residual.ptr(),
@@ -328,10 +343,13 @@ impl Forward {
                 Weight::bf16(self.weights.lm_head_ptr()),
                 a.logits.ptr(),
                 step.ns,
-                c.vocab_size,
+                self.head_rows(),
                 d,
                 true,
             )?;
+            if let Some(tp) = &self.tp {
+                tp.gather_logits(g, a.logits.ptr(), step.ns)?;
+            }
         }
         if !on(skip::SAMPLE) {
             return Ok(());

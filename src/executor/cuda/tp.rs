@@ -1,0 +1,321 @@
+//! Tensor parallelism on the CUDA executor (`--tensor-parallel-size N`): rank r of N is a
+//! whole `CudaBackend` over its shard of the model (`model::shard`) on GPU `ordinals[r]`, with
+//! its own KV pool (its KV heads of every block; the scheduler's block ids index every rank's
+//! pool, which all have rank 0's block count) and KV host tier. Rank 0 is this backend's own,
+//! on the executor thread; ranks 1..N run on threads of their own.
+//!
+//! Each step every rank runs the same plan: the same persistent-batch changes, block copies and
+//! launches. Their forwards meet in the collectives (`collective::TpLink`): after the embedding
+//! (each rank holds a slice of the vocabulary's rows), after the o and down projections (each
+//! holds a partial sum), and the LM head's slices gathered into whole logits on every rank.
+//! Rank 0's sampled tokens are the step's, and the peers record them (`CudaBackend::
+//! record_lead`), so the ranks' batches cannot drift apart even where the sampler's draws on
+//! equal logits were to differ.
+//!
+//! The collectives are staged through the host (`collective` module docs), so a world runs
+//! eagerly: CUDA graphs, lookahead and verification graphs are off, as is `residual_gemm`
+//! (which adds a rank's partial product into the residual before it is reduced), and the
+//! warm-up. Speculative decoding is refused. The weights are read whole into host memory and
+//! split there (a model that does not fit the host's memory cannot be split yet).
+//!
+//! A rank that fails or panics aborts the world, which releases ranks waiting in a collective;
+//! the step then panics, so the executor actor rebuilds the backend (a world with a rank gone
+//! mid-step is in no known state). Dropping the backend joins the peers' threads.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use super::backend::{check_supported, CudaBackend};
+use super::collective::TpLink;
+use super::device::Gpu;
+use super::options::CudaBackendOptions;
+use super::weights::GpuWeights;
+use crate::executor::actor::panic_message;
+use crate::executor::backend::{Backend, BackendInfo};
+use crate::model::config::ModelConfig;
+use crate::model::loader::{load_weights, ModelWeights};
+use crate::model::shard::{check_split, shard_config, shard_weights};
+use crate::parallel::{AbortHandle, CommAborted, Communicator, ThreadComm};
+use crate::step::{SchedulerOutput, StepOutput};
+
+/// What a peer rank does next.
+enum Job {
+    /// Follow the step (`CudaBackend::follow`).
+    Step(Arc<SchedulerOutput>),
+    /// Record rank 0's output of the step just followed.
+    Record(Arc<StepOutput>),
+}
+
+/// How a peer's job ended.
+enum Done {
+    Ok,
+    /// `aborted`: the failure was another rank's abort reaching this one.
+    Failed {
+        why: String,
+        aborted: bool,
+    },
+    Panicked(String),
+}
+
+struct Peer {
+    rank: usize,
+    jobs: Sender<Job>,
+    done: Receiver<Done>,
+    thread: JoinHandle<()>,
+}
+
+/// A world of `CudaBackend` ranks behind one `Backend`.
+pub struct CudaTpBackend {
+    lead: CudaBackend,
+    peers: Vec<Peer>,
+    abort: AbortHandle,
+    ordinals: Vec<usize>,
+}
+
+/// The options every rank runs with: the lead's, less what a host-staged world cannot do.
+fn rank_options(opts: &CudaBackendOptions) -> CudaBackendOptions {
+    let mut o = opts.clone();
+    o.cuda_graphs = false;
+    o.verify_graphs = false;
+    o.lookahead = false;
+    o.residual_gemm = false;
+    o.warm_up = false;
+    o
+}
+
+/// Rank `comm.rank()`'s backend on GPU `ordinal`: its shard of `weights` uploaded there; `blocks`
+/// as `CudaBackend::rank` takes it.
+fn build_rank(
+    cfg: &ModelConfig,
+    shard: ModelWeights,
+    comm: ThreadComm,
+    opts: CudaBackendOptions,
+    ordinal: usize,
+    blocks: Option<usize>,
+) -> anyhow::Result<CudaBackend> {
+    let world = comm.world_size();
+    let rank = comm.rank();
+    let scfg = shard_config(cfg, world);
+    let gpu = Gpu::open(ordinal)?;
+    let w = GpuWeights::upload(&gpu, &scfg, &shard, false)?;
+    drop(shard);
+    let link = TpLink::new(Box::new(comm), cfg.vocab_size);
+    let o = CudaBackendOptions {
+        device_ordinal: ordinal,
+        ..opts
+    };
+    CudaBackend::rank(gpu, scfg, w, o, link, blocks)
+        .with_context(|| format!("tensor-parallel rank {rank} on cuda:{ordinal}"))
+}
+
+impl CudaTpBackend {
+    /// Loads the model folder `dir` into host memory and splits it over `world` GPUs from
+    /// `opts.device_ordinal` on.
+    pub fn load(dir: &Path, opts: CudaBackendOptions, world: usize) -> anyhow::Result<Self> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        check_split(&cfg, world)?;
+        check_supported(&shard_config(&cfg, world))?;
+        let have = super::device::device_count();
+        let ordinals: Vec<usize> = (opts.device_ordinal..opts.device_ordinal + world).collect();
+        anyhow::ensure!(
+            opts.device_ordinal + world <= have,
+            "--tensor-parallel-size {world} needs GPUs cuda:{}..cuda:{}; the driver reports {have}",
+            opts.device_ordinal,
+            opts.device_ordinal + world - 1
+        );
+        let weights = load_weights(dir, &cfg, opts.progress)?;
+        Self::from_weights(cfg, &weights, opts, &ordinals)
+    }
+
+    /// Splits `weights` (the whole model, `cfg`'s shapes) over one rank per entry of
+    /// `ordinals` (GPU ordinals; tests put several ranks on one GPU).
+    pub fn from_weights(
+        cfg: ModelConfig,
+        weights: &ModelWeights,
+        opts: CudaBackendOptions,
+        ordinals: &[usize],
+    ) -> anyhow::Result<Self> {
+        let world = ordinals.len();
+        check_split(&cfg, world)?;
+        check_supported(&shard_config(&cfg, world))?;
+        // Each rank's host tier takes the option's bytes.
+        crate::executor::host_memory::check(
+            "the KV host tiers of all ranks (--cpu-kv-cache-gib per rank)",
+            opts.host_kv_cache_bytes * world,
+        )?;
+        let opts = rank_options(&opts);
+        let mut comms = ThreadComm::world(world).into_iter();
+        let first = comms.next().context("a world has a rank 0")?;
+        let abort = first.abort_handle();
+        // Rank 0 first: its GPU's memory sizes its pool, and every peer takes that many blocks.
+        let lead = build_rank(
+            &cfg,
+            shard_weights(&cfg, weights, 0, world)?,
+            first,
+            opts.clone(),
+            ordinals[0],
+            None,
+        )?;
+        let blocks = lead.info().num_kv_blocks;
+        let mut backend = CudaTpBackend {
+            lead,
+            peers: Vec::with_capacity(world - 1),
+            abort,
+            ordinals: ordinals.to_vec(),
+        };
+        for comm in comms {
+            let rank = comm.rank();
+            let shard = shard_weights(&cfg, weights, rank, world)?;
+            let (cfg, opts, ordinal) = (cfg.clone(), opts.clone(), ordinals[rank]);
+            let (ready_tx, ready) = bounded(1);
+            let (jobs, job_rx) = bounded(1);
+            let (done_tx, done) = bounded(1);
+            let thread = std::thread::Builder::new()
+                .name(format!("brook-tp{rank}"))
+                .spawn(move || {
+                    let built = catch_unwind(AssertUnwindSafe(|| {
+                        build_rank(&cfg, shard, comm, opts, ordinal, Some(blocks))
+                    }))
+                    .unwrap_or_else(|p| Err(anyhow::anyhow!("{}", panic_message(&*p))));
+                    match built {
+                        Ok(b) => {
+                            let _ = ready_tx.send(Ok(()));
+                            run_rank(b, job_rx, done_tx);
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(format!("{e:#}")));
+                        }
+                    }
+                })
+                .context("starting a tensor-parallel rank's thread")?;
+            let up = ready
+                .recv()
+                .unwrap_or_else(|_| Err(format!("rank {rank}'s thread ended while starting")));
+            backend.peers.push(Peer {
+                rank,
+                jobs,
+                done,
+                thread,
+            });
+            // Dropping `backend` joins the peers started so far.
+            up.map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        Ok(backend)
+    }
+
+    /// Rank 0's backend (tests: its counters and KV blocks).
+    pub fn lead(&self) -> &CudaBackend {
+        &self.lead
+    }
+
+    fn post(&self, job: impl Fn() -> Job) {
+        for p in &self.peers {
+            // A peer's thread ends only with its channel, or by a bug: `collect` reports it.
+            let _ = p.jobs.send(job());
+        }
+    }
+
+    /// Waits for every peer's job; the failures, the ones a rank caused first.
+    fn collect(&self) -> Vec<(bool, String)> {
+        let mut failures: Vec<(bool, String)> = Vec::new();
+        for p in &self.peers {
+            let (cause, why) = match p.done.recv() {
+                Ok(Done::Ok) => continue,
+                Ok(Done::Panicked(m)) => (true, format!("rank {} panicked: {m}", p.rank)),
+                Ok(Done::Failed { why, aborted }) => (!aborted, format!("rank {}: {why}", p.rank)),
+                Err(_) => (true, format!("rank {}'s thread is gone", p.rank)),
+            };
+            failures.push((cause, why));
+        }
+        failures.sort_by_key(|(cause, _)| !cause);
+        failures
+    }
+}
+
+/// A peer rank's loop: one job at a time until the backend drops its channel.
+fn run_rank(mut b: CudaBackend, jobs: Receiver<Job>, done: Sender<Done>) {
+    while let Ok(job) = jobs.recv() {
+        let run = catch_unwind(AssertUnwindSafe(|| match &job {
+            Job::Step(step) => b.follow(step),
+            Job::Record(out) => b.record_lead(out),
+        }));
+        let end = match run {
+            Ok(Ok(())) => Done::Ok,
+            Ok(Err(e)) => Done::Failed {
+                why: format!("{e:#}"),
+                aborted: e.chain().any(|c| c.is::<CommAborted>()),
+            },
+            Err(p) => Done::Panicked(panic_message(&*p)),
+        };
+        if !matches!(end, Done::Ok) {
+            // The others may be waiting in a collective this rank will not reach.
+            b.abort_collectives("a peer rank failed");
+        }
+        if done.send(end).is_err() {
+            break;
+        }
+    }
+}
+
+impl Backend for CudaTpBackend {
+    fn info(&self) -> BackendInfo {
+        let mut info = self.lead.info();
+        let on: Vec<String> = self.ordinals.iter().map(|o| format!("cuda:{o}")).collect();
+        info.device = format!(
+            "{} (tensor parallel: {} ranks on {})",
+            info.device,
+            self.ordinals.len(),
+            on.join(", ")
+        );
+        info
+    }
+
+    /// Every rank runs the step; rank 0's output is returned, after the peers recorded it.
+    /// Panics when any rank fails (the actor then rebuilds the backend).
+    fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
+        let shared = Arc::new(step.clone());
+        self.post(|| Job::Step(shared.clone()));
+        let mine = self.lead.execute(step);
+        if mine.is_err() {
+            self.abort.abort("rank 0 failed");
+        }
+        let theirs = self.collect();
+        let out = match (mine, theirs.first()) {
+            (Ok(out), None) => out,
+            (_, Some((true, why))) => panic!("tensor-parallel step failed: {why}"),
+            (Err(e), _) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
+            (Ok(_), Some((false, why))) => panic!("tensor-parallel step failed: {why}"),
+        };
+        let shared = Arc::new(out.clone());
+        self.post(|| Job::Record(shared.clone()));
+        if let Some((_, why)) = self.collect().first() {
+            panic!("tensor-parallel step failed recording rank 0's tokens: {why}");
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for CudaTpBackend {
+    /// Releases peers waiting in a collective (rank 0 panicked mid-step), closes their channels
+    /// and joins their threads.
+    fn drop(&mut self) {
+        self.abort.abort("the backend is shutting down");
+        for Peer {
+            rank,
+            jobs,
+            done,
+            thread,
+        } in self.peers.drain(..)
+        {
+            drop((jobs, done));
+            if thread.join().is_err() {
+                tracing::error!("tensor-parallel rank {rank}'s thread panicked");
+            }
+        }
+    }
+}
