@@ -124,6 +124,7 @@ impl ThreadComm {
 }
 
 /// Aborts a `ThreadComm` world (`ThreadComm::abort_handle`).
+#[derive(Clone)]
 pub struct AbortHandle {
     shared: Arc<Shared>,
 }

@@ -340,6 +340,26 @@ fn run_both_with(
     (t, tg)
 }
 
+/// The serving-path tests' prompts: 10 random ones of 20-89 tokens, the even ones starting
+/// with the same 40 (prefix-cache hits).
+fn shared_prefix_prompts(vocab: usize) -> Vec<Vec<u32>> {
+    let mut r = ChaCha8Rng::seed_from_u64(11);
+    let vocab = vocab as u32;
+    let shared: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
+    (0..10)
+        .map(|i| {
+            let mut p: Vec<u32> = (0..r.random_range(20..90))
+                .map(|_| r.random_range(0..vocab))
+                .collect();
+            if i % 2 == 0 {
+                let n = p.len().min(shared.len());
+                p[..n].copy_from_slice(&shared[..n]);
+            }
+            p
+        })
+        .collect()
+}
+
 fn random_prompts(n: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
     random_prompts_of(n, vocab, seed, 3..150)
 }

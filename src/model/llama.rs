@@ -252,14 +252,6 @@ impl LlamaModel {
         &self.config
     }
 
-    /// Fails this rank's collectives in progress and to come on every rank (a rank that
-    /// panicked releases the others); a no-op without tensor parallelism.
-    pub fn abort_collectives(&self, why: &str) {
-        if let Some(tp) = &self.tp {
-            tp.comm.abort(why);
-        }
-    }
-
     /// Sums a row-parallel projection's partial products over the ranks.
     fn all_reduce(&self, x: &mut [f32]) -> anyhow::Result<()> {
         match &self.tp {

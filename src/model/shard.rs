@@ -155,16 +155,7 @@ fn vocab_slice(t: &Tensor, start: usize, len: usize) -> candle_core::Result<Tens
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::loader::load_weights;
-    use crate::model::testing::{write_test_model, TestModelSpec};
-
-    fn model(spec: &TestModelSpec) -> (tempfile::TempDir, ModelConfig, ModelWeights) {
-        let dir = tempfile::tempdir().unwrap();
-        write_test_model(dir.path(), spec).unwrap();
-        let config = ModelConfig::from_dir(dir.path()).unwrap();
-        let weights = load_weights(dir.path(), &config, false).unwrap();
-        (dir, config, weights)
-    }
+    use crate::model::testing::{load_test_model, TestModelSpec};
 
     fn rows_of(t: &Tensor) -> Vec<Vec<f32>> {
         t.to_vec2::<f32>().unwrap()
@@ -172,7 +163,8 @@ mod tests {
 
     #[test]
     fn split_errors_name_what_does_not_divide() {
-        let (_d, config, _) = model(&TestModelSpec::default().heads(4, 2).intermediate_size(160));
+        let (_d, config, _) =
+            load_test_model(&TestModelSpec::default().heads(4, 2).intermediate_size(160));
         assert_eq!(split_error(&config, 1), None);
         assert_eq!(split_error(&config, 2), None);
         // 4 ranks over 2 KV heads: each KV head replicated on two ranks.
@@ -185,9 +177,10 @@ mod tests {
             let why = split_error(&config, world).unwrap();
             assert!(why.contains(what), "{world}: {why}");
         }
-        let (_d, config, _) = model(&TestModelSpec::default().heads(4, 2).intermediate_size(162));
+        let (_d, config, _) =
+            load_test_model(&TestModelSpec::default().heads(4, 2).intermediate_size(162));
         assert!(split_error(&config, 4).unwrap().contains("MLP width 162"));
-        let (_d, config, _) = model(&TestModelSpec::default().heads(6, 3).head_dim(16));
+        let (_d, config, _) = load_test_model(&TestModelSpec::default().heads(6, 3).head_dim(16));
         let why = split_error(&config, 2).unwrap();
         assert!(why.contains("3 key/value heads"), "{why}");
         let err = check_split(&config, 2).unwrap_err().to_string();
@@ -203,7 +196,7 @@ mod tests {
             .heads(4, 2)
             .attention_bias(true)
             .vocab_size(601);
-        let (_d, config, w) = model(&spec);
+        let (_d, config, w) = load_test_model(&spec);
         let world = 2;
         let shards: Vec<ModelWeights> = (0..world)
             .map(|r| shard_weights(&config, &w, r, world).unwrap())
@@ -253,7 +246,7 @@ mod tests {
     /// With more ranks than KV heads, each rank holds its query heads' one KV head.
     #[test]
     fn fewer_kv_heads_than_ranks_are_replicated() {
-        let (_d, config, w) = model(&TestModelSpec::default().heads(4, 2));
+        let (_d, config, w) = load_test_model(&TestModelSpec::default().heads(4, 2));
         let hd = config.head_dim;
         let k = rows_of(w.layers[1].k_proj.weight());
         for rank in 0..4 {

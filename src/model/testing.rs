@@ -239,6 +239,22 @@ impl TestModelSpec {
     }
 }
 
+/// `spec`'s model written to a temporary folder (kept alive by the returned guard) and loaded:
+/// its config and f32 weights.
+pub fn load_test_model(
+    spec: &TestModelSpec,
+) -> (
+    tempfile::TempDir,
+    ModelConfig,
+    brook::model::loader::ModelWeights,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_model(dir.path(), spec).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
+    let weights = brook::model::loader::load_weights(dir.path(), &config, false).unwrap();
+    (dir, config, weights)
+}
+
 /// Writes a complete model folder for `spec` into `dir` (which must exist).
 pub fn write_test_model(dir: &Path, spec: &TestModelSpec) -> anyhow::Result<()> {
     let tokenizer = build_tokenizer()?;

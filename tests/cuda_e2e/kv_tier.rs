@@ -47,11 +47,7 @@ type ModelWeightsAlias = brook::model::loader::ModelWeights;
 
 /// The small test model, written to a temporary folder (kept alive by the returned guard).
 fn test_model() -> (tempfile::TempDir, ModelConfig, ModelWeightsAlias) {
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &TestModelSpec::kv_tier()).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
-    (dir, config, weights)
+    testing::load_test_model(&TestModelSpec::kv_tier())
 }
 
 /// Writes device block `b`'s bytes, planes in order (`kv_block`'s layout).

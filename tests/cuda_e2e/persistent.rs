@@ -43,21 +43,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
     write_test_model(dir.path(), &spec).unwrap();
     let config = ModelConfig::from_dir(dir.path()).unwrap();
     let weights = load_weights(dir.path(), &config, false).unwrap();
-    let mut r = ChaCha8Rng::seed_from_u64(11);
-    let vocab = config.vocab_size as u32;
-    let shared: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
-    let prompts: Vec<Vec<u32>> = (0..10)
-        .map(|i| {
-            let mut p: Vec<u32> = (0..r.random_range(20..90))
-                .map(|_| r.random_range(0..vocab))
-                .collect();
-            if i % 2 == 0 {
-                let n = p.len().min(shared.len());
-                p[..n].copy_from_slice(&shared[..n]);
-            }
-            p
-        })
-        .collect();
+    let prompts = shared_prefix_prompts(config.vocab_size);
     let max_tokens = 12;
     let base = serving_opts(&config);
     let variants = [

@@ -60,21 +60,7 @@ fn check_world(
     weights: &ModelWeights,
     world: usize,
 ) -> Vec<Vec<u32>> {
-    let mut r = ChaCha8Rng::seed_from_u64(11);
-    let vocab = config.vocab_size as u32;
-    let shared: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
-    let prompts: Vec<Vec<u32>> = (0..10)
-        .map(|i| {
-            let mut p: Vec<u32> = (0..r.random_range(20..90))
-                .map(|_| r.random_range(0..vocab))
-                .collect();
-            if i % 2 == 0 {
-                let n = p.len().min(shared.len());
-                p[..n].copy_from_slice(&shared[..n]);
-            }
-            p
-        })
-        .collect();
+    let prompts = shared_prefix_prompts(config.vocab_size);
     let mut tp = tp_backend(config, weights, world, 24, 0);
     let mut kv = KvCacheManager::new(24, BLOCK, true);
     let max_tokens = 12;
@@ -101,20 +87,11 @@ fn check_world(
     run.tokens
 }
 
-/// A random-weight checkpoint of `spec`: its config and f32 weights (the folder kept alive).
-fn model(spec: &TestModelSpec) -> (tempfile::TempDir, ModelConfig, ModelWeights) {
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), spec).unwrap();
-    let config = ModelConfig::from_dir(dir.path()).unwrap();
-    let weights = load_weights(dir.path(), &config, false).unwrap();
-    (dir, config, weights)
-}
-
 fn check_spec(what: &str, spec: TestModelSpec, world: usize) {
     if !have_gpu() {
         return;
     }
-    let (_dir, config, weights) = model(&spec);
+    let (_dir, config, weights) = testing::load_test_model(&spec);
     let split = check_world(what, &config, &weights, world);
     // Beside one GPU's run: the same tokens but where rounding moves a near tie.
     let one = check_world(&format!("{what}, 1 rank"), &config, &weights, 1);
@@ -158,7 +135,7 @@ fn cuda_tp2_swapping_and_forking_leave_greedy_output_unchanged() {
     if !have_gpu() {
         return;
     }
-    let (_dir, config, weights) = model(&gqa_hd64().layers(3).seed(23));
+    let (_dir, config, weights) = testing::load_test_model(&gqa_hd64().layers(3).seed(23));
     let mut r = ChaCha8Rng::seed_from_u64(17);
     let vocab = config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..3)

@@ -15,20 +15,17 @@
 //! no known state). Batches are checked before they reach any rank, so a bad batch fails the
 //! step alone, the same on every rank.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use anyhow::Context;
-use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::executor::actor::panic_message;
 use crate::executor::kv_tier::CpuHostTier;
+use crate::executor::rank_threads::RankThreads;
 use crate::model::config::ModelConfig;
 use crate::model::llama::{KvPool, LlamaModel, TpRank};
 use crate::model::loader::ModelWeights;
 use crate::model::shard::{shard_config, shard_weights, vocab_rows};
-use crate::parallel::{AbortHandle, CommAborted, Communicator, ThreadComm};
+use crate::parallel::{Communicator, ThreadComm};
 use crate::step::{BatchInput, BlockCopy};
 
 /// What a peer rank does for a step.
@@ -47,36 +44,9 @@ enum Job {
     Panic,
 }
 
-/// A peer's failed job: why, and whether it failed on its own (`cause`) rather than because
-/// another rank aborted the world.
-struct Failure {
-    cause: bool,
-    why: String,
-}
-
-/// How a peer's job ended.
-enum Done {
-    Ok,
-    /// `aborted`: the failure was another rank's abort reaching this one.
-    Failed {
-        why: String,
-        aborted: bool,
-    },
-    Panicked(String),
-}
-
-/// One peer rank's thread and its two channels (one job in flight at a time: bounded at 1).
-struct Peer {
-    rank: usize,
-    jobs: Sender<Job>,
-    done: Receiver<Done>,
-    thread: JoinHandle<()>,
-}
-
 /// Ranks 1..N of a world whose rank 0 is the caller's model.
 pub struct TpPeers {
-    peers: Vec<Peer>,
-    abort: AbortHandle,
+    threads: RankThreads<Job>,
     /// The peers hold copies of the last step to apply at the next (`Job::StepCopies`).
     pending: bool,
     /// Tests: the next forward's peers panic (`Job::Panic`).
@@ -123,7 +93,7 @@ impl TpWorld {
         let abort = first.abort_handle();
         let rank0 = rank_model(config, &weights, first, world)?;
         let shard = shard_config(config, world);
-        let mut peers = Vec::with_capacity(world - 1);
+        let mut threads = RankThreads::new(abort);
         for comm in comms {
             let rank = comm.rank();
             let model = rank_model(config, &weights, comm, world)?;
@@ -142,24 +112,18 @@ impl TpWorld {
                 .thread_name(move |i| format!("brook-tp{rank}-{i}"))
                 .build()
                 .context("building a tensor-parallel rank's thread pool")?;
-            let (jobs, job_rx) = bounded(1);
-            let (done_tx, done) = bounded(1);
-            let thread = std::thread::Builder::new()
-                .name(format!("brook-tp{rank}"))
-                .spawn(move || run_rank(model, kv, host, pool, job_rx, done_tx))
-                .context("starting a tensor-parallel rank's thread")?;
-            peers.push(Peer {
-                rank,
-                jobs,
-                done,
-                thread,
-            });
+            let state = Rank {
+                model,
+                kv,
+                host,
+                pool,
+            };
+            threads.spawn(rank, move || Ok(state), Rank::run)?;
         }
         Ok(TpWorld {
             rank0,
             peers: TpPeers {
-                peers,
-                abort,
+                threads,
                 pending: false,
                 #[cfg(test)]
                 fail_next: Default::default(),
@@ -177,46 +141,35 @@ pub struct RankPools {
     pub host: Option<(usize, f64)>,
 }
 
-/// A peer rank's loop: one job at a time until the backend drops its channel.
-fn run_rank(
+/// A peer rank's state on its thread.
+struct Rank {
     model: LlamaModel,
-    mut kv: KvPool,
-    mut host: Option<CpuHostTier>,
+    kv: KvPool,
+    host: Option<CpuHostTier>,
     pool: rayon::ThreadPool,
-    jobs: Receiver<Job>,
-    done: Sender<Done>,
-) {
-    while let Ok(job) = jobs.recv() {
-        let run = catch_unwind(AssertUnwindSafe(|| match &job {
-            Job::Forward(batch) => pool.install(|| model.forward(batch, &mut kv)).map(drop),
+}
+
+impl Rank {
+    fn run(&mut self, job: &Job) -> anyhow::Result<()> {
+        let kv = &mut self.kv;
+        match job {
+            Job::Forward(batch) => self
+                .pool
+                .install(|| self.model.forward(batch, kv))
+                .map(drop),
             Job::StepCopies {
                 copies,
                 for_forward,
-            } => match &mut host {
-                Some(h) => h.apply_step(&mut kv, copies, *for_forward),
-                None => CpuHostTier::apply_on_device(&mut kv, copies),
+            } => match &mut self.host {
+                Some(h) => h.apply_step(kv, copies, *for_forward),
+                None => CpuHostTier::apply_on_device(kv, copies),
             },
-            Job::Copies(copies) => match &mut host {
-                Some(h) => h.apply(&mut kv, copies),
-                None => CpuHostTier::apply_on_device(&mut kv, copies),
+            Job::Copies(copies) => match &mut self.host {
+                Some(h) => h.apply(kv, copies),
+                None => CpuHostTier::apply_on_device(kv, copies),
             },
             #[cfg(test)]
             Job::Panic => panic!("injected"),
-        }));
-        let end = match run {
-            Ok(Ok(())) => Done::Ok,
-            Ok(Err(e)) => Done::Failed {
-                why: format!("{e:#}"),
-                aborted: e.chain().any(|c| c.is::<CommAborted>()),
-            },
-            Err(p) => Done::Panicked(panic_message(&*p)),
-        };
-        if !matches!(end, Done::Ok) {
-            // Rank 0 and the others may be waiting in a collective this rank will not reach.
-            model.abort_collectives("a peer rank failed");
-        }
-        if done.send(end).is_err() {
-            break;
         }
     }
 }
@@ -224,7 +177,7 @@ fn run_rank(
 impl TpPeers {
     /// Ranks in the world, rank 0 included.
     pub fn world_size(&self) -> usize {
-        self.peers.len() + 1
+        self.threads.world_size()
     }
 
     /// Runs the step's forward on every peer and `rank0` (rank 0's forward) here; returns rank
@@ -240,26 +193,14 @@ impl TpPeers {
         let inject = self
             .fail_next
             .swap(false, std::sync::atomic::Ordering::Relaxed);
-        self.post(|| {
+        let job = || {
             #[cfg(test)]
             if inject {
                 return Job::Panic;
             }
             Job::Forward(shared.clone())
-        });
-        let mine = rank0();
-        if mine.is_err() {
-            self.abort.abort("rank 0 failed");
-        }
-        let theirs = self.collect();
-        // The failure that caused the others: a peer's own, else rank 0's, else any.
-        let cause = theirs.iter().find(|f| f.cause).map(|f| f.why.clone());
-        match (mine, cause, theirs.first()) {
-            (Ok(logits), None, None) => logits,
-            (_, Some(why), _) => panic!("tensor-parallel step failed: {why}"),
-            (Err(e), None, _) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
-            (Ok(_), None, Some(f)) => panic!("tensor-parallel step failed: {}", f.why),
-        }
+        };
+        self.threads.run("step", job, rank0)
     }
 
     /// A step's block copies on every peer, as rank 0 applied them (which checked them): the
@@ -269,10 +210,11 @@ impl TpPeers {
             return;
         }
         let shared: Arc<[BlockCopy]> = copies.into();
-        self.run_copies(|| Job::StepCopies {
+        let job = || Job::StepCopies {
             copies: shared.clone(),
             for_forward,
-        });
+        };
+        self.threads.run("block copies", job, || Ok(()));
         self.pending = for_forward < copies.len();
     }
 
@@ -282,56 +224,8 @@ impl TpPeers {
             return;
         }
         let shared: Arc<[BlockCopy]> = copies.into();
-        self.run_copies(|| Job::Copies(shared.clone()));
+        self.threads
+            .run("block copies", || Job::Copies(shared.clone()), || Ok(()));
         self.pending = false;
-    }
-
-    fn run_copies(&self, job: impl Fn() -> Job) {
-        self.post(job);
-        if let Some(f) = self.collect().first() {
-            panic!("tensor-parallel block copies failed: {}", f.why);
-        }
-    }
-
-    fn post(&self, job: impl Fn() -> Job) {
-        for p in &self.peers {
-            // A peer's thread ends only with the channel, or by a bug: `collect` reports it.
-            let _ = p.jobs.send(job());
-        }
-    }
-
-    /// Waits for every peer's job; their failures, in rank order.
-    fn collect(&self) -> Vec<Failure> {
-        let mut failures = Vec::new();
-        for p in &self.peers {
-            let (cause, why) = match p.done.recv() {
-                Ok(Done::Ok) => continue,
-                Ok(Done::Panicked(m)) => (true, format!("rank {} panicked: {m}", p.rank)),
-                Ok(Done::Failed { why, aborted }) => (!aborted, format!("rank {}: {why}", p.rank)),
-                Err(_) => (true, format!("rank {}'s thread is gone", p.rank)),
-            };
-            failures.push(Failure { cause, why });
-        }
-        failures
-    }
-}
-
-impl Drop for TpPeers {
-    /// Releases peers waiting in a collective (rank 0 panicked mid-step), closes their channels
-    /// and joins their threads.
-    fn drop(&mut self) {
-        self.abort.abort("the backend is shutting down");
-        for Peer {
-            rank,
-            jobs,
-            done,
-            thread,
-        } in self.peers.drain(..)
-        {
-            drop((jobs, done));
-            if thread.join().is_err() {
-                tracing::error!("tensor-parallel rank {rank}'s thread panicked");
-            }
-        }
     }
 }

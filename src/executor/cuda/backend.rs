@@ -538,13 +538,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Fails every collective of this rank's tensor-parallel world (none alone).
-    pub(super) fn abort_collectives(&self, why: &str) {
-        if let Some(tp) = &self.fwd.tp {
-            tp.abort(why);
-        }
-    }
-
     /// A tensor-parallel peer records rank 0's output of the step it followed.
     pub(super) fn record_lead(&mut self, out: &StepOutput) -> anyhow::Result<()> {
         self.input.record(out)

@@ -45,11 +45,6 @@ impl TpLink {
         }
     }
 
-    /// Fails every collective of the world from now on (a rank that will not reach the next).
-    pub fn abort(&self, why: &str) {
-        self.comm.abort(why);
-    }
-
     /// `buf` (n fp32, on `gpu`'s stream) := the sum over the ranks of their `buf`.
     pub fn all_reduce_f32(&self, gpu: &Gpu, buf: u64, n: usize) -> anyhow::Result<()> {
         let mut s = self.stage.borrow_mut();

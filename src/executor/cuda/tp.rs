@@ -22,25 +22,22 @@
 //! the step then panics, so the executor actor rebuilds the backend (a world with a rank gone
 //! mid-step is in no known state). Dropping the backend joins the peers' threads.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use anyhow::Context;
-use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::backend::{check_supported, CudaBackend};
 use super::collective::TpLink;
 use super::device::Gpu;
 use super::options::CudaBackendOptions;
 use super::weights::GpuWeights;
-use crate::executor::actor::panic_message;
 use crate::executor::backend::{Backend, BackendInfo};
+use crate::executor::rank_threads::RankThreads;
 use crate::model::config::ModelConfig;
 use crate::model::loader::{load_weights, ModelWeights};
 use crate::model::shard::{check_split, shard_config, shard_weights};
-use crate::parallel::{AbortHandle, CommAborted, Communicator, ThreadComm};
+use crate::parallel::{Communicator, ThreadComm};
 use crate::step::{SchedulerOutput, StepOutput};
 
 /// What a peer rank does next.
@@ -51,29 +48,10 @@ enum Job {
     Record(Arc<StepOutput>),
 }
 
-/// How a peer's job ended.
-enum Done {
-    Ok,
-    /// `aborted`: the failure was another rank's abort reaching this one.
-    Failed {
-        why: String,
-        aborted: bool,
-    },
-    Panicked(String),
-}
-
-struct Peer {
-    rank: usize,
-    jobs: Sender<Job>,
-    done: Receiver<Done>,
-    thread: JoinHandle<()>,
-}
-
 /// A world of `CudaBackend` ranks behind one `Backend`.
 pub struct CudaTpBackend {
     lead: CudaBackend,
-    peers: Vec<Peer>,
-    abort: AbortHandle,
+    peers: RankThreads<Job>,
     ordinals: Vec<usize>,
 }
 
@@ -164,46 +142,22 @@ impl CudaTpBackend {
         let blocks = lead.info().num_kv_blocks;
         let mut backend = CudaTpBackend {
             lead,
-            peers: Vec::with_capacity(world - 1),
-            abort,
+            peers: RankThreads::new(abort),
             ordinals: ordinals.to_vec(),
         };
         for comm in comms {
             let rank = comm.rank();
             let shard = shard_weights(&cfg, weights, rank, world)?;
             let (cfg, opts, ordinal) = (cfg.clone(), opts.clone(), ordinals[rank]);
-            let (ready_tx, ready) = bounded(1);
-            let (jobs, job_rx) = bounded(1);
-            let (done_tx, done) = bounded(1);
-            let thread = std::thread::Builder::new()
-                .name(format!("brook-tp{rank}"))
-                .spawn(move || {
-                    let built = catch_unwind(AssertUnwindSafe(|| {
-                        build_rank(&cfg, shard, comm, opts, ordinal, Some(blocks))
-                    }))
-                    .unwrap_or_else(|p| Err(anyhow::anyhow!("{}", panic_message(&*p))));
-                    match built {
-                        Ok(b) => {
-                            let _ = ready_tx.send(Ok(()));
-                            run_rank(b, job_rx, done_tx);
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(format!("{e:#}")));
-                        }
-                    }
-                })
-                .context("starting a tensor-parallel rank's thread")?;
-            let up = ready
-                .recv()
-                .unwrap_or_else(|_| Err(format!("rank {rank}'s thread ended while starting")));
-            backend.peers.push(Peer {
-                rank,
-                jobs,
-                done,
-                thread,
-            });
-            // Dropping `backend` joins the peers started so far.
-            up.map_err(|e| anyhow::anyhow!("{e}"))?;
+            // Built on its thread, where its CUDA context is used. Dropping `backend` joins the
+            // peers started so far.
+            let build = move || build_rank(&cfg, shard, comm, opts, ordinal, Some(blocks));
+            backend
+                .peers
+                .spawn(rank, build, |b: &mut CudaBackend, job| match job {
+                    Job::Step(step) => b.follow(step),
+                    Job::Record(out) => b.record_lead(out),
+                })?;
         }
         Ok(backend)
     }
@@ -211,54 +165,6 @@ impl CudaTpBackend {
     /// Rank 0's backend (tests: its counters and KV blocks).
     pub fn lead(&self) -> &CudaBackend {
         &self.lead
-    }
-
-    fn post(&self, job: impl Fn() -> Job) {
-        for p in &self.peers {
-            // A peer's thread ends only with its channel, or by a bug: `collect` reports it.
-            let _ = p.jobs.send(job());
-        }
-    }
-
-    /// Waits for every peer's job; the failures, the ones a rank caused first.
-    fn collect(&self) -> Vec<(bool, String)> {
-        let mut failures: Vec<(bool, String)> = Vec::new();
-        for p in &self.peers {
-            let (cause, why) = match p.done.recv() {
-                Ok(Done::Ok) => continue,
-                Ok(Done::Panicked(m)) => (true, format!("rank {} panicked: {m}", p.rank)),
-                Ok(Done::Failed { why, aborted }) => (!aborted, format!("rank {}: {why}", p.rank)),
-                Err(_) => (true, format!("rank {}'s thread is gone", p.rank)),
-            };
-            failures.push((cause, why));
-        }
-        failures.sort_by_key(|(cause, _)| !cause);
-        failures
-    }
-}
-
-/// A peer rank's loop: one job at a time until the backend drops its channel.
-fn run_rank(mut b: CudaBackend, jobs: Receiver<Job>, done: Sender<Done>) {
-    while let Ok(job) = jobs.recv() {
-        let run = catch_unwind(AssertUnwindSafe(|| match &job {
-            Job::Step(step) => b.follow(step),
-            Job::Record(out) => b.record_lead(out),
-        }));
-        let end = match run {
-            Ok(Ok(())) => Done::Ok,
-            Ok(Err(e)) => Done::Failed {
-                why: format!("{e:#}"),
-                aborted: e.chain().any(|c| c.is::<CommAborted>()),
-            },
-            Err(p) => Done::Panicked(panic_message(&*p)),
-        };
-        if !matches!(end, Done::Ok) {
-            // The others may be waiting in a collective this rank will not reach.
-            b.abort_collectives("a peer rank failed");
-        }
-        if done.send(end).is_err() {
-            break;
-        }
     }
 }
 
@@ -279,43 +185,14 @@ impl Backend for CudaTpBackend {
     /// Panics when any rank fails (the actor then rebuilds the backend).
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let shared = Arc::new(step.clone());
-        self.post(|| Job::Step(shared.clone()));
-        let mine = self.lead.execute(step);
-        if mine.is_err() {
-            self.abort.abort("rank 0 failed");
-        }
-        let theirs = self.collect();
-        let out = match (mine, theirs.first()) {
-            (Ok(out), None) => out,
-            (_, Some((true, why))) => panic!("tensor-parallel step failed: {why}"),
-            (Err(e), _) => panic!("tensor-parallel step failed: rank 0: {e:#}"),
-            (Ok(_), Some((false, why))) => panic!("tensor-parallel step failed: {why}"),
-        };
+        let lead = &mut self.lead;
+        let out = self
+            .peers
+            .run("step", || Job::Step(shared.clone()), || lead.execute(step));
         let shared = Arc::new(out.clone());
-        self.post(|| Job::Record(shared.clone()));
-        if let Some((_, why)) = self.collect().first() {
-            panic!("tensor-parallel step failed recording rank 0's tokens: {why}");
-        }
+        let record = || Job::Record(shared.clone());
+        self.peers
+            .run("step (recording rank 0's tokens)", record, || Ok(()));
         Ok(out)
-    }
-}
-
-impl Drop for CudaTpBackend {
-    /// Releases peers waiting in a collective (rank 0 panicked mid-step), closes their channels
-    /// and joins their threads.
-    fn drop(&mut self) {
-        self.abort.abort("the backend is shutting down");
-        for Peer {
-            rank,
-            jobs,
-            done,
-            thread,
-        } in self.peers.drain(..)
-        {
-            drop((jobs, done));
-            if thread.join().is_err() {
-                tracing::error!("tensor-parallel rank {rank}'s thread panicked");
-            }
-        }
     }
 }
