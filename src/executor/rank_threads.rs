@@ -197,3 +197,113 @@ impl<J> Drop for RankThreads<J> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::parallel::ThreadComm;
+
+    fn threads() -> RankThreads<u32> {
+        let world = ThreadComm::world(3);
+        RankThreads::new(world[0].abort_handle())
+    }
+
+    /// A peer adds its job to `sum`; job 0 fails, job 9 panics.
+    fn spawn_counter(t: &mut RankThreads<u32>, rank: usize, sum: &Arc<AtomicU32>) {
+        let sum = sum.clone();
+        t.spawn(
+            rank,
+            move || Ok(sum),
+            |sum: &mut Arc<AtomicU32>, &job: &u32| match job {
+                0 => anyhow::bail!("job zero"),
+                9 => panic!("job nine"),
+                n => {
+                    sum.fetch_add(n, Ordering::Relaxed);
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_state_that_fails_to_build_fails_the_spawn_and_leaves_no_peer() {
+        let mut t = threads();
+        let err = t
+            .spawn(
+                1,
+                || -> anyhow::Result<u32> { anyhow::bail!("no GPU") },
+                |_, _| Ok(()),
+            )
+            .unwrap_err();
+        assert_eq!(format!("{err:#}"), "tensor-parallel rank 1: no GPU");
+        let err = t
+            .spawn(
+                2,
+                || -> anyhow::Result<u32> { panic!("boom") },
+                |_, _| Ok(()),
+            )
+            .unwrap_err();
+        assert_eq!(format!("{err:#}"), "tensor-parallel rank 2: boom");
+        assert_eq!(t.world_size(), 1);
+    }
+
+    #[test]
+    fn jobs_run_on_every_peer_and_rank_zeros_result_comes_back() {
+        let (mut t, sum) = (threads(), Arc::new(AtomicU32::new(0)));
+        spawn_counter(&mut t, 1, &sum);
+        spawn_counter(&mut t, 2, &sum);
+        assert_eq!(t.world_size(), 3);
+        assert_eq!(t.run("step", || 5, || Ok(7)), 7);
+        assert_eq!(
+            sum.load(Ordering::Relaxed),
+            10,
+            "each peer ran the job once"
+        );
+        assert!(t.collect_nothing_pending());
+    }
+
+    #[test]
+    fn a_peers_failure_panics_the_step_naming_it() {
+        let mut t = threads();
+        spawn_counter(&mut t, 1, &Arc::default());
+        let err = catch_unwind(AssertUnwindSafe(|| t.run("step", || 0, || Ok(())))).unwrap_err();
+        assert_eq!(
+            panic_message(&*err),
+            "tensor-parallel step failed: rank 1: job zero"
+        );
+        let err = catch_unwind(AssertUnwindSafe(|| t.run("step", || 9, || Ok(())))).unwrap_err();
+        assert_eq!(
+            panic_message(&*err),
+            "tensor-parallel step failed: rank 1 panicked: job nine"
+        );
+    }
+
+    #[test]
+    fn rank_zeros_failure_panics_the_step_when_no_peer_caused_it() {
+        let mut t = threads();
+        spawn_counter(&mut t, 1, &Arc::default());
+        let err = catch_unwind(AssertUnwindSafe(|| {
+            t.run(
+                "step",
+                || 1,
+                || -> anyhow::Result<()> { anyhow::bail!("bad") },
+            )
+        }))
+        .unwrap_err();
+        assert_eq!(
+            panic_message(&*err),
+            "tensor-parallel step failed: rank 0: bad"
+        );
+    }
+
+    impl<J: Send + 'static> RankThreads<J> {
+        /// No peer has a finished job left unread.
+        fn collect_nothing_pending(&self) -> bool {
+            self.peers.iter().all(|p| p.done.is_empty())
+        }
+    }
+}
