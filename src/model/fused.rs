@@ -12,6 +12,7 @@ use half::bf16;
 
 use crate::model::config::ModelConfig;
 use crate::model::loader::{for_each_tensor, EMBED, LM_HEAD};
+use crate::model::shard::{shard_config, shard_tensor, vocab_rows};
 use crate::model::ModelError;
 
 /// A weight matrix or vector of the fused layout; per-layer ones carry the layer index.
@@ -55,6 +56,16 @@ impl Fused {
             Fused::O(_) => h * cfg.q_dim(),
             Fused::GateUp(_) => 2 * i * h,
             Fused::Down(_) => h * i,
+        }
+    }
+
+    /// Elements of this tensor on one of `world` tensor-parallel ranks of the model `cfg`
+    /// (`shard::shard_config`'s shapes; the embedding and LM head hold the rank's vocabulary
+    /// rows).
+    pub fn split_len(self, cfg: &ModelConfig, world: usize) -> usize {
+        match self {
+            Fused::Embed | Fused::LmHead => vocab_rows(cfg.vocab_size, world) * cfg.hidden_size,
+            _ => self.len(&shard_config(cfg, world)),
         }
     }
 
@@ -126,32 +137,46 @@ pub fn placement(cfg: &ModelConfig, name: &str) -> Option<(Fused, usize)> {
 /// place: the fused tensor and the element offset of its first row, with the run checked to lie
 /// inside the fused tensor. Returns whether `lm_head` is tied to the embeddings (by the config,
 /// or because an untied checkpoint lacks it, as `load_weights` decides); then no `LmHead` comes.
+///
+/// Split over `world` tensor-parallel ranks (1: none), each tensor is cut into the ranks' parts
+/// (`shard::shard_tensor`) and each part handed to `sink` with its rank and its place in that
+/// rank's layout (`shard_config`'s shapes, the embedding and LM head `split_len` long), so the
+/// host never holds more than one tensor.
 pub fn load_bf16(
     dir: &Path,
     cfg: &ModelConfig,
+    world: usize,
     progress: bool,
-    mut sink: impl FnMut(Fused, usize, &[bf16]) -> anyhow::Result<()>,
+    mut sink: impl FnMut(usize, Fused, usize, &[bf16]) -> anyhow::Result<()>,
 ) -> anyhow::Result<bool> {
     anyhow::ensure!(
         !cfg.o_bias && !cfg.mlp_bias,
         "the fused bf16 layout has no room for o-projection or MLP biases"
     );
+    let rank_cfg = shard_config(cfg, world);
     for_each_tensor(dir, cfg, progress, |name, raw| {
-        let (fused, offset) = placement(cfg, name)
+        let (fused, offset) = placement(&rank_cfg, name)
             .with_context(|| format!("tensor {name} has no place in the fused layout"))?;
-        let values = raw
-            .to_dtype(DType::BF16)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<bf16>())
-            .map_err(|e| ModelError::Tensor {
-                name: name.to_owned(),
-                reason: e,
-            })?;
-        anyhow::ensure!(
-            offset + values.len() <= fused.len(cfg),
-            "tensor {name} overruns {fused:?}"
-        );
-        sink(fused, offset, &values).with_context(|| format!("tensor {name}"))
+        for rank in 0..world {
+            let part = match world {
+                1 => raw.clone(),
+                _ => shard_tensor(cfg, name, &raw, rank, world)?,
+            };
+            let values = part
+                .to_dtype(DType::BF16)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<bf16>())
+                .map_err(|e| ModelError::Tensor {
+                    name: name.to_owned(),
+                    reason: e,
+                })?;
+            anyhow::ensure!(
+                offset + values.len() <= fused.split_len(cfg, world),
+                "tensor {name} overruns {fused:?}"
+            );
+            sink(rank, fused, offset, &values).with_context(|| format!("tensor {name}"))?;
+        }
+        Ok(())
     })
 }
 
@@ -166,13 +191,19 @@ mod tests {
     use crate::model::loader::{load_weights, ModelWeights};
     use crate::model::testing::{write_test_model, TestModelSpec};
 
-    /// The fused tensors `load_bf16` streams, assembled on the host; each element written once.
-    fn streamed(dir: &Path, cfg: &ModelConfig) -> (HashMap<Fused, Vec<bf16>>, bool) {
-        let mut out: HashMap<Fused, (Vec<bf16>, Vec<bool>)> = HashMap::new();
-        let tied = load_bf16(dir, cfg, false, |t, offset, values| {
-            let (buf, written) = out
+    type Layout = HashMap<Fused, Vec<bf16>>;
+
+    /// The fused tensors `load_bf16` streams for each of `world` ranks, assembled on the host;
+    /// each element written once.
+    fn streamed_split(dir: &Path, cfg: &ModelConfig, world: usize) -> (Vec<Layout>, bool) {
+        // Each rank's tensors, and which of their elements were written.
+        type Written = HashMap<Fused, (Vec<bf16>, Vec<bool>)>;
+        let mut out: Vec<Written> = vec![HashMap::new(); world];
+        let tied = load_bf16(dir, cfg, world, false, |rank, t, offset, values| {
+            let n = t.split_len(cfg, world);
+            let (buf, written) = out[rank]
                 .entry(t)
-                .or_insert_with(|| (vec![bf16::ZERO; t.len(cfg)], vec![false; t.len(cfg)]));
+                .or_insert_with(|| (vec![bf16::ZERO; n], vec![false; n]));
             for (i, v) in values.iter().enumerate() {
                 assert!(!written[offset + i], "{t:?}[{}] written twice", offset + i);
                 written[offset + i] = true;
@@ -183,12 +214,22 @@ mod tests {
         .unwrap();
         let out = out
             .into_iter()
-            .map(|(t, (buf, written))| {
-                assert!(written.iter().all(|&w| w), "{t:?} not fully written");
-                (t, buf)
+            .map(|rank| {
+                rank.into_iter()
+                    .map(|(t, (buf, written))| {
+                        assert!(written.iter().all(|&w| w), "{t:?} not fully written");
+                        (t, buf)
+                    })
+                    .collect()
             })
             .collect();
         (out, tied)
+    }
+
+    /// The fused tensors `load_bf16` streams unsplit.
+    fn streamed(dir: &Path, cfg: &ModelConfig) -> (Layout, bool) {
+        let (mut ranks, tied) = streamed_split(dir, cfg, 1);
+        (ranks.remove(0), tied)
     }
 
     /// What the f32 path uploads: each fused tensor as its parts' f32 values rounded to bf16,
@@ -245,20 +286,47 @@ mod tests {
         let (got, tied) = streamed(dir, &cfg);
         let w = load_weights(dir, &cfg, false).unwrap();
         assert_eq!(tied, w.lm_head_tied);
-        let want = via_f32(&w, &cfg);
+        same(&got, &via_f32(&w, &cfg), |k| k.len(&cfg), "");
+        tied
+    }
+
+    /// `got` and `want` hold the same tensors, bit for bit, of `len` elements, none all zeros.
+    fn same(got: &Layout, want: &Layout, len: impl Fn(Fused) -> usize, what: &str) {
         let mut keys: Vec<_> = want.keys().copied().collect();
         keys.sort();
         let mut got_keys: Vec<_> = got.keys().copied().collect();
         got_keys.sort();
-        assert_eq!(got_keys, keys);
+        assert_eq!(got_keys, keys, "{what}");
         for k in keys {
             let (g, w) = (&got[&k], &want[&k]);
-            assert_eq!(g.len(), k.len(&cfg), "{k:?}");
+            assert_eq!(g.len(), len(k), "{what} {k:?}");
             let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert!(bits(g) == bits(w), "{k:?} differs");
-            assert!(g.iter().any(|x| x.to_f32() != 0.0), "{k:?} is all zeros");
+            assert!(bits(g) == bits(w), "{what} {k:?} differs");
+            assert!(
+                g.iter().any(|x| x.to_f32() != 0.0),
+                "{what} {k:?} is all zeros"
+            );
         }
-        tied
+    }
+
+    /// Streams `dir` split over `world` ranks and checks each rank's tensors bit for bit against
+    /// its shard of the f32 loader's model (`shard_weights`).
+    fn check_split(dir: &Path, world: usize) {
+        let cfg = ModelConfig::from_dir(dir).unwrap();
+        let (got, tied) = streamed_split(dir, &cfg, world);
+        let w = load_weights(dir, &cfg, false).unwrap();
+        assert_eq!(tied, w.lm_head_tied);
+        let rank_cfg = shard_config(&cfg, world);
+        for (rank, got) in got.iter().enumerate() {
+            let shard = crate::model::shard::shard_weights(&cfg, &w, rank, world).unwrap();
+            let what = format!("{} rank {rank} of {world}", dir.display());
+            same(
+                got,
+                &via_f32(&shard, &rank_cfg),
+                |k| k.split_len(&cfg, world),
+                &what,
+            );
+        }
     }
 
     fn written(spec: &TestModelSpec) -> tempfile::TempDir {
@@ -282,6 +350,36 @@ mod tests {
         let sharded = TestModelSpec::default().heads(4, 4).shards(3).seed(12);
         assert!(!check(written(&sharded).path()));
         assert!(check(written(&TestModelSpec::default().tied(true)).path()));
+    }
+
+    /// Split over ranks: KV heads split and replicated, a vocabulary the ranks do not divide
+    /// (the last rank's rows padded), tied embeddings, a checkpoint in several files, every
+    /// dtype, and every family (Phi-3's fused qkv_proj and gate_up_proj cut part by part).
+    #[test]
+    fn a_split_streams_each_rank_its_shard_of_the_f32_paths_values() {
+        for dtype in [WeightDType::BF16, WeightDType::F32] {
+            let spec = TestModelSpec::default().dtype(dtype).heads(4, 2).seed(13);
+            let dir = written(&spec);
+            check_split(dir.path(), 2);
+            check_split(dir.path(), 4);
+        }
+        let odd = TestModelSpec::default()
+            .heads(4, 4)
+            .vocab_size(601)
+            .tied(true)
+            .shards(3)
+            .seed(14);
+        check_split(written(&odd).path(), 2);
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        for family in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+            let dir = fixtures.join(family);
+            let cfg = ModelConfig::from_dir(&dir).unwrap();
+            if crate::model::shard::split_error(&cfg, 2).is_none() {
+                check_split(&dir, 2);
+            } else {
+                panic!("{family} does not split over 2: pick a fixture that does");
+            }
+        }
     }
 
     /// Every family's layout: Phi-3's fused qkv_proj / gate_up_proj land in place, Qwen2's q/k/v
@@ -324,11 +422,11 @@ mod tests {
     fn biases_and_sink_errors_are_reported() {
         let dir = written(&TestModelSpec::default().attention_bias(true));
         let cfg = ModelConfig::from_dir(dir.path()).unwrap();
-        let err = load_bf16(dir.path(), &cfg, false, |_, _, _| Ok(())).unwrap_err();
+        let err = load_bf16(dir.path(), &cfg, 1, false, |_, _, _, _| Ok(())).unwrap_err();
         assert!(err.to_string().contains("biases"), "{err}");
         let dir = written(&TestModelSpec::default());
         let cfg = ModelConfig::from_dir(dir.path()).unwrap();
-        let err = load_bf16(dir.path(), &cfg, false, |t, _, _| {
+        let err = load_bf16(dir.path(), &cfg, 1, false, |_, t, _, _| {
             anyhow::ensure!(t != Fused::Down(1), "device full");
             Ok(())
         })

@@ -14,11 +14,11 @@
 //! biases stay on rank 0 so they are added once) and the vocabulary-parallel embedding and
 //! logits (`llama::TpRank`).
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use candle_nn::Linear;
 
 use crate::model::config::ModelConfig;
-use crate::model::loader::{LayerWeights, ModelWeights};
+use crate::model::loader::{LayerWeights, ModelWeights, EMBED, LM_HEAD};
 
 /// Why a model cannot be split over `world` ranks; None when it can.
 pub fn split_error(config: &ModelConfig, world: usize) -> Option<String> {
@@ -68,6 +68,42 @@ pub fn vocab_rows(vocab: usize, world: usize) -> usize {
     vocab.div_ceil(world)
 }
 
+/// Where rank `rank`'s slices lie in the whole model's tensors, as (first, count) along the
+/// split dimension: query rows (q_proj rows, o_proj columns), one of k/v's row blocks, MLP
+/// rows (gate/up rows, down columns), vocabulary rows.
+#[derive(Debug, Clone, Copy)]
+struct Slices {
+    q: (usize, usize),
+    kv: (usize, usize),
+    mlp: (usize, usize),
+    vocab: (usize, usize),
+    lead: bool,
+}
+
+impl Slices {
+    fn of(config: &ModelConfig, rank: usize, world: usize) -> anyhow::Result<Slices> {
+        check_split(config, world)?;
+        anyhow::ensure!(rank < world, "rank {rank} of a world of {world}");
+        let hd = config.head_dim;
+        let q = config.num_attention_heads / world * hd;
+        let kv_heads = config.num_key_value_heads;
+        // The rank's first KV head: its own slice, or its group's head when replicated.
+        let (kv0, kv) = match kv_heads % world {
+            0 => (rank * kv_heads / world, kv_heads / world),
+            _ => (rank / (world / kv_heads), 1),
+        };
+        let i = config.intermediate_size / world;
+        let rows = vocab_rows(config.vocab_size, world);
+        Ok(Slices {
+            q: (rank * q, q),
+            kv: (kv0 * hd, kv * hd),
+            mlp: (rank * i, i),
+            vocab: (rank * rows, rows),
+            lead: rank == 0,
+        })
+    }
+}
+
 /// Rank `rank`'s shard of `w` (the whole model's weights, `config`'s shapes).
 pub fn shard_weights(
     config: &ModelConfig,
@@ -75,42 +111,30 @@ pub fn shard_weights(
     rank: usize,
     world: usize,
 ) -> anyhow::Result<ModelWeights> {
-    check_split(config, world)?;
-    anyhow::ensure!(rank < world, "rank {rank} of a world of {world}");
-    let hd = config.head_dim;
-    let q = config.num_attention_heads / world * hd;
-    let kv_heads = config.num_key_value_heads;
-    // The rank's first KV head: its own slice, or its group's head when replicated.
-    let (kv0, kv) = match kv_heads % world {
-        0 => (rank * kv_heads / world, kv_heads / world),
-        _ => (rank / (world / kv_heads), 1),
-    };
-    let i = config.intermediate_size / world;
-    let rows = vocab_rows(config.vocab_size, world);
-    let lead = rank == 0;
+    let s = Slices::of(config, rank, world)?;
     let layers = w
         .layers
         .iter()
         .map(|l| -> candle_core::Result<LayerWeights> {
             Ok(LayerWeights {
                 input_layernorm: l.input_layernorm.clone(),
-                q_proj: column(&l.q_proj, rank * q, q)?,
-                k_proj: column(&l.k_proj, kv0 * hd, kv * hd)?,
-                v_proj: column(&l.v_proj, kv0 * hd, kv * hd)?,
-                o_proj: row(&l.o_proj, rank * q, q, lead)?,
+                q_proj: column(&l.q_proj, s.q)?,
+                k_proj: column(&l.k_proj, s.kv)?,
+                v_proj: column(&l.v_proj, s.kv)?,
+                o_proj: row(&l.o_proj, s.q, s.lead)?,
                 post_attention_layernorm: l.post_attention_layernorm.clone(),
-                gate_proj: column(&l.gate_proj, rank * i, i)?,
-                up_proj: column(&l.up_proj, rank * i, i)?,
-                down_proj: row(&l.down_proj, rank * i, i, lead)?,
+                gate_proj: column(&l.gate_proj, s.mlp)?,
+                up_proj: column(&l.up_proj, s.mlp)?,
+                down_proj: row(&l.down_proj, s.mlp, s.lead)?,
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
             })
         })
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let embed_tokens = vocab_slice(&w.embed_tokens, rank * rows, rows)?;
+    let embed_tokens = vocab_slice(&w.embed_tokens, s.vocab)?;
     let lm_head = match w.lm_head_tied {
         true => Linear::new(embed_tokens.clone(), None),
-        false => Linear::new(vocab_slice(w.lm_head.weight(), rank * rows, rows)?, None),
+        false => Linear::new(vocab_slice(w.lm_head.weight(), s.vocab)?, None),
     };
     Ok(ModelWeights {
         embed_tokens,
@@ -121,32 +145,77 @@ pub fn shard_weights(
     })
 }
 
-/// Column parallel: output rows [start, start + len) of the weight and of the bias.
-fn column(l: &Linear, start: usize, len: usize) -> candle_core::Result<Linear> {
-    let w = l.weight().narrow(0, start, len)?.contiguous()?;
+/// Rank `rank`'s part of the checkpoint tensor `name` (its checkpoint shape and dtype), cut as
+/// `shard_weights` cuts the loaded model, for loaders that stream a checkpoint tensor by tensor
+/// (`model::fused`). Phi-3's fused `qkv_proj` and `gate_up_proj` are cut part by part and their
+/// pieces kept in order. o and down biases are not handled (no streaming layout holds them).
+pub fn shard_tensor(
+    config: &ModelConfig,
+    name: &str,
+    t: &Tensor,
+    rank: usize,
+    world: usize,
+) -> anyhow::Result<Tensor> {
+    let s = Slices::of(config, rank, world)?;
+    let (q, kv, i) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+    let rows = |(first, n): (usize, usize)| t.narrow(0, first, n);
+    let at = |base: usize, (first, n): (usize, usize)| (base + first, n);
+    if name == EMBED || name == LM_HEAD {
+        return Ok(vocab_slice(t, s.vocab)?);
+    }
+    let part = name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .map_or("", |(_, part)| part);
+    let cut = match part {
+        "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => rows(s.q)?,
+        "self_attn.k_proj.weight"
+        | "self_attn.k_proj.bias"
+        | "self_attn.v_proj.weight"
+        | "self_attn.v_proj.bias" => rows(s.kv)?,
+        "self_attn.qkv_proj.weight" | "self_attn.qkv_proj.bias" => Tensor::cat(
+            &[rows(s.q)?, rows(at(q, s.kv))?, rows(at(q + kv, s.kv))?],
+            0,
+        )?,
+        "self_attn.o_proj.weight" => t.narrow(1, s.q.0, s.q.1)?,
+        "mlp.gate_proj.weight" | "mlp.up_proj.weight" => rows(s.mlp)?,
+        "mlp.gate_up_proj.weight" => Tensor::cat(&[rows(s.mlp)?, rows(at(i, s.mlp))?], 0)?,
+        "mlp.down_proj.weight" => t.narrow(1, s.mlp.0, s.mlp.1)?,
+        "self_attn.o_proj.bias" | "mlp.down_proj.bias" => {
+            anyhow::bail!("{name}: o and down biases are not split tensor by tensor")
+        }
+        // Norms (the layers' and the final one, Qwen3's head norms) stay whole.
+        _ => t.clone(),
+    };
+    Ok(cut.contiguous()?)
+}
+
+/// Column parallel: output rows [first, first + n) of the weight and of the bias.
+fn column(l: &Linear, (first, n): (usize, usize)) -> candle_core::Result<Linear> {
+    let w = l.weight().narrow(0, first, n)?.contiguous()?;
     let b = l
         .bias()
-        .map(|b| b.narrow(0, start, len)?.contiguous())
+        .map(|b| b.narrow(0, first, n)?.contiguous())
         .transpose()?;
     Ok(Linear::new(w, b))
 }
 
-/// Row parallel: input columns [start, start + len); the bias only on the lead rank (the
+/// Row parallel: input columns [first, first + n); the bias only on the lead rank (the
 /// all-reduce adds the ranks' products, the bias once).
-fn row(l: &Linear, start: usize, len: usize, lead: bool) -> candle_core::Result<Linear> {
-    let w = l.weight().narrow(1, start, len)?.contiguous()?;
+fn row(l: &Linear, (first, n): (usize, usize), lead: bool) -> candle_core::Result<Linear> {
+    let w = l.weight().narrow(1, first, n)?.contiguous()?;
     Ok(Linear::new(w, l.bias().filter(|_| lead).cloned()))
 }
 
-/// Rows [start, start + len) of a `[vocab, hidden]` matrix, zero rows past its end.
-fn vocab_slice(t: &Tensor, start: usize, len: usize) -> candle_core::Result<Tensor> {
+/// Rows [first, first + n) of a `[vocab, hidden]` matrix, zero rows past its end.
+fn vocab_slice(t: &Tensor, (first, n): (usize, usize)) -> candle_core::Result<Tensor> {
     let (vocab, hidden) = t.dims2()?;
-    let have = len.min(vocab.saturating_sub(start));
-    let part = t.narrow(0, start.min(vocab), have)?;
-    match have == len {
+    let have = n.min(vocab.saturating_sub(first));
+    let part = t.narrow(0, first.min(vocab), have)?;
+    match have == n {
         true => part.contiguous(),
         false => {
-            let pad = Tensor::zeros((len - have, hidden), DType::F32, t.device())?;
+            let pad = Tensor::zeros((n - have, hidden), t.dtype(), t.device())?;
             Tensor::cat(&[&part, &pad], 0)
         }
     }

@@ -15,8 +15,8 @@
 //! The collectives are staged through the host (`collective` module docs), so a world runs
 //! eagerly: CUDA graphs, lookahead and verification graphs are off, as is `residual_gemm`
 //! (which adds a rank's partial product into the residual before it is reduced), and the
-//! warm-up. Speculative decoding is refused. The weights are read whole into host memory and
-//! split there (a model that does not fit the host's memory cannot be split yet).
+//! warm-up. Speculative decoding is refused. The checkpoint streams one tensor at a time, each
+//! cut into the ranks' parts on the way to their GPUs (`GpuWeights::load_split`).
 //!
 //! A rank that fails or panics aborts the world, which releases ranks waiting in a collective;
 //! the step then panics, so the executor actor rebuilds the backend (a world with a rank gone
@@ -35,7 +35,7 @@ use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::rank_threads::RankThreads;
 use crate::model::config::ModelConfig;
-use crate::model::loader::{load_weights, ModelWeights};
+use crate::model::loader::ModelWeights;
 use crate::model::shard::{check_split, shard_config, shard_weights};
 use crate::parallel::{Communicator, ThreadComm};
 use crate::step::{SchedulerOutput, StepOutput};
@@ -66,38 +66,41 @@ fn rank_options(opts: &CudaBackendOptions) -> CudaBackendOptions {
     o
 }
 
-/// Rank `comm.rank()`'s backend on GPU `ordinal`: its shard of `weights` uploaded there; `blocks`
-/// as `CudaBackend::rank` takes it.
+/// One rank's GPU and its shard's weights there.
+type RankParts = (Gpu, GpuWeights);
+
+/// Rank `comm.rank()`'s backend over its GPU (`ordinal`) and shard; `blocks` as
+/// `CudaBackend::rank` takes it. Runs on the thread that will use the backend.
 fn build_rank(
     cfg: &ModelConfig,
-    shard: ModelWeights,
+    (gpu, weights): RankParts,
     comm: ThreadComm,
     opts: CudaBackendOptions,
     ordinal: usize,
     blocks: Option<usize>,
 ) -> anyhow::Result<CudaBackend> {
-    let world = comm.world_size();
-    let rank = comm.rank();
-    let scfg = shard_config(cfg, world);
-    let gpu = Gpu::open(ordinal)?;
-    let w = GpuWeights::upload(&gpu, &scfg, &shard, false)?;
-    drop(shard);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    gpu.ctx.bind_to_thread()?;
     let link = TpLink::new(Box::new(comm), cfg.vocab_size);
     let o = CudaBackendOptions {
         device_ordinal: ordinal,
         ..opts
     };
-    CudaBackend::rank(gpu, scfg, w, o, link, blocks)
+    CudaBackend::rank(gpu, shard_config(cfg, world), weights, o, link, blocks)
         .with_context(|| format!("tensor-parallel rank {rank} on cuda:{ordinal}"))
 }
 
+/// Checks that `cfg` splits over `world` ranks the CUDA executor can run.
+fn check_world(cfg: &ModelConfig, world: usize) -> anyhow::Result<()> {
+    check_split(cfg, world)?;
+    check_supported(&shard_config(cfg, world))
+}
+
 impl CudaTpBackend {
-    /// Loads the model folder `dir` into host memory and splits it over `world` GPUs from
-    /// `opts.device_ordinal` on.
+    /// Splits the model folder `dir` over `world` GPUs from `opts.device_ordinal` on, each
+    /// checkpoint tensor cut into the ranks' parts as it streams to them
+    /// (`GpuWeights::load_split`).
     pub fn load(dir: &Path, opts: CudaBackendOptions, world: usize) -> anyhow::Result<Self> {
-        let cfg = ModelConfig::from_dir(dir)?;
-        check_split(&cfg, world)?;
-        check_supported(&shard_config(&cfg, world))?;
         let have = super::device::device_count();
         let ordinals: Vec<usize> = (opts.device_ordinal..opts.device_ordinal + world).collect();
         anyhow::ensure!(
@@ -106,8 +109,23 @@ impl CudaTpBackend {
             opts.device_ordinal,
             opts.device_ordinal + world - 1
         );
-        let weights = load_weights(dir, &cfg, opts.progress)?;
-        Self::from_weights(cfg, &weights, opts, &ordinals)
+        Self::load_on(dir, opts, &ordinals)
+    }
+
+    /// `load` with rank r on GPU `ordinals[r]` (tests put several ranks on one GPU).
+    pub fn load_on(
+        dir: &Path,
+        opts: CudaBackendOptions,
+        ordinals: &[usize],
+    ) -> anyhow::Result<Self> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        check_world(&cfg, ordinals.len())?;
+        let gpus = ordinals
+            .iter()
+            .map(|&o| Gpu::open(o))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let weights = GpuWeights::load_split(&gpus, &cfg, dir, opts.progress)?;
+        Self::start(cfg, gpus.into_iter().zip(weights).collect(), opts, ordinals)
     }
 
     /// Splits `weights` (the whole model, `cfg`'s shapes) over one rank per entry of
@@ -119,8 +137,29 @@ impl CudaTpBackend {
         ordinals: &[usize],
     ) -> anyhow::Result<Self> {
         let world = ordinals.len();
-        check_split(&cfg, world)?;
-        check_supported(&shard_config(&cfg, world))?;
+        check_world(&cfg, world)?;
+        let rank_cfg = shard_config(&cfg, world);
+        let parts = ordinals
+            .iter()
+            .enumerate()
+            .map(|(rank, &o)| -> anyhow::Result<RankParts> {
+                let gpu = Gpu::open(o)?;
+                let shard = shard_weights(&cfg, weights, rank, world)?;
+                let w = GpuWeights::upload(&gpu, &rank_cfg, &shard, false)?;
+                Ok((gpu, w))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Self::start(cfg, parts, opts, ordinals)
+    }
+
+    /// The world over each rank's GPU and weights (`parts[r]` on GPU `ordinals[r]`).
+    fn start(
+        cfg: ModelConfig,
+        parts: Vec<RankParts>,
+        opts: CudaBackendOptions,
+        ordinals: &[usize],
+    ) -> anyhow::Result<Self> {
+        let world = ordinals.len();
         // Each rank's host tier takes the option's bytes.
         crate::executor::host_memory::check(
             "the KV host tiers of all ranks (--cpu-kv-cache-gib per rank)",
@@ -130,28 +169,22 @@ impl CudaTpBackend {
         let mut comms = ThreadComm::world(world).into_iter();
         let first = comms.next().context("a world has a rank 0")?;
         let abort = first.abort_handle();
+        let mut parts = parts.into_iter();
+        let lead_parts = parts.next().context("a world has a rank 0")?;
         // Rank 0 first: its GPU's memory sizes its pool, and every peer takes that many blocks.
-        let lead = build_rank(
-            &cfg,
-            shard_weights(&cfg, weights, 0, world)?,
-            first,
-            opts.clone(),
-            ordinals[0],
-            None,
-        )?;
+        let lead = build_rank(&cfg, lead_parts, first, opts.clone(), ordinals[0], None)?;
         let blocks = lead.info().num_kv_blocks;
         let mut backend = CudaTpBackend {
             lead,
             peers: RankThreads::new(abort),
             ordinals: ordinals.to_vec(),
         };
-        for comm in comms {
+        for (comm, rank_parts) in comms.zip(parts) {
             let rank = comm.rank();
-            let shard = shard_weights(&cfg, weights, rank, world)?;
             let (cfg, opts, ordinal) = (cfg.clone(), opts.clone(), ordinals[rank]);
             // Built on its thread, where its CUDA context is used. Dropping `backend` joins the
             // peers started so far.
-            let build = move || build_rank(&cfg, shard, comm, opts, ordinal, Some(blocks));
+            let build = move || build_rank(&cfg, rank_parts, comm, opts, ordinal, Some(blocks));
             backend
                 .peers
                 .spawn(rank, build, |b: &mut CudaBackend, job| match job {

@@ -152,26 +152,55 @@ impl GpuWeights {
         dir: &Path,
         progress: bool,
     ) -> anyhow::Result<GpuWeights> {
+        let mut one = Self::load_split(std::slice::from_ref(gpu), cfg, dir, progress)?;
+        Ok(one.remove(0))
+    }
+
+    /// `load` for tensor parallelism: rank r's shard (`shard::shard_config`'s shapes, its
+    /// vocabulary rows of the embedding and LM head) onto `gpus[r]`, each checkpoint tensor cut
+    /// into the ranks' parts as it streams (`fused::load_bf16`).
+    pub fn load_split(
+        gpus: &[Gpu],
+        cfg: &ModelConfig,
+        dir: &Path,
+        progress: bool,
+    ) -> anyhow::Result<Vec<GpuWeights>> {
+        let world = gpus.len();
         let untied = !cfg.tie_word_embeddings;
         let bar = progress_bar(
             progress,
             param_bytes(cfg, untied) as u64,
             "loading weights to the GPU (bf16)",
         );
-        let mut bufs = HashMap::new();
-        for t in Fused::all(cfg, untied) {
-            bufs.insert(t, gpu.alloc(t.len(cfg) * 2)?);
+        let mut bufs: Vec<HashMap<Fused, DevBuf>> = Vec::with_capacity(world);
+        for gpu in gpus {
+            let mut rank = HashMap::new();
+            for t in Fused::all(cfg, untied) {
+                rank.insert(t, gpu.alloc(t.split_len(cfg, world) * 2)?);
+            }
+            bufs.push(rank);
         }
-        let tied = fused::load_bf16(dir, cfg, false, |t, offset, values| {
-            let buf = bufs
+        let tied = fused::load_bf16(dir, cfg, world, false, |rank, t, offset, values| {
+            let buf = bufs[rank]
                 .get(&t)
                 .with_context(|| format!("no buffer for {t:?}"))?;
-            gpu.upload(buf.at::<bf16>(offset), values)?;
-            bar.inc(values.len() as u64 * 2);
+            gpus[rank].upload(buf.at::<bf16>(offset), values)?;
+            bar.inc(values.len() as u64 * 2 / world as u64);
             Ok(())
         })?;
-        gpu.sync()?;
+        for gpu in gpus {
+            gpu.sync()?;
+        }
         bar.finish_and_clear();
+        let rank_cfg = crate::model::shard::shard_config(cfg, world);
+        Ok(bufs
+            .into_iter()
+            .map(|bufs| Self::assemble(&rank_cfg, bufs, tied))
+            .collect())
+    }
+
+    /// The weights from their fused buffers (`load_split`'s, every one of `cfg`'s layout).
+    fn assemble(cfg: &ModelConfig, mut bufs: HashMap<Fused, DevBuf>, tied: bool) -> GpuWeights {
         let mut take = |t: Fused| bufs.remove(&t).expect("every fused tensor is allocated");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
@@ -189,13 +218,13 @@ impl GpuWeights {
                     .then(|| (take(Fused::QNorm(l)), take(Fused::KNorm(l)))),
             })
             .collect();
-        Ok(GpuWeights {
+        GpuWeights {
             embed: take(Fused::Embed),
             layers,
             norm: take(Fused::Norm),
             // An untied config whose checkpoint has no head: its buffer is dropped here.
             lm_head: bufs.remove(&Fused::LmHead).filter(|_| !tied),
-        })
+        }
     }
 
     /// Uploads f32 checkpoint weights as bf16, with a progress bar over bytes when `progress`.
