@@ -194,11 +194,6 @@ impl CudaTpBackend {
         }
         Ok(backend)
     }
-
-    /// Rank 0's backend (tests: its counters and KV blocks).
-    pub fn lead(&self) -> &CudaBackend {
-        &self.lead
-    }
 }
 
 impl Backend for CudaTpBackend {
