@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 27, call A (carry [".carry/gb27"], packed by pack.sh at this commit): every GPU test.
+# Session 27, call A (carry [".carry/gb27"], packed by pack.sh at this commit): the GPU tests that changed.
 # cuda_kernels (with the embedding kernel's vocabulary slice, session 25's trace and
 # gemm_adds_into_f32_output), cuda_e2e's tensor-parallel tests `tp::` (verbose), then a subset
 # of cuda_e2e (below).
