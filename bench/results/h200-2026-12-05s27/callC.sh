@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 27, call C: session 25 call 4 on this commit (carry [".carry/gb27"]):
+# Session 27, call C: session 25 call 4's ncu runs, then call 3's gap and cold/warm-up runs, on
+# this commit (carry [".carry/gb27"]):
 #  1. Per-kernel durations (ncu, clocks and caches left alone, graph nodes one by one) of
 #     decode batch 1, Llama-2-7B bf16: which GEMVs fall short of copy bandwidth, what the rest
 #     costs (session 21's gemv-sweep had the GEMVs alone at 3.55 of the 3.72 ms).
@@ -19,5 +20,11 @@ timeout 240 $NC $G decode --quick --model llama-2-7b --output-len 6 >"$OUT/ncu_d
 grep -v "INFO\|BackendInfo" "$OUT/ncu_decode_b1.log" | tail -3
 timeout 200 $NCU --clock-control none --kernel-name regex:prefill_attn_wg --launch-skip 40 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats $G ttft --model llama-2-7b --input-len 2048 >"$OUT/ncu_prefill_attn.txt" 2>&1; echo "ncu prefill attn rc $?"
 grep -E "Duration|Throughput|L2 Cache|L1/TEX|Registers|Occupancy|Block Limit|Mem Busy|Max Bandwidth|Issue Slots|Eligible|No Eligible|Stall|Warp Cycles|Executed Ipc" "$OUT/ncu_prefill_attn.txt" | head -60
-timeout 120 $G attention --decode-only --shapes 32/32/128,32/8/128 --cases 4096/1,16384/1,4096/16 --variants default >"$OUT/attn_b2b.jsonl" 2>"$OUT/attn_b2b.log"; echo "attention b2b rc $?"
-grep "paged decode" "$OUT/attn_b2b.log"
+for round in 1 2; do for gap in 0 300; do
+  timeout 100 $G ttft --model llama-2-7b --input-len 2048 --gap-ms $gap >>"$OUT/gap_ttft.jsonl" 2>>"$OUT/gap.log"
+done; done
+grep -v "INFO\|BackendInfo" "$OUT/gap.log"
+for w in "" --warm-up; do
+  timeout 120 $G cold --model llama-2-7b $w >>"$OUT/cold.jsonl" 2>>"$OUT/cold.log"; echo "cold $w rc $?"
+done
+grep -v "INFO\|BackendInfo" "$OUT/cold.log"
