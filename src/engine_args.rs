@@ -76,9 +76,10 @@ pub struct EngineArgs {
     #[arg(long)]
     pub cuda_verify_graphs: bool,
     /// CUDA executor: before serving, run a dummy prefill and decode step (cuBLAS's and the
-    /// kernels' first use, the batch-1 graph), so the first requests do not pay them.
-    #[arg(long)]
-    pub cuda_warm_up: bool,
+    /// kernels' first use, the batch-1 graph), so the first requests do not pay them. On by
+    /// default; `--cuda-warm-up false` turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub cuda_warm_up: Option<bool>,
     /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,
     /// emergency mode).
     #[arg(long, value_enum)]
@@ -137,8 +138,8 @@ impl EngineArgs {
         if self.cuda_verify_graphs {
             cfg.model.cuda_verify_graphs = true;
         }
-        if self.cuda_warm_up {
-            cfg.model.cuda_warm_up = true;
+        if let Some(on) = self.cuda_warm_up {
+            cfg.model.cuda_warm_up = on;
         }
         if let Some(p) = self.policy {
             cfg.scheduler.policy = p;
