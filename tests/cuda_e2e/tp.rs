@@ -173,26 +173,26 @@ fn cuda_tp2_swapping_and_forking_leave_greedy_output_unchanged() {
     assert_eq!(forked.tokens, vec![want[0].clone(), want[0].clone()]);
 }
 
-/// The bundled demo model, its checkpoint streamed to the ranks as `brook serve` loads it.
-#[test]
-fn cuda_tp2_demo_model_streamed_matches_the_reference() {
+/// The checkpoint in `folder` (under the repository) streamed to 2 ranks as `brook serve`
+/// loads it, checked as `check_world` does.
+fn check_streamed(what: &str, folder: &str) {
     if !have_gpu() {
         return;
     }
-    let dir = demo::root().join("models/demo-chat");
+    let dir = demo::root().join(folder);
     let config = ModelConfig::from_dir(&dir).unwrap();
     let weights = load_weights(&dir, &config, false).unwrap();
-    check_world("demo tp2 streamed", &config, &weights, 2, Some(&dir));
+    check_world(what, &config, &weights, 2, Some(&dir));
+}
+
+/// The bundled demo model.
+#[test]
+fn cuda_tp2_demo_model_streamed_matches_the_reference() {
+    check_streamed("demo tp2 streamed", "models/demo-chat");
 }
 
 /// A Phi-3 checkpoint (fused qkv_proj and gate_up_proj, cut part by part as they stream).
 #[test]
 fn cuda_tp2_phi3_streamed_matches_the_reference() {
-    if !have_gpu() {
-        return;
-    }
-    let dir = demo::root().join("tests/fixtures/models/phi3");
-    let config = ModelConfig::from_dir(&dir).unwrap();
-    let weights = load_weights(&dir, &config, false).unwrap();
-    check_world("phi3 tp2 streamed", &config, &weights, 2, Some(&dir));
+    check_streamed("phi3 tp2 streamed", "tests/fixtures/models/phi3");
 }

@@ -8,9 +8,9 @@
 #     sections: is L2 the limit (each 64-row CTA loads its own K/V tiles; a 128-row CTA of two
 #     warpgroups would halve that)? With the scheduler and warp-state sections: what its warps
 #     stall on (session 20's ncu of the cp.async build: 34 % of issue slots busy).
-#  3. (Added in session 26.) Decode attention at batch 1, ctx 4k and 16k, and batch 16 at 4k,
-#     timed per lone launch as before and 8 launches back to back (`ms_back_to_back`): how much
-#     of the isolated 47 % against 91 % inside the step is the lone launch's latency.
+#  3. TTFT 2048 back to back against 300 ms idle before each run; `gpu-bench cold` without and
+#     with the warm-up. (Item 1's run stopped: `decode --output-len 6` is too short for the
+#     8 untimed steps; call D reran it with 16. Decode attention back to back moved to call B.)
 mkdir -p /tmp/gb && xz -dc .carry/gb27/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
 G=/tmp/gb/gpu-bench

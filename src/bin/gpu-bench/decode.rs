@@ -98,6 +98,11 @@ fn run_dtype(
             opts.gemv_split,
             opts.gemv_bulk,
         );
+        // The first 8 decode steps are warm-up, left out of the figure.
+        anyhow::ensure!(
+            output_len > 9,
+            "--output-len must be at least 10 (the first 8 decode steps are not timed)"
+        );
         let mut b = backend(model, opts)?;
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
