@@ -583,11 +583,7 @@ fn pick_device(cfg: &Config, model: &ModelConfig) -> anyhow::Result<Device> {
     let device = pick_device_for(cfg, model)?;
     let tp = cfg.model.tensor_parallel_size;
     if tp > 1 && matches!(device, Device::Cuda) {
-        let have = cuda::device_count();
-        anyhow::ensure!(
-            tp <= have,
-            "--tensor-parallel-size {tp} on the GPU needs {tp} GPUs, and the driver reports {have}; use a smaller size, or --device cpu"
-        );
+        cuda::tp::check_devices(0, tp)?;
         anyhow::ensure!(
             cfg.speculative.method == SpecMethod::Off,
             "speculative decoding with --tensor-parallel-size {tp} on the GPU is not supported; leave one of them out"

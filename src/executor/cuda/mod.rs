@@ -42,7 +42,7 @@ pub mod tp;
 pub mod weights;
 
 pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming};
-pub use device::{device_count, probe, Gpu};
+pub use device::{probe, Gpu};
 pub use forward::decode_fill;
 pub use options::{DecodeKernel, KvCacheDtype, Quantization};
 pub use tp::CudaTpBackend;

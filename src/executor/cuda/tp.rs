@@ -13,9 +13,9 @@
 //! equal logits were to differ.
 //!
 //! The collectives are staged through the host (`collective` module docs), so a world runs
-//! eagerly: CUDA graphs, lookahead and verification graphs are off, as is `residual_gemm`
-//! (which adds a rank's partial product into the residual before it is reduced), and the
-//! warm-up. Speculative decoding is refused. The checkpoint streams one tensor at a time, each
+//! eagerly: CUDA graphs, lookahead and verification graphs are off, and the warm-up; the forward
+//! itself never takes `residual_gemm` under tensor parallelism (it would add a rank's partial
+//! product into the residual before the sum). Speculative decoding is refused. The checkpoint streams one tensor at a time, each
 //! cut into the ranks' parts on the way to their GPUs (`GpuWeights::load_split`).
 //!
 //! A rank that fails or panics aborts the world, which releases ranks waiting in a collective;
@@ -61,7 +61,6 @@ fn rank_options(opts: &CudaBackendOptions) -> CudaBackendOptions {
     o.cuda_graphs = false;
     o.verify_graphs = false;
     o.lookahead = false;
-    o.residual_gemm = false;
     o.warm_up = false;
     o
 }
@@ -90,6 +89,17 @@ fn build_rank(
         .with_context(|| format!("tensor-parallel rank {rank} on cuda:{ordinal}"))
 }
 
+/// Checks that the driver reports the GPUs cuda:first..cuda:first+world-1 for `world` ranks.
+pub fn check_devices(first: usize, world: usize) -> anyhow::Result<()> {
+    let have = super::device::device_count();
+    anyhow::ensure!(
+        first + world <= have,
+        "--tensor-parallel-size {world} on the GPU needs GPUs cuda:{first}..cuda:{}, and the driver reports {have}; use a smaller size, or --device cpu",
+        first + world - 1
+    );
+    Ok(())
+}
+
 /// Checks that `cfg` splits over `world` ranks the CUDA executor can run.
 fn check_world(cfg: &ModelConfig, world: usize) -> anyhow::Result<()> {
     check_split(cfg, world)?;
@@ -101,14 +111,8 @@ impl CudaTpBackend {
     /// checkpoint tensor cut into the ranks' parts as it streams to them
     /// (`GpuWeights::load_split`).
     pub fn load(dir: &Path, opts: CudaBackendOptions, world: usize) -> anyhow::Result<Self> {
-        let have = super::device::device_count();
+        check_devices(opts.device_ordinal, world)?;
         let ordinals: Vec<usize> = (opts.device_ordinal..opts.device_ordinal + world).collect();
-        anyhow::ensure!(
-            opts.device_ordinal + world <= have,
-            "--tensor-parallel-size {world} needs GPUs cuda:{}..cuda:{}; the driver reports {have}",
-            opts.device_ordinal,
-            opts.device_ordinal + world - 1
-        );
         Self::load_on(dir, opts, &ordinals)
     }
 

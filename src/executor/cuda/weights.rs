@@ -167,15 +167,18 @@ impl GpuWeights {
     ) -> anyhow::Result<Vec<GpuWeights>> {
         let world = gpus.len();
         let untied = !cfg.tie_word_embeddings;
+        let tensors = Fused::all(cfg, untied);
+        // Every rank's bytes (replicated norms and KV heads counted on each rank).
+        let total: usize = tensors.iter().map(|t| t.split_len(cfg, world) * 2).sum();
         let bar = progress_bar(
             progress,
-            param_bytes(cfg, untied) as u64,
+            (total * world) as u64,
             "loading weights to the GPU (bf16)",
         );
         let mut bufs: Vec<HashMap<Fused, DevBuf>> = Vec::with_capacity(world);
         for gpu in gpus {
             let mut rank = HashMap::new();
-            for t in Fused::all(cfg, untied) {
+            for &t in &tensors {
                 rank.insert(t, gpu.alloc(t.split_len(cfg, world) * 2)?);
             }
             bufs.push(rank);
@@ -185,7 +188,7 @@ impl GpuWeights {
                 .get(&t)
                 .with_context(|| format!("no buffer for {t:?}"))?;
             gpus[rank].upload(buf.at::<bf16>(offset), values)?;
-            bar.inc(values.len() as u64 * 2 / world as u64);
+            bar.inc(values.len() as u64 * 2);
             Ok(())
         })?;
         for gpu in gpus {
