@@ -43,9 +43,6 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 
-// SwiGLU's product for one element: silu(g) * u (silu_mul.cu, and the gemv kernels that fuse it).
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
-
 // e4m3 (fp8) conversions: the KV cache's e4m3 build (below) and the fp8 weights
 // (`--quantization fp8`: quant_fp8.cu, gemv.cu's gemv_fp8). Each is one PTX instruction of
 // sm_89+; a kernel that uses them is compiled for sm_89+ only (the others never emit them).

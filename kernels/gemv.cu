@@ -203,7 +203,7 @@ __device__ __forceinline__ void gemv_silu_impl(const GemvSiluParams& p) {
 #pragma unroll
     for (int m = 0; m < M; m++) {
       const float g = acc[0][m];
-      p.out[(size_t)m * p.inter + j] = f2bf(silu_times(g, acc[1][m]));
+      p.out[(size_t)m * p.inter + j] = f2bf(g / (1.f + expf(-g)) * acc[1][m]);
     }
   }
 }

@@ -20,32 +20,14 @@
 // stage starts in and the next one (rows are at least a stage long, so at most one row ends
 // inside it). Warp sums land in a shared fp32 accumulator per (row, m) by shared atomics; after
 // the last stage the CTA writes its rows.
-//
-// Fused decode layer (`src`, `accumulate`; the forward's `fuse_bulk`): at batch 1 a layer's
-// norms and SiLU are one-CTA-deep kernels between GEMVs, each a launch on the critical path
-// (ncu, H100: 0.69 of a 5.6 ms step one at a time). Instead every CTA builds x itself from what
-// the previous GEMV wrote (it is small: 16 KB of residual at k 4,096, from L2): the RMSNorm of
-// the fp32 residual (GB_SRC_NORM, as add_rmsnorm computes it) or SiLU(gate) x up from the
-// fp32 gate|up rows (GB_SRC_SILU, as silu_mul does), and the o and down projections add into
-// the residual (`accumulate`) instead of writing a delta for the next norm to add. Each
-// output row belongs to one CTA, so the add needs no atomics.
-#define GB_SRC_X 0
-#define GB_SRC_NORM 1
-#define GB_SRC_SILU 2
 struct GemvBulkParams {
-  const bf16* x;         // [m, k]   GB_SRC_X: k % 8 == 0, m * k * 2 <= GB_X_BYTES
+  const bf16* x;         // [m, k]   k % 8 == 0, m * k * 2 <= GB_X_BYTES
   const bf16* w;         // [n, k]   rows >= GB_STAGE_BYTES
   bf16* y;               // [m, n]   bf16 output, or null when y32 is set
-  float* y32;            // [m, n]   fp32 output (logits, the residual), or null
-  const float* src32;    // GB_SRC_NORM: the residual [m, k]; GB_SRC_SILU: gate|up [m, 2k],
-                         // gate in [:, :k], up in [:, k:]
-  const bf16* norm_w;    // [k]      GB_SRC_NORM's weight
+  float* y32;            // [m, n]   fp32 output (logits), or null
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
-  int src;               // GB_SRC_*: what x is built from
-  int accumulate;        // y32 += x · wᵀ (the residual) instead of y32 = x · wᵀ
-  float eps;             // GB_SRC_NORM
 };
 
 #ifndef GB_STAGE_BYTES
@@ -128,77 +110,12 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 #endif
 }
 
-// x [M, k] (bf16, shared memory) = RMSNorm(p.src32) * p.norm_w, computed by the `consumers`
-// threads as add_rmsnorm does (v * inv * w, inv = rsqrt(mean(v²) + eps)); `red` holds
-// GB_WARPS * M partial sums. The second pass reads the residual again from L1.
-template <int M>
-__device__ __forceinline__ void gb_x_norm(const GemvBulkParams& p, bf16* x, float* red, int tid,
-                                          int consumers) {
-  const int warp = tid >> 5, lane = tid & 31, k4 = p.k / 4;
-  float ss[M];
-#pragma unroll
-  for (int m = 0; m < M; m++) {
-    const float4* r = (const float4*)(p.src32 + (size_t)m * p.k);
-    float s = 0.f;
-    for (int i = tid; i < k4; i += consumers) {
-      const float4 v = r[i];
-      s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss[m] = warp_sum(s);
-  }
-  if (lane == 0)
-#pragma unroll
-    for (int m = 0; m < M; m++) red[warp * M + m] = ss[m];
-  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-  float inv[M];
-#pragma unroll
-  for (int m = 0; m < M; m++) {
-    float s = 0.f;
-    for (int w = 0; w < GB_WARPS; w++) s += red[w * M + m];
-    inv[m] = rsqrtf(s / p.k + p.eps);
-  }
-  const int k8 = p.k / 8;
-  for (int i = tid; i < M * k8; i += consumers) {
-    const int m = i / k8, c = i - m * k8;
-    const float4* r = (const float4*)(p.src32 + (size_t)m * p.k) + 2 * c;
-    const float4 a = r[0], b = r[1];
-    const uint4 wv = ((const uint4*)p.norm_w)[c];
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    const u32 ww[4] = {wv.x, wv.y, wv.z, wv.w};
-    float f = 0.f;
-#pragma unroll
-    for (int m2 = 0; m2 < M; m2++) f = m2 == m ? inv[m2] : f;
-    u32 o[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      o[e] = pack_bf16x2(v[2 * e] * f * bf_lo(ww[e]), v[2 * e + 1] * f * bf_hi(ww[e]));
-    ((uint4*)x)[i] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
-}
-
-// x [M, k] (bf16, shared memory) = SiLU(gate) x up from p.src32's fp32 gate|up rows, rounded
-// once as silu_mul does.
-template <int M>
-__device__ __forceinline__ void gb_x_silu(const GemvBulkParams& p, bf16* x, int tid,
-                                          int consumers) {
-  const int k4 = p.k / 4;
-  for (int i = tid; i < M * k4; i += consumers) {
-    const int m = i / k4, c = 4 * (i - m * k4);
-    const float* row = p.src32 + (size_t)m * 2 * p.k;
-    const float4 g = *(const float4*)(row + c);
-    const float4 u = *(const float4*)(row + p.k + c);
-    ((uint2*)x)[i] = make_uint2(pack_bf16x2(silu_times(g.x, u.x), silu_times(g.y, u.y)),
-                                pack_bf16x2(silu_times(g.z, u.z), silu_times(g.w, u.w)));
-  }
-}
-
 template <int M>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char gb_ring[];  // [GB_STAGES][GB_STAGE_BYTES], then x [m, k]
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
   __shared__ __align__(8) u64 bars[2 * GB_STAGES];           // full[GB_STAGES], empty[GB_STAGES]
-  __shared__ float red[GB_WARPS * M];                        // gb_x_norm's partial sums
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
@@ -228,10 +145,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
   bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
-  if (p.src == GB_SRC_NORM) gb_x_norm<M>(p, x, red, tid, consumers);
-  else if (p.src == GB_SRC_SILU) gb_x_silu<M>(p, x, tid, consumers);
-  else
-    for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
+  for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
@@ -291,7 +205,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = tid; i < rows * M; i += consumers) {
     const int r = i / M, m = i % M;
     const size_t o = (size_t)m * p.n + r0 + r;
-    if (p.y32) p.y32[o] = p.accumulate ? p.y32[o] + acc[i] : acc[i];
+    if (p.y32) p.y32[o] = acc[i];
     else p.y[o] = f2bf(acc[i]);
   }
 #endif

@@ -50,8 +50,6 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
-            // Off until measured against the unfused step on the GPU (issue 18).
-            fuse_bulk: false,
             fuse_decode: false,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,

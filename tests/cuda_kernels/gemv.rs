@@ -3,14 +3,14 @@
 
 use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{
-    self, GemvBulkParams, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
+    self, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
 };
 use brook::model::config::RopeScaling;
 use half::bf16;
 
 use crate::harness::{
-    assert_close, dev, inv_freqs, kv_gpu, matmul_ref, poisoned, rand_bf16, rand_f32, read,
-    read_bf16, rng, setup, to_f32,
+    assert_close, dev, inv_freqs, kv_gpu, matmul_ref, poisoned, rand_bf16, read, read_bf16, rng,
+    setup, to_f32,
 };
 use crate::paged::KvLayout;
 use crate::qkv_write::{QkvDev, QkvWrite};
@@ -71,99 +71,6 @@ fn gemv_bulk_matches_reference() {
             let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs)");
             check_both_outputs(&g, kernels::gemv, p, &want, &what);
         }
-    }
-}
-
-/// The bulk gemv's fused decode layer (`kernels::gemv_bulk`), for every row count, against the
-/// CPU: x built in the kernel as the RMSNorm of an fp32 residual times its weight (the QKV and
-/// gate|up projections, into a poisoned fp32 output), as SiLU(gate) × up from fp32 gate|up rows
-/// added into an fp32 output that already holds values (the down projection into the residual),
-/// and a plain x added the same way (the o projection). Rows end inside a warp's step (k 2,056).
-#[test]
-fn gemv_bulk_builds_its_input_and_adds_into_the_residual() {
-    let Some((g, mut r)) = setup(59) else { return };
-    if !g.gemv_bulk {
-        return; // sm_90+ only; the forward does not fuse without it
-    }
-    let (n, k, eps) = (1003, 2056, 1e-5f32);
-    let w = rand_bf16(&mut r, n * k, 1.0);
-    let (wb, wf) = (dev(&g, &w), to_f32(&w));
-    let norm_w = rand_bf16(&mut r, k, 1.0);
-    let norm_wb = dev(&g, &norm_w);
-    let round = |v: f32| bf16::from_f32(v).to_f32();
-    for m in 1..=GEMV_MAX_M {
-        let base = GemvBulkParams {
-            w: wb.ptr(),
-            m: m as i32,
-            n: n as i32,
-            k: k as i32,
-            eps,
-            ..Default::default()
-        };
-        // RMSNorm of the residual, as add_rmsnorm rounds it (v * inv * w in f32).
-        let res = rand_f32(&mut r, m * k, 3.0);
-        let mut xn = Vec::with_capacity(m * k);
-        for row in res.chunks(k) {
-            let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / k as f64;
-            let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
-            xn.extend(
-                row.iter()
-                    .zip(&norm_w)
-                    .map(|(v, w)| round(v * inv * w.to_f32())),
-            );
-        }
-        let (res_b, y) = (dev(&g, &res), poisoned::<f32>(&g, m * n));
-        let p = GemvBulkParams {
-            src: kernels::BULK_SRC_NORM,
-            src32: res_b.ptr(),
-            norm_w: norm_wb.ptr(),
-            y32: y.ptr(),
-            ..base
-        };
-        // SAFETY: the buffers hold the shapes in p.
-        unsafe { kernels::gemv_bulk(&g, &p).unwrap() };
-        let want = matmul_ref(&xn, &wf, m, n, k);
-        assert_close(&format!("norm m={m}"), &read(&g, &y, m * n), &want, 3e-3);
-
-        // SiLU(gate) × up (one rounding, as silu_mul), added into y0; then a plain x added.
-        let gate_up = rand_f32(&mut r, m * 2 * k, 3.0);
-        let act: Vec<f32> = gate_up
-            .chunks(2 * k)
-            .flat_map(|row| (0..k).map(move |j| (row[j], row[k + j])))
-            .map(|(gt, u)| round(gt / (1.0 + (-gt).exp()) * u))
-            .collect();
-        let x = rand_bf16(&mut r, m * k, 1.0);
-        let y0 = rand_f32(&mut r, m * n, 50.0);
-        let (gu_b, xb, y) = (dev(&g, &gate_up), dev(&g, &x), dev(&g, &y0));
-        let silu = GemvBulkParams {
-            src: kernels::BULK_SRC_SILU,
-            src32: gu_b.ptr(),
-            y32: y.ptr(),
-            accumulate: 1,
-            ..base
-        };
-        let plain = GemvBulkParams {
-            x: xb.ptr(),
-            y32: y.ptr(),
-            accumulate: 1,
-            ..base
-        };
-        // SAFETY: as above.
-        unsafe {
-            kernels::gemv_bulk(&g, &silu).unwrap();
-            kernels::gemv_bulk(&g, &plain).unwrap();
-        }
-        let (a, b) = (
-            matmul_ref(&act, &wf, m, n, k),
-            matmul_ref(&to_f32(&x), &wf, m, n, k),
-        );
-        let want: Vec<f32> = (0..m * n).map(|i| y0[i] + a[i] + b[i]).collect();
-        assert_close(
-            &format!("silu + x, added, m={m}"),
-            &read(&g, &y, m * n),
-            &want,
-            3e-3,
-        );
     }
 }
 

@@ -22,14 +22,13 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 8] = [
+        let tags: [(&str, serde_json::Value); 7] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
             ("prefill_wg_stages", prefill_wg_stages().into()),
             ("prefill_tma", prefill_tma().into()),
             ("gemv_bulk", gemv_bulk().into()),
-            ("fuse_bulk", fuse_bulk().into()),
             ("residual_gemm", residual_gemm().into()),
         ];
         for (key, value) in tags {
@@ -123,12 +122,6 @@ pub fn prefill_tma() -> bool {
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
-}
-
-/// Whether decode steps on the bulk gemv build the norms and SiLU into the GEMVs' input in every
-/// backend gpu-bench makes: `BROOK_FUSE_BULK` (0 or 1; brook's default when unset), for A/B runs.
-pub fn fuse_bulk() -> bool {
-    env_flag("BROOK_FUSE_BULK", CudaBackendOptions::default().fuse_bulk)
 }
 
 /// Whether the o and down projections on cuBLAS add into the residual in every backend
@@ -462,7 +455,6 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
         gemv_bulk: gemv_bulk(),
-        fuse_bulk: fuse_bulk(),
         residual_gemm: residual_gemm(),
         ..Default::default()
     }

@@ -33,11 +33,6 @@ pub struct CudaBackendOptions {
     /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
     /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
     pub gemv_bulk: bool,
-    /// Decode steps of at most `gemv_max_rows` rows whose four projections all run on the bulk
-    /// gemv (bf16 weights, one rank): each layer's two norms and SiLU × up are built inside the
-    /// next GEMV from what the last one wrote, and the o and down projections add into the
-    /// residual (gemv_bulk.cu's fused layer): 96 launches fewer a Llama-2-7B step.
-    pub fuse_bulk: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

@@ -68,64 +68,16 @@ impl Forward {
             && !c.qk_norm
             && rope_scale == 1.0;
         let on = |kind: u32| self.opts.skip & kind == 0;
-        // Decode rows with every projection on the bulk gemv (bf16 weights, one rank, nothing
-        // skipped): the norms and SiLU × up are built into the next GEMV's input and the o and
-        // down projections add into the residual (gemv_bulk.cu's fused layer): four launches a
-        // layer fewer on batch 1's critical path.
-        let bulk = self.opts.fuse_bulk
-            && !fused
-            && !self.weights.fp8()
-            && self.tp.is_none()
-            && self.opts.skip == 0
-            && t <= g.gemv_max_m
-            && kernels::fuse_bulk_takes(g, t, (d, c.q_dim(), qkv_dim, inter));
-        // The o and down projections add into the residual (cuBLAS rows, bf16 weights; the
-        // fused bulk layer): the norms then read the residual alone. Else they write `delta`,
-        // which the next norm adds. Not under tensor parallelism: a rank's product is a partial
-        // sum, reduced first.
-        let add = bulk
-            || self.opts.residual_gemm
-                && !self.weights.fp8()
-                && t > g.gemv_max_m
-                && self.tp.is_none();
+        // The o and down projections add into the residual (cuBLAS rows, bf16 weights): the
+        // norms then read the residual alone. Else they write `delta`, which the next norm adds.
+        // Not under tensor parallelism: a rank's product is a partial sum, reduced first.
+        let add =
+            self.opts.residual_gemm && !self.weights.fp8() && t > g.gemv_max_m && self.tp.is_none();
         let delta = if add { 0 } else { a.delta.ptr() };
-        // The fused bulk gemv into `y32` [t, n] from x built as `src` says (`kernels::BULK_SRC_*`).
-        let bulk_gemv =
-            |src: i32, src32: u64, norm_w: u64, w: u64, y32: u64, (n, k): (usize, usize)| {
-                kernels::gemv_bulk(
-                    g,
-                    &GemvBulkParams {
-                        src32,
-                        norm_w,
-                        w,
-                        y32,
-                        m: t as i32,
-                        n: n as i32,
-                        k: k as i32,
-                        src,
-                        accumulate: i32::from(y32 == a.residual.ptr()),
-                        eps,
-                        ..Default::default()
-                    },
-                )
-            };
         // y += x · wᵀ into the residual, or y = x · wᵀ into `delta` (summed over the ranks
         // under tensor parallelism: each holds the product of its slice of k).
         let project = |x: u64, w: Weight, k: usize| -> anyhow::Result<()> {
             match add {
-                true if bulk => kernels::gemv_bulk(
-                    g,
-                    &GemvBulkParams {
-                        x,
-                        w: w.ptr,
-                        y32: a.residual.ptr(),
-                        m: t as i32,
-                        n: d as i32,
-                        k: k as i32,
-                        accumulate: 1,
-                        ..Default::default()
-                    },
-                ),
                 true => linear_add(g, x, w, a.residual.ptr(), (t, d, k)),
                 false => {
                     linear(g, fp8, x, w, a.delta.ptr(), t, d, k, false)?;
@@ -163,16 +115,7 @@ impl Forward {
                 d: d as i32,
                 eps,
             };
-            if bulk {
-                bulk_gemv(
-                    BULK_SRC_NORM,
-                    a.residual.ptr(),
-                    w.input_norm.ptr(),
-                    w.qkv.w.ptr(),
-                    a.qkv.ptr(),
-                    (qkv_dim, d),
-                )?;
-            } else if on(skip::NORMS) {
+            if on(skip::NORMS) {
                 kernels::add_rmsnorm(g, &norm)?;
             }
             if fused {
@@ -196,7 +139,7 @@ impl Forward {
                         split: kernels::gemv_split(g, d),
                     },
                 )?;
-            } else if !bulk && on(skip::LINEAR) {
+            } else if on(skip::LINEAR) {
                 linear(
                     g,
                     fp8,
@@ -327,16 +270,7 @@ impl Forward {
             if on(skip::LINEAR) {
                 project(a.attn.ptr(), w.o.weight(), c.q_dim())?;
             }
-            if bulk {
-                bulk_gemv(
-                    BULK_SRC_NORM,
-                    a.residual.ptr(),
-                    w.post_norm.ptr(),
-                    w.gate_up.w.ptr(),
-                    a.gate_up.ptr(),
-                    (2 * inter, d),
-                )?;
-            } else if on(skip::NORMS) {
+            if on(skip::NORMS) {
                 kernels::add_rmsnorm(
                     g,
                     &AddRmsNormParams {
@@ -359,7 +293,7 @@ impl Forward {
                         split: kernels::gemv_split(g, d),
                     },
                 )?;
-            } else if !bulk && on(skip::LINEAR) {
+            } else if on(skip::LINEAR) {
                 linear(
                     g,
                     fp8,
@@ -371,17 +305,6 @@ impl Forward {
                     d,
                     true,
                 )?;
-            }
-            if bulk {
-                bulk_gemv(
-                    BULK_SRC_SILU,
-                    a.gate_up.ptr(),
-                    0,
-                    w.down.w.ptr(),
-                    a.residual.ptr(),
-                    (d, inter),
-                )?;
-                continue; // the down projection is done
             }
             if !fused && on(skip::SILU) {
                 kernels::silu_mul(
