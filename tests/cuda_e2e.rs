@@ -471,9 +471,11 @@ fn cuda_warm_up_runs_and_leaves_the_backend_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     write_test_model(dir.path(), &spec).unwrap();
     let mut b = CudaBackend::load(dir.path(), cuda_opts(true, default_gemm_max_len())).unwrap();
-    let len = b.warm_up().unwrap();
-    assert!(len > 0);
-    assert_eq!(b.warm_up().unwrap(), len);
+    let w = b.warm_up().unwrap();
+    assert!(w.prefill_tokens > 0);
+    // Every graph bucket up to the backend's rows (cuda_opts: 64 sequences).
+    assert_eq!(w.decode_batches, [1, 2, 4, 8, 16, 24, 32, 48, 64]);
+    assert_eq!(b.warm_up().unwrap(), w);
     check_model_opts(spec, 40, 12, |graphs| CudaBackendOptions {
         warm_up: true,
         ..cuda_opts(graphs, default_gemm_max_len())

@@ -31,6 +31,7 @@ use super::forward::{Forward, KvSizing};
 use super::kernels;
 use super::kv_tier::{CudaKvTier, KvLayout};
 use super::speculation::{check_spec_options, Speculation};
+use super::step_meta::GRAPH_BUCKETS;
 use super::weights::GpuWeights;
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::input_batch::{CountOp, InputBatch};
@@ -46,6 +47,18 @@ use crate::step::{BatchInput, BlockCopy, SampleInput, SchedulerOutput, SpecOutpu
 
 /// Most prompt tokens of `CudaBackend::warm_up`'s prefill.
 const WARM_UP_TOKENS: usize = 2048;
+/// Context of the decode steps `CudaBackend::warm_up` runs at each batch-size bucket: a short
+/// chat's, whose decode split count early steps meet.
+const WARM_UP_DECODE_CONTEXT: usize = 128;
+
+/// What `CudaBackend::warm_up` ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmUp {
+    /// The dummy prefill's tokens.
+    pub prefill_tokens: usize,
+    /// The batch sizes of its decode steps (graph buckets), smallest first.
+    pub decode_batches: Vec<usize>,
+}
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
@@ -325,8 +338,10 @@ impl CudaBackend {
         if warm {
             let started = Instant::now();
             match backend.warm_up() {
-                Ok(tokens) => tracing::info!(
-                    "CUDA warm-up: a {tokens}-token prefill and a decode step in {:.0} ms",
+                Ok(w) => tracing::info!(
+                    "CUDA warm-up: a {}-token prefill and decode steps at batch sizes {:?} in {:.0} ms",
+                    w.prefill_tokens,
+                    w.decode_batches,
                     started.elapsed().as_secs_f64() * 1e3
                 ),
                 // An optimisation only: the first requests pay what it would have.
@@ -336,11 +351,14 @@ impl CudaBackend {
         Ok(backend)
     }
 
-    /// A dummy prefill of up to `WARM_UP_TOKENS` tokens, then one decode step after it, outside
-    /// the persistent batch (`execute_batch`), on blocks from 0 (the pool is all free at start,
-    /// and nothing is prefix-cached yet): cuBLAS's and the kernels' first use and the batch-1
-    /// decode graph's capture, before the first request. Returns the prefill's length.
-    pub fn warm_up(&mut self) -> anyhow::Result<usize> {
+    /// A dummy prefill of up to `WARM_UP_TOKENS` tokens, then one decode step after it, then a
+    /// decode step at each other batch-size bucket of the decode graphs the backend can reach,
+    /// outside the persistent batch (`execute_batch`), on blocks from 0 (the pool is all free at
+    /// start, and nothing is prefix-cached yet): cuBLAS's and the kernels' first use, and each
+    /// bucket's graph capture and first cuBLAS GEMMs at its row count, before the first request
+    /// (a bucket's first step took 15-20 ms more than the next on an H100 without it, session
+    /// 27's `gpu-bench cold`).
+    pub fn warm_up(&mut self) -> anyhow::Result<WarmUp> {
         let bs = self.fwd.opts.block_size;
         let vocab = self.fwd.cfg.vocab_size as u32;
         // The prompt and its one decoded token fit the step, a sequence's blocks and the pool.
@@ -366,7 +384,27 @@ impl CudaBackend {
         let mut decode = BatchInput::default();
         decode.push_seq(id, &[next], len, &blocks, bs, sample(1));
         self.execute_batch(&decode)?;
-        Ok(len)
+        // The buckets' sequences all read the prompt's first blocks and write their token into
+        // the same slot: the values are dummies, and a graph's shape is the bucket's alone.
+        let context = WARM_UP_DECODE_CONTEXT.min(len);
+        let table = &blocks[..context.div_ceil(bs)];
+        let buckets: Vec<usize> = GRAPH_BUCKETS
+            .iter()
+            .copied()
+            .filter(|&b| b > 1 && b <= self.fwd.max_seqs && b <= self.fwd.max_tokens)
+            .collect();
+        for &bucket in &buckets {
+            let mut decode = BatchInput::default();
+            for i in 0..bucket {
+                let id = RequestId(u64::MAX - 1 - i as u64);
+                decode.push_seq(id, &[next], context - 1, table, bs, sample(1));
+            }
+            self.execute_batch(&decode)?;
+        }
+        Ok(WarmUp {
+            prefill_tokens: len,
+            decode_batches: std::iter::once(1).chain(buckets).collect(),
+        })
     }
 
     /// The last `execute`'s timing, with `step_timing` on.
