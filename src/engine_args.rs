@@ -75,9 +75,9 @@ pub struct EngineArgs {
     /// verifying the same number of drafts), as decode steps are. Off by default.
     #[arg(long)]
     pub cuda_verify_graphs: bool,
-    /// CUDA executor: before serving, run a dummy prefill and decode step (cuBLAS's and the
-    /// kernels' first use, the batch-1 graph), so the first requests do not pay them. On by
-    /// default; `--cuda-warm-up false` turns it off.
+    /// CUDA executor: before serving, run a dummy prefill and a decode step at each batch-size
+    /// bucket (cuBLAS's and the kernels' first use, the decode graphs), so the first requests do
+    /// not pay them. On by default; `--cuda-warm-up false` turns it off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub cuda_warm_up: Option<bool>,
     /// Scheduling policy: fcfs, or adaptive (request classes, SLO-aware batch merging,

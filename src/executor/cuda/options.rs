@@ -84,10 +84,10 @@ pub struct CudaBackendOptions {
     /// instead of a bf16 delta written and read back (`add_rmsnorm`'s residual += delta). Also
     /// skips rounding the delta to bf16 before the add.
     pub residual_gemm: bool,
-    /// Before the backend is returned, run a prefill of up to 2048 dummy tokens and one decode
-    /// step after it on blocks no request holds yet (`CudaBackend::warm_up`): the first use of
-    /// cuBLAS and the kernels and the batch-1 decode graph's capture happen at start, not in
-    /// the first requests. A failure is logged and serving goes on.
+    /// Before the backend is returned, run a prefill of up to 2048 dummy tokens and a decode
+    /// step at every decode-graph bucket on blocks no request holds yet (`CudaBackend::warm_up`):
+    /// the first use of cuBLAS and the kernels and the buckets' graph captures happen at start,
+    /// not in the first requests. A failure is logged and serving goes on.
     pub warm_up: bool,
     /// gpu-bench: stamp the GPU's global timer at the start and end of each step's kernels
     /// (two one-thread launches inside the step) and time the host's phases; read with
