@@ -2,7 +2,9 @@
 # Session 28, call 2 (carry [".carry/gb28"], packed by pack.sh at this commit):
 #  1. Every cuda_e2e test: call 1's one failure (kv_tier's fork compared with another batch's
 #     output) rewritten; the warm-up now also runs a decode step at every graph bucket.
-#  2. `gpu-bench cold` without and with the warm-up: each batch size's first decode step.
+#  2. `gpu-bench cold` without and with the warm-up: each batch size's first decode step; and
+#     with it at context 1000, where a bucket's split count differs from the warm-up's (128),
+#     so a first step there still captures its graph (cuBLAS already warm).
 #  3. On an H200 only: TTFT 2048 back to back against 300 ms idle before each run, alternated
 #     twice, with nvidia-smi sampling SM clock, power and the clock-event (throttle) reasons
 #     every 20 ms; offline 512x128/128 and decode batch 1 for the record.
@@ -17,7 +19,7 @@ NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,clocks.max.mem --format=csv | tee $O/gpu.txt
 timeout 200 /tmp/gb/cuda_e2e --test-threads 1 >$O/cuda_e2e.log 2>&1; echo "cuda_e2e rc $?"
 grep -E "test result|FAILED|panicked" $O/cuda_e2e.log | head -20
-for w in "" --warm-up; do
+for w in "" --warm-up "--warm-up --context 1000"; do
   timeout 120 $G cold --model llama-2-7b $w >>$O/cold.jsonl 2>>$O/cold.log; echo "cold $w rc $?"
 done
 grep -v "INFO\|BackendInfo" $O/cold.log
