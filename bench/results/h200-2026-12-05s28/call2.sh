@@ -5,7 +5,9 @@
 #  2. `gpu-bench cold` without and with the warm-up: each batch size's first decode step; and
 #     with it at context 1000, where a bucket's split count differs from the warm-up's (128),
 #     so a first step there still captures its graph (cuBLAS already warm).
-#  3. On an H200 only: TTFT 2048 back to back against 300 ms idle before each run, alternated
+#  3. `gpu-bench gemm-algos`: the prefill GEMMs (512 and 2048 rows) on cuBLAS's own choice
+#     against each candidate of cuBLASLt's heuristic: would timing them at start pay?
+#  4. On an H200 only: TTFT 2048 back to back against 300 ms idle before each run, alternated
 #     twice, with nvidia-smi sampling SM clock, power and the clock-event (throttle) reasons
 #     every 20 ms; offline 512x128/128 and decode batch 1 for the record.
 # Every log goes into one tarball (call 1's smi.csv did not come back: too many files).
@@ -23,6 +25,8 @@ for w in "" --warm-up "--warm-up --context 1000"; do
   timeout 120 $G cold --model llama-2-7b $w >>$O/cold.jsonl 2>>$O/cold.log; echo "cold $w rc $?"
 done
 grep -v "INFO\|BackendInfo" $O/cold.log
+timeout 120 $G gemm-algos --model llama-2-7b >$O/gemm_algos.jsonl 2>$O/gemm_algos.log; echo "gemm-algos rc $?"
+grep -v "INFO\|BackendInfo" $O/gemm_algos.log
 case "$NAME" in *H200*) ;; *) echo "not an H200: TTFT clocks left for an H200"; exit 0;; esac
 Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu
 R=clocks_event_reasons.active,clocks_event_reasons.sw_power_cap,clocks_event_reasons.hw_slowdown,clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.sw_thermal_slowdown,clocks_event_reasons.hw_power_brake_slowdown

@@ -31,6 +31,8 @@
 //!                                       nano-batches on two streams vs the whole batch on one
 //!   gpu-bench elementwise               add_rmsnorm and silu_mul alone (GB/s against copy) and
 //!                                       the gate|up GEMM over random input vs zeros
+//!   gpu-bench gemm-algos                a prefill's linear layers: cuBLAS's kernel choice against
+//!                                       each candidate of cuBLASLt's heuristic
 //!   gpu-bench swap    --model NAME      KV block copies device <-> pinned host tier vs the copy
 //!                                       ceiling (one contiguous pinned copy)
 //!   gpu-bench spec                      speculative decoding (issue 12): the cost of verifying k
@@ -55,6 +57,7 @@ mod common;
 mod decode;
 mod decode_batch;
 mod elementwise;
+mod gemm_algos;
 mod gemv_sweep;
 mod offline;
 mod overlap;
@@ -176,6 +179,18 @@ enum Cmd {
         /// Rounds a figure is the median of.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+    },
+    /// A prefill's linear layers on cuBLAS's own kernel choice against each algorithm cuBLASLt's
+    /// heuristic offers for the same GEMM.
+    GemmAlgos {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+        /// Token counts (comma-separated): rows of each GEMM.
+        #[arg(long, value_delimiter = ',', default_values_t = [512, 2048])]
+        tokens: Vec<usize>,
+        /// Most candidates asked of the heuristic a shape.
+        #[arg(long, default_value_t = 12)]
+        algos: usize,
     },
     Swap {
         #[arg(long, default_value = "llama-2-7b")]
@@ -354,6 +369,15 @@ fn main() -> anyhow::Result<()> {
             model: &model,
             tokens: &tokens,
             reps,
+        }),
+        Cmd::GemmAlgos {
+            model,
+            tokens,
+            algos,
+        } => gemm_algos::run(&gemm_algos::Args {
+            model: &model,
+            tokens: &tokens,
+            algos,
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
