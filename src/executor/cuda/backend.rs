@@ -56,7 +56,8 @@ const WARM_UP_DECODE_CONTEXT: usize = 128;
 pub struct WarmUp {
     /// The dummy prefill's tokens.
     pub prefill_tokens: usize,
-    /// The batch sizes of its decode steps (graph buckets), smallest first.
+    /// The batch sizes of its decode steps at a short context (graph buckets), smallest first;
+    /// a batch-1 step after the prefill comes before them.
     pub decode_batches: Vec<usize>,
 }
 
@@ -352,12 +353,12 @@ impl CudaBackend {
     }
 
     /// A dummy prefill of up to `WARM_UP_TOKENS` tokens, then one decode step after it, then a
-    /// decode step at each other batch-size bucket of the decode graphs the backend can reach,
+    /// decode step at each batch-size bucket of the decode graphs the backend can reach,
     /// outside the persistent batch (`execute_batch`), on blocks from 0 (the pool is all free at
     /// start, and nothing is prefix-cached yet): cuBLAS's and the kernels' first use, and each
     /// bucket's graph capture and first cuBLAS GEMMs at its row count, before the first request
-    /// (a bucket's first step took 15-20 ms more than the next on an H100 without it, session
-    /// 27's `gpu-bench cold`).
+    /// (on an H100 the first decode step at batch 8-256 took 26-35 ms without it and 6-14 with
+    /// it, against 6-13 for the next: BENCHMARKS.md, session 28, call 2).
     pub fn warm_up(&mut self) -> anyhow::Result<WarmUp> {
         let bs = self.fwd.opts.block_size;
         let vocab = self.fwd.cfg.vocab_size as u32;
@@ -384,14 +385,17 @@ impl CudaBackend {
         let mut decode = BatchInput::default();
         decode.push_seq(id, &[next], len, &blocks, bs, sample(1));
         self.execute_batch(&decode)?;
-        // The buckets' sequences all read the prompt's first blocks and write their token into
-        // the same slot: the values are dummies, and a graph's shape is the bucket's alone.
+        // Every bucket, batch 1 again too: a graph is keyed by its split count, which the
+        // 2048-token context above does not share with short ones (an H100's first batch-1 step
+        // at context 128 after it: 8.6 ms against 5.0). The buckets' sequences all read the
+        // prompt's first blocks and write their token into the same slot: the values are
+        // dummies, and a graph's shape is the bucket's alone.
         let context = WARM_UP_DECODE_CONTEXT.min(len);
         let table = &blocks[..context.div_ceil(bs)];
         let buckets: Vec<usize> = GRAPH_BUCKETS
             .iter()
             .copied()
-            .filter(|&b| b > 1 && b <= self.fwd.max_seqs && b <= self.fwd.max_tokens)
+            .filter(|&b| b <= self.fwd.max_seqs && b <= self.fwd.max_tokens)
             .collect();
         for &bucket in &buckets {
             let mut decode = BatchInput::default();
@@ -403,7 +407,7 @@ impl CudaBackend {
         }
         Ok(WarmUp {
             prefill_tokens: len,
-            decode_batches: std::iter::once(1).chain(buckets).collect(),
+            decode_batches: buckets,
         })
     }
 
