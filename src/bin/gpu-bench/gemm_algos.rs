@@ -13,6 +13,7 @@ use std::ffi::c_void;
 use anyhow::Context;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::gemm::{self, Weight};
+use brook::executor::cuda::lt_desc::LtGemmDesc;
 use brook::model::synthetic::synthetic_config;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
@@ -59,7 +60,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let lt = Lt::new(&gpu)?;
     for &m in a.tokens {
         for &(name, n, k, add) in &layers {
-            let shape = Shape { m, n, k, add };
             let default = || {
                 time_ms_back_to_back(&gpu, 2, REPS, LAUNCHES, |_| {
                     // SAFETY: x holds [m, k], w [n, k] and y [m, n] at least.
@@ -88,12 +88,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 })
             };
             let before = default()?;
-            let plan = Plan::new(&shape)?;
+            let bf16 = sys::cudaDataType::CUDA_R_16BF;
+            let plan = LtGemmDesc::new(bf16, sys::cudaDataType::CUDA_R_32F, (m, n, k))?;
             let mut found = Vec::new();
             for (i, algo) in lt.candidates(&plan, a.algos)?.iter().enumerate() {
                 let ms = time_ms_back_to_back(&gpu, 2, REPS, LAUNCHES, |_| {
                     // SAFETY: as above.
-                    unsafe { lt.matmul(&gpu, &plan, algo, (&x, &w, &y)) }
+                    unsafe { lt.matmul(&gpu, (&plan, add), algo, (&x, &w, &y)) }
                 });
                 match ms {
                     Ok(ms) => found.push((i, ms)),
@@ -133,14 +134,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One GEMM: y[m, n] (+)= x[m, k] · w[n, k]ᵀ.
-struct Shape {
-    m: usize,
-    n: usize,
-    k: usize,
-    add: bool,
-}
-
 /// A cuBLASLt handle and workspace.
 struct Lt {
     handle: sys::cublasLtHandle_t,
@@ -158,7 +151,7 @@ impl Lt {
     /// Up to `most` algorithms the heuristic offers for `plan`'s GEMM, best-ranked first.
     fn candidates(
         &self,
-        plan: &Plan,
+        plan: &LtGemmDesc,
         most: usize,
     ) -> anyhow::Result<Vec<sys::cublasLtMatmulAlgo_t>> {
         let pref = lt::create_matmul_pref()?;
@@ -205,11 +198,11 @@ impl Lt {
     unsafe fn matmul(
         &self,
         gpu: &Gpu,
-        plan: &Plan,
+        (plan, add): (&LtGemmDesc, bool),
         algo: &sys::cublasLtMatmulAlgo_t,
         (x, w, y): (&DevBuf, &DevBuf, &DevBuf),
     ) -> anyhow::Result<()> {
-        let (alpha, beta) = (1.0f32, if plan.add { 1.0f32 } else { 0.0 });
+        let (alpha, beta) = (1.0f32, if add { 1.0f32 } else { 0.0 });
         lt::matmul(
             self.handle,
             plan.desc,
@@ -237,67 +230,6 @@ impl Drop for Lt {
         // SAFETY: created once in `new`.
         unsafe {
             let _ = lt::destroy_handle(self.handle);
-        }
-    }
-}
-
-/// A shape's descriptors, in cuBLASLt's column-major terms: A is w as [k, n] transposed, B is x
-/// as [k, m], D (and C) is y as [n, m]; fp32 accumulation and output.
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    d: sys::cublasLtMatrixLayout_t,
-    add: bool,
-}
-
-impl Plan {
-    fn new(s: &Shape) -> anyhow::Result<Plan> {
-        let bf16 = sys::cudaDataType::CUDA_R_16BF;
-        let desc = lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType::CUDA_R_32F,
-        )
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let mut plan = Plan {
-            desc,
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            add: s.add,
-        };
-        let layout = |t, rows: usize, cols: usize| {
-            lt::create_matrix_layout(t, rows as u64, cols as u64, rows as i64)
-                .map_err(|e| anyhow::anyhow!("{e:?}"))
-        };
-        plan.a = layout(bf16, s.k, s.n)?;
-        plan.b = layout(bf16, s.k, s.m)?;
-        plan.d = layout(sys::cudaDataType::CUDA_R_32F, s.n, s.m)?;
-        let trans_a = 1i32; // cublasOperation_t T
-                            // SAFETY: the descriptor is live; the value is the attribute's type.
-        unsafe {
-            lt::set_matmul_desc_attribute(
-                desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &trans_a as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        }
-        Ok(plan)
-    }
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        // SAFETY: each was created once; null ones were never made.
-        unsafe {
-            for l in [self.a, self.b, self.d] {
-                if !l.is_null() {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
         }
     }
 }

@@ -21,6 +21,7 @@ use cudarc::cublaslt::sys;
 
 use super::device::{DevBuf, Gpu};
 use super::kernels::{self, QuantizeE4m3, AMAX_MAX_CTAS};
+use super::lt_desc::{set_desc, LtGemmDesc};
 
 /// cuBLASLt's workspace (NVIDIA suggests 32 MiB on Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -155,24 +156,24 @@ impl Fp8Gemm {
         let plan = &plans[&key];
         let scale = w_scale as *const c_void;
         set_desc(
-            plan.desc,
+            plan.lt.desc,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
             &scale,
         )?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         lt::matmul(
             self.handle,
-            plan.desc,
+            plan.lt.desc,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
             w as *const c_void,
-            plan.a,
+            plan.lt.a,
             self.xq.ptr() as *const c_void,
-            plan.b,
+            plan.lt.b,
             y as *const c_void,
-            plan.d,
+            plan.lt.d,
             y as *mut c_void,
-            plan.d,
+            plan.lt.d,
             &plan.algo,
             self.workspace.ptr() as *mut c_void,
             WORKSPACE_BYTES,
@@ -193,14 +194,10 @@ impl Drop for Fp8Gemm {
     }
 }
 
-/// One GEMM shape's descriptors and algorithm. In cuBLASLt's column-major terms: A is w seen as
-/// [k, n] (transposed: the row-major [n, k] weight), B is xq as [k, m], D (and C) is y as
-/// [n, m].
+/// One GEMM shape's descriptors (`LtGemmDesc`: A is the e4m3 weight, B its quantized input) and
+/// algorithm.
 struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    d: sys::cublasLtMatrixLayout_t,
+    lt: LtGemmDesc,
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
@@ -212,33 +209,15 @@ impl Plan {
         workspace: usize,
     ) -> anyhow::Result<Plan> {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
         let out = match y_f32 {
             true => sys::cudaDataType::CUDA_R_32F,
             false => sys::cudaDataType::CUDA_R_16BF,
         };
-        let desc = lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType::CUDA_R_32F,
-        )?;
-        // From here on `plan` owns what exists, so an error drops (destroys) it.
-        let mut plan = Plan {
-            desc,
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            // SAFETY: plain data, overwritten by the heuristic below before any use.
-            algo: unsafe { std::mem::zeroed() },
-        };
-        plan.a = lt::create_matrix_layout(e4m3, k as u64, n as u64, k as i64)?;
-        plan.b = lt::create_matrix_layout(e4m3, k as u64, m as u64, k as i64)?;
-        plan.d = lt::create_matrix_layout(out, n as u64, m as u64, n as i64)?;
+        let lt_desc = LtGemmDesc::new(sys::cudaDataType::CUDA_R_8F_E4M3, out, (m, n, k))?;
+        let desc = lt_desc.desc;
         let x_scale = x_scale as *const c_void;
         // SAFETY: the descriptor is live; each value has the attribute's type.
         unsafe {
-            // cublasOperation_t: 1 = T, 0 = N.
-            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
-            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
             // Accumulation without cuBLASLt's periodic promotion, as vLLM's fp8 GEMMs on sm_90.
             set_desc(desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
             set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale)?;
@@ -254,46 +233,16 @@ impl Plan {
                 std::mem::size_of::<u64>(),
             );
             let found = set.and_then(|_| {
-                lt::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.d, plan.d, pref)
+                lt::get_matmul_algo_heuristic(
+                    handle, desc, lt_desc.a, lt_desc.b, lt_desc.d, lt_desc.d, pref,
+                )
             });
             let _ = lt::destroy_matmul_pref(pref);
             found
         };
-        plan.algo = found
+        let algo = found
             .map_err(|e| anyhow::anyhow!("{e:?} (fp8 GEMMs need cuBLASLt on sm_89+)"))?
             .algo;
-        Ok(plan)
+        Ok(Plan { lt: lt_desc, algo })
     }
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        // SAFETY: each was created once and is destroyed once; null ones were never made.
-        unsafe {
-            for l in [self.a, self.b, self.d] {
-                if !l.is_null() {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
-        }
-    }
-}
-
-/// Sets one attribute of a matmul descriptor to `value`.
-///
-/// # Safety
-/// `desc` is live and `T` is the attribute's type.
-unsafe fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    value: &T,
-) -> anyhow::Result<()> {
-    lt::set_matmul_desc_attribute(
-        desc,
-        attr,
-        value as *const T as *const c_void,
-        std::mem::size_of::<T>(),
-    )
-    .with_context(|| format!("cuBLASLt attribute {attr:?}"))
 }

@@ -34,6 +34,7 @@ pub mod gemm;
 pub mod kernels;
 pub mod kv_tier;
 mod lookahead;
+pub mod lt_desc;
 pub mod options;
 pub mod prefill_gemm;
 mod speculation;
