@@ -111,17 +111,20 @@ pub const WGMMA_ARCH: &str = "compute_90a";
 /// prefill_wg_stages`): 1, one K and one V tile loaded in turns at 3 CTAs an SM; 2, two of each
 /// and FlashAttention-3's overlap of one tile's softmax with the previous tile's O += PV, at 2
 /// CTAs an SM: correct, but no faster than 1 on the H200 (BENCHMARKS.md, session 20), so a
-/// variant that gpu-bench prefill-chunks and ttft time (`BROOK_PREFILL_WG_STAGES`).
+/// variant that gpu-bench prefill-chunks and ttft time (`BROOK_PREFILL_WG_STAGES`); 3 (TMA
+/// builds only), a ring of three tile buffers that K and V take in turns, each load issued a
+/// whole tile before it is read.
 pub const PREFILL_WG_STAGES: usize = 1;
 
 /// Dynamic shared memory of the wgmma prefill kernel: Q's 64 rows and `stages` (K, V) tiles of
-/// 64 keys, plus 1 KB to align them to the 128-byte swizzle's 1024-byte atoms
-/// (prefill_attn_wgmma.cu's WG_SMEM).
+/// 64 keys (stages 3: the TMA ring's three tiles), plus 1 KB to align them to the 128-byte
+/// swizzle's 1024-byte atoms (prefill_attn_wgmma.cu's WG_SMEM).
 /// With an e4m3 cache, also the staging buffer of one tile (64 keys of e4m3).
 pub fn prefill_wgmma_smem(head_dim: usize, stages: usize, kv_fp8: bool) -> usize {
     let row = head_dim * 2;
     let staging = if kv_fp8 { 64 * head_dim } else { 0 };
-    64 * row + stages * 2 * 64 * row + staging + 1024
+    let tiles = if stages == 3 { 3 } else { 2 * stages };
+    64 * row + tiles * 64 * row + staging + 1024
 }
 
 /// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
@@ -278,7 +281,8 @@ mod tests {
     }
 
     /// Assembles `ptx` for `arch`'s SASS (compute_90a → sm_90a); fails on any ptxas error and
-    /// prints its per-kernel register and spill report.
+    /// prints each kernel's spills, and with `BROOK_PTXAS_REPORT` set its registers too (what a
+    /// kernel change costs in occupancy, read without a GPU).
     fn assemble(ptxas: &std::path::Path, ptx: &str, arch: &str, what: &str) {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("k.ptx");
@@ -294,10 +298,13 @@ mod tests {
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "ptxas failed on {what}:\n{log}");
         // "Compiling entry function 'f' for 'sm_90'" precedes each function's report.
+        let report = std::env::var_os("BROOK_PTXAS_REPORT").is_some();
         let mut function = "";
         for line in log.lines() {
             if let Some(rest) = line.split("entry function '").nth(1) {
                 function = rest.split('\'').next().unwrap_or("");
+            } else if report && line.contains("registers") {
+                eprintln!("{what} {function}: {}", line.trim());
             } else if line.contains("spill") && !line.contains(" 0 bytes spill stores") {
                 eprintln!("{what} {function}: {}", line.trim());
             }
@@ -348,12 +355,27 @@ mod tests {
                 let ptx = compiled(name, src, "compute_90", &[("HD", hd), ("GROUP", group)]);
                 assert!(ptx.contains(".entry paged_decode"), "hd {hd} g {group}");
             }
+            // The lane kernel's software-pipelined loop (Gpu::decode_pipe), where it applies.
+            for (group, fp8, pipe) in [(1, 0, 2), (1, 0, 4), (2, 0, 4), (1, 1, 4)] {
+                let (name, src) = PAGED_DECODE;
+                let defines = [
+                    ("HD", hd),
+                    ("GROUP", group),
+                    ("KV_FP8", fp8),
+                    ("DECODE_PIPE", pipe),
+                ];
+                let ptx = compiled(name, src, "compute_90", &defines);
+                assert!(
+                    ptx.contains(".entry paged_decode"),
+                    "hd {hd} g {group} fp8 {fp8} pipe {pipe}"
+                );
+            }
         }
         // The wgmma prefill kernel, for sm_90a at the head dims it is built for: over bf16 and
         // e4m3 caches, and its pipelined (2-stage) and TMA builds over bf16 caches.
         for hd in [64, 128] {
             assert!(prefill_wgmma_supported((9, 0), hd));
-            for (fp8, stages, tma) in [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1)] {
+            for (fp8, stages, tma) in [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1), (0, 3, 1)] {
                 let (name, src) = PREFILL_ATTN_WG;
                 let defines = [
                     ("HD", hd),

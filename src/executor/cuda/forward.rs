@@ -252,12 +252,14 @@ impl Forward {
             false => None,
         };
         anyhow::ensure!(
-            matches!(opts.prefill_wg_stages, 1 | 2),
-            "prefill_wg_stages is 1 or 2, got {}",
+            matches!(opts.prefill_wg_stages, 1 | 2)
+                || (opts.prefill_wg_stages == 3 && opts.prefill_tma),
+            "prefill_wg_stages is 1 or 2, or 3 with prefill_tma; got {}",
             opts.prefill_wg_stages
         );
         gpu.prefill_wg_stages = opts.prefill_wg_stages;
         gpu.prefill_tma = opts.prefill_tma;
+        gpu.decode_pipe = opts.decode_pipe;
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,

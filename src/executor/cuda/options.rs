@@ -70,11 +70,16 @@ pub struct CudaBackendOptions {
     /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
     pub prefill_wgmma: bool,
     /// K/V tiles of the wgmma prefill kernel over a bf16 cache (`Gpu::prefill_wg_stages`): 1
-    /// or 2 (`compile::PREFILL_WG_STAGES` by default).
+    /// or 2, or 3 (the TMA build's ring) with `prefill_tma` (`compile::PREFILL_WG_STAGES` by
+    /// default).
     pub prefill_wg_stages: usize,
     /// The wgmma prefill kernel over a bf16 cache loads K/V tiles by TMA through tensor maps of
     /// the cache (`Gpu::prefill_tma`; its WG_TMA build) instead of cp.async.
     pub prefill_tma: bool,
+    /// Rounds of the lane decode kernel's (`DecodeKernel::Lanes`) software-pipelined loop, whose
+    /// K/V loads are issued a round ahead of their arithmetic (`Gpu::decode_pipe`): 0 (the
+    /// plain loop), 2 or 4 steps.
+    pub decode_pipe: usize,
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
     pub prefill_split_kv: bool,
