@@ -34,14 +34,11 @@
 // K/V tiles in shared memory (compile::PREFILL_WG_STAGES passes it): 1, one K and one V tile
 // loaded in turns; 2, two of each, with tile t's S and tile t - 1's O += PV in flight together
 // (the pipelined loop at the end).
-// 3 (TMA only): a ring of three tile buffers that K and V take in turns (load i in buffer
-// i % 3), so each tile's K and V start loading a whole tile of work before they are read instead
-// of half a tile, in 16 KB more than WG_STAGES 1 (three CTAs an SM still fit).
 #ifndef WG_STAGES
 #define WG_STAGES 1
 #endif
-#if WG_STAGES != 1 && WG_STAGES != 2 && WG_STAGES != 3
-#error "prefill_attn_wgmma.cu is built with WG_STAGES 1, 2 or 3"
+#if WG_STAGES != 1 && WG_STAGES != 2
+#error "prefill_attn_wgmma.cu is built with WG_STAGES 1 or 2"
 #endif
 // WG_TMA 1: K/V tiles arrive by TMA (cp.async.bulk.tensor through p.kv_maps, one copy per
 // cache block and 64-dim half, issued by warp 0 and completing on an mbarrier) instead of every
@@ -51,9 +48,6 @@
 #endif
 #if WG_TMA && KV_FP8
 #error "the TMA build takes a bf16 cache"
-#endif
-#if WG_STAGES == 3 && !WG_TMA
-#error "the ring of three tiles (WG_STAGES 3) is a TMA build"
 #endif
 #if KV_FP8
 // An e4m3 cache: each tile is cp.async'ed as e4m3 into a staging buffer (K and V take turns in
@@ -66,9 +60,7 @@
 #else
 #define WG_STAGE_BYTES 0
 #endif
-// K/V tile buffers: a K and a V tile per stage, or the ring's three.
-#define WG_TILES (WG_STAGES == 3 ? 3 : 2 * WG_STAGES)
-#define WG_SMEM (WG_Q_BYTES + WG_TILES * WG_KV_BYTES + WG_STAGE_BYTES)
+#define WG_SMEM (WG_Q_BYTES + WG_STAGES * 2 * WG_KV_BYTES + WG_STAGE_BYTES)
 static_assert(WG_BN == PF_BN, "PF_CHUNKS counts the chunks of a PF_BN-key tile");
 static_assert(WG_SMEM >= PF_MERGE_BYTES + 4, "the split merge's weights and flag reuse the tiles");
 
@@ -462,9 +454,9 @@ __device__ __forceinline__ void wg_zero_rows(unsigned char* tile, int kv0, int k
 }
 #endif
 
-// CTAs an SM: with one K and one V tile (WG_STAGES 1, 49 KB) or the ring (65 KB) three fit at
-// the 168 registers the bound leaves; with two of each two (81 KB).
-#define WG_MIN_CTAS (WG_STAGES == 2 ? 2 : 3)
+// CTAs an SM: with one K and one V tile (WG_STAGES 1, 49 KB) three fit at the 168 registers
+// the bound leaves; with two of each two (81 KB).
+#define WG_MIN_CTAS (WG_STAGES == 1 ? 3 : 2)
 
 // grid: (num_tiles, num_heads, num_splits), block: 128 (one warpgroup); dynamic shared memory
 // WG_SMEM + 1024 (compile::prefill_wgmma_smem: the tiles start at the first 1024-byte boundary).
@@ -531,12 +523,12 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
 #if WG_TMA
   // As the cp.async loops below, with warp 0 starting each tile's TMA copies where every
   // thread started its cp.async; each K and V tile buffer completes on its own mbarrier.
-  __shared__ alignas(8) unsigned long long wg_bars[WG_TILES];  // one a tile buffer
+  __shared__ alignas(8) unsigned long long wg_bars[2 * WG_STAGES];  // K buffers', then V's
   const void* kmap = p.kv_maps;
   const void* vmap = (const unsigned char*)p.kv_maps + 128;
   cp_async_commit();  // Q's group: the loop's first cp_async_wait waits for it
   if (threadIdx.x == 0) {
-    for (int b = 0; b < WG_TILES; b++) mbar_init(smem_addr(&wg_bars[b]), 1);
+    for (int b = 0; b < 2 * WG_STAGES; b++) mbar_init(smem_addr(&wg_bars[b]), 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -574,54 +566,6 @@ extern "C" __global__ void __launch_bounds__(128, WG_MIN_CTAS) prefill_attn_wg(P
     __syncthreads();
     if (warp == 0 && t + 1 < ntiles) wg_tma_tile(ks, kmap, kbar, tb, kv0 + WG_BN, kh, p);
     wg_accumulate(o, s, vs);
-  }
-#elif WG_STAGES == 3
-  // The ring: load i (K of tile i / 2 when i is even, else its V) goes to buffer i % 3 and
-  // completes phase (i / 3) % 2 of that buffer's mbarrier. The buffer of load i + 3 is free once
-  // every warp is done with load i: K of tile t + 1 (load 2t + 2) starts at the top of tile t,
-  // after the barrier that follows every warp's O += PV of tile t - 1 (load 2t - 1); V of tile
-  // t + 1 (load 2t + 3) after the barrier that follows every warp's S of tile t (load 2t). So
-  // each load has a whole tile's S, softmax and O += PV to land in, against half of one with
-  // one K and one V buffer. Warp 0's lanes hold the block-table entries of tile t + 1 (read
-  // after V of tile t starts, a tile before they are needed).
-  auto buf = [&](int i) { return kv_base + (u32)((i % 3) * WG_KV_BYTES); };
-  auto bar = [&](int i) { return smem_addr(&wg_bars[i % 3]); };
-  auto ph = [](int i) { return (u32)((i / 3) & 1); };
-  int tb = -1;
-  if (warp == 0 && ntiles > 0) {
-    tb = wg_tma_block(bt, kv_first, kv_begin, kv_end, p.block_size);
-    wg_tma_tile(buf(0), kmap, bar(0), tb, kv_first, kh, p);
-    wg_tma_tile(buf(1), vmap, bar(1), tb, kv_first, kh, p);
-    if (ntiles > 1) tb = wg_tma_block(bt, kv_first + WG_BN, kv_begin, kv_end, p.block_size);
-  }
-  for (int t = 0; t < ntiles; t++) {
-    const int kv0 = kv_first + t * WG_BN;
-    // Q (cp.async, the first tile) and K of this tile have landed, and every warp is done with
-    // the previous tile's V (whose buffer takes K of the next tile).
-    if (t == 0) {
-      cp_async_wait<0>();
-      wg_fence_proxy();
-    }
-    mbar_wait(bar(2 * t), ph(2 * t));
-    __syncthreads();
-    if (warp == 0 && t + 1 < ntiles) wg_tma_tile(buf(2 * t + 2), kmap, bar(2 * t + 2), tb, kv0 + WG_BN, kh, p);
-    float s[WG_BN / 8][4], corr_a, corr_b;
-    wg_scores(s, qs, buf(2 * t));
-    if (pf_softmax_tile<WG_BN>(s, rows, kv0, whole(kv0), tig, corr_a, corr_b))
-      wg_rescale(o, corr_a, corr_b);
-    // V has landed (its rows outside the keys zeroed) and every warp's S is done with K, whose
-    // buffer takes V of the next tile.
-    mbar_wait(bar(2 * t + 1), ph(2 * t + 1));
-    if (kv0 < kv_begin || kv0 + WG_BN > kv_end) {
-      wg_zero_rows(smem + WG_Q_BYTES + ((2 * t + 1) % 3) * WG_KV_BYTES, kv0, kv_begin, kv_end);
-      wg_fence_proxy();
-    }
-    __syncthreads();
-    if (warp == 0 && t + 1 < ntiles) {
-      wg_tma_tile(buf(2 * t + 3), vmap, bar(2 * t + 3), tb, kv0 + WG_BN, kh, p);
-      if (t + 2 < ntiles) tb = wg_tma_block(bt, kv0 + 2 * WG_BN, kv_begin, kv_end, p.block_size);
-    }
-    wg_accumulate(o, s, buf(2 * t + 1));
   }
 #elif WG_STAGES == 1
   // One K and one V tile: V of tile t loads during S and the softmax of tile t, K of tile t + 1

@@ -63,10 +63,15 @@ impl Default for Decode {
 }
 
 impl Decode {
-    /// The case on the lane kernel (its plain and software-pipelined builds), then on the
-    /// tensor-core kernel where the shape has one.
+    /// The case on the lane kernel (its plain build, and its software-pipelined ones where the
+    /// group is at most 2: the only builds where `Gpu::decode_pipe` changes the loop), then on
+    /// the tensor-core kernel where the shape has one.
     fn run(&self) {
-        for pipe in [0, 2, 4] {
+        let pipes: &[usize] = match self.heads / self.kv_heads {
+            1 | 2 => &[0, 2, 4],
+            _ => &[0],
+        };
+        for &pipe in pipes {
             self.run_on(DecodeKernel::Lanes, pipe);
         }
         if decode_mma_supported(self.head_dim, self.fp8) {

@@ -50,11 +50,10 @@ fn check_prefill_kv(
     let all: Vec<usize> = (0..seqs.len()).collect();
     let reference = b.reference();
     // Every kernel built for this GPU and shape: on Hopper the wgmma kernel's TMA and cp.async
-    // builds, each with its pipelined (2-stage) loop (bf16 caches) and the 1-stage one, the TMA
-    // build's ring of three tiles, and the mma.sync kernel other GPUs run.
+    // builds, each with its pipelined (2-stage) loop (bf16 caches) and the 1-stage one, and the
+    // mma.sync kernel other GPUs run.
     let built = prefill_wgmma_supported(g.compute_capability, head_dim);
     for (wgmma, stages, tma) in [
-        (true, 3, true),
         (true, 2, true),
         (true, 2, false),
         (true, 1, true),

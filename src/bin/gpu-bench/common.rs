@@ -86,11 +86,11 @@ pub fn prefill_wgmma() -> bool {
 }
 
 /// K/V tiles of the wgmma prefill kernel in every backend and `Gpu` gpu-bench makes:
-/// `BROOK_PREFILL_WG_STAGES` (1 or 2, or 3 with TMA; brook's default when unset), for A/B runs.
+/// `BROOK_PREFILL_WG_STAGES` (1 or 2; brook's default when unset), for A/B runs.
 pub fn prefill_wg_stages() -> usize {
     env_count(
         "BROOK_PREFILL_WG_STAGES",
-        &[1, 2, 3],
+        &[1, 2],
         CudaBackendOptions::default().prefill_wg_stages,
     )
 }

@@ -111,20 +111,17 @@ pub const WGMMA_ARCH: &str = "compute_90a";
 /// prefill_wg_stages`): 1, one K and one V tile loaded in turns at 3 CTAs an SM; 2, two of each
 /// and FlashAttention-3's overlap of one tile's softmax with the previous tile's O += PV, at 2
 /// CTAs an SM: correct, but no faster than 1 on the H200 (BENCHMARKS.md, session 20), so a
-/// variant that gpu-bench prefill-chunks and ttft time (`BROOK_PREFILL_WG_STAGES`); 3 (TMA
-/// builds only), a ring of three tile buffers that K and V take in turns, each load issued a
-/// whole tile before it is read.
+/// variant that gpu-bench prefill-chunks and ttft time (`BROOK_PREFILL_WG_STAGES`).
 pub const PREFILL_WG_STAGES: usize = 1;
 
 /// Dynamic shared memory of the wgmma prefill kernel: Q's 64 rows and `stages` (K, V) tiles of
-/// 64 keys (stages 3: the TMA ring's three tiles), plus 1 KB to align them to the 128-byte
-/// swizzle's 1024-byte atoms (prefill_attn_wgmma.cu's WG_SMEM).
+/// 64 keys, plus 1 KB to align them to the 128-byte swizzle's 1024-byte atoms
+/// (prefill_attn_wgmma.cu's WG_SMEM).
 /// With an e4m3 cache, also the staging buffer of one tile (64 keys of e4m3).
 pub fn prefill_wgmma_smem(head_dim: usize, stages: usize, kv_fp8: bool) -> usize {
     let row = head_dim * 2;
     let staging = if kv_fp8 { 64 * head_dim } else { 0 };
-    let tiles = if stages == 3 { 3 } else { 2 * stages };
-    64 * row + tiles * 64 * row + staging + 1024
+    64 * row + stages * 2 * 64 * row + staging + 1024
 }
 
 /// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
@@ -303,9 +300,9 @@ mod tests {
         for line in log.lines() {
             if let Some(rest) = line.split("entry function '").nth(1) {
                 function = rest.split('\'').next().unwrap_or("");
-            } else if report && line.contains("registers") {
-                eprintln!("{what} {function}: {}", line.trim());
-            } else if line.contains("spill") && !line.contains(" 0 bytes spill stores") {
+            } else if (report && line.contains("registers"))
+                || (line.contains("spill") && !line.contains(" 0 bytes spill stores"))
+            {
                 eprintln!("{what} {function}: {}", line.trim());
             }
         }
@@ -375,7 +372,7 @@ mod tests {
         // e4m3 caches, and its pipelined (2-stage) and TMA builds over bf16 caches.
         for hd in [64, 128] {
             assert!(prefill_wgmma_supported((9, 0), hd));
-            for (fp8, stages, tma) in [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1), (0, 3, 1)] {
+            for (fp8, stages, tma) in [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1)] {
                 let (name, src) = PREFILL_ATTN_WG;
                 let defines = [
                     ("HD", hd),

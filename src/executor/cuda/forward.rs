@@ -252,9 +252,8 @@ impl Forward {
             false => None,
         };
         anyhow::ensure!(
-            matches!(opts.prefill_wg_stages, 1 | 2)
-                || (opts.prefill_wg_stages == 3 && opts.prefill_tma),
-            "prefill_wg_stages is 1 or 2, or 3 with prefill_tma; got {}",
+            matches!(opts.prefill_wg_stages, 1 | 2),
+            "prefill_wg_stages is 1 or 2, got {}",
             opts.prefill_wg_stages
         );
         gpu.prefill_wg_stages = opts.prefill_wg_stages;

@@ -70,8 +70,7 @@ pub struct CudaBackendOptions {
     /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
     pub prefill_wgmma: bool,
     /// K/V tiles of the wgmma prefill kernel over a bf16 cache (`Gpu::prefill_wg_stages`): 1
-    /// or 2, or 3 (the TMA build's ring) with `prefill_tma` (`compile::PREFILL_WG_STAGES` by
-    /// default).
+    /// or 2 (`compile::PREFILL_WG_STAGES` by default).
     pub prefill_wg_stages: usize,
     /// The wgmma prefill kernel over a bf16 cache loads K/V tiles by TMA through tensor maps of
     /// the cache (`Gpu::prefill_tma`; its WG_TMA build) instead of cp.async.
