@@ -58,12 +58,6 @@ struct PagedDecodeParams {
 #define DECODE_GC ((GROUP + DECODE_GROUP_CTAS - 1) / DECODE_GROUP_CTAS)
 
 #define DECODE_WARPS 4
-// N > 0: the lane kernel's loop is software-pipelined, rounds of N steps (loads a round ahead;
-// up to 2 heads a CTA); 0: rounds of 4 steps, each round's loads, then its arithmetic
-// (Gpu::decode_pipe, the build's define).
-#ifndef DECODE_PIPE
-#define DECODE_PIPE 0
-#endif
 
 // L1 is not coherent across SMs: partials other CTAs wrote are read from L2.
 __device__ __forceinline__ float ld_cg(const float* ptr) {
@@ -229,8 +223,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
                 "HD must be a multiple of 8 (16 with KV_FP8), at most 256");
   constexpr int TPW = 32 / LANES; // tokens per warp step
   constexpr int NS = DECODE_WARPS * TPW;  // independent softmax states per CTA
-  constexpr bool PIPE = DECODE_PIPE > 0 && G <= 2;
-  constexpr int U = PIPE ? DECODE_PIPE : 4;  // steps a round (in flight per lane)
+  constexpr int U = 4;            // steps in flight per lane
   __shared__ float s_acc[NS][G][HD];
   __shared__ float s_m[NS][G];
   __shared__ float s_l[NS][G];
@@ -283,25 +276,17 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   }
 
   constexpr int STEP = DECODE_WARPS * TPW;
-  constexpr int ROUND = STEP * U;  // keys of the split a round of the CTA's warps covers
-  // Lane `sub`'s U keys of the round from `base`: j = base + sub + u * STEP. Their blocks
-  // (-1 past the split), their K and V chunks (zeros past the split and in idle lanes), and
-  // the online softmax over them. Every round bound is uniform across the warp (the shuffles
-  // need every lane).
-  auto round_blocks = [&](int base, int (&blk)[U]) {
+  // The loop bound is uniform across the warp (shuffles below need every lane).
+  for (int base = begin + warp * TPW; base < end; base += STEP * U) {
+    uint4 kv[U], vv[U];
+    bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int j = base + sub + u * STEP;
-      blk[u] = j < end ? bt[j >> bshift] : -1;
-    }
-  };
-  auto round_loads = [&](int base, const int (&blk)[U], uint4 (&kv)[U], uint4 (&vv)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int j = base + sub + u * STEP;
-      if (j < end && active) {
-        const size_t o = kv_offset(blk[u], kh, j & bmask, p.num_kv_heads, p.block_size, HD) +
-                         dl * KV_VEC;
+      valid[u] = j < end;
+      if (valid[u] && active) {
+        const size_t o = kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads,
+                                   p.block_size, HD) + dl * KV_VEC;
         kv[u] = *(const uint4*)(p.k_cache + o);
         vv[u] = *(const uint4*)(p.v_cache + o);
       } else {
@@ -309,11 +294,8 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
         vv[u] = make_uint4(0, 0, 0, 0);
       }
     }
-  };
-  auto round_softmax = [&](int base, const uint4 (&kv)[U], const uint4 (&vv)[U]) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const bool valid = base + sub + u * STEP < end;
 #if KV_FP8
       float kf[KV_VEC], vf[KV_VEC];
       e4m3x16_to_f(kv[u], kf);
@@ -343,7 +325,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
 #endif
 #pragma unroll
         for (int o = LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (!valid) dot = NEG_INF;
+        if (!valid[u]) dot = NEG_INF;
         const float mn = fmaxf(m[g], dot);
         const float corr = mn == NEG_INF ? 1.f : exp2f(m[g] - mn);
         const float pr = dot == NEG_INF ? 0.f : exp2f(dot - mn);
@@ -352,42 +334,6 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
         for (int e = 0; e < KV_VEC; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
         m[g] = mn;
       }
-    }
-  };
-  int base = begin + warp * TPW;
-  int blk[U];
-  uint4 ka[U], va[U];
-  if (PIPE) {
-    // Software-pipelined (DECODE_PIPE; up to 2 heads a CTA, whose registers allow two rounds
-    // of chunks): round r + 1's K/V loads and round r + 2's block ids are issued before round
-    // r's softmax, so the memory system always holds a round of this warp's loads, where the
-    // plain loop below leaves it idle during each round's arithmetic.
-    uint4 kb[U], vb[U];
-    if (base < end) {
-      round_blocks(base, blk);
-      round_loads(base, blk, ka, va);
-      round_blocks(base + ROUND, blk);
-    }
-    while (base < end) {
-      if (base + ROUND < end) {
-        round_loads(base + ROUND, blk, kb, vb);
-        round_blocks(base + 2 * ROUND, blk);
-      }
-      round_softmax(base, ka, va);
-      base += ROUND;
-      if (base >= end) break;
-      if (base + ROUND < end) {
-        round_loads(base + ROUND, blk, ka, va);
-        round_blocks(base + 2 * ROUND, blk);
-      }
-      round_softmax(base, kb, vb);
-      base += ROUND;
-    }
-  } else {
-    for (; base < end; base += ROUND) {
-      round_blocks(base, blk);
-      round_loads(base, blk, ka, va);
-      round_softmax(base, ka, va);
     }
   }
 

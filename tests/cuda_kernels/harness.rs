@@ -33,18 +33,7 @@ pub fn kv_gpu(fp8: bool) -> Option<Gpu> {
 /// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`), for a cache
 /// of either dtype (`fp8`: e4m3).
 pub fn attention_gpu_kv(head_dim: usize, group: usize, fp8: bool) -> Option<Gpu> {
-    attention_gpu_with(head_dim, group, fp8, |_| {})
-}
-
-/// `attention_gpu_kv` with the `Gpu`'s build switches set by `setup` before the kernels load.
-pub fn attention_gpu_with(
-    head_dim: usize,
-    group: usize,
-    fp8: bool,
-    setup: impl FnOnce(&mut Gpu),
-) -> Option<Gpu> {
     let mut g = kv_gpu(fp8)?;
-    setup(&mut g);
     g.load_attention(head_dim, group)
         .unwrap_or_else(|e| panic!("attention kernels hd{head_dim} g{group} fp8 {fp8}: {e:#}"));
     Some(g)

@@ -16,7 +16,7 @@ use half::bf16;
 use rand::seq::SliceRandom;
 
 use crate::harness::{
-    assert_close, attention_gpu_with, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
+    assert_close, attention_gpu_kv, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 
@@ -63,26 +63,17 @@ impl Default for Decode {
 }
 
 impl Decode {
-    /// The case on the lane kernel (its plain build, and its software-pipelined ones where the
-    /// group is at most 2: the only builds where `Gpu::decode_pipe` changes the loop), then on
-    /// the tensor-core kernel where the shape has one.
+    /// The case on the lane kernel, then on the tensor-core kernel where the shape has one.
     fn run(&self) {
-        let pipes: &[usize] = match self.heads / self.kv_heads {
-            1 | 2 => &[0, 2, 4],
-            _ => &[0],
-        };
-        for &pipe in pipes {
-            self.run_on(DecodeKernel::Lanes, pipe);
-        }
+        self.run_on(DecodeKernel::Lanes);
         if decode_mma_supported(self.head_dim, self.fp8) {
-            self.run_on(DecodeKernel::Mma, 0);
+            self.run_on(DecodeKernel::Mma);
         }
     }
 
-    fn run_on(&self, kernel: DecodeKernel, pipe: usize) {
+    fn run_on(&self, kernel: DecodeKernel) {
         let group = self.heads / self.kv_heads;
-        let Some(g) = attention_gpu_with(self.head_dim, group, self.fp8, |g| g.decode_pipe = pipe)
-        else {
+        let Some(g) = attention_gpu_kv(self.head_dim, group, self.fp8) else {
             return;
         };
         let mut r = rng(self.seed);
@@ -183,7 +174,7 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} pipe {pipe} hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
                         self.fp8, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 29, call 1 (carry [".carry/gb29"], packed by pack.sh at this commit):
+# Session 29, call 1 (carry [".carry/gb29"], packed by pack.sh at 01600f0):
 #  1. Kernel tests of the two new builds: the prefill kernel's TMA ring of three tiles
 #     (WG_STAGES 3) beside every other build, and the lane decode kernel's pipelined loop
 #     (DECODE_PIPE 2 and 4) beside the plain one, on every decode case.

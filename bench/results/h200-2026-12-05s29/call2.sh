@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 29, call 2 (carry [".carry/gb29"], packed by pack.sh after the ring's revert):
+# Session 29, call 2 (carry [".carry/gb29"], packed by pack.sh at a44119e: the ring reverted,
+# decode pipelining on trial):
 #  1. Decode kernel tests (call 1's timed out at 150 s compiling every build; the pipelined
 #     builds now only where they change the loop: groups 1 and 2).
 #  2. Decode attention A/B, BROOK_DECODE_PIPE 0 / 2 / 4: the isolated kernel (MHA 4k x 1,

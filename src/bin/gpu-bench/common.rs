@@ -22,13 +22,12 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 8] = [
+        let tags: [(&str, serde_json::Value); 7] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
             ("prefill_wg_stages", prefill_wg_stages().into()),
             ("prefill_tma", prefill_tma().into()),
-            ("decode_pipe", decode_pipe().into()),
             ("gemv_bulk", gemv_bulk().into()),
             ("residual_gemm", residual_gemm().into()),
         ];
@@ -108,17 +107,6 @@ fn env_count(var: &str, allowed: &[usize], default: usize) -> usize {
             std::process::exit(2)
         }
     }
-}
-
-/// Steps a round of the lane decode kernel's software-pipelined loop in every backend and `Gpu`
-/// gpu-bench makes: `BROOK_DECODE_PIPE` (0: the plain loop, 2 or 4; brook's default when
-/// unset), for A/B runs.
-pub fn decode_pipe() -> usize {
-    env_count(
-        "BROOK_DECODE_PIPE",
-        &[0, 2, 4],
-        CudaBackendOptions::default().decode_pipe,
-    )
 }
 
 /// Whether the wgmma prefill kernel loads K/V by TMA in every backend and `Gpu` gpu-bench
@@ -466,7 +454,6 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wgmma: prefill_wgmma(),
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
-        decode_pipe: decode_pipe(),
         gemv_bulk: gemv_bulk(),
         residual_gemm: residual_gemm(),
         ..Default::default()
@@ -474,15 +461,13 @@ pub fn bench_options() -> CudaBackendOptions {
 }
 
 /// The GPU of the kernel benchmarks, with the prefill kernel choices the environment names
-/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_DECODE_PIPE`,
-/// `BROOK_GEMV_BULK`), as
+/// (`BROOK_PREFILL_WGMMA`, `BROOK_PREFILL_WG_STAGES`, `BROOK_PREFILL_TMA`, `BROOK_GEMV_BULK`), as
 /// `bench_options` gives the backends.
 pub fn open_gpu() -> anyhow::Result<Gpu> {
     let mut gpu = Gpu::open(0)?;
     gpu.prefill_wgmma = prefill_wgmma();
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
-    gpu.decode_pipe = decode_pipe();
     gpu.gemv_bulk &= gemv_bulk();
     Ok(gpu)
 }

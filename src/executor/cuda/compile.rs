@@ -352,21 +352,6 @@ mod tests {
                 let ptx = compiled(name, src, "compute_90", &[("HD", hd), ("GROUP", group)]);
                 assert!(ptx.contains(".entry paged_decode"), "hd {hd} g {group}");
             }
-            // The lane kernel's software-pipelined loop (Gpu::decode_pipe), where it applies.
-            for (group, fp8, pipe) in [(1, 0, 2), (1, 0, 4), (2, 0, 4), (1, 1, 4)] {
-                let (name, src) = PAGED_DECODE;
-                let defines = [
-                    ("HD", hd),
-                    ("GROUP", group),
-                    ("KV_FP8", fp8),
-                    ("DECODE_PIPE", pipe),
-                ];
-                let ptx = compiled(name, src, "compute_90", &defines);
-                assert!(
-                    ptx.contains(".entry paged_decode"),
-                    "hd {hd} g {group} fp8 {fp8} pipe {pipe}"
-                );
-            }
         }
         // The wgmma prefill kernel, for sm_90a at the head dims it is built for: over bf16 and
         // e4m3 caches, and its pipelined (2-stage) and TMA builds over bf16 caches.

@@ -99,10 +99,6 @@ pub struct Gpu {
     /// `kernels::prefill_tma_kernel`; bf16 caches) in `load_attention`; the forward pass then
     /// gives it tensor maps of its cache. Set before `load_attention`.
     pub prefill_tma: bool,
-    /// The lane decode kernel's software-pipelined loop, rounds of this many steps
-    /// (`-DDECODE_PIPE` in kernels/paged_decode.cu: each round's K/V loads issued a round
-    /// ahead); 0: the plain loop. Set before `load_attention`.
-    pub decode_pipe: usize,
     /// The KV cache is e4m3 (`set_kv_fp8`): the kernels that read or write it are the
     /// `-DKV_FP8=1` builds, loaded under their names + `_fp8` (`kv_kernel`).
     kv_fp8: bool,
@@ -148,7 +144,6 @@ impl Gpu {
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,
             prefill_tma: false,
-            decode_pipe: 0,
             kv_fp8: false,
             functions,
             _blas_workspace: ws,
@@ -287,12 +282,7 @@ impl Gpu {
         let shaped = [
             (
                 compile::PAGED_DECODE,
-                [
-                    vec![("HD", head_dim), ("GROUP", group)],
-                    fp8.clone(),
-                    vec![("DECODE_PIPE", self.decode_pipe)],
-                ]
-                .concat(),
+                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
                 format!("_hd{head_dim}_g{group}{tail}"),
                 arch,
             ),

@@ -258,7 +258,6 @@ impl Forward {
         );
         gpu.prefill_wg_stages = opts.prefill_wg_stages;
         gpu.prefill_tma = opts.prefill_tma;
-        gpu.decode_pipe = opts.decode_pipe;
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,

@@ -75,10 +75,6 @@ pub struct CudaBackendOptions {
     /// The wgmma prefill kernel over a bf16 cache loads K/V tiles by TMA through tensor maps of
     /// the cache (`Gpu::prefill_tma`; its WG_TMA build) instead of cp.async.
     pub prefill_tma: bool,
-    /// Rounds of the lane decode kernel's (`DecodeKernel::Lanes`) software-pipelined loop, whose
-    /// K/V loads are issued a round ahead of their arithmetic (`Gpu::decode_pipe`): 0 (the
-    /// plain loop), 2 or 4 steps.
-    pub decode_pipe: usize,
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
     pub prefill_split_kv: bool,
