@@ -1,7 +1,9 @@
-// SwiGLU activation: out = silu(gate) * up, from the fused gate|up projection. Its input is the
-// GEMM's fp32 output: rounding gate and up to bf16 before the product costs accuracy for nothing.
+// SwiGLU activation: out = silu(gate) * up, from the fused gate|up projection. `silu_mul` reads
+// the GEMM's fp32 output (gate and up rounded to bf16 only in the product); `silu_mul_bf16` reads
+// a bf16 output (CudaBackendOptions::gate_up_bf16, as HF transformers and vLLM compute it): half
+// the bytes of a prefill's largest activation, written by the GEMM and read back here.
 struct SiluMulParams {
-  const float* gate_up;  // [num_tokens, 2 * inter]   gate in [:, :inter], up in [:, inter:]
+  const void* gate_up;  // [num_tokens, 2 * inter]   f32 or bf16; gate in [:, :inter], up after
   bf16* out;            // [num_tokens, inter]
   int num_tokens;
   int inter;
@@ -9,23 +11,36 @@ struct SiluMulParams {
 
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
-// Four outputs a thread: 16-byte loads of gate and up and one 8-byte store when inter % 4 == 0
-// (the scalar kernel this replaces moved ~2 TB/s: 109 us a layer for a 2048-token prefill of
-// Llama-2-7B under ncu); element by element otherwise.
+__device__ __forceinline__ float4 load4(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 v = *(const uint2*)p;
+  return make_float4(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
+}
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const bf16* p) { return bf2f(*p); }
+
+// Four outputs a thread: 16-byte (fp32) or 8-byte (bf16) loads of gate and up and one 8-byte
+// store when inter % 4 == 0 (the scalar kernel this replaces moved ~2 TB/s: 109 us a layer for a
+// 2048-token prefill of Llama-2-7B under ncu); element by element otherwise.
 // grid: (ceil(inter / 1024), num_tokens), block: 256
-extern "C" __global__ void silu_mul(SiluMulParams p) {
+template <typename T>
+__device__ __forceinline__ void silu_mul_impl(const SiluMulParams& p) {
   pdl_trigger();  // the down projection may start streaming its weights
   const int t = blockIdx.y;
   const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (i >= p.inter) return;
-  const float* row = p.gate_up + (size_t)t * 2 * p.inter;
+  const T* row = (const T*)p.gate_up + (size_t)t * 2 * p.inter;
   bf16* out = p.out + (size_t)t * p.inter;
   if ((p.inter & 3) == 0) {
-    const float4 g = *(const float4*)(row + i);
-    const float4 u = *(const float4*)(row + p.inter + i);
+    const float4 g = load4(row + i);
+    const float4 u = load4(row + p.inter + i);
     *(uint2*)(out + i) = make_uint2(pack_bf16x2(silu_times(g.x, u.x), silu_times(g.y, u.y)),
                                     pack_bf16x2(silu_times(g.z, u.z), silu_times(g.w, u.w)));
     return;
   }
-  for (int e = i; e < min(i + 4, p.inter); e++) out[e] = f2bf(silu_times(row[e], row[p.inter + e]));
+  for (int e = i; e < min(i + 4, p.inter); e++)
+    out[e] = f2bf(silu_times(load1(row + e), load1(row + p.inter + e)));
 }
+
+extern "C" __global__ void silu_mul(SiluMulParams p) { silu_mul_impl<float>(p); }
+extern "C" __global__ void silu_mul_bf16(SiluMulParams p) { silu_mul_impl<bf16>(p); }

@@ -460,6 +460,22 @@ fn cuda_matches_cpu_with_residual_gemm() {
     }
 }
 
+/// The gate|up projection in fp32 (`gate_up_bf16` off: `silu_mul` over the GEMM's fp32 output,
+/// the default before session 29), against the CPU: prefill chunks and 12-sequence decode steps
+/// on cuBLAS, and 3-sequence decode steps on the gemv kernels.
+#[test]
+fn cuda_matches_cpu_with_fp32_gate_up() {
+    for (spec, num_prompts) in [
+        (gqa_hd64().layers(3).seed(24), 12),
+        (gqa_hd64().seed(25), 3),
+    ] {
+        check_model_opts(spec, 40, num_prompts, |graphs| CudaBackendOptions {
+            gate_up_bf16: false,
+            ..cuda_opts(graphs, default_gemm_max_len())
+        });
+    }
+}
+
 /// `warm_up` (a dummy prefill and decode step at start) succeeds on its own, again on a warm
 /// backend, and leaves nothing behind: backends built with it still match the CPU.
 #[test]

@@ -38,9 +38,9 @@ fn trace_names_and_times_each_launch() {
         )
     };
     g.start_trace().unwrap();
-    unsafe { kernels::silu_mul(&g, &p).unwrap() };
+    unsafe { kernels::silu_mul(&g, &p, false).unwrap() };
     gemm().unwrap();
-    unsafe { kernels::silu_mul(&g, &p).unwrap() };
+    unsafe { kernels::silu_mul(&g, &p, false).unwrap() };
     let trace = g.take_trace().unwrap();
     let names: Vec<&str> = trace.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["silu_mul", "gemm 200x512x256", "silu_mul"]);
@@ -48,6 +48,6 @@ fn trace_names_and_times_each_launch() {
         assert!(*ms > 0.0 && *ms < 1e3, "{name}: {ms} ms");
     }
     // Off once taken: later launches are not recorded, and a second take is empty.
-    unsafe { kernels::silu_mul(&g, &p).unwrap() };
+    unsafe { kernels::silu_mul(&g, &p, false).unwrap() };
     assert!(g.take_trace().unwrap().is_empty());
 }

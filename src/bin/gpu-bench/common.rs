@@ -22,12 +22,13 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 7] = [
+        let tags: [(&str, serde_json::Value); 8] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
             ("prefill_wg_stages", prefill_wg_stages().into()),
             ("prefill_tma", prefill_tma().into()),
+            ("gate_up_bf16", gate_up_bf16().into()),
             ("gemv_bulk", gemv_bulk().into()),
             ("residual_gemm", residual_gemm().into()),
         ];
@@ -107,6 +108,15 @@ fn env_count(var: &str, allowed: &[usize], default: usize) -> usize {
             std::process::exit(2)
         }
     }
+}
+
+/// Whether the gate|up projection writes bf16 (and `silu_mul` reads it) in every backend
+/// gpu-bench makes: `BROOK_GATE_UP_BF16` (0 or 1; brook's default when unset), for A/B runs.
+pub fn gate_up_bf16() -> bool {
+    env_flag(
+        "BROOK_GATE_UP_BF16",
+        CudaBackendOptions::default().gate_up_bf16,
+    )
 }
 
 /// Whether the wgmma prefill kernel loads K/V by TMA in every backend and `Gpu` gpu-bench
@@ -454,6 +464,7 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_wgmma: prefill_wgmma(),
         prefill_wg_stages: prefill_wg_stages(),
         prefill_tma: prefill_tma(),
+        gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
         residual_gemm: residual_gemm(),
         ..Default::default()

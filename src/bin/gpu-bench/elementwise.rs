@@ -136,18 +136,23 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             // SAFETY: residual [t, d] f32, delta and out [t, d] bf16, weight [d] (Rows::new).
             unsafe { kernels::add_rmsnorm(&gpu, &p) }
         };
-        let silu = |s: usize| {
+        // fp32 gate|up in, or bf16 (`CudaBackendOptions::gate_up_bf16`: the first half of the
+        // same random buffer, random bf16 values).
+        let silu = |s: usize, bf16_in: bool| {
             let p = SiluMulParams {
                 gate_up: rows.gate_up[s % SETS].ptr(),
                 out: rows.act[s % SETS].ptr(),
                 num_tokens: t as i32,
                 inter: inter as i32,
             };
-            // SAFETY: gate_up [t, 2 * inter] f32, out [t, inter] bf16 (Rows::new).
-            unsafe { kernels::silu_mul(&gpu, &p) }
+            // SAFETY: gate_up [t, 2 * inter] f32 (or bf16 in its first half), out [t, inter]
+            // bf16 (Rows::new).
+            unsafe { kernels::silu_mul(&gpu, &p, bf16_in) }
         };
-        let gate_up = |x: u64| {
-            // SAFETY: x [t, d] bf16, w [2 * inter, d] bf16, y [t, 2 * inter] f32 (Rows::new).
+        // y in fp32, or bf16 when `bf16_out` (`CudaBackendOptions::gate_up_bf16`).
+        let gate_up = |x: u64, bf16_out: bool| {
+            // SAFETY: x [t, d] bf16, w [2 * inter, d] bf16, y [t, 2 * inter] f32 (Rows::new;
+            // bf16 takes half of it).
             unsafe {
                 gemm::linear(
                     &gpu,
@@ -158,24 +163,27 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     t,
                     2 * inter,
                     d,
-                    true,
+                    !bf16_out,
                 )
             }
         };
-        let (mut norm_us, mut silu_us, mut random_us, mut zero_us) =
-            (vec![], vec![], vec![], vec![]);
+        let (mut norm_us, mut silu_us, mut silu16_us) = (vec![], vec![], vec![]);
+        let (mut random_us, mut zero_us, mut random16_us) = (vec![], vec![], vec![]);
         for _ in 0..a.reps {
             norm_us.push(clock.per_launch(&gpu, LAUNCHES, norm)?);
-            silu_us.push(clock.per_launch(&gpu, LAUNCHES, silu)?);
+            silu_us.push(clock.per_launch(&gpu, LAUNCHES, |s| silu(s, false))?);
+            silu16_us.push(clock.per_launch(&gpu, LAUNCHES, |s| silu(s, true))?);
             let (random, zero) = (rows.x_random.ptr(), rows.x_zero.ptr());
-            random_us.push(clock.per_launch(&gpu, GEMM_LAUNCHES, |_| gate_up(random))?);
-            zero_us.push(clock.per_launch(&gpu, GEMM_LAUNCHES, |_| gate_up(zero))?);
+            random_us.push(clock.per_launch(&gpu, GEMM_LAUNCHES, |_| gate_up(random, false))?);
+            zero_us.push(clock.per_launch(&gpu, GEMM_LAUNCHES, |_| gate_up(zero, false))?);
+            random16_us.push(clock.per_launch(&gpu, GEMM_LAUNCHES, |_| gate_up(random, true))?);
         }
         // Bytes each launch moves: the residual read and written (f32), delta read and the
-        // normed rows written (bf16); gate|up read (f32) and the product written (bf16).
+        // normed rows written (bf16); gate|up read (f32 or bf16) and the product written (bf16).
         for (kernel, us, bytes) in [
             ("add_rmsnorm", median(norm_us), t * d * (4 + 4 + 2 + 2)),
             ("silu_mul", median(silu_us), t * inter * (2 * 4 + 2)),
+            ("silu_mul_bf16", median(silu16_us), t * inter * (2 * 2 + 2)),
         ] {
             let gb_s = bytes as f64 / us / 1e3;
             eprintln!(
@@ -188,16 +196,17 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             );
         }
         let flops = 2.0 * t as f64 * (2 * inter) as f64 * d as f64;
-        let (random, zero) = (median(random_us), median(zero_us));
+        let (random, zero, random16) = (median(random_us), median(zero_us), median(random16_us));
         eprintln!(
-            "elementwise {} gate|up GEMM over {t} tokens: random input {random:.1} us ({:.0} TFLOP/s), zeros {zero:.1} us ({:.0} TFLOP/s): zeros take {:.3}x the time",
+            "elementwise {} gate|up GEMM over {t} tokens: random input {random:.1} us ({:.0} TFLOP/s), zeros {zero:.1} us ({:.0} TFLOP/s): zeros take {:.3}x the time; bf16 out {random16:.1} us ({:.0} TFLOP/s)",
             a.model,
             flops / random / 1e6,
             flops / zero / 1e6,
-            zero / random
+            zero / random,
+            flops / random16 / 1e6
         );
         emit(
-            json!({"figure": "gemm_input", "model": a.model, "gemm": "gate_up", "tokens": t, "random_us": random, "zero_us": zero, "random_tflops": flops / random / 1e6, "zero_tflops": flops / zero / 1e6, "zero_over_random": zero / random}),
+            json!({"figure": "gemm_input", "model": a.model, "gemm": "gate_up", "tokens": t, "random_us": random, "zero_us": zero, "random_tflops": flops / random / 1e6, "zero_tflops": flops / zero / 1e6, "zero_over_random": zero / random, "bf16_out_us": random16}),
         );
     }
     Ok(())

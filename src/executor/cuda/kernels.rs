@@ -530,12 +530,15 @@ pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
 /// Most threads a `rope_kv` CTA has (ROPE_MAX_THREADS in rope_kv.cu).
 pub const ROPE_MAX_THREADS: u32 = 128;
 
+/// SiLU(gate) × up from the gate|up GEMM's output: fp32, or bf16 when `bf16_in`
+/// (`silu_mul_bf16`; `CudaBackendOptions::gate_up_bf16`).
+///
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
-pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams) -> anyhow::Result<()> {
+pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams, bf16_in: bool) -> anyhow::Result<()> {
     // Four outputs a thread (silu_mul.cu).
     gpu.launch(
-        "silu_mul",
+        if bf16_in { "silu_mul_bf16" } else { "silu_mul" },
         ((p.inter as u32).div_ceil(4 * 256), p.num_tokens as u32, 1),
         (256, 1, 1),
         p,

@@ -75,6 +75,10 @@ pub struct CudaBackendOptions {
     /// The wgmma prefill kernel over a bf16 cache loads K/V tiles by TMA through tensor maps of
     /// the cache (`Gpu::prefill_tma`; its WG_TMA build) instead of cp.async.
     pub prefill_tma: bool,
+    /// The gate|up projection writes bf16 (as HF transformers and vLLM compute it) instead of
+    /// fp32, and `silu_mul` reads bf16: half the bytes of a prefill's largest activation,
+    /// written by the GEMM and read back by the SiLU.
+    pub gate_up_bf16: bool,
     /// Split flash prefill attention over the keys when a step's query tiles x heads do not
     /// fill the GPU (short chunks at long context; `kernels::prefill_splits`). On by default.
     pub prefill_split_kv: bool,

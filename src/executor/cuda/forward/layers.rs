@@ -303,7 +303,7 @@ impl Forward {
                     t,
                     2 * inter,
                     d,
-                    true,
+                    !self.opts.gate_up_bf16,
                 )?;
             }
             if !fused && on(skip::SILU) {
@@ -315,6 +315,7 @@ impl Forward {
                         num_tokens: t as i32,
                         inter: inter as i32,
                     },
+                    self.opts.gate_up_bf16,
                 )?;
             }
             if on(skip::LINEAR) {
