@@ -331,7 +331,8 @@ impl Forward {
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
-            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu).
+            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu); gate|up is
+            // bf16 with `gate_up_bf16` (half of this buffer).
             qkv: gpu.alloc(max_tokens * qkv_dim * f4)?,
             q: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
             attn: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
