@@ -66,6 +66,8 @@ impl CudaBackendOptions {
             // Measured on the H200 (session 20, BENCHMARKS issue 18): prefill attention 15-20 %
             // faster for long chunks, TTFT of 8,000 tokens (Llama-3-8B) 236 -> 226 ms.
             prefill_tma: true,
+            // Measured on the H200 (session 29, BENCHMARKS issue 18): TTFT at 2048 tokens 42.5-42.8
+            // -> 41.4-41.7 ms rested; the demo model's greedy tokens still match the CPU's.
             gate_up_bf16: true,
             prefill_split_kv: true,
             // Measured on an H100 (session 27, BENCHMARKS issue 18): a batch-512 decode step

@@ -331,13 +331,15 @@ impl Forward {
         let act = Activations {
             residual: gpu.alloc(max_tokens * d * f4)?,
             xn: gpu.alloc(max_tokens * d * bf)?,
-            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu); gate|up is
-            // bf16 with `gate_up_bf16` (half of this buffer).
+            // fp32: the GEMM outputs that RoPE and SiLU × up read (see rope_kv.cu); gate|up in
+            // bf16 with `gate_up_bf16`.
             qkv: gpu.alloc(max_tokens * qkv_dim * f4)?,
             q: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
             attn: gpu.alloc(max_tokens * cfg.q_dim() * bf)?,
             delta: gpu.alloc(max_tokens * d * bf)?,
-            gate_up: gpu.alloc(max_tokens * 2 * cfg.intermediate_size * f4)?,
+            gate_up: gpu.alloc(
+                max_tokens * 2 * cfg.intermediate_size * if opts.gate_up_bf16 { bf } else { f4 },
+            )?,
             act: gpu.alloc(max_tokens * cfg.intermediate_size * bf)?,
             head_in: gpu.alloc(max_rows * d * bf)?,
             logits: gpu.alloc(max_rows * cfg.vocab_size * f4)?,
