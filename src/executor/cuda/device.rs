@@ -298,6 +298,10 @@ impl Gpu {
                 self.build(file, &arch, &defines, &suffix)?;
             }
         }
+        let bulk = format!("paged_decode_bulk_hd{head_dim}_g{group}{tail}");
+        if self.compute_capability.0 >= 9 && self.kernel(&bulk).smem == 0 {
+            self.set_dyn_smem(&bulk, compile::decode_bulk_smem(head_dim, self.kv_fp8))?;
+        }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && self.kernel(&wg).smem == 0 {
             let bytes = compile::prefill_wgmma_smem(head_dim, 1, self.kv_fp8);
