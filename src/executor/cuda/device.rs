@@ -282,7 +282,16 @@ impl Gpu {
         let shaped = [
             (
                 compile::PAGED_DECODE,
-                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
+                [
+                    vec![
+                        ("HD", head_dim),
+                        ("GROUP", group),
+                        ("DB_KEYS", compile::DECODE_BULK_KEYS),
+                        ("DB_STAGES", compile::DECODE_BULK_STAGES),
+                    ],
+                    fp8.clone(),
+                ]
+                .concat(),
                 format!("_hd{head_dim}_g{group}{tail}"),
                 arch,
             ),
