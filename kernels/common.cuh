@@ -206,17 +206,6 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// One 1-D bulk copy (TMA's copy engine) of `bytes` (a multiple of 16, both addresses 16-byte
-// aligned) from global memory into shared memory at `dst`, completing on mbarrier `bar`.
-__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#endif
-}
-
 // SplitMix64: a counter-based hash, used for seeded draws and synthetic weights.
 __device__ __forceinline__ u64 splitmix64(u64 x) {
   x += 0x9E3779B97F4A7C15ull;

@@ -214,132 +214,66 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
   merge_splits(p, item, row, h0, gn, &s_acc[0][0][0]);
 }
 
-// A lane's share of a decode CTA (lane kernel and bulk kernel): HD/KV_VEC lanes hold a key's
-// row, 16 bytes each (USED), rounded up to a power of two (LANES; idle lanes for HD 80 or 96), so
-// a warp step covers TPW keys; each lane keeps G query heads' slices of q and an online softmax
-// (max, sum, unnormalised acc) over the keys its lane group sees.
-#define LANES_USED (HD / KV_VEC)
-#define LANES_PER_KEY \
-  (LANES_USED <= 2 ? 2 : LANES_USED <= 4 ? 4 : LANES_USED <= 8 ? 8 : LANES_USED <= 16 ? 16 : 32)
-static_assert(HD % KV_VEC == 0 && LANES_USED <= 32,
-              "HD must be a multiple of 8 (16 with KV_FP8), at most 256");
-
-template <int G>
-struct LaneSoftmax {
-  static constexpr int LANES = LANES_PER_KEY;
-  static constexpr int TPW = 32 / LANES;  // keys a warp step
-  float q[G][KV_VEC];
-  float m[G], l[G], acc[G][KV_VEC];
-  int sub, dl;  // the lane's key of the warp step, and its 16-byte slice of the row
-  bool active;  // dl < LANES_USED
-
-  // q (bf16, prescaled by scale * log2 e) of heads h0 .. h0 + gn - 1 of token row `row`; the
-  // states empty. Reads q: after pdl_wait.
-  __device__ __forceinline__ void init(const PagedDecodeParams& p, int row, int h0, int gn) {
-    const int lane = threadIdx.x & 31;
-    sub = lane / LANES;
-    dl = lane % LANES;
-    active = dl < LANES_USED;
-    const float qs = p.scale * LOG2E;
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      const bf16* qrow = p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * KV_VEC;
-      const bool load = active && g < gn;
-      // KV_VEC dims: one 16-byte load of bf16 (two with e4m3's 16 elements a lane).
-      u32 w[KV_VEC / 2];
-#pragma unroll
-      for (int h = 0; h < KV_VEC / 8; h++) {
-        const uint4 v = load ? *(const uint4*)(qrow + 8 * h) : make_uint4(0, 0, 0, 0);
-        w[4 * h] = v.x;
-        w[4 * h + 1] = v.y;
-        w[4 * h + 2] = v.z;
-        w[4 * h + 3] = v.w;
-      }
-#pragma unroll
-      for (int e = 0; e < KV_VEC / 2; e++) {
-        q[g][2 * e] = bf_lo(w[e]) * qs;
-        q[g][2 * e + 1] = bf_hi(w[e]) * qs;
-      }
-      m[g] = NEG_INF;
-      l[g] = 0.f;
-#pragma unroll
-      for (int e = 0; e < KV_VEC; e++) acc[g][e] = 0.f;
-    }
-  }
-
-  // One key: kv and vv are this lane's 16 bytes of the key's K and V rows (zeros where the lane
-  // or the key has none: an invalid key's V is multiplied by 0, never by stale bits), the dot
-  // summed over the LANES lanes that share the key; an invalid key scores -inf.
-  __device__ __forceinline__ void key(uint4 kv, uint4 vv, bool valid) {
-    float kf[KV_VEC], vf[KV_VEC];
-#if KV_FP8
-    e4m3x16_to_f(kv, kf);
-    e4m3x16_to_f(vv, vf);
-#else
-    const u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
-    const u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      kf[2 * e] = bf_lo(kw[e]);
-      kf[2 * e + 1] = bf_hi(kw[e]);
-      vf[2 * e] = bf_lo(vw[e]);
-      vf[2 * e + 1] = bf_hi(vw[e]);
-    }
-#endif
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < KV_VEC; e++) dot += q[g][e] * kf[e];
-#pragma unroll
-      for (int o = LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (!valid) dot = NEG_INF;
-      const float mn = fmaxf(m[g], dot);
-      const float corr = mn == NEG_INF ? 1.f : exp2f(m[g] - mn);
-      const float pr = dot == NEG_INF ? 0.f : exp2f(dot - mn);
-      l[g] = l[g] * corr + pr;
-#pragma unroll
-      for (int e = 0; e < KV_VEC; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
-      m[g] = mn;
-    }
-  }
-
-  // The states into shared memory as finish_split reads them, as state `state`.
-  __device__ __forceinline__ void store(int state, float (*s_acc)[G][HD], float (*s_m)[G],
-                                        float (*s_l)[G]) const {
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      if (active) {
-#pragma unroll
-        for (int e = 0; e < KV_VEC; e++) s_acc[state][g][dl * KV_VEC + e] = acc[g][e];
-      }
-      if (dl == 0) {
-        s_m[state][g] = m[g];
-        s_l[state][g] = l[g];
-      }
-    }
-  }
-};
-
 // HD is the -DHD define; G the query heads per CTA (DECODE_GC).
 template <int G>
 __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
-  using Lane = LaneSoftmax<G>;
-  constexpr int TPW = Lane::TPW;
+  constexpr int USED = HD / KV_VEC;  // lanes that hold a slice of the head
+  constexpr int LANES = USED <= 2 ? 2 : USED <= 4 ? 4 : USED <= 8 ? 8 : USED <= 16 ? 16 : 32;
+  static_assert(HD % KV_VEC == 0 && USED <= 32,
+                "HD must be a multiple of 8 (16 with KV_FP8), at most 256");
+  constexpr int TPW = 32 / LANES; // tokens per warp step
   constexpr int NS = DECODE_WARPS * TPW;  // independent softmax states per CTA
-  constexpr int U = 4;                    // steps in flight per lane
+  constexpr int U = 4;            // steps in flight per lane
   __shared__ float s_acc[NS][G][HD];
   __shared__ float s_m[NS][G];
   __shared__ float s_l[NS][G];
 
   pdl_trigger();  // the O projection may start streaming its weights
   const DecodeCta cta = decode_cta<G>(p, DECODE_GROUP_CTAS);
-  const int kh = cta.kh, begin = cta.begin, end = cta.end;
+  const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
+  const int row = cta.row, begin = cta.begin, end = cta.end;
   const int bshift = cta.bshift, bmask = cta.bmask;
   const int* bt = cta.bt;
-  const int warp = threadIdx.x >> 5;
-  Lane ln;
-  ln.init(p, cta.row, cta.h0, cta.gn);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int sub = lane / LANES, dl = lane % LANES;
+  const bool active = dl < USED;
+
+  float q[G][KV_VEC];
+  const float qs = p.scale * LOG2E;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+#if KV_FP8
+    // q is bf16: this lane's 16 dims are two 16-byte loads.
+    const bf16* qrow = p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * KV_VEC;
+    const bool load = active && g < gn;
+    const uint4 v0 = load ? *(const uint4*)qrow : make_uint4(0, 0, 0, 0);
+    const uint4 v1 = load ? *(const uint4*)(qrow + 8) : make_uint4(0, 0, 0, 0);
+    const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      q[g][2 * e] = bf_lo(w[e]) * qs;
+      q[g][2 * e + 1] = bf_hi(w[e]) * qs;
+    }
+#else
+    const uint4 v = active && g < gn
+                        ? *(const uint4*)(p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * 8)
+                        : make_uint4(0, 0, 0, 0);
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      q[g][2 * e] = bf_lo(w[e]) * qs;
+      q[g][2 * e + 1] = bf_hi(w[e]) * qs;
+    }
+#endif
+  }
+  float m[G], l[G], acc[G][KV_VEC];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = NEG_INF;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < KV_VEC; e++) acc[g][e] = 0.f;
+  }
 
   constexpr int STEP = DECODE_WARPS * TPW;
   // The loop bound is uniform across the warp (shuffles below need every lane).
@@ -348,11 +282,11 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int j = base + ln.sub + u * STEP;
+      const int j = base + sub + u * STEP;
       valid[u] = j < end;
-      if (valid[u] && ln.active) {
+      if (valid[u] && active) {
         const size_t o = kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads,
-                                   p.block_size, HD) + ln.dl * KV_VEC;
+                                   p.block_size, HD) + dl * KV_VEC;
         kv[u] = *(const uint4*)(p.k_cache + o);
         vv[u] = *(const uint4*)(p.v_cache + o);
       } else {
@@ -361,12 +295,62 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; u++) ln.key(kv[u], vv[u], valid[u]);
+    for (int u = 0; u < U; u++) {
+#if KV_FP8
+      float kf[KV_VEC], vf[KV_VEC];
+      e4m3x16_to_f(kv[u], kf);
+      e4m3x16_to_f(vv[u], vf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < KV_VEC; e++) dot += q[g][e] * kf[e];
+#else
+      const u32 kw[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
+      const u32 vw[4] = {vv[u].x, vv[u].y, vv[u].z, vv[u].w};
+      float vf[8];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        vf[2 * e] = bf_lo(vw[e]);
+        vf[2 * e + 1] = bf_hi(vw[e]);
+      }
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          dot += q[g][2 * e] * bf_lo(kw[e]);
+          dot += q[g][2 * e + 1] * bf_hi(kw[e]);
+        }
+#endif
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (!valid[u]) dot = NEG_INF;
+        const float mn = fmaxf(m[g], dot);
+        const float corr = mn == NEG_INF ? 1.f : exp2f(m[g] - mn);
+        const float pr = dot == NEG_INF ? 0.f : exp2f(dot - mn);
+        l[g] = l[g] * corr + pr;
+#pragma unroll
+        for (int e = 0; e < KV_VEC; e++) acc[g][e] = acc[g][e] * corr + pr * vf[e];
+        m[g] = mn;
+      }
+    }
   }
 
-  ln.store(warp * TPW + ln.sub, s_acc, s_m, s_l);
+  const int state = warp * TPW + sub;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (active) {
+#pragma unroll
+      for (int e = 0; e < KV_VEC; e++) s_acc[state][g][dl * KV_VEC + e] = acc[g][e];
+    }
+    if (dl == 0) {
+      s_m[state][g] = m[g];
+      s_l[state][g] = l[g];
+    }
+  }
   __syncthreads();
-  finish_split<NS, G>(p, cta.item, cta.row, cta.split, cta.h0, cta.gn, s_acc, s_m, s_l);
+  finish_split<NS, G>(p, item, row, split, h0, gn, s_acc, s_m, s_l);
 }
 
 // grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use brook::executor::backend::Backend;
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::executor::cuda::device::DevBuf;
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions, DecodeKernel};
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
 use brook::model::config::{Architecture, ModelConfig, WeightDType};
 use brook::model::loader::load_weights;
 use brook::request::RequestId;
@@ -471,25 +471,6 @@ fn cuda_matches_cpu_with_fp32_gate_up() {
     ] {
         check_model_opts(spec, 40, num_prompts, |graphs| CudaBackendOptions {
             gate_up_bf16: false,
-            ..cuda_opts(graphs, default_gemm_max_len())
-        });
-    }
-}
-
-/// Decode attention on the bulk-copy kernel (`DecodeKernel::Bulk`, paged_decode_bulk.cu; the
-/// lane kernel below sm_90) against the CPU: MHA at head dim 128 (the shape it is built for) and
-/// GQA at 64, through graphs and eagerly, 12 sequences and 3.
-#[test]
-fn cuda_matches_cpu_with_bulk_decode_attention() {
-    let mha = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(4, 4)
-        .head_dim(128)
-        .intermediate_size(384)
-        .seed(26);
-    for (spec, num_prompts) in [(mha, 12), (gqa_hd64().layers(3).seed(27), 3)] {
-        check_model_opts(spec, 64, num_prompts, |graphs| CudaBackendOptions {
-            decode_kernel: DecodeKernel::Bulk,
             ..cuda_opts(graphs, default_gemm_max_len())
         });
     }

@@ -5,9 +5,7 @@
 //! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA). Every case runs on both
 //! decode kernels: the lane kernel and, where the head dim has one, the tensor-core kernel
 //! (paged_decode_mma.cu: head dims up to 128, the group's heads as the mma's columns, 8 a CTA;
-//! 16-key steps sharing one block-table entry from blocks of 16 keys up), and the bulk-copy
-//! kernel (paged_decode_bulk.cu: sm_90, blocks of 8 keys up; stages of 8 keys, so splits start
-//! and end inside stages).
+//! 16-key steps sharing one block-table entry from blocks of 16 keys up).
 
 use brook::executor::cuda::kernels::{
     self, decode_group_ctas_for, decode_min_split_keys, decode_mma_supported, decode_splits,
@@ -65,14 +63,12 @@ impl Default for Decode {
 }
 
 impl Decode {
-    /// The case on the lane kernel, then on the tensor-core kernel where the shape has one, then
-    /// on the bulk-copy kernel (the lane kernel again where the GPU or block size has none).
+    /// The case on the lane kernel, then on the tensor-core kernel where the shape has one.
     fn run(&self) {
         self.run_on(DecodeKernel::Lanes);
         if decode_mma_supported(self.head_dim, self.fp8) {
             self.run_on(DecodeKernel::Mma);
         }
-        self.run_on(DecodeKernel::Bulk);
     }
 
     fn run_on(&self, kernel: DecodeKernel) {

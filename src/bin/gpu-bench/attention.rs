@@ -201,29 +201,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
     },
-    // The bulk-copy kernel (paged_decode_bulk.cu; the lane kernel where it does not run) at
-    // the fill the backend gives it (`forward::decode_fill`: 6) and at 4 and 8.
-    DecodeVariant {
-        name: "fill4-inline-bulk",
-        ctas_per_sm: 4,
-        inline: true,
-        kernel: DecodeKernel::Bulk,
-        min_keys: 32,
-    },
-    DecodeVariant {
-        name: "fill6-inline-bulk",
-        ctas_per_sm: 6,
-        inline: true,
-        kernel: DecodeKernel::Bulk,
-        min_keys: 32,
-    },
-    DecodeVariant {
-        name: "fill8-inline-bulk",
-        ctas_per_sm: 8,
-        inline: true,
-        kernel: DecodeKernel::Bulk,
-        min_keys: 32,
-    },
 ];
 
 fn paged_decode(

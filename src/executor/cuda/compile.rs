@@ -81,28 +81,15 @@ pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and
 /// `-DGROUP=<query heads per kv head>` (decode) by `Gpu::load_attention`: compile-time loop
 /// bounds for any head size and group, without a list of instantiations.
-/// paged_decode.cu with paged_decode_mma.cu and paged_decode_bulk.cu appended: the tensor-core
-/// and bulk-copy decode kernels share the lane kernel's parameters and split merge.
+/// paged_decode.cu with paged_decode_mma.cu appended: the tensor-core decode kernel shares the
+/// lane kernel's parameters and split merge.
 pub const PAGED_DECODE: (&str, &str) = (
     "paged_decode",
     concat!(
         include_str!("../../../kernels/paged_decode.cu"),
-        include_str!("../../../kernels/paged_decode_mma.cu"),
-        include_str!("../../../kernels/paged_decode_bulk.cu")
+        include_str!("../../../kernels/paged_decode_mma.cu")
     ),
 );
-
-/// Keys a stage of the bulk decode kernel's ring (`DB_KEYS` in paged_decode_bulk.cu): blocks must
-/// hold a multiple of it.
-pub const DECODE_BULK_KEYS: usize = 8;
-/// Stages in its ring (`DB_STAGES`).
-pub const DECODE_BULK_STAGES: usize = 8;
-
-/// Dynamic shared memory of the bulk decode kernel: its ring of K and V rows.
-pub fn decode_bulk_smem(head_dim: usize, kv_fp8: bool) -> usize {
-    let elem = if kv_fp8 { 1 } else { 2 };
-    DECODE_BULK_STAGES * 2 * DECODE_BULK_KEYS * head_dim * elem
-}
 pub const PREFILL_ATTN: (&str, &str) = (
     "prefill_attn",
     include_str!("../../../kernels/prefill_attn.cu"),

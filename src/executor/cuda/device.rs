@@ -282,16 +282,7 @@ impl Gpu {
         let shaped = [
             (
                 compile::PAGED_DECODE,
-                [
-                    vec![
-                        ("HD", head_dim),
-                        ("GROUP", group),
-                        ("DB_KEYS", compile::DECODE_BULK_KEYS),
-                        ("DB_STAGES", compile::DECODE_BULK_STAGES),
-                    ],
-                    fp8.clone(),
-                ]
-                .concat(),
+                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
                 format!("_hd{head_dim}_g{group}{tail}"),
                 arch,
             ),
@@ -306,10 +297,6 @@ impl Gpu {
             if !self.functions.contains_key(&format!("{}{suffix}", file.0)) {
                 self.build(file, &arch, &defines, &suffix)?;
             }
-        }
-        let bulk = format!("paged_decode_bulk_hd{head_dim}_g{group}{tail}");
-        if self.compute_capability.0 >= 9 && self.kernel(&bulk).smem == 0 {
-            self.set_dyn_smem(&bulk, compile::decode_bulk_smem(head_dim, self.kv_fp8))?;
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && self.kernel(&wg).smem == 0 {

@@ -224,8 +224,6 @@ pub fn decode_fill(
     let cap = match kernels::decode_kernel(opts.decode_kernel, head_dim, group, kv_fp8) {
         DecodeKernel::Mma if kv_fp8 => 6,
         DecodeKernel::Mma => 4,
-        // A 32 KB ring a CTA at head dim 128 (bf16): 6 fit an SM's shared memory.
-        DecodeKernel::Bulk => 6,
         _ => usize::MAX,
     };
     match opts.decode_ctas_per_sm {

@@ -561,18 +561,14 @@ pub fn decode_mma_supported(head_dim: usize, kv_fp8: bool) -> bool {
     head_dim % 16 == 0 && head_dim <= 128 && (head_dim / 8 * elem) % 4 == 0
 }
 
-/// The decode attention kernel that runs for `choice` (`Auto`: by shape): `Lanes`, `Mma` or
-/// `Bulk`. `Mma` where the shape has no tensor-core kernel falls back to `Lanes`; so does
-/// `Bulk` where the GPU or block size has no bulk kernel, at launch (`decode_bulk_runs`).
+/// The decode attention kernel that runs for `choice` (`Auto`: by shape): `Lanes` or `Mma`.
+/// `Mma` where the shape has no tensor-core kernel falls back to `Lanes`.
 pub fn decode_kernel(
     choice: DecodeKernel,
     head_dim: usize,
     group: usize,
     kv_fp8: bool,
 ) -> DecodeKernel {
-    if choice == DecodeKernel::Bulk {
-        return DecodeKernel::Bulk;
-    }
     if !decode_mma_supported(head_dim, kv_fp8) {
         return DecodeKernel::Lanes;
     }
@@ -629,15 +625,10 @@ pub unsafe fn paged_decode(
         "decode attention with {} splits (at most {MAX_FILLED_SPLITS} merged in the kernel)",
         p.num_splits
     );
-    let lanes = decode_group_ctas_for(group, gpu.kv_fp8());
-    let (kernel_name, slices, threads) =
-        match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
-            DecodeKernel::Mma => ("paged_decode_mma", decode_mma_group_ctas(group), DECODE_THREADS),
-            DecodeKernel::Bulk if decode_bulk_runs(gpu, p.block_size as usize) => {
-                ("paged_decode_bulk", lanes, DECODE_THREADS + 32)
-            }
-            _ => ("paged_decode", lanes, DECODE_THREADS),
-        };
+    let (kernel_name, slices) = match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
+        DecodeKernel::Mma => ("paged_decode_mma", decode_mma_group_ctas(group)),
+        _ => ("paged_decode", decode_group_ctas_for(group, gpu.kv_fp8())),
+    };
     let name = attention_kernel(
         gpu,
         gpu.kv_kernel(&format!("{kernel_name}_hd{head_dim}_g{group}")),
@@ -651,7 +642,7 @@ pub unsafe fn paged_decode(
             (p.num_kv_heads as usize * slices) as u32,
             p.num_items as u32,
         ),
-        (threads, 1, 1),
+        (DECODE_THREADS, 1, 1),
         p,
     )?;
     if p.num_splits > 1 && p.counters == 0 {
@@ -663,13 +654,6 @@ pub unsafe fn paged_decode(
         )?;
     }
     Ok(())
-}
-
-/// Whether the bulk decode kernel (paged_decode_bulk.cu) runs on `gpu` over blocks of
-/// `block_size` keys: bulk copies need sm_90, and a stage's `DECODE_BULK_KEYS` keys must be rows
-/// of one block.
-pub fn decode_bulk_runs(gpu: &Gpu, block_size: usize) -> bool {
-    gpu.compute_capability.0 >= 9 && block_size % super::compile::DECODE_BULK_KEYS == 0
 }
 
 /// `name`, an attention kernel compiled per model shape, or an error when `Gpu::load_attention`
@@ -1100,12 +1084,7 @@ mod tests {
             assert_eq!(decode_kernel(Lanes, 128, 4, fp8), Lanes);
             // Head dims above 128 have no tensor-core kernel, whatever is asked.
             assert_eq!(decode_kernel(Mma, 256, 4, fp8), Lanes);
-            // The bulk kernel takes every shape when asked (the GPU and block size decide at
-            // launch, `decode_bulk_runs`).
-            assert_eq!(decode_kernel(Bulk, 256, 4, fp8), Bulk);
-            assert_eq!(decode_kernel(Bulk, 128, 1, fp8), Bulk);
         }
-        assert_eq!(decode_min_split_keys(Bulk, 4096), MIN_SPLIT_KEYS);
         // Splits of 128 keys on tensor cores from 1k keys of context, else of 32.
         assert_eq!(decode_min_split_keys(Mma, 4096), 128);
         assert_eq!(decode_min_split_keys(Mma, 1023), MIN_SPLIT_KEYS);

@@ -118,10 +118,8 @@ pub struct CudaBackendOptions {
 
 /// The decode attention kernel (paged_decode.cu). `Lanes`: fp32 dot products on the CUDA cores,
 /// lanes sharing a key; `Mma`: tensor cores, the query heads of a kv head as the mma's columns
-/// (paged_decode_mma.cu; head dims up to 128); `Bulk`: the lane kernel's arithmetic on K/V rows
-/// streamed into shared memory by bulk copies (paged_decode_bulk.cu; sm_90 and blocks of 8 keys
-/// or more, else the lane kernel runs); `Auto`: `kernels::decode_kernel`'s rule by shape and
-/// cache dtype, measured on the H200 (`gpu-bench attention`).
+/// (paged_decode_mma.cu; head dims up to 128); `Auto`: `kernels::decode_kernel`'s rule by shape
+/// and cache dtype, measured on the H200 (`gpu-bench attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DecodeKernel {
@@ -129,7 +127,6 @@ pub enum DecodeKernel {
     Auto,
     Lanes,
     Mma,
-    Bulk,
 }
 
 impl DecodeKernel {
@@ -138,7 +135,6 @@ impl DecodeKernel {
             DecodeKernel::Auto => "auto",
             DecodeKernel::Lanes => "lanes",
             DecodeKernel::Mma => "mma",
-            DecodeKernel::Bulk => "bulk",
         }
     }
 }
