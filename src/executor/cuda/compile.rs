@@ -33,6 +33,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../kernels/block_table.cu"),
     ),
     ("stamp", include_str!("../../../kernels/stamp.cu")),
+    ("copy_out", include_str!("../../../kernels/copy_out.cu")),
     ("kv_stage", include_str!("../../../kernels/kv_stage.cu")),
     (
         "feed_tokens",

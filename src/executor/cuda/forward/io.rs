@@ -6,10 +6,13 @@
 //!   are copied back into `Vec`s and the host synchronises the stream. A pageable copy is staged
 //!   by the driver through its own pinned buffer, and a copy back from the device waits for the
 //!   stream before it returns.
-//! - pinned: page-locked staging buffers, one async copy each way per step, and the host waits on
-//!   the event recorded after the step's copy back, not on the stream (with lookahead the stream
-//!   already holds the next step). Two stages alternate, so the next step can be staged while the
-//!   last one is still in flight; a stage is reused only once the event of its last use fired.
+//! - pinned: page-locked staging buffers, one async copy up per step, and the outputs stored into
+//!   the stage by a kernel (`copy_out`: the stage's output half is mapped into the device's
+//!   address space) rather than copied back by the copy engine, which cost ~45 µs a step on an
+//!   H100 (BENCHMARKS.md, session 30); the host waits on the event recorded after that kernel,
+//!   not on the stream (with lookahead the stream already holds the next step). Two stages
+//!   alternate, so the next step can be staged while the last one is still in flight; a stage is
+//!   reused only once the event of its last use fired.
 //!
 //! Device side of the outputs (`OUT_*`): one buffer `[stamps: 2 × u64][tokens: ns × i32]
 //! [log-probs: ns × f32][top ids: ns × SAMPLE_MAX_TOP × i32][top log-probs: ns × SAMPLE_MAX_TOP
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent};
 
 use crate::executor::cuda::device::Gpu;
-use crate::executor::cuda::kernels::SAMPLE_MAX_TOP;
+use crate::executor::cuda::kernels::{self, CopyOutParams, SAMPLE_MAX_TOP};
 use crate::step::{BatchInput, TopLogprobs};
 
 /// Bytes before the sampled tokens in the output buffer: the two u64 timing stamps.
@@ -85,6 +88,16 @@ impl Pinned {
         })
     }
 
+    /// Its device address (allocated with `CU_MEMHOSTALLOC_DEVICEMAP`).
+    fn device_ptr(&self) -> anyhow::Result<u64> {
+        self.ctx.bind_to_thread()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live mapped allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.ptr as *mut _, 0) }
+            .result()?;
+        Ok(dptr)
+    }
+
     fn slice(&self) -> &[u32] {
         // SAFETY: `words` initialised-or-not u32s that any bit pattern is valid for.
         unsafe { std::slice::from_raw_parts(self.ptr, self.words) }
@@ -106,7 +119,9 @@ impl Drop for Pinned {
 
 struct Stage {
     meta: Pinned,
+    /// Written by `copy_out` through `out_dev`, read by the host after `done`.
     out: Pinned,
+    out_dev: u64,
     /// Recorded after the stage's copy back: the stage may be reused once it fired.
     done: CudaEvent,
 }
@@ -122,11 +137,17 @@ impl PinnedIo {
     pub fn new(gpu: &Gpu, meta_words: usize, max_ns: usize) -> anyhow::Result<Self> {
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
         let stage = || -> anyhow::Result<Stage> {
+            // Read by the host: cached; written by a kernel: mapped.
+            let out = Pinned::alloc(
+                &gpu.ctx,
+                out_bytes(max_ns, true).div_ceil(4),
+                sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )?;
             Ok(Stage {
                 // Written by the host in order, read only by the copy engine: write-combined.
                 meta: Pinned::alloc(&gpu.ctx, meta_words, sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
-                // Read by the host: cached.
-                out: Pinned::alloc(&gpu.ctx, out_bytes(max_ns, true).div_ceil(4), 0)?,
+                out_dev: out.device_ptr()?,
+                out,
                 done: gpu.ctx.new_event(Some(flags))?,
             })
         };
@@ -164,7 +185,8 @@ impl PinnedIo {
         Ok(())
     }
 
-    /// Enqueues the copy of `bytes` of the output buffer at `src` into stage `k`, then its event.
+    /// Enqueues the store of `bytes` of the output buffer at `src` into stage `k` (`copy_out`),
+    /// then its event.
     pub fn download(&mut self, k: usize, gpu: &Gpu, src: u64, bytes: usize) -> anyhow::Result<()> {
         let st = &mut self.stages[k];
         let words = bytes.div_ceil(4);
@@ -173,14 +195,14 @@ impl PinnedIo {
             "{bytes} output bytes for a stage of {} words",
             st.out.words
         );
-        // SAFETY: `src` holds the step's outputs; the host reads the stage only after `wait`.
-        unsafe {
-            result::memcpy_dtoh_async(
-                &mut st.out.slice_mut()[..words],
-                src,
-                gpu.stream.cu_stream(),
-            )
-        }?;
+        let p = CopyOutParams {
+            src,
+            dst: st.out_dev,
+            words: words as i32,
+        };
+        // SAFETY: `src` holds the step's outputs (at least `words`), the stage as many; the host
+        // reads the stage only after `wait`.
+        unsafe { kernels::copy_out(gpu, &p) }?;
         st.done.record(&gpu.stream)?;
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! The kernels of the step pipeline (`stamp` for step timing, `feed_tokens` for lookahead
-//! decode) and the decode split rule that fills the GPU at batch 1 (`decode_splits_filled`).
+//! decode, `copy_out` for pinned I/O) and the decode split rule that fills the GPU at batch 1
+//! (`decode_splits_filled`).
 
 use super::{decode_group_ctas, Gpu};
 
@@ -18,6 +19,30 @@ pub struct FeedTokensParams {
     pub tokens: u64,
     pub n: i32,
     pub vocab: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CopyOutParams {
+    /// `[words]` u32, device memory.
+    pub src: u64,
+    /// `[words]` u32: page-locked host memory, by its device address.
+    pub dst: u64,
+    pub words: i32,
+}
+
+/// # Safety
+/// `p.src` and `p.dst` address `p.words` live u32 each, `p.dst` mapped host memory.
+pub unsafe fn copy_out(gpu: &Gpu, p: &CopyOutParams) -> anyhow::Result<()> {
+    if p.words <= 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        "copy_out",
+        ((p.words as u32).div_ceil(256), 1, 1),
+        (256, 1, 1),
+        p,
+    )
 }
 
 /// # Safety
