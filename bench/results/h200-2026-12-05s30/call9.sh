@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 30, call 9 (carry [".carry/gb30", ".carry/gb30b"]): pinned I/O with the outputs stored
-# by a kernel into the mapped stage (copy_out, this commit: .carry/gb30b) against the copy-engine
-# download (2b50d42's code: call 1's gpu-bench, .carry/gb30). First the CUDA-vs-CPU tests that
+# Session 30, call 9 (carry [".carry/gb30c": call 1s gpu-bench as gpu-bench-old, this commits gpu-bench and cuda_e2e]): pinned I/O with the outputs stored
+# by a kernel into the mapped stage (copy_out, this commit) against the copy-engine
+# download (2b50d42 code: call 1 gpu-bench). First the CUDA-vs-CPU tests that
 # run pinned I/O and lookahead (persistent batch, sliding window, penalties, speculative
 # decoding), then batch-1 decode through the scheduler (default / pinned / lookahead) with both
 # builds, and offline 512 x 128/128 untimed / lookahead with the new one.
 mkdir -p /tmp/gb /tmp/o9 || exit 1
-xz -dc .carry/gb30/gpu-bench.xz > /tmp/gb/gpu-bench-old && xz -dc .carry/gb30b/gpu-bench.xz > /tmp/gb/gpu-bench && xz -dc .carry/gb30b/cuda_e2e.xz > /tmp/gb/cuda_e2e && chmod +x /tmp/gb/* || exit 1
+xz -dc .carry/gb30c/gpu-bench-old.xz > /tmp/gb/gpu-bench-old && xz -dc .carry/gb30c/gpu-bench.xz > /tmp/gb/gpu-bench && xz -dc .carry/gb30c/cuda_e2e.xz > /tmp/gb/cuda_e2e && chmod +x /tmp/gb/* || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=/tmp/o9
