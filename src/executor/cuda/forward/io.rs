@@ -93,8 +93,7 @@ impl Pinned {
         self.ctx.bind_to_thread()?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a live mapped allocation of this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.ptr as *mut _, 0) }
-            .result()?;
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.ptr as *mut _, 0) }.result()?;
         Ok(dptr)
     }
 
