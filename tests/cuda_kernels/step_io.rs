@@ -1,7 +1,9 @@
 //! The step-pipeline kernels: `feed_tokens` (lookahead decode's input tokens, copied on the
-//! device from the last step's samples) and `stamp` (the GPU's global timer, for step timing).
+//! device from the last step's samples), `stamp` (the GPU's global timer, for step timing) and
+//! `copy_out` (a step's outputs into its pinned stage; the engine passes mapped host memory, any
+//! device address works, here device memory).
 
-use brook::executor::cuda::kernels::{self, FeedTokensParams, StampParams};
+use brook::executor::cuda::kernels::{self, CopyOutParams, FeedTokensParams, StampParams};
 use rand::Rng;
 
 use crate::harness::{dev, poisoned, read, setup};
@@ -72,4 +74,24 @@ fn stamp_writes_an_increasing_global_timer_into_its_slot() {
         unsafe { kernels::stamp(&g, &at(2)) }.is_err(),
         "slot 2 accepted"
     );
+}
+
+#[test]
+fn copy_out_copies_exactly_its_words() {
+    let Some((g, mut r)) = setup(62) else { return };
+    // Odd counts across block boundaries; one word past the end stays poisoned.
+    for n in [1usize, 5, 255, 256, 257, 4099] {
+        let src: Vec<u32> = (0..n).map(|_| r.random::<u32>() & 0x7fff_ffff).collect();
+        let sb = dev(&g, &src);
+        let dst = poisoned::<u32>(&g, n + 1);
+        let p = CopyOutParams {
+            src: sb.ptr(),
+            dst: dst.ptr(),
+            words: n as i32,
+        };
+        unsafe { kernels::copy_out(&g, &p).unwrap() };
+        let got: Vec<u32> = read(&g, &dst, n + 1);
+        assert_eq!(&got[..n], &src[..], "n {n}");
+        assert_eq!(got[n], u32::MAX, "n {n}: wrote past the end");
+    }
 }
