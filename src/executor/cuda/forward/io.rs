@@ -8,8 +8,8 @@
 //!   stream before it returns.
 //! - pinned: page-locked staging buffers, one async copy up per step, and the outputs stored into
 //!   the stage by a kernel (`copy_out`: the stage's output half is mapped into the device's
-//!   address space) rather than copied back by the copy engine, which cost ~45 µs a step on an
-//!   H100 (BENCHMARKS.md, session 30); the host waits on the event recorded after that kernel,
+//!   address space) rather than copied back by the copy engine, which with lookahead cost ~15 µs
+//!   a step on an H100 (BENCHMARKS.md, session 30); the host waits on the event after that kernel,
 //!   not on the stream (with lookahead the stream already holds the next step). Two stages
 //!   alternate, so the next step can be staged while the last one is still in flight; a stage is
 //!   reused only once the event of its last use fired.
