@@ -34,15 +34,19 @@ pub struct CopyOutParams {
 /// # Safety
 /// `p.src` and `p.dst` address `p.words` live u32 each, `p.dst` mapped host memory.
 pub unsafe fn copy_out(gpu: &Gpu, p: &CopyOutParams) -> anyhow::Result<()> {
-    if p.words <= 0 {
+    launch_per_element(gpu, "copy_out", p.words, p)
+}
+
+/// `name`, a kernel of one thread an element in blocks of 256, over `n` elements (none: no
+/// launch).
+///
+/// # Safety
+/// As the kernel's own launcher.
+unsafe fn launch_per_element<P: Copy>(gpu: &Gpu, name: &str, n: i32, p: &P) -> anyhow::Result<()> {
+    if n <= 0 {
         return Ok(());
     }
-    gpu.launch(
-        "copy_out",
-        ((p.words as u32).div_ceil(256), 1, 1),
-        (256, 1, 1),
-        p,
-    )
+    gpu.launch(name, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1), p)
 }
 
 /// # Safety
@@ -55,15 +59,7 @@ pub unsafe fn stamp(gpu: &Gpu, p: &StampParams) -> anyhow::Result<()> {
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in feed_tokens.cu.
 pub unsafe fn feed_tokens(gpu: &Gpu, p: &FeedTokensParams) -> anyhow::Result<()> {
-    if p.n <= 0 {
-        return Ok(());
-    }
-    gpu.launch(
-        "feed_tokens",
-        ((p.n as u32).div_ceil(256), 1, 1),
-        (256, 1, 1),
-        p,
-    )
+    launch_per_element(gpu, "feed_tokens", p.n, p)
 }
 
 /// Most splits of `decode_splits_filled`.
