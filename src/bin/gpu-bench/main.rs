@@ -23,10 +23,11 @@
 //!   gpu-bench cold                      a fresh backend's first prefills and first decode steps
 //!                                       at each batch size (graph capture) against warm ones
 //!   gpu-bench offline --model NAME      N requests x input/output tokens through brook's scheduler
-//!                                       (--variants: once per set of issue-18 switches)
+//!                                       (--variants: once per set of issue-18 switches, each
+//!                                       in its own process)
 //!   gpu-bench decode-variants           decode through the scheduler for the default and each
-//!                                       issue-18 switch in one process: ms/step, GPU idle gap
-//!                                       between steps (host overhead), lookahead hits
+//!                                       issue-18 switch, each in its own process: ms/step, GPU
+//!                                       idle gap between steps (host overhead), lookahead hits
 //!   gpu-bench overlap                   a large decode batch's GEMMs and attention as two
 //!                                       nano-batches on two streams vs the whole batch on one
 //!   gpu-bench elementwise               add_rmsnorm and silu_mul alone (GB/s against copy) and
@@ -59,6 +60,7 @@ mod decode_batch;
 mod elementwise;
 mod gemm_algos;
 mod gemv_sweep;
+mod isolate;
 mod offline;
 mod overlap;
 mod prefill_attn;
@@ -261,7 +263,7 @@ enum Cmd {
     /// at a forced acceptance rate (see `spec`'s module docs).
     Spec(spec::Args),
     /// Decode through brook's scheduler and persistent batch for the default and each issue-18
-    /// switch, back to back: ms/step, the GPU's idle gap between steps, lookahead hits.
+    /// switch, each in its own process: ms/step, the GPU's idle gap between steps, lookahead hits.
     DecodeVariants {
         #[arg(long, default_value = "llama-2-7b")]
         model: String,
@@ -381,6 +383,8 @@ fn main() -> anyhow::Result<()> {
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
+        // Each variant in its own process, the same command narrowed to it (see `isolate`).
+        Cmd::Offline { ref variants, .. } if isolate::each_in_own_process(variants)? => Ok(()),
         Cmd::Offline {
             model,
             num_prompts,
@@ -411,6 +415,9 @@ fn main() -> anyhow::Result<()> {
         } => {
             let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
             let variants = if variants.is_empty() { all } else { variants };
+            if isolate::each_in_own_process(&variants)? {
+                return Ok(());
+            }
             variants::run(&model, &input_len, output_len, batch, &variants)
         }
     }

@@ -20,7 +20,8 @@ use crate::variants::variant_options;
 
 /// All requests submitted at once, ignore_eos, greedy; brook's scheduler decides every step.
 /// Once per variant (`variants::variant_options`, without the step stamps), each on a fresh
-/// backend.
+/// backend: in its own process when there are several (`isolate`); the KV cache dtypes of one
+/// variant share its process.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &str,

@@ -1,9 +1,10 @@
 //! `gpu-bench decode-variants`: decode through brook's scheduler and the executor's persistent
-//! batch (`Backend::execute`, the serving path), for brook's defaults and each switch of issue 18
-//! (`VARIANTS`), back to back in one process, at each context length asked for. Per variant and
-//! context: wall ms per step, and with the GPU's step stamps (`step_timing`) the idle gap between
-//! one step's last kernel and the next step's first (the host's share of a step; goal ≤ 30 µs),
-//! the GPU's busy time per step, the host's phases, and what lookahead kept.
+//! batch (`Backend::execute`, the serving path), for brook's defaults and each switch of issue
+//! 18 (`VARIANTS`), each in its own process (`isolate`), at each context length asked for. Per
+//! variant and context: wall ms per step, and with the GPU's step stamps (`step_timing`) the
+//! idle gap between one step's last kernel and the next step's first (the host's share of a
+//! step; goal ≤ 30 µs), the GPU's busy time per step, the host's phases, and what lookahead
+//! kept.
 //!
 //! `variant_options` is shared with `gpu-bench offline --variants`.
 
