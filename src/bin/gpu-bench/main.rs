@@ -125,7 +125,8 @@ enum Cmd {
         /// brook's defaults only (no variants): for a profiler run.
         #[arg(long)]
         quick: bool,
-        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8, each in its own
+        /// process (see `isolate`).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
     },
@@ -148,7 +149,8 @@ enum Cmd {
         /// summed by kernel.
         #[arg(long)]
         trace: bool,
-        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8, each in its own
+        /// process (see `isolate`).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
     },
@@ -232,7 +234,8 @@ enum Cmd {
         /// Idle ms before each run (0: back to back), so each starts on an idle GPU.
         #[arg(long, default_value_t = 0)]
         gap_ms: u64,
-        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8.
+        /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8, each in its own
+        /// process (see `isolate`).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
     },
@@ -255,7 +258,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = [String::from("untimed")])]
         variants: Vec<String>,
         /// KV cache dtypes to run in turn (comma-separated), e.g. bf16,fp8: each variant once
-        /// per dtype, on a fresh backend.
+        /// per dtype, each in its own process (see `isolate`).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [KvCacheDtype::Auto])]
         kv_cache_dtype: Vec<KvCacheDtype>,
     },
@@ -299,6 +302,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
         Cmd::Decode {
+            ref kv_cache_dtype, ..
+        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
+        Cmd::Decode {
             model,
             input_len,
             output_len,
@@ -319,6 +325,9 @@ fn main() -> anyhow::Result<()> {
             warm_up,
         }),
         Cmd::Ttft {
+            ref kv_cache_dtype, ..
+        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
+        Cmd::Ttft {
             model,
             input_len,
             breakdown,
@@ -333,6 +342,9 @@ fn main() -> anyhow::Result<()> {
             gap_ms,
             dtypes: &kv_cache_dtype,
         }),
+        Cmd::DecodeBatch {
+            ref kv_cache_dtype, ..
+        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
         Cmd::DecodeBatch {
             model,
             batch,
@@ -383,8 +395,15 @@ fn main() -> anyhow::Result<()> {
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
-        // Each variant in its own process, the same command narrowed to it (see `isolate`).
-        Cmd::Offline { ref variants, .. } if isolate::each_in_own_process(variants)? => Ok(()),
+        // Each variant, then each KV cache dtype, in its own process (see `isolate`).
+        Cmd::Offline { ref variants, .. }
+            if isolate::each_in_own_process("--variants", &strs(variants))? =>
+        {
+            Ok(())
+        }
+        Cmd::Offline {
+            ref kv_cache_dtype, ..
+        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
         Cmd::Offline {
             model,
             num_prompts,
@@ -415,10 +434,18 @@ fn main() -> anyhow::Result<()> {
         } => {
             let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
             let variants = if variants.is_empty() { all } else { variants };
-            if isolate::each_in_own_process(&variants)? {
+            if isolate::each_in_own_process("--variants", &strs(&variants))? {
                 return Ok(());
             }
             variants::run(&model, &input_len, output_len, batch, &variants)
         }
     }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn dtypes(v: &[KvCacheDtype]) -> Vec<&'static str> {
+    v.iter().map(|d| d.as_str()).collect()
 }
