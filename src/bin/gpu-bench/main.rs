@@ -280,6 +280,15 @@ enum Cmd {
         /// Which variants (comma-separated); default: all of them.
         #[arg(long, value_delimiter = ',')]
         variants: Vec<String>,
+        /// Run every variant in this process, one backend after another (each in its own
+        /// process otherwise): the order effect of session 31. Prints the device memory pool's
+        /// reserved and used bytes after each backend is dropped.
+        #[arg(long)]
+        same_process: bool,
+        /// With --same-process: release the memory pool's unused bytes after each backend is
+        /// dropped (`cuMemPoolTrimTo`), before the next one is built.
+        #[arg(long, requires = "same_process")]
+        trim_pool: bool,
     },
 }
 
@@ -431,13 +440,16 @@ fn main() -> anyhow::Result<()> {
             output_len,
             batch,
             variants,
+            same_process,
+            trim_pool,
         } => {
             let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
             let variants = if variants.is_empty() { all } else { variants };
-            if isolate::each_in_own_process("--variants", &strs(&variants))? {
+            if !same_process && isolate::each_in_own_process("--variants", &strs(&variants))? {
                 return Ok(());
             }
-            variants::run(&model, &input_len, output_len, batch, &variants)
+            let pool = same_process.then_some(variants::PoolCheck { trim: trim_pool });
+            variants::run(&model, &input_len, output_len, batch, &variants, pool)
         }
     }
 }

@@ -94,12 +94,20 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// `decode-variants --same-process`: after each backend is dropped, report the device's memory
+/// pool (and first trim it: `trim`).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolCheck {
+    pub trim: bool,
+}
+
 pub fn run(
     model: &str,
     input_lens: &[usize],
     output_len: usize,
     batch: usize,
     variants: &[String],
+    pool: Option<PoolCheck>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         output_len > 16 && batch > 0,
@@ -142,8 +150,53 @@ pub fn run(
                 &mut b, state, model, name, input_len, output_len, batch, first_id,
             )?;
         }
+        if let Some(check) = pool {
+            let device = base.device_ordinal;
+            drop(b);
+            let (reserved, used) = pool_bytes(device, false)?;
+            let trimmed = match check.trim {
+                true => format!(", trimmed to {:.2} GiB", gib(pool_bytes(device, true)?.0)),
+                false => String::new(),
+            };
+            eprintln!(
+                "{model} [{name}] dropped: memory pool {:.2} GiB reserved, {:.2} GiB used{trimmed}",
+                gib(reserved),
+                gib(used)
+            );
+        }
     }
     Ok(())
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+/// (reserved, used) bytes of `device`'s default memory pool, which cudarc's stream-ordered
+/// allocations draw from; `trim`: after releasing its unused bytes to the driver.
+fn pool_bytes(device: usize, trim: bool) -> anyhow::Result<(u64, u64)> {
+    use cudarc::driver::sys;
+    // SAFETY: plain driver queries on an initialised driver (a backend was built before); the
+    // attribute outputs are u64 (cuuint64_t).
+    unsafe {
+        let mut dev: sys::CUdevice = 0;
+        sys::cuDeviceGet(&mut dev, device as i32).result()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        sys::cuDeviceGetDefaultMemPool(&mut pool, dev).result()?;
+        if trim {
+            sys::cuMemPoolTrimTo(pool, 0).result()?;
+        }
+        let attr = |a: sys::CUmemPool_attribute| -> anyhow::Result<u64> {
+            let mut v: u64 = 0;
+            sys::cuMemPoolGetAttribute(pool, a, &mut v as *mut u64 as *mut std::ffi::c_void)
+                .result()?;
+            Ok(v)
+        };
+        Ok((
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        ))
+    }
 }
 
 /// `batch` requests of `input_len` random tokens decoding `output_len` tokens each (greedy,
