@@ -46,8 +46,9 @@ pub struct CudaBackendOptions {
     /// it go to the flash kernel. The crossover is measured by `gpu-bench prefill-attn`.
     pub prefill_gemm_max_len: usize,
     /// Page-locked host staging for each step's metadata upload and its sampled tokens (one
-    /// async copy each way, double-buffered), and a wait on the step's event instead of the
-    /// stream. Off by default until measured (`gpu-bench decode-variants`).
+    /// async copy up, `copy_out` back, double-buffered), and a wait on the step's event instead
+    /// of the stream. Off by default: alone it ties the pageable path (the same GPU time a
+    /// step, BENCHMARKS.md session 31); lookahead needs it.
     pub pinned_io: bool,
     /// Lookahead decode (implies `pinned_io`): after launching a step in which every sequence
     /// samples, launch the pure-decode step expected to follow it (each sequence decoding the
