@@ -153,16 +153,24 @@ pub fn run(
         if let Some(check) = pool {
             let device = base.device_ordinal;
             drop(b);
-            let (reserved, used) = pool_bytes(device, false)?;
-            let trimmed = match check.trim {
-                true => format!(", trimmed to {:.2} GiB", gib(pool_bytes(device, true)?.0)),
-                false => String::new(),
+            // A report that fails (no current context once the backend is gone, say) must not
+            // end the runs it is there to explain.
+            let report = || -> anyhow::Result<String> {
+                let (reserved, used) = pool_bytes(device, false)?;
+                let trimmed = match check.trim {
+                    true => format!(", trimmed to {:.2} GiB", gib(pool_bytes(device, true)?.0)),
+                    false => String::new(),
+                };
+                Ok(format!(
+                    "{:.2} GiB reserved, {:.2} GiB used{trimmed}",
+                    gib(reserved),
+                    gib(used)
+                ))
             };
-            eprintln!(
-                "{model} [{name}] dropped: memory pool {:.2} GiB reserved, {:.2} GiB used{trimmed}",
-                gib(reserved),
-                gib(used)
-            );
+            match report() {
+                Ok(r) => eprintln!("{model} [{name}] dropped: memory pool {r}"),
+                Err(e) => eprintln!("{model} [{name}] dropped: memory pool not read: {e:#}"),
+            }
         }
     }
     Ok(())
