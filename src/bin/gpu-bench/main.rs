@@ -294,7 +294,13 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     brook::logging::init();
-    match Cli::parse().cmd {
+    let cmd = Cli::parse().cmd;
+    if let Some((flag, values)) = cmd.split_flag() {
+        if isolate::each_in_own_process(flag, &values)? {
+            return Ok(());
+        }
+    }
+    match cmd {
         Cmd::Attention {
             decode_only,
             kv_cache_dtype,
@@ -310,9 +316,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::GemvSweep => gemv_sweep::run(),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
-        Cmd::Decode {
-            ref kv_cache_dtype, ..
-        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
         Cmd::Decode {
             model,
             input_len,
@@ -334,9 +337,6 @@ fn main() -> anyhow::Result<()> {
             warm_up,
         }),
         Cmd::Ttft {
-            ref kv_cache_dtype, ..
-        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
-        Cmd::Ttft {
             model,
             input_len,
             breakdown,
@@ -351,9 +351,6 @@ fn main() -> anyhow::Result<()> {
             gap_ms,
             dtypes: &kv_cache_dtype,
         }),
-        Cmd::DecodeBatch {
-            ref kv_cache_dtype, ..
-        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
         Cmd::DecodeBatch {
             model,
             batch,
@@ -404,15 +401,6 @@ fn main() -> anyhow::Result<()> {
         }),
         Cmd::Swap { model, host_gib } => swap::run(&model, host_gib),
         Cmd::Spec(args) => spec::run(&args),
-        // Each variant, then each KV cache dtype, in its own process (see `isolate`).
-        Cmd::Offline { ref variants, .. }
-            if isolate::each_in_own_process("--variants", &strs(variants))? =>
-        {
-            Ok(())
-        }
-        Cmd::Offline {
-            ref kv_cache_dtype, ..
-        } if isolate::each_in_own_process("--kv-cache-dtype", &dtypes(kv_cache_dtype))? => Ok(()),
         Cmd::Offline {
             model,
             num_prompts,
@@ -445,19 +433,40 @@ fn main() -> anyhow::Result<()> {
         } => {
             let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
             let variants = if variants.is_empty() { all } else { variants };
-            if !same_process && isolate::each_in_own_process("--variants", &strs(&variants))? {
-                return Ok(());
-            }
             let pool = same_process.then_some(variants::PoolCheck { trim: trim_pool });
             variants::run(&model, &input_len, output_len, batch, &variants, pool)
         }
     }
 }
 
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-fn dtypes(v: &[KvCacheDtype]) -> Vec<&'static str> {
-    v.iter().map(|d| d.as_str()).collect()
+impl Cmd {
+    /// The list flag whose values each run in their own process (see `isolate`), with its
+    /// values: `--variants` before `--kv-cache-dtype` (a child with one variant splits again by
+    /// dtype). None for the commands that build their backends otherwise.
+    fn split_flag(&self) -> Option<(&'static str, Vec<&str>)> {
+        let dtypes = |v: &[KvCacheDtype]| v.iter().map(|d| d.as_str()).collect();
+        match self {
+            Cmd::DecodeVariants {
+                variants,
+                same_process: false,
+                ..
+            } => Some((
+                "--variants",
+                match variants.is_empty() {
+                    true => variants::VARIANTS.to_vec(),
+                    false => variants.iter().map(String::as_str).collect(),
+                },
+            )),
+            Cmd::Offline { variants, .. } if variants.len() > 1 => {
+                Some(("--variants", variants.iter().map(String::as_str).collect()))
+            }
+            Cmd::Offline { kv_cache_dtype, .. }
+            | Cmd::Decode { kv_cache_dtype, .. }
+            | Cmd::DecodeBatch { kv_cache_dtype, .. }
+            | Cmd::Ttft { kv_cache_dtype, .. } => {
+                Some(("--kv-cache-dtype", dtypes(kv_cache_dtype)))
+            }
+            _ => None,
+        }
+    }
 }
