@@ -278,7 +278,7 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         batch: usize,
         /// Which variants (comma-separated); default: all of them.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', default_values = variants::VARIANTS)]
         variants: Vec<String>,
         /// Run every variant in this process, one backend after another (each in its own
         /// process otherwise): the order effect of session 31. Prints the device memory pool's
@@ -431,8 +431,6 @@ fn main() -> anyhow::Result<()> {
             same_process,
             trim_pool,
         } => {
-            let all: Vec<String> = variants::VARIANTS.iter().map(|v| v.to_string()).collect();
-            let variants = if variants.is_empty() { all } else { variants };
             let pool = same_process.then_some(variants::PoolCheck { trim: trim_pool });
             variants::run(&model, &input_len, output_len, batch, &variants, pool)
         }
@@ -450,13 +448,7 @@ impl Cmd {
                 variants,
                 same_process: false,
                 ..
-            } => Some((
-                "--variants",
-                match variants.is_empty() {
-                    true => variants::VARIANTS.to_vec(),
-                    false => variants.iter().map(String::as_str).collect(),
-                },
-            )),
+            } => Some(("--variants", variants.iter().map(String::as_str).collect())),
             Cmd::Offline { variants, .. } if variants.len() > 1 => {
                 Some(("--variants", variants.iter().map(String::as_str).collect()))
             }
