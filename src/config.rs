@@ -108,6 +108,11 @@ pub struct ModelSection {
     /// (tensor cores; head dims up to 128, else lanes). The CPU executor has one attention and
     /// ignores it.
     pub decode_attention: crate::executor::cuda::DecodeKernel,
+    /// CUDA executor: lookahead decode, off, on (after a step in which every sequence samples,
+    /// launch the decode step predicted to follow before the host has the plan) or auto (only
+    /// while a gate finds that the host time it hides outweighs the steps it wastes). Off by
+    /// default (`executor::cuda::LookaheadMode`).
+    pub cuda_lookahead: crate::executor::cuda::LookaheadMode,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -175,6 +180,7 @@ impl Default for ModelSection {
             cuda_warm_up: true,
             quantization: Default::default(),
             decode_attention: Default::default(),
+            cuda_lookahead: Default::default(),
         }
     }
 }
@@ -545,6 +551,25 @@ mod tests {
         assert_eq!(cuda.decode_kernel, DecodeKernel::Lanes);
         let err = toml_err("[model]\ndecode_attention = \"flash\"\n");
         assert!(err.contains("flash"), "{err}");
+    }
+
+    /// `model.cuda_lookahead` (and `--cuda-lookahead`) reach the CUDA options: off by default,
+    /// on launches every prediction, auto gates them.
+    #[test]
+    fn cuda_lookahead_flows_to_cuda() {
+        use crate::executor::cuda::{lookahead, CudaBackendOptions};
+        let opts = |toml: &str| {
+            let o = CudaBackendOptions::from_config(&Config::from_toml(toml).unwrap(), false);
+            (o.lookahead, o.lookahead_gate_us)
+        };
+        assert_eq!(opts(""), (false, None));
+        assert_eq!(opts("[model]\ncuda_lookahead = \"on\"\n"), (true, None));
+        assert_eq!(
+            opts("[model]\ncuda_lookahead = \"auto\"\n"),
+            (true, Some(lookahead::DEFAULT_GAIN_US))
+        );
+        let err = toml_err("[model]\ncuda_lookahead = \"always\"\n");
+        assert!(err.contains("always"), "{err}");
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub struct EngineArgs {
     /// dims up to 128).
     #[arg(long, value_enum)]
     pub decode_attention: Option<crate::executor::cuda::DecodeKernel>,
+    /// CUDA executor: lookahead decode, off, on or auto (launched only while it pays; see
+    /// `model.cuda_lookahead`). Off by default.
+    #[arg(long, value_enum)]
+    pub cuda_lookahead: Option<crate::executor::cuda::LookaheadMode>,
     /// CPU executor threads (0 = all cores).
     #[arg(long)]
     pub cpu_threads: Option<usize>,
@@ -158,6 +162,9 @@ impl EngineArgs {
         }
         if let Some(q) = self.quantization {
             cfg.model.quantization = q;
+        }
+        if let Some(m) = self.cuda_lookahead {
+            cfg.model.cuda_lookahead = m;
         }
         if let Some(k) = self.decode_attention {
             cfg.model.decode_attention = k;

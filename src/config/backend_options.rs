@@ -6,7 +6,7 @@ use super::Config;
 use crate::executor::cpu::CpuBackendOptions;
 use crate::executor::cuda::compile::PREFILL_WG_STAGES;
 use crate::executor::cuda::kernels::GEMV_MAX_M;
-use crate::executor::cuda::CudaBackendOptions;
+use crate::executor::cuda::{lookahead, CudaBackendOptions, LookaheadMode};
 
 impl CpuBackendOptions {
     /// The options `brook serve` runs with, from the engine config (the one source of their
@@ -54,7 +54,9 @@ impl CudaBackendOptions {
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             pinned_io: false,
-            lookahead: false,
+            lookahead: cfg.model.cuda_lookahead != LookaheadMode::Off,
+            lookahead_gate_us: (cfg.model.cuda_lookahead == LookaheadMode::Auto)
+                .then_some(lookahead::DEFAULT_GAIN_US),
             // Measured on the H200 (call c, BENCHMARKS issue 18): batch 1 at ctx 4k/16k from
             // 29/39 % to 40/66 % of copy bandwidth, batch 16 from 65/68 % to 80/85 %, batch 64
             // unchanged.

@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::executor::input_batch::InputBatch;
 use crate::scheduler::{prefill_pairs, CostCoefficients, StepFeatures};
+use crate::simulate::lookahead::{LookaheadModel, LookaheadReport, LookaheadSetup};
 use crate::simulate::workload::standard_normal;
 use crate::step::{SampledToken, SchedulerOutput, StepOutput};
 
@@ -23,6 +24,10 @@ pub struct CostModelExecutor {
     attn_min_query: usize,
     rng: ChaCha8Rng,
     input: InputBatch,
+    /// Lookahead decode, when modelled.
+    lookahead: Option<LookaheadModel>,
+    /// The last step's sampled tokens (what lookahead feeds).
+    tokens: Vec<u32>,
 }
 
 impl CostModelExecutor {
@@ -42,8 +47,27 @@ impl CostModelExecutor {
             noise,
             attn_min_query,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            input: InputBatch::new(block_size, num_kv_blocks, max_len.div_ceil(block_size)),
+            input: InputBatch::new(block_size, num_kv_blocks, max_len.div_ceil(block_size))
+                .track_table_changes(),
+            lookahead: None,
+            tokens: Vec::new(),
         }
+    }
+
+    /// Models lookahead decode (`simulate::lookahead`).
+    pub fn with_lookahead(
+        mut self,
+        setup: LookaheadSetup,
+        block_size: usize,
+        max_len: usize,
+    ) -> Self {
+        self.lookahead = Some(LookaheadModel::new(setup, block_size, max_len));
+        self
+    }
+
+    /// What lookahead did, when modelled.
+    pub fn lookahead_report(self) -> Option<LookaheadReport> {
+        self.lookahead.map(LookaheadModel::finish)
     }
 
     /// Seconds the step takes.
@@ -59,15 +83,25 @@ impl CostModelExecutor {
         ms * jitter / 1e3
     }
 
-    /// The step's sampled tokens; `output_len(id)` is the request's drawn output length.
+    /// The step's sampled tokens, and the simulated seconds it took; `output_len(id)` is the
+    /// request's drawn output length. The step starts at `now_s` and takes `step_s`
+    /// (`step_time`), or more or less under lookahead.
     pub fn execute(
         &mut self,
         step: &SchedulerOutput,
-        elapsed_s: f64,
+        now_s: f64,
+        step_s: f64,
         output_len: impl Fn(u64) -> usize,
-    ) -> anyhow::Result<StepOutput> {
-        let batch = self.input.update(step)?;
-        let sampled = batch
+    ) -> anyhow::Result<(StepOutput, f64)> {
+        self.input.update(step)?;
+        let mut changed = false;
+        self.input.drain_table_changes(|_, _, _| changed = true);
+        let batch = self.input.batch();
+        let mut elapsed_s = step_s;
+        if let Some(la) = &mut self.lookahead {
+            elapsed_s += la.on_plan(batch, changed, now_s);
+        }
+        let sampled: Vec<SampledToken> = batch
             .seqs
             .iter()
             .filter_map(|s| {
@@ -86,12 +120,23 @@ impl CostModelExecutor {
                 })
             })
             .collect();
+        if let Some(la) = &mut self.lookahead {
+            self.tokens.clear();
+            self.tokens.extend(sampled.iter().map(|s| s.token));
+            la.on_launch(
+                batch,
+                &self.tokens,
+                elapsed_s,
+                now_s + elapsed_s,
+                &self.cost,
+            );
+        }
         let out = StepOutput {
             sampled,
             elapsed: std::time::Duration::from_secs_f64(elapsed_s),
             ..StepOutput::default()
         };
         self.input.record(&out)?;
-        Ok(out)
+        Ok((out, elapsed_s))
     }
 }

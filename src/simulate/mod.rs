@@ -5,8 +5,10 @@
 //! - [`workload`]: the TOML workload file and the request streams it generates.
 //! - [`executor`]: step times from a cost model, tokens from the drawn output lengths.
 //! - [`sim`]: the event loop.
+//! - [`lookahead`]: the CUDA backend's lookahead decode on the simulated step stream.
 //! - [`report`]: SLO attainment, latency percentiles, goodput, throughput; table and JSON.
 pub mod executor;
+pub mod lookahead;
 pub mod report;
 pub mod sim;
 #[cfg(test)]
@@ -18,6 +20,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::scheduler::Policy;
+use crate::simulate::lookahead::LookaheadSetup;
 use crate::simulate::report::RunReport;
 use crate::simulate::workload::Workload;
 
@@ -50,6 +53,13 @@ pub struct SimulateArgs {
     /// Overrides the workload's duration_s.
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Also runs each (rate, policy) with the CUDA backend's lookahead decode modelled: a kept
+    /// step ends this many µs sooner (the host gap it hides; 11-27 µs on an H100 at batch 1,
+    /// BENCHMARKS.md session 31), a missed one runs unused first. Rows "+la": every
+    /// prediction launched (`model.cuda_lookahead = "on"`); "+la-auto": only while the
+    /// backend's gate is open ("auto").
+    #[arg(long, value_name = "GAIN_US")]
+    pub lookahead: Option<f64>,
     /// Prints JSON (an array of runs) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -68,6 +78,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         w.duration_s = d;
     }
     anyhow::ensure!(!args.policy.is_empty(), "--policy names no policy");
+    if let Some(g) = args.lookahead {
+        anyhow::ensure!(
+            g >= 0.0 && g.is_finite(),
+            "--lookahead must be >= 0 µs and finite, got {g}"
+        );
+    }
     let rates = match (&args.sweep, args.find_rate) {
         (Some(spec), _) => sweep_rates(spec, &w)?,
         (None, Some(target)) => {
@@ -83,7 +99,13 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for &rate in &rates {
         for &policy in &args.policy {
-            reports.push(simulate(&w, policy, rate)?);
+            reports.push(simulate(&w, policy, rate, None)?);
+            if let Some(gain_us) = args.lookahead {
+                for gated in [false, true] {
+                    let setup = LookaheadSetup { gain_us, gated };
+                    reports.push(simulate(&w, policy, rate, Some(setup))?);
+                }
+            }
         }
     }
     if args.json {
@@ -94,12 +116,20 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             w.name, w.duration_s, w.seed
         );
         print!("{}", report::table(&reports));
+        if args.lookahead.is_some() {
+            print!("\n{}", report::lookahead_table(&reports));
+        }
     }
     Ok(())
 }
 
-/// One run of `policy` at `rate`, reported.
-pub fn simulate(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<RunReport> {
+/// One run of `policy` at `rate`, reported; with `lookahead`, lookahead decode modelled.
+pub fn simulate(
+    w: &Workload,
+    policy: Policy,
+    rate: f64,
+    lookahead: Option<LookaheadSetup>,
+) -> anyhow::Result<RunReport> {
     workload::check_rate(rate)?;
     // A Poisson workload's arrivals (a trace brings its own count).
     let expected = rate * w.duration_s;
@@ -110,7 +140,7 @@ pub fn simulate(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<RunRe
         w.duration_s,
         workload::MAX_SIM_REQUESTS
     );
-    let run = sim::run_once(w, policy, rate)?;
+    let run = sim::run_once(w, policy, rate, lookahead)?;
     Ok(report::report(
         &w.name,
         w.duration_s,
@@ -150,7 +180,7 @@ pub fn find_rate(w: &Workload, target: f64) -> anyhow::Result<f64> {
         "--find-rate must be in [0, 1)"
     );
     let attainment = |rate: f64| -> anyhow::Result<f64> {
-        Ok(simulate(w, Policy::Fcfs, rate)?.overall.attainment)
+        Ok(simulate(w, Policy::Fcfs, rate, None)?.overall.attainment)
     };
     let (mut lo, mut hi) = (w.rate, w.rate);
     if attainment(hi)? <= target {

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::scheduler::slo::percentile;
 use crate::scheduler::{CostCoefficients, MergeReason, OverloadReason, RequestClass, SloConfig};
+use crate::simulate::lookahead::LookaheadReport;
 use crate::simulate::sim::{RequestRecord, SimRun};
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
@@ -76,6 +77,9 @@ pub struct RunReport {
     pub overloaded: BTreeMap<&'static str, u64>,
     /// The scheduler's step-time model at the end of the run.
     pub fitted_cost: CostCoefficients,
+    /// Lookahead decode's figures, when modelled (`--lookahead`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookahead: Option<LookaheadReport>,
 }
 
 /// (TTFT within SLO, ITL within SLO) of a finished request; None for a rejected or
@@ -173,6 +177,7 @@ pub fn report(workload: &str, duration_s: f64, slo: &SloConfig, run: &SimRun) ->
             .map(|&r| (r.as_str(), s.overloaded_count(r)))
             .collect(),
         fitted_cost: run.fitted_cost,
+        lookahead: run.lookahead.clone(),
     }
 }
 
@@ -188,7 +193,7 @@ fn ms(p: Option<Percentiles>, f: impl Fn(Percentiles) -> f64) -> String {
 pub fn table(reports: &[RunReport]) -> String {
     let mut s =
         format!(
-        "{:>6} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} | {:>8} {:>9} {:>6} {:>7} {:>5}\n",
+        "{:>6} {:>13} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} | {:>8} {:>9} {:>6} {:>7} {:>5}\n",
         "rate", "policy", "SLO", "short", "medium", "long", "short TTFT p50/95/99", "ITL p50/95/99",
         "goodput", "out tok/s", "reject", "preempt", "emerg"
     );
@@ -197,11 +202,11 @@ pub fn table(reports: &[RunReport]) -> String {
         let t = short.ttft_ms;
         s += &format!(
             concat!(
-                "{:>6.2} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} ",
+                "{:>6.2} {:>13} | {:>7} {:>7} {:>7} {:>7} | {:>19} | {:>14} ",
                 "| {:>8.2} {:>9.0} {:>6} {:>7} {:>5}\n"
             ),
             r.rate,
-            r.policy,
+            policy_label(r),
             pct(r.overall.attainment),
             pct(short.attainment),
             pct(r.classes["medium"].attainment),
@@ -223,6 +228,63 @@ pub fn table(reports: &[RunReport]) -> String {
             r.overall.rejected,
             r.preemptions,
             r.emergency_entries,
+        );
+    }
+    s
+}
+
+/// The policy, "+la" when lookahead decode was modelled, "+la-auto" when gated.
+fn policy_label(r: &RunReport) -> String {
+    match &r.lookahead {
+        Some(la) if la.gated => format!("{}+la-auto", r.policy),
+        Some(_) => format!("{}+la", r.policy),
+        None => r.policy.to_string(),
+    }
+}
+
+/// One line per run with lookahead modelled: steps launched ahead, kept, missed and why, steps
+/// not foreseen and why, and the time saved and wasted.
+pub fn lookahead_table(reports: &[RunReport]) -> String {
+    let mut s = format!(
+        "{:>6} {:>13} | {:>8} {:>6} {:>6} | {:>34} | {:>28} | {:>8} {:>8} {:>9}\n",
+        "rate",
+        "policy",
+        "launched",
+        "kept",
+        "held",
+        "missed: left/joined/table/other",
+        "unforeseen: block/last/chunk",
+        "saved s",
+        "wasted s",
+        "net ms/s"
+    );
+    for r in reports {
+        let Some(la) = &r.lookahead else { continue };
+        let m = |k| la.missed.get(k).copied().unwrap_or(0);
+        let u = |k| la.unforeseen.get(k).copied().unwrap_or(0);
+        s += &format!(
+            "{:>6.2} {:>13} | {:>8} {:>6} {:>6} | {:>34} | {:>28} | {:>8.3} {:>8.3} {:>9.2}\n",
+            r.rate,
+            policy_label(r),
+            la.launched,
+            pct(la.hit_rate()),
+            la.held,
+            format!(
+                "{}/{}/{}/{}",
+                m("left"),
+                m("joined"),
+                m("table_or_counts"),
+                m("other")
+            ),
+            format!(
+                "{}/{}/{}",
+                u("needs_block"),
+                u("last_token"),
+                u("no_sample")
+            ),
+            la.saved_s,
+            la.wasted_s,
+            (la.saved_s - la.wasted_s) * 1e3 / r.makespan_s.max(1e-9),
         );
     }
     s

@@ -16,6 +16,7 @@ use crate::scheduler::{
     Admission, NewRequest, Policy, RequestClass, RequestUpdate, Scheduler, SchedulerStats,
 };
 use crate::simulate::executor::{CostModelExecutor, EOS};
+use crate::simulate::lookahead::{LookaheadReport, LookaheadSetup};
 use crate::simulate::workload::{SimRequest, Workload};
 use crate::step::StepOutput;
 
@@ -66,9 +67,18 @@ pub struct SimRun {
     pub steps: u64,
     pub stats: SchedulerStats,
     pub fitted_cost: crate::scheduler::CostCoefficients,
+    /// Lookahead decode's figures, when modelled.
+    pub lookahead: Option<LookaheadReport>,
 }
 
-pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRun> {
+/// One run of `policy` at `rate`; with `lookahead`, lookahead decode modelled
+/// (`simulate::lookahead`).
+pub fn run_once(
+    w: &Workload,
+    policy: Policy,
+    rate: f64,
+    lookahead: Option<LookaheadSetup>,
+) -> anyhow::Result<SimRun> {
     let reqs = w.requests(rate)?;
     // A report over no requests would read as every SLO met.
     anyhow::ensure!(
@@ -96,6 +106,9 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
         e.num_kv_blocks,
         max_len,
     );
+    if let Some(setup) = lookahead {
+        exec = exec.with_lookahead(setup, e.block_size, max_len);
+    }
     let mut token_rng = ChaCha8Rng::seed_from_u64(w.seed ^ 0x70c3);
     let eos: Arc<[u32]> = Arc::from(vec![EOS]);
     let mut records: Vec<RequestRecord> = reqs
@@ -143,8 +156,8 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
             continue;
         }
         let dt = exec.step_time(&plan);
-        let step = exec.execute(&plan, dt, |id| reqs[id as usize].output_tokens)?;
-        t += dt;
+        let (step, elapsed) = exec.execute(&plan, t, dt, |id| reqs[id as usize].output_tokens)?;
+        t += elapsed;
         steps += 1;
         let updates = sched.update_from_output(&plan, &step, &mut kv, t);
         apply(&mut records, &updates, t);
@@ -157,6 +170,7 @@ pub fn run_once(w: &Workload, policy: Policy, rate: f64) -> anyhow::Result<SimRu
         steps,
         stats: sched.stats().clone(),
         fitted_cost: sched.cost_model().coefficients(),
+        lookahead: exec.lookahead_report(),
     })
 }
 

@@ -40,8 +40,8 @@ fn workload() -> Workload {
 fn same_seed_same_figures_other_seed_other_figures() {
     let w = workload();
     for policy in [Policy::Fcfs, Policy::Adaptive] {
-        let a = simulate(&w, policy, 8.0).unwrap();
-        let b = simulate(&w, policy, 8.0).unwrap();
+        let a = simulate(&w, policy, 8.0, None).unwrap();
+        let b = simulate(&w, policy, 8.0, None).unwrap();
         assert_eq!(a, b, "{policy:?} is not deterministic");
         assert!(a.overall.requests > 150);
         let c = simulate(
@@ -51,6 +51,7 @@ fn same_seed_same_figures_other_seed_other_figures() {
             },
             policy,
             8.0,
+            None,
         )
         .unwrap();
         assert_ne!(a.overall.requests, c.overall.requests);
@@ -61,7 +62,7 @@ fn same_seed_same_figures_other_seed_other_figures() {
 fn every_request_runs_to_its_drawn_length() {
     let w = workload();
     let reqs = w.requests(8.0).unwrap();
-    let run = run_once(&w, Policy::Adaptive, 8.0).unwrap();
+    let run = run_once(&w, Policy::Adaptive, 8.0, None).unwrap();
     assert_eq!(run.records.len(), reqs.len());
     for (r, rec) in reqs.iter().zip(&run.records) {
         if rec.rejected {
@@ -134,6 +135,7 @@ fn attainment_needs_both_slos_and_counts_rejections_as_missed() {
         steps: 1,
         stats: SchedulerStats::default(),
         fitted_cost: CostCoefficients::default(),
+        lookahead: None,
     };
     let r = report("t", 5.0, &slo, &run);
     assert_eq!((r.overall.requests, r.overall.attained), (7, 3));
@@ -240,11 +242,11 @@ fn bad_workload_values_are_refused() {
     assert!(w.validate().is_err());
     let w = workload();
     for rate in [f64::INFINITY, 0.0, f64::NAN] {
-        assert!(super::simulate(&w, crate::scheduler::Policy::Fcfs, rate).is_err());
+        assert!(super::simulate(&w, crate::scheduler::Policy::Fcfs, rate, None).is_err());
     }
     let mut w = workload();
     w.duration_s = 1e12;
-    let e = super::simulate(&w, crate::scheduler::Policy::Fcfs, 10.0).unwrap_err();
+    let e = super::simulate(&w, crate::scheduler::Policy::Fcfs, 10.0, None).unwrap_err();
     assert!(e.to_string().contains("at most"), "{e}");
     assert!(parse_trace("h\n-1,5,5\n")
         .unwrap_err()
@@ -271,9 +273,15 @@ fn sweep_ranges_parse() {
 fn find_rate_brackets_the_fcfs_attainment() {
     let w = workload();
     let rate = find_rate(&w, 0.9).unwrap();
-    assert!(simulate(&w, Policy::Fcfs, rate).unwrap().overall.attainment <= 0.9);
     assert!(
-        simulate(&w, Policy::Fcfs, rate * 0.97)
+        simulate(&w, Policy::Fcfs, rate, None)
+            .unwrap()
+            .overall
+            .attainment
+            <= 0.9
+    );
+    assert!(
+        simulate(&w, Policy::Fcfs, rate * 0.97, None)
             .unwrap()
             .overall
             .attainment
@@ -350,7 +358,7 @@ fn judge_replaces_the_criterion_and_e2e_is_reported() {
     };
     // The scheduler's targets are impossible, the judge's lenient: every finished short
     // request counts as met.
-    let r = simulate(&strict, Policy::Fcfs, 8.0).unwrap();
+    let r = simulate(&strict, Policy::Fcfs, 8.0, None).unwrap();
     let short = &r.classes["short"];
     assert_eq!(
         short.attained + short.rejected + short.unfinished,
@@ -367,7 +375,84 @@ fn judge_replaces_the_criterion_and_e2e_is_reported() {
         },
         Policy::Fcfs,
         8.0,
+        None,
     )
     .unwrap();
     assert_eq!(r.classes["short"].attained, 0);
+}
+
+/// Lookahead decode modelled (`--lookahead`): one request at a time, nearly every prediction
+/// is kept and most misses come when a request ends, on a GPU left idle (nothing wasted);
+/// under churn, launching every prediction wastes more than it saves, and the gate ("auto")
+/// holds nearly all of them back. Requests run to their drawn lengths either way.
+#[test]
+fn lookahead_pays_alone_and_the_gate_holds_it_back_under_churn() {
+    use crate::simulate::lookahead::LookaheadSetup;
+    let w = workload();
+    let run = |w: &Workload, rate, gated| {
+        let setup = LookaheadSetup {
+            gain_us: 20.0,
+            gated,
+        };
+        run_once(w, Policy::Adaptive, rate, Some(setup)).unwrap()
+    };
+    let alone = Workload {
+        duration_s: 2_000.0,
+        ..w.clone()
+    };
+    for gated in [false, true] {
+        let r = run(&alone, 0.02, gated);
+        let la = r.lookahead.unwrap();
+        assert!(la.launched > 1_000 && la.hit_rate() > 0.95, "{la:?}");
+        // Poisson arrivals overlap now and then: a join.
+        assert!(la.missed["left"] * 10 >= la.missed_total() * 9, "{la:?}");
+        assert!(la.held * 10 < la.launched, "{la:?}");
+        assert!(la.wasted_s * 2.0 < la.saved_s, "{la:?}");
+    }
+    let (on, auto) = (run(&w, 8.0, false), run(&w, 8.0, true));
+    let (la_on, la_auto) = (
+        on.lookahead.clone().unwrap(),
+        auto.lookahead.clone().unwrap(),
+    );
+    assert!(la_on.wasted_s > 3.0 * la_on.saved_s, "{la_on:?}");
+    assert!(la_on.missed["joined"] > 0 && la_on.missed["left"] > 0);
+    assert!(
+        la_auto.launched * 10 < la_on.launched && la_auto.held > la_auto.launched,
+        "{la_auto:?}"
+    );
+    assert!(la_auto.wasted_s * 10.0 < la_on.wasted_s, "{la_auto:?}");
+    let reqs = w.requests(8.0).unwrap();
+    for run in [&on, &auto] {
+        for (r, rec) in reqs.iter().zip(&run.records) {
+            assert!(rec.rejected || rec.output_tokens == r.output_tokens);
+        }
+    }
+}
+
+/// The lookahead table lists the runs that modelled it, labelled by how.
+#[test]
+fn lookahead_table_lists_the_modelled_runs() {
+    use crate::simulate::lookahead::LookaheadSetup;
+    let w = workload();
+    let mut reports = vec![simulate(&w, Policy::Fcfs, 8.0, None).unwrap()];
+    for gated in [false, true] {
+        let setup = LookaheadSetup {
+            gain_us: 20.0,
+            gated,
+        };
+        reports.push(simulate(&w, Policy::Fcfs, 8.0, Some(setup)).unwrap());
+    }
+    let main = report::table(&reports);
+    assert_eq!(main.lines().count(), 4, "{main}");
+    assert!(main.contains(" fcfs+la ") && main.contains(" fcfs+la-auto "));
+    let la = report::lookahead_table(&reports);
+    let rows: Vec<&str> = la.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{la}");
+    assert!(rows[0].contains(" fcfs+la ") && rows[1].contains(" fcfs+la-auto "));
+    assert!(reports[0].lookahead.is_none());
+    let json = serde_json::to_string(&reports[0]).unwrap();
+    assert!(
+        !json.contains("lookahead"),
+        "runs without it keep their JSON"
+    );
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brook::executor::backend::Backend;
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions, StepTiming};
+use brook::executor::cuda::{lookahead, CudaBackend, CudaBackendOptions, StepTiming};
 use brook::kv::KvCacheManager;
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
@@ -33,6 +33,7 @@ pub const VARIANTS: &[&str] = &[
     "split2",
     "pinned",
     "lookahead",
+    "lookahead-auto",
     "inline",
     "fill4",
     "fill4-inline",
@@ -61,6 +62,12 @@ pub fn variant_options(
         }
         "pinned" => o.pinned_io = true,
         "lookahead" => o.lookahead = true,
+        // Gated as `--cuda-lookahead auto` serves: at batch 1 with no churn it should launch
+        // (and keep) what "lookahead" does.
+        "lookahead-auto" => {
+            o.lookahead = true;
+            o.lookahead_gate_us = Some(lookahead::DEFAULT_GAIN_US);
+        }
         "inline" => o.decode_merge_inline = true,
         "fill4" => o.decode_ctas_per_sm = 4,
         "fill4-inline" => {
@@ -276,16 +283,17 @@ fn one_run(
         .collect();
     let phase = |f: fn(&StepTiming) -> Duration| median(timings.iter().map(|t| us(f(t))).collect());
     let st = b.lookahead_stats();
-    let (hits, misses, launched, unpredictable) = (
+    let (hits, misses, launched, unpredictable, gated) = (
         st.hits - stats0.hits,
         st.misses - stats0.misses,
         st.launched - stats0.launched,
         st.unpredictable - stats0.unpredictable,
+        st.gated - stats0.gated,
     );
     let (med, p99) = (median(ms.clone()), quantile(ms, 0.99));
     let (gap50, gap99) = (median(gaps.clone()), quantile(gaps, 0.99));
     eprintln!(
-        "{model} decode [{name:<12}] batch {batch} ctx {input_len:>5}: {med:.3} ms/step (p99 {p99:.3}); gpu gap p50 {gap50:.1} us p99 {gap99:.1} us; gpu busy {:.3} ms; host prepare {:.0} launch {:.0} wait {:.0} us; lookahead kept {hits}/{launched} (dropped {misses}, unpredictable {unpredictable})",
+        "{model} decode [{name:<12}] batch {batch} ctx {input_len:>5}: {med:.3} ms/step (p99 {p99:.3}); gpu gap p50 {gap50:.1} us p99 {gap99:.1} us; gpu busy {:.3} ms; host prepare {:.0} launch {:.0} wait {:.0} us; lookahead kept {hits}/{launched} (dropped {misses}, unpredictable {unpredictable}, gated {gated})",
         median(busy.clone()),
         phase(|t| t.prepare),
         phase(|t| t.launch),
@@ -298,7 +306,8 @@ fn one_run(
         "host_prepare_us_p50": phase(|t| t.prepare), "host_launch_us_p50": phase(|t| t.launch),
         "host_wait_us_p50": phase(|t| t.wait), "host_total_us_p50": phase(|t| t.total),
         "lookahead_kept": hits, "lookahead_launched": launched, "lookahead_dropped": misses,
-        "lookahead_unpredictable": unpredictable, "timed_steps": timings.len(),
+        "lookahead_unpredictable": unpredictable, "lookahead_gated": gated,
+        "timed_steps": timings.len(),
     }));
     Ok(())
 }

@@ -81,6 +81,9 @@ pub struct CudaBackend {
     spec: Speculation,
     /// Bytes of one block of the draft model's pool (0: none), which shares the block ids.
     draft_bytes_per_block: usize,
+    /// When the last `execute` returned (gated lookahead weighs an unused step by how long
+    /// the GPU then had nothing to do).
+    returned: Option<Instant>,
 }
 
 /// Where one `execute` spent its time (`CudaBackendOptions::step_timing`, for gpu-bench).
@@ -335,6 +338,7 @@ impl CudaBackend {
             count_ops: Vec::new(),
             spec: Speculation::new(proposer),
             draft_bytes_per_block,
+            returned: None,
         };
         if warm {
             let started = Instant::now();
@@ -556,6 +560,7 @@ impl CudaBackend {
         };
         self.spec.verify(&self.fwd, batch, rows, &mut out)?;
         out.elapsed = started.elapsed();
+        self.fwd.observe_step(batch, out.elapsed.as_secs_f64());
         self.input.record(&out)?;
         if let Some((gpu_start_ns, gpu_end_ns)) = self.fwd.last_stamps {
             self.timing = Some(StepTiming {
@@ -639,8 +644,9 @@ impl CudaBackend {
         if self.fwd.opts.lookahead {
             // The count changes were enqueued behind a step launched ahead: never keep it then.
             let counts_changed = !self.count_ops.is_empty();
+            let idle_s = self.returned.map_or(0.0, |t| t.elapsed().as_secs_f64());
             self.fwd
-                .launch_or_keep(batch, &self.updates, counts_changed)?;
+                .launch_or_keep(batch, &self.updates, counts_changed, idle_s)?;
             // Behind this step, before waiting for it: the step expected next.
             self.fwd.launch_ahead(batch)?;
         } else {
@@ -672,6 +678,7 @@ impl Backend for CudaBackend {
 
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
         let res = self.step(step);
+        self.returned = Some(Instant::now());
         if res.is_err() {
             // The drained table and count changes may not have reached the device (and the
             // sampler may have counted tokens never recorded): send every row again.

@@ -111,6 +111,7 @@ impl DraftParts {
             max_kv_cache_bytes: None,
             pinned_io: false,
             lookahead: false,
+            lookahead_gate_us: None,
             step_timing: false,
             progress: false,
             host_kv_cache_bytes: 0,

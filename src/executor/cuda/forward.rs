@@ -46,7 +46,7 @@ use super::kernels::{
     BlockTableUpdateParams, CountUpdate, FeedTokensParams, GEMV_MAX_M, PREFILL_TILE,
     SAMPLE_MAX_TOP,
 };
-use super::lookahead::{self, LookaheadStats};
+use super::lookahead::{self, Gate, LookaheadStats};
 use super::options::{CudaBackendOptions, DecodeKernel, KvCacheDtype};
 use super::prefill_gemm::{self, GemmScratch};
 use super::step_meta::{self, GraphShape, HostMeta, Layout, Limits, Step};
@@ -181,6 +181,10 @@ pub(super) struct Forward {
     fed: Vec<u32>,
     /// A spare prediction buffer (kept to reuse its allocations).
     spare: BatchInput,
+    /// Gated lookahead (`lookahead_gate_us`): whether launching ahead pays, and the prediction
+    /// it held back last (checked against the next plan all the same, on the host).
+    gate: Option<Gate>,
+    held: Option<BatchInput>,
     pub lookahead_stats: LookaheadStats,
     /// Verification steps replayed from graphs (`verify_graphs`): all, and those padded with
     /// dummy verifications (tests check the path ran).
@@ -435,6 +439,7 @@ impl Forward {
             gemm_max_len,
             gemm_scratch.as_ref().map_or(0, GemmScratch::bytes) as f64 / (1 << 20) as f64
         );
+        let gate = opts.lookahead_gate_us.map(Gate::new);
         let mut forward = Forward {
             cfg,
             opts,
@@ -467,6 +472,8 @@ impl Forward {
             ahead: None,
             fed: Vec::new(),
             spare: BatchInput::default(),
+            gate,
+            held: None,
             lookahead_stats: LookaheadStats::default(),
             verify_graph_steps: (0, 0),
             last_stamps: None,

@@ -29,42 +29,108 @@
 
 use crate::step::{BatchInput, SampleInput, SeqInput, NULL_BLOCK};
 
+/// Why the step after a batch is not predicted (`predict`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unforeseen {
+    /// An empty batch.
+    Empty,
+    /// A verification: its next step depends on how many drafts it accepts.
+    Verification,
+    /// A prompt chunk that does not sample: its next step is the next chunk or its first decode.
+    NoSample,
+    /// A row with penalties (see the module docs).
+    Penalties,
+    /// A sequence's next position needs a block the scheduler has not allocated yet.
+    NeedsBlock,
+    /// A sequence reaches `max_tokens` or the context limit with this step.
+    LastToken,
+}
+
+impl Unforeseen {
+    pub const ALL: [Unforeseen; 6] = [
+        Unforeseen::Empty,
+        Unforeseen::Verification,
+        Unforeseen::NoSample,
+        Unforeseen::Penalties,
+        Unforeseen::NeedsBlock,
+        Unforeseen::LastToken,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unforeseen::Empty => "empty",
+            Unforeseen::Verification => "verification",
+            Unforeseen::NoSample => "no_sample",
+            Unforeseen::Penalties => "penalties",
+            Unforeseen::NeedsBlock => "needs_block",
+            Unforeseen::LastToken => "last_token",
+        }
+    }
+}
+
+/// Why a step launched ahead was not kept (`keep`): it finishes unused, one GPU step wasted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Miss {
+    /// A predicted sequence is not in the plan (finished, aborted or preempted).
+    Left,
+    /// The plan has a sequence the prediction has not (a request joined), and none left.
+    Joined,
+    /// The plan is the prediction but changes a block table or a token count.
+    TableOrCounts,
+    /// The same sequences otherwise laid out or fed: another order, row, position or token.
+    Other,
+}
+
+impl Miss {
+    pub const ALL: [Miss; 4] = [Miss::Left, Miss::Joined, Miss::TableOrCounts, Miss::Other];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Miss::Left => "left",
+            Miss::Joined => "joined",
+            Miss::TableOrCounts => "table_or_counts",
+            Miss::Other => "other",
+        }
+    }
+}
+
 /// Fills `out` with the step expected to follow `batch`: every sequence decoding one token at
-/// its next position with the next output index, in the same order and rows. Returns false (and
-/// leaves `out` unspecified) when that step cannot be foreseen: a sequence that does not sample,
-/// one whose table has no block for its next position (the scheduler must allocate one), one
-/// that reaches `max_tokens` or `max_context` with this step; or when it must not be run ahead:
-/// a sequence with penalties (see the module docs). Input tokens are placeholders (0):
-/// the device feeds the sampled ones. `out` has no block tables (the device keeps them).
+/// its next position with the next output index, in the same order and rows. Returns why not
+/// (and leaves `out` unspecified) when that step cannot be foreseen: a sequence that does not
+/// sample, one whose table has no block for its next position (the scheduler must allocate
+/// one), one that reaches `max_tokens` or `max_context` with this step; or when it must not be
+/// run ahead: a sequence with penalties (see the module docs). Input tokens are placeholders
+/// (0): the device feeds the sampled ones. `out` has no block tables (the device keeps them).
 pub fn predict(
     batch: &BatchInput,
     block_size: usize,
     max_context: usize,
     out: &mut BatchInput,
-) -> bool {
+) -> Result<(), Unforeseen> {
     out.token_ids.clear();
     out.positions.clear();
     out.slot_mapping.clear();
     out.seqs.clear();
     if batch.seqs.is_empty() {
-        return false;
+        return Err(Unforeseen::Empty);
     }
     for q in &batch.seqs {
         // A verification's next step depends on how many drafts it accepts (speculative
         // decoding; the CUDA executor refuses it today).
         if q.num_drafts > 0 {
-            return false;
+            return Err(Unforeseen::Verification);
         }
-        let Some(s) = q.sample.as_ref().filter(|s| !s.params.has_penalties()) else {
-            return false;
-        };
+        let s = q.sample.as_ref().ok_or(Unforeseen::NoSample)?;
+        if s.params.has_penalties() {
+            return Err(Unforeseen::Penalties);
+        }
         let pos = q.context_len;
         let block = batch.block_table(q).get(pos / block_size).copied();
         let Some(block) = block.filter(|&b| b != NULL_BLOCK) else {
-            return false;
+            return Err(Unforeseen::NeedsBlock);
         };
         if s.output_index + 1 >= s.params.max_tokens || pos + 1 > max_context {
-            return false;
+            return Err(Unforeseen::LastToken);
         }
         out.token_ids.push(0);
         out.positions.push(pos as u32);
@@ -83,7 +149,33 @@ pub fn predict(
             num_drafts: 0,
         });
     }
-    true
+    Ok(())
+}
+
+/// Whether the step launched ahead (`predicted`, fed `fed`) is kept for the plan `actual`: it
+/// must be exactly that step (`matches`), and the plan must change no block table and no token
+/// count (`changed`: those updates are enqueued behind the step launched ahead). Else why not.
+pub fn keep(
+    predicted: &BatchInput,
+    actual: &BatchInput,
+    fed: &[u32],
+    changed: bool,
+) -> Result<(), Miss> {
+    if matches(predicted, actual, fed) {
+        return if changed {
+            Err(Miss::TableOrCounts)
+        } else {
+            Ok(())
+        };
+    }
+    let has = |b: &BatchInput, id| b.seqs.iter().any(|q| q.request_id == id);
+    if predicted.seqs.iter().any(|p| !has(actual, p.request_id)) {
+        Err(Miss::Left)
+    } else if actual.seqs.iter().any(|a| !has(predicted, a.request_id)) {
+        Err(Miss::Joined)
+    } else {
+        Err(Miss::Other)
+    }
 }
 
 /// Whether `actual` (the step the scheduler asked for, as the persistent batch built it) is
@@ -121,6 +213,82 @@ pub fn fed_token(raw: i32, vocab: usize) -> u32 {
     }
 }
 
+/// The host time a kept step hides, µs, that `Gate` weighs by default: the idle gap between
+/// steps fell from 21-37 µs (default path) to 10 µs with lookahead at batch 1 on an H100
+/// (BENCHMARKS.md, session 31, each variant in its own process).
+pub const DEFAULT_GAIN_US: f64 = 20.0;
+
+/// Whether launching ahead pays now (`model.cuda_lookahead = "auto"`). A kept step gains the
+/// host gap (`gain`); a missed one costs what is left of a whole step of GPU time when the
+/// plan arrives (all of it under load, nothing after an idle spell longer than a step). The
+/// gate averages both over about the last `WINDOW` steps that could be predicted, whether or
+/// not they were launched (a closed gate still predicts, and checks each prediction against
+/// the plan that follows: host work only), and stays open while the gain outweighs the waste:
+/// under load, at a 5 ms step and a 20 µs gain, while fewer than one step in 250 misses. So it
+/// closes under churn (joins, requests finishing while others run) and opens again when that
+/// dies down.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    gain_s: f64,
+    /// Moving averages per predicted step: how often it was (or would have been) kept, and
+    /// the GPU seconds a launch wasted (or would have).
+    kept_rate: f64,
+    waste_s: f64,
+    step_s: f64,
+}
+
+impl Gate {
+    /// Predicted steps the kept and waste averages span (their weight 1/WINDOW).
+    pub const WINDOW: f64 = 256.0;
+    /// Steps the step-time average spans: the batch, hence the step time, changes faster
+    /// than the churn.
+    pub const STEP_WINDOW: f64 = 16.0;
+
+    /// A gate that weighs `gain_us` µs per kept step; it starts open.
+    pub fn new(gain_us: f64) -> Self {
+        Gate {
+            gain_s: gain_us * 1e-6,
+            kept_rate: 1.0,
+            waste_s: 0.0,
+            step_s: 0.0,
+        }
+    }
+
+    /// Whether to launch the predicted step.
+    pub fn open(&self) -> bool {
+        self.waste_s < self.kept_rate * self.gain_s
+    }
+
+    /// A prediction met its plan: kept, or (`kept` false) it was or would have been wasted.
+    /// `idle_s`: how long after the last step's results went back the plan arrived (the part
+    /// of an unused step that ran while the GPU had nothing else to do).
+    pub fn record(&mut self, kept: bool, idle_s: f64) {
+        let (k, waste) = if kept {
+            (1.0, 0.0)
+        } else {
+            (0.0, (self.step_s - idle_s).max(0.0))
+        };
+        self.kept_rate += (k - self.kept_rate) / Self::WINDOW;
+        self.waste_s += (waste - self.waste_s) / Self::WINDOW;
+    }
+
+    /// A step of pure decodes (`is_decode_step`: the kind a prediction is) took `s` seconds,
+    /// what an unused one costs.
+    pub fn observe_step(&mut self, s: f64) {
+        if self.step_s == 0.0 {
+            self.step_s = s;
+        } else {
+            self.step_s += (s - self.step_s) / Self::STEP_WINDOW;
+        }
+    }
+}
+
+/// Whether every sequence of `batch` decodes one known token (no prompt chunk, no drafts):
+/// the steps whose time `Gate::observe_step` takes for an unused predicted step's.
+pub fn is_decode_step(batch: &BatchInput) -> bool {
+    !batch.seqs.is_empty() && batch.num_prefill_tokens() == 0 && batch.num_drafts() == 0
+}
+
 /// Counts of what lookahead did, for benchmarks and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LookaheadStats {
@@ -132,6 +300,8 @@ pub struct LookaheadStats {
     pub misses: u64,
     /// Steps after which nothing could be predicted.
     pub unpredictable: u64,
+    /// Predicted but not launched: the gate was closed (`Gate`).
+    pub gated: u64,
 }
 
 #[cfg(test)]
@@ -204,7 +374,7 @@ mod tests {
         ))
         .unwrap();
         let mut pred = BatchInput::default();
-        assert!(predict(ib.batch(), BS, 32, &mut pred));
+        assert_eq!(predict(ib.batch(), BS, 32, &mut pred), Ok(()));
         let fed = sample(&mut ib, &[40, 41]);
         (ib, pred, fed)
     }
@@ -224,7 +394,7 @@ mod tests {
         .unwrap();
         assert!(matches(&pred, ib.batch(), &fed));
         // The same steps again from there.
-        assert!(predict(ib.batch(), BS, 32, &mut pred));
+        assert_eq!(predict(ib.batch(), BS, 32, &mut pred), Ok(()));
         let fed = sample(&mut ib, &[50, 51]);
         ib.update(&step(
             vec![decode(1, 6, vec![]), decode(2, 3, vec![])],
@@ -232,32 +402,46 @@ mod tests {
         ))
         .unwrap();
         assert!(matches(&pred, ib.batch(), &fed));
+        assert_eq!(keep(&pred, ib.batch(), &fed, false), Ok(()));
+        assert_eq!(
+            keep(&pred, ib.batch(), &fed, true),
+            Err(Miss::TableOrCounts),
+            "the plan's table or count changes come behind the step launched ahead"
+        );
         assert!(!matches(&pred, ib.batch(), &[50, 52]), "another token fed");
+        assert_eq!(keep(&pred, ib.batch(), &[50, 52], false), Err(Miss::Other));
     }
 
     #[test]
     fn any_other_plan_is_a_miss() {
         let plans = [
             // The second finished (the first keeps row 0; one sequence fewer).
-            step(vec![decode(1, 5, vec![])], vec![2]),
+            (step(vec![decode(1, 5, vec![])], vec![2]), Miss::Left),
             // A request joins.
-            step(
-                vec![
-                    decode(1, 5, vec![]),
-                    decode(2, 2, vec![]),
-                    new_req(3, 3, vec![11], 10),
-                ],
-                vec![],
+            (
+                step(
+                    vec![
+                        decode(1, 5, vec![]),
+                        decode(2, 2, vec![]),
+                        new_req(3, 3, vec![11], 10),
+                    ],
+                    vec![],
+                ),
+                Miss::Joined,
             ),
             // Another order.
-            step(vec![decode(2, 2, vec![]), decode(1, 5, vec![])], vec![]),
+            (
+                step(vec![decode(2, 2, vec![]), decode(1, 5, vec![])], vec![]),
+                Miss::Other,
+            ),
             // The first finished: the second takes its row.
-            step(vec![decode(2, 2, vec![])], vec![1]),
+            (step(vec![decode(2, 2, vec![])], vec![1]), Miss::Left),
         ];
-        for (i, plan) in plans.iter().enumerate() {
+        for (i, (plan, why)) in plans.iter().enumerate() {
             let (mut ib, pred, fed) = prefilled_and_predicted();
             ib.update(plan).unwrap();
             assert!(!matches(&pred, ib.batch(), &fed), "plan {i} matched");
+            assert_eq!(keep(&pred, ib.batch(), &fed, false), Err(*why), "plan {i}");
         }
     }
 
@@ -268,26 +452,41 @@ mod tests {
         let mut ib = InputBatch::new(BS, 64, 8);
         ib.update(&step(vec![new_req(1, 8, vec![3, 7], 10)], vec![]))
             .unwrap();
-        assert!(!predict(ib.batch(), BS, 32, &mut pred));
+        assert_eq!(
+            predict(ib.batch(), BS, 32, &mut pred),
+            Err(Unforeseen::NeedsBlock)
+        );
         // The last token max_tokens allows.
         let mut ib = InputBatch::new(BS, 64, 8);
         ib.update(&step(vec![new_req(1, 5, vec![3, 7], 1)], vec![]))
             .unwrap();
-        assert!(!predict(ib.batch(), BS, 32, &mut pred));
+        assert_eq!(
+            predict(ib.batch(), BS, 32, &mut pred),
+            Err(Unforeseen::LastToken)
+        );
         // The context limit.
         let mut ib = InputBatch::new(BS, 64, 8);
         ib.update(&step(vec![new_req(1, 5, vec![3, 7], 10)], vec![]))
             .unwrap();
-        assert!(!predict(ib.batch(), BS, 5, &mut pred));
-        assert!(predict(ib.batch(), BS, 6, &mut pred));
+        assert_eq!(
+            predict(ib.batch(), BS, 5, &mut pred),
+            Err(Unforeseen::LastToken)
+        );
+        assert_eq!(predict(ib.batch(), BS, 6, &mut pred), Ok(()));
         // A chunk that does not sample.
         let mut ib = InputBatch::new(BS, 64, 8);
         let mut chunk = new_req(1, 5, vec![3, 7], 10);
         chunk.num_tokens = 3;
         chunk.sample = false;
         ib.update(&step(vec![chunk], vec![])).unwrap();
-        assert!(!predict(ib.batch(), BS, 32, &mut pred));
-        assert!(!predict(&BatchInput::default(), BS, 32, &mut pred));
+        assert_eq!(
+            predict(ib.batch(), BS, 32, &mut pred),
+            Err(Unforeseen::NoSample)
+        );
+        assert_eq!(
+            predict(&BatchInput::default(), BS, 32, &mut pred),
+            Err(Unforeseen::Empty)
+        );
     }
 
     /// Penalties: never run ahead (the sampler counts on the device what it samples). Logit
@@ -313,7 +512,10 @@ mod tests {
                 vec![],
             ))
             .unwrap();
-            assert!(!predict(ib.batch(), BS, 32, &mut pred));
+            assert_eq!(
+                predict(ib.batch(), BS, 32, &mut pred),
+                Err(Unforeseen::Penalties)
+            );
         }
         let edited = SamplingParams {
             logit_bias: vec![(3, 1.0)],
@@ -328,10 +530,51 @@ mod tests {
             vec![],
         ))
         .unwrap();
-        assert!(predict(ib.batch(), BS, 32, &mut pred));
+        assert_eq!(predict(ib.batch(), BS, 32, &mut pred), Ok(()));
         let s = pred.seqs[0].sample.as_ref().unwrap();
         assert_eq!(*s.params, edited);
         assert_eq!(s.output_index, 1);
+    }
+
+    /// The gate weighs the gain of kept steps against the GPU time of unused ones: at a 5 ms
+    /// step and a 20 µs gain it pays while fewer than one step in 250 misses under load.
+    #[test]
+    fn the_gate_closes_under_churn_and_opens_when_it_pays() {
+        let step = 5e-3;
+        let run = |miss_every: usize, idle_s: f64| {
+            let mut g = Gate::new(20.0);
+            assert!(g.open(), "a new gate is open");
+            let mut open = 0;
+            for i in 1..=20_000 {
+                g.observe_step(step);
+                open += usize::from(g.open());
+                g.record(i % miss_every != 0, idle_s);
+            }
+            open as f64 / 20_000.0
+        };
+        // Under load (the plan follows at once): one miss in 100 steps wastes 50 µs a step
+        // against 19.8 µs gained; one in 1,000 wastes 5 µs.
+        let (churn, calm) = (run(100, 0.0), run(1_000, 0.0));
+        assert!(churn < 0.05 && calm > 0.9, "{churn} {calm}");
+        // A miss after an idle spell longer than a step (the last request finished, the next
+        // came later) wasted nothing.
+        assert_eq!(run(100, 2.0 * step), 1.0);
+        // Half a step idle: half a step wasted.
+        let (churn, calm) = (run(100, 0.5 * step), run(500, 0.5 * step));
+        assert!(churn < 0.05 && calm > 0.9, "{churn} {calm}");
+        // Closed by a burst of misses, it opens again once predictions hold (checked unlaunched).
+        let mut g = Gate::new(20.0);
+        g.observe_step(step);
+        for _ in 0..4 {
+            g.record(false, 0.0);
+        }
+        assert!(!g.open());
+        let mut steps = 0;
+        while !g.open() {
+            g.record(true, 0.0);
+            steps += 1;
+        }
+        assert!((100..2_000).contains(&steps), "{steps}");
     }
 
     #[test]

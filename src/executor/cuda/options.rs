@@ -57,6 +57,11 @@ pub struct CudaBackendOptions {
     /// keeps it when its plan is exactly that step, and otherwise lets it finish unused (one
     /// wasted step: a request that ends, one that joins, a new block). Off by default.
     pub lookahead: bool,
+    /// With `lookahead`: None launches every step it predicts (`model.cuda_lookahead = "on"`);
+    /// Some(gain µs) only while `lookahead::Gate`, weighing that gain per kept step against
+    /// the GPU time of unused ones, is open ("auto"). Predictions it holds back are still
+    /// checked against the next plan (host work), so it opens again when churn dies down.
+    pub lookahead_gate_us: Option<f64>,
     /// Decode attention split rule: 0, `kernels::decode_splits` (about 2 CTAs per SM, up to 32
     /// splits); otherwise `kernels::decode_splits_filled` with this many CTAs per SM (up to 64
     /// splits, powers of two; serving default 8).
@@ -115,6 +120,21 @@ pub struct CudaBackendOptions {
     pub kv_cache_dtype: KvCacheDtype,
     /// How the layers' linear weights are held (`--quantization`).
     pub quantization: Quantization,
+}
+
+/// Lookahead decode as `brook serve` offers it (`model.cuda_lookahead`, `--cuda-lookahead`):
+/// off; on (every predicted step launched ahead: `CudaBackendOptions::lookahead`); auto
+/// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Off by
+/// default: under serving churn a wrong prediction wastes a whole step against ~20 µs gained
+/// by a kept one (`brook simulate --lookahead`, BENCHMARKS.md session 32), and "auto" has not
+/// yet run on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LookaheadMode {
+    #[default]
+    Off,
+    On,
+    Auto,
 }
 
 /// The decode attention kernel (paged_decode.cu). `Lanes`: fp32 dot products on the CUDA cores,

@@ -61,6 +61,7 @@ fn rank_options(opts: &CudaBackendOptions) -> CudaBackendOptions {
     o.cuda_graphs = false;
     o.verify_graphs = false;
     o.lookahead = false;
+    o.lookahead_gate_us = None;
     o.warm_up = false;
     o
 }
