@@ -71,6 +71,17 @@ fn check_scheduler_steps(spec: TestModelSpec) {
             },
         ),
         (
+            // Gated (`--cuda-lookahead auto`): the preemptions and joins here close the gate
+            // part of the time, so both its paths run (launched, held back and checked).
+            "lookahead_auto",
+            CudaBackendOptions {
+                lookahead: true,
+                lookahead_gate_us: Some(brook::executor::cuda::lookahead::DEFAULT_GAIN_US),
+                step_timing: true,
+                ..base.clone()
+            },
+        ),
+        (
             "merge_inline+fill8",
             CudaBackendOptions {
                 decode_merge_inline: true,
@@ -81,7 +92,7 @@ fn check_scheduler_steps(spec: TestModelSpec) {
     ];
     let mut default_outputs: Option<Vec<Vec<u32>>> = None;
     for (name, opts) in variants {
-        let lookahead = opts.lookahead;
+        let (lookahead, opts_gated) = (opts.lookahead, opts.lookahead_gate_us.is_some());
         let mut gpu = CudaBackend::from_weights(config.clone(), &weights, opts).unwrap();
         let num_blocks = gpu.info().num_kv_blocks;
         let mut kv =
@@ -111,14 +122,19 @@ fn check_scheduler_steps(spec: TestModelSpec) {
         }
         eprintln!("persistent batch, {name}: {tally:?}");
         tally.assert_close(name);
-        if matches!(name, "pinned_io" | "lookahead") {
+        if matches!(name, "pinned_io" | "lookahead" | "lookahead_auto") {
             let want = default_outputs.as_ref().unwrap();
             assert!(&outputs == want, "{name}: tokens differ from the default's");
         }
         if lookahead {
             let st = gpu.lookahead_stats();
-            eprintln!("lookahead: {st:?}");
-            assert!(st.hits > 0 && st.launched >= st.hits, "{st:?}");
+            eprintln!("{name}: {st:?}");
+            assert!(st.launched >= st.hits, "{st:?}");
+            if opts_gated {
+                assert!(st.launched + st.gated > 0, "{st:?}");
+            } else {
+                assert!(st.hits > 0 && st.gated == 0, "{st:?}");
+            }
             // Every launched prediction was either kept or dropped (one may still be in flight).
             assert!(st.hits + st.misses + 1 >= st.launched, "{st:?}");
             let timing = gpu.last_timing().expect("step_timing on");
