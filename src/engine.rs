@@ -22,6 +22,7 @@ use crate::executor::actor::{BackendFactory, ExecutorActor};
 use crate::executor::backend::{Backend, BackendInfo};
 use crate::executor::cpu::{CpuBackend, CpuBackendOptions};
 use crate::executor::cuda::{self, CudaBackend, CudaBackendOptions, CudaTpBackend};
+use crate::executor::null::NullBackend;
 use crate::health::Health;
 use crate::kv::actor::{KvActor, KvHandle};
 use crate::kv::manager::KvCacheManager;
@@ -311,6 +312,41 @@ pub fn start_synthetic(cfg: &Config, name: &str, seed: u64) -> anyhow::Result<Ar
     Ok(Arc::new(start_actors(cfg, model, backend, None, None)))
 }
 
+/// Starts the actors around a backend that computes nothing (`executor::null`) but holds the
+/// executor thread for `step_time` a step, on the shape of the synthetic model `tiny` (its
+/// vocabulary and context): what a step takes beyond `step_time` is the engine's own work.
+/// Must run inside an actix `System`.
+pub fn start_null(cfg: &Config, step_time: Duration) -> anyhow::Result<Arc<EngineCore>> {
+    anyhow::ensure!(
+        cfg.speculative.method == SpecMethod::Off,
+        "the null backend verifies no drafts: --speculative off"
+    );
+    let model_cfg = synthetic_config("tiny")?;
+    let max_len = resolve_max_model_len(cfg, &model_cfg);
+    let (bs, token) = (cfg.cache.block_size, 3);
+    // Blocks for every sequence the scheduler may hold at the longest context: nothing is
+    // allocated, so the pool never limits the loop.
+    let blocks = cfg.scheduler.max_num_seqs.max(1) * max_len.div_ceil(bs) + 1;
+    let mut factory: BackendFactory = Box::new(move || {
+        let null = NullBackend::new(bs, blocks, max_len, token, step_time);
+        Ok(Box::new(null) as Box<dyn Backend>)
+    });
+    let backend = factory()?;
+    let model = ModelSource {
+        name: "null".to_owned(),
+        source: "no model (the null backend)".to_owned(),
+        defaults: ModelDefaults::new(None, model_cfg.eos_token_ids.clone(), model_cfg.vocab_size)?,
+        config: model_cfg,
+    };
+    Ok(Arc::new(start_actors(
+        cfg,
+        model,
+        (backend, factory),
+        None,
+        None,
+    )))
+}
+
 /// Refuses a draft model that cannot draft for the target (`spec::compat`), before any weight
 /// is loaded.
 fn check_draft(
@@ -531,12 +567,17 @@ fn start_actors(
     let health = Arc::new(Health::default());
     let step_timeout = (cfg.scheduler.step_timeout_s > 0.0)
         .then(|| Duration::from_secs_f64(cfg.scheduler.step_timeout_s));
+    // The CPU executor's steps use every core: a spinning scheduler would slow them.
+    let on_cpu = backend_info.device.starts_with("cpu");
+    let prewake = (cfg.scheduler.prewake_us > 0 && !on_cpu)
+        .then(|| Duration::from_micros(cfg.scheduler.prewake_us));
     let parts = SchedulerParts {
         kv,
         tokenizer,
         metrics: metrics.clone(),
         health: health.clone(),
         step_timeout,
+        prewake,
     };
     let scheduler = SchedulerActor::new(core, executor, parts).start();
     let info = EngineInfo {

@@ -206,3 +206,44 @@ fn scheduler_host_cost_runs_every_request_to_the_end() {
         brook::bench::run(args).unwrap_or_else(|e| panic!("{policy}: {e:#}"));
     }
 }
+
+/// `--engine-loop`: the usual workload through the real actors on the null backend, which
+/// holds the executor thread for `--step-us` a step. Every token arrives, no step is shorter
+/// than the time it holds, and the scheduler's pre-wake (on: the null backend is not the CPU
+/// executor) changes no output. `--step-us` belongs to `--engine-loop` alone.
+#[test]
+fn engine_loop_runs_the_workload_on_the_null_backend() {
+    let e = run(&[("--step-us", "300")]).unwrap_err().to_string();
+    assert!(e.contains("--engine-loop"), "{e}");
+    let args = Cli::try_parse_from([
+        "brook",
+        "bench",
+        "--engine-loop",
+        "--step-us",
+        "300",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "40",
+    ])
+    .map(|c| match c.command {
+        Command::Bench(a) => a,
+        other => panic!("parsed as {other:?}"),
+    })
+    .unwrap();
+    let BenchOutcome { report, requests } = execute(&args).unwrap();
+    assert_eq!(report.device, "null (no model)");
+    assert_eq!(requests.len(), 3);
+    for r in &requests {
+        assert_eq!(
+            (r.finish_reason, r.completion_tokens),
+            (FinishReason::Length, 40)
+        );
+    }
+    // Steps follow one another, each at least the 0.3 ms the backend holds.
+    assert!(report.itl_ms_p50 >= 0.3, "{}", report.itl_ms_p50);
+    let conflict = Cli::try_parse_from(["brook", "bench", "--engine-loop", "--synthetic", "tiny"]);
+    assert!(conflict.is_err(), "--engine-loop runs no model");
+}

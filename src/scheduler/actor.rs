@@ -17,6 +17,15 @@
 //! engine is *stalled*: every request ends with `internal`, new ones are refused with
 //! `unavailable`, and blocks stay unallocated until the step returns (it may still write them),
 //! after which the engine serves again.
+//!
+//! Pre-wake (`scheduler.prewake_us`): a thread parked while the GPU works takes ~50 µs to wake
+//! on a VM when the step's result arrives, and the executor's thread about as long again when
+//! the next step does, both on the GPU's idle path (`brook bench --engine-loop`). So a timer
+//! armed with each step fires `prewake_us` (and the timers' 2 ms slack) before the fitted
+//! model's predicted end, and from then until the step returns (or `prewake_us` past the
+//! predicted end) the actor yields instead of letting its thread park, so the result is taken
+//! at once. This is the one place the actor polls: measured, bounded, and off on the CPU
+//! executor. The executor thread's own wake-up is left.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,9 +41,13 @@ use crate::metrics::Metrics;
 use crate::output::{OutputProcessor, Processed};
 use crate::request::FinishReason;
 pub use crate::scheduler::messages::{Abort, Cancel, FailAll, Submit, WhenIdle};
-use crate::scheduler::{gauges, NewRequest, Scheduler};
+use crate::scheduler::{gauges, NewRequest, Scheduler, StepFeatures};
 use crate::step::{RequestUpdate, SchedulerOutput, StepOutput};
 use crate::tokenizer::Tokenizer;
+
+/// How late the runtime's timers may fire: they tick in whole milliseconds, and one armed for
+/// 2.7 ms fired after 2.1-4.2 ms here (a pre-wake timer is armed this much earlier).
+const TIMER_TICK: Duration = Duration::from_millis(2);
 
 pub struct SchedulerActor {
     core: Scheduler,
@@ -48,6 +61,11 @@ pub struct SchedulerActor {
     step_timeout: Option<Duration>,
     /// The running step's deadline timer.
     deadline: Option<SpawnHandle>,
+    /// Pre-wake: how long before a step's predicted end to stop sleeping (None: off), the
+    /// running step's timer, and the steps returned so far (the spin's end).
+    prewake: Option<Duration>,
+    prewake_timer: Option<SpawnHandle>,
+    steps_returned: std::rc::Rc<std::cell::Cell<u64>>,
     /// Set while a step runs past its deadline.
     stalled: bool,
     /// Drains waiting for the engine to run out of requests.
@@ -63,6 +81,8 @@ pub struct SchedulerParts {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub step_timeout: Option<Duration>,
+    /// `scheduler.prewake_us` (None: off).
+    pub prewake: Option<Duration>,
 }
 
 impl SchedulerActor {
@@ -78,6 +98,9 @@ impl SchedulerActor {
             in_flight: false,
             step_timeout: parts.step_timeout,
             deadline: None,
+            prewake: parts.prewake,
+            prewake_timer: None,
+            steps_returned: Default::default(),
             stalled: false,
             idle_waiters: Vec::new(),
             epoch: Instant::now(),
@@ -113,11 +136,16 @@ impl SchedulerActor {
             let h = ctx.run_later(timeout, move |act, _| act.step_overdue(started, timeout));
             self.deadline = Some(h);
         }
+        self.arm_prewake(&plan, ctx);
         let plan = Arc::new(plan);
         let fut = self.executor.send(ExecuteStep(plan.clone()));
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
+            act.steps_returned.set(act.steps_returned.get() + 1);
             if let Some(h) = act.deadline.take() {
+                ctx.cancel_future(h);
+            }
+            if let Some(h) = act.prewake_timer.take() {
                 ctx.cancel_future(h);
             }
             if std::mem::take(&mut act.stalled) {
@@ -135,6 +163,40 @@ impl SchedulerActor {
                 Err(e) => act.fail_step(&plan, e, ctx),
             }
         }));
+    }
+
+    /// Pre-wake: arms the timer that stops the thread sleeping `prewake` before `plan`'s
+    /// predicted end (now, for a step predicted shorter), once the step-time model is fitted.
+    fn arm_prewake(&mut self, plan: &SchedulerOutput, ctx: &mut Context<Self>) {
+        let Some(early) = self.prewake else { return };
+        let model = self.core.cost_model();
+        if !model.is_fitted() {
+            return;
+        }
+        let ms = model.predict_ms(&StepFeatures::from_step(plan));
+        let Ok(predicted) = Duration::try_from_secs_f64(ms / 1e3) else {
+            return;
+        };
+        let step = self.steps_returned.get() + 1;
+        let started = Instant::now();
+        let h = ctx.run_later(
+            predicted.saturating_sub(early + TIMER_TICK),
+            move |act, ctx| {
+                act.prewake_timer = None;
+                let returned = act.steps_returned.clone();
+                // Spins to the predicted end and `early` past it, at most.
+                let until = started + predicted + early;
+                ctx.spawn(
+                    async move {
+                        while returned.get() < step && Instant::now() < until {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    .into_actor(act),
+                );
+            },
+        );
+        self.prewake_timer = Some(h);
     }
 
     fn fold(&mut self, plan: &SchedulerOutput, step: &StepOutput) -> Vec<RequestUpdate> {

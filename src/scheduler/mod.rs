@@ -79,6 +79,13 @@ pub struct SchedulerConfig {
     /// ends with `internal` and new ones get `unavailable` until the step returns. 0 = no
     /// deadline. The scheduler actor's, not the core's: the core never sees a clock.
     pub step_timeout_s: f64,
+    /// Microseconds before a step's predicted end (the fitted step-time model) at which the
+    /// scheduler actor's thread stops sleeping: it keeps yielding until the step returns (at
+    /// most this long past the predicted end), so the result does not wait for a parked thread
+    /// to wake (~50 µs a hand-over on a VM; `brook bench --engine-loop`). It costs a core for
+    /// that long, plus up to 2 ms (the runtime's timer resolution), each step; 0 = off. The
+    /// scheduler actor's; the CPU executor runs without it (its steps use every core).
+    pub prewake_us: u64,
     pub policy: Policy,
     pub classes: ClassConfig,
     pub slo: SloConfig,
@@ -100,6 +107,7 @@ impl Default for SchedulerConfig {
             max_model_len: 0,
             long_prefill_token_threshold: 512,
             step_timeout_s: 60.0,
+            prewake_us: 300,
             policy: Policy::Fcfs,
             classes: ClassConfig::default(),
             slo: SloConfig::default(),
