@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Addr, SyncArbiter};
+use actix::{Actor, Addr, Arbiter};
 use tokio::sync::mpsc;
 
 use crate::chat::ChatTemplate;
@@ -531,12 +531,13 @@ fn start_actors(
         .with_block_bytes(backend_info.bytes_per_block),
     ));
     let kv_addr = KvActor::new(kv.clone()).start();
-    let backend_cell = parking_lot::Mutex::new(Some((backend, factory)));
-    let executor = SyncArbiter::start(1, move || {
-        let (backend, factory) = (backend_cell.lock())
-            .take()
-            .expect("one executor thread takes the backend once");
-        ExecutorActor::new(backend, factory)
+    // The CPU executor's steps use every core: spinning threads would slow them.
+    let on_cpu = backend_info.device.starts_with("cpu");
+    let prewake = (cfg.scheduler.prewake_us > 0 && !on_cpu)
+        .then(|| Duration::from_micros(cfg.scheduler.prewake_us));
+    // A thread of its own: a step blocks it. The arbiter runs until the System stops.
+    let executor = ExecutorActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+        ExecutorActor::new(backend, factory, prewake)
     });
     let mut core = Scheduler::new(SchedulerConfig {
         max_model_len,
@@ -567,10 +568,6 @@ fn start_actors(
     let health = Arc::new(Health::default());
     let step_timeout = (cfg.scheduler.step_timeout_s > 0.0)
         .then(|| Duration::from_secs_f64(cfg.scheduler.step_timeout_s));
-    // The CPU executor's steps use every core: a spinning scheduler would slow them.
-    let on_cpu = backend_info.device.starts_with("cpu");
-    let prewake = (cfg.scheduler.prewake_us > 0 && !on_cpu)
-        .then(|| Duration::from_micros(cfg.scheduler.prewake_us));
     let parts = SchedulerParts {
         kv,
         tokenizer,

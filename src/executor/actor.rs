@@ -1,5 +1,11 @@
-//! The executor actor: owns the backend on its own thread (a one-thread `SyncArbiter`), so a
-//! forward pass never blocks the scheduler's or the sessions' event loops.
+//! The executor actor: owns the backend on its own thread (an `Arbiter` of its own, where
+//! nothing else runs), so a forward pass never blocks the scheduler's or the sessions' event
+//! loops.
+//!
+//! Linger (`scheduler.prewake_us`, off on the CPU executor): after answering a step the actor
+//! yields for up to that long instead of letting its thread park, because the next step comes
+//! within tens of µs and a parked thread took ~40 µs to wake for it (`brook bench
+//! --engine-loop`); it parks once the next step has arrived or the time is up.
 //!
 //! Panics stop here (`catch_unwind` around each step): a backend that panicked is in an unknown
 //! state (half-applied diffs, buffers mid-update), so it is dropped and rebuilt from the
@@ -14,7 +20,11 @@ use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use actix::{Actor, Handler, Message, SyncContext};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, AsyncContext, Context, Handler, Message, WrapFuture};
 
 use crate::executor::backend::Backend;
 use crate::step::{SchedulerOutput, StepOutput};
@@ -29,18 +39,45 @@ pub struct ExecutorActor {
     block_size: usize,
     /// Why no backend is left, once a rebuild failed.
     failed: Option<String>,
+    /// Linger: how long to keep the thread awake after a step (None: park at once), and the
+    /// steps started so far (the linger's end).
+    linger: Option<Duration>,
+    steps_started: Rc<Cell<u64>>,
 }
 
 impl ExecutorActor {
-    /// Runs on the executor thread (the `SyncArbiter`'s factory).
-    pub fn new(mut backend: Box<dyn Backend>, factory: BackendFactory) -> Self {
+    /// Runs on the executor thread (its arbiter's); `linger`: how long to stay awake after a
+    /// step for the next one (None: park at once).
+    pub fn new(
+        mut backend: Box<dyn Backend>,
+        factory: BackendFactory,
+        linger: Option<Duration>,
+    ) -> Self {
         backend.on_executor_thread();
         ExecutorActor {
             block_size: backend.info().block_size,
             backend: Some(backend),
             factory,
             failed: None,
+            linger,
+            steps_started: Rc::default(),
         }
+    }
+
+    /// Linger: yields for up to `linger`, or until the next step arrives, so that the thread
+    /// is awake for it.
+    fn linger(&self, ctx: &mut Context<Self>) {
+        let Some(linger) = self.linger else { return };
+        let (started, at) = (self.steps_started.clone(), self.steps_started.get());
+        let until = Instant::now() + linger;
+        ctx.spawn(
+            async move {
+                while started.get() == at && Instant::now() < until {
+                    tokio::task::yield_now().await;
+                }
+            }
+            .into_actor(self),
+        );
     }
 
     /// Drops the poisoned backend (its drop may panic too) and builds a new one; returns its
@@ -68,7 +105,7 @@ impl ExecutorActor {
 }
 
 impl Actor for ExecutorActor {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
 }
 
 /// Why a step produced no output.
@@ -123,7 +160,17 @@ impl Message for ExecuteStep {
 impl Handler<ExecuteStep> for ExecutorActor {
     type Result = Result<StepOutput, StepError>;
 
-    fn handle(&mut self, msg: ExecuteStep, _ctx: &mut SyncContext<Self>) -> Self::Result {
+    fn handle(&mut self, msg: ExecuteStep, ctx: &mut Context<Self>) -> Self::Result {
+        self.steps_started.set(self.steps_started.get() + 1);
+        let out = self.run(msg);
+        self.linger(ctx);
+        out
+    }
+}
+
+impl ExecutorActor {
+    /// One step, a panic caught (the backend then rebuilt).
+    fn run(&mut self, msg: ExecuteStep) -> Result<StepOutput, StepError> {
         let Some(backend) = self.backend.as_mut() else {
             let why = self.failed.clone().unwrap_or_default();
             return Err(StepError::Unavailable(why));

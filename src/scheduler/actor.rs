@@ -25,7 +25,7 @@
 //! model's predicted end, and from then until the step returns (or `prewake_us` past the
 //! predicted end) the actor yields instead of letting its thread park, so the result is taken
 //! at once. This is the one place the actor polls: measured, bounded, and off on the CPU
-//! executor. The executor thread's own wake-up is left.
+//! executor. The executor actor lingers after each step likewise (`executor::actor`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -82,9 +82,10 @@ pub struct SchedulerConfig {
     /// Microseconds before a step's predicted end (the fitted step-time model) at which the
     /// scheduler actor's thread stops sleeping: it keeps yielding until the step returns (at
     /// most this long past the predicted end), so the result does not wait for a parked thread
-    /// to wake (~50 µs a hand-over on a VM; `brook bench --engine-loop`). It costs a core for
+    /// to wake (~50 µs a hand-over on a VM; `brook bench --engine-loop`); and how long the
+    /// executor actor's thread stays awake after a step for the next one. It costs a core for
     /// that long, plus up to 2 ms (the runtime's timer resolution), each step; 0 = off. The
-    /// scheduler actor's; the CPU executor runs without it (its steps use every core).
+    /// CPU executor runs without it (its steps use every core).
     pub prewake_us: u64,
     pub policy: Policy,
     pub classes: ClassConfig,
