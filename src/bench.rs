@@ -404,6 +404,10 @@ fn check_model_free(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.step_us.is_none() || args.engine_loop,
+        "--step-us applies to --engine-loop only"
+    );
     if args.memory || args.multiturn || args.scheduler || args.engine_loop {
         check_sizes(&args)?;
         check_model_free(&args)?;
