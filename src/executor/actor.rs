@@ -17,11 +17,10 @@
 //! [`StepError::Unavailable`] and /health reports the engine failed: only a restart helps then.
 
 use std::any::Any;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
-
 use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, WrapFuture};
@@ -69,15 +68,8 @@ impl ExecutorActor {
     fn linger(&self, ctx: &mut Context<Self>) {
         let Some(linger) = self.linger else { return };
         let (started, at) = (self.steps_started.clone(), self.steps_started.get());
-        let until = Instant::now() + linger;
-        ctx.spawn(
-            async move {
-                while started.get() == at && Instant::now() < until {
-                    tokio::task::yield_now().await;
-                }
-            }
-            .into_actor(self),
-        );
+        let next_came = move || started.get() != at;
+        ctx.spawn(yield_until(next_came, Instant::now() + linger).into_actor(self));
     }
 
     /// Drops the poisoned backend (its drop may panic too) and builds a new one; returns its
@@ -196,6 +188,16 @@ impl ExecutorActor {
                 }
             }
         }
+    }
+}
+
+/// Keeps the calling actor's thread from parking: yields to the runtime (which polls the
+/// actor's mailbox and futures each time) until `done()` or `until`. The pre-wake and linger
+/// of the scheduler and executor actors: bounded polls where a parked thread's wake-up is on
+/// the GPU's idle path.
+pub async fn yield_until(done: impl Fn() -> bool, until: Instant) {
+    while !done() && Instant::now() < until {
+        tokio::task::yield_now().await;
     }
 }
 

@@ -34,7 +34,7 @@ use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, SpawnHa
 use tokio::sync::oneshot;
 
 use crate::error::EngineError;
-use crate::executor::actor::{ExecuteStep, ExecutorActor, StepError};
+use crate::executor::actor::{yield_until, ExecuteStep, ExecutorActor, StepError};
 use crate::health::Health;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
@@ -184,16 +184,10 @@ impl SchedulerActor {
             move |act, ctx| {
                 act.prewake_timer = None;
                 let returned = act.steps_returned.clone();
-                // Spins to the predicted end and `early` past it, at most.
+                let step_returned = move || returned.get() >= step;
+                // Up to the predicted end and `early` past it, at most.
                 let until = started + predicted + early;
-                ctx.spawn(
-                    async move {
-                        while returned.get() < step && Instant::now() < until {
-                            tokio::task::yield_now().await;
-                        }
-                    }
-                    .into_actor(act),
-                );
+                ctx.spawn(yield_until(step_returned, until).into_actor(act));
             },
         );
         self.prewake_timer = Some(h);
