@@ -167,10 +167,6 @@ fn engine_loop_step_us(args: &BenchArgs) -> u64 {
 /// its own, runs the workload and returns its figures.
 pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
     check_sizes(args)?;
-    anyhow::ensure!(
-        args.step_us.is_none() || args.engine_loop,
-        "--step-us applies to --engine-loop only"
-    );
     let cfg = args.engine.resolve()?;
     let system = actix::System::new();
     if args.engine_loop {
@@ -361,8 +357,12 @@ async fn follow(mut rx: mpsc::Receiver<StreamEvent>) -> anyhow::Result<RequestSt
 /// Most requests a run takes: each holds its prompt, its stream and its figures in memory.
 pub const MAX_BENCH_PROMPTS: usize = 1_000_000;
 
-/// The workload's sizes, for every mode.
+/// The workload's sizes (and `--step-us`, which only `--engine-loop` takes), for every mode.
 fn check_sizes(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.step_us.is_none() || args.engine_loop,
+        "--step-us applies to --engine-loop only"
+    );
     anyhow::ensure!(
         args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0,
         "--num-prompts, --input-len and --output-len must be > 0"
@@ -404,12 +404,8 @@ fn check_model_free(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.step_us.is_none() || args.engine_loop,
-        "--step-us applies to --engine-loop only"
-    );
+    check_sizes(&args)?;
     if args.memory || args.multiturn || args.scheduler || args.engine_loop {
-        check_sizes(&args)?;
         check_model_free(&args)?;
     }
     if args.memory {

@@ -131,9 +131,9 @@ fn check_scheduler_steps(spec: TestModelSpec) {
             eprintln!("{name}: {st:?}");
             assert!(st.launched >= st.hits, "{st:?}");
             if opts_gated {
-                assert!(st.launched + st.gated > 0, "{st:?}");
+                assert!(st.launched + st.held > 0, "{st:?}");
             } else {
-                assert!(st.hits > 0 && st.gated == 0, "{st:?}");
+                assert!(st.hits > 0 && st.held == 0, "{st:?}");
             }
             // Every launched prediction was either kept or dropped (one may still be in flight).
             assert!(st.hits + st.misses + 1 >= st.launched, "{st:?}");

@@ -283,17 +283,17 @@ fn one_run(
         .collect();
     let phase = |f: fn(&StepTiming) -> Duration| median(timings.iter().map(|t| us(f(t))).collect());
     let st = b.lookahead_stats();
-    let (hits, misses, launched, unpredictable, gated) = (
+    let (hits, misses, launched, unpredictable, held) = (
         st.hits - stats0.hits,
         st.misses - stats0.misses,
         st.launched - stats0.launched,
         st.unpredictable - stats0.unpredictable,
-        st.gated - stats0.gated,
+        st.held - stats0.held,
     );
     let (med, p99) = (median(ms.clone()), quantile(ms, 0.99));
     let (gap50, gap99) = (median(gaps.clone()), quantile(gaps, 0.99));
     eprintln!(
-        "{model} decode [{name:<12}] batch {batch} ctx {input_len:>5}: {med:.3} ms/step (p99 {p99:.3}); gpu gap p50 {gap50:.1} us p99 {gap99:.1} us; gpu busy {:.3} ms; host prepare {:.0} launch {:.0} wait {:.0} us; lookahead kept {hits}/{launched} (dropped {misses}, unpredictable {unpredictable}, gated {gated})",
+        "{model} decode [{name:<12}] batch {batch} ctx {input_len:>5}: {med:.3} ms/step (p99 {p99:.3}); gpu gap p50 {gap50:.1} us p99 {gap99:.1} us; gpu busy {:.3} ms; host prepare {:.0} launch {:.0} wait {:.0} us; lookahead kept {hits}/{launched} (dropped {misses}, unpredictable {unpredictable}, held {held})",
         median(busy.clone()),
         phase(|t| t.prepare),
         phase(|t| t.launch),
@@ -306,7 +306,7 @@ fn one_run(
         "host_prepare_us_p50": phase(|t| t.prepare), "host_launch_us_p50": phase(|t| t.launch),
         "host_wait_us_p50": phase(|t| t.wait), "host_total_us_p50": phase(|t| t.total),
         "lookahead_kept": hits, "lookahead_launched": launched, "lookahead_dropped": misses,
-        "lookahead_unpredictable": unpredictable, "lookahead_gated": gated,
+        "lookahead_unpredictable": unpredictable, "lookahead_held": held,
         "timed_steps": timings.len(),
     }));
     Ok(())

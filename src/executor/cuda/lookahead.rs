@@ -301,7 +301,7 @@ pub struct LookaheadStats {
     /// Steps after which nothing could be predicted.
     pub unpredictable: u64,
     /// Predicted but not launched: the gate was closed (`Gate`).
-    pub gated: u64,
+    pub held: u64,
 }
 
 #[cfg(test)]

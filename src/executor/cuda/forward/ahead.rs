@@ -21,18 +21,13 @@ impl Forward {
         idle_s: f64,
     ) -> anyhow::Result<()> {
         let changed = !updates.is_empty() || counts_changed;
+        // The prediction the gate held back is judged like a launched one, for the gate only.
         if let Some(held) = self.held.take() {
-            let kept = lookahead::keep(&held, batch, &self.fed, changed).is_ok();
-            if let Some(g) = &mut self.gate {
-                g.record(kept, idle_s);
-            }
+            self.judge(&held, batch, changed, idle_s);
             self.spare = held;
         }
         if let Some(ahead) = self.ahead.take() {
-            let keep = lookahead::keep(&ahead.batch, batch, &self.fed, changed).is_ok();
-            if let Some(g) = &mut self.gate {
-                g.record(keep, idle_s);
-            }
+            let keep = self.judge(&ahead.batch, batch, changed, idle_s);
             self.spare = ahead.batch;
             if keep {
                 self.lookahead_stats.hits += 1;
@@ -43,6 +38,21 @@ impl Forward {
         }
         self.launch_step(batch, updates, true, true, false)?;
         Ok(())
+    }
+
+    /// Whether `predicted` is kept for the plan `batch` (`lookahead::keep`), told to the gate.
+    fn judge(
+        &mut self,
+        predicted: &BatchInput,
+        batch: &BatchInput,
+        changed: bool,
+        idle_s: f64,
+    ) -> bool {
+        let kept = lookahead::keep(predicted, batch, &self.fed, changed).is_ok();
+        if let Some(g) = &mut self.gate {
+            g.record(kept, idle_s);
+        }
+        kept
     }
 
     /// Lookahead: launches the step predicted to follow `batch` (launched last) behind it, its
@@ -57,7 +67,7 @@ impl Forward {
             return Ok(());
         }
         if self.gate.as_ref().is_some_and(|g| !g.open()) {
-            self.lookahead_stats.gated += 1;
+            self.lookahead_stats.held += 1;
             self.held = Some(pred);
             return Ok(());
         }
