@@ -117,6 +117,13 @@ pub struct BenchReport {
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
     pub spec_mean_accepted_length: Option<f64>,
+    /// Steps the executor ran over the timed workload, and its mean time in one (`execute`,
+    /// from the scheduler's `step_time` metric: the backend's own host work included).
+    pub steps: u64,
+    pub executor_ms_mean: f64,
+    /// The engine's own time a step, outside the executor: (wall - the steps' executor time) /
+    /// steps, in µs. The actors' hops and the scheduler; any backend.
+    pub outside_executor_us: f64,
 }
 
 /// What one timed request saw on its stream.
@@ -285,6 +292,7 @@ async fn workload(
     ttft.sort_by(f64::total_cmp);
     itl.sort_by(f64::total_cmp);
     let completion_tokens: usize = requests.iter().map(|r| r.completion_tokens).sum();
+    let steps = after.step_time.since(&before.step_time);
     let report = BenchReport {
         device: engine.info.backend.device.clone(),
         model: engine.info.model_name.clone(),
@@ -310,6 +318,9 @@ async fn workload(
             let accepted = after.spec_accepted_tokens - before.spec_accepted_tokens;
             (drafts > 0).then(|| 1.0 + accepted as f64 / drafts as f64)
         },
+        steps: steps.count,
+        executor_ms_mean: steps.sum * 1e3 / steps.count.max(1) as f64,
+        outside_executor_us: (wall - steps.sum) * 1e6 / steps.count.max(1) as f64,
     };
     Ok(BenchOutcome { report, requests })
 }
@@ -455,6 +466,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             (report.itl_ms_p99 - step_ms) * 1e3
         );
     }
+    println!(
+        "  executor        {:>10.3} ms a step (mean of {} steps); outside it {:.1} us a step",
+        report.executor_ms_mean, report.steps, report.outside_executor_us
+    );
     if let Some(len) = report.spec_mean_accepted_length {
         println!(
             "  speculative     {} of {} drafts accepted ({:.1}%), {:.2} tokens per verification",

@@ -244,6 +244,23 @@ fn engine_loop_runs_the_workload_on_the_null_backend() {
     }
     // Steps follow one another, each at least the 0.3 ms the backend holds.
     assert!(report.itl_ms_p50 >= 0.3, "{}", report.itl_ms_p50);
+    // The executor's share comes from the step metric: every step it ran held it 0.3 ms, at
+    // least 40 of them (prompts join together or in turn); the rest of the wall is the
+    // engine's own, and positive.
+    assert!(report.steps >= 40, "{} steps", report.steps);
+    assert!(
+        report.executor_ms_mean >= 0.3,
+        "{}",
+        report.executor_ms_mean
+    );
+    let wall_us = report.wall_s * 1e6;
+    let executor_us = report.executor_ms_mean * 1e3 * report.steps as f64;
+    assert!(executor_us < wall_us, "{executor_us} of {wall_us}");
+    assert!(
+        report.outside_executor_us > 0.0,
+        "{}",
+        report.outside_executor_us
+    );
     let conflict = Cli::try_parse_from(["brook", "bench", "--engine-loop", "--synthetic", "tiny"]);
     assert!(conflict.is_err(), "--engine-loop runs no model");
 }
