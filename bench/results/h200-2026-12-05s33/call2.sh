@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 33's second GPU call (same carry as call1.sh): the serving path with lookahead through
-# the actors at batch 1, and a batched serving run with pre-wake off and on.
+# the actors at batch 1, a batched serving run with pre-wake off and on, and gpu-bench
+# stream-floor (gpu-bench rebuilt at session 33's second commit).
 set -u
 mkdir -p /tmp/gb /tmp/o2 && xz -dc .carry/gb32/brook.xz > /tmp/gb/brook && chmod +x /tmp/gb/brook
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
@@ -20,3 +21,6 @@ for c in pw0 pw300 pw0 pw300; do
   timeout 100 $B --config $O/$c.toml --num-prompts 512 --input-len 128 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 8192 >> $O/b512.log 2>&1
 done
 grep "==\|ITL\|out tok\|executor\|rror" $O/b512.log
+xz -dc .carry/gb32/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench
+timeout 120 /tmp/gb/gpu-bench stream-floor --model llama-2-7b > $O/floor.jsonl 2> $O/floor.log
+grep "stream floor\|rror" $O/floor.log

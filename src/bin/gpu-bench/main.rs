@@ -42,6 +42,9 @@
 //!                                       acceptance is controlled (a 0.5/0.7/0.9, k 1..5) vs off;
 //!                                       --variants picks (a)'s, --verify-graphs A/Bs (b) eager vs
 //!                                       verification graphs
+//!   gpu-bench stream-floor --model M    one token's linear weights streamed at batch 1: the bulk
+//!                                       gemv's ring alone and the shipped gemv, in one launch
+//!                                       and one launch a matrix (PDL or not); a device copy
 //!   gpu-bench gemv-sweep                batch-1 GEMV GB/s on the synthetic models' layers: brook's
 //!                                       gemv by split and (warps, loads in flight) build, cuBLAS
 //!
@@ -67,6 +70,7 @@ mod prefill_attn;
 mod prefill_chunks;
 mod spec;
 mod spin;
+mod stream_floor;
 mod swap;
 mod ttft;
 mod variants;
@@ -101,6 +105,12 @@ enum Cmd {
         cases: Vec<String>,
     },
     GemvSweep,
+    /// One token's linear weights streamed at batch 1, in one launch and in one a matrix: the
+    /// floor a persistent decode path could reach.
+    StreamFloor {
+        #[arg(long, default_value = "llama-2-7b")]
+        model: String,
+    },
     /// One layer's prefill attention (no cached prefix) on both paths, by prompt length, at
     /// batch 1, 8 and 32; then the length from which the flash kernel wins.
     PrefillAttn {
@@ -314,6 +324,7 @@ fn main() -> anyhow::Result<()> {
             &attention::DecodeFilter::parse(&variants, &cases)?,
         ),
         Cmd::GemvSweep => gemv_sweep::run(),
+        Cmd::StreamFloor { model } => stream_floor::run(&model),
         Cmd::PrefillAttn { model } => prefill_attn::run(&model),
         Cmd::PrefillChunks { model } => prefill_chunks::run(&model),
         Cmd::Decode {

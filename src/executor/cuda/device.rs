@@ -532,30 +532,7 @@ impl Gpu {
             return self.launch(name, grid, block, params);
         }
         let k = self.kernel(name);
-        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block.0,
-            blockDimY: block.1,
-            blockDimZ: block.2,
-            sharedMemBytes: k.smem,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        let mut args = [params as *const P as *mut c_void];
-        sys::cuLaunchKernelEx(
-            &config,
-            k.f.cu_function(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-        .result()
-        .with_context(|| format!("launching {name} (PDL)"))?;
+        launch_pdl_with(&k.f, name, &self.stream, (grid, block, k.smem), params)?;
         self.traced(name)
     }
 
@@ -572,6 +549,24 @@ impl Gpu {
         params: &P,
     ) -> anyhow::Result<()> {
         launch_with(f, name, &self.stream, grid, block, smem, params)
+    }
+
+    /// `launch_fn` with programmatic dependent launch when `self.pdl` (the kernel calls
+    /// `pdl_wait()` before reading what earlier kernels wrote).
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_fn_pdl<P: Copy>(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        shape: ((u32, u32, u32), (u32, u32, u32), u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
+        match self.pdl {
+            true => launch_pdl_with(f, name, &self.stream, shape, params),
+            false => self.launch_fn(f, name, shape, params),
+        }
     }
 
     /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).
@@ -612,6 +607,41 @@ unsafe fn launch_with<P: Copy>(
         &mut args,
     )
     .with_context(|| format!("launching {name}"))
+}
+
+/// # Safety
+/// As `Gpu::launch`; the kernel calls `pdl_wait()` before reading earlier kernels' outputs.
+unsafe fn launch_pdl_with<P: Copy>(
+    f: &CudaFunction,
+    name: &str,
+    stream: &CudaStream,
+    (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+    params: &P,
+) -> anyhow::Result<()> {
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut args = [params as *const P as *mut c_void];
+    sys::cuLaunchKernelEx(
+        &config,
+        f.cu_function(),
+        args.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+    .with_context(|| format!("launching {name} (PDL)"))
 }
 
 /// A cuBLAS handle on `stream` with a workspace of its own (the handle must outlive neither).

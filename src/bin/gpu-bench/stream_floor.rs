@@ -1,0 +1,203 @@
+//! `gpu-bench stream-floor`: how fast one token's linear weights can be streamed at batch 1,
+//! with and without kernel boundaries — the question a persistent (one launch a step) decode
+//! path would answer. Each variant reads the same bytes (every linear layer of the model, then
+//! the LM head, laid out one after another in one buffer):
+//!
+//! - `ring, one launch`: the bulk gemv's ring alone (`GB_DIAG 1`: stages read and dropped) over
+//!   all of it as one matrix of 64 KB rows: the weight stream with no boundary at all.
+//! - `gemv, one launch`: the shipped bulk gemv over the same matrix (its arithmetic included).
+//! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
+//! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
+//!   launches them (`kernels::gemv`), without the kernels between them.
+//! - `device copy`: one device-to-device copy of 4 GiB (bytes read; as many are written).
+//!
+//! The decode step itself (`gpu-bench decode --quick`) adds norms, RoPE, attention, SiLU and
+//! sampling to the per-matrix chain.
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{result, CudaFunction};
+use serde_json::json;
+
+use brook::executor::cuda::compile;
+use brook::executor::cuda::device::{DevBuf, Gpu};
+use brook::executor::cuda::kernels;
+use brook::model::synthetic::synthetic_config;
+
+use crate::common::{emit, random_bf16, time_ms};
+
+/// Row length of the one-launch view: 64 KB rows keep a CTA's rows under the kernel's
+/// accumulator (`GB_ACC_FLOATS`) and x under its shared-memory slot.
+const FLAT_K: usize = 32 * 1024;
+const COPY_BYTES: usize = 4 << 30;
+
+/// (n, k) of each linear layer in a token's order, then the LM head.
+fn matrices(model: &str) -> anyhow::Result<Vec<(usize, usize)>> {
+    let c = synthetic_config(model)?;
+    let (d, inter) = (c.hidden_size, c.intermediate_size);
+    let layer = [
+        (c.q_dim() + 2 * c.kv_dim(), d),
+        (d, c.q_dim()),
+        (2 * inter, d),
+        (d, inter),
+    ];
+    let mut out: Vec<(usize, usize)> = (0..c.num_hidden_layers).flat_map(|_| layer).collect();
+    out.push((c.vocab_size, d));
+    Ok(out)
+}
+
+/// The bulk gemv's ring alone (`GB_DIAG 1`, the shipped ring), x room for `FLAT_K`.
+fn ring_kernel(gpu: &Gpu) -> anyhow::Result<(CudaFunction, u32)> {
+    let (major, minor) = gpu.compute_capability;
+    let src = compile::SOURCES
+        .iter()
+        .find(|(name, _)| *name == "gemv_bulk")
+        .map(|(_, s)| *s)
+        .ok_or_else(|| anyhow::anyhow!("gemv_bulk.cu is not embedded"))?;
+    let defines = format!(
+        "#define GB_STAGE_BYTES {}\n#define GB_STAGES {}\n#define GB_DIAG 1\n",
+        compile::GEMV_BULK_STAGE_BYTES,
+        compile::GEMV_BULK_STAGES
+    );
+    let arch = compile::arch_for(major, minor);
+    let (ptx, _) = compile::ptx_for("gemv_bulk_floor_diag", &format!("{defines}{src}"), &arch)?;
+    let f = gpu.ctx.load_module(ptx)?.load_function("gemv_bulk_m1")?;
+    let smem = compile::GEMV_BULK_STAGES * compile::GEMV_BULK_STAGE_BYTES + 2 * FLAT_K;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    Ok((f, smem as u32))
+}
+
+struct Floor {
+    gpu: Gpu,
+    /// Every matrix of `mats`, one after another.
+    w: DevBuf,
+    x: DevBuf,
+    y: DevBuf,
+    ring: CudaFunction,
+    ring_smem: u32,
+}
+
+impl Floor {
+    fn params(&self, w: u64, n: usize, k: usize) -> kernels::GemvBulkParams {
+        kernels::GemvBulkParams {
+            x: self.x.ptr(),
+            w,
+            y: self.y.ptr(),
+            y32: 0,
+            m: 1,
+            n: n as i32,
+            k: k as i32,
+        }
+    }
+
+    /// One ring launch over [n, k] at `w`, PDL or not.
+    fn ring(&self, w: u64, n: usize, k: usize, pdl: bool) -> anyhow::Result<()> {
+        let grid = (self.gpu.num_sms as usize).min(n) as u32;
+        let shape = (
+            (grid, 1, 1),
+            (compile::GEMV_BULK_THREADS, 1, 1),
+            self.ring_smem,
+        );
+        let p = self.params(w, n, k);
+        // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K, y [n] (the
+        // diagnostic build writes garbage there, within n).
+        unsafe {
+            match pdl {
+                true => self
+                    .gpu
+                    .launch_fn_pdl(&self.ring, "gemv_bulk_m1 (diag)", shape, &p),
+                false => self
+                    .gpu
+                    .launch_fn(&self.ring, "gemv_bulk_m1 (diag)", shape, &p),
+            }
+        }
+    }
+
+    /// The shipped gemv (bulk kernel where it takes the shape) over [n, k] at `w`.
+    fn gemv(&self, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
+        let p = kernels::GemvParams {
+            x: self.x.ptr(),
+            w,
+            y: self.y.ptr(),
+            y32: 0,
+            m: 1,
+            n: n as i32,
+            k: k as i32,
+            split: kernels::gemv_split(&self.gpu, k),
+            w_scale: 0,
+        };
+        // SAFETY: as `ring`.
+        unsafe { kernels::gemv(&self.gpu, &p) }
+    }
+}
+
+fn report(model: &str, variant: &str, bytes: usize, launches: usize, ms: f64) {
+    let tbps = bytes as f64 / (ms * 1e-3) / 1e12;
+    eprintln!(
+        "stream floor {model} {variant}: {ms:.3} ms for {:.2} GB in {launches} launches, \
+         {tbps:.2} TB/s ({:.1}% of 4.3)",
+        bytes as f64 / 1e9,
+        tbps / 4.3 * 100.0
+    );
+    emit(
+        json!({"figure": "stream_floor", "model": model, "variant": variant, "bytes": bytes,
+        "launches": launches, "ms": ms, "tbps": tbps, "pct_of_4300": tbps / 4.3 * 100.0,
+        "timing": "median of 10 after 2 warm-up"}),
+    );
+}
+
+pub fn run(model: &str) -> anyhow::Result<()> {
+    let gpu = Gpu::open(0)?;
+    anyhow::ensure!(
+        gpu.gemv_bulk,
+        "the bulk gemv is off on this GPU (sm_90+ with ~225 KB of shared memory)"
+    );
+    let mats = matrices(model)?;
+    let total: usize = mats.iter().map(|(n, k)| n * k * 2).sum();
+    let flat_n = total / (2 * FLAT_K);
+    let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
+    let (ring, ring_smem) = ring_kernel(&gpu)?;
+    let f = Floor {
+        w: random_bf16(&gpu, total / 2, 1)?,
+        x: random_bf16(&gpu, FLAT_K, 2)?,
+        y: gpu.alloc(max_n * 2)?,
+        ring,
+        ring_smem,
+        gpu,
+    };
+    let base = f.w.ptr();
+    let per_matrix = |run: &dyn Fn(u64, usize, usize) -> anyhow::Result<()>| {
+        let mut off = 0u64;
+        for &(n, k) in &mats {
+            run(base + off, n, k)?;
+            off += (n * k * 2) as u64;
+        }
+        anyhow::Ok(())
+    };
+    let time = |launch: &dyn Fn() -> anyhow::Result<()>| time_ms(&f.gpu, 2, 10, |_| launch());
+    let flat_bytes = flat_n * FLAT_K * 2;
+    // Alternated twice, so a drift of clocks shows as a difference between rounds.
+    for _ in 0..2 {
+        let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
+        report(model, "ring, one launch", flat_bytes, 1, ms);
+        let ms = time(&|| f.gemv(base, flat_n, FLAT_K))?;
+        report(model, "gemv, one launch", flat_bytes, 1, ms);
+        let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, true)))?;
+        report(model, "ring, per matrix (PDL)", total, mats.len(), ms);
+        let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, false)))?;
+        report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
+        let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
+        report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
+    }
+    let copy = COPY_BYTES.min(total);
+    let dst = f.gpu.alloc(copy)?;
+    let ms = time(&|| {
+        // SAFETY: both buffers hold at least `copy` bytes.
+        unsafe { result::memcpy_dtod_async(dst.ptr(), base, copy, f.gpu.stream.cu_stream()) }?;
+        Ok(())
+    })?;
+    report(model, "device copy (bytes read)", copy, 1, ms);
+    Ok(())
+}
