@@ -22,5 +22,8 @@ for c in pw0 pw300 pw0 pw300; do
 done
 grep "==\|ITL\|out tok\|executor\|rror" $O/b512.log
 xz -dc .carry/gb32/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench
+# The same workload on the backend alone (brook's scheduler, no actors), for the actors' share.
+timeout 100 /tmp/gb/gpu-bench offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 > $O/offline.jsonl 2> $O/offline.log
+grep -i "out tok\|rror" $O/offline.log | tail -3
 timeout 120 /tmp/gb/gpu-bench stream-floor --model llama-2-7b > $O/floor.jsonl 2> $O/floor.log
 grep "stream floor\|rror" $O/floor.log
