@@ -576,7 +576,11 @@ fn start_actors(
         step_timeout,
         prewake,
     };
-    let scheduler = SchedulerActor::new(core, executor, parts).start();
+    // A thread of its own too: its pre-wake polls hold up nothing else, and its per-step work
+    // runs away from whatever reads the streams (BENCHMARKS.md, session 33).
+    let scheduler = SchedulerActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+        SchedulerActor::new(core, executor, parts)
+    });
     let info = EngineInfo {
         model_name: model.name,
         source: model.source,
