@@ -80,8 +80,8 @@ struct Floor {
 }
 
 impl Floor {
-    fn params(&self, w: u64, n: usize, k: usize) -> kernels::GemvBulkParams {
-        kernels::GemvBulkParams {
+    fn params(&self, w: u64, n: usize, k: usize) -> kernels::GemvParams {
+        kernels::GemvParams {
             x: self.x.ptr(),
             w,
             y: self.y.ptr(),
@@ -89,6 +89,8 @@ impl Floor {
             m: 1,
             n: n as i32,
             k: k as i32,
+            split: kernels::gemv_split(&self.gpu, k),
+            w_scale: 0,
         }
     }
 
@@ -100,7 +102,7 @@ impl Floor {
             (compile::GEMV_BULK_THREADS, 1, 1),
             self.ring_smem,
         );
-        let p = self.params(w, n, k);
+        let p = kernels::GemvBulkParams::from(&self.params(w, n, k));
         // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K, y [n] (the
         // diagnostic build writes garbage there, within n).
         unsafe {
@@ -117,17 +119,7 @@ impl Floor {
 
     /// The shipped gemv (bulk kernel where it takes the shape) over [n, k] at `w`.
     fn gemv(&self, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
-        let p = kernels::GemvParams {
-            x: self.x.ptr(),
-            w,
-            y: self.y.ptr(),
-            y32: 0,
-            m: 1,
-            n: n as i32,
-            k: k as i32,
-            split: kernels::gemv_split(&self.gpu, k),
-            w_scale: 0,
-        };
+        let p = self.params(w, n, k);
         // SAFETY: as `ring`.
         unsafe { kernels::gemv(&self.gpu, &p) }
     }

@@ -22,6 +22,21 @@ pub struct GemvBulkParams {
     pub k: i32,
 }
 
+/// The bulk kernel's parameters for a `gemv` launch (bf16 weights: no scale, no split).
+impl From<&GemvParams> for GemvBulkParams {
+    fn from(p: &GemvParams) -> Self {
+        GemvBulkParams {
+            x: p.x,
+            w: p.w,
+            y: p.y,
+            y32: p.y32,
+            m: p.m,
+            n: p.n,
+            k: p.k,
+        }
+    }
+}
+
 /// CTAs of a bulk gemv over bf16 weights [n, k] for `m` decode rows, or None where the kernel
 /// does not apply: off (`Gpu::gemv_bulk`, sm_90+ only), more than `GEMV_MAX_M` rows, rows
 /// shorter than a stage (one would hold more than one row end; short rows are small models',
@@ -54,20 +69,11 @@ pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<
     let Some(ctas) = gemv_bulk_grid(gpu, m, n, k) else {
         return Ok(false);
     };
-    let q = GemvBulkParams {
-        x: p.x,
-        w: p.w,
-        y: p.y,
-        y32: p.y32,
-        m: p.m,
-        n: p.n,
-        k: p.k,
-    };
     gpu.launch_pdl(
         &format!("gemv_bulk_m{m}"),
         (ctas, 1, 1),
         (GEMV_BULK_THREADS, 1, 1),
-        &q,
+        &GemvBulkParams::from(p),
     )?;
     Ok(true)
 }
