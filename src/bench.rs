@@ -181,14 +181,18 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
             let step = std::time::Duration::from_micros(engine_loop_step_us(args));
             let engine = crate::engine::start_null(&cfg, step)?;
             let vocab = engine.info.vocab_size;
-            workload(&engine, vocab, args).await
+            let outcome = workload(&engine, vocab, args).await;
+            engine.shutdown().await;
+            outcome
         });
     }
     match &args.synthetic {
         Some(name) => system.block_on(async {
             let engine = crate::engine::start_synthetic(&cfg, name, args.seed)?;
             let vocab = engine.info.vocab_size;
-            workload(&engine, vocab, args).await
+            let outcome = workload(&engine, vocab, args).await;
+            engine.shutdown().await;
+            outcome
         }),
         None => {
             let model_dir = crate::serve::resolve_model(&cfg)?;
@@ -196,7 +200,9 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
                 let engine = crate::engine::start(&cfg, &model_dir, true)?;
                 // Ids the tokenizer knows: the detokenizer runs on every output.
                 let vocab = engine.tokenizer.vocab_size();
-                workload(&engine, vocab, args).await
+                let outcome = workload(&engine, vocab, args).await;
+                engine.shutdown().await;
+                outcome
             })
         }
     }

@@ -33,7 +33,7 @@ use crate::model::synthetic::{
 };
 use crate::output::Backlog;
 use crate::request::{RequestId, StreamEvent};
-use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Submit};
+use crate::scheduler::actor::{Abort, Cancel, SchedulerActor, SchedulerParts, Shutdown, Submit};
 use crate::scheduler::SwapCost;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::spec::{compat, SpecMethod};
@@ -146,6 +146,14 @@ impl EngineCore {
     /// Drops requests whose client went away: no events are sent for them.
     pub fn abort(&self, ids: Vec<RequestId>) {
         self.scheduler.do_send(Abort { ids });
+    }
+
+    /// Ends the requests left (`shutting_down`) and drops the backend on the executor's
+    /// thread; returns once it is gone. Every command that started the engine calls it before
+    /// the process exits: a backend still being torn down on its thread while the exit
+    /// handlers unloaded the CUDA libraries crashed `brook bench` at exit (session 33).
+    pub async fn shutdown(&self) {
+        let _ = self.scheduler.send(Shutdown).await;
     }
 }
 

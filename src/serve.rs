@@ -141,6 +141,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         eprintln!("brook listening on http://{}  (chat page: /, dashboard: /dashboard, WebSocket: /v1/ws, OpenAI API: /v1/chat/completions /v1/completions /v1/models, /health, /metrics)", crate::server::host_port(&cfg.server.host, port));
         let timeout = std::time::Duration::from_secs_f64(cfg.server.shutdown_timeout_s);
-        crate::server::shutdown::serve_until_signalled(engine, server, timeout).await
+        let served = crate::server::shutdown::serve_until_signalled(engine.clone(), server, timeout).await;
+        engine.shutdown().await;
+        served
     })
 }

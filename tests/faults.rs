@@ -237,3 +237,31 @@ async fn a_panic_while_speculating_rebuilds_the_draft_model_too() {
     c.close().await;
     server.stop().await;
 }
+
+/// `EngineCore::shutdown` (every command that starts the engine calls it before exiting): a
+/// request still running ends with `shutting_down`, the backend is dropped on the executor's
+/// thread before the call returns (not left to be torn down while the process exits), and a
+/// request after it fails at once instead of waiting forever.
+#[actix_rt::test]
+async fn shutdown_ends_the_requests_and_drops_the_backend_before_it_returns() {
+    let plan = FaultPlan::new();
+    let server = start(test_config(), &plan).await;
+    let mut c = Client::connect(&server).await;
+    c.send(generate("a", "Hello there, how are you?", 500))
+        .await;
+    // Running: its first tokens have come.
+    let first = c.recv().await.unwrap();
+    assert_eq!(first["id"], "a", "{first}");
+    assert_eq!(plan.dropped().0, 0);
+    server.engine.shutdown().await;
+    let (dropped, on) = plan.dropped();
+    assert_eq!(dropped, 1, "the one backend built");
+    let test_thread = std::thread::current().name().map(str::to_owned);
+    assert!(on.is_some() && on != test_thread, "dropped on {on:?}");
+    let a = c.collect(&["a"]).await.remove("a").unwrap();
+    let t = terminal(&a);
+    assert_eq!(t["code"], "shutting_down", "{t}");
+    let after = terminal(&run(&mut c, "b", "Where is my order?", 5).await).clone();
+    assert_eq!(after["type"], "error", "{after}");
+    server.close_and_stop(c).await;
+}

@@ -105,7 +105,10 @@ pub fn multiturn(args: &BenchArgs) -> anyhow::Result<()> {
         let ttft = system.block_on(async {
             let engine = crate::engine::start_synthetic(cfg, &name, args.seed)?;
             eprintln!("{}", engine.info.summary());
-            returning_ttft(&engine, users, args).await
+            let ttft = returning_ttft(&engine, users, args).await;
+            // Its GPU memory is free before the next engine starts.
+            engine.shutdown().await;
+            ttft
         })?;
         figures.push((label, ttft));
     }

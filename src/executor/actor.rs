@@ -149,6 +149,27 @@ impl Message for ExecuteStep {
     type Result = Result<StepOutput, StepError>;
 }
 
+/// Drops the backend on the executor's thread and answers once it is gone: before the process
+/// exits, so that no thread is still tearing down the GPU's state (cuBLAS handles, the
+/// context) while the exit handlers unload those libraries (that crashed `brook bench` at exit
+/// on an H100, session 33). Later steps answer [`StepError::Unavailable`].
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseBackend;
+
+impl Handler<ReleaseBackend> for ExecutorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: ReleaseBackend, _: &mut Context<Self>) {
+        if let Some(b) = self.backend.take() {
+            if catch_unwind(AssertUnwindSafe(move || drop(b))).is_err() {
+                tracing::error!("the backend panicked while being released");
+            }
+        }
+        self.failed = Some("the engine was shut down".into());
+    }
+}
+
 impl Handler<ExecuteStep> for ExecutorActor {
     type Result = Result<StepOutput, StepError>;
 

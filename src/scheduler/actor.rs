@@ -34,13 +34,13 @@ use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, SpawnHa
 use tokio::sync::oneshot;
 
 use crate::error::EngineError;
-use crate::executor::actor::{yield_until, ExecuteStep, ExecutorActor, StepError};
+use crate::executor::actor::{yield_until, ExecuteStep, ExecutorActor, ReleaseBackend, StepError};
 use crate::health::Health;
 use crate::kv::actor::KvHandle;
 use crate::metrics::Metrics;
 use crate::output::{OutputProcessor, Processed};
 use crate::request::FinishReason;
-pub use crate::scheduler::messages::{Abort, Cancel, FailAll, Submit, WhenIdle};
+pub use crate::scheduler::messages::{Abort, Cancel, FailAll, Shutdown, Submit, WhenIdle};
 use crate::scheduler::{gauges, NewRequest, Scheduler, StepFeatures};
 use crate::step::{RequestUpdate, SchedulerOutput, StepOutput};
 use crate::tokenizer::Tokenizer;
@@ -400,6 +400,21 @@ impl Handler<WhenIdle> for SchedulerActor {
         } else {
             let _ = msg.0.send(());
         }
+    }
+}
+
+impl Handler<Shutdown> for SchedulerActor {
+    type Result = actix::ResponseFuture<()>;
+
+    fn handle(&mut self, _: Shutdown, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.core.has_unfinished() {
+            self.fail_all(&EngineError::ShuttingDown);
+        }
+        // Queued behind a step in flight, if any: the executor handles one message at a time.
+        let release = self.executor.send(ReleaseBackend);
+        Box::pin(async move {
+            let _ = release.await;
+        })
     }
 }
 

@@ -46,3 +46,9 @@ pub struct WhenIdle(pub oneshot::Sender<()>);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct FailAll(pub EngineError);
+
+/// Ends every request left with `shutting_down`, then has the executor drop its backend on its
+/// thread; answers once the backend is gone (`EngineCore::shutdown`, before the process exits).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;

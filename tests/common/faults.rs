@@ -35,6 +35,9 @@ pub struct FaultPlan {
     fail_rebuild: AtomicBool,
     built: AtomicU64,
     fired: AtomicU64,
+    /// Backends dropped, and the name of the thread that dropped the last one.
+    dropped: AtomicU64,
+    dropped_on: Mutex<Option<String>>,
 }
 
 impl FaultPlan {
@@ -64,6 +67,14 @@ impl FaultPlan {
     /// Backends built (1 + rebuilds).
     pub fn built(&self) -> u64 {
         self.built.load(Ordering::SeqCst)
+    }
+
+    /// Backends dropped so far, and the thread that dropped the last one.
+    pub fn dropped(&self) -> (u64, Option<String>) {
+        (
+            self.dropped.load(Ordering::SeqCst),
+            self.dropped_on.lock().clone(),
+        )
     }
 
     /// The wrapper to hand to `engine::start_wrapped`.
@@ -101,6 +112,13 @@ pub struct FaultyBackend {
     inner: Box<dyn Backend>,
     plan: Arc<FaultPlan>,
     shrink: bool,
+}
+
+impl Drop for FaultyBackend {
+    fn drop(&mut self) {
+        *self.plan.dropped_on.lock() = std::thread::current().name().map(str::to_owned);
+        self.plan.dropped.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Backend for FaultyBackend {
