@@ -553,7 +553,7 @@ mod tests {
         assert!(err.contains("flash"), "{err}");
     }
 
-    /// `model.cuda_lookahead` (and `--cuda-lookahead`) reach the CUDA options: auto by default,
+    /// `model.cuda_lookahead` (and `--cuda-lookahead`) reach the CUDA options: off by default,
     /// on launches every prediction, auto gates them.
     #[test]
     fn cuda_lookahead_flows_to_cuda() {
@@ -562,8 +562,7 @@ mod tests {
             let o = CudaBackendOptions::from_config(&Config::from_toml(toml).unwrap(), false);
             (o.lookahead, o.lookahead_gate_us)
         };
-        assert_eq!(opts(""), (true, Some(lookahead::DEFAULT_GAIN_US)), "auto by default");
-        assert_eq!(opts("[model]\ncuda_lookahead = \"off\"\n"), (false, None));
+        assert_eq!(opts(""), (false, None));
         assert_eq!(opts("[model]\ncuda_lookahead = \"on\"\n"), (true, None));
         assert_eq!(
             opts("[model]\ncuda_lookahead = \"auto\"\n"),

@@ -124,17 +124,16 @@ pub struct CudaBackendOptions {
 
 /// Lookahead decode as `brook serve` offers it (`model.cuda_lookahead`, `--cuda-lookahead`):
 /// off; on (every predicted step launched ahead: `CudaBackendOptions::lookahead`); auto
-/// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Auto by
+/// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Off by
 /// default: under serving churn a wrong prediction wastes a whole step against ~20 µs gained
-/// by a kept one, so "on" lost up to 2.6 % simulated while "auto" stayed within 0.02 % of off
-/// (`brook simulate --lookahead`, BENCHMARKS.md session 32); at steady batch 1 "auto" keeps
-/// every step and halves the GPU's idle gap (H100, session 33).
+/// by a kept one (`brook simulate --lookahead`, BENCHMARKS.md session 32), and "auto" has not
+/// yet run on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LookaheadMode {
+    #[default]
     Off,
     On,
-    #[default]
     Auto,
 }
 
