@@ -126,8 +126,8 @@ pub struct CudaBackendOptions {
 /// off; on (every predicted step launched ahead: `CudaBackendOptions::lookahead`); auto
 /// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Off by
 /// default: under serving churn a wrong prediction wastes a whole step against ~20 µs gained
-/// by a kept one (`brook simulate --lookahead`, BENCHMARKS.md session 32), and "auto" has not
-/// yet run on a GPU.
+/// by a kept one (`brook simulate --lookahead`, BENCHMARKS.md session 32); "auto" has run on
+/// an H100 at batch 1 (`cuda_e2e`, serving ITL: session 33), not yet in serving at batch 512.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LookaheadMode {
