@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # NOT RUN in session 33: its device time ran out after call 3 (refused starts). For the next
+# session: pack4.sh here packs it.
 # session, packed from its own commit (brook, gpu-bench, and the cuda_ws / cuda_models test
 # binaries: `cargo test --release --test cuda_ws --test cuda_models --no-run`), carry
 # [".carry/gb33"]:
