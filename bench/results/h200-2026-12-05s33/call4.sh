@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # NOT RUN in session 33: its device time ran out after call 3 (refused starts). For the next
-# session: pack4.sh here packs it.
-# session, packed from its own commit (brook, gpu-bench, and the cuda_ws / cuda_models test
-# binaries: `cargo test --release --test cuda_ws --test cuda_models --no-run`), carry
-# [".carry/gb33"]:
+# session: pack4.sh here packs brook, gpu-bench and the cuda_ws / cuda_models test binaries of
+# the checkout into .carry/gb33; carry [".carry/gb33"]:
 # 1. EngineCore::shutdown (79928b1) against the exit crash call 3 saw: every `brook bench
 #    --synthetic llama-2-7b --device cuda` at 512 x 128/128 segfaulted in libcublasLt after
 #    printing its figures. Each run's exit code, and dmesg's segfault count.
