@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# NOT RUN: no machine could be started while it was current; folded into call3.sh, which ran.
 # Session 33's second GPU call (same carry as call1.sh): the serving path with lookahead through
 # the actors at batch 1, a batched serving run with pre-wake off and on, and gpu-bench
 # stream-floor (gpu-bench rebuilt at session 33's second commit).
