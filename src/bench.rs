@@ -181,18 +181,14 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
             let step = std::time::Duration::from_micros(engine_loop_step_us(args));
             let engine = crate::engine::start_null(&cfg, step)?;
             let vocab = engine.info.vocab_size;
-            let outcome = workload(&engine, vocab, args).await;
-            engine.shutdown().await;
-            outcome
+            workload(&engine, vocab, args).await
         });
     }
     match &args.synthetic {
         Some(name) => system.block_on(async {
             let engine = crate::engine::start_synthetic(&cfg, name, args.seed)?;
             let vocab = engine.info.vocab_size;
-            let outcome = workload(&engine, vocab, args).await;
-            engine.shutdown().await;
-            outcome
+            workload(&engine, vocab, args).await
         }),
         None => {
             let model_dir = crate::serve::resolve_model(&cfg)?;
@@ -200,17 +196,27 @@ pub fn execute(args: &BenchArgs) -> anyhow::Result<BenchOutcome> {
                 let engine = crate::engine::start(&cfg, &model_dir, true)?;
                 // Ids the tokenizer knows: the detokenizer runs on every output.
                 let vocab = engine.tokenizer.vocab_size();
-                let outcome = workload(&engine, vocab, args).await;
-                engine.shutdown().await;
-                outcome
+                workload(&engine, vocab, args).await
             })
         }
     }
 }
 
+/// `timed_workload`, then `EngineCore::shutdown`: the backend is gone before the process exits,
+/// whatever the workload returned.
+async fn workload(
+    engine: &EngineCore,
+    vocab: usize,
+    args: &BenchArgs,
+) -> anyhow::Result<BenchOutcome> {
+    let outcome = timed_workload(engine, vocab, args).await;
+    engine.shutdown().await;
+    outcome
+}
+
 /// Submits `ignore_eos` greedy requests of random token ids below `vocab` and follows each
 /// stream; the warm-up requests finish before the clock starts.
-async fn workload(
+async fn timed_workload(
     engine: &EngineCore,
     vocab: usize,
     args: &BenchArgs,
