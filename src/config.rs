@@ -110,7 +110,7 @@ pub struct ModelSection {
     pub decode_attention: crate::executor::cuda::DecodeKernel,
     /// CUDA executor: lookahead decode, off, on (after a step in which every sequence samples,
     /// launch the decode step predicted to follow before the host has the plan) or auto (only
-    /// while a gate finds that the host time it hides outweighs the steps it wastes). Off by
+    /// while a gate finds that the host time it hides outweighs the steps it wastes). Auto by
     /// default (`executor::cuda::LookaheadMode`).
     pub cuda_lookahead: crate::executor::cuda::LookaheadMode,
 }
@@ -553,7 +553,7 @@ mod tests {
         assert!(err.contains("flash"), "{err}");
     }
 
-    /// `model.cuda_lookahead` (and `--cuda-lookahead`) reach the CUDA options: off by default,
+    /// `model.cuda_lookahead` (and `--cuda-lookahead`) reach the CUDA options: auto by default,
     /// on launches every prediction, auto gates them.
     #[test]
     fn cuda_lookahead_flows_to_cuda() {
@@ -562,7 +562,8 @@ mod tests {
             let o = CudaBackendOptions::from_config(&Config::from_toml(toml).unwrap(), false);
             (o.lookahead, o.lookahead_gate_us)
         };
-        assert_eq!(opts(""), (false, None));
+        assert_eq!(opts(""), (true, Some(lookahead::DEFAULT_GAIN_US)), "auto by default");
+        assert_eq!(opts("[model]\ncuda_lookahead = \"off\"\n"), (false, None));
         assert_eq!(opts("[model]\ncuda_lookahead = \"on\"\n"), (true, None));
         assert_eq!(
             opts("[model]\ncuda_lookahead = \"auto\"\n"),

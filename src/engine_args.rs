@@ -59,7 +59,7 @@ pub struct EngineArgs {
     #[arg(long, value_enum)]
     pub decode_attention: Option<crate::executor::cuda::DecodeKernel>,
     /// CUDA executor: lookahead decode, off, on or auto (launched only while it pays; see
-    /// `model.cuda_lookahead`). Off by default.
+    /// `model.cuda_lookahead`). Auto by default.
     #[arg(long, value_enum)]
     pub cuda_lookahead: Option<crate::executor::cuda::LookaheadMode>,
     /// CPU executor threads (0 = all cores).

@@ -55,7 +55,8 @@ pub struct CudaBackendOptions {
     /// token it samples now, fed on the device by `feed_tokens`) before waiting for this one, so
     /// the GPU never waits on the host's round trip through the scheduler. The next `execute`
     /// keeps it when its plan is exactly that step, and otherwise lets it finish unused (one
-    /// wasted step: a request that ends, one that joins, a new block). Off by default.
+    /// wasted step: a request that ends, one that joins, a new block). On by default, gated
+    /// (`LookaheadMode::Auto`).
     pub lookahead: bool,
     /// With `lookahead`: None launches every step it predicts (`model.cuda_lookahead = "on"`);
     /// Some(gain µs) only while `lookahead::Gate`, weighing that gain per kept step against
@@ -124,16 +125,17 @@ pub struct CudaBackendOptions {
 
 /// Lookahead decode as `brook serve` offers it (`model.cuda_lookahead`, `--cuda-lookahead`):
 /// off; on (every predicted step launched ahead: `CudaBackendOptions::lookahead`); auto
-/// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Off by
+/// (launched only while `lookahead::Gate` finds that it pays: `lookahead_gate_us`). Auto by
 /// default: under serving churn a wrong prediction wastes a whole step against ~20 µs gained
-/// by a kept one (`brook simulate --lookahead`, BENCHMARKS.md session 32); "auto" has run on
-/// an H100 at batch 1 (`cuda_e2e`, serving ITL: session 33), not yet in serving at batch 512.
+/// by a kept one, so "on" lost up to 2.6 % simulated while "auto" stayed within 0.02 % of off
+/// (`brook simulate --lookahead`, BENCHMARKS.md session 32); on an H100 "auto" kept every step
+/// at steady batch 1 (session 33) and served batch 512 slightly faster (session 34).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LookaheadMode {
-    #[default]
     Off,
     On,
+    #[default]
     Auto,
 }
 
