@@ -18,6 +18,7 @@ mod fp8_weights;
 mod gemm;
 mod gemm_prefill;
 mod gemv;
+mod gemv_chain;
 mod kv_gather;
 mod kv_stage;
 mod paged_decode;

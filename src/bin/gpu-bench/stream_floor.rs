@@ -9,6 +9,11 @@
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`), without the kernels between them.
+//! - `chain, one launch (grid barrier rule R)`: kernels/gemv_chain.cu, every matrix in one
+//!   cooperative launch with a grid barrier between matrices (the skeleton of a persistent
+//!   decode step), for each barrier rule (`CHAIN_BARRIER`); then as many ops of one stage a
+//!   CTA: what a barrier and an op's fixed work cost alone. Outputs checked against the
+//!   shipped gemv's.
 //! - `device copy`: one device-to-device copy of 4 GiB (bytes read; as many are written).
 //!
 //! The decode step itself (`gpu-bench decode --quick`) adds norms, RoPE, attention, SiLU and
@@ -20,10 +25,10 @@ use serde_json::json;
 
 use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
-use brook::executor::cuda::kernels;
+use brook::executor::cuda::kernels::{self, ChainOp, GemvChainParams};
 use brook::model::synthetic::synthetic_config;
 
-use crate::common::{emit, random_bf16, time_ms};
+use crate::common::{emit, random_bf16, read_bf16, rel_err, time_ms};
 
 /// Row length of the one-launch view: 64 KB rows keep a CTA's rows under the kernel's
 /// accumulator (`GB_ACC_FLOATS`) and x under its shared-memory slot.
@@ -68,6 +73,78 @@ fn ring_kernel(gpu: &Gpu) -> anyhow::Result<(CudaFunction, u32)> {
     )?;
     Ok((f, smem as u32))
 }
+
+/// The chain over every matrix of `mats` (laid out from `base`), each with x and its own slot
+/// of `y` (one after another); the same number of ops of one stage a CTA (`sync_ops`: the cost
+/// of the barriers and the ops' fixed work alone); its barrier.
+struct Chain {
+    ops: DevBuf,
+    sync_ops: DevBuf,
+    count: usize,
+    y: DevBuf,
+    barrier: DevBuf,
+}
+
+impl Chain {
+    fn new(gpu: &Gpu, mats: &[(usize, usize)], base: u64, x: u64) -> anyhow::Result<Chain> {
+        let y = gpu.alloc(mats.iter().map(|m| m.0 * 2).sum())?;
+        let (mut w, mut yo) = (base, y.ptr());
+        let recs: Vec<ChainOp> = mats
+            .iter()
+            .map(|&(n, k)| {
+                let r = ChainOp::plain(w, x, yo, n, k);
+                w += (n * k * 2) as u64;
+                yo += (n * 2) as u64;
+                r
+            })
+            .collect();
+        let upload = |recs: &[ChainOp]| -> anyhow::Result<DevBuf> {
+            let buf = gpu.alloc(std::mem::size_of_val(recs))?;
+            gpu.upload(buf.ptr(), recs)?;
+            Ok(buf)
+        };
+        let sms = gpu.num_sms as usize;
+        let k = CHAIN_STAGE_BYTES / 2;
+        let sync: Vec<ChainOp> = (0..recs.len())
+            .map(|_| ChainOp::plain(base, x, y.ptr(), sms, k))
+            .collect();
+        let words = kernels::chain_barrier_words(gpu);
+        let barrier = gpu.alloc(words * 4)?;
+        gpu.memset(barrier.ptr(), 0, words * 4)?;
+        Ok(Chain {
+            ops: upload(&recs)?,
+            sync_ops: upload(&sync)?,
+            count: recs.len(),
+            y,
+            barrier,
+        })
+    }
+
+    /// The chain over the model's matrices (or `sync_only`: the one-stage ops) on the build
+    /// with barrier rule `rule`.
+    fn launch(&self, gpu: &Gpu, sync_only: bool, rule: usize) -> anyhow::Result<()> {
+        let p = GemvChainParams {
+            ops: if sync_only {
+                self.sync_ops.ptr()
+            } else {
+                self.ops.ptr()
+            },
+            count: self.count as i32,
+            m: 1,
+            barrier: self.barrier.ptr(),
+        };
+        // SAFETY: each op's w [n, k] lies inside the weights, x holds FLAT_K >= k, its y slot
+        // n; the barrier was zeroed and each launch leaves it ready for the next (rules 0 and 1
+        // use its first two words, rule 2 the flags after them).
+        unsafe { kernels::gemv_chain_variant(gpu, &p, CHAIN_STAGE_BYTES, Some(rule), false) }
+    }
+}
+
+/// The chain's build for Llama-sized rows (the shipped ring's stages).
+const CHAIN_STAGE_BYTES: usize = 4096;
+
+/// gemv_chain.cu's grid barrier rules (`CHAIN_BARRIER`).
+const CHAIN_RULES: [usize; 3] = [0, 1, 2];
 
 struct Floor {
     gpu: Gpu,
@@ -141,7 +218,7 @@ fn report(model: &str, variant: &str, bytes: usize, launches: usize, ms: f64) {
 }
 
 pub fn run(model: &str) -> anyhow::Result<()> {
-    let gpu = Gpu::open(0)?;
+    let mut gpu = Gpu::open(0)?;
     anyhow::ensure!(
         gpu.gemv_bulk,
         "the bulk gemv is off on this GPU (sm_90+ with ~225 KB of shared memory)"
@@ -151,6 +228,9 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
     let (ring, ring_smem) = ring_kernel(&gpu)?;
+    for rule in CHAIN_RULES {
+        gpu.load_gemv_chain_variant(CHAIN_STAGE_BYTES, Some(rule))?;
+    }
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
         x: random_bf16(&gpu, FLAT_K, 2)?,
@@ -170,6 +250,8 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     };
     let time = |launch: &dyn Fn() -> anyhow::Result<()>| time_ms(&f.gpu, 2, 10, |_| launch());
     let flat_bytes = flat_n * FLAT_K * 2;
+    let chain = Chain::new(&f.gpu, &mats, base, f.x.ptr())?;
+    check_chain(&f, &chain, &mats)?;
     // Alternated twice, so a drift of clocks shows as a difference between rounds.
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
@@ -182,6 +264,22 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
+        for rule in CHAIN_RULES {
+            let ms = time(&|| chain.launch(&f.gpu, false, rule))?;
+            let what = format!("chain, one launch (grid barrier rule {rule})");
+            report(model, &what, total, 1, ms);
+            let ms = time(&|| chain.launch(&f.gpu, true, rule))?;
+            let per = ms * 1e3 / (chain.count - 1) as f64;
+            eprintln!(
+                "stream floor {model} chain of {} one-stage ops (barrier rule {rule}): {ms:.3} ms, \
+                 {per:.2} us an op and barrier",
+                chain.count
+            );
+            emit(
+                json!({"figure": "chain_sync", "model": model, "barrier_rule": rule,
+                "ops": chain.count, "ms": ms, "us_per_barrier": per}),
+            );
+        }
     }
     let copy = COPY_BYTES.min(total);
     let dst = f.gpu.alloc(copy)?;
@@ -191,5 +289,34 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         Ok(())
     })?;
     report(model, "device copy (bytes read)", copy, 1, ms);
+    Ok(())
+}
+
+/// The chain's outputs (with its barriers) against the shipped gemv's, matrix by matrix: the
+/// first layer's four, and the LM head.
+fn check_chain(f: &Floor, chain: &Chain, mats: &[(usize, usize)]) -> anyhow::Result<()> {
+    f.gpu.memset(chain.y.ptr(), 0xff, chain.y.bytes())?; // NaN poison
+    chain.launch(&f.gpu, false, 0)?;
+    f.gpu.sync()?;
+    let (mut w, mut yo) = (f.w.ptr(), 0usize);
+    let mut worst = 0f64;
+    for (j, &(n, k)) in mats.iter().enumerate() {
+        if j < 4 || j + 1 == mats.len() {
+            f.gemv(w, n, k)?;
+            let want = read_bf16(&f.gpu, &f.y, n)?;
+            let all = read_bf16(&f.gpu, &chain.y, yo + n)?;
+            let err = rel_err(&all[yo..], &want);
+            anyhow::ensure!(
+                err < 2e-2,
+                "gemv_chain matrix {j} ({n} x {k}): relative error {err}"
+            );
+            worst = worst.max(err);
+        }
+        w += (n * k * 2) as u64;
+        yo += n;
+    }
+    eprintln!(
+        "stream floor: gemv_chain matches the shipped gemv (worst relative error {worst:.2e})"
+    );
     Ok(())
 }

@@ -348,6 +348,40 @@ impl Gpu {
         Ok(Some(name))
     }
 
+    /// The gemv chain (kernels/gemv_chain.cu) built with `stage_bytes` ring stages
+    /// (`kernels::chain_stage_bytes`), loaded as `kernels::chain_kernel_name(m, stage_bytes)`
+    /// for m = 1..=GEMV_MAX_M, each with its shared memory. Idempotent.
+    pub fn load_gemv_chain(&mut self, stage_bytes: usize) -> anyhow::Result<()> {
+        self.load_gemv_chain_variant(stage_bytes, None)
+    }
+
+    /// gpu-bench: `load_gemv_chain` with grid barrier rule `barrier` (`CHAIN_BARRIER`; None:
+    /// the file's default), loaded as `kernels::chain_variant_name`.
+    pub fn load_gemv_chain_variant(
+        &mut self,
+        stage_bytes: usize,
+        barrier: Option<usize>,
+    ) -> anyhow::Result<()> {
+        use super::kernels::{chain_smem, chain_variant_name};
+        if self
+            .functions
+            .contains_key(&chain_variant_name(1, stage_bytes, barrier))
+        {
+            return Ok(());
+        }
+        let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
+        let src = compile::gemv_chain_source();
+        let mut defines = vec![("GB_STAGE_BYTES", stage_bytes)];
+        defines.extend(barrier.map(|b| ("CHAIN_BARRIER", b)));
+        let suffix = chain_variant_name(1, stage_bytes, barrier).replace("gemv_chain_m1", "");
+        self.build(("gemv_chain", &src), &arch, &defines, &suffix)?;
+        for m in 1..=compile::GEMV_MAX_M {
+            let name = chain_variant_name(m, stage_bytes, barrier);
+            self.set_dyn_smem(&name, chain_smem(stage_bytes))?;
+        }
+        Ok(())
+    }
+
     /// gpu-bench: the flash prefill kernel at `head_dim` built with `-DPF_LOADS=loads` (how K/V
     /// tiles are loaded; see prefill_attn.cu), loaded as `prefill_attn_hd{H}_loads{L}` (+ `_fp8`
     /// for an e4m3 cache); its name.
@@ -569,6 +603,31 @@ impl Gpu {
         }
     }
 
+    /// `launch_fn` as a cooperative launch: every CTA of the grid resident at once (or an
+    /// error), for kernels with grid barriers (kernels/gemv_chain.cu); with `pdl` also a
+    /// programmatic dependent launch (the kernel calls `pdl_wait()` before reading what earlier
+    /// kernels wrote).
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_fn_coop<P: Copy>(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        shape: ((u32, u32, u32), (u32, u32, u32), u32),
+        params: &P,
+        pdl: bool,
+    ) -> anyhow::Result<()> {
+        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[0].value.cooperative = 1;
+        attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[1].value.programmaticStreamSerializationAllowed = 1;
+        let n = if pdl { 2 } else { 1 };
+        launch_ex(f, &self.stream, shape, params, &mut attrs[..n])
+            .with_context(|| format!("launching {name} (cooperative, PDL {pdl})"))
+    }
+
     /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).
     ///
     /// # Safety
@@ -615,12 +674,25 @@ unsafe fn launch_pdl_with<P: Copy>(
     f: &CudaFunction,
     name: &str,
     stream: &CudaStream,
-    (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+    shape: ((u32, u32, u32), (u32, u32, u32), u32),
     params: &P,
 ) -> anyhow::Result<()> {
     let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
+    launch_ex(f, stream, shape, params, std::slice::from_mut(&mut attr))
+        .with_context(|| format!("launching {name} (PDL)"))
+}
+
+/// # Safety
+/// As `Gpu::launch`.
+unsafe fn launch_ex<P: Copy>(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+    params: &P,
+    attrs: &mut [sys::CUlaunchAttribute],
+) -> Result<(), cudarc::driver::DriverError> {
     let config = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
@@ -630,8 +702,8 @@ unsafe fn launch_pdl_with<P: Copy>(
         blockDimZ: block.2,
         sharedMemBytes: smem,
         hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
     let mut args = [params as *const P as *mut c_void];
     sys::cuLaunchKernelEx(
@@ -641,7 +713,6 @@ unsafe fn launch_pdl_with<P: Copy>(
         std::ptr::null_mut(),
     )
     .result()
-    .with_context(|| format!("launching {name} (PDL)"))
 }
 
 /// A cuBLAS handle on `stream` with a workspace of its own (the handle must outlive neither).

@@ -11,9 +11,11 @@ use super::device::{DevBuf, Gpu};
 use super::options::DecodeKernel;
 
 mod gemv_bulk;
+mod gemv_chain;
 mod kv_stage;
 mod step_io;
 pub use gemv_bulk::*;
+pub use gemv_chain::*;
 pub use kv_stage::*;
 pub use step_io::*;
 

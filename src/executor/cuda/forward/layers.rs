@@ -59,7 +59,9 @@ impl Forward {
         let rope_scale = c.rope.attention_factor() as f32;
         // Few enough rows for the gemv kernels: their fused epilogues replace two launches (the
         // QKV one has no bias, head norm or RoPE scale).
-        let fused = self.opts.fuse_decode
+        let chain = self.chain_for(t);
+        let fused = chain.is_none()
+            && self.opts.fuse_decode
             && !self.weights.fp8()
             && t <= g.gemv_max_m
             && d % 8 == 0
@@ -115,10 +117,14 @@ impl Forward {
                 d: d as i32,
                 eps,
             };
-            if on(skip::NORMS) {
+            if let Some(chain) = chain {
+                self.chain_qkv(chain, l, t)?;
+            } else if on(skip::NORMS) {
                 kernels::add_rmsnorm(g, &norm)?;
             }
-            if fused {
+            if chain.is_some() {
+                // The chain wrote qkv.
+            } else if fused {
                 kernels::gemv_qkv_rope(
                     g,
                     &GemvQkvRopeParams {
@@ -266,6 +272,10 @@ impl Forward {
                         scale,
                     },
                 )?;
+            }
+            if let Some(chain) = chain {
+                self.chain_mlp(chain, l, t)?;
+                continue;
             }
             if on(skip::LINEAR) {
                 project(a.attn.ptr(), w.o.weight(), c.q_dim())?;
