@@ -77,36 +77,102 @@ __device__ __forceinline__ void gb_dot(uint4 wv, const bf16* __restrict__ x, int
   }
 }
 
+// One bulk copy of `n` bytes from `src` into ring stage `dst` (a shared address), completing on
+// mbarrier `bar`; `policy`: the L2 policy (GB_EVICT_FIRST).
+__device__ __forceinline__ void gb_copy(u32 dst, const unsigned char* src, u32 n, u32 bar,
+                                        u64 policy) {
+#if __CUDA_ARCH__ >= 900
+  mbar_expect_tx(bar, n);
+#if GB_EVICT_FIRST
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], %2, [%3], %4;" ::"r"(dst),
+      "l"(src), "r"(n), "r"(bar), "l"(policy)
+      : "memory");
+#else
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          dst),
+      "l"(src), "r"(n), "r"(bar)
+      : "memory");
+#endif
+#endif
+}
+
+// The L2 policy of the weight copies (GB_EVICT_FIRST 1: evict first; else unused).
+__device__ __forceinline__ u64 gb_policy() {
+  u64 policy = 0;
+#if __CUDA_ARCH__ >= 900 && GB_EVICT_FIRST
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
 // buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
                                            u32 empty) {
-#if __CUDA_ARCH__ >= 900
-#if GB_EVICT_FIRST
-  u64 policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
+  const u64 policy = gb_policy();
   const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
     const int s = i % GB_STAGES;
     if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
-    const u32 bar = full + 8 * s;
-    mbar_expect_tx(bar, n);
-#if GB_EVICT_FIRST
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-        "[%1], %2, [%3], %4;" ::"r"(ring + s * GB_STAGE_BYTES),
-        "l"(src + (size_t)i * GB_STAGE_BYTES), "r"(n), "r"(bar), "l"(policy)
-        : "memory");
-#else
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            ring + s * GB_STAGE_BYTES),
-        "l"(src + (size_t)i * GB_STAGE_BYTES), "r"(n), "r"(bar)
-        : "memory");
-#endif
+    gb_copy(ring + s * GB_STAGE_BYTES, src + (size_t)i * GB_STAGE_BYTES, n, full + 8 * s, policy);
   }
+}
+
+// A consumer warp's work on one full stage: slab bytes [b, e) in ring buffer `stage` (a generic
+// pointer), copied to registers, the buffer handed back (`empty_bar`), then dotted with x [M, k]
+// and summed into the CTA's accumulator acc [rows][M]. The stage starts in (local) row ra,
+// which ends at a_end; rows are at least a stage long, so at most one row ends inside it.
+template <int M>
+__device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, int e, int row_bytes,
+                                           const bf16* x, int k, float* acc, u32 empty_bar) {
+  const int lane = threadIdx.x & 31;
+  const unsigned char* buf = stage - b;
+  uint4 wv[GB_STEPS];
+#pragma unroll
+  for (int j = 0; j < GB_STEPS; j++) {
+    const int off = b + j * 512 + lane * 16;
+    wv[j] = off < e ? *(const uint4*)(buf + off) : make_uint4(0, 0, 0, 0);
+  }
+  // The stage is in registers: hand the buffer back before the arithmetic.
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty_bar);
+#if GB_DIAG == 0
+  const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
+  float da[M], db[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
+#pragma unroll
+  for (int j = 0; j < GB_STEPS; j++) {
+    const int off = b + j * 512 + lane * 16;
+    if (off < e) {
+      const bool in_a = off < a_end;
+      float d[M];
+      gb_dot<M>(wv[j], x, k, off - (in_a ? a_end - row_bytes : a_end), d);
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        da[m] += in_a ? d[m] : 0.f;
+        db[m] += in_a ? 0.f : d[m];
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
+  if (lane == 0)
+#pragma unroll
+    for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
+  if (e > a_end) {  // row ra + 1 starts inside the stage (the same for the whole warp)
+#pragma unroll
+    for (int m = 0; m < M; m++) db[m] = warp_sum(db[m]);
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
+  }
+#else
+  if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads
 #endif
 }
 
@@ -153,53 +219,8 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = warp; i < stages; i += GB_WARPS) {
     const int s = i % GB_STAGES;
     mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
-    // The stage is slab bytes [b, e); it starts in (local) row ra, which ends at a_end. Rows
-    // are at least a stage long, so at most one row ends inside it.
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-    const unsigned char* buf = gb_ring + s * GB_STAGE_BYTES - b;
-    uint4 wv[GB_STEPS];
-#pragma unroll
-    for (int j = 0; j < GB_STEPS; j++) {
-      const int off = b + j * 512 + lane * 16;
-      wv[j] = off < e ? *(const uint4*)(buf + off) : make_uint4(0, 0, 0, 0);
-    }
-    // The stage is in registers: hand the buffer back before the arithmetic.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * s);
-#if GB_DIAG == 0
-    const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
-    float da[M], db[M];
-#pragma unroll
-    for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
-#pragma unroll
-    for (int j = 0; j < GB_STEPS; j++) {
-      const int off = b + j * 512 + lane * 16;
-      if (off < e) {
-        const bool in_a = off < a_end;
-        float d[M];
-        gb_dot<M>(wv[j], x, p.k, off - (in_a ? a_end - row_bytes : a_end), d);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-          da[m] += in_a ? d[m] : 0.f;
-          db[m] += in_a ? 0.f : d[m];
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
-    if (e > a_end) {  // row ra + 1 starts inside the stage (the same for the whole warp)
-#pragma unroll
-      for (int m = 0; m < M; m++) db[m] = warp_sum(db[m]);
-      if (lane == 0)
-#pragma unroll
-        for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
-    }
-#else
-    if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads
-#endif
+    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   for (int i = tid; i < rows * M; i += consumers) {

@@ -127,6 +127,21 @@ __device__ __forceinline__ void chain_row_sums(float v[M], float* scratch, int c
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");  // scratch is reused
 }
 
+// Elements [8 c, 8 c + 8) of row r of residual + delta (CHAIN_X_NORM).
+__device__ __forceinline__ void chain_norm_v(const ChainOp& op, int r, int c, float v[8]) {
+  const float* rr = (const float*)op.src + (size_t)r * op.k + 8 * c;
+  const uint4 a = ld_cg16(rr), b = ld_cg16(rr + 4);
+  const uint4 dv = op.delta ? ld_cg16((const uint4*)(op.delta + (size_t)r * op.k) + c)
+                            : make_uint4(0, 0, 0, 0);
+  const u32 dd[4] = {dv.x, dv.y, dv.z, dv.w};
+  const u32 aa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    v[2 * e] = __uint_as_float(aa[2 * e]) + bf_lo(dd[e]);
+    v[2 * e + 1] = __uint_as_float(aa[2 * e + 1]) + bf_hi(dd[e]);
+  }
+}
+
 // x [M, k] of `op` into shared memory, by its rule.
 template <int M>
 __device__ __forceinline__ void chain_stage_x(const ChainOp& op, bf16* x, float* scratch,
@@ -151,7 +166,6 @@ __device__ __forceinline__ void chain_stage_x(const ChainOp& op, bf16* x, float*
   } else {
     // Two passes over L2 (v is not kept: [M, k] fp32 would not fit beside the ring): the sum of
     // squares, then the normalised x and this CTA's slice of the new residual.
-    const float* res = (const float*)op.src;
     float ss[M];
 #pragma unroll
     for (int r = 0; r < M; r++) ss[r] = 0.f;
@@ -159,17 +173,7 @@ __device__ __forceinline__ void chain_stage_x(const ChainOp& op, bf16* x, float*
 #pragma unroll
       for (int r = 0; r < M; r++) {
         float v[8];
-        const float* rr = res + (size_t)r * op.k + 8 * c;
-        const uint4 a = ld_cg16(rr), b = ld_cg16(rr + 4);
-        const uint4 dv = op.delta ? ld_cg16((const uint4*)(op.delta + (size_t)r * op.k) + c)
-                                  : make_uint4(0, 0, 0, 0);
-        const u32 dd[4] = {dv.x, dv.y, dv.z, dv.w};
-        const u32 aa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          v[2 * e] = __uint_as_float(aa[2 * e]) + bf_lo(dd[e]);
-          v[2 * e + 1] = __uint_as_float(aa[2 * e + 1]) + bf_hi(dd[e]);
-        }
+        chain_norm_v(op, r, c, v);
 #pragma unroll
         for (int e = 0; e < 8; e++) ss[r] += v[e] * v[e];
       }
@@ -183,17 +187,7 @@ __device__ __forceinline__ void chain_stage_x(const ChainOp& op, bf16* x, float*
 #pragma unroll
       for (int r = 0; r < M; r++) {
         float v[8];
-        const float* rr = res + (size_t)r * op.k + 8 * c;
-        const uint4 a = ld_cg16(rr), b = ld_cg16(rr + 4);
-        const uint4 dv = op.delta ? ld_cg16((const uint4*)(op.delta + (size_t)r * op.k) + c)
-                                  : make_uint4(0, 0, 0, 0);
-        const u32 dd[4] = {dv.x, dv.y, dv.z, dv.w};
-        const u32 aa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          v[2 * e] = __uint_as_float(aa[2 * e]) + bf_lo(dd[e]);
-          v[2 * e + 1] = __uint_as_float(aa[2 * e + 1]) + bf_hi(dd[e]);
-        }
+        chain_norm_v(op, r, c, v);
         const float inv = rsqrtf(ss[r] / op.k + op.eps);
         u32 o[4];
 #pragma unroll
@@ -213,11 +207,7 @@ __device__ __forceinline__ void chain_stage_x(const ChainOp& op, bf16* x, float*
 // Lane 0 of the producer warp: every op's slab into the ring, one stage after another.
 __device__ __forceinline__ void chain_produce(const GemvChainParams& p, u32 ring, u32 full,
                                               u32 empty) {
-#if __CUDA_ARCH__ >= 900
-#if GB_EVICT_FIRST
-  u64 policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
+  const u64 policy = gb_policy();
   u32 g = 0;
   for (int j = 0; j < p.count; j++) {
     const ChainOp& op = p.ops[j];
@@ -230,24 +220,9 @@ __device__ __forceinline__ void chain_produce(const GemvChainParams& p, u32 ring
       const int s = g % GB_STAGES;
       if (g >= GB_STAGES) mbar_wait(empty + 8 * s, (g / GB_STAGES - 1) & 1);
       const u32 n = (u32)min(GB_STAGE_BYTES, slab - b);
-      const u32 bar = full + 8 * s;
-      mbar_expect_tx(bar, n);
-#if GB_EVICT_FIRST
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-          "[%0], [%1], %2, [%3], %4;" ::"r"(ring + s * GB_STAGE_BYTES),
-          "l"(src + b), "r"(n), "r"(bar), "l"(policy)
-          : "memory");
-#else
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-          "[%3];" ::"r"(ring + s * GB_STAGE_BYTES),
-          "l"(src + b), "r"(n), "r"(bar)
-          : "memory");
-#endif
+      gb_copy(ring + s * GB_STAGE_BYTES, src + b, n, full + 8 * s, policy);
     }
   }
-#endif
 }
 
 template <int M>
@@ -300,46 +275,7 @@ __device__ __forceinline__ void gemv_chain_impl(const GemvChainParams& p) {
       const int s = g % GB_STAGES;
       mbar_wait(full + 8 * s, (g / GB_STAGES) & 1);
       const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-      const unsigned char* buf = gb_ring + s * GB_STAGE_BYTES - b;
-      uint4 wv[GB_STEPS];
-#pragma unroll
-      for (int t = 0; t < GB_STEPS; t++) {
-        const int off = b + t * 512 + lane * 16;
-        wv[t] = off < e ? *(const uint4*)(buf + off) : make_uint4(0, 0, 0, 0);
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + 8 * s);
-      // As gemv_bulk: at most one row ends inside a stage (rows >= a stage).
-      const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
-      float da[M], db[M];
-#pragma unroll
-      for (int r = 0; r < M; r++) da[r] = db[r] = 0.f;
-#pragma unroll
-      for (int t = 0; t < GB_STEPS; t++) {
-        const int off = b + t * 512 + lane * 16;
-        if (off < e) {
-          const bool in_a = off < a_end;
-          float d[M];
-          gb_dot<M>(wv[t], x, op.k, off - (in_a ? a_end - row_bytes : a_end), d);
-#pragma unroll
-          for (int r = 0; r < M; r++) {
-            da[r] += in_a ? d[r] : 0.f;
-            db[r] += in_a ? 0.f : d[r];
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < M; r++) da[r] = warp_sum(da[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < M; r++) atomicAdd(&acc[ra * M + r], da[r]);
-      if (e > a_end) {
-#pragma unroll
-        for (int r = 0; r < M; r++) db[r] = warp_sum(db[r]);
-        if (lane == 0)
-#pragma unroll
-          for (int r = 0; r < M; r++) atomicAdd(&acc[(ra + 1) * M + r], db[r]);
-      }
+      gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, op.k, acc, empty + 8 * s);
     }
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
     for (int i = tid; i < rows * M; i += consumers) {
