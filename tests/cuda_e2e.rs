@@ -116,6 +116,10 @@ fn serving_opts(config: &ModelConfig) -> CudaBackendOptions {
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
         progress: false,
+        // The baseline the persistent-batch test's switches are compared with; serving's
+        // default ("auto") is its `lookahead_auto` variant.
+        lookahead: false,
+        lookahead_gate_us: None,
         ..Default::default()
     }
 }

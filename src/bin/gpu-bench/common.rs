@@ -480,6 +480,10 @@ pub fn bench_options() -> CudaBackendOptions {
         gemv_bulk: gemv_bulk(),
         gemv_chain: gemv_chain(),
         gemv_chain_barrier: gemv_chain_barrier(),
+        // The base step without lookahead, as every figure before session 34 ran it (serving's
+        // default is "auto": the `lookahead-auto` variant of decode-variants; `brook bench`).
+        lookahead: false,
+        lookahead_gate_us: None,
         residual_gemm: residual_gemm(),
         ..Default::default()
     }
