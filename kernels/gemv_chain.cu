@@ -12,6 +12,12 @@
 // warp streams op j+1's slab into the ring (weights are read-only) while the consumers wait at
 // the barrier and stage the next x.
 //
+// Measured (session 34): a grid barrier costs the stream more than the kernel boundary it
+// replaces (H200: 129 matrices in one chain 3.73 ms against 3.30 in PDL launches; ~3.5 us an op
+// and barrier), and the decode layers on it (two chains a layer, 615dd4f) ran 4.21-4.24 ms a
+// token against 3.71. So the chain is gpu-bench's (stream-floor), not the executor's: the
+// measure a persistent decode step's synchronisation has to beat.
+//
 // Compiled after gemv_bulk.cu (its ring constants, gb_dot, the bf16 helpers), with
 // GB_STAGE_BYTES 4096 (rows of >= 2048 elements) or 512 (small models: rows >= 256). One CTA an
 // SM, launched cooperatively (every CTA resident: the barrier spins).
@@ -41,7 +47,7 @@ struct GemvChainParams {
   const ChainOp* ops;  // [count]
   int count;
   int m;               // 1..4
-  u32* barrier;        // [2 + grid] (chain_grid_barrier), zero when allocated
+  u32* barrier;        // [2]: arrivals, generation (chain_grid_barrier); zero when allocated
 };
 
 // 16-byte loads of what other CTAs of this launch may have written: from L2 (.cg), never from
@@ -54,34 +60,12 @@ __device__ __forceinline__ uint4 ld_cg16(const void* p) {
   return v;
 }
 
-// How CTAs meet between ops (gpu-bench stream-floor times each):
-//   0  one arrival counter (atomic) and a generation word the last arrival bumps; the others
-//      poll the generation
-//   1  as 0, the pollers backing off 64 ns between polls (less traffic on the line the
-//      arrivals' atomics need)
-//   2  a flag per CTA (no atomics): each CTA stores its barrier count into its own word, then
-//      threads 0..grid-1 poll one word each
-#ifndef CHAIN_BARRIER
-#define CHAIN_BARRIER 0
-#endif
-
-// All CTAs of the grid meet here (the consumer warps of each; the producer streams on). `bar`:
-// [arrivals, generation, flag of CTA 0, 1, ...], zero when allocated; every rule leaves it so
-// that the next launch starts from what this one left (`epoch`: the barriers this CTA has
-// passed in earlier launches and this one, for rule 2).
-__device__ __forceinline__ void chain_grid_barrier(u32* bar, u32& epoch, int consumers) {
+// All CTAs of the grid meet here (the consumer warps of each; the producer streams on): an
+// arrival counter and a generation word; the last to arrive resets the count and opens the
+// next generation, so the barrier needs no clearing between launches. (Polling with a 64 ns
+// back-off, or a flag per CTA polled by as many threads, measured no faster: session 34.)
+__device__ __forceinline__ void chain_grid_barrier(u32* bar, int consumers) {
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-#if CHAIN_BARRIER == 2
-  epoch++;
-  if (threadIdx.x == 0)
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 2 + blockIdx.x), "r"(epoch) : "memory");
-  if (threadIdx.x < gridDim.x) {
-    u32 now;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 2 + threadIdx.x) : "memory");
-    } while ((int)(now - epoch) < 0);
-  }
-#else
   if (threadIdx.x == 0) {
     u32 gen, old;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
@@ -92,14 +76,10 @@ __device__ __forceinline__ void chain_grid_barrier(u32* bar, u32& epoch, int con
     } else {
       u32 now;
       do {
-#if CHAIN_BARRIER == 1
-        asm volatile("nanosleep.u32 64;");
-#endif
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
       } while (now == gen);
     }
   }
-#endif
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
 
@@ -232,9 +212,6 @@ __device__ __forceinline__ void gemv_chain_impl(const GemvChainParams& p) {
   __shared__ float acc[GB_ACC_FLOATS];                       // [this CTA's rows][M]
   __shared__ float scratch[4 * GB_WARPS];
   __shared__ __align__(8) u64 bars[2 * GB_STAGES];  // full[GB_STAGES], empty[GB_STAGES]
-  // Launched with PDL (kernels::chain_pdl_works) the next kernel may be scheduled now; it
-  // waits for this one to end before reading its outputs.
-  pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
   if (threadIdx.x == 0) {
@@ -246,19 +223,12 @@ __device__ __forceinline__ void gemv_chain_impl(const GemvChainParams& p) {
   }
   __syncthreads();
   if (warp == GB_WARPS) {
-    // Weights only: the ring fills while the kernel before this one ends.
     if (lane == 0) chain_produce(p, smem_addr(gb_ring), full, empty);
     return;
   }
-  pdl_wait();  // the first op's x is the previous kernel's output
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
   bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
   u32 g0 = 0;  // the number of this op's first stage
-#if CHAIN_BARRIER == 2
-  u32 epoch = p.count > 1 ? p.barrier[2 + blockIdx.x] : 0;  // only this CTA writes it
-#else
-  u32 epoch = 0;
-#endif
   for (int j = 0; j < p.count; j++) {
     const ChainOp op = p.ops[j];
     int r0, rows;
@@ -286,7 +256,7 @@ __device__ __forceinline__ void gemv_chain_impl(const GemvChainParams& p) {
     }
     g0 += stages;
     // The next op's x may be this one's y (the barrier), and acc is reset for it.
-    if (j + 1 < p.count) chain_grid_barrier(p.barrier, epoch, consumers);
+    if (j + 1 < p.count) chain_grid_barrier(p.barrier, consumers);
   }
 #endif
 }

@@ -562,7 +562,11 @@ mod tests {
             let o = CudaBackendOptions::from_config(&Config::from_toml(toml).unwrap(), false);
             (o.lookahead, o.lookahead_gate_us)
         };
-        assert_eq!(opts(""), (true, Some(lookahead::DEFAULT_GAIN_US)), "auto by default");
+        assert_eq!(
+            opts(""),
+            (true, Some(lookahead::DEFAULT_GAIN_US)),
+            "auto by default"
+        );
         assert_eq!(opts("[model]\ncuda_lookahead = \"off\"\n"), (false, None));
         assert_eq!(opts("[model]\ncuda_lookahead = \"on\"\n"), (true, None));
         assert_eq!(

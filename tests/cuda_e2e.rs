@@ -480,39 +480,6 @@ fn cuda_matches_cpu_with_fp32_gate_up() {
     }
 }
 
-/// The decode layers on the gemv chain (`gemv_chain`: two cooperative launches a layer,
-/// kernels/gemv_chain.cu), against the CPU: 3 sequences (decode steps at m = 3 on the chain,
-/// prefill chunks on cuBLAS writing the residual it reads), then one (m = 1), eager and on
-/// graphs; the small-model build (512-byte stages) here, the Llama-sized one in cuda_kernels.
-/// Where the chain is not built (before sm_90) the same runs without it.
-#[test]
-fn cuda_matches_cpu_on_the_gemv_chain() {
-    if !have_gpu() {
-        return;
-    }
-    let opts = |graphs| CudaBackendOptions {
-        gemv_chain: true,
-        ..cuda_opts(graphs, default_gemm_max_len())
-    };
-    let spec = gqa_hd64().layers(3).seed(27);
-    let dir = tempfile::tempdir().unwrap();
-    write_test_model(dir.path(), &spec).unwrap();
-    let b = CudaBackend::load(dir.path(), opts(true)).unwrap();
-    let rows = b.gemv_chain_rows();
-    drop(b);
-    let bulk = brook::executor::cuda::device::Gpu::open(0)
-        .unwrap()
-        .gemv_bulk;
-    assert_eq!(
-        rows,
-        bulk.then_some(4),
-        "the chain takes up to 4 rows of this model"
-    );
-    for num_prompts in [3, 1] {
-        check_model_opts(spec.clone(), 40, num_prompts, opts);
-    }
-}
-
 /// `warm_up` (a dummy prefill and decode step at start) succeeds on its own, again on a warm
 /// backend, and leaves nothing behind: backends built with it still match the CPU.
 #[test]

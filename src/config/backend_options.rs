@@ -51,8 +51,6 @@ impl CudaBackendOptions {
             gemv_split: 0,
             gemv_bulk: true,
             fuse_decode: false,
-            gemv_chain: false,
-            gemv_chain_barrier: None,
             pdl: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             pinned_io: false,

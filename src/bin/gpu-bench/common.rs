@@ -134,18 +134,6 @@ pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
 }
 
-/// Whether the decode layers run on the gemv chain in every backend gpu-bench makes:
-/// `BROOK_GEMV_CHAIN` (0 or 1; brook's default when unset), for A/B runs.
-pub fn gemv_chain() -> bool {
-    env_flag("BROOK_GEMV_CHAIN", CudaBackendOptions::default().gemv_chain)
-}
-
-/// The gemv chain's grid barrier rule in every backend gpu-bench makes: `BROOK_CHAIN_BARRIER`
-/// (0, 1 or 2; the kernel file's default when unset), for A/B runs.
-pub fn gemv_chain_barrier() -> Option<usize> {
-    std::env::var_os("BROOK_CHAIN_BARRIER").map(|_| env_count("BROOK_CHAIN_BARRIER", &[0, 1, 2], 0))
-}
-
 /// Whether the o and down projections on cuBLAS add into the residual in every backend
 /// gpu-bench makes: `BROOK_RESIDUAL_GEMM` (0 or 1; brook's default when unset), for A/B runs.
 pub fn residual_gemm() -> bool {
@@ -478,8 +466,6 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_tma: prefill_tma(),
         gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
-        gemv_chain: gemv_chain(),
-        gemv_chain_barrier: gemv_chain_barrier(),
         // The base step without lookahead, as every figure before session 34 ran it (serving's
         // default is "auto": the `lookahead-auto` variant of decode-variants; `brook bench`).
         lookahead: false,

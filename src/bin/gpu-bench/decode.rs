@@ -43,10 +43,6 @@ fn run_dtype(
     let variants = [
         base.clone(),
         CudaBackendOptions {
-            gemv_chain: !base.gemv_chain,
-            ..base.clone()
-        },
-        CudaBackendOptions {
             gemv_bulk: !base.gemv_bulk,
             ..base.clone()
         },
@@ -108,8 +104,6 @@ fn run_dtype(
             "--output-len must be at least 10 (the first 8 decode steps are not timed)"
         );
         let mut b = backend(model, opts)?;
-        // The rows the chain takes (None: off, or not built for this model and GPU).
-        let chain = b.gemv_chain_rows();
         let bs = b.info().block_size;
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let vocab = b.config().vocab_size as u32;
@@ -129,11 +123,11 @@ fn run_dtype(
         let med = median(warm.clone());
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
         eprintln!(
-            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, chain {chain:?}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
+            "{model} decode batch 1, kv {}, graphs {graphs}, gemv {gemv}, bulk {bulk}, split {split}, fused {fuse}, pdl {pdl}, skipped [{skipped}]: median {med:.3} ms/token, mean {mean:.3}",
             dtype.as_str()
         );
         emit(
-            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_chain": chain, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
+            json!({"figure": "decode_b1_ms_per_token", "model": model, "kv_cache_dtype": dtype.as_str(), "cuda_graphs": graphs, "gemv": gemv, "gemv_bulk": bulk, "gemv_split": split, "fused": fuse, "pdl": pdl, "input_len": input_len, "output_len": output_len, "median_ms": med, "mean_ms": mean, "skipped": skipped}),
         );
     }
     Ok(())

@@ -9,11 +9,10 @@
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`), without the kernels between them.
-//! - `chain, one launch (grid barrier rule R)`: kernels/gemv_chain.cu, every matrix in one
+//! - `chain, one launch (grid barriers)`: kernels/gemv_chain.cu, every matrix in one
 //!   cooperative launch with a grid barrier between matrices (the skeleton of a persistent
-//!   decode step), for each barrier rule (`CHAIN_BARRIER`); then as many ops of one stage a
-//!   CTA: what a barrier and an op's fixed work cost alone. Outputs checked against the
-//!   shipped gemv's.
+//!   decode step); then as many ops of one stage a CTA: what a barrier and an op's fixed work
+//!   cost alone. Outputs checked against the shipped gemv's.
 //! - `device copy`: one device-to-device copy of 4 GiB (bytes read; as many are written).
 //!
 //! The decode step itself (`gpu-bench decode --quick`) adds norms, RoPE, attention, SiLU and
@@ -108,9 +107,8 @@ impl Chain {
         let sync: Vec<ChainOp> = (0..recs.len())
             .map(|_| ChainOp::plain(base, x, y.ptr(), sms, k))
             .collect();
-        let words = kernels::chain_barrier_words(gpu);
-        let barrier = gpu.alloc(words * 4)?;
-        gpu.memset(barrier.ptr(), 0, words * 4)?;
+        let barrier = gpu.alloc(8)?;
+        gpu.memset(barrier.ptr(), 0, 8)?;
         Ok(Chain {
             ops: upload(&recs)?,
             sync_ops: upload(&sync)?,
@@ -120,9 +118,8 @@ impl Chain {
         })
     }
 
-    /// The chain over the model's matrices (or `sync_only`: the one-stage ops) on the build
-    /// with barrier rule `rule`.
-    fn launch(&self, gpu: &Gpu, sync_only: bool, rule: usize) -> anyhow::Result<()> {
+    /// The chain over the model's matrices (or `sync_only`: the one-stage ops).
+    fn launch(&self, gpu: &Gpu, sync_only: bool) -> anyhow::Result<()> {
         let p = GemvChainParams {
             ops: if sync_only {
                 self.sync_ops.ptr()
@@ -134,17 +131,13 @@ impl Chain {
             barrier: self.barrier.ptr(),
         };
         // SAFETY: each op's w [n, k] lies inside the weights, x holds FLAT_K >= k, its y slot
-        // n; the barrier was zeroed and each launch leaves it ready for the next (rules 0 and 1
-        // use its first two words, rule 2 the flags after them).
-        unsafe { kernels::gemv_chain_variant(gpu, &p, CHAIN_STAGE_BYTES, Some(rule), false) }
+        // n; the barrier was zeroed and each launch leaves it ready for the next.
+        unsafe { kernels::gemv_chain(gpu, &p, CHAIN_STAGE_BYTES) }
     }
 }
 
 /// The chain's build for Llama-sized rows (the shipped ring's stages).
 const CHAIN_STAGE_BYTES: usize = 4096;
-
-/// gemv_chain.cu's grid barrier rules (`CHAIN_BARRIER`).
-const CHAIN_RULES: [usize; 3] = [0, 1, 2];
 
 struct Floor {
     gpu: Gpu,
@@ -228,9 +221,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
     let (ring, ring_smem) = ring_kernel(&gpu)?;
-    for rule in CHAIN_RULES {
-        gpu.load_gemv_chain_variant(CHAIN_STAGE_BYTES, Some(rule))?;
-    }
+    gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
         x: random_bf16(&gpu, FLAT_K, 2)?,
@@ -264,22 +255,19 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
-        for rule in CHAIN_RULES {
-            let ms = time(&|| chain.launch(&f.gpu, false, rule))?;
-            let what = format!("chain, one launch (grid barrier rule {rule})");
-            report(model, &what, total, 1, ms);
-            let ms = time(&|| chain.launch(&f.gpu, true, rule))?;
-            let per = ms * 1e3 / (chain.count - 1) as f64;
-            eprintln!(
-                "stream floor {model} chain of {} one-stage ops (barrier rule {rule}): {ms:.3} ms, \
-                 {per:.2} us an op and barrier",
-                chain.count
-            );
-            emit(
-                json!({"figure": "chain_sync", "model": model, "barrier_rule": rule,
-                "ops": chain.count, "ms": ms, "us_per_barrier": per}),
-            );
-        }
+        let ms = time(&|| chain.launch(&f.gpu, false))?;
+        report(model, "chain, one launch (grid barriers)", total, 1, ms);
+        let ms = time(&|| chain.launch(&f.gpu, true))?;
+        let per = ms * 1e3 / (chain.count - 1) as f64;
+        eprintln!(
+            "stream floor {model} chain of {} one-stage ops: {ms:.3} ms, {per:.2} us an op and \
+             barrier",
+            chain.count
+        );
+        emit(
+            json!({"figure": "chain_sync", "model": model, "ops": chain.count, "ms": ms,
+            "us_per_barrier": per}),
+        );
     }
     let copy = COPY_BYTES.min(total);
     let dst = f.gpu.alloc(copy)?;
@@ -296,7 +284,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
 /// first layer's four, and the LM head.
 fn check_chain(f: &Floor, chain: &Chain, mats: &[(usize, usize)]) -> anyhow::Result<()> {
     f.gpu.memset(chain.y.ptr(), 0xff, chain.y.bytes())?; // NaN poison
-    chain.launch(&f.gpu, false, 0)?;
+    chain.launch(&f.gpu, false)?;
     f.gpu.sync()?;
     let (mut w, mut yo) = (f.w.ptr(), 0usize);
     let mut worst = 0f64;

@@ -425,12 +425,6 @@ impl CudaBackend {
         self.fwd.lookahead_stats
     }
 
-    /// Whether the decode layers run on the gemv chain where a step has few enough rows
-    /// (`gemv_chain` on, and this model and GPU take it): the most rows it takes, or None.
-    pub fn gemv_chain_rows(&self) -> Option<usize> {
-        self.fwd.chain_rows()
-    }
-
     pub fn config(&self) -> &ModelConfig {
         &self.fwd.cfg
     }

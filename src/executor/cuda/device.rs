@@ -348,36 +348,24 @@ impl Gpu {
         Ok(Some(name))
     }
 
-    /// The gemv chain (kernels/gemv_chain.cu) built with `stage_bytes` ring stages
+    /// The gemv chain (kernels/gemv_chain.cu; gpu-bench) built with `stage_bytes` ring stages
     /// (`kernels::chain_stage_bytes`), loaded as `kernels::chain_kernel_name(m, stage_bytes)`
     /// for m = 1..=GEMV_MAX_M, each with its shared memory. Idempotent.
     pub fn load_gemv_chain(&mut self, stage_bytes: usize) -> anyhow::Result<()> {
-        self.load_gemv_chain_variant(stage_bytes, None)
-    }
-
-    /// gpu-bench: `load_gemv_chain` with grid barrier rule `barrier` (`CHAIN_BARRIER`; None:
-    /// the file's default), loaded as `kernels::chain_variant_name`.
-    pub fn load_gemv_chain_variant(
-        &mut self,
-        stage_bytes: usize,
-        barrier: Option<usize>,
-    ) -> anyhow::Result<()> {
-        use super::kernels::{chain_smem, chain_variant_name};
+        use super::kernels::{chain_kernel_name, chain_smem};
         if self
             .functions
-            .contains_key(&chain_variant_name(1, stage_bytes, barrier))
+            .contains_key(&chain_kernel_name(1, stage_bytes))
         {
             return Ok(());
         }
         let arch = compile::arch_for(self.compute_capability.0, self.compute_capability.1);
         let src = compile::gemv_chain_source();
-        let mut defines = vec![("GB_STAGE_BYTES", stage_bytes)];
-        defines.extend(barrier.map(|b| ("CHAIN_BARRIER", b)));
-        let suffix = chain_variant_name(1, stage_bytes, barrier).replace("gemv_chain_m1", "");
+        let defines = [("GB_STAGE_BYTES", stage_bytes)];
+        let suffix = format!("_sb{stage_bytes}");
         self.build(("gemv_chain", &src), &arch, &defines, &suffix)?;
         for m in 1..=compile::GEMV_MAX_M {
-            let name = chain_variant_name(m, stage_bytes, barrier);
-            self.set_dyn_smem(&name, chain_smem(stage_bytes))?;
+            self.set_dyn_smem(&chain_kernel_name(m, stage_bytes), chain_smem(stage_bytes))?;
         }
         Ok(())
     }
@@ -604,9 +592,7 @@ impl Gpu {
     }
 
     /// `launch_fn` as a cooperative launch: every CTA of the grid resident at once (or an
-    /// error), for kernels with grid barriers (kernels/gemv_chain.cu); with `pdl` also a
-    /// programmatic dependent launch (the kernel calls `pdl_wait()` before reading what earlier
-    /// kernels wrote).
+    /// error), for kernels with grid barriers (kernels/gemv_chain.cu).
     ///
     /// # Safety
     /// As `launch`.
@@ -616,16 +602,18 @@ impl Gpu {
         name: &str,
         shape: ((u32, u32, u32), (u32, u32, u32), u32),
         params: &P,
-        pdl: bool,
     ) -> anyhow::Result<()> {
-        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
-        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        attrs[0].value.cooperative = 1;
-        attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attrs[1].value.programmaticStreamSerializationAllowed = 1;
-        let n = if pdl { 2 } else { 1 };
-        launch_ex(f, &self.stream, shape, params, &mut attrs[..n])
-            .with_context(|| format!("launching {name} (cooperative, PDL {pdl})"))
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr.value.cooperative = 1;
+        launch_ex(
+            f,
+            &self.stream,
+            shape,
+            params,
+            std::slice::from_mut(&mut attr),
+        )
+        .with_context(|| format!("launching {name} (cooperative)"))
     }
 
     /// Launches `name` on `stream` rather than the compute stream (the KV tier's copy stream).

@@ -68,7 +68,6 @@ const MAX_EDITS_PER_ROW: usize = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + 64;
 const COUNT_UPDATE_CHUNK: usize = 1 << 16;
 
 mod ahead;
-mod chain;
 mod counts;
 mod graphs;
 mod io;
@@ -194,8 +193,6 @@ pub(super) struct Forward {
     pub last_stamps: Option<(u64, u64)>,
     /// The fp8 GEMM path of e4m3 weights (`--quantization fp8`); None: bf16 weights.
     fp8: Option<Fp8Gemm>,
-    /// The decode layers' gemv chain (`gemv_chain`), where it applies to this model and GPU.
-    chain: Option<chain::GemvChain>,
     /// This rank's end of a tensor-parallel world (`cuda::tp`): its weights are a shard, and
     /// the forward meets the other ranks after the embedding, the o and down projections and
     /// the LM head. None: the whole model on one GPU.
@@ -362,10 +359,6 @@ impl Forward {
             counts: gpu.alloc(max_seqs * cfg.vocab_size * 4)?,
             count_updates: gpu.alloc(COUNT_UPDATE_CHUNK * std::mem::size_of::<CountUpdate>())?,
         };
-        let chain = match opts.gemv_chain {
-            true => chain::GemvChain::new(&mut gpu, &cfg, &weights, &act, opts.gemv_chain_barrier)?,
-            false => None,
-        };
         gpu.memset(act.decode_counters.ptr(), 0, counters * 4)?;
         gpu.memset(act.prefill_counters.ptr(), 0, pf_counters * 4)?;
         if opts.verify_graphs {
@@ -485,7 +478,6 @@ impl Forward {
             verify_graph_steps: (0, 0),
             last_stamps: None,
             fp8,
-            chain,
             tp: None,
             gpu,
         };

@@ -37,15 +37,6 @@ pub struct CudaBackendOptions {
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
     pub fuse_decode: bool,
-    /// On the gemv path (up to four rows, bf16 weights, one GPU, sm_90+), each layer's linear
-    /// work in two cooperative launches of the gemv chain (kernels/gemv_chain.cu: add + norm →
-    /// QKV; o → add + norm → gate|up → SiLU · up → down) instead of seven kernels: the weight
-    /// stream does not stop at their boundaries (`forward::chain`). Off by default until
-    /// measured on the H200 (`gpu-bench decode`, `gpu-bench stream-floor`).
-    pub gemv_chain: bool,
-    /// gpu-bench: the chain's grid barrier rule (`CHAIN_BARRIER` in gemv_chain.cu); None: the
-    /// file's default.
-    pub gemv_chain_barrier: Option<usize>,
     /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
     /// the kernel before them drains, streaming their weights early.
     pub pdl: bool,

@@ -59,9 +59,7 @@ impl Forward {
         let rope_scale = c.rope.attention_factor() as f32;
         // Few enough rows for the gemv kernels: their fused epilogues replace two launches (the
         // QKV one has no bias, head norm or RoPE scale).
-        let chain = self.chain_for(t);
-        let fused = chain.is_none()
-            && self.opts.fuse_decode
+        let fused = self.opts.fuse_decode
             && !self.weights.fp8()
             && t <= g.gemv_max_m
             && d % 8 == 0
@@ -117,14 +115,10 @@ impl Forward {
                 d: d as i32,
                 eps,
             };
-            if let Some(chain) = chain {
-                self.chain_qkv(chain, l, t)?;
-            } else if on(skip::NORMS) {
+            if on(skip::NORMS) {
                 kernels::add_rmsnorm(g, &norm)?;
             }
-            if chain.is_some() {
-                // The chain wrote qkv.
-            } else if fused {
+            if fused {
                 kernels::gemv_qkv_rope(
                     g,
                     &GemvQkvRopeParams {
@@ -272,10 +266,6 @@ impl Forward {
                         scale,
                     },
                 )?;
-            }
-            if let Some(chain) = chain {
-                self.chain_mlp(chain, l, t)?;
-                continue;
             }
             if on(skip::LINEAR) {
                 project(a.attn.ptr(), w.o.weight(), c.q_dim())?;

@@ -1,8 +1,8 @@
 //! The gemv chain (kernels/gemv_chain.cu): several skinny GEMMs of up to four rows in one
 //! cooperative launch, a grid barrier between them, each op's x staged by a rule that folds in
-//! the kernel that would have run before it (add + RMSNorm, SiLU · up). The decode layers use
-//! it with `CudaBackendOptions::gemv_chain` (forward/layers.rs); `gpu-bench stream-floor` times
-//! it against per-matrix launches.
+//! the kernel that would have run before it (add + RMSNorm, SiLU · up). `gpu-bench
+//! stream-floor` times it against per-matrix launches; the executor does not use it (slower:
+//! BENCHMARKS.md, session 34).
 
 use super::{Gpu, GEMV_BULK_ACC_FLOATS, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES, GEMV_MAX_M};
 
@@ -67,7 +67,7 @@ pub struct GemvChainParams {
     pub ops: u64,
     pub count: i32,
     pub m: i32,
-    /// Device [`chain_barrier_words`] u32, zero when allocated.
+    /// Device [2] u32 (arrivals, generation), zero when allocated.
     pub barrier: u64,
 }
 
@@ -99,75 +99,22 @@ pub fn chain_smem(stage_bytes: usize) -> usize {
 /// Launches the chain (`Gpu::load_gemv_chain(stage_bytes)` first) over `p.count` ops.
 ///
 /// # Safety
-/// Every op's pointers hold what `ChainOp` says for `p.m` rows; `p.barrier` is a zeroed
-/// `chain_barrier_words` no other stream's launch uses; the stage size took the shapes
-/// (`chain_stage_bytes`).
+/// Every op's pointers hold what `ChainOp` says for `p.m` rows; `p.barrier` is a zeroed pair of
+/// u32 no other stream's launch uses; the stage size took the shapes (`chain_stage_bytes`).
 pub unsafe fn gemv_chain(gpu: &Gpu, p: &GemvChainParams, stage_bytes: usize) -> anyhow::Result<()> {
-    gemv_chain_variant(gpu, p, stage_bytes, None, false)
-}
-
-/// `gemv_chain` on the build with grid barrier rule `barrier` (`Gpu::load_gemv_chain_variant`
-/// first), launched with PDL where `pdl` (`chain_pdl_works` said the driver takes it).
-///
-/// # Safety
-/// As `gemv_chain`.
-pub unsafe fn gemv_chain_variant(
-    gpu: &Gpu,
-    p: &GemvChainParams,
-    stage_bytes: usize,
-    barrier: Option<usize>,
-    pdl: bool,
-) -> anyhow::Result<()> {
-    let name = chain_variant_name(p.m as usize, stage_bytes, barrier);
+    let name = chain_kernel_name(p.m as usize, stage_bytes);
     let shape = (
         (gpu.num_sms, 1, 1),
         (GEMV_BULK_THREADS, 1, 1),
         chain_smem(stage_bytes) as u32,
     );
-    gpu.launch_fn_coop(gpu.function(&name), &name, shape, p, pdl && gpu.pdl)?;
+    gpu.launch_fn_coop(gpu.function(&name), &name, shape, p)?;
     gpu.traced(&name)
-}
-
-/// Whether a cooperative launch of the chain also takes programmatic dependent launch here:
-/// an empty chain launched so, and waited for. (Outside graph capture: an error there would
-/// end the capture.)
-pub fn chain_pdl_works(gpu: &Gpu, stage_bytes: usize, barrier: Option<usize>) -> bool {
-    if !gpu.pdl {
-        return false;
-    }
-    let p = GemvChainParams {
-        ops: 0,
-        count: 0,
-        m: 1,
-        barrier: 0,
-    };
-    // SAFETY: no ops: the kernel reads and writes nothing.
-    let launched = unsafe { gemv_chain_variant(gpu, &p, stage_bytes, barrier, true) };
-    match launched.and_then(|_| gpu.sync()) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!("the gemv chain runs without PDL: {e:#}");
-            false
-        }
-    }
-}
-
-/// u32 words of a chain's barrier: [arrivals, generation] and a flag per CTA (the SMs).
-pub fn chain_barrier_words(gpu: &Gpu) -> usize {
-    2 + gpu.num_sms as usize
 }
 
 /// The loaded name of the chain kernel for `m` rows with `stage_bytes` stages.
 pub fn chain_kernel_name(m: usize, stage_bytes: usize) -> String {
-    chain_variant_name(m, stage_bytes, None)
-}
-
-/// `chain_kernel_name` of the build with grid barrier rule `barrier` (None: the default).
-pub fn chain_variant_name(m: usize, stage_bytes: usize, barrier: Option<usize>) -> String {
-    match barrier {
-        None => format!("gemv_chain_m{m}_sb{stage_bytes}"),
-        Some(b) => format!("gemv_chain_m{m}_sb{stage_bytes}_bar{b}"),
-    }
+    format!("gemv_chain_m{m}_sb{stage_bytes}")
 }
 
 #[cfg(test)]
