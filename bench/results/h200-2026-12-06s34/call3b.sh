@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 34, call 3b: call3.sh cut to what ~4 minutes of device time hold (binaries: pack3.sh;
+# Session 34, call 3b. NOT RUN (03:26-03:30 UTC: held off, then too little device time left to
+# start a machine). call3.sh cut to what ~4 minutes of device time hold (binaries: pack3.sh;
 # carry [".carry/gb34c"]): the persistent-batch tests after fa68b96's fix and the chain kernel
 # as 0a3f4dc left it; then its stream floor if time is left.
 set -u

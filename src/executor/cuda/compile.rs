@@ -78,6 +78,16 @@ pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEM
 /// gemv_bulk.cu (its ring). Not in `SOURCES`: only `gpu-bench stream-floor` builds it.
 pub const GEMV_CHAIN: &str = include_str!("../../../kernels/gemv_chain.cu");
 
+/// Dynamic shared memory of the chain built with `stage_bytes` stages: its ring and x.
+pub fn chain_smem(stage_bytes: usize) -> usize {
+    GEMV_BULK_STAGES * stage_bytes + GEMV_BULK_X_BYTES
+}
+
+/// The loaded name of the chain kernel for `m` rows with `stage_bytes` stages.
+pub fn chain_kernel_name(m: usize, stage_bytes: usize) -> String {
+    format!("gemv_chain_m{m}_sb{stage_bytes}")
+}
+
 /// The source NVRTC compiles for gemv_chain: gemv_bulk.cu, then gemv_chain.cu.
 pub fn gemv_chain_source() -> String {
     let bulk = include_str!("../../../kernels/gemv_bulk.cu");

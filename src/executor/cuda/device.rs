@@ -352,7 +352,7 @@ impl Gpu {
     /// (`kernels::chain_stage_bytes`), loaded as `kernels::chain_kernel_name(m, stage_bytes)`
     /// for m = 1..=GEMV_MAX_M, each with its shared memory. Idempotent.
     pub fn load_gemv_chain(&mut self, stage_bytes: usize) -> anyhow::Result<()> {
-        use super::kernels::{chain_kernel_name, chain_smem};
+        use compile::{chain_kernel_name, chain_smem};
         if self
             .functions
             .contains_key(&chain_kernel_name(1, stage_bytes))

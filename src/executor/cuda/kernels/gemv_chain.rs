@@ -5,6 +5,7 @@
 //! BENCHMARKS.md, session 34).
 
 use super::{Gpu, GEMV_BULK_ACC_FLOATS, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES, GEMV_MAX_M};
+pub use crate::executor::cuda::compile::{chain_kernel_name, chain_smem};
 
 /// How an op's x is staged (`CHAIN_X_*`).
 #[repr(i32)]
@@ -91,11 +92,6 @@ pub fn chain_stage_bytes(gpu: &Gpu, m: usize, shapes: &[(usize, usize)]) -> Opti
     [4096, 512].into_iter().find(|&sb| shortest >= sb)
 }
 
-/// Dynamic shared memory of the chain built with `stage_bytes` stages: its ring and x.
-pub fn chain_smem(stage_bytes: usize) -> usize {
-    crate::executor::cuda::compile::GEMV_BULK_STAGES * stage_bytes + GEMV_BULK_X_BYTES
-}
-
 /// Launches the chain (`Gpu::load_gemv_chain(stage_bytes)` first) over `p.count` ops.
 ///
 /// # Safety
@@ -110,11 +106,6 @@ pub unsafe fn gemv_chain(gpu: &Gpu, p: &GemvChainParams, stage_bytes: usize) -> 
     );
     gpu.launch_fn_coop(gpu.function(&name), &name, shape, p)?;
     gpu.traced(&name)
-}
-
-/// The loaded name of the chain kernel for `m` rows with `stage_bytes` stages.
-pub fn chain_kernel_name(m: usize, stage_bytes: usize) -> String {
-    format!("gemv_chain_m{m}_sb{stage_bytes}")
 }
 
 #[cfg(test)]
