@@ -17,7 +17,10 @@
 // `paged_decode_reduce` (a second launch) or, with `counters` set, inside this kernel: every CTA
 // of an (item, kv-head slice) counts itself in on an atomic counter after its partials are
 // visible (__threadfence), and the last to arrive merges all the splits and resets the counter
-// for the next launch (the threadFenceReduction pattern), so a decode is one launch.
+// for the next launch (the threadFenceReduction pattern), so a decode is one launch. On sm_90 the
+// host may instead launch the splits of each (item, kv-head slice) as one thread-block cluster
+// (at most DECODE_CLUSTER_MAX): they then merge through distributed shared memory
+// (cluster_merge), with no partials in global memory, no fence and no counter.
 // The split length is ceil(keys / num_splits), computed here from the context length, so one
 // launch shape serves any context (what CUDA-graph replay needs). With a sliding window the keys
 // are the last `window` positions; blocks before them may be freed (block id -1) and are never
@@ -123,6 +126,83 @@ __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int ite
   }
 }
 
+// Most splits merged through distributed shared memory: the largest thread-block cluster sm_90
+// launches (16, with the non-portable size the host allows on the decode kernels;
+// DECODE_CLUSTER_MAX in kernels.rs).
+#define DECODE_CLUSTER_MAX 16
+
+#if __CUDA_ARCH__ >= 900
+// CTAs in this CTA's cluster (1 when the launch has no clusters) and its rank among them.
+__device__ __forceinline__ u32 cluster_size() {
+  u32 n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster: shared-memory writes before it are visible to the
+// cluster's reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+// The float at `ptr` (in this CTA's shared memory) as it is in the shared memory of CTA `rank`.
+__device__ __forceinline__ float ld_cluster(const float* ptr, u32 rank) {
+  u32 remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(ptr)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+  return v;
+}
+
+// The merge of a cluster launch: the cluster's CTAs are the splits of one (item, kv-head slice),
+// each holding its split's log2-domain max and sum per head (cm, cl: [G]) and unnormalised output
+// (acc: [G][HD]) in shared memory. After a cluster barrier each CTA merges its share of the
+// (head, dim) outputs, reading every split's values at once (one distributed-shared-memory round
+// trip instead of the global merge's fence, counter and L2 reads); a second barrier keeps each
+// CTA's shared memory alive until the others have read it.
+template <int G>
+__device__ __forceinline__ void cluster_merge(const PagedDecodeParams& p, int row, int h0, int gn,
+                                              const float* acc, const float* cm, const float* cl,
+                                              u32 ns) {
+  cluster_sync();
+  const int total = gn * HD, per = (total + ns - 1) / ns;
+  const int lo = cluster_rank() * per, hi = min(total, lo + per);
+  for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    // Two rounds of loads, each split's (max, sum) then its output, so that no more than 32
+    // values are live: the lane kernel stays at 64 registers (8 CTAs an SM).
+    float w[DECODE_CLUSTER_MAX], l[DECODE_CLUSTER_MAX];
+#pragma unroll
+    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
+      w[s] = s < (int)ns ? ld_cluster(cm + g, s) : NEG_INF;
+      l[s] = s < (int)ns ? ld_cluster(cl + g, s) : 0.f;
+    }
+    float mx = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) mx = fmaxf(mx, w[s]);
+    float L = 0.f;
+#pragma unroll
+    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
+      w[s] = w[s] == NEG_INF ? 0.f : exp2f(w[s] - mx);
+      L += l[s] * w[s];
+    }
+    float A = 0.f;
+#pragma unroll
+    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
+      l[s] = s < (int)ns ? ld_cluster(acc + g * HD + d, s) : 0.f;
+    }
+#pragma unroll
+    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) A += l[s] * w[s];
+    p.out[((size_t)row * p.num_heads + h0 + g) * HD + d] = f2bf(A / L);
+  }
+  cluster_sync();
+}
+#endif
+
 // What a decode CTA works on (both kernels): its split, item, kv head and heads h0 .. h0 + gn - 1
 // (up to G of the kv head's GROUP, `group_ctas` CTAs a kv head), and the split's keys
 // [begin, end). The split length is ceil(keys / num_splits) from the item's context, so one
@@ -162,13 +242,20 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
 
 // The end of a decode CTA (both kernels; its NS online-softmax states of heads h0 .. h0 + gn - 1
 // are in shared memory, published by a barrier): the states merged into the output row (one
-// split) or into this split's partials; with `counters` set, the last CTA of the (item, kv-head
-// slice) to arrive then merges every split (the threadFenceReduction pattern) and resets the
-// counter for the next launch (graph replay). Every thread of the CTA calls it.
+// split), into this split's share of a cluster merge (a cluster launch), or into this split's
+// partials; with `counters` set, the last CTA of the (item, kv-head slice) to arrive then merges
+// every split (the threadFenceReduction pattern) and resets the counter for the next launch
+// (graph replay). Every thread of the CTA calls it.
 template <int NS, int G>
 __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int item, int row,
                                              int split, int h0, int gn, float (*s_acc)[G][HD],
                                              float (*s_m)[G], float (*s_l)[G]) {
+#if __CUDA_ARCH__ >= 900
+  const u32 cluster = cluster_size();
+#else
+  const u32 cluster = 1;
+#endif
+  __shared__ float s_cm[G], s_cl[G];  // this split's (max, sum) per head, for cluster_merge
   for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
     const int g = idx / HD, d = idx % HD;
     float mx = NEG_INF;
@@ -186,6 +273,13 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
     const int h = h0 + g;
     if (p.num_splits == 1) {
       p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
+    } else if (cluster > 1) {
+      // Only this thread reads (g, d) of the states, so the merged value may take its place.
+      s_acc[0][g][d] = A;
+      if (d == 0) {
+        s_cm[g] = mx;
+        s_cl[g] = L;
+      }
     } else {
       const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
       p.part_acc[ps * HD + d] = A;
@@ -195,7 +289,14 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
       }
     }
   }
-  if (p.num_splits == 1 || p.counters == nullptr) return;
+  if (p.num_splits == 1) return;
+#if __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cluster_merge<G>(p, row, h0, gn, &s_acc[0][0][0], s_cm, s_cl, cluster);
+    return;
+  }
+#endif
+  if (p.counters == nullptr) return;
 
   __shared__ u32 s_last;
   __threadfence();  // this CTA's partials reach L2 before it is counted

@@ -480,6 +480,29 @@ fn cuda_matches_cpu_with_fp32_gate_up() {
     }
 }
 
+/// Decode splits merged in a thread-block cluster (`decode_cluster`, sm_90), against the CPU:
+/// an MHA model and a GQA one at 3 sequences (split over up to 16 CTAs each, eager and from
+/// CUDA graphs) and 12.
+#[test]
+fn cuda_matches_cpu_with_cluster_merged_decode() {
+    let mha = TestModelSpec::default()
+        .hidden_size(256)
+        .heads(4, 4)
+        .head_dim(128)
+        .intermediate_size(384)
+        .seed(27);
+    for (spec, num_prompts) in [
+        (mha, 3),
+        (gqa_hd64().layers(3).seed(28), 3),
+        (gqa_hd64().seed(29), 12),
+    ] {
+        check_model_opts(spec, 40, num_prompts, |graphs| CudaBackendOptions {
+            decode_cluster: true,
+            ..cuda_opts(graphs, default_gemm_max_len())
+        });
+    }
+}
+
 /// `warm_up` (a dummy prefill and decode step at start) succeeds on its own, again on a warm
 /// backend, and leaves nothing behind: backends built with it still match the CPU.
 #[test]

@@ -62,6 +62,7 @@ impl CudaBackendOptions {
             // unchanged.
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
+            decode_cluster: false,
             decode_kernel: cfg.model.decode_attention,
             prefill_wgmma: true,
             prefill_wg_stages: PREFILL_WG_STAGES,

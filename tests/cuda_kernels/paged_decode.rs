@@ -2,14 +2,16 @@
 //! head size and GQA group the model families use, with and without a sliding window; the
 //! splits merged by `paged_decode_reduce` or inside the kernel (arrival counters), and the split
 //! rule that fills the GPU at batch 1 (`decode_splits_filled`); and all of it again over an
-//! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA). Every case runs on both
+//! e4m3 cache (`fp8`: 16 elements a lane, at most 4 query heads a CTA); and the splits merged in
+//! a thread-block cluster (sm_90). Every case runs on both
 //! decode kernels: the lane kernel and, where the head dim has one, the tensor-core kernel
 //! (paged_decode_mma.cu: head dims up to 128, the group's heads as the mma's columns, 8 a CTA;
 //! 16-key steps sharing one block-table entry from blocks of 16 keys up).
 
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas_for, decode_min_split_keys, decode_mma_supported, decode_splits,
-    decode_splits_filled, PagedDecodeParams,
+    self, decode_cluster_supported, decode_group_ctas_for, decode_min_split_keys,
+    decode_mma_supported, decode_splits, decode_splits_filled, PagedDecodeParams,
+    DECODE_CLUSTER_MAX,
 };
 use brook::executor::cuda::DecodeKernel;
 use half::bf16;
@@ -42,6 +44,9 @@ struct Decode {
     fp8: bool,
     /// Keys a block (a power of two, as config.rs requires).
     block_size: usize,
+    /// Each (item, kv head slice)'s splits as one thread-block cluster, merged in distributed
+    /// shared memory (sm_90; the case is skipped elsewhere); launched twice, as graph replay does.
+    cluster: bool,
 }
 
 impl Default for Decode {
@@ -58,6 +63,7 @@ impl Default for Decode {
             ctas_per_sm: 0,
             fp8: false,
             block_size: 16,
+            cluster: false,
         }
     }
 }
@@ -76,6 +82,10 @@ impl Decode {
         let Some(g) = attention_gpu_kv(self.head_dim, group, self.fp8) else {
             return;
         };
+        if self.cluster && !decode_cluster_supported(&g) {
+            eprintln!("skipped: no thread-block clusters before sm_90");
+            return;
+        }
         let mut r = rng(self.seed);
         let (hd, heads, bs) = (self.head_dim, self.heads, self.block_size);
         let layout = KvLayout {
@@ -99,17 +109,23 @@ impl Decode {
         let rows = 2 * n + 1;
         let q = rand_bf16(&mut r, rows * heads * hd, 1.0);
         let max_ctx = *ctx.iter().max().unwrap();
-        let num_splits = self.splits.unwrap_or_else(|| match self.ctas_per_sm {
-            0 => decode_splits(g.num_sms, n, self.kv_heads, max_ctx),
-            c => decode_splits_filled(
-                g.num_sms,
-                c,
-                n,
-                self.kv_heads,
-                group,
-                max_ctx,
-                decode_min_split_keys(kernel, max_ctx),
-            ),
+        let num_splits = self.splits.unwrap_or_else(|| {
+            let s = match self.ctas_per_sm {
+                0 => decode_splits(g.num_sms, n, self.kv_heads, max_ctx),
+                c => decode_splits_filled(
+                    g.num_sms,
+                    c,
+                    n,
+                    self.kv_heads,
+                    group,
+                    max_ctx,
+                    decode_min_split_keys(kernel, max_ctx),
+                ),
+            };
+            match self.cluster {
+                true => s.min(DECODE_CLUSTER_MAX),
+                false => s,
+            }
         });
         let (qb, rows_b, seqs_b) = (dev(&g, &q), dev(&g, &item_row), dev(&g, &item_seq));
         let dp = paged.upload(&g);
@@ -140,12 +156,13 @@ impl Decode {
             window: self.window as i32,
             scale,
         };
-        unsafe { kernels::paged_decode(&g, &p, hd, kernel).unwrap() };
-        if self.inline {
+        let cluster = self.cluster;
+        unsafe { kernels::paged_decode(&g, &p, hd, kernel, cluster).unwrap() };
+        if self.inline || cluster {
             // A second launch on the same counters (graph replay): it must find them at zero.
             let first = read_bf16(&g, &out, rows * heads * hd);
             g.memset(out.ptr(), 0xff, rows * heads * hd * 2).unwrap();
-            unsafe { kernels::paged_decode(&g, &p, hd, kernel).unwrap() };
+            unsafe { kernels::paged_decode(&g, &p, hd, kernel, cluster).unwrap() };
             let again = read_bf16(&g, &out, rows * heads * hd);
             let same = first
                 .iter()
@@ -153,7 +170,7 @@ impl Decode {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(
                 same,
-                "{kernel:?}: the second in-kernel merge differs from the first"
+                "{kernel:?}: the second in-kernel merge differs from the first (cluster {cluster})"
             );
             let left: Vec<u32> = read(&g, &counters, num_counters);
             assert!(left.iter().all(|&c| c == 0), "counters left at {left:?}");
@@ -174,7 +191,7 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
                         self.fp8, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
@@ -392,6 +409,59 @@ fn paged_decode_fp8_batches_contexts_merges_and_window() {
             splits,
             inline: true,
             fp8: true,
+            ..Decode::default()
+        }
+        .run();
+    }
+}
+
+/// The splits of each (item, kv head slice) as one thread-block cluster, merged in distributed
+/// shared memory: every head size and a spread of groups (9..16 take two CTAs, so two clusters,
+/// per kv head), 2 to 16 splits (more splits than keys for the shortest contexts: empty splits
+/// join the merge), under a sliding window, over an e4m3 cache, at the split rule's batch-1
+/// count on Llama-2-7B's and Llama-3-8B's heads, and twice in a row (graph replay).
+#[test]
+fn paged_decode_cluster_merge() {
+    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
+        for group in [1, 4, 7, 12, 16] {
+            Decode {
+                seed: 700 + (i * 16 + group) as u64,
+                head_dim,
+                heads: 2 * group,
+                kv_heads: 2,
+                ctx: vec![3, 37, 301, 1030],
+                splits: Some(2 + (i + group) % 15),
+                cluster: true,
+                ..Decode::default()
+            }
+            .run();
+        }
+    }
+    for (seed, splits, window, fp8) in [
+        (720, 16, 0, false),
+        (721, 13, 0, true),
+        (722, 16, 100, false),
+        (723, 5, 700, true),
+    ] {
+        Decode {
+            seed,
+            ctx: vec![1, 64, 99, 100, 517, 4097],
+            splits: Some(splits),
+            window,
+            fp8,
+            cluster: true,
+            ..Decode::default()
+        }
+        .run();
+    }
+    for (seed, heads, kv_heads, ctas) in [(730, 32, 32, 8), (731, 32, 8, 4)] {
+        Decode {
+            seed,
+            heads,
+            kv_heads,
+            ctx: vec![4100],
+            ctas_per_sm: ctas,
+            cluster: true,
             ..Decode::default()
         }
         .run();

@@ -3,7 +3,8 @@
 
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
-    self, decode_group_ctas_for, decode_splits_filled, PagedDecodeParams,
+    self, decode_cluster_supported, decode_group_ctas_for, decode_splits_filled, PagedDecodeParams,
+    DECODE_CLUSTER_MAX,
 };
 use brook::executor::cuda::{DecodeKernel, KvCacheDtype};
 use rand::seq::SliceRandom;
@@ -123,6 +124,9 @@ struct DecodeVariant {
     /// `decode_splits_filled`'s fewest keys a split (the serving rule:
     /// `kernels::decode_min_split_keys`).
     min_keys: usize,
+    /// Splits merged in a thread-block cluster (`CudaBackendOptions::decode_cluster`; at most
+    /// `DECODE_CLUSTER_MAX` splits).
+    cluster: bool,
 }
 
 const DECODE_VARIANTS: &[DecodeVariant] = &[
@@ -132,6 +136,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: false,
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "inline",
@@ -139,6 +144,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill4",
@@ -146,6 +152,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: false,
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill4-inline",
@@ -153,6 +160,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill8-inline",
@@ -160,6 +168,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
+        cluster: false,
     },
     // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
     // the fills the backend uses for it (`forward::decode_fill`: 4 with a bf16 cache, 6 with
@@ -170,6 +179,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill4-inline-mma",
@@ -177,6 +187,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
         min_keys: 32,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill6-inline-mma",
@@ -184,6 +195,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
         min_keys: 32,
+        cluster: false,
     },
     // At least 128 keys a split: the serving rule on tensor cores from 1k keys of context
     // (`kernels::decode_min_split_keys`, session 18).
@@ -193,6 +205,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
         min_keys: 128,
+        cluster: false,
     },
     DecodeVariant {
         name: "fill6-k128-inline-mma",
@@ -200,6 +213,32 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         inline: true,
         kernel: DecodeKernel::Mma,
         min_keys: 128,
+        cluster: false,
+    },
+    // Splits merged in a cluster (the serving rules above, capped at 16 splits).
+    DecodeVariant {
+        name: "fill8-cluster",
+        ctas_per_sm: 8,
+        inline: false,
+        kernel: DecodeKernel::Lanes,
+        min_keys: 32,
+        cluster: true,
+    },
+    DecodeVariant {
+        name: "fill4-cluster-mma",
+        ctas_per_sm: 4,
+        inline: false,
+        kernel: DecodeKernel::Mma,
+        min_keys: 32,
+        cluster: true,
+    },
+    DecodeVariant {
+        name: "fill4-k128-cluster-mma",
+        ctas_per_sm: 4,
+        inline: false,
+        kernel: DecodeKernel::Mma,
+        min_keys: 128,
+        cluster: true,
     },
 ];
 
@@ -247,9 +286,15 @@ fn paged_decode(
                 upload(gpu, &vec![ctx as i32; batch])?,
             );
             let group = h / kvh;
-            let splits_of = |v: &DecodeVariant| match v.ctas_per_sm {
-                0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
-                c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx, v.min_keys),
+            let splits_of = |v: &DecodeVariant| {
+                let s = match v.ctas_per_sm {
+                    0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
+                    c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx, v.min_keys),
+                };
+                match v.cluster {
+                    true => s.min(DECODE_CLUSTER_MAX),
+                    false => s,
+                }
             };
             let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
             let (part_acc, part_ml) = (
@@ -261,7 +306,10 @@ fn paged_decode(
             gpu.memset(counters.ptr(), 0, num_counters * 4)?;
             // Each variant's output against the default's on the same inputs (the last set).
             let mut reference: Option<Vec<f32>> = None;
-            for var in DECODE_VARIANTS.iter().filter(|v| filter.variant(v.name)) {
+            let variants = DECODE_VARIANTS.iter().filter(|v| {
+                filter.variant(v.name) && (!v.cluster || decode_cluster_supported(gpu))
+            });
+            for var in variants {
                 let splits = splits_of(var);
                 let params = |set: usize| PagedDecodeParams {
                     q: q.ptr(),
@@ -286,17 +334,19 @@ fn paged_decode(
                 };
                 // SAFETY: every buffer above matches the shapes in the params.
                 let ms = time_ms(gpu, 3, 20, |i| unsafe {
-                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel)
+                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
                 })?;
                 // The same launches 8 at a time (each on the next set of K/V): the kernel's own
                 // time, without a lone launch's latency on an idle GPU.
                 // SAFETY: as above.
                 let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, |i| unsafe {
-                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel)
+                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
                 })?;
                 gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
                 // SAFETY: as above.
-                unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel)? };
+                unsafe {
+                    kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel, var.cluster)?
+                };
                 let got = read_bf16(gpu, &out, batch * h * hd)?;
                 let err = match &reference {
                     None => 0.0,

@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 8] = [
+        let tags: [(&str, serde_json::Value); 9] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -31,6 +31,7 @@ pub fn emit(mut v: serde_json::Value) {
             ("gate_up_bf16", gate_up_bf16().into()),
             ("gemv_bulk", gemv_bulk().into()),
             ("residual_gemm", residual_gemm().into()),
+            ("decode_cluster", decode_cluster().into()),
         ];
         for (key, value) in tags {
             o.entry(key).or_insert(value);
@@ -129,6 +130,15 @@ pub fn prefill_tma() -> bool {
 }
 
 /// Whether decode GEMVs run on the bulk-copy kernel in every backend and `Gpu` gpu-bench makes:
+/// `BROOK_DECODE_CLUSTER` (0 or 1; brook's default when unset): decode splits merged in a
+/// thread-block cluster, for A/B runs.
+pub fn decode_cluster() -> bool {
+    env_flag(
+        "BROOK_DECODE_CLUSTER",
+        CudaBackendOptions::default().decode_cluster,
+    )
+}
+
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
@@ -466,6 +476,7 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_tma: prefill_tma(),
         gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
+        decode_cluster: decode_cluster(),
         // The base step without lookahead, as every figure before session 34 ran it (serving's
         // default is "auto": the `lookahead-auto` variant of decode-variants; `brook bench`).
         lookahead: false,

@@ -270,7 +270,7 @@ impl<'g> Lane<'g> {
         // SAFETY: the lane's rows index `rows` sequences of `blocks_per_seq` blocks from
         // `first` on, inside the set's table; q and out are [rows, heads, head_dim]; the split
         // scratch and counters are sized for `splits` (counters zero: the kernel leaves them so).
-        unsafe { kernels::paged_decode(self.attn, &p, dims.attn.head_dim, dims.kernel) }
+        unsafe { kernels::paged_decode(self.attn, &p, dims.attn.head_dim, dims.kernel, false) }
     }
 
     /// One layer: QKV, attention, o, gate|up, down (the element-wise kernels left out);

@@ -38,6 +38,7 @@ pub const VARIANTS: &[&str] = &[
     "fill4",
     "fill4-inline",
     "fill8-inline",
+    "cluster",
     "all",
 ];
 
@@ -78,6 +79,7 @@ pub fn variant_options(
             o.decode_ctas_per_sm = 8;
             o.decode_merge_inline = true;
         }
+        "cluster" => o.decode_cluster = true,
         "all" => {
             o.lookahead = true;
             o.decode_ctas_per_sm = 4;

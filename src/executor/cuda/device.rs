@@ -298,6 +298,19 @@ impl Gpu {
                 self.build(file, &arch, &defines, &suffix)?;
             }
         }
+        if self.compute_capability.0 >= 9 {
+            // Decode splits merged in a cluster (`launch_pdl_cluster`) may number 16, past the
+            // portable 8.
+            for k in ["paged_decode", "paged_decode_mma"] {
+                let name = format!("{k}_hd{head_dim}_g{group}{tail}");
+                self.function(&name)
+                    .set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                    .with_context(|| format!("{name}: clusters of 16"))?;
+            }
+        }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && self.kernel(&wg).smem == 0 {
             let bytes = compile::prefill_wgmma_smem(head_dim, 1, self.kv_fp8);
@@ -555,6 +568,40 @@ impl Gpu {
         }
         let k = self.kernel(name);
         launch_pdl_with(&k.f, name, &self.stream, (grid, block, k.smem), params)?;
+        self.traced(name)
+    }
+
+    /// `launch_pdl` in thread-block clusters of `cluster` CTAs along x (sm_90; the grid's x a
+    /// multiple of it): the decode kernels' splits merged in distributed shared memory.
+    ///
+    /// # Safety
+    /// As `launch`.
+    pub unsafe fn launch_pdl_cluster<P: Copy>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        cluster: u32,
+        params: &P,
+    ) -> anyhow::Result<()> {
+        let k = self.kernel(name);
+        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[0].value.clusterDim.x = cluster;
+        attrs[0].value.clusterDim.y = 1;
+        attrs[0].value.clusterDim.z = 1;
+        attrs[1].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[1].value.programmaticStreamSerializationAllowed = 1;
+        let n = if self.pdl { 2 } else { 1 };
+        launch_ex(
+            &k.f,
+            &self.stream,
+            (grid, block, k.smem),
+            params,
+            &mut attrs[..n],
+        )
+        .with_context(|| format!("launching {name} in clusters of {cluster}"))?;
         self.traced(name)
     }
 

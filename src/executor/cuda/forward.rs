@@ -241,7 +241,7 @@ impl Forward {
         mut gpu: Gpu,
         cfg: ModelConfig,
         weights: GpuWeights,
-        opts: CudaBackendOptions,
+        mut opts: CudaBackendOptions,
         sizing: KvSizing,
     ) -> anyhow::Result<Self> {
         gpu.set_kv_fp8(opts.kv_cache_dtype.is_fp8())?;
@@ -270,6 +270,7 @@ impl Forward {
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
         gpu.pdl &= opts.pdl;
+        opts.decode_cluster &= kernels::decode_cluster_supported(&gpu);
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
@@ -536,6 +537,7 @@ impl Forward {
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
                 self.gpu.kv_fp8(),
             ),
+            decode_cluster: self.opts.decode_cluster,
             prefill_split_kv: self.opts.prefill_split_kv,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,

@@ -608,9 +608,21 @@ pub fn decode_min_split_keys(kernel: DecodeKernel, max_context: usize) -> usize 
 /// scratch is sized by it (more keys a split, fewer splits).
 pub const MIN_SPLIT_KEYS: usize = 32;
 
+/// Most decode splits merged in one thread-block cluster (`DECODE_CLUSTER_MAX` in
+/// paged_decode.cu): the largest cluster sm_90 launches, a non-portable size the decode kernels
+/// are allowed (`Gpu::load_attention`).
+pub const DECODE_CLUSTER_MAX: usize = 16;
+
+/// Whether `gpu` can merge decode splits in a cluster (`paged_decode` with `cluster`): sm_90+.
+pub fn decode_cluster_supported(gpu: &Gpu) -> bool {
+    gpu.compute_capability.0 >= 9
+}
+
 /// Decode attention on `kernel` (resolved by `decode_kernel`); with `num_splits > 1` also the
-/// merge of the splits (a second launch, unless `p.counters` is set: then the decode kernel
-/// merges them itself).
+/// merge of the splits: with `cluster`, each (item, kv head slice)'s splits run as one
+/// thread-block cluster and merge in distributed shared memory (at most `DECODE_CLUSTER_MAX`
+/// splits, sm_90); else the decode kernel merges them itself when `p.counters` is set, or a
+/// second launch does.
 ///
 /// # Safety
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
@@ -619,12 +631,19 @@ pub unsafe fn paged_decode(
     p: &PagedDecodeParams,
     head_dim: usize,
     kernel: DecodeKernel,
+    cluster: bool,
 ) -> anyhow::Result<()> {
     let group = (p.num_heads / p.num_kv_heads) as usize;
     // The in-kernel merge keeps a weight per split in shared memory (DECODE_MAX_SPLITS).
     anyhow::ensure!(
         p.num_splits >= 1 && (p.counters == 0 || p.num_splits as usize <= MAX_FILLED_SPLITS),
         "decode attention with {} splits (at most {MAX_FILLED_SPLITS} merged in the kernel)",
+        p.num_splits
+    );
+    let cluster = cluster && p.num_splits > 1;
+    anyhow::ensure!(
+        !cluster || (decode_cluster_supported(gpu) && p.num_splits as usize <= DECODE_CLUSTER_MAX),
+        "decode attention with {} splits in a cluster (at most {DECODE_CLUSTER_MAX}, on sm_90+)",
         p.num_splits
     );
     let (kernel_name, slices) = match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
@@ -637,16 +656,15 @@ pub unsafe fn paged_decode(
     )?;
     // With PDL its CTAs are resident by the time the kernel before (rope_kv) ends: both kernels
     // wait (`decode_cta`) before reading what that kernel writes.
-    gpu.launch_pdl(
-        &name,
-        (
-            p.num_splits as u32,
-            (p.num_kv_heads as usize * slices) as u32,
-            p.num_items as u32,
-        ),
-        (DECODE_THREADS, 1, 1),
-        p,
-    )?;
+    let grid = (
+        p.num_splits as u32,
+        (p.num_kv_heads as usize * slices) as u32,
+        p.num_items as u32,
+    );
+    if cluster {
+        return gpu.launch_pdl_cluster(&name, grid, (DECODE_THREADS, 1, 1), grid.0, p);
+    }
+    gpu.launch_pdl(&name, grid, (DECODE_THREADS, 1, 1), p)?;
     if p.num_splits > 1 && p.counters == 0 {
         gpu.launch(
             &gpu.kv_kernel(&format!("paged_decode_reduce_hd{head_dim}_g{group}")),

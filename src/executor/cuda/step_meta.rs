@@ -25,7 +25,7 @@ use anyhow::ensure;
 
 use super::kernels::{
     decode_min_split_keys, decode_splits, decode_splits_filled, prefill_splits, SampleArgs,
-    SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
+    SampleEdit, DECODE_CLUSTER_MAX, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
 use super::options::DecodeKernel;
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
@@ -166,6 +166,9 @@ pub(super) struct Limits {
     /// `kernels::decode_min_split_keys` gives this decode kernel.
     pub decode_ctas_per_sm: usize,
     pub decode_kernel: DecodeKernel,
+    /// Decode splits merged in a thread-block cluster (`CudaBackendOptions::decode_cluster` on
+    /// a GPU that has them): at most `DECODE_CLUSTER_MAX` splits.
+    pub decode_cluster: bool,
     /// `CudaBackendOptions::prefill_split_kv`.
     pub prefill_split_kv: bool,
     pub gemm_max_len: usize,
@@ -178,7 +181,7 @@ pub(super) struct Limits {
 impl Limits {
     /// Decode splits for `nd` items whose longest context is `max_context` keys.
     pub fn decode_splits(&self, nd: usize, max_context: usize) -> usize {
-        match self.decode_ctas_per_sm {
+        let splits = match self.decode_ctas_per_sm {
             0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
             c => decode_splits_filled(
                 self.num_sms,
@@ -189,6 +192,10 @@ impl Limits {
                 max_context,
                 decode_min_split_keys(self.decode_kernel, max_context),
             ),
+        };
+        match self.decode_cluster {
+            true => splits.min(DECODE_CLUSTER_MAX),
+            false => splits,
         }
     }
 }

@@ -202,7 +202,13 @@ impl Forward {
                     window,
                     scale,
                 };
-                kernels::paged_decode(g, &p, hd, self.opts.decode_kernel)?;
+                kernels::paged_decode(
+                    g,
+                    &p,
+                    hd,
+                    self.opts.decode_kernel,
+                    self.opts.decode_cluster,
+                )?;
             }
             if step.nt > 0 && on(skip::ATTENTION) {
                 let p = PrefillAttnParams {

@@ -26,6 +26,7 @@ pub(super) fn limits() -> Limits {
         num_kv_heads: 2,
         decode_ctas_per_sm: 0,
         decode_kernel: DecodeKernel::Lanes,
+        decode_cluster: false,
         prefill_split_kv: true,
         gemm_max_len: 64,
         gemm_keys,
@@ -581,4 +582,26 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
     b.seqs[2].num_drafts = 1;
     let e = pack(&lim, &b, None, &[], true, &mut host).unwrap_err();
     assert!(e.to_string().contains("samples 6 rows"), "{e}");
+}
+
+/// Decode splits merged in a thread-block cluster are capped at the largest cluster; the rule
+/// is otherwise the same.
+#[test]
+fn cluster_merged_decode_splits_are_capped_at_the_largest_cluster() {
+    let filled = Limits {
+        num_sms: 132,
+        num_heads: 32,
+        num_kv_heads: 32,
+        decode_ctas_per_sm: 8,
+        ..limits()
+    };
+    let cluster = Limits {
+        decode_cluster: true,
+        ..filled
+    };
+    // Llama-2-7B at batch 1: 32 splits at 4k keys; 4 at 128 keys either way.
+    assert_eq!(filled.decode_splits(1, 4096), 32);
+    assert_eq!(cluster.decode_splits(1, 4096), DECODE_CLUSTER_MAX);
+    assert_eq!(cluster.decode_splits(1, 128), 4);
+    assert_eq!(cluster.decode_splits(64, 4096), 1);
 }
