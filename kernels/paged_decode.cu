@@ -20,7 +20,7 @@
 // for the next launch (the threadFenceReduction pattern), so a decode is one launch. On sm_90 the
 // host may instead launch the splits of each (item, kv-head slice) as one thread-block cluster
 // (at most DECODE_CLUSTER_MAX): they then merge through distributed shared memory
-// (cluster_merge), with no partials in global memory, no fence and no counter.
+// (cluster_send, cluster_merge), with no partials in global memory, no fence and no counter.
 // The split length is ceil(keys / num_splits), computed here from the context length, so one
 // launch shape serves any context (what CUDA-graph replay needs). With a sliding window the keys
 // are the last `window` positions; blocks before them may be freed (block id -1) and are never
@@ -143,63 +143,70 @@ __device__ __forceinline__ u32 cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-// Every thread of every CTA of the cluster: shared-memory writes before it are visible to the
-// cluster's reads after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
+// The cluster barrier in two halves (every thread of every CTA of the cluster calls both, in
+// turn): writes before the arrive are visible to the cluster after the wait.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
-// The float at `ptr` (in this CTA's shared memory) as it is in the shared memory of CTA `rank`.
-__device__ __forceinline__ float ld_cluster(const float* ptr, u32 rank) {
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Stores v at `ptr` (an address in this CTA's shared memory) in the shared memory of CTA `rank`.
+__device__ __forceinline__ void st_cluster(float* ptr, u32 rank, float v) {
   u32 remote;
-  float v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(ptr)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
-  return v;
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
 
-// The merge of a cluster launch: the cluster's CTAs are the splits of one (item, kv-head slice),
-// each holding its split's log2-domain max and sum per head (cm, cl: [G]) and unnormalised output
-// (acc: [G][HD]) in shared memory. After a cluster barrier each CTA merges its share of the
-// (head, dim) outputs, reading every split's values at once (one distributed-shared-memory round
-// trip instead of the global merge's fence, counter and L2 reads); a second barrier keeps each
-// CTA's shared memory alive until the others have read it.
+// What the CTAs of a cluster launch send each other (shared memory of each): the cluster is the
+// splits of one (item, kv-head slice), and CTA r merges the r-th share (`chunk` values) of the
+// (head, dim) outputs.
+template <int G>
+struct ClusterInbox {
+  float acc[G * HD + DECODE_CLUSTER_MAX];  // [split][chunk]: each split's unnormalised output
+  float ml[DECODE_CLUSTER_MAX][G][2];      // each split's log2-domain (max, sum) per head
+};
+
+// The merge of a cluster launch. Each CTA sends its split's (max, sum) of every head to every CTA
+// and each output value to the CTA whose share holds it (remote stores: nothing waits on them),
+// arrives at the cluster barrier and waits for the others' values; then it merges its share from
+// its own shared memory and exits. No partials in global memory, no fence, no counter, and no
+// CTA waits for another to read its memory. `started`: the wait of the barrier every CTA
+// arrived at when it began (decode_cta): remote stores only go to CTAs that are running.
+// Called by every thread of the CTA for each of its (head, dim) values, then `cluster_merge`.
+template <int G>
+__device__ __forceinline__ void cluster_send(ClusterInbox<G>& box, int g, int d, int gn, float mx,
+                                             float L, float A, u32 ns, u32 rank) {
+  const int chunk = (gn * HD + ns - 1) / ns, idx = g * HD + d;
+  st_cluster(&box.acc[rank * chunk + idx % chunk], idx / chunk, A);
+  if (d == 0) {
+    for (u32 r = 0; r < ns; r++) {
+      st_cluster(&box.ml[rank][g][0], r, mx);
+      st_cluster(&box.ml[rank][g][1], r, L);
+    }
+  }
+}
+
 template <int G>
 __device__ __forceinline__ void cluster_merge(const PagedDecodeParams& p, int row, int h0, int gn,
-                                              const float* acc, const float* cm, const float* cl,
-                                              u32 ns) {
-  cluster_sync();
-  const int total = gn * HD, per = (total + ns - 1) / ns;
-  const int lo = cluster_rank() * per, hi = min(total, lo + per);
+                                              const ClusterInbox<G>& box, u32 ns, u32 rank) {
+  cluster_arrive();
+  cluster_wait();
+  const int chunk = (gn * HD + ns - 1) / ns;
+  const int lo = rank * chunk, hi = min(gn * HD, lo + chunk);
   for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
     const int g = idx / HD, d = idx % HD;
-    // Two rounds of loads, each split's (max, sum) then its output, so that no more than 32
-    // values are live: the lane kernel stays at 64 registers (8 CTAs an SM).
-    float w[DECODE_CLUSTER_MAX], l[DECODE_CLUSTER_MAX];
-#pragma unroll
-    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
-      w[s] = s < (int)ns ? ld_cluster(cm + g, s) : NEG_INF;
-      l[s] = s < (int)ns ? ld_cluster(cl + g, s) : 0.f;
-    }
     float mx = NEG_INF;
-#pragma unroll
-    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) mx = fmaxf(mx, w[s]);
-    float L = 0.f;
-#pragma unroll
-    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
-      w[s] = w[s] == NEG_INF ? 0.f : exp2f(w[s] - mx);
-      L += l[s] * w[s];
+    for (u32 s = 0; s < ns; s++) mx = fmaxf(mx, box.ml[s][g][0]);
+    float L = 0.f, A = 0.f;
+    for (u32 s = 0; s < ns; s++) {
+      const float m = box.ml[s][g][0];
+      const float w = m == NEG_INF ? 0.f : exp2f(m - mx);
+      L += box.ml[s][g][1] * w;
+      A += box.acc[s * chunk + idx - lo] * w;
     }
-    float A = 0.f;
-#pragma unroll
-    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) {
-      l[s] = s < (int)ns ? ld_cluster(acc + g * HD + d, s) : 0.f;
-    }
-#pragma unroll
-    for (int s = 0; s < DECODE_CLUSTER_MAX; s++) A += l[s] * w[s];
     p.out[((size_t)row * p.num_heads + h0 + g) * HD + d] = f2bf(A / L);
   }
-  cluster_sync();
 }
 #endif
 
@@ -234,6 +241,10 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
   c.bt = p.block_tables + (size_t)seq * p.max_blocks;
   c.bshift = __ffs(p.block_size) - 1;
   c.bmask = p.block_size - 1;
+#if __CUDA_ARCH__ >= 900
+  // A cluster launch: this CTA is running (finish_split's cluster_send waits for all of them).
+  if (cluster_size() > 1) cluster_arrive();
+#endif
   // Launched with PDL (kernels::paged_decode): the metadata above was uploaded before the step,
   // but q and the step's new keys come from the kernel before (rope_kv).
   pdl_wait();
@@ -251,11 +262,12 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
                                              int split, int h0, int gn, float (*s_acc)[G][HD],
                                              float (*s_m)[G], float (*s_l)[G]) {
 #if __CUDA_ARCH__ >= 900
-  const u32 cluster = cluster_size();
+  const u32 cluster = cluster_size(), rank = cluster_rank();
+  __shared__ ClusterInbox<G> s_box;
+  if (cluster > 1) cluster_wait();  // every CTA of the cluster is running
 #else
   const u32 cluster = 1;
 #endif
-  __shared__ float s_cm[G], s_cl[G];  // this split's (max, sum) per head, for cluster_merge
   for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
     const int g = idx / HD, d = idx % HD;
     float mx = NEG_INF;
@@ -274,12 +286,9 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
     if (p.num_splits == 1) {
       p.out[((size_t)row * p.num_heads + h) * HD + d] = f2bf(A / L);
     } else if (cluster > 1) {
-      // Only this thread reads (g, d) of the states, so the merged value may take its place.
-      s_acc[0][g][d] = A;
-      if (d == 0) {
-        s_cm[g] = mx;
-        s_cl[g] = L;
-      }
+#if __CUDA_ARCH__ >= 900
+      cluster_send<G>(s_box, g, d, gn, mx, L, A, cluster, rank);
+#endif
     } else {
       const size_t ps = ((size_t)item * p.num_heads + h) * p.num_splits + split;
       p.part_acc[ps * HD + d] = A;
@@ -292,7 +301,7 @@ __device__ __forceinline__ void finish_split(const PagedDecodeParams& p, int ite
   if (p.num_splits == 1) return;
 #if __CUDA_ARCH__ >= 900
   if (cluster > 1) {
-    cluster_merge<G>(p, row, h0, gn, &s_acc[0][0][0], s_cm, s_cl, cluster);
+    cluster_merge<G>(p, row, h0, gn, s_box, cluster, rank);
     return;
   }
 #endif
