@@ -17,7 +17,7 @@ timeout 60 /tmp/gb/cuda_e2e cluster --test-threads 1 >> $O/tests.log 2>&1; echo 
 grep -h "test result\|FAILED\|panicked" $O/tests.log | head -10
 V=fill8-inline,fill8-cluster,fill4-k128-inline-mma,fill4-k128-cluster-mma
 for b in gpu-bench-pull gpu-bench; do
-  timeout 90 /tmp/gb/$b attention --decode-only --shapes 32/32/128,32/8/128 --cases 1024/1,4096/1,16384/1,4096/4 --variants $V > $O/attn_$b.jsonl 2> $O/attn_$b.log
+  timeout 90 /tmp/gb/$b attention --decode-only --shapes 32/32/128,32/8/128 --cases 1024/1,4096/1,16384/1,4096/16 --variants $V > $O/attn_$b.jsonl 2> $O/attn_$b.log
   echo "$b attention rc $?"; grep "paged decode" $O/attn_$b.log | grep -v "inline" | sed 's/, rel. err.*//' | cut -c15-150
 done
 grep "paged decode" $O/attn_gpu-bench.log | grep "inline" | sed 's/, rel. err.*//' | cut -c15-150
