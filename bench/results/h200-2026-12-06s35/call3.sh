@@ -26,16 +26,16 @@ run() { # label binary cluster args...
   BROOK_DECODE_CLUSTER=$c timeout 45 /tmp/gb/$b "$@" > $O/d.json 2>> $O/decode.log
   echo "$* | $l rc $?: $(grep -o '"median_ms":[0-9.]*' $O/d.json)" | tee -a $O/decode.txt
 }
-for ML in llama-2-7b:128 llama-2-7b:3800 llama-3-8b:128 llama-3-8b:1000 llama-3-8b:3800 llama-3-8b:7900; do
-  M=${ML%%:*}; L=${ML##*:}
-  for r in 1 2; do
+for r in 1 2; do
+  for ML in llama-2-7b:128 llama-2-7b:3800 llama-3-8b:128 llama-3-8b:1000 llama-3-8b:3800 llama-3-8b:7900; do
+    M=${ML%%:*}; L=${ML##*:}
     run off gpu-bench 0 decode --quick --model $M --input-len $L --output-len 256
     run pull gpu-bench-pull 1 decode --quick --model $M --input-len $L --output-len 256
     run push gpu-bench 1 decode --quick --model $M --input-len $L --output-len 256
   done
-done
-for B in 4 16; do
-  run off gpu-bench 0 decode-batch --model llama-3-8b --batch $B --context 4000
-  run pull gpu-bench-pull 1 decode-batch --model llama-3-8b --batch $B --context 4000
-  run push gpu-bench 1 decode-batch --model llama-3-8b --batch $B --context 4000
+  [ $r = 1 ] && for B in 4 16; do
+    run off gpu-bench 0 decode-batch --model llama-3-8b --batch $B --context 4000
+    run pull gpu-bench-pull 1 decode-batch --model llama-3-8b --batch $B --context 4000
+    run push gpu-bench 1 decode-batch --model llama-3-8b --batch $B --context 4000
+  done
 done

@@ -160,6 +160,9 @@ pub(super) struct Forward {
     gemm_scratch: Option<GemmScratch>,
     gemm_keys: usize,
     gemm_scores: usize,
+    /// The decode kernel's wave (CTAs) where its splits may merge in a cluster
+    /// (`decode_cluster`; 0: never) and its CTAs an item a split: `Limits::decode_splits`.
+    decode_wave: (usize, usize),
     /// Keyed by shape and split counts: the grids are baked into the launches.
     graphs: HashMap<GraphKey, DecodeGraph>,
     // Host buffers reused across steps.
@@ -241,7 +244,7 @@ impl Forward {
         mut gpu: Gpu,
         cfg: ModelConfig,
         weights: GpuWeights,
-        mut opts: CudaBackendOptions,
+        opts: CudaBackendOptions,
         sizing: KvSizing,
     ) -> anyhow::Result<Self> {
         gpu.set_kv_fp8(opts.kv_cache_dtype.is_fp8())?;
@@ -270,7 +273,15 @@ impl Forward {
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
         gpu.pdl &= opts.pdl;
-        opts.decode_cluster &= kernels::decode_cluster_supported(&gpu);
+        let decode_wave = match opts.decode_cluster && kernels::decode_cluster_supported(&gpu) {
+            true => {
+                let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+                let (wave, per_head) =
+                    kernels::decode_wave(&gpu, opts.decode_kernel, cfg.head_dim, group)?;
+                (wave, cfg.num_key_value_heads * per_head)
+            }
+            false => (0, 0),
+        };
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
@@ -460,6 +471,7 @@ impl Forward {
             gemm_scratch,
             gemm_keys,
             gemm_scores,
+            decode_wave,
             graphs: HashMap::new(),
             host: HostMeta::default(),
             tokens_host: Vec::new(),
@@ -537,7 +549,8 @@ impl Forward {
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
                 self.gpu.kv_fp8(),
             ),
-            decode_cluster: self.opts.decode_cluster,
+            decode_cluster_wave: self.decode_wave.0,
+            decode_item_ctas: self.decode_wave.1,
             prefill_split_kv: self.opts.prefill_split_kv,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,

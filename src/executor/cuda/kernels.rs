@@ -618,6 +618,41 @@ pub fn decode_cluster_supported(gpu: &Gpu) -> bool {
     gpu.compute_capability.0 >= 9
 }
 
+/// The decode kernel `kernel` (resolved by `decode_kernel`) at this shape: its loaded name and
+/// its CTAs per kv head.
+fn decode_kernel_of(
+    gpu: &Gpu,
+    kernel: DecodeKernel,
+    head_dim: usize,
+    group: usize,
+) -> anyhow::Result<(String, usize)> {
+    let (kernel_name, slices) = match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
+        DecodeKernel::Mma => ("paged_decode_mma", decode_mma_group_ctas(group)),
+        _ => ("paged_decode", decode_group_ctas_for(group, gpu.kv_fp8())),
+    };
+    let name = attention_kernel(
+        gpu,
+        gpu.kv_kernel(&format!("{kernel_name}_hd{head_dim}_g{group}")),
+    )?;
+    Ok((name, slices))
+}
+
+/// One wave of decode kernel `kernel` at this shape (its resident CTAs an SM × the SMs) and its
+/// CTAs per kv head: what `Limits::decode_splits` weighs a cluster merge by.
+pub fn decode_wave(
+    gpu: &Gpu,
+    kernel: DecodeKernel,
+    head_dim: usize,
+    group: usize,
+) -> anyhow::Result<(usize, usize)> {
+    let (name, slices) = decode_kernel_of(gpu, kernel, head_dim, group)?;
+    let resident = gpu
+        .function(&name)
+        .occupancy_max_active_blocks_per_multiprocessor(DECODE_THREADS, 0, None)
+        .with_context(|| format!("{name}: resident CTAs"))?;
+    Ok((resident as usize * gpu.num_sms as usize, slices))
+}
+
 /// Decode attention on `kernel` (resolved by `decode_kernel`); with `num_splits > 1` also the
 /// merge of the splits: with `cluster`, each (item, kv head slice)'s splits run as one
 /// thread-block cluster and merge in distributed shared memory (at most `DECODE_CLUSTER_MAX`
@@ -646,14 +681,7 @@ pub unsafe fn paged_decode(
         "decode attention with {} splits in a cluster (at most {DECODE_CLUSTER_MAX}, on sm_90+)",
         p.num_splits
     );
-    let (kernel_name, slices) = match decode_kernel(kernel, head_dim, group, gpu.kv_fp8()) {
-        DecodeKernel::Mma => ("paged_decode_mma", decode_mma_group_ctas(group)),
-        _ => ("paged_decode", decode_group_ctas_for(group, gpu.kv_fp8())),
-    };
-    let name = attention_kernel(
-        gpu,
-        gpu.kv_kernel(&format!("{kernel_name}_hd{head_dim}_g{group}")),
-    )?;
+    let (name, slices) = decode_kernel_of(gpu, kernel, head_dim, group)?;
     // With PDL its CTAs are resident by the time the kernel before (rope_kv) ends: both kernels
     // wait (`decode_cta`) before reading what that kernel writes.
     let grid = (

@@ -166,9 +166,12 @@ pub(super) struct Limits {
     /// `kernels::decode_min_split_keys` gives this decode kernel.
     pub decode_ctas_per_sm: usize,
     pub decode_kernel: DecodeKernel,
-    /// Decode splits merged in a thread-block cluster (`CudaBackendOptions::decode_cluster` on
-    /// a GPU that has them): at most `DECODE_CLUSTER_MAX` splits.
-    pub decode_cluster: bool,
+    /// Decode CTAs one wave of the decode kernel holds (resident CTAs an SM × SMs) when its
+    /// splits may merge in a thread-block cluster (`CudaBackendOptions::decode_cluster` on a GPU
+    /// that has them); 0: never.
+    pub decode_cluster_wave: usize,
+    /// Decode CTAs an item takes per split: kv heads × CTAs a kv head.
+    pub decode_item_ctas: usize,
     /// `CudaBackendOptions::prefill_split_kv`.
     pub prefill_split_kv: bool,
     pub gemm_max_len: usize,
@@ -179,8 +182,14 @@ pub(super) struct Limits {
 }
 
 impl Limits {
-    /// Decode splits for `nd` items whose longest context is `max_context` keys.
-    pub fn decode_splits(&self, nd: usize, max_context: usize) -> usize {
+    /// Decode splits for `nd` items whose longest context is `max_context` keys, and whether
+    /// they merge in a thread-block cluster. A cluster merge caps the splits at
+    /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fits one wave of the kernel:
+    /// on an H100 (BENCHMARKS.md, session 35) it made batch-1 decode steps 0.2-1.1 % faster
+    /// (Llama-2-7B and Llama-3-8B, 128 to 7.9k tokens), and Llama-3-8B steps at batch 4 and 16
+    /// (4k tokens, two waves of the tensor-core kernel) 4-5 % slower: clusters are placed whole,
+    /// so a second wave waits for room for a whole cluster.
+    pub fn decode_splits(&self, nd: usize, max_context: usize) -> (usize, bool) {
         let splits = match self.decode_ctas_per_sm {
             0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
             c => decode_splits_filled(
@@ -193,9 +202,11 @@ impl Limits {
                 decode_min_split_keys(self.decode_kernel, max_context),
             ),
         };
-        match self.decode_cluster {
-            true => splits.min(DECODE_CLUSTER_MAX),
-            false => splits,
+        let capped = splits.min(DECODE_CLUSTER_MAX);
+        let ctas = nd * self.decode_item_ctas * capped;
+        match self.decode_cluster_wave > 0 && capped > 1 && ctas <= self.decode_cluster_wave {
+            true => (capped, true),
+            false => (splits, false),
         }
     }
 }
@@ -209,6 +220,8 @@ pub(super) struct Step {
     pub ns: usize,
     pub nu: usize,
     pub splits: usize,
+    /// The decode splits merge in a thread-block cluster (`Limits::decode_splits`).
+    pub decode_cluster: bool,
     /// Flash prefill attention's splits over the keys (1: none).
     pub prefill_splits: usize,
     pub layout: Layout,
@@ -542,7 +555,7 @@ pub(super) fn pack(
     }
     // The kernel derives each split's length from the context at run time, so a graph captured
     // for a split count serves every context; graphs are keyed by it.
-    let splits = lim.decode_splits(nd, max_context);
+    let (splits, decode_cluster) = lim.decode_splits(nd, max_context);
     let prefill_splits = match lim.prefill_split_kv && nt > 0 {
         true => prefill_splits(lim.num_sms, nt, lim.num_heads, flash_context),
         false => 1,
@@ -554,6 +567,7 @@ pub(super) fn pack(
         ns,
         nu: updates.len(),
         splits,
+        decode_cluster,
         prefill_splits,
         layout,
     })

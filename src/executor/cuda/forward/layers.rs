@@ -202,13 +202,7 @@ impl Forward {
                     window,
                     scale,
                 };
-                kernels::paged_decode(
-                    g,
-                    &p,
-                    hd,
-                    self.opts.decode_kernel,
-                    self.opts.decode_cluster,
-                )?;
+                kernels::paged_decode(g, &p, hd, self.opts.decode_kernel, step.decode_cluster)?;
             }
             if step.nt > 0 && on(skip::ATTENTION) {
                 let p = PrefillAttnParams {

@@ -26,7 +26,8 @@ pub(super) fn limits() -> Limits {
         num_kv_heads: 2,
         decode_ctas_per_sm: 0,
         decode_kernel: DecodeKernel::Lanes,
-        decode_cluster: false,
+        decode_cluster_wave: 0,
+        decode_item_ctas: 0,
         prefill_split_kv: true,
         gemm_max_len: 64,
         gemm_keys,
@@ -584,10 +585,11 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
     assert!(e.to_string().contains("samples 6 rows"), "{e}");
 }
 
-/// Decode splits merged in a thread-block cluster are capped at the largest cluster; the rule
-/// is otherwise the same.
+/// Decode splits merge in a thread-block cluster, capped at the largest cluster, only where the
+/// capped grid fits one wave of the kernel; else the rule is the same as without.
 #[test]
-fn cluster_merged_decode_splits_are_capped_at_the_largest_cluster() {
+fn cluster_merged_decode_splits_are_capped_and_fit_one_wave() {
+    // Llama-2-7B's 32 heads on the lane kernel, 8 CTAs an SM of 132.
     let filled = Limits {
         num_sms: 132,
         num_heads: 32,
@@ -596,12 +598,38 @@ fn cluster_merged_decode_splits_are_capped_at_the_largest_cluster() {
         ..limits()
     };
     let cluster = Limits {
-        decode_cluster: true,
+        decode_cluster_wave: 8 * 132,
+        decode_item_ctas: 32,
         ..filled
     };
-    // Llama-2-7B at batch 1: 32 splits at 4k keys; 4 at 128 keys either way.
-    assert_eq!(filled.decode_splits(1, 4096), 32);
-    assert_eq!(cluster.decode_splits(1, 4096), DECODE_CLUSTER_MAX);
-    assert_eq!(cluster.decode_splits(1, 128), 4);
-    assert_eq!(cluster.decode_splits(64, 4096), 1);
+    assert_eq!(filled.decode_splits(1, 4096), (32, false));
+    assert_eq!(cluster.decode_splits(1, 4096), (DECODE_CLUSTER_MAX, true));
+    assert_eq!(cluster.decode_splits(1, 128), (4, true));
+    // Two items: 2 x 32 x 16 CTAs fit 1,056; four at 16 splits would not, so they keep the
+    // rule's 8 (8 x 4 x 32 = 1,024 CTAs fits: a cluster of 8).
+    assert_eq!(cluster.decode_splits(2, 4096), (16, true));
+    assert_eq!(cluster.decode_splits(4, 4096), (8, true));
+    // One split: nothing to merge.
+    assert_eq!(cluster.decode_splits(64, 4096), (1, false));
+    // Llama-3-8B on the tensor-core kernel (2 resident an SM, fill 4, 128 keys a split): batch 1
+    // at 4k takes 16 in a cluster instead of 32; batch 4 (512 CTAs > 264) does not.
+    let gqa = Limits {
+        num_kv_heads: 8,
+        decode_ctas_per_sm: 4,
+        decode_kernel: DecodeKernel::Mma,
+        decode_cluster_wave: 2 * 132,
+        decode_item_ctas: 8,
+        ..filled
+    };
+    assert_eq!(gqa.decode_splits(1, 4000), (16, true));
+    assert_eq!(gqa.decode_splits(4, 4000), (16, false));
+    assert_eq!(gqa.decode_splits(16, 4000), (4, false));
+    assert_eq!(
+        Limits {
+            decode_cluster_wave: 0,
+            ..gqa
+        }
+        .decode_splits(1, 4000),
+        (32, false)
+    );
 }
