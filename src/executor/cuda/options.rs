@@ -75,8 +75,9 @@ pub struct CudaBackendOptions {
     pub decode_merge_inline: bool,
     /// Run the splits of each decode (item, kv head slice) as one thread-block cluster that
     /// merges them in distributed shared memory (sm_90; at most `kernels::DECODE_CLUSTER_MAX`
-    /// splits, to which the split rule is then capped), where the grid fits one wave of the
-    /// kernel (`Limits::decode_splits`); elsewhere the other merges. On by default (measured).
+    /// splits, to which the split rule is then capped), where the grid fills at most half a wave
+    /// of the kernel (`Limits::decode_splits`); elsewhere the other merges. On by default
+    /// (measured).
     pub decode_cluster: bool,
     /// Prefill attention on the wgmma kernel where it is built (Hopper, head dim 64 or 128;
     /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.

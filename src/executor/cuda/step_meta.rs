@@ -184,11 +184,12 @@ pub(super) struct Limits {
 impl Limits {
     /// Decode splits for `nd` items whose longest context is `max_context` keys, and whether
     /// they merge in a thread-block cluster. A cluster merge caps the splits at
-    /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fits one wave of the kernel:
-    /// on an H100 (BENCHMARKS.md, session 35) it made batch-1 decode steps 0.2-1.1 % faster
-    /// (Llama-2-7B and Llama-3-8B, 128 to 7.9k tokens), and Llama-3-8B steps at batch 4 and 16
-    /// (4k tokens, two waves of the tensor-core kernel) 4-5 % slower: clusters are placed whole,
-    /// so a second wave waits for room for a whole cluster.
+    /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fills at most half a wave of
+    /// the kernel. Clusters are placed whole, within a GPC, and a fuller grid left CTAs for a
+    /// second round: measured (BENCHMARKS.md, session 35), batch-1 decode steps at 48 % of a wave
+    /// were 0.2-1.1 % faster with the cluster merge (Llama-2-7B and Llama-3-8B, 128 to 7.9k
+    /// tokens, H100 and H200), while Llama-2-7B at batch 4 and 8 (4k tokens, 97 % of a wave)
+    /// was 5-11 % slower, and Llama-3-8B at batch 4 and 16 (two waves) 4-5 % slower.
     pub fn decode_splits(&self, nd: usize, max_context: usize) -> (usize, bool) {
         let splits = match self.decode_ctas_per_sm {
             0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
@@ -204,7 +205,7 @@ impl Limits {
         };
         let capped = splits.min(DECODE_CLUSTER_MAX);
         let ctas = nd * self.decode_item_ctas * capped;
-        match self.decode_cluster_wave > 0 && capped > 1 && ctas <= self.decode_cluster_wave {
+        match self.decode_cluster_wave > 0 && capped > 1 && 2 * ctas <= self.decode_cluster_wave {
             true => (capped, true),
             false => (splits, false),
         }

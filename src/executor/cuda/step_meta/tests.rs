@@ -586,9 +586,9 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
 }
 
 /// Decode splits merge in a thread-block cluster, capped at the largest cluster, only where the
-/// capped grid fits one wave of the kernel; else the rule is the same as without.
+/// capped grid fills at most half a wave of the kernel; else the rule is the same as without.
 #[test]
-fn cluster_merged_decode_splits_are_capped_and_fit_one_wave() {
+fn cluster_merged_decode_splits_are_capped_and_fill_half_a_wave() {
     // Llama-2-7B's 32 heads on the lane kernel, 8 CTAs an SM of 132.
     let filled = Limits {
         num_sms: 132,
@@ -603,16 +603,19 @@ fn cluster_merged_decode_splits_are_capped_and_fit_one_wave() {
         ..filled
     };
     assert_eq!(filled.decode_splits(1, 4096), (32, false));
+    // 32 x 16 = 512 CTAs, under half of 1,056.
     assert_eq!(cluster.decode_splits(1, 4096), (DECODE_CLUSTER_MAX, true));
     assert_eq!(cluster.decode_splits(1, 128), (4, true));
-    // Two items: 2 x 32 x 16 CTAs fit 1,056; four at 16 splits would not, so they keep the
-    // rule's 8 (8 x 4 x 32 = 1,024 CTAs fits: a cluster of 8).
-    assert_eq!(cluster.decode_splits(2, 4096), (16, true));
-    assert_eq!(cluster.decode_splits(4, 4096), (8, true));
+    // Two items at 16 splits, four at 8: 1,024 CTAs, a full wave.
+    assert_eq!(cluster.decode_splits(2, 4096), (16, false));
+    assert_eq!(cluster.decode_splits(4, 4096), (8, false));
+    // Short contexts leave room: 2 x 32 x 4 = 256 CTAs.
+    assert_eq!(cluster.decode_splits(2, 128), (4, true));
     // One split: nothing to merge.
     assert_eq!(cluster.decode_splits(64, 4096), (1, false));
     // Llama-3-8B on the tensor-core kernel (2 resident an SM, fill 4, 128 keys a split): batch 1
-    // at 4k takes 16 in a cluster instead of 32; batch 4 (512 CTAs > 264) does not.
+    // at 4k takes 16 in a cluster instead of 32 (128 CTAs of 264); batch 2 (256) and 4 (512) do
+    // not.
     let gqa = Limits {
         num_kv_heads: 8,
         decode_ctas_per_sm: 4,
@@ -622,6 +625,7 @@ fn cluster_merged_decode_splits_are_capped_and_fit_one_wave() {
         ..filled
     };
     assert_eq!(gqa.decode_splits(1, 4000), (16, true));
+    assert_eq!(gqa.decode_splits(2, 4000), (32, false));
     assert_eq!(gqa.decode_splits(4, 4000), (16, false));
     assert_eq!(gqa.decode_splits(16, 4000), (4, false));
     assert_eq!(
