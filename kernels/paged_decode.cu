@@ -171,9 +171,10 @@ struct ClusterInbox {
 // and each output value to the CTA whose share holds it (remote stores: nothing waits on them),
 // arrives at the cluster barrier and waits for the others' values; then it merges its share from
 // its own shared memory and exits. No partials in global memory, no fence, no counter, and no
-// CTA waits for another to read its memory. `started`: the wait of the barrier every CTA
-// arrived at when it began (decode_cta): remote stores only go to CTAs that are running.
-// Called by every thread of the CTA for each of its (head, dim) values, then `cluster_merge`.
+// CTA waits for another to read its memory. Remote stores go only to running CTAs: every CTA
+// arrives at a first barrier when it starts (decode_cta) and waits on it before sending
+// (finish_split). `cluster_send` is called by each thread for each of its (head, dim) values,
+// then every thread calls `cluster_merge`.
 template <int G>
 __device__ __forceinline__ void cluster_send(ClusterInbox<G>& box, int g, int d, int gn, float mx,
                                              float L, float A, u32 ns, u32 rank) {

@@ -311,27 +311,38 @@ fn paged_decode_block_sizes() {
     }
 }
 
+/// `merge` (its seed the first; its merge switches) at every head size against groups 1, 4, 7,
+/// 12 and 16 on 2 kv heads (9..16 take two CTAs per kv head), contexts 3 to 1030, head size i
+/// and `group` with `splits(i, group)` splits.
+fn merged_head_dims_and_groups(merge: &Decode, splits: impl Fn(usize, usize) -> usize) {
+    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
+        for group in [1, 4, 7, 12, 16] {
+            Decode {
+                seed: merge.seed + (i * 16 + group) as u64,
+                head_dim,
+                heads: 2 * group,
+                kv_heads: 2,
+                ctx: vec![3, 37, 301, 1030],
+                splits: Some(splits(i, group)),
+                ..merge.clone()
+            }
+            .run();
+        }
+    }
+}
+
 /// The splits merged inside the decode kernel (the last CTA of each (item, kv head slice) to
 /// arrive merges): every head size and a spread of groups (9..16 take two CTAs per kv head, so
 /// two counters per kv head), split counts from 2 to 64, with a sliding window, and twice in a
 /// row on the same counters (what graph replay does).
 #[test]
 fn paged_decode_inline_merge() {
-    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
-        for group in [1, 4, 7, 12, 16] {
-            Decode {
-                seed: 400 + (i * 16 + group) as u64,
-                head_dim,
-                heads: 2 * group,
-                kv_heads: 2,
-                ctx: vec![3, 37, 301, 1030],
-                splits: Some(2 + (i + group) % 6),
-                inline: true,
-                ..Decode::default()
-            }
-            .run();
-        }
-    }
+    let inline = Decode {
+        seed: 400,
+        inline: true,
+        ..Decode::default()
+    };
+    merged_head_dims_and_groups(&inline, |i, group| 2 + (i + group) % 6);
     for (seed, splits, window) in [(420, 64, 0), (421, 33, 0), (422, 16, 100), (423, 5, 700)] {
         Decode {
             seed,
@@ -422,21 +433,12 @@ fn paged_decode_fp8_batches_contexts_merges_and_window() {
 /// count on Llama-2-7B's and Llama-3-8B's heads, and twice in a row (graph replay).
 #[test]
 fn paged_decode_cluster_merge() {
-    for (i, head_dim) in [64, 80, 96, 128, 256].into_iter().enumerate() {
-        for group in [1, 4, 7, 12, 16] {
-            Decode {
-                seed: 700 + (i * 16 + group) as u64,
-                head_dim,
-                heads: 2 * group,
-                kv_heads: 2,
-                ctx: vec![3, 37, 301, 1030],
-                splits: Some(2 + (i + group) % 15),
-                cluster: true,
-                ..Decode::default()
-            }
-            .run();
-        }
-    }
+    let cluster = Decode {
+        seed: 700,
+        cluster: true,
+        ..Decode::default()
+    };
+    merged_head_dims_and_groups(&cluster, |i, group| 2 + (i + group) % 15);
     for (seed, splits, window, fp8) in [
         (720, 16, 0, false),
         (721, 13, 0, true),
