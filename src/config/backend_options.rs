@@ -63,7 +63,7 @@ impl CudaBackendOptions {
             decode_ctas_per_sm: 8,
             decode_merge_inline: true,
             // Measured on an H100 and the H200 (session 35, BENCHMARKS issue 18): batch-1 decode
-            // 0.2-1.1 % faster (Llama-2-7B, Llama-3-8B, 128 to 7.9k tokens); taken only where the
+            // 0.2-1.4 % faster (Llama-2-7B, Llama-3-8B, 128 to 7.9k tokens); taken only where the
             // grid fills at most half a wave (`Limits::decode_splits`).
             decode_cluster: true,
             decode_kernel: cfg.model.decode_attention,

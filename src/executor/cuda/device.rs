@@ -585,14 +585,11 @@ impl Gpu {
         params: &P,
     ) -> anyhow::Result<()> {
         let k = self.kernel(name);
-        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
-        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attrs[0].value.clusterDim.x = cluster;
-        attrs[0].value.clusterDim.y = 1;
-        attrs[0].value.clusterDim.z = 1;
-        attrs[1].id =
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attrs[1].value.programmaticStreamSerializationAllowed = 1;
+        let mut dims = launch_attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+        dims.value.clusterDim.x = cluster;
+        dims.value.clusterDim.y = 1;
+        dims.value.clusterDim.z = 1;
+        let mut attrs = [dims, pdl_attr()];
         let n = if self.pdl { 2 } else { 1 };
         launch_ex(
             &k.f,
@@ -650,8 +647,7 @@ impl Gpu {
         shape: ((u32, u32, u32), (u32, u32, u32), u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        let mut attr = launch_attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE);
         attr.value.cooperative = 1;
         launch_ex(
             f,
@@ -712,11 +708,27 @@ unsafe fn launch_pdl_with<P: Copy>(
     shape: ((u32, u32, u32), (u32, u32, u32), u32),
     params: &P,
 ) -> anyhow::Result<()> {
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = pdl_attr();
     launch_ex(f, stream, shape, params, std::slice::from_mut(&mut attr))
         .with_context(|| format!("launching {name} (PDL)"))
+}
+
+/// A launch attribute of kind `id`, its value zeroed for the caller to set.
+fn launch_attr(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
+    // SAFETY: a plain C struct and union of integers, for which all zeroes is a valid value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = id;
+    attr
+}
+
+/// Programmatic dependent launch: the kernel may start while the one before it on the stream
+/// runs (it calls `pdl_wait()` before reading that kernel's outputs).
+fn pdl_attr() -> sys::CUlaunchAttribute {
+    let mut attr = launch_attr(
+        sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    );
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    attr
 }
 
 /// # Safety

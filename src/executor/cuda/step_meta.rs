@@ -187,7 +187,7 @@ impl Limits {
     /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fills at most half a wave of
     /// the kernel. Clusters are placed whole, within a GPC, and a fuller grid left CTAs for a
     /// second round: measured (BENCHMARKS.md, session 35), batch-1 decode steps at 48 % of a wave
-    /// were 0.2-1.1 % faster with the cluster merge (Llama-2-7B and Llama-3-8B, 128 to 7.9k
+    /// were 0.2-1.4 % faster with the cluster merge (Llama-2-7B and Llama-3-8B, 128 to 7.9k
     /// tokens, H100 and H200), while Llama-2-7B at batch 4 and 8 (4k tokens, 97 % of a wave)
     /// was 5-11 % slower, and Llama-3-8B at batch 4 and 16 (two waves) 4-5 % slower.
     pub fn decode_splits(&self, nd: usize, max_context: usize) -> (usize, bool) {
