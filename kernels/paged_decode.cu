@@ -73,12 +73,31 @@ __device__ __forceinline__ float ld_cg(const float* ptr) {
 // shared memory (MAX_FILLED_SPLITS in step_io.rs; the host checks it).
 #define DECODE_MAX_SPLITS 64
 
+// A split partial's 4 dims (16 bytes) from L2.
+__device__ __forceinline__ float4 ld_cg4(const float* ptr) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// Partial loads a thread of the merge keeps in flight (16 bytes each), and the threads of a
+// decode CTA (both kernels run 4 warps: DMMA_WARPS in paged_decode_mma.cu).
+#define MERGE_LOADS 8
+#define MERGE_THREADS (DECODE_WARPS * 32)
+
 // Merges the num_splits partials (log2-domain max and sum, unnormalised acc) of heads
 // h0 .. h0 + gn - 1 of one item into its output row. Each warp takes whole heads: its lanes read
 // the splits' (max, sum) at once and reduce them with shuffles into each split's weight
-// exp2(m_s - max) / sum (w_s, shared); then the block's threads share (head, dim) and sum the
-// weighted partials with 8 loads in flight. The loop this replaces read the splits one after
-// another, each a dependent L2 round trip: about as long as a batch-1 4k split's own work.
+// exp2(m_s - max) / sum (w_s, shared). Then the weighted sum, in as few dependent L2 round trips
+// as the block allows: a thread takes 4 dims of a head (16-byte loads) and, where the heads'
+// dims number fewer than the threads, a share of the splits (the shares summed in shared
+// memory), with MERGE_LOADS loads in flight. The merge is the tail of the launch, which no other
+// CTA overlaps: summing a (head, dim) a thread with 4-byte loads took gn * HD / 128 * ns / 8
+// round trips (Llama-3-8B's 4 heads at 32 splits: 16), now gn * HD / 512 * ns / 8 or fewer (4;
+// Llama-2-7B's 1 head at 32 splits: 1 instead of 4). On an H100 that took a lone 4k x 1 launch
+// of Llama-3-8B's heads from 16.8 to 13.9 us back to back (BENCHMARKS.md, session 36).
 // w_s: [gn][DECODE_MAX_SPLITS] floats of shared memory.
 __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int item, int row, int h0,
                                              int gn, float* w_s) {
@@ -107,22 +126,52 @@ __device__ __forceinline__ void merge_splits(const PagedDecodeParams& p, int ite
     if (lane + 32 < ns) w_s[g * DECODE_MAX_SPLITS + lane + 32] = w1 * inv;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < gn * HD; idx += blockDim.x) {
-    const int g = idx / HD, d = idx % HD;
-    const float* acc = p.part_acc + ((size_t)item * p.num_heads + h0 + g) * ns * HD + d;
-    const float* w = w_s + g * DECODE_MAX_SPLITS;
-    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    int s = 0;
-    for (; s + 8 <= ns; s += 8) {
-      float v[8];
+  __shared__ float4 red[MERGE_THREADS];  // [share][group]: the shares' sums
+  constexpr int V4 = HD / 4;
+  const int t = threadIdx.x, groups = gn * V4;  // a group: 4 dims of a head
+  const int per = min(groups, MERGE_THREADS);  // groups a pass
+  const int tpg = MERGE_THREADS / per;         // threads sharing a group's splits (1: passes)
+  const int gl = t % per, share = t / per;
+  for (int gb = 0; gb < groups; gb += per) {
+    const int gi = gb + gl, g = gi / V4, d4 = gi % V4;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (share < tpg && gi < groups) {
+      const float* acc = p.part_acc + ((size_t)item * p.num_heads + h0 + g) * ns * HD + 4 * d4;
+      const float* w = w_s + g * DECODE_MAX_SPLITS;
+      for (int s0 = share; s0 < ns; s0 += tpg * MERGE_LOADS) {
+        float4 v[MERGE_LOADS];
 #pragma unroll
-      for (int u = 0; u < 8; u++) v[u] = ld_cg(acc + (size_t)(s + u) * HD);
+        for (int u = 0; u < MERGE_LOADS; u++) {
+          const int s = s0 + u * tpg;
+          v[u] = s < ns ? ld_cg4(acc + (size_t)s * HD) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
 #pragma unroll
-      for (int u = 0; u < 8; u++) a[u] += v[u] * w[s + u];
+        for (int u = 0; u < MERGE_LOADS; u++) {
+          const int s = s0 + u * tpg;
+          const float ws = s < ns ? w[s] : 0.f;
+          a.x += v[u].x * ws;
+          a.y += v[u].y * ws;
+          a.z += v[u].z * ws;
+          a.w += v[u].w * ws;
+        }
+      }
     }
-    for (; s < ns; s++) a[0] += ld_cg(acc + (size_t)s * HD) * w[s];
-    const float A = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    p.out[((size_t)row * p.num_heads + h0 + g) * HD + d] = f2bf(A);
+    if (tpg > 1) {  // one pass (groups < threads): the shares meet in shared memory
+      red[t] = a;
+      __syncthreads();
+      if (share == 0)
+        for (int k = 1; k < tpg; k++) {
+          const float4 b = red[gl + k * per];
+          a.x += b.x;
+          a.y += b.y;
+          a.z += b.z;
+          a.w += b.w;
+        }
+    }
+    if (share == 0 && gi < groups) {
+      bf16* o = p.out + ((size_t)row * p.num_heads + h0 + g) * HD + 4 * d4;
+      *(uint2*)o = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+    }
   }
 }
 
@@ -464,8 +513,17 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   finish_split<NS, G>(p, item, row, split, h0, gn, s_acc, s_m, s_l);
 }
 
+// One query head a CTA over a bf16 cache (MHA) runs in 64 registers, 8 CTAs an SM: the fill the
+// batch-1 split rule aims at (forward::decode_fill). The bound keeps the split merge from
+// raising that (unbounded, its loads in flight took 71 registers: 7 CTAs an SM).
+#if DECODE_GC == 1 && !KV_FP8
+#define DECODE_MIN_CTAS 8
+#else
+#define DECODE_MIN_CTAS 1
+#endif
+
 // grid: (num_splits, num_kv_heads * DECODE_GROUP_CTAS, num_items), block: DECODE_WARPS * 32
-extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_decode(PagedDecodeParams p) {
+extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32, DECODE_MIN_CTAS) paged_decode(PagedDecodeParams p) {
   paged_decode_impl<DECODE_GC>(p);
 }
 

@@ -46,6 +46,9 @@
 
 #define DMMA_HEADS 8  // query heads a CTA: the mma's N
 #define DMMA_WARPS 4
+#if DMMA_WARPS * 32 != MERGE_THREADS
+#error "merge_splits sizes its shared memory for the lane kernel's block"
+#endif
 #define DMMA_KEYS 16  // keys a warp step
 // CTAs per kv head (decode_mma_group_ctas in kernels.rs) and query heads each.
 #define DMMA_GROUP_CTAS ((GROUP + DMMA_HEADS - 1) / DMMA_HEADS)
