@@ -181,6 +181,10 @@ enum Cmd {
         /// Timed runs a variant (after 2 untimed).
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// SM counts (comma-separated) to hold cuBLAS's GEMMs to, each adding `gemms_only_smX`
+        /// and `two_streams_smX`.
+        #[arg(long, value_delimiter = ',')]
+        sm_targets: Vec<usize>,
     },
     /// A step's element-wise kernels alone against the copy bandwidth, and the gate|up GEMM
     /// over random input against zeros (what `--breakdown`'s leave-one-out rows can owe to it).
@@ -385,12 +389,14 @@ fn main() -> anyhow::Result<()> {
             context,
             layers,
             reps,
+            sm_targets,
         } => overlap::run(&overlap::Args {
             model: &model,
             batch: &batch,
             context: &context,
             layers,
             reps,
+            sm_targets: &sm_targets,
         }),
         Cmd::Elementwise {
             model,

@@ -17,7 +17,14 @@
 //!   layer by layer; `_staggered`: nano-batch 1 starts after nano-batch 0's first QKV GEMM, so
 //!   their GEMMs and attention alternate;
 //! - `attention_high`: as `two_streams_staggered`, but both nano-batches' attention on one
-//!   high-priority stream (events hand each layer between a nano-batch's GEMM stream and it).
+//!   high-priority stream (events hand each layer between a nano-batch's GEMM stream and it);
+//! - with `--sm-targets X,..`, for each X: `gemms_only_smX` (the whole batch's GEMMs with cuBLAS
+//!   asked to use X SMs, `cublasSetSmCountTarget`) and `two_streams_smX` (as
+//!   `two_streams_staggered`, each nano-batch's GEMMs on X SMs): whether GEMMs held to part of
+//!   the GPU leave the rest to the other nano-batch's attention (session 24's plain two streams
+//!   lost: each kind of kernel already fills every SM), and `attention_only_onX`: the whole
+//!   batch's attention while a hog kernel holds all other SMs (`Spin::hog`): how much of the
+//!   copy bandwidth X SMs pull, i.e. what the attention half of a partitioned GPU would get.
 //!
 //! Left out: the element-wise kernels (norms, RoPE, SwiGLU: a few % of such a step), the LM
 //! head and sampling (once a step, not per layer).
@@ -28,6 +35,7 @@ use brook::executor::cuda::gemm::{self, Weight};
 use brook::executor::cuda::kernels::{self, PagedDecodeParams};
 use brook::executor::cuda::{decode_fill, DecodeKernel};
 use brook::model::synthetic::synthetic_config;
+use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{result, CudaEvent};
 use rand::seq::SliceRandom;
@@ -49,7 +57,12 @@ pub struct Args<'a> {
     /// Layers per timed run (default: the model's).
     pub layers: Option<usize>,
     pub reps: usize,
+    /// SM counts cuBLAS is asked to keep its GEMMs to, each a pair of variants.
+    pub sm_targets: &'a [usize],
 }
+
+/// How long the hog holds its SMs: longer than the spin and any attention run on part of the GPU.
+const HOG_NS: u64 = 150_000_000;
 
 /// Caches the layers take turns on: each is far larger than L2, so two keep any layer from
 /// reading what the one before left there.
@@ -318,6 +331,8 @@ struct Run<'a> {
     attention: bool,
     /// The second lane starts after the first lane's first QKV GEMM.
     stagger: bool,
+    /// SMs left to the run: a hog kernel holds the others (on its own stream) meanwhile.
+    only_sms: Option<u32>,
 }
 
 /// The events and the spin kernel every timed run uses (on the primary stream).
@@ -348,7 +363,17 @@ impl Timer {
 
     /// One run of `lanes` (the first lane's GEMM stream is the primary): GPU ms from the first
     /// launch to the last one's end, and the host's queueing time (ms).
-    fn time(&self, primary: &Gpu, lanes: &[Lane], run: &Run) -> anyhow::Result<(f64, f64)> {
+    fn time(
+        &self,
+        primary: &Gpu,
+        hog: &Gpu,
+        lanes: &[Lane],
+        run: &Run,
+    ) -> anyhow::Result<(f64, f64)> {
+        if let Some(sms) = run.only_sms {
+            let held = primary.num_sms.saturating_sub(sms).max(1);
+            self.spin.hog(hog, held, HOG_NS)?;
+        }
         self.spin.hold(primary)?;
         let queued = std::time::Instant::now();
         self.start.record(&primary.stream)?;
@@ -382,6 +407,9 @@ impl Timer {
         self.end.record(&primary.stream)?;
         let queue_ms = elapsed_ms(queued);
         self.end.synchronize()?;
+        if run.only_sms.is_some() {
+            hog.sync()?; // the next run starts with the GPU whole
+        }
         Ok((self.start.elapsed_ms(&self.end)? as f64, queue_ms))
     }
 }
@@ -413,7 +441,23 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Per SM target: two sibling streams whose cuBLAS handles aim at that many SMs.
+    let limited = a
+        .sm_targets
+        .iter()
+        .map(|&sms| {
+            let pair = (gpu.sibling(None)?, gpu.sibling(None)?);
+            for g in [&pair.0, &pair.1] {
+                // SAFETY: the handle is live (owned by `g`); the target only sizes later GEMMs.
+                unsafe { cublas_sys::cublasSetSmCountTarget(*g.blas.handle(), sms as i32) }
+                    .result()
+                    .with_context(|| format!("cublasSetSmCountTarget({sms})"))?;
+            }
+            Ok((sms, pair))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let timer = Timer::new(&gpu)?;
+    let hog = gpu.sibling(None)?;
     for &batch in a.batch {
         anyhow::ensure!(
             batch >= 2 && batch % 2 == 0,
@@ -436,7 +480,21 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 Lane::new(&gpu, &high, &dims, &caches, nano, 0)?,
                 Lane::new(&sib, &high, &dims, &caches, nano, nano)?,
             ];
-            for g in [&gpu, &sib, &high] {
+            let mut held = Vec::new();
+            for (sms, (ga, gb)) in &limited {
+                held.push((
+                    *sms,
+                    [Lane::new(ga, ga, &dims, &caches, batch, 0)?],
+                    [
+                        Lane::new(ga, ga, &dims, &caches, nano, 0)?,
+                        Lane::new(gb, gb, &dims, &caches, nano, nano)?,
+                    ],
+                ));
+            }
+            for g in [&gpu, &sib, &high]
+                .into_iter()
+                .chain(limited.iter().flat_map(|(_, (a, b))| [a, b]))
+            {
                 g.sync()?;
             }
             let plan = |gemms, attention, stagger| Run {
@@ -446,23 +504,41 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 gemms,
                 attention,
                 stagger,
+                only_sms: None,
             };
-            let variants: [(&str, &[Lane], Run); 7] = [
-                ("one_stream", &whole, plan(true, true, false)),
-                ("gemms_only", &whole, plan(true, false, false)),
-                ("attention_only", &whole, plan(false, true, false)),
-                ("nano_serial", &serial, plan(true, true, false)),
-                ("two_streams", &two, plan(true, true, false)),
-                ("two_streams_staggered", &two, plan(true, true, true)),
-                ("attention_high", &hi, plan(true, true, true)),
+            let mut variants: Vec<(String, &[Lane], Run)> = vec![
+                ("one_stream".into(), &whole, plan(true, true, false)),
+                ("gemms_only".into(), &whole, plan(true, false, false)),
+                ("attention_only".into(), &whole, plan(false, true, false)),
+                ("nano_serial".into(), &serial, plan(true, true, false)),
+                ("two_streams".into(), &two, plan(true, true, false)),
+                ("two_streams_staggered".into(), &two, plan(true, true, true)),
+                ("attention_high".into(), &hi, plan(true, true, true)),
             ];
+            for (sms, whole_sm, two_sm) in &held {
+                variants.push((
+                    format!("gemms_only_sm{sms}"),
+                    whole_sm,
+                    plan(true, false, false),
+                ));
+                variants.push((
+                    format!("two_streams_sm{sms}"),
+                    two_sm,
+                    plan(true, true, true),
+                ));
+                let only = Run {
+                    only_sms: Some(*sms as u32),
+                    ..plan(false, true, false)
+                };
+                variants.push((format!("attention_only_on{sms}"), &whole, only));
+            }
             let mut one = 0.0;
             let mut best = f64::INFINITY;
             for (name, lanes, run) in &variants {
                 let mut times = Vec::new();
                 let mut queue = Vec::new();
                 for rep in 0..a.reps + 2 {
-                    let (ms, q) = timer.time(&gpu, lanes, run)?;
+                    let (ms, q) = timer.time(&gpu, &hog, lanes, run)?;
                     if rep >= 2 {
                         times.push(ms);
                         queue.push(q);

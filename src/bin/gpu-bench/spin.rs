@@ -19,15 +19,44 @@ extern "C" __global__ void spin_ns(unsigned long long ns) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
 }
+
+// The same, in a CTA that takes an SM's shared memory (the launch asks for it): a grid of n
+// holds n SMs, so kernels launched beside it run on the others.
+extern "C" __global__ void hog_ns(unsigned long long ns) {
+    extern __shared__ unsigned char held[];
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+    if (t == 0) held[0] = 1;  // keep the allocation
+}
 "#;
 
-pub struct Spin(CudaFunction);
+/// Shared memory a hog CTA asks for: sm_90's most a block may opt into (227 KB), so no CTA of
+/// another kernel that uses shared memory fits beside it.
+const HOG_SMEM: u32 = 232_448;
+
+pub struct Spin(CudaFunction, CudaFunction);
 
 impl Spin {
     pub fn new(gpu: &Gpu) -> anyhow::Result<Spin> {
         let (maj, min) = gpu.compute_capability;
         let (ptx, _) = compile::ptx_for("bench_spin", SPIN_SRC, &compile::arch_for(maj, min))?;
-        Ok(Spin(gpu.ctx.load_module(ptx)?.load_function("spin_ns")?))
+        let module = gpu.ctx.load_module(ptx)?;
+        let hog = module.load_function("hog_ns")?;
+        hog.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            HOG_SMEM as i32,
+        )?;
+        Ok(Spin(module.load_function("spin_ns")?, hog))
+    }
+
+    /// Queues `ns` of holding `sms` SMs on `gpu`'s stream.
+    pub fn hog(&self, gpu: &Gpu, sms: u32, ns: u64) -> anyhow::Result<()> {
+        // SAFETY: hog_ns takes one u64; HOG_SMEM is within the limit set in `new`.
+        unsafe { gpu.launch_fn(&self.1, "hog_ns", ((sms, 1, 1), (32, 1, 1), HOG_SMEM), &ns) }
     }
 
     /// Queues `SPIN_NS` of spinning on `gpu`'s stream.

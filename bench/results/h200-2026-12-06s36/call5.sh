@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Session 36, call 5 (.carry/gb36d: gpu-bench with `overlap --sm-targets` and its
+# attention_only_onN, a hog kernel holding the other SMs). Whether the GPU could be split between
+# a nano-batch's GEMMs and the other's attention: GEMM time on X SMs, attention time on N SMs.
+set -u
+P=${P:-.carry/gb36d}
+mkdir -p /tmp/gb "$OUT/o5" && xz -dc $P/gpu-bench.xz > /tmp/gb/gpu-bench && chmod +x /tmp/gb/gpu-bench || exit 1
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
+export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
+O=$OUT/o5
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
+timeout 200 /tmp/gb/gpu-bench overlap --model llama-2-7b --batch 512 --context 192 --sm-targets 32,44,66,88,100 --reps 3 \
+  > $O/overlap.jsonl 2> $O/overlap.log; echo "overlap l2 rc $?"
+timeout 200 /tmp/gb/gpu-bench overlap --model llama-3-8b --batch 512 --context 1000 --sm-targets 32,44,66,88,100 --reps 3 \
+  >> $O/overlap.jsonl 2>> $O/overlap.log; echo "overlap l3 rc $?"
+grep "overlap .*batch" $O/overlap.log | grep -v allocating | sed 's/, queued.*//'
+true
