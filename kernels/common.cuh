@@ -169,6 +169,16 @@ __device__ __forceinline__ size_t kv_offset(int block, int kh, int off, int num_
   return (((size_t)block * num_kv_heads + kh) * block_size + off) * head_dim;
 }
 
+// 16-byte loads of what other CTAs of this launch may have written: from L2 (.cg), never from
+// this SM's L1, which is not coherent with their stores.
+__device__ __forceinline__ uint4 ld_cg16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Shared-memory address of a generic pointer into shared memory (for ldmatrix and friends).
 __device__ __forceinline__ u32 smem_addr(const void* ptr) {
   u32 r;

@@ -50,16 +50,6 @@ struct GemvChainParams {
   u32* barrier;        // [2]: arrivals, generation (chain_grid_barrier); zero when allocated
 };
 
-// 16-byte loads of what other CTAs of this launch may have written: from L2 (.cg), never from
-// this SM's L1, which is not coherent with their stores.
-__device__ __forceinline__ uint4 ld_cg16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // All CTAs of the grid meet here (the consumer warps of each; the producer streams on): an
 // arrival counter and a generation word; the last to arrive resets the count and opens the
 // next generation, so the barrier needs no clearing between launches. (Polling with a 64 ns

@@ -75,11 +75,9 @@ __device__ __forceinline__ float ld_cg(const float* ptr) {
 
 // A split partial's 4 dims (16 bytes) from L2.
 __device__ __forceinline__ float4 ld_cg4(const float* ptr) {
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(ptr));
-  return v;
+  const uint4 u = ld_cg16(ptr);
+  return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                     __uint_as_float(u.w));
 }
 
 // Partial loads a thread of the merge keeps in flight (16 bytes each), and the threads of a

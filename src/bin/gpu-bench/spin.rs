@@ -10,27 +10,25 @@ use cudarc::driver::CudaFunction;
 pub const SPIN_NS: u64 = 20_000_000;
 
 const SPIN_SRC: &str = r#"
-// Holds one thread for `ns` nanoseconds of the GPU's global timer.
-extern "C" __global__ void spin_ns(unsigned long long ns) {
+// Waits `ns` nanoseconds of the GPU's global timer; returns the last reading.
+__device__ unsigned long long wait_ns(unsigned long long ns) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do {
         __nanosleep(1000);
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
+    return t;
 }
+
+// Holds one thread for `ns`.
+extern "C" __global__ void spin_ns(unsigned long long ns) { wait_ns(ns); }
 
 // The same, in a CTA that takes an SM's shared memory (the launch asks for it): a grid of n
 // holds n SMs, so kernels launched beside it run on the others.
 extern "C" __global__ void hog_ns(unsigned long long ns) {
     extern __shared__ unsigned char held[];
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        __nanosleep(1000);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-    if (t == 0) held[0] = 1;  // keep the allocation
+    if (wait_ns(ns) == 0) held[0] = 1;  // keep the allocation
 }
 "#;
 
