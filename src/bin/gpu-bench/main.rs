@@ -63,6 +63,7 @@ mod decode_batch;
 mod elementwise;
 mod gemm_algos;
 mod gemv_sweep;
+mod green;
 mod isolate;
 mod offline;
 mod overlap;
@@ -185,6 +186,11 @@ enum Cmd {
         /// and `two_streams_smX`.
         #[arg(long, value_delimiter = ',')]
         sm_targets: Vec<usize>,
+        /// SM counts (comma-separated) of a green-context partition for the GEMMs, the rest
+        /// for attention, each adding `gemms_only_greenX`, `attention_only_greenX` and
+        /// `two_streams_greenX`.
+        #[arg(long, value_delimiter = ',')]
+        green: Vec<usize>,
     },
     /// A step's element-wise kernels alone against the copy bandwidth, and the gate|up GEMM
     /// over random input against zeros (what `--breakdown`'s leave-one-out rows can owe to it).
@@ -390,6 +396,7 @@ fn main() -> anyhow::Result<()> {
             layers,
             reps,
             sm_targets,
+            green,
         } => overlap::run(&overlap::Args {
             model: &model,
             batch: &batch,
@@ -397,6 +404,7 @@ fn main() -> anyhow::Result<()> {
             layers,
             reps,
             sm_targets: &sm_targets,
+            green: &green,
         }),
         Cmd::Elementwise {
             model,

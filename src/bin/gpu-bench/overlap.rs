@@ -24,7 +24,13 @@
 //!   the GPU leave the rest to the other nano-batch's attention (session 24's plain two streams
 //!   lost: each kind of kernel already fills every SM), and `attention_only_onX`: the whole
 //!   batch's attention while a hog kernel holds all other SMs (`Spin::hog`): how much of the
-//!   copy bandwidth X SMs pull, i.e. what the attention half of a partitioned GPU would get.
+//!   copy bandwidth X SMs pull, i.e. what the attention half of a partitioned GPU would get;
+//! - with `--green X,..`, the GPU cut by green contexts (`GreenSplit`) into X SMs for GEMMs and
+//!   the rest for attention: `gemms_only_greenX`, `attention_only_greenX` (the whole batch on
+//!   its partition) and `two_streams_greenX` (as `two_streams_staggered`, each nano-batch's
+//!   GEMMs on a stream of the first partition and its attention on one of the second), and
+//!   `two_streams_greenX_values`, the same handing off by stream memory operations instead of
+//!   events (events cross the two green contexts).
 //!
 //! Left out: the element-wise kernels (norms, RoPE, SwiGLU: a few % of such a step), the LM
 //! head and sampling (once a step, not per layer).
@@ -36,7 +42,7 @@ use brook::executor::cuda::kernels::{self, PagedDecodeParams};
 use brook::executor::cuda::{decode_fill, DecodeKernel};
 use brook::model::synthetic::synthetic_config;
 use cudarc::cublas::sys as cublas_sys;
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{result, CudaEvent};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -46,6 +52,7 @@ use serde_json::json;
 use crate::common::{
     bench_options, elapsed_ms, emit, median, open_gpu, random_bf16, upload, AttnShape,
 };
+use crate::green::GreenSplit;
 use crate::spin::Spin;
 
 pub struct Args<'a> {
@@ -59,6 +66,8 @@ pub struct Args<'a> {
     pub reps: usize,
     /// SM counts cuBLAS is asked to keep its GEMMs to, each a pair of variants.
     pub sm_targets: &'a [usize],
+    /// SM counts of the GEMMs' green-context partition, each three variants.
+    pub green: &'a [usize],
 }
 
 /// How long the hog holds its SMs: longer than the spin and any attention run on part of the GPU.
@@ -165,9 +174,46 @@ struct Lane<'g> {
     part_acc: DevBuf,
     part_ml: DevBuf,
     counters: DevBuf,
-    /// Hand-offs between `gemm` and `attn` when they differ.
+    /// Hand-offs between `gemm` and `attn` when they differ: events, or with `by_value` a
+    /// counter each way in device memory (`flags`, [2] u32), written by one stream and waited
+    /// on by the other (stream memory operations: no event, so no cross-context event wait
+    /// between green contexts); `sent` counts the hand-offs each way.
     to_attn: CudaEvent,
     to_gemm: CudaEvent,
+    by_value: bool,
+    flags: Flags,
+    sent: [std::cell::Cell<u32>; 2],
+}
+
+/// Two u32 counters in device memory from `cuMemAlloc` (stream memory operations refused a
+/// stream-ordered pool allocation with CUDA_ERROR_INVALID_VALUE: call 7).
+struct Flags(sys::CUdeviceptr);
+
+impl Flags {
+    fn new(gpu: &Gpu) -> anyhow::Result<Flags> {
+        gpu.ctx.bind_to_thread()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: an 8-byte allocation, zeroed before any use, freed on drop.
+        unsafe {
+            let r = sys::cuMemAlloc_v2(&mut p, 8);
+            anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuMemAlloc: {r:?}");
+            let r = sys::cuMemsetD32_v2(p, 0, 2);
+            anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuMemsetD32: {r:?}");
+        }
+        Ok(Flags(p))
+    }
+
+    fn ptr(&self) -> sys::CUdeviceptr {
+        self.0
+    }
+}
+
+impl Drop for Flags {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once, after every stream that used it has finished
+        // (each run ends by synchronizing).
+        unsafe { sys::cuMemFree_v2(self.0) };
+    }
 }
 
 impl<'g> Lane<'g> {
@@ -203,6 +249,7 @@ impl<'g> Lane<'g> {
             rows * dims.attn.kv_heads * kernels::decode_group_ctas_for(dims.group(), g.kv_fp8());
         let counters = g.alloc(counters_n * 4)?;
         g.memset(counters.ptr(), 0, counters_n * 4)?;
+        let flags = Flags::new(g)?;
         let row_ids: Vec<i32> = (0..rows as i32).collect();
         let event = || {
             g.ctx
@@ -228,7 +275,36 @@ impl<'g> Lane<'g> {
             counters,
             to_attn: event()?,
             to_gemm: event()?,
+            by_value: false,
+            flags,
+            sent: Default::default(),
         })
+    }
+
+    /// Orders `to`'s next work after `from`'s so far: `event`, or counter `way` of `flags`.
+    fn hand_off(&self, from: &Gpu, to: &Gpu, event: &CudaEvent, way: usize) -> anyhow::Result<()> {
+        if !self.by_value {
+            event.record(&from.stream)?;
+            return Ok(to.stream.wait(event)?);
+        }
+        let n = self.sent[way].get() + 1;
+        self.sent[way].set(n);
+        let addr = self.flags.ptr() + 4 * way as u64;
+        // SAFETY: addr is this lane's flags buffer (8 bytes, live as long as the lane).
+        unsafe {
+            let w = sys::cuStreamWriteValue32_v2(from.stream.cu_stream(), addr, n, 0);
+            anyhow::ensure!(
+                w == sys::CUresult::CUDA_SUCCESS,
+                "cuStreamWriteValue32: {w:?}"
+            );
+            // CU_STREAM_WAIT_VALUE_GEQ (0): until the counter reaches this hand-off.
+            let r = sys::cuStreamWaitValue32_v2(to.stream.cu_stream(), addr, n, 0);
+            anyhow::ensure!(
+                r == sys::CUresult::CUDA_SUCCESS,
+                "cuStreamWaitValue32: {r:?}"
+            );
+        }
+        Ok(())
     }
 
     fn split_streams(&self) -> bool {
@@ -303,15 +379,13 @@ impl<'g> Lane<'g> {
             e.record(&self.gemm.stream)?;
         }
         if self.split_streams() {
-            self.to_attn.record(&self.gemm.stream)?;
-            self.attn.stream.wait(&self.to_attn)?;
+            self.hand_off(self.gemm, self.attn, &self.to_attn, 0)?;
         }
         if run.attention {
             self.attention(d, run.caches, set)?;
         }
         if self.split_streams() {
-            self.to_gemm.record(&self.attn.stream)?;
-            self.gemm.stream.wait(&self.to_gemm)?;
+            self.hand_off(self.attn, self.gemm, &self.to_gemm, 1)?;
         }
         if run.gemms {
             self.linear(&self.attn_out, &w.o, &self.y, d.d, d.q_dim)?;
@@ -320,6 +394,19 @@ impl<'g> Lane<'g> {
         }
         Ok(())
     }
+}
+
+/// `lane` moved onto other handles (its buffers stay where they were allocated).
+fn on<'g>(mut lane: Lane<'g>, gemm: &'g Gpu, attn: &'g Gpu) -> Lane<'g> {
+    lane.gemm = gemm;
+    lane.attn = attn;
+    lane
+}
+
+/// `lane` handing off between its streams by stream memory operations (`Lane::hand_off`).
+fn by_value(mut lane: Lane<'_>) -> Lane<'_> {
+    lane.by_value = true;
+    lane
 }
 
 /// What one timed run enqueues.
@@ -456,6 +543,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             Ok((sms, pair))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Per green split: the split, two GEMM handles on its first partition, two attention
+    // handles on its second.
+    let splits = a
+        .green
+        .iter()
+        .map(|&sms| {
+            let split = GreenSplit::new(&gpu, sms as u32)?;
+            eprintln!("overlap: green split of {sms} SMs: {:?}", split.sms);
+            let g = [split.gpu(&gpu, 0)?, split.gpu(&gpu, 0)?];
+            let at = [split.gpu(&gpu, 1)?, split.gpu(&gpu, 1)?];
+            Ok((split, g, at))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let timer = Timer::new(&gpu)?;
     let hog = gpu.sibling(None)?;
     for &batch in a.batch {
@@ -491,9 +591,28 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     ],
                 ));
             }
+            // Lanes allocate through the primary handle, then run on a green split's handles.
+            let mut greens = Vec::new();
+            for (split, g, at) in &splits {
+                let lane = |rows, first| Lane::new(&gpu, &gpu, &dims, &caches, rows, first);
+                greens.push((
+                    split.sms[0],
+                    [on(lane(batch, 0)?, &g[0], &g[0])],
+                    [on(lane(batch, 0)?, &at[0], &at[0])],
+                    [
+                        on(lane(nano, 0)?, &g[0], &at[0]),
+                        on(lane(nano, nano)?, &g[1], &at[1]),
+                    ],
+                    [
+                        by_value(on(lane(nano, 0)?, &g[0], &at[0])),
+                        by_value(on(lane(nano, nano)?, &g[1], &at[1])),
+                    ],
+                ));
+            }
             for g in [&gpu, &sib, &high]
                 .into_iter()
                 .chain(limited.iter().flat_map(|(_, (a, b))| [a, b]))
+                .chain(splits.iter().flat_map(|(_, g, at)| g.iter().chain(at)))
             {
                 g.sync()?;
             }
@@ -531,6 +650,28 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     ..plan(false, true, false)
                 };
                 variants.push((format!("attention_only_on{sms}"), &whole, only));
+            }
+            for (sms, gemm_lane, attn_lane, two_green, two_values) in &greens {
+                variants.push((
+                    format!("gemms_only_green{sms}"),
+                    gemm_lane,
+                    plan(true, false, false),
+                ));
+                variants.push((
+                    format!("attention_only_green{sms}"),
+                    attn_lane,
+                    plan(false, true, false),
+                ));
+                variants.push((
+                    format!("two_streams_green{sms}"),
+                    two_green,
+                    plan(true, true, true),
+                ));
+                variants.push((
+                    format!("two_streams_green{sms}_values"),
+                    two_values,
+                    plan(true, true, true),
+                ));
             }
             let mut one = 0.0;
             let mut best = f64::INFINITY;

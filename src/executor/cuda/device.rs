@@ -168,6 +168,12 @@ impl Gpu {
             Some(p) => self.ctx.new_stream_with_priority(p)?,
             None => self.ctx.new_stream()?,
         };
+        self.sibling_on(stream)
+    }
+
+    /// `sibling` on a stream made elsewhere (gpu-bench: a green context's, which runs its work
+    /// on part of the SMs).
+    pub fn sibling_on(&self, stream: Arc<CudaStream>) -> anyhow::Result<Gpu> {
         let (blas, ws) = blas_on(&stream)?;
         Ok(Gpu {
             ctx: self.ctx.clone(),
