@@ -635,43 +635,47 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 ("attention_high".into(), &hi, plan(true, true, true)),
             ];
             for (sms, whole_sm, two_sm) in &held {
-                variants.push((
-                    format!("gemms_only_sm{sms}"),
-                    whole_sm,
-                    plan(true, false, false),
-                ));
-                variants.push((
-                    format!("two_streams_sm{sms}"),
-                    two_sm,
-                    plan(true, true, true),
-                ));
                 let only = Run {
                     only_sms: Some(*sms as u32),
                     ..plan(false, true, false)
                 };
-                variants.push((format!("attention_only_on{sms}"), &whole, only));
+                variants.extend([
+                    (
+                        format!("gemms_only_sm{sms}"),
+                        &whole_sm[..],
+                        plan(true, false, false),
+                    ),
+                    (
+                        format!("two_streams_sm{sms}"),
+                        &two_sm[..],
+                        plan(true, true, true),
+                    ),
+                    (format!("attention_only_on{sms}"), &whole[..], only),
+                ]);
             }
             for (sms, gemm_lane, attn_lane, two_green, two_values) in &greens {
-                variants.push((
-                    format!("gemms_only_green{sms}"),
-                    gemm_lane,
-                    plan(true, false, false),
-                ));
-                variants.push((
-                    format!("attention_only_green{sms}"),
-                    attn_lane,
-                    plan(false, true, false),
-                ));
-                variants.push((
-                    format!("two_streams_green{sms}"),
-                    two_green,
-                    plan(true, true, true),
-                ));
-                variants.push((
-                    format!("two_streams_green{sms}_values"),
-                    two_values,
-                    plan(true, true, true),
-                ));
+                variants.extend([
+                    (
+                        format!("gemms_only_green{sms}"),
+                        &gemm_lane[..],
+                        plan(true, false, false),
+                    ),
+                    (
+                        format!("attention_only_green{sms}"),
+                        &attn_lane[..],
+                        plan(false, true, false),
+                    ),
+                    (
+                        format!("two_streams_green{sms}"),
+                        &two_green[..],
+                        plan(true, true, true),
+                    ),
+                    (
+                        format!("two_streams_green{sms}_values"),
+                        &two_values[..],
+                        plan(true, true, true),
+                    ),
+                ]);
             }
             let mut one = 0.0;
             let mut best = f64::INFINITY;
