@@ -68,7 +68,8 @@ impl GreenSplit {
         let mut s: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the green context is live (self); the stream outlives every use of the
-        // handle, which is dropped before self (the borrowed wrapper never destroys it).
+        // handle, which the caller drops before self. The borrowed wrapper never destroys the
+        // stream: it is left to the process's end (gpu-bench makes four a split).
         let stream = unsafe {
             ok(
                 sys::cuGreenCtxStreamCreate(&mut s, self.ctxs[i], flags, 0),

@@ -543,8 +543,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             Ok((sms, pair))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Per green split: the split, two GEMM handles on its first partition, two attention
-    // handles on its second.
+    // Per green split: two GEMM handles on its first partition, two attention handles on its
+    // second, then the split (a tuple drops its fields in order: the handles before the
+    // contexts they run on).
     let splits = a
         .green
         .iter()
@@ -553,7 +554,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             eprintln!("overlap: green split of {sms} SMs: {:?}", split.sms);
             let g = [split.gpu(&gpu, 0)?, split.gpu(&gpu, 0)?];
             let at = [split.gpu(&gpu, 1)?, split.gpu(&gpu, 1)?];
-            Ok((split, g, at))
+            Ok((g, at, split))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let timer = Timer::new(&gpu)?;
@@ -593,7 +594,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             }
             // Lanes allocate through the primary handle, then run on a green split's handles.
             let mut greens = Vec::new();
-            for (split, g, at) in &splits {
+            for (g, at, split) in &splits {
                 let lane = |rows, first| Lane::new(&gpu, &gpu, &dims, &caches, rows, first);
                 greens.push((
                     split.sms[0],
@@ -612,7 +613,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             for g in [&gpu, &sib, &high]
                 .into_iter()
                 .chain(limited.iter().flat_map(|(_, (a, b))| [a, b]))
-                .chain(splits.iter().flat_map(|(_, g, at)| g.iter().chain(at)))
+                .chain(splits.iter().flat_map(|(g, at, _)| g.iter().chain(at)))
             {
                 g.sync()?;
             }
