@@ -26,6 +26,7 @@ __device__ __forceinline__ float load1(const bf16* p) { return bf2f(*p); }
 template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const SiluMulParams& p) {
   pdl_trigger();  // the down projection may start streaming its weights
+  pdl_wait();     // gate|up is the projection's output (a PDL launch: Gpu::pdl_small)
   const int t = blockIdx.y;
   const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (i >= p.inter) return;

@@ -52,6 +52,7 @@ impl CudaBackendOptions {
             gemv_bulk: true,
             fuse_decode: false,
             pdl: true,
+            pdl_small: true,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             pinned_io: false,
             lookahead: cfg.model.cuda_lookahead != LookaheadMode::Off,
@@ -66,6 +67,7 @@ impl CudaBackendOptions {
             // 0.2-1.4 % faster (Llama-2-7B, Llama-3-8B, 128 to 7.9k tokens); taken only where the
             // grid fills at most half a wave (`Limits::decode_splits`).
             decode_cluster: true,
+            decode_min_split_keys: 0,
             decode_kernel: cfg.model.decode_attention,
             prefill_wgmma: true,
             prefill_wg_stages: PREFILL_WG_STAGES,

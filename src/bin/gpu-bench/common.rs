@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 9] = [
+        let tags: [(&str, serde_json::Value); 10] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -32,6 +32,7 @@ pub fn emit(mut v: serde_json::Value) {
             ("gemv_bulk", gemv_bulk().into()),
             ("residual_gemm", residual_gemm().into()),
             ("decode_cluster", decode_cluster().into()),
+            ("pdl_small", pdl_small().into()),
         ];
         for (key, value) in tags {
             o.entry(key).or_insert(value);
@@ -129,9 +130,8 @@ pub fn prefill_tma() -> bool {
     )
 }
 
-/// Whether decode GEMVs run on the bulk-copy kernel in every backend and `Gpu` gpu-bench makes:
 /// `BROOK_DECODE_CLUSTER` (0 or 1; brook's default when unset): decode splits merged in a
-/// thread-block cluster, for A/B runs.
+/// thread-block cluster in every backend gpu-bench makes, for A/B runs.
 pub fn decode_cluster() -> bool {
     env_flag(
         "BROOK_DECODE_CLUSTER",
@@ -139,9 +139,16 @@ pub fn decode_cluster() -> bool {
     )
 }
 
+/// Whether decode GEMVs run on the bulk-copy kernel in every backend and `Gpu` gpu-bench makes:
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
+}
+
+/// Whether `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
+/// gpu-bench makes: `BROOK_PDL_SMALL` (0 or 1; brook's default when unset), for A/B runs.
+pub fn pdl_small() -> bool {
+    env_flag("BROOK_PDL_SMALL", CudaBackendOptions::default().pdl_small)
 }
 
 /// Whether the o and down projections on cuBLAS add into the residual in every backend
@@ -477,6 +484,8 @@ pub fn bench_options() -> CudaBackendOptions {
         gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
         decode_cluster: decode_cluster(),
+        pdl_small: pdl_small(),
+        decode_min_split_keys: env_count("BROOK_DECODE_MIN_KEYS", &[0, 32, 64, 128, 256], 0),
         // The base step without lookahead, as every figure before session 34 ran it (serving's
         // default is "auto": the `lookahead-auto` variant of decode-variants; `brook bench`).
         lookahead: false,
@@ -495,6 +504,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
+    gpu.pdl_small = pdl_small();
     Ok(gpu)
 }
 

@@ -273,6 +273,7 @@ impl Forward {
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
         gpu.pdl &= opts.pdl;
+        gpu.pdl_small = opts.pdl_small;
         let decode_wave = match opts.decode_cluster && kernels::decode_cluster_supported(&gpu) {
             true => {
                 let group = cfg.num_attention_heads / cfg.num_key_value_heads;
@@ -549,6 +550,7 @@ impl Forward {
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
                 self.gpu.kv_fp8(),
             ),
+            decode_min_keys: self.opts.decode_min_split_keys,
             decode_cluster_wave: self.decode_wave.0,
             decode_item_ctas: self.decode_wave.1,
             prefill_split_kv: self.opts.prefill_split_kv,

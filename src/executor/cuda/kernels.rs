@@ -521,7 +521,7 @@ pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
     // head_dim / 8 threads a head (4 rotated pairs each), as many heads a CTA as fit.
     let per_head = head_dim / 8;
     let hpc = (ROPE_MAX_THREADS / per_head).min(heads).max(1);
-    gpu.launch(
+    gpu.launch_small(
         &gpu.kv_kernel("rope_kv"),
         (p.num_tokens as u32, heads.div_ceil(hpc), 1),
         (hpc * per_head, 1, 1),
@@ -539,7 +539,7 @@ pub const ROPE_MAX_THREADS: u32 = 128;
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams, bf16_in: bool) -> anyhow::Result<()> {
     // Four outputs a thread (silu_mul.cu).
-    gpu.launch(
+    gpu.launch_small(
         if bf16_in { "silu_mul_bf16" } else { "silu_mul" },
         ((p.inter as u32).div_ceil(4 * 256), p.num_tokens as u32, 1),
         (256, 1, 1),
@@ -1075,7 +1075,7 @@ pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
         p.vocab,
         p.stride
     );
-    gpu.launch(
+    gpu.launch_small(
         "sample",
         (p.num_rows as u32, 1, 1),
         (SAMPLE_THREADS, 1, 1),

@@ -40,6 +40,10 @@ pub struct CudaBackendOptions {
     /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
     /// the kernel before them drains, streaming their weights early.
     pub pdl: bool,
+    /// With `pdl`, also launch `rope_kv`, `silu_mul` and `sample` with it (`Gpu::pdl_small`):
+    /// they wait in the kernel for the projection before them instead of being launched once it
+    /// has ended.
+    pub pdl_small: bool,
     /// Prefill sequences whose context (cached prefix + chunk) has at most this many tokens run
     /// attention as cuBLAS GEMMs with a causal softmax kernel; longer ones on the flash kernel
     /// (0: flash only). Its scratch is sized at start; a step's GEMM sequences that do not fit
@@ -79,6 +83,10 @@ pub struct CudaBackendOptions {
     /// of the kernel (`Limits::decode_splits`); elsewhere the other merges. On by default
     /// (measured).
     pub decode_cluster: bool,
+    /// The fewest keys a decode split takes under the filled split rule (at least
+    /// `kernels::MIN_SPLIT_KEYS`, which sizes the split scratch); 0: the rule's own
+    /// (`kernels::decode_min_split_keys`). For benchmarks.
+    pub decode_min_split_keys: usize,
     /// Prefill attention on the wgmma kernel where it is built (Hopper, head dim 64 or 128;
     /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
     pub prefill_wgmma: bool,

@@ -25,7 +25,7 @@ use anyhow::ensure;
 
 use super::kernels::{
     decode_min_split_keys, decode_splits, decode_splits_filled, prefill_splits, SampleArgs,
-    SampleEdit, DECODE_CLUSTER_MAX, PREFILL_TILE, SAMPLE_MAX_TOP,
+    SampleEdit, DECODE_CLUSTER_MAX, MIN_SPLIT_KEYS, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
 use super::options::DecodeKernel;
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
@@ -166,6 +166,8 @@ pub(super) struct Limits {
     /// `kernels::decode_min_split_keys` gives this decode kernel.
     pub decode_ctas_per_sm: usize,
     pub decode_kernel: DecodeKernel,
+    /// `CudaBackendOptions::decode_min_split_keys` (0: `kernels::decode_min_split_keys`).
+    pub decode_min_keys: usize,
     /// Decode CTAs one wave of the decode kernel holds (resident CTAs an SM × SMs) when its
     /// splits may merge in a thread-block cluster (`CudaBackendOptions::decode_cluster` on a GPU
     /// that has them); 0: never.
@@ -200,7 +202,10 @@ impl Limits {
                 self.num_kv_heads,
                 self.num_heads / self.num_kv_heads.max(1),
                 max_context,
-                decode_min_split_keys(self.decode_kernel, max_context),
+                match self.decode_min_keys {
+                    0 => decode_min_split_keys(self.decode_kernel, max_context),
+                    k => k.max(MIN_SPLIT_KEYS),
+                },
             ),
         };
         let capped = splits.min(DECODE_CLUSTER_MAX);

@@ -26,6 +26,7 @@ pub(super) fn limits() -> Limits {
         num_kv_heads: 2,
         decode_ctas_per_sm: 0,
         decode_kernel: DecodeKernel::Lanes,
+        decode_min_keys: 0,
         decode_cluster_wave: 0,
         decode_item_ctas: 0,
         prefill_split_kv: true,
