@@ -25,8 +25,11 @@ __device__ __forceinline__ float load1(const bf16* p) { return bf2f(*p); }
 // grid: (ceil(inter / 1024), num_tokens), block: 256
 template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const SiluMulParams& p) {
-  pdl_trigger();  // the down projection may start streaming its weights
-  pdl_wait();     // gate|up is the projection's output (a PDL launch: Gpu::pdl_small)
+  // The down projection may launch now, while gate|up drains, and fill its ring on the SMs that
+  // projection leaves: triggered after the wait instead, batch-1 decode lost most of the 1.3 %
+  // that launching this kernel with PDL gained on an H100 (BENCHMARKS.md, session 37).
+  pdl_trigger();
+  pdl_wait();  // gate|up is the projection's output (a PDL launch: Gpu::pdl_small)
   const int t = blockIdx.y;
   const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (i >= p.inter) return;

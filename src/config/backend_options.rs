@@ -6,7 +6,7 @@ use super::Config;
 use crate::executor::cpu::CpuBackendOptions;
 use crate::executor::cuda::compile::PREFILL_WG_STAGES;
 use crate::executor::cuda::kernels::GEMV_MAX_M;
-use crate::executor::cuda::{lookahead, CudaBackendOptions, LookaheadMode};
+use crate::executor::cuda::{lookahead, pdl_small, CudaBackendOptions, LookaheadMode};
 
 impl CpuBackendOptions {
     /// The options `brook serve` runs with, from the engine config (the one source of their
@@ -52,7 +52,10 @@ impl CudaBackendOptions {
             gemv_bulk: true,
             fuse_decode: false,
             pdl: true,
-            pdl_small: true,
+            // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off
+            // batch-1 decode on an H100 (0.4 % slower on the H200); RoPE with it lost 5-8 % at
+            // batch 2 and 4; the sampler's tied.
+            pdl_small: pdl_small::SILU,
             prefill_gemm_max_len: cfg.model.prefill_gemm_max_len,
             pinned_io: false,
             lookahead: cfg.model.cuda_lookahead != LookaheadMode::Off,

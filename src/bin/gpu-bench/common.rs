@@ -8,7 +8,9 @@ use std::time::Instant;
 use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
-use brook::executor::cuda::{skip, CudaBackend, CudaBackendOptions, DecodeKernel, Quantization};
+use brook::executor::cuda::{
+    pdl_small, skip, CudaBackend, CudaBackendOptions, DecodeKernel, Quantization,
+};
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
 use brook::sampling::params::SamplingParams;
@@ -145,10 +147,16 @@ pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
 }
 
-/// Whether `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
-/// gpu-bench makes: `BROOK_PDL_SMALL` (0 or 1; brook's default when unset), for A/B runs.
-pub fn pdl_small() -> bool {
-    env_flag("BROOK_PDL_SMALL", CudaBackendOptions::default().pdl_small)
+/// Which of `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
+/// gpu-bench makes: `BROOK_PDL_SMALL` (bits of `options::pdl_small`, 0-7; brook's default when
+/// unset), for A/B runs.
+pub fn pdl_small() -> u32 {
+    let all = pdl_small::ALL as usize;
+    env_count(
+        "BROOK_PDL_SMALL",
+        &(0..=all).collect::<Vec<_>>(),
+        CudaBackendOptions::default().pdl_small as usize,
+    ) as u32
 }
 
 /// Whether the o and down projections on cuBLAS add into the residual in every backend

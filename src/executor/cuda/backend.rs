@@ -63,7 +63,7 @@ pub struct WarmUp {
 
 pub use super::forward::kv_bytes_per_block;
 pub use super::lookahead::LookaheadStats;
-pub use super::options::{skip, CudaBackendOptions};
+pub use super::options::{pdl_small, skip, CudaBackendOptions};
 
 pub struct CudaBackend {
     fwd: Forward,

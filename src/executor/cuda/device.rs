@@ -86,9 +86,10 @@ pub struct Gpu {
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
-    /// Also launch `rope_kv`, `silu_mul` and `sample` with PDL (when `pdl`): each waits for the
-    /// projection before it (`pdl_wait`) instead of starting only once that kernel has ended.
-    pub pdl_small: bool,
+    /// Also launch these of `rope_kv`, `silu_mul` and `sample` with PDL (when `pdl`; bits of
+    /// `options::pdl_small`): each waits for the projection before it (`pdl_wait`) instead of
+    /// starting only once that kernel has ended.
+    pub pdl_small: u32,
     /// Prefill attention on the wgmma kernel where `load_attention` built it (sm_90, head dim
     /// 64 or 128; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
     /// Tests and benchmarks set it to compare.
@@ -144,7 +145,7 @@ impl Gpu {
             gemv_split: 0,
             gemv_bulk: false,
             pdl: compute_capability.0 >= 9,
-            pdl_small: true,
+            pdl_small: super::options::pdl_small::SILU,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,
             prefill_tma: false,
@@ -581,19 +582,20 @@ impl Gpu {
         self.traced(name)
     }
 
-    /// `launch_pdl` where `pdl_small` is set, else `launch`: the element-wise kernels between
+    /// `launch_pdl` where `pdl_small` has `bit`, else `launch`: the element-wise kernels between
     /// the decode projections (their `pdl_wait` is a no-op in a normal launch).
     ///
     /// # Safety
     /// As `launch`.
     pub unsafe fn launch_small<P: Copy>(
         &self,
+        bit: u32,
         name: &str,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        match self.pdl_small {
+        match self.pdl_small & bit != 0 {
             true => self.launch_pdl(name, grid, block, params),
             false => self.launch(name, grid, block, params),
         }

@@ -8,7 +8,7 @@
 use anyhow::Context;
 
 use super::device::{DevBuf, Gpu};
-use super::options::DecodeKernel;
+use super::options::{pdl_small, DecodeKernel};
 
 mod gemv_bulk;
 mod gemv_chain;
@@ -522,6 +522,7 @@ pub unsafe fn rope_kv(gpu: &Gpu, p: &RopeKvParams) -> anyhow::Result<()> {
     let per_head = head_dim / 8;
     let hpc = (ROPE_MAX_THREADS / per_head).min(heads).max(1);
     gpu.launch_small(
+        pdl_small::ROPE,
         &gpu.kv_kernel("rope_kv"),
         (p.num_tokens as u32, heads.div_ceil(hpc), 1),
         (hpc * per_head, 1, 1),
@@ -539,13 +540,23 @@ pub const ROPE_MAX_THREADS: u32 = 128;
 /// Every pointer in `p` addresses a live device buffer of the shape given in the kernel's .cu file.
 pub unsafe fn silu_mul(gpu: &Gpu, p: &SiluMulParams, bf16_in: bool) -> anyhow::Result<()> {
     // Four outputs a thread (silu_mul.cu).
+    // With PDL at 1-2 rows only: a batch-4 step was 2.5-5 % slower with it, batches 1 and 2
+    // 0.5-2 % faster (BENCHMARKS.md, session 37).
+    let bit = match p.num_tokens <= PDL_SILU_MAX_ROWS {
+        true => pdl_small::SILU,
+        false => 0,
+    };
     gpu.launch_small(
+        bit,
         if bf16_in { "silu_mul_bf16" } else { "silu_mul" },
         ((p.inter as u32).div_ceil(4 * 256), p.num_tokens as u32, 1),
         (256, 1, 1),
         p,
     )
 }
+
+/// Most rows (tokens) of a `silu_mul` launched with PDL (`pdl_small::SILU`).
+pub const PDL_SILU_MAX_ROWS: i32 = 2;
 
 /// Query heads a tensor-core decode CTA serves (`DMMA_HEADS` in paged_decode_mma.cu): larger
 /// groups are cut in equal slices.
@@ -1076,6 +1087,7 @@ pub unsafe fn sample(gpu: &Gpu, p: &SampleParams) -> anyhow::Result<()> {
         p.stride
     );
     gpu.launch_small(
+        pdl_small::SAMPLE,
         "sample",
         (p.num_rows as u32, 1, 1),
         (SAMPLE_THREADS, 1, 1),

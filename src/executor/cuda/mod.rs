@@ -42,7 +42,9 @@ mod step_meta;
 pub mod tp;
 pub mod weights;
 
-pub use backend::{skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming, WarmUp};
+pub use backend::{
+    pdl_small, skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming, WarmUp,
+};
 pub use device::{probe, Gpu};
 pub use forward::decode_fill;
 pub use options::{DecodeKernel, KvCacheDtype, LookaheadMode, Quantization};

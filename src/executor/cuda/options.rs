@@ -40,10 +40,11 @@ pub struct CudaBackendOptions {
     /// Programmatic dependent launch where the GPU has it (sm_90+): GEMVs and norms start while
     /// the kernel before them drains, streaming their weights early.
     pub pdl: bool,
-    /// With `pdl`, also launch `rope_kv`, `silu_mul` and `sample` with it (`Gpu::pdl_small`):
-    /// they wait in the kernel for the projection before them instead of being launched once it
-    /// has ended.
-    pub pdl_small: bool,
+    /// With `pdl`, also launch these of `rope_kv`, `silu_mul` (at most
+    /// `kernels::PDL_SILU_MAX_ROWS` rows) and `sample` with it (bits of `pdl_small`;
+    /// `Gpu::pdl_small`): they wait in the kernel for the projection before them instead of being
+    /// launched once it has ended. SiLU by default (measured).
+    pub pdl_small: u32,
     /// Prefill sequences whose context (cached prefix + chunk) has at most this many tokens run
     /// attention as cuBLAS GEMMs with a causal softmax kernel; longer ones on the flash kernel
     /// (0: flash only). Its scratch is sized at start; a step's GEMM sequences that do not fit
@@ -245,6 +246,14 @@ impl CudaBackendOptions {
             n => n.min(vocab_size),
         }
     }
+}
+
+/// Bits of `CudaBackendOptions::pdl_small`: the element-wise kernels launched with PDL.
+pub mod pdl_small {
+    pub const ROPE: u32 = 1;
+    pub const SILU: u32 = 2;
+    pub const SAMPLE: u32 = 4;
+    pub const ALL: u32 = ROPE | SILU | SAMPLE;
 }
 
 /// Bits of `CudaBackendOptions::skip`.
