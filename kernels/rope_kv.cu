@@ -50,10 +50,11 @@ __device__ __forceinline__ void store4_kv(kv_t* dst, const float* v) { store4_bf
 // (kernels::rope_kv picks hpc); head_dim % 8 == 0.
 extern "C" __global__ void rope_kv(RopeKvParams p) {
   __shared__ float s_part[ROPE_MAX_THREADS];  // the head norm's per-thread partial sums
-  // A PDL launch (Gpu::pdl_small): q, k, v are the QKV projection's output. Decode attention
-  // may launch (it waits for this kernel before reading q, K, V) only once that projection has
-  // ended: launched while its CTAs still held the SMs, attention's CTAs packed onto the few SMs
-  // freed first (a batch-1 step 2.5 % slower at 3.8k tokens, BENCHMARKS.md session 37).
+  // q, k, v are the QKV projection's output (the wait matters where Gpu::pdl_small launches this
+  // kernel with PDL; off by default). Decode attention may launch (it waits for this kernel
+  // before reading q, K, V) only once that projection has ended: launched while its CTAs still
+  // held the SMs, attention's CTAs packed onto the few SMs freed first (a batch-1 step 2.5 %
+  // slower at 3.8k tokens, BENCHMARKS.md session 37).
   pdl_wait();
   pdl_trigger();
   const int half = p.head_dim / 2, tph = p.head_dim / 8;

@@ -220,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(SampleParams
   const int vocab = p.vocab;
   const float* raw = p.logits + (size_t)r * p.stride;
   const SampleArgs a = p.args[r];  // uploaded before the step
-  pdl_wait();  // the logits are the LM head's output (a PDL launch: Gpu::pdl_small)
+  pdl_wait();  // the logits are the LM head's output (where Gpu::pdl_small launches it with PDL)
 
   // The model's distribution: max, first argmax, log-partition.
   float raw_max;
