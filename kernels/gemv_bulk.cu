@@ -50,6 +50,11 @@ struct GemvBulkParams {
 #define GB_WARPS 16  // consumer warps; warp GB_WARPS issues the copies
 #endif
 #define GB_THREADS (32 * (GB_WARPS + 1))
+// CTAs an SM the launch bounds ask for: gpu-bench stream-floor builds 2 (16 stages, shared memory
+// asked for by the launch's x) so that a launch's CTAs can share the SMs with the one before.
+#ifndef GB_MIN_CTAS
+#define GB_MIN_CTAS 1
+#endif
 #define GB_STEPS (GB_STAGE_BYTES / 512)  // 16-byte loads a lane a stage
 #define GB_ACC_FLOATS 4096
 #define GB_X_BYTES 81920
@@ -235,7 +240,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 // grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
 // dynamic shared memory: GB_STAGES * GB_STAGE_BYTES + GB_X_BYTES. Empty below sm_90 (the host never launches
 // them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }

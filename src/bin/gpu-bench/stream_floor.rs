@@ -9,6 +9,12 @@
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`), without the kernels between them.
+//! - `gemv r32 tight` and `gemv r16 x2 tight, per matrix (PDL)`: the same kernel asking only
+//!   for the shared memory a launch uses (the ring and x [1, k], not `GEMV_BULK_X_BYTES`); the
+//!   second built with a 16-stage ring and launch bounds for 2 CTAs an SM, so that a launch's
+//!   CTAs fit beside the previous launch's and fill their rings while it drains (the shipped
+//!   kernel's ~225 KB lets a launch's CTA onto an SM only once the one before has left it).
+//!   Outputs checked against the shipped gemv's.
 //! - `chain, one launch (grid barriers)`: kernels/gemv_chain.cu, every matrix in one
 //!   cooperative launch with a grid barrier between matrices (the skeleton of a persistent
 //!   decode step); then as many ops of one stage a CTA: what a barrier and an op's fixed work
@@ -49,28 +55,50 @@ fn matrices(model: &str) -> anyhow::Result<Vec<(usize, usize)>> {
     Ok(out)
 }
 
-/// The bulk gemv's ring alone (`GB_DIAG 1`, the shipped ring), x room for `FLAT_K`.
-fn ring_kernel(gpu: &Gpu) -> anyhow::Result<(CudaFunction, u32)> {
-    let (major, minor) = gpu.compute_capability;
-    let src = compile::SOURCES
-        .iter()
-        .find(|(name, _)| *name == "gemv_bulk")
-        .map(|(_, s)| *s)
-        .ok_or_else(|| anyhow::anyhow!("gemv_bulk.cu is not embedded"))?;
-    let defines = format!(
-        "#define GB_STAGE_BYTES {}\n#define GB_STAGES {}\n#define GB_DIAG 1\n",
-        compile::GEMV_BULK_STAGE_BYTES,
-        compile::GEMV_BULK_STAGES
-    );
-    let arch = compile::arch_for(major, minor);
-    let (ptx, _) = compile::ptx_for("gemv_bulk_floor_diag", &format!("{defines}{src}"), &arch)?;
-    let f = gpu.ctx.load_module(ptx)?.load_function("gemv_bulk_m1")?;
-    let smem = compile::GEMV_BULK_STAGES * compile::GEMV_BULK_STAGE_BYTES + 2 * FLAT_K;
+/// A build of gemv_bulk.cu's one-row kernel for the floor: `stages` ring stages of the shipped
+/// size, launch bounds for `min_ctas` CTAs an SM, `diag` the ring alone (`GB_DIAG 1`: outputs
+/// garbage); shared memory allowed for the ring and x of `FLAT_K`.
+struct Bulk {
+    f: CudaFunction,
+    stages: usize,
+}
+
+impl Bulk {
+    fn build(gpu: &Gpu, stages: usize, min_ctas: usize, diag: bool) -> anyhow::Result<Bulk> {
+        let (major, minor) = gpu.compute_capability;
+        let src = compile::SOURCES
+            .iter()
+            .find(|(name, _)| *name == "gemv_bulk")
+            .map(|(_, s)| *s)
+            .ok_or_else(|| anyhow::anyhow!("gemv_bulk.cu is not embedded"))?;
+        let defines = format!(
+            "#define GB_STAGE_BYTES {}\n#define GB_STAGES {stages}\n#define GB_MIN_CTAS \
+             {min_ctas}\n#define GB_DIAG {}\n",
+            compile::GEMV_BULK_STAGE_BYTES,
+            u8::from(diag)
+        );
+        let arch = compile::arch_for(major, minor);
+        let name = format!("gemv_bulk_floor_s{stages}_c{min_ctas}_d{}", u8::from(diag));
+        let (ptx, _) = compile::ptx_for(&name, &format!("{defines}{src}"), &arch)?;
+        let f = gpu.ctx.load_module(ptx)?.load_function("gemv_bulk_m1")?;
+        let b = Bulk { f, stages };
+        f_allow(&b.f, b.smem(FLAT_K))?;
+        Ok(b)
+    }
+
+    /// Dynamic shared memory for rows of `k`: the ring, then x [1, k].
+    fn smem(&self, k: usize) -> u32 {
+        (self.stages * compile::GEMV_BULK_STAGE_BYTES + (2 * k).next_multiple_of(16)) as u32
+    }
+}
+
+/// Lets `f` take `bytes` of dynamic shared memory.
+fn f_allow(f: &CudaFunction, bytes: u32) -> anyhow::Result<()> {
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
+        bytes as i32,
     )?;
-    Ok((f, smem as u32))
+    Ok(())
 }
 
 /// The chain over every matrix of `mats` (laid out from `base`), each with x and its own slot
@@ -139,14 +167,22 @@ impl Chain {
 /// The chain's build for Llama-sized rows (the shipped ring's stages).
 const CHAIN_STAGE_BYTES: usize = 4096;
 
+/// Ring stages of the two-CTAs-an-SM build: with x of an 11008-long row and the accumulator,
+/// two such CTAs fit an SM's 228 KB (32 would not; stages are a multiple of the 16 warps).
+const PAIR_STAGES: usize = 16;
+
 struct Floor {
     gpu: Gpu,
     /// Every matrix of `mats`, one after another.
     w: DevBuf,
     x: DevBuf,
     y: DevBuf,
-    ring: CudaFunction,
-    ring_smem: u32,
+    /// The ring alone (`Bulk::build` with `diag`), launched with room for x of `FLAT_K`.
+    ring: Bulk,
+    /// The shipped build, launched tight (`Bulk::smem` of each matrix's k).
+    tight: Bulk,
+    /// 16 stages, 2 CTAs an SM, launched tight.
+    pair: Bulk,
 }
 
 impl Floor {
@@ -166,25 +202,43 @@ impl Floor {
 
     /// One ring launch over [n, k] at `w`, PDL or not.
     fn ring(&self, w: u64, n: usize, k: usize, pdl: bool) -> anyhow::Result<()> {
-        let grid = (self.gpu.num_sms as usize).min(n) as u32;
-        let shape = (
-            (grid, 1, 1),
-            (compile::GEMV_BULK_THREADS, 1, 1),
-            self.ring_smem,
+        self.bulk(&self.ring, self.ring.smem(FLAT_K), w, n, k, pdl)
+    }
+
+    /// One launch of build `b` over [n, k] at `w` with `smem` bytes of dynamic shared memory
+    /// (at least `b.smem(k)`), PDL or not.
+    fn bulk(
+        &self,
+        b: &Bulk,
+        smem: u32,
+        w: u64,
+        n: usize,
+        k: usize,
+        pdl: bool,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            smem >= b.smem(k) && k <= FLAT_K,
+            "bulk launch: x [1, {k}] does not fit"
         );
+        let grid = (self.gpu.num_sms as usize).min(n) as u32;
+        let shape = ((grid, 1, 1), (compile::GEMV_BULK_THREADS, 1, 1), smem);
         let p = kernels::GemvBulkParams::from(&self.params(w, n, k));
-        // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K, y [n] (the
-        // diagnostic build writes garbage there, within n).
+        // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K (the shared
+        // memory holds it after the ring), y [n] (the diagnostic build writes garbage there,
+        // within n).
         unsafe {
             match pdl {
                 true => self
                     .gpu
-                    .launch_fn_pdl(&self.ring, "gemv_bulk_m1 (diag)", shape, &p),
-                false => self
-                    .gpu
-                    .launch_fn(&self.ring, "gemv_bulk_m1 (diag)", shape, &p),
+                    .launch_fn_pdl(&b.f, "gemv_bulk_m1 (floor)", shape, &p),
+                false => self.gpu.launch_fn(&b.f, "gemv_bulk_m1 (floor)", shape, &p),
             }
         }
+    }
+
+    /// Build `b` launched tight over [n, k] at `w` with PDL.
+    fn tight(&self, b: &Bulk, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
+        self.bulk(b, b.smem(k), w, n, k, true)
     }
 
     /// The shipped gemv (bulk kernel where it takes the shape) over [n, k] at `w`.
@@ -220,14 +274,17 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let total: usize = mats.iter().map(|(n, k)| n * k * 2).sum();
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
-    let (ring, ring_smem) = ring_kernel(&gpu)?;
+    let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, true)?;
+    let tight = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, false)?;
+    let pair = Bulk::build(&gpu, PAIR_STAGES, 2, false)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
         x: random_bf16(&gpu, FLAT_K, 2)?,
         y: gpu.alloc(max_n * 2)?,
         ring,
-        ring_smem,
+        tight,
+        pair,
         gpu,
     };
     let base = f.w.ptr();
@@ -243,6 +300,9 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_bytes = flat_n * FLAT_K * 2;
     let chain = Chain::new(&f.gpu, &mats, base, f.x.ptr())?;
     check_chain(&f, &chain, &mats)?;
+    for b in [&f.tight, &f.pair] {
+        check_bulk(&f, b, &mats)?;
+    }
     // Alternated twice, so a drift of clocks shows as a difference between rounds.
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
@@ -255,6 +315,24 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
+        let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.tight, w, n, k)))?;
+        report(
+            model,
+            "gemv r32 tight, per matrix (PDL)",
+            total,
+            mats.len(),
+            ms,
+        );
+        let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.pair, w, n, k)))?;
+        report(
+            model,
+            "gemv r16 x2 tight, per matrix (PDL)",
+            total,
+            mats.len(),
+            ms,
+        );
+        let ms = time(&|| f.tight(&f.pair, base, flat_n, FLAT_K))?;
+        report(model, "gemv r16 x2, one launch", flat_bytes, 1, ms);
         let ms = time(&|| chain.launch(&f.gpu, false))?;
         report(model, "chain, one launch (grid barriers)", total, 1, ms);
         let ms = time(&|| chain.launch(&f.gpu, true))?;
@@ -305,6 +383,35 @@ fn check_chain(f: &Floor, chain: &Chain, mats: &[(usize, usize)]) -> anyhow::Res
     }
     eprintln!(
         "stream floor: gemv_chain matches the shipped gemv (worst relative error {worst:.2e})"
+    );
+    Ok(())
+}
+
+/// Build `b`'s outputs (launched tight) against the shipped gemv's for the first layer's four
+/// matrices and the LM head, `y` poisoned before each.
+fn check_bulk(f: &Floor, b: &Bulk, mats: &[(usize, usize)]) -> anyhow::Result<()> {
+    let (mut w, mut worst) = (f.w.ptr(), 0f64);
+    for (j, &(n, k)) in mats.iter().enumerate() {
+        if j < 4 || j + 1 == mats.len() {
+            f.gemv(w, n, k)?;
+            let want = read_bf16(&f.gpu, &f.y, n)?;
+            f.gpu.memset(f.y.ptr(), 0xff, n * 2)?; // NaN poison
+            f.tight(b, w, n, k)?;
+            let got = read_bf16(&f.gpu, &f.y, n)?;
+            let err = rel_err(&got, &want);
+            anyhow::ensure!(
+                err < 1e-2,
+                "{} stages: matrix {j} ({n} x {k}): relative error {err}",
+                b.stages
+            );
+            worst = worst.max(err);
+        }
+        w += (n * k * 2) as u64;
+    }
+    eprintln!(
+        "stream floor: the {}-stage tight build matches the shipped gemv (worst relative error \
+         {worst:.2e})",
+        b.stages
     );
     Ok(())
 }
