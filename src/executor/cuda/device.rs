@@ -88,7 +88,8 @@ pub struct Gpu {
     pub pdl: bool,
     /// Also launch these of `rope_kv`, `silu_mul` and `sample` with PDL (when `pdl`; bits of
     /// `options::pdl_small`): each waits for the projection before it (`pdl_wait`) instead of
-    /// starting only once that kernel has ended.
+    /// starting only once that kernel has ended. None on a fresh handle; the backend sets its
+    /// options' (`CudaBackendOptions::pdl_small`).
     pub pdl_small: u32,
     /// Prefill attention on the wgmma kernel where `load_attention` built it (sm_90, head dim
     /// 64 or 128; `kernels::prefill_attn`); false: the mma.sync kernel everywhere.
@@ -145,7 +146,7 @@ impl Gpu {
             gemv_split: 0,
             gemv_bulk: false,
             pdl: compute_capability.0 >= 9,
-            pdl_small: super::options::pdl_small::SILU,
+            pdl_small: 0,
             prefill_wgmma: true,
             prefill_wg_stages: compile::PREFILL_WG_STAGES,
             prefill_tma: false,
