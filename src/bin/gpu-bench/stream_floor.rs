@@ -179,7 +179,8 @@ struct Floor {
     y: DevBuf,
     /// The ring alone (`Bulk::build` with `diag`), launched with room for x of `FLAT_K`.
     ring: Bulk,
-    /// The shipped build, launched tight (`Bulk::smem` of each matrix's k).
+    /// The shipped kernel (as `Gpu::open` loaded it), launched tight (`Bulk::smem` of each
+    /// matrix's k).
     tight: Bulk,
     /// 16 stages, 2 CTAs an SM, launched tight.
     pair: Bulk,
@@ -275,7 +276,10 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
     let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, true)?;
-    let tight = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, false)?;
+    let tight = Bulk {
+        f: gpu.function("gemv_bulk_m1").clone(),
+        stages: compile::GEMV_BULK_STAGES,
+    };
     let pair = Bulk::build(&gpu, PAIR_STAGES, 2, false)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
