@@ -258,6 +258,10 @@ __device__ __forceinline__ void cluster_merge(const PagedDecodeParams& p, int ro
 }
 #endif
 
+// Keys at the start of a CTA's split whose K/V rows the lane kernel prefetches into L2 before its
+// pdl_wait (decode_cta): one batch of its loads (4 warps x 2 keys x 4 steps at HD 128).
+#define DECODE_PREFETCH_KEYS 32
+
 // What a decode CTA works on (both kernels): its split, item, kv head and heads h0 .. h0 + gn - 1
 // (up to G of the kv head's GROUP, `group_ctas` CTAs a kv head), and the split's keys
 // [begin, end). The split length is ceil(keys / num_splits) from the item's context, so one
@@ -271,8 +275,11 @@ struct DecodeCta {
   int bshift, bmask;
 };
 
+// `prefetch`: the split's first keys into L2 before the wait (the lane kernel; on the tensor-core
+// kernel it lost at long contexts: Llama-3-8B at 3,800 tokens +0.4 %, BENCHMARKS.md session 38).
 template <int G>
-__device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int group_ctas) {
+__device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int group_ctas,
+                                                bool prefetch = false) {
   DecodeCta c;
   c.split = blockIdx.x;
   c.item = blockIdx.z;
@@ -294,7 +301,19 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
   if (cluster_size() > 1) cluster_arrive();
 #endif
   // Launched with PDL (kernels::paged_decode): the metadata above was uploaded before the step,
-  // but q and the step's new keys come from the kernel before (rope_kv).
+  // but q and the step's new keys come from the kernel before (rope_kv). Meanwhile the split's
+  // first keys' K and V rows go to L2, so the first loads after the wait find them there: all
+  // but the newest key were written by earlier steps, and L2 is where rope_kv's write of that
+  // one lands too.
+  constexpr int LINE_ELEMS = 128 / sizeof(kv_t), ROW_LINES = (HD + LINE_ELEMS - 1) / LINE_ELEMS;
+  const int lines = prefetch ? min(c.end - c.begin, DECODE_PREFETCH_KEYS) * ROW_LINES : 0;
+  for (int i = threadIdx.x; i < lines; i += blockDim.x) {
+    const int j = c.begin + i / ROW_LINES;
+    const size_t o = kv_offset(c.bt[j >> c.bshift], c.kh, j & c.bmask, p.num_kv_heads,
+                               p.block_size, HD) + (i % ROW_LINES) * LINE_ELEMS;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.k_cache + o));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.v_cache + o));
+  }
   pdl_wait();
   return c;
 }
@@ -387,7 +406,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __shared__ float s_l[NS][G];
 
   pdl_trigger();  // the O projection may start streaming its weights
-  const DecodeCta cta = decode_cta<G>(p, DECODE_GROUP_CTAS);
+  const DecodeCta cta = decode_cta<G>(p, DECODE_GROUP_CTAS, true);
   const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
   const int row = cta.row, begin = cta.begin, end = cta.end;
   const int bshift = cta.bshift, bmask = cta.bmask;
