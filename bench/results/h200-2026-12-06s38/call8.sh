@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 38, call 8 (binaries: scripts/gpu-pack.sh .carry/gb38g at f85503c, the stop's kernels:
+# the L2 prefetch in the lane kernel only; .carry/gb37l the baseline; carry [".carry/gb38g",
+# ".carry/gb37l"]): the GPU tests on the final build, then batch-1 decode against the baseline
+# twice (the tensor-core kernel's model should now tie).
+set -u
+mkdir -p /tmp/gb /tmp/base "$OUT/o8" || exit 1
+for b in gpu-bench cuda_kernels cuda_e2e; do
+  xz -dc .carry/gb38g/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
+done
+xz -dc .carry/gb37l/gpu-bench.xz > /tmp/base/gpu-bench && chmod +x /tmp/base/gpu-bench || exit 1
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
+export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
+O=$OUT/o8
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
+run() { # label, binary, gpu-bench args
+  local l=$1 b=$2; shift 2
+  timeout 60 $b "$@" > $O/d.json 2>> $O/bench.log
+  echo "$l | $* rc $?: $(grep -o '"median_ms":[0-9.]*' $O/d.json | head -1)" | tee -a $O/decode.txt
+}
+for r in 1 2; do
+  for m in "llama-2-7b --input-len 128" "llama-2-7b --input-len 3800" "llama-3-8b --input-len 3800"; do
+    run base /tmp/base/gpu-bench decode --quick --model $m --output-len 256
+    run new /tmp/gb/gpu-bench decode --quick --model $m --output-len 256
+  done
+done
+timeout 150 /tmp/gb/cuda_e2e --test-threads 2 > $O/e2e.log 2>&1; echo "cuda_e2e rc $?"
+grep -h "test result\|FAILED\|panicked" $O/e2e.log | head -6
+timeout 200 /tmp/gb/cuda_kernels paged_decode > $O/kernels.log 2>&1; echo "cuda_kernels paged_decode rc $?"
+grep -h "test result\|FAILED\|panicked" $O/kernels.log | head -6
+cd $OUT && tar czf o8.tgz o8 && rm -rf o8
+true
