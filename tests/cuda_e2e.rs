@@ -18,7 +18,7 @@ use std::sync::Arc;
 use brook::executor::backend::Backend;
 use brook::executor::cpu::{CpuBackend, CpuBackendOptions};
 use brook::executor::cuda::device::DevBuf;
-use brook::executor::cuda::{CudaBackend, CudaBackendOptions};
+use brook::executor::cuda::{CudaBackend, CudaBackendOptions, GemvSmem};
 use brook::model::config::{Architecture, ModelConfig, WeightDType};
 use brook::model::loader::load_weights;
 use brook::request::RequestId;
@@ -498,6 +498,27 @@ fn cuda_matches_cpu_with_cluster_merged_decode() {
     ] {
         check_model_opts(spec, 40, num_prompts, |graphs| CudaBackendOptions {
             decode_cluster: true,
+            ..cuda_opts(graphs, default_gemm_max_len())
+        });
+    }
+}
+
+/// Decode on the bulk gemv (kernels/gemv_bulk.cu takes rows of at least a ring stage: hidden
+/// 2,048, intermediate 2,816), under every `GemvSmem` (how much shared memory a launch asks for,
+/// so that it shares SMs with the kernel before it), against the CPU at 3 sequences, eager and
+/// from CUDA graphs.
+#[test]
+fn cuda_matches_cpu_on_the_bulk_gemv() {
+    for mode in [GemvSmem::Roomy, GemvSmem::Tight, GemvSmem::Alternate] {
+        let spec = TestModelSpec::default()
+            .hidden_size(2048)
+            .heads(16, 16)
+            .head_dim(128)
+            .intermediate_size(2816)
+            .layers(2)
+            .seed(31);
+        check_model_opts(spec, 40, 3, |graphs| CudaBackendOptions {
+            gemv_smem: mode,
             ..cuda_opts(graphs, default_gemm_max_len())
         });
     }

@@ -6,7 +6,7 @@ use super::Config;
 use crate::executor::cpu::CpuBackendOptions;
 use crate::executor::cuda::compile::PREFILL_WG_STAGES;
 use crate::executor::cuda::kernels::GEMV_MAX_M;
-use crate::executor::cuda::{lookahead, pdl_small, CudaBackendOptions, LookaheadMode};
+use crate::executor::cuda::{lookahead, pdl_small, CudaBackendOptions, GemvSmem, LookaheadMode};
 
 impl CpuBackendOptions {
     /// The options `brook serve` runs with, from the engine config (the one source of their
@@ -50,6 +50,7 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
+            gemv_smem: GemvSmem::Roomy,
             fuse_decode: false,
             pdl: true,
             // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off

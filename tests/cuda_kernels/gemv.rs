@@ -5,6 +5,7 @@ use brook::executor::cuda::device::Gpu;
 use brook::executor::cuda::kernels::{
     self, GemvParams, GemvQkvRopeParams, GemvSiluParams, GEMV_MAX_M,
 };
+use brook::executor::cuda::GemvSmem;
 use brook::model::config::RopeScaling;
 use half::bf16;
 
@@ -47,29 +48,39 @@ fn gemv_matches_reference_for_each_row_count() {
 /// paths: rows that end inside a warp's 512-byte step (k 2,056: 4,112 bytes), a slab of a few
 /// stages and one that goes round the 32-stage ring several times (n 12,000: ~91 rows = 92
 /// stages a CTA), rows exactly a stage long (k 2,048), and more rows than the SMs' accumulators
-/// hold (m 4, n 140,000: more CTAs than SMs). Where the kernel is not built it checks `gemv`'s
-/// fallback instead.
+/// hold (m 4, n 140,000: more CTAs than SMs). Each under every `GemvSmem` (roomy; the ring, x
+/// and accumulator only; 16 stages where n <= k). Where the kernel is not built it checks
+/// `gemv`'s fallback instead.
 #[test]
 fn gemv_bulk_matches_reference() {
-    let Some((g, mut r)) = setup(57) else { return };
-    for (n, k, ms) in [
+    let Some((mut g, mut r)) = setup(57) else {
+        return;
+    };
+    let shapes = [
         (1003, 2056, 1..=GEMV_MAX_M),
         (12000, 2056, 1..=2),
         (5, 2048, 1..=1),
         (140_000, 2048, 4..=4),
-    ] {
-        let w = rand_bf16(&mut r, n * k, 1.0);
-        let wb = dev(&g, &w);
-        let wf = to_f32(&w);
-        for m in ms {
-            let takes = kernels::gemv_bulk_grid(&g, m, n, k);
-            assert_eq!(takes.is_some(), g.gemv_bulk, "n {n} k {k} m {m}");
-            let x = rand_bf16(&mut r, m * k, 1.0);
-            let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
-            let xb = dev(&g, &x);
-            let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
-            let what = format!("gemv_bulk m={m} n={n} k={k} ({takes:?} CTAs)");
-            check_both_outputs(&g, kernels::gemv, p, &want, &what);
+    ];
+    for mode in [GemvSmem::Roomy, GemvSmem::Tight, GemvSmem::Alternate] {
+        g.gemv_smem = mode;
+        for (n, k, ms) in shapes.clone() {
+            let w = rand_bf16(&mut r, n * k, 1.0);
+            let wb = dev(&g, &w);
+            let wf = to_f32(&w);
+            for m in ms {
+                let takes = kernels::gemv_bulk_grid(&g, m, n, k);
+                assert_eq!(takes.is_some(), g.gemv_bulk, "n {n} k {k} m {m}");
+                let x = rand_bf16(&mut r, m * k, 1.0);
+                let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
+                let xb = dev(&g, &x);
+                let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
+                let what = format!(
+                    "gemv_bulk m={m} n={n} k={k} {} ({takes:?} CTAs)",
+                    mode.as_str()
+                );
+                check_both_outputs(&g, kernels::gemv, p, &want, &what);
+            }
         }
     }
 }

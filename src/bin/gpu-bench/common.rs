@@ -9,7 +9,7 @@ use brook::executor::backend::Backend;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, PrefillAttnParams, PREFILL_TILE};
 use brook::executor::cuda::{
-    pdl_small, skip, CudaBackend, CudaBackendOptions, DecodeKernel, Quantization,
+    pdl_small, skip, CudaBackend, CudaBackendOptions, DecodeKernel, GemvSmem, Quantization,
 };
 use brook::model::synthetic::synthetic_config;
 use brook::request::RequestId;
@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 10] = [
+        let tags: [(&str, serde_json::Value); 11] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -32,6 +32,7 @@ pub fn emit(mut v: serde_json::Value) {
             ("prefill_tma", prefill_tma().into()),
             ("gate_up_bf16", gate_up_bf16().into()),
             ("gemv_bulk", gemv_bulk().into()),
+            ("gemv_smem", gemv_smem().as_str().into()),
             ("residual_gemm", residual_gemm().into()),
             ("decode_cluster", decode_cluster().into()),
             ("pdl_small", pdl_small().into()),
@@ -145,6 +146,12 @@ pub fn decode_cluster() -> bool {
 /// `BROOK_GEMV_BULK` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gemv_bulk() -> bool {
     env_flag("BROOK_GEMV_BULK", CudaBackendOptions::default().gemv_bulk)
+}
+
+/// The bulk gemv launches' shared memory in every backend and `Gpu` gpu-bench makes:
+/// `BROOK_GEMV_SMEM` (roomy, tight or alternate; `GemvSmem`), for A/B runs.
+pub fn gemv_smem() -> GemvSmem {
+    env_choice("BROOK_GEMV_SMEM")
 }
 
 /// Which of `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
@@ -491,6 +498,7 @@ pub fn bench_options() -> CudaBackendOptions {
         prefill_tma: prefill_tma(),
         gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
+        gemv_smem: gemv_smem(),
         decode_cluster: decode_cluster(),
         pdl_small: pdl_small(),
         decode_min_split_keys: env_count("BROOK_DECODE_MIN_KEYS", &[0, 32, 64, 128, 256], 0),
@@ -512,6 +520,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_wg_stages = prefill_wg_stages();
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
+    gpu.gemv_smem = gemv_smem();
     gpu.pdl_small = pdl_small();
     Ok(gpu)
 }

@@ -200,7 +200,7 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
         (8192, 16, 1, 0, 16),
         (2048, 64, 1, 0, 16),
     ];
-    // The ring, then x of the longest row.
+    // The ring, then x of the longest row, then the largest accumulator.
     let x_bytes = 2 * shapes.iter().map(|s| s.3).max().unwrap_or(0);
     for (i, (stage, stages, evict, diag, warps)) in builds.into_iter().enumerate() {
         let defines = format!(
@@ -208,7 +208,7 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
         );
         let tag = format!("gemv_bulk_s{stage}_n{stages}_e{evict}_d{diag}_w{warps}");
         let f = b.build("gemv_bulk", &tag, &defines, "gemv_bulk_m1")?;
-        let smem = stage * stages + x_bytes;
+        let smem = stage * stages + x_bytes + 4 * kernels::GEMV_BULK_ACC_FLOATS;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
@@ -227,6 +227,7 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                     m: 1,
                     n: n as i32,
                     k: k as i32,
+                    ring: stages as i32,
                 };
                 let grid = ((b.gpu.num_sms as usize).min(n) as u32, 1, 1);
                 let shape = (grid, (32 * (warps + 1), 1, 1), smem as u32);

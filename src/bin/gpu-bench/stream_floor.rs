@@ -8,7 +8,9 @@
 //! - `gemv, one launch`: the shipped bulk gemv over the same matrix (its arithmetic included).
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
-//!   launches them (`kernels::gemv`), without the kernels between them.
+//!   launches them (`kernels::gemv`), without the kernels between them; then launched with
+//!   `GemvSmem::Tight` and `Alternate` shared memory (16-stage rings where n <= k, so that
+//!   consecutive launches share SMs).
 //! - `gemv r32 tight` and `gemv r16 x2 tight, per matrix (PDL)`: the same kernel asking only
 //!   for the shared memory a launch uses (the ring and x [1, k], not `GEMV_BULK_X_BYTES`); the
 //!   second built with a 16-stage ring and launch bounds for 2 CTAs an SM, so that a launch's
@@ -31,6 +33,7 @@ use serde_json::json;
 use brook::executor::cuda::compile;
 use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{self, ChainOp, GemvChainParams};
+use brook::executor::cuda::GemvSmem;
 use brook::model::synthetic::synthetic_config;
 
 use crate::common::{emit, random_bf16, read_bf16, rel_err, time_ms};
@@ -86,9 +89,12 @@ impl Bulk {
         Ok(b)
     }
 
-    /// Dynamic shared memory for rows of `k`: the ring, then x [1, k].
+    /// Dynamic shared memory for rows of `k`: the ring, then x [1, k], then the largest
+    /// accumulator.
     fn smem(&self, k: usize) -> u32 {
-        (self.stages * compile::GEMV_BULK_STAGE_BYTES + (2 * k).next_multiple_of(16)) as u32
+        (self.stages * compile::GEMV_BULK_STAGE_BYTES
+            + (2 * k).next_multiple_of(16)
+            + 4 * compile::GEMV_BULK_ACC_FLOATS) as u32
     }
 }
 
@@ -223,7 +229,10 @@ impl Floor {
         );
         let grid = (self.gpu.num_sms as usize).min(n) as u32;
         let shape = ((grid, 1, 1), (compile::GEMV_BULK_THREADS, 1, 1), smem);
-        let p = kernels::GemvBulkParams::from(&self.params(w, n, k));
+        let p = kernels::GemvBulkParams {
+            ring: b.stages as i32,
+            ..kernels::GemvBulkParams::from(&self.params(w, n, k))
+        };
         // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K (the shared
         // memory holds it after the ring), y [n] (the diagnostic build writes garbage there,
         // within n).
@@ -240,6 +249,15 @@ impl Floor {
     /// Build `b` launched tight over [n, k] at `w` with PDL.
     fn tight(&self, b: &Bulk, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
         self.bulk(b, b.smem(k), w, n, k, true)
+    }
+
+    /// The bulk gemv over [n, k] at `w` launched as `mode` says (`GemvSmem`).
+    fn gemv_mode(&self, w: u64, n: usize, k: usize, mode: GemvSmem) -> anyhow::Result<()> {
+        let p = self.params(w, n, k);
+        // SAFETY: as `ring`.
+        let took = unsafe { kernels::gemv_bulk_with(&self.gpu, &p, mode)? };
+        anyhow::ensure!(took, "the bulk gemv does not take [{n}, {k}]");
+        Ok(())
     }
 
     /// The shipped gemv (bulk kernel where it takes the shape) over [n, k] at `w`.
@@ -319,6 +337,11 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
+        for mode in [GemvSmem::Tight, GemvSmem::Alternate] {
+            let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, mode)))?;
+            let variant = format!("gemv, per matrix (PDL), {}", mode.as_str());
+            report(model, &variant, total, mats.len(), ms);
+        }
         let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.tight, w, n, k)))?;
         report(
             model,

@@ -71,8 +71,10 @@ pub const GEMV_BULK_ACC_FLOATS: usize = 4096;
 /// Most bytes of x [m, k] (`GB_X_BYTES`), staged in shared memory after the ring.
 pub const GEMV_BULK_X_BYTES: usize = 81920;
 
-/// Dynamic shared memory of every gemv_bulk kernel brook launches: the ring and x.
-pub const GEMV_BULK_SMEM: usize = GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES;
+/// Dynamic shared memory a gemv_bulk kernel is allowed, and what its roomy launches take
+/// (`GemvSmem::Roomy`): the ring, the largest x and the largest accumulator.
+pub const GEMV_BULK_SMEM: usize =
+    GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + GEMV_BULK_X_BYTES + 4 * GEMV_BULK_ACC_FLOATS;
 
 /// kernels/gemv_chain.cu: a chain of decode gemvs in one cooperative launch, compiled after
 /// gemv_bulk.cu (its ring). Not in `SOURCES`: only `gpu-bench stream-floor` builds it.
@@ -96,7 +98,9 @@ pub fn gemv_chain_source() -> String {
 
 /// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
 pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
-    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
+    ["gemv_bulk", "gemv_bulk2"]
+        .into_iter()
+        .flat_map(|k| (1..=GEMV_MAX_M).map(move |m| format!("{k}_m{m}")))
 }
 
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and

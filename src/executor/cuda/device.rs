@@ -19,6 +19,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::compile;
+use super::options::GemvSmem;
 
 /// A device allocation addressed by raw pointer; freed on drop.
 pub struct DevBuf {
@@ -83,6 +84,9 @@ pub struct Gpu {
     /// Decode GEMVs on the bulk-copy kernel (`kernels::gemv_bulk_grid`, kernels/gemv_bulk.cu)
     /// where it takes the shape; on by default on sm_90+, where it is built.
     pub gemv_bulk: bool,
+    /// The shared memory and ring of each bulk gemv launch (`options::GemvSmem`). Roomy on a
+    /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
+    pub gemv_smem: GemvSmem,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -145,6 +149,7 @@ impl Gpu {
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: false,
+            gemv_smem: GemvSmem::Roomy,
             pdl: compute_capability.0 >= 9,
             pdl_small: 0,
             prefill_wgmma: true,
@@ -580,6 +585,33 @@ impl Gpu {
         }
         let k = self.kernel(name);
         launch_pdl_with(&k.f, name, &self.stream, (grid, block, k.smem), params)?;
+        self.traced(name)
+    }
+
+    /// `launch_pdl` with `smem` bytes of dynamic shared memory instead of the kernel's own (at
+    /// most what `set_dyn_smem` allowed it).
+    ///
+    /// # Safety
+    /// As `launch`; the kernel must need no more than `smem` bytes.
+    pub unsafe fn launch_pdl_smem<P: Copy>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &P,
+    ) -> anyhow::Result<()> {
+        let k = self.kernel(name);
+        anyhow::ensure!(
+            smem <= k.smem.max(48 << 10),
+            "{name}: {smem} bytes of shared memory asked, {} allowed",
+            k.smem
+        );
+        match self.pdl {
+            true => launch_pdl_with(&k.f, name, &self.stream, (grid, block, smem), params)?,
+            false => launch_ex(&k.f, &self.stream, (grid, block, smem), params, &mut [])
+                .with_context(|| format!("launching {name}"))?,
+        }
         self.traced(name)
     }
 

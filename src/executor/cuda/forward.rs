@@ -272,6 +272,7 @@ impl Forward {
         gpu.gemv_max_m = opts.gemv_max_rows.min(GEMV_MAX_M);
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
+        gpu.gemv_smem = opts.gemv_smem;
         gpu.pdl &= opts.pdl;
         gpu.pdl_small = opts.pdl_small;
         let decode_wave = match opts.decode_cluster && kernels::decode_cluster_supported(&gpu) {

@@ -47,5 +47,5 @@ pub use backend::{
 };
 pub use device::{probe, Gpu};
 pub use forward::decode_fill;
-pub use options::{DecodeKernel, KvCacheDtype, LookaheadMode, Quantization};
+pub use options::{DecodeKernel, GemvSmem, KvCacheDtype, LookaheadMode, Quantization};
 pub use tp::CudaTpBackend;

@@ -33,6 +33,8 @@ pub struct CudaBackendOptions {
     /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
     /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
     pub gemv_bulk: bool,
+    /// The shared memory and ring of each bulk gemv launch (`GemvSmem`, `Gpu::gemv_smem`).
+    pub gemv_smem: GemvSmem,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).
@@ -173,6 +175,34 @@ impl DecodeKernel {
             DecodeKernel::Auto => "auto",
             DecodeKernel::Lanes => "lanes",
             DecodeKernel::Mma => "mma",
+        }
+    }
+}
+
+/// The shared memory each bulk gemv launch asks for (kernels/gemv_bulk.cu). A CTA can only start
+/// on an SM once the CTAs there leave it room, and a launch's weights start streaming only when
+/// its CTAs are on the SMs. `Roomy`: room for the largest x and accumulator (~224 KB: a CTA has
+/// its SM to itself). `Tight`: the ring (32 stages, 128 KB), this launch's x and its CTA's
+/// accumulator (~140-150 KB for Llama-sized rows): the O projection's CTAs fit beside decode
+/// attention's and fill their rings while it runs. `Alternate`: tight, and launches whose rows
+/// are no longer than they are wide (n <= k: the O and down projections, which write the
+/// residual's width) use 16 stages (64 KB), so each fits beside the 32-stage launch before and
+/// after it and fills its ring while that one streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GemvSmem {
+    #[default]
+    Roomy,
+    Tight,
+    Alternate,
+}
+
+impl GemvSmem {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GemvSmem::Roomy => "roomy",
+            GemvSmem::Tight => "tight",
+            GemvSmem::Alternate => "alternate",
         }
     }
 }
