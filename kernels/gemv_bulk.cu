@@ -13,8 +13,8 @@
 // previous one (weights are read-only); that alone gained nothing inside the decode graph
 // (BENCHMARKS.md, session 21, call 5). x [m, k] sits in shared memory after the ring (at most
 // GB_X_BYTES), then the accumulator [rows][m]: the dynamic shared memory is those three, so a
-// launch may ask for only what it uses (`Gpu::gemv_smem`) and share an SM with the kernel before
-// it. `ring` stages of the ring are used (16 or 32): two launches of 16 and 32 fit one SM.
+// launch may ask for only what it uses (`GemvSmem::Tight`, ~140 KB for Llama-sized rows) and
+// start on an SM beside the decode attention CTAs before it (BENCHMARKS.md, session 39).
 //
 // Stage i (GB_STAGE_BYTES) is consumer warp i % GB_WARPS's: the warp copies it from shared memory
 // to registers, 16 bytes a lane (512 bytes a warp a step, conflict-free), hands the buffer back
@@ -30,8 +30,6 @@ struct GemvBulkParams {
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
-  int ring;              // ring stages this launch uses (at most GB_STAGES are): a power of two
-                         // and a multiple of GB_WARPS
 };
 
 #ifndef GB_STAGE_BYTES
@@ -62,8 +60,8 @@ struct GemvBulkParams {
 #define GB_STEPS (GB_STAGE_BYTES / 512)  // 16-byte loads a lane a stage
 #define GB_ACC_FLOATS 4096
 #define GB_X_BYTES 81920
-#if (GB_STAGES & (GB_STAGES - 1)) != 0 || GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
-#error "GB_STAGES must be a power of two and a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
+#if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
+#error "GB_STAGES must be a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
 #endif
 
 // One 512-byte step of a warp: this lane's 16 bytes of w (`wv`, at byte `col` of its row) dotted
@@ -119,14 +117,13 @@ __device__ __forceinline__ u64 gb_policy() {
 
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
 // buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
-// The ring has 1 << lg buffers.
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
-                                           u32 empty, int lg) {
+                                           u32 empty) {
   const u64 policy = gb_policy();
-  const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES, nbuf = 1 << lg;
+  const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
-    const int s = i & (nbuf - 1);
-    if (i >= nbuf) mbar_wait(empty + 8 * s, ((i >> lg) - 1) & 1);
+    const int s = i % GB_STAGES;
+    if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
     gb_copy(ring + s * GB_STAGE_BYTES, src + (size_t)i * GB_STAGE_BYTES, n, full + 8 * s, policy);
   }
@@ -197,8 +194,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
   const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
   const int row_bytes = 2 * p.k;
-  const int nbuf = min(p.ring, GB_STAGES), lg = 31 - __clz(nbuf);
-  bf16* x = (bf16*)(gb_ring + nbuf * GB_STAGE_BYTES);
+  bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
   float* acc = (float*)((unsigned char*)x + ((M * row_bytes + 15) & ~15));
   const int slab = rows * row_bytes;
   const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
@@ -214,7 +210,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
       gb_produce((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
-                 full, empty, lg);
+                 full, empty);
     return;
   }
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
@@ -226,11 +222,11 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
-  // Stage i is warp i % GB_WARPS's, and so is its buffer (the ring is a multiple of GB_WARPS):
+  // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
-    const int s = i & (nbuf - 1);
-    mbar_wait(full + 8 * s, (i >> lg) & 1);
+    const int s = i % GB_STAGES;
+    mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
     gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
@@ -245,16 +241,10 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 }
 
 // grid: the SM count (more when n / grid rows would pass GB_ACC_FLOATS / m), block: GB_THREADS,
-// dynamic shared memory: at least ring * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
-// CTA's rows * m * 4 (brook's roomy launches: GB_STAGES stages, GB_X_BYTES and GB_ACC_FLOATS). Empty below sm_90 (the host never launches
+// dynamic shared memory: at least GB_STAGES * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
+// CTA's rows * m * 4 (roomy launches: GB_X_BYTES and GB_ACC_FLOATS * 4 for the last two). Empty below sm_90 (the host never launches
 // them there).
 extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
 extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
 extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }
-// The same with registers for two CTAs an SM (GemvSmem::Alternate: a launch's CTAs beside the
-// previous launch's; 544 threads at the full build's ~84 registers fill 70 % of the file).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 2) gemv_bulk2_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 2) gemv_bulk2_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 2) gemv_bulk2_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 2) gemv_bulk2_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }

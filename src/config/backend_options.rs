@@ -50,7 +50,9 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
-            gemv_smem: GemvSmem::Roomy,
+            // Measured on an H100 (session 39, BENCHMARKS issue 18): batch 2-4 at 4k 0.1-1.9 %
+            // faster, batch 1 tied.
+            gemv_smem: GemvSmem::Tight,
             fuse_decode: false,
             pdl: true,
             // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off

@@ -149,7 +149,7 @@ pub fn gemv_bulk() -> bool {
 }
 
 /// The bulk gemv launches' shared memory in every backend and `Gpu` gpu-bench makes:
-/// `BROOK_GEMV_SMEM` (roomy, tight or alternate; `GemvSmem`), for A/B runs.
+/// `BROOK_GEMV_SMEM` (roomy or tight; `GemvSmem`; brook's default when unset), for A/B runs.
 pub fn gemv_smem() -> GemvSmem {
     env_choice("BROOK_GEMV_SMEM")
 }

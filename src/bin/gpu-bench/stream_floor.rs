@@ -8,9 +8,8 @@
 //! - `gemv, one launch`: the shipped bulk gemv over the same matrix (its arithmetic included).
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
-//!   launches them (`kernels::gemv`), without the kernels between them; then launched with
-//!   `GemvSmem::Tight` and `Alternate` shared memory (16-stage rings where n <= k, so that
-//!   consecutive launches share SMs).
+//!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
+//!   kernels between them; then launched `GemvSmem::Tight` (brook's default).
 //! - `gemv r32 tight` and `gemv r16 x2 tight, per matrix (PDL)`: the same kernel asking only
 //!   for the shared memory a launch uses (the ring and x [1, k], not `GEMV_BULK_X_BYTES`); the
 //!   second built with a 16-stage ring and launch bounds for 2 CTAs an SM, so that a launch's
@@ -229,10 +228,7 @@ impl Floor {
         );
         let grid = (self.gpu.num_sms as usize).min(n) as u32;
         let shape = ((grid, 1, 1), (compile::GEMV_BULK_THREADS, 1, 1), smem);
-        let p = kernels::GemvBulkParams {
-            ring: b.stages as i32,
-            ..kernels::GemvBulkParams::from(&self.params(w, n, k))
-        };
+        let p = kernels::GemvBulkParams::from(&self.params(w, n, k));
         // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K (the shared
         // memory holds it after the ring), y [n] (the diagnostic build writes garbage there,
         // within n).
@@ -337,11 +333,14 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
-        for mode in [GemvSmem::Tight, GemvSmem::Alternate] {
-            let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, mode)))?;
-            let variant = format!("gemv, per matrix (PDL), {}", mode.as_str());
-            report(model, &variant, total, mats.len(), ms);
-        }
+        let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Tight)))?;
+        report(
+            model,
+            "gemv, per matrix (PDL), tight",
+            total,
+            mats.len(),
+            ms,
+        );
         let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.tight, w, n, k)))?;
         report(
             model,

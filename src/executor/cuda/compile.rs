@@ -98,9 +98,7 @@ pub fn gemv_chain_source() -> String {
 
 /// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
 pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
-    ["gemv_bulk", "gemv_bulk2"]
-        .into_iter()
-        .flat_map(|k| (1..=GEMV_MAX_M).map(move |m| format!("{k}_m{m}")))
+    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
 }
 
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and

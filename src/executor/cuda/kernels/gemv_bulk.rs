@@ -21,8 +21,6 @@ pub struct GemvBulkParams {
     pub m: i32,
     pub n: i32,
     pub k: i32,
-    /// Ring stages the launch uses: 16 or `GEMV_BULK_STAGES` (32).
-    pub ring: i32,
 }
 
 /// The bulk kernel's parameters for a `gemv` launch (bf16 weights: no scale, no split).
@@ -36,7 +34,6 @@ impl From<&GemvParams> for GemvBulkParams {
             m: p.m,
             n: p.n,
             k: p.k,
-            ring: GEMV_BULK_STAGES as i32,
         }
     }
 }
@@ -82,31 +79,23 @@ pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyho
     let Some(ctas) = gemv_bulk_grid(gpu, m, n, k) else {
         return Ok(false);
     };
-    // Alternate's launches share SMs two by two: the build with registers for two CTAs an SM.
-    let name = match mode {
-        GemvSmem::Alternate => format!("gemv_bulk2_m{m}"),
-        _ => format!("gemv_bulk_m{m}"),
-    };
+    let name = format!("gemv_bulk_m{m}");
     let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
-    let mut params = GemvBulkParams::from(p);
+    let params = GemvBulkParams::from(p);
     match mode {
         GemvSmem::Roomy => gpu.launch_pdl(&name, grid, block, &params)?,
-        mode => {
-            if mode == GemvSmem::Alternate && n <= k {
-                params.ring = GEMV_BULK_HALF_RING as i32;
-            }
-            let smem = gemv_bulk_smem(params.ring as usize, m, n.div_ceil(ctas as usize), k);
+        GemvSmem::Tight => {
+            let smem = gemv_bulk_smem(m, n.div_ceil(ctas as usize), k);
             gpu.launch_pdl_smem(&name, grid, block, smem, &params)?
         }
     }
     Ok(true)
 }
 
-/// The smaller ring of `GemvSmem::Alternate` (stages; a multiple of the 16 consumer warps).
-pub const GEMV_BULK_HALF_RING: usize = 16;
-
-/// Dynamic shared memory of a bulk launch that asks for only what it uses: `ring` stages, x
-/// [m, k] (rounded up to 16 bytes), then the accumulator of a CTA's `rows` rows [rows][m] fp32.
-pub fn gemv_bulk_smem(ring: usize, m: usize, rows: usize, k: usize) -> u32 {
-    (ring * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16) + 4 * rows * m) as u32
+/// Dynamic shared memory of a bulk launch that asks for only what it uses (`GemvSmem::Tight`):
+/// the ring, x [m, k] (rounded up to 16 bytes), then the accumulator of a CTA's `rows` rows
+/// [rows][m] fp32.
+pub fn gemv_bulk_smem(m: usize, rows: usize, k: usize) -> u32 {
+    (GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16) + 4 * rows * m)
+        as u32
 }
