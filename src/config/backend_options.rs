@@ -50,8 +50,8 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
-            // Measured on an H100 (session 39, BENCHMARKS issue 18): batch 2-4 at 4k 0.1-1.9 %
-            // faster, batch 1 tied.
+            // Measured on an H100 (session 39, BENCHMARKS issue 18): batch 2-4 at 4k 0.5-1.0 %
+            // faster (Llama-3-8B batch 4 tied), batch 1 tied.
             gemv_smem: GemvSmem::Tight,
             fuse_decode: false,
             pdl: true,

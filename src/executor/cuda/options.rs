@@ -185,7 +185,8 @@ impl DecodeKernel {
 /// its SM to itself). `Tight` (default): the ring (32 stages, 128 KB), this launch's x and its
 /// CTA's accumulator (~140-150 KB for Llama-sized rows): the O projection's CTAs start beside
 /// decode attention's as those leave room, not once the last has left. Measured on an H100
-/// (BENCHMARKS.md, session 39): batch 2-4 at 4k 0.1-1.9 % faster, batch 1 tied.
+/// (BENCHMARKS.md, session 39): batch 2-4 at 4k 0.5-1.0 % faster (Llama-3-8B batch 4 tied),
+/// batch 1 tied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemvSmem {
