@@ -10,12 +10,11 @@
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
 //!   kernels between them; then launched `GemvSmem::Tight` (brook's default).
-//! - `gemv r32 tight` and `gemv r16 x2 tight, per matrix (PDL)`: the same kernel asking only
-//!   for the shared memory a launch uses (the ring and x [1, k], not `GEMV_BULK_X_BYTES`); the
-//!   second built with a 16-stage ring and launch bounds for 2 CTAs an SM, so that a launch's
-//!   CTAs fit beside the previous launch's and fill their rings while it drains (the shipped
-//!   kernel's ~225 KB lets a launch's CTA onto an SM only once the one before has left it).
-//!   Outputs checked against the shipped gemv's.
+//! - `gemv r16 x2 tight, per matrix (PDL)`: the kernel built with a 16-stage ring and launch
+//!   bounds for 2 CTAs an SM, asking only for the shared memory a launch uses, so that a
+//!   launch's CTAs fit beside the previous launch's and fill their rings while it drains (a
+//!   32-stage CTA gets onto an SM only once the one before has left it). Outputs checked against
+//!   the shipped gemv's.
 //! - `chain, one launch (grid barriers)`: kernels/gemv_chain.cu, every matrix in one
 //!   cooperative launch with a grid barrier between matrices (the skeleton of a persistent
 //!   decode step); then as many ops of one stage a CTA: what a barrier and an op's fixed work
@@ -184,9 +183,6 @@ struct Floor {
     y: DevBuf,
     /// The ring alone (`Bulk::build` with `diag`), launched with room for x of `FLAT_K`.
     ring: Bulk,
-    /// The shipped kernel (as `Gpu::open` loaded it), launched tight (`Bulk::smem` of each
-    /// matrix's k).
-    tight: Bulk,
     /// 16 stages, 2 CTAs an SM, launched tight.
     pair: Bulk,
 }
@@ -290,10 +286,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
     let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, true)?;
-    let tight = Bulk {
-        f: gpu.function("gemv_bulk_m1").clone(),
-        stages: compile::GEMV_BULK_STAGES,
-    };
     let pair = Bulk::build(&gpu, PAIR_STAGES, 2, false)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
@@ -301,7 +293,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         x: random_bf16(&gpu, FLAT_K, 2)?,
         y: gpu.alloc(max_n * 2)?,
         ring,
-        tight,
         pair,
         gpu,
     };
@@ -318,9 +309,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let flat_bytes = flat_n * FLAT_K * 2;
     let chain = Chain::new(&f.gpu, &mats, base, f.x.ptr())?;
     check_chain(&f, &chain, &mats)?;
-    for b in [&f.tight, &f.pair] {
-        check_bulk(&f, b, &mats)?;
-    }
+    check_bulk(&f, &f.pair, &mats)?;
     // Alternated twice, so a drift of clocks shows as a difference between rounds.
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
@@ -337,14 +326,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(
             model,
             "gemv, per matrix (PDL), tight",
-            total,
-            mats.len(),
-            ms,
-        );
-        let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.tight, w, n, k)))?;
-        report(
-            model,
-            "gemv r32 tight, per matrix (PDL)",
             total,
             mats.len(),
             ms,

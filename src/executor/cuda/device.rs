@@ -84,7 +84,7 @@ pub struct Gpu {
     /// Decode GEMVs on the bulk-copy kernel (`kernels::gemv_bulk_grid`, kernels/gemv_bulk.cu)
     /// where it takes the shape; on by default on sm_90+, where it is built.
     pub gemv_bulk: bool,
-    /// The shared memory and ring of each bulk gemv launch (`options::GemvSmem`). Roomy on a
+    /// The shared memory each bulk gemv launch asks for (`options::GemvSmem`). Roomy on a
     /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
     pub gemv_smem: GemvSmem,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their

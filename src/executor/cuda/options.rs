@@ -33,7 +33,7 @@ pub struct CudaBackendOptions {
     /// one CTA an SM streams a slab of whole rows through a shared-memory ring, filled before
     /// the previous kernel ends. Shapes it does not take run the `gemv` kernel.
     pub gemv_bulk: bool,
-    /// The shared memory and ring of each bulk gemv launch (`GemvSmem`, `Gpu::gemv_smem`).
+    /// The shared memory each bulk gemv launch asks for (`GemvSmem`, `Gpu::gemv_smem`).
     pub gemv_smem: GemvSmem,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
