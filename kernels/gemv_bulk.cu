@@ -44,10 +44,14 @@ struct GemvBulkParams {
 #define GB_EVICT_FIRST 1
 #endif
 // gpu-bench only: 1 consumers read each stage into registers and drop it (the ring's streaming
-// rate alone); the output is then garbage.
+// rate alone); the output is then garbage. 2 the full kernel, and thread 0 stamps %globaltimer
+// (ns) at GB_STAMPS points of its CTA into y32, read as u64 [grid][GB_STAMPS] (y is written as
+// bf16): where a kernel boundary's time goes (gpu-bench stream-floor --stamps).
 #ifndef GB_DIAG
 #define GB_DIAG 0
 #endif
+// Entry, after pdl_wait, x staged, warp 0's first stage landed, every stage consumed, y written.
+#define GB_STAMPS 6
 #ifndef GB_WARPS
 #define GB_WARPS 16  // consumer warps; warp GB_WARPS issues the copies
 #endif
@@ -147,7 +151,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
   // The stage is in registers: hand the buffer back before the arithmetic.
   __syncwarp();
   if (lane == 0) mbar_arrive(empty_bar);
-#if GB_DIAG == 0
+#if GB_DIAG != 1
   const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
   float da[M], db[M];
 #pragma unroll
@@ -183,9 +187,22 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
 #endif
 }
 
+// GB_DIAG 2: thread 0 stamps point `i` of its CTA (consumer warp 0's lane 0, so every point is
+// on one thread's path).
+__device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
+#if GB_DIAG == 2
+  if (threadIdx.x == 0) {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    ((u64*)p.y32)[blockIdx.x * GB_STAMPS + i] = t;
+  }
+#endif
+}
+
 template <int M>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
+  gb_stamp(p, 0);
   // [ring][GB_STAGE_BYTES], then x [M, k] (16-byte aligned), then acc [this CTA's rows][M]
   extern __shared__ __align__(128) unsigned char gb_ring[];
   __shared__ __align__(8) u64 bars[2 * GB_STAGES];  // full[GB_STAGES], empty[GB_STAGES]
@@ -217,26 +234,35 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   for (int i = tid; i < rows * M; i += consumers) acc[i] = 0.f;
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   pdl_wait();  // x is the previous kernel's output
+  gb_stamp(p, 1);
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
   for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  gb_stamp(p, 2);
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
     const int s = i % GB_STAGES;
     mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
+    if (i == 0) gb_stamp(p, 3);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
     gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  gb_stamp(p, 4);
   for (int i = tid; i < rows * M; i += consumers) {
     const int r = i / M, m = i % M;
     const size_t o = (size_t)m * p.n + r0 + r;
+#if GB_DIAG == 2
+    p.y[o] = f2bf(acc[i]);
+#else
     if (p.y32) p.y32[o] = acc[i];
     else p.y[o] = f2bf(acc[i]);
+#endif
   }
+  gb_stamp(p, 5);
 #endif
 }
 

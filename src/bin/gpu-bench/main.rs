@@ -56,6 +56,7 @@
 //! they share.
 
 mod attention;
+mod boundary_stamps;
 mod cold;
 mod common;
 mod decode;

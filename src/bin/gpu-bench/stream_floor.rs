@@ -20,6 +20,8 @@
 //!   decode step); then as many ops of one stage a CTA: what a barrier and an op's fixed work
 //!   cost alone. Outputs checked against the shipped gemv's.
 //! - `device copy`: one device-to-device copy of 4 GiB (bytes read; as many are written).
+//! - Then the per-matrix chain once more on a build that stamps each CTA's progress, roomy and
+//!   tight: where a boundary's time goes (`boundary_stamps`).
 //!
 //! The decode step itself (`gpu-bench decode --quick`) adds norms, RoPE, attention, SiLU and
 //! sampling to the per-matrix chain.
@@ -34,6 +36,7 @@ use brook::executor::cuda::kernels::{self, ChainOp, GemvChainParams};
 use brook::executor::cuda::GemvSmem;
 use brook::model::synthetic::synthetic_config;
 
+use crate::boundary_stamps;
 use crate::common::{emit, random_bf16, read_bf16, rel_err, time_ms};
 
 /// Row length of the one-launch view: 64 KB rows keep a CTA's rows under the kernel's
@@ -57,15 +60,16 @@ fn matrices(model: &str) -> anyhow::Result<Vec<(usize, usize)>> {
 }
 
 /// A build of gemv_bulk.cu's one-row kernel for the floor: `stages` ring stages of the shipped
-/// size, launch bounds for `min_ctas` CTAs an SM, `diag` the ring alone (`GB_DIAG 1`: outputs
-/// garbage); shared memory allowed for the ring and x of `FLAT_K`.
+/// size, launch bounds for `min_ctas` CTAs an SM, `diag` its `GB_DIAG` (1: the ring alone,
+/// outputs garbage; 2: the full kernel stamping its CTAs' progress into y32,
+/// `boundary_stamps`); shared memory allowed for the ring and x of `FLAT_K`.
 struct Bulk {
     f: CudaFunction,
     stages: usize,
 }
 
 impl Bulk {
-    fn build(gpu: &Gpu, stages: usize, min_ctas: usize, diag: bool) -> anyhow::Result<Bulk> {
+    fn build(gpu: &Gpu, stages: usize, min_ctas: usize, diag: u8) -> anyhow::Result<Bulk> {
         let (major, minor) = gpu.compute_capability;
         let src = compile::SOURCES
             .iter()
@@ -76,10 +80,10 @@ impl Bulk {
             "#define GB_STAGE_BYTES {}\n#define GB_STAGES {stages}\n#define GB_MIN_CTAS \
              {min_ctas}\n#define GB_DIAG {}\n",
             compile::GEMV_BULK_STAGE_BYTES,
-            u8::from(diag)
+            diag
         );
         let arch = compile::arch_for(major, minor);
-        let name = format!("gemv_bulk_floor_s{stages}_c{min_ctas}_d{}", u8::from(diag));
+        let name = format!("gemv_bulk_floor_s{stages}_c{min_ctas}_d{diag}");
         let (ptx, _) = compile::ptx_for(&name, &format!("{defines}{src}"), &arch)?;
         let f = gpu.ctx.load_module(ptx)?.load_function("gemv_bulk_m1")?;
         let b = Bulk { f, stages };
@@ -185,6 +189,8 @@ struct Floor {
     ring: Bulk,
     /// 16 stages, 2 CTAs an SM, launched tight.
     pair: Bulk,
+    /// The shipped kernel stamping its CTAs' progress (`GB_DIAG 2`, `boundary_stamps`).
+    stamped: Bulk,
 }
 
 impl Floor {
@@ -238,6 +244,37 @@ impl Floor {
         }
     }
 
+    /// The stamped build over [n, k] at `w` with PDL, its stamps into `stamps` (u64 [CTAs]
+    /// [`boundary_stamps::POINTS`]), with room for x of `FLAT_K` (as the shipped roomy launch)
+    /// or tight; returns its CTA count.
+    fn stamped(
+        &self,
+        w: u64,
+        n: usize,
+        k: usize,
+        stamps: u64,
+        tight: bool,
+    ) -> anyhow::Result<usize> {
+        let b = &self.stamped;
+        let smem = b.smem(if tight { k } else { FLAT_K });
+        let grid = (self.gpu.num_sms as usize).min(n);
+        let shape = (
+            (grid as u32, 1, 1),
+            (compile::GEMV_BULK_THREADS, 1, 1),
+            smem,
+        );
+        let p = kernels::GemvBulkParams {
+            y32: stamps,
+            ..kernels::GemvBulkParams::from(&self.params(w, n, k))
+        };
+        // SAFETY: as `bulk`; the stamps buffer holds grid x POINTS u64 (boundary_stamps::run).
+        unsafe {
+            self.gpu
+                .launch_fn_pdl(&b.f, "gemv_bulk_m1 (stamps)", shape, &p)
+        }?;
+        Ok(grid)
+    }
+
     /// Build `b` launched tight over [n, k] at `w` with PDL.
     fn tight(&self, b: &Bulk, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
         self.bulk(b, b.smem(k), w, n, k, true)
@@ -285,8 +322,9 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let total: usize = mats.iter().map(|(n, k)| n * k * 2).sum();
     let flat_n = total / (2 * FLAT_K);
     let max_n = mats.iter().map(|m| m.0).max().unwrap_or(0).max(flat_n);
-    let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, true)?;
-    let pair = Bulk::build(&gpu, PAIR_STAGES, 2, false)?;
+    let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 1)?;
+    let pair = Bulk::build(&gpu, PAIR_STAGES, 2, 0)?;
+    let stamped = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 2)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
@@ -294,6 +332,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         y: gpu.alloc(max_n * 2)?,
         ring,
         pair,
+        stamped,
         gpu,
     };
     let base = f.w.ptr();
@@ -362,6 +401,10 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         Ok(())
     })?;
     report(model, "device copy (bytes read)", copy, 1, ms);
+    for (variant, tight) in [("roomy", false), ("tight", true)] {
+        let launch = |w, n, k, stamps| f.stamped(w, n, k, stamps, tight);
+        boundary_stamps::run(&f.gpu, model, variant, &mats, base, &launch)?;
+    }
     Ok(())
 }
 

@@ -422,14 +422,16 @@ mod tests {
                 assert!(ptx.contains(&entry), "stage {stage}");
             }
         }
-        // gpu-bench stream-floor's build of two CTAs an SM (16 stages).
+        // gpu-bench stream-floor's builds: two CTAs an SM (16 stages), the ring alone, stamped.
         let gemv_bulk = SOURCES.iter().find(|(n, _)| *n == "gemv_bulk").unwrap().1;
-        let defines = [("GB_STAGES", 16), ("GB_MIN_CTAS", 2)];
-        let ptx = compiled("gemv_bulk", gemv_bulk, "compute_90", &defines);
-        assert!(
-            ptx.contains(".entry gemv_bulk_m1"),
-            "gemv_bulk, 2 CTAs an SM"
-        );
+        for defines in [
+            &[("GB_STAGES", 16), ("GB_MIN_CTAS", 2)][..],
+            &[("GB_DIAG", 1)],
+            &[("GB_DIAG", 2)],
+        ] {
+            let ptx = compiled("gemv_bulk", gemv_bulk, "compute_90", defines);
+            assert!(ptx.contains(".entry gemv_bulk_m1"), "gemv_bulk {defines:?}");
+        }
         let (name, src) = PAGED_DECODE;
         let hit = cached(name, src, "compute_90", &[("HD", 64), ("GROUP", 1)]).unwrap();
         let other = cached(name, src, "compute_90", &[("HD", 64), ("GROUP", 2)]).unwrap();
