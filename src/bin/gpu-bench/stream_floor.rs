@@ -210,30 +210,38 @@ impl Floor {
 
     /// One ring launch over [n, k] at `w`, PDL or not.
     fn ring(&self, w: u64, n: usize, k: usize, pdl: bool) -> anyhow::Result<()> {
-        self.bulk(&self.ring, self.ring.smem(FLAT_K), w, n, k, pdl)
+        self.bulk(&self.ring, self.ring.smem(FLAT_K), (w, n, k), pdl, 0)
+            .map(drop)
     }
 
     /// One launch of build `b` over [n, k] at `w` with `smem` bytes of dynamic shared memory
-    /// (at least `b.smem(k)`), PDL or not.
+    /// (at least `b.smem(k)`), PDL or not; `stamps`, when not 0, the stamped build's buffer
+    /// (its y32: u64 [CTAs][`boundary_stamps::POINTS`]). Returns its CTA count.
     fn bulk(
         &self,
         b: &Bulk,
         smem: u32,
-        w: u64,
-        n: usize,
-        k: usize,
+        (w, n, k): (u64, usize, usize),
         pdl: bool,
-    ) -> anyhow::Result<()> {
+        stamps: u64,
+    ) -> anyhow::Result<usize> {
         anyhow::ensure!(
             smem >= b.smem(k) && k <= FLAT_K,
             "bulk launch: x [1, {k}] does not fit"
         );
-        let grid = (self.gpu.num_sms as usize).min(n) as u32;
-        let shape = ((grid, 1, 1), (compile::GEMV_BULK_THREADS, 1, 1), smem);
-        let p = kernels::GemvBulkParams::from(&self.params(w, n, k));
+        let grid = (self.gpu.num_sms as usize).min(n);
+        let shape = (
+            (grid as u32, 1, 1),
+            (compile::GEMV_BULK_THREADS, 1, 1),
+            smem,
+        );
+        let p = kernels::GemvBulkParams {
+            y32: stamps,
+            ..kernels::GemvBulkParams::from(&self.params(w, n, k))
+        };
         // SAFETY: w holds [n, k] bf16 inside `self.w`, x [1, k] with k <= FLAT_K (the shared
         // memory holds it after the ring), y [n] (the diagnostic build writes garbage there,
-        // within n).
+        // within n); stamps, where set, grid x POINTS u64 (boundary_stamps::run).
         unsafe {
             match pdl {
                 true => self
@@ -241,7 +249,8 @@ impl Floor {
                     .launch_fn_pdl(&b.f, "gemv_bulk_m1 (floor)", shape, &p),
                 false => self.gpu.launch_fn(&b.f, "gemv_bulk_m1 (floor)", shape, &p),
             }
-        }
+        }?;
+        Ok(grid)
     }
 
     /// The stamped build over [n, k] at `w` with PDL, its stamps into `stamps` (u64 [CTAs]
@@ -256,28 +265,18 @@ impl Floor {
         tight: bool,
     ) -> anyhow::Result<usize> {
         let b = &self.stamped;
-        let smem = b.smem(if tight { k } else { FLAT_K });
-        let grid = (self.gpu.num_sms as usize).min(n);
-        let shape = (
-            (grid as u32, 1, 1),
-            (compile::GEMV_BULK_THREADS, 1, 1),
-            smem,
-        );
-        let p = kernels::GemvBulkParams {
-            y32: stamps,
-            ..kernels::GemvBulkParams::from(&self.params(w, n, k))
-        };
-        // SAFETY: as `bulk`; the stamps buffer holds grid x POINTS u64 (boundary_stamps::run).
-        unsafe {
-            self.gpu
-                .launch_fn_pdl(&b.f, "gemv_bulk_m1 (stamps)", shape, &p)
-        }?;
-        Ok(grid)
+        self.bulk(
+            b,
+            b.smem(if tight { k } else { FLAT_K }),
+            (w, n, k),
+            true,
+            stamps,
+        )
     }
 
     /// Build `b` launched tight over [n, k] at `w` with PDL.
     fn tight(&self, b: &Bulk, w: u64, n: usize, k: usize) -> anyhow::Result<()> {
-        self.bulk(b, b.smem(k), w, n, k, true)
+        self.bulk(b, b.smem(k), (w, n, k), true, 0).map(drop)
     }
 
     /// The bulk gemv over [n, k] at `w` launched as `mode` says (`GemvSmem`).

@@ -580,12 +580,8 @@ impl Gpu {
         block: (u32, u32, u32),
         params: &P,
     ) -> anyhow::Result<()> {
-        if !self.pdl {
-            return self.launch(name, grid, block, params);
-        }
         let k = self.kernel(name);
-        launch_pdl_with(&k.f, name, &self.stream, (grid, block, k.smem), params)?;
-        self.traced(name)
+        self.launch_kernel_pdl(k, name, (grid, block, k.smem), params)
     }
 
     /// `launch_pdl` with `smem` bytes of dynamic shared memory instead of the kernel's own (at
@@ -607,10 +603,21 @@ impl Gpu {
             "{name}: {smem} bytes of shared memory asked, {} allowed",
             k.smem
         );
+        self.launch_kernel_pdl(k, name, (grid, block, smem), params)
+    }
+
+    /// `launch_pdl`'s body for a kernel already looked up, with `smem` bytes of dynamic shared
+    /// memory.
+    unsafe fn launch_kernel_pdl<P: Copy>(
+        &self,
+        k: &Kernel,
+        name: &str,
+        (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+        params: &P,
+    ) -> anyhow::Result<()> {
         match self.pdl {
             true => launch_pdl_with(&k.f, name, &self.stream, (grid, block, smem), params)?,
-            false => launch_ex(&k.f, &self.stream, (grid, block, smem), params, &mut [])
-                .with_context(|| format!("launching {name}"))?,
+            false => launch_with(&k.f, name, &self.stream, grid, block, smem, params)?,
         }
         self.traced(name)
     }
