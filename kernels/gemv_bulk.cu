@@ -44,7 +44,8 @@ struct GemvBulkParams {
 #define GB_EVICT_FIRST 1
 #endif
 // gpu-bench only: 1 consumers read each stage into registers and drop it (the ring's streaming
-// rate alone); the output is then garbage. 2 the full kernel, and thread 0 stamps %globaltimer
+// rate alone; the compiler keeps only a stage's first step of loads), 3 the same keeping every
+// load (the ring and the shared-memory reads, no arithmetic); the output is then garbage. 2 the full kernel, and thread 0 stamps %globaltimer
 // (ns) at GB_STAMPS points of its CTA into y32, read as u64 [grid][GB_STAMPS] (y is written as
 // bf16): where a kernel boundary's time goes (gpu-bench stream-floor --stamps).
 #ifndef GB_DIAG
@@ -151,7 +152,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
   // The stage is in registers: hand the buffer back before the arithmetic.
   __syncwarp();
   if (lane == 0) mbar_arrive(empty_bar);
-#if GB_DIAG != 1
+#if GB_DIAG != 1 && GB_DIAG != 3
   const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
   float da[M], db[M];
 #pragma unroll
@@ -183,7 +184,16 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
       for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
   }
 #else
-  if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;  // keep the loads
+  // Keep the loads: GB_DIAG 1 keeps only the first step's (the compiler drops the rest, so the
+  // ring is measured with 1/GB_STEPS of the shared-memory reads), GB_DIAG 3 every step's.
+#if GB_DIAG == 3
+  u32 all = 0;
+#pragma unroll
+  for (int j = 0; j < GB_STEPS; j++) all ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
+  if (lane == 0 && all == 0x7fffffffu) acc[0] = 1.f;
+#else
+  if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;
+#endif
 #endif
 }
 

@@ -7,6 +7,9 @@
 //!   all of it as one matrix of 64 KB rows: the weight stream with no boundary at all.
 //! - `gemv, one launch`: the shipped bulk gemv over the same matrix (its arithmetic included).
 //! - `ring, per matrix (PDL)` and `(no PDL)`: the ring alone, one launch per layer matrix.
+//! - `ring + loads, one launch` and `per matrix (PDL)`: the ring with every stage read into
+//!   registers (`GB_DIAG 3`; `GB_DIAG 1` keeps a stage's first step of loads only): the
+//!   shipped kernel less its arithmetic.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
 //!   kernels between them; then launched `GemvSmem::Tight` (brook's default).
@@ -191,6 +194,9 @@ struct Floor {
     pair: Bulk,
     /// The shipped kernel stamping its CTAs' progress (`GB_DIAG 2`, `boundary_stamps`).
     stamped: Bulk,
+    /// The ring with every stage read into registers, no arithmetic (`GB_DIAG 3`), launched
+    /// tight.
+    loads: Bulk,
 }
 
 impl Floor {
@@ -324,6 +330,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let ring = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 1)?;
     let pair = Bulk::build(&gpu, PAIR_STAGES, 2, 0)?;
     let stamped = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 2)?;
+    let loads = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 3)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
@@ -332,6 +339,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         ring,
         pair,
         stamped,
+        loads,
         gpu,
     };
     let base = f.w.ptr();
@@ -352,12 +360,22 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
         report(model, "ring, one launch", flat_bytes, 1, ms);
+        let ms = time(&|| f.tight(&f.loads, base, flat_n, FLAT_K))?;
+        report(model, "ring + loads, one launch", flat_bytes, 1, ms);
         let ms = time(&|| f.gemv(base, flat_n, FLAT_K))?;
         report(model, "gemv, one launch", flat_bytes, 1, ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, true)))?;
         report(model, "ring, per matrix (PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, false)))?;
         report(model, "ring, per matrix (no PDL)", total, mats.len(), ms);
+        let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.loads, w, n, k)))?;
+        report(
+            model,
+            "ring + loads, per matrix (PDL)",
+            total,
+            mats.len(),
+            ms,
+        );
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Tight)))?;

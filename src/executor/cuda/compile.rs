@@ -422,12 +422,14 @@ mod tests {
                 assert!(ptx.contains(&entry), "stage {stage}");
             }
         }
-        // gpu-bench stream-floor's builds: two CTAs an SM (16 stages), the ring alone, stamped.
+        // gpu-bench stream-floor's builds: two CTAs an SM (16 stages), the ring alone, stamped, the
+        // ring with its loads.
         let gemv_bulk = SOURCES.iter().find(|(n, _)| *n == "gemv_bulk").unwrap().1;
         for defines in [
             &[("GB_STAGES", 16), ("GB_MIN_CTAS", 2)][..],
             &[("GB_DIAG", 1)],
             &[("GB_DIAG", 2)],
+            &[("GB_DIAG", 3)],
         ] {
             let ptx = compiled("gemv_bulk", gemv_bulk, "compute_90", defines);
             assert!(ptx.contains(".entry gemv_bulk_m1"), "gemv_bulk {defines:?}");
