@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Session 40, call 1 (binaries: scripts/gpu-pack.sh .carry/gb40d, 3254fec + a non-fatal mma check in stream-floor, with the
+# Session 40, call 1 (binaries: scripts/gpu-pack.sh .carry/gb40e, 3254fec + a non-fatal mma check in stream-floor + cuda_e2e bulk test with mma; the
 # tensor-core dot in gemv_bulk (`Gpu::gemv_mma`, off by default; BROOK_GEMV_MMA); .carry/gb40a =
-# c67f6aa, session 39's stop, as the base; carry [".carry/gb40d", ".carry/gb40a"]).
-# The GPU tests (all of cuda_e2e; cuda_kernels' gemv, rope, silu, sample and paged_decode tests:
-# the launches session 39's last commit touched, and the new mma test), `stream-floor` (its
+# c67f6aa, session 39's stop, as the base; carry [".carry/gb40e", ".carry/gb40a"]).
+# The GPU tests (all of cuda_e2e; cuda_kernels' gemv, rope and silu tests
+# and the new mma test), `stream-floor --model llama-2-7b` (its
 # boundary stamps' first run, the ring with its loads, the mma dots), then decode A/B: base,
 # mma off, mma on, at batch 1 (128) and batch 2 (4k), twice.
 set -u
 mkdir -p /tmp/gb /tmp/base "$OUT/o1" || exit 1
 for b in gpu-bench cuda_kernels cuda_e2e; do
-  xz -dc .carry/gb40d/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
+  xz -dc .carry/gb40e/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
 done
 xz -dc .carry/gb40a/gpu-bench.xz > /tmp/base/gpu-bench && chmod +x /tmp/base/gpu-bench || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=$OUT/o1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
-timeout 120 /tmp/gb/cuda_kernels gemv rope silu sample paged_decode > $O/kernels.log 2>&1; echo "cuda_kernels rc $?"
+timeout 120 /tmp/gb/cuda_kernels gemv rope silu > $O/kernels.log 2>&1; echo "cuda_kernels rc $?"
 grep -h "test result\|FAILED\|panicked" $O/kernels.log | head -8
-for m in llama-2-7b llama-3-8b; do
+for m in llama-2-7b; do
   timeout 100 /tmp/gb/gpu-bench stream-floor --model $m > $O/sf-$m.json 2> $O/sf-$m.log; echo "stream-floor $m rc $?"
   grep -h "stream floor\|boundary\|tail\|gap" $O/sf-$m.log | head -40
 done
