@@ -30,7 +30,6 @@ struct GemvBulkParams {
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
-  int mma;               // 1: dots on tensor cores (gb_consume_mma; m <= 2, k % 128 == 0)
 };
 
 #ifndef GB_STAGE_BYTES
@@ -305,7 +304,8 @@ __device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
 #endif
 }
 
-template <int M>
+// MMA: the dots on tensor cores (gb_consume_mma; M <= 2, k % 128 == 0), else on CUDA cores.
+template <int M, bool MMA>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   gb_stamp(p, 0);
@@ -354,14 +354,11 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
     mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
     if (i == 0) gb_stamp(p, 3);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-#if GB_DIAG != 1 && GB_DIAG != 3
-    if (M <= 2 && p.mma) {
-      gb_consume_mma<(M <= 2 ? M : 2)>(smem_addr(gb_ring + s * GB_STAGE_BYTES), b, e, row_bytes,
-                                       smem_addr(x), p.k, acc, empty + 8 * s);
-      continue;
-    }
-#endif
-    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
+    if constexpr (MMA)
+      gb_consume_mma<M>(smem_addr(gb_ring + s * GB_STAGE_BYTES), b, e, row_bytes, smem_addr(x),
+                        p.k, acc, empty + 8 * s);
+    else
+      gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 4);
@@ -383,7 +380,10 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 // dynamic shared memory: at least GB_STAGES * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
 // CTA's rows * m * 4 (roomy launches: GB_X_BYTES and GB_ACC_FLOATS * 4 for the last two). Empty below sm_90 (the host never launches
 // them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1, false>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2, false>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3, false>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4, false>(p); }
+// The tensor-core dots (Gpu::gemv_mma): one or two rows of x, k % 128 == 0 (the host checks).
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_mma_m1(GemvBulkParams p) { gemv_bulk_impl<1, true>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_mma_m2(GemvBulkParams p) { gemv_bulk_impl<2, true>(p); }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 40, call 1 (binaries: scripts/gpu-pack.sh .carry/gb40e, 3254fec + a non-fatal mma check in stream-floor + cuda_e2e bulk test with mma; the
+# Session 40, call 1 (binaries: scripts/gpu-pack.sh .carry/gb40f, main after the tensor-core dots moved to their own kernels, gemv_bulk_mma_m1|m2; the
 # tensor-core dot in gemv_bulk (`Gpu::gemv_mma`, off by default; BROOK_GEMV_MMA); .carry/gb40a =
-# c67f6aa, session 39's stop, as the base; carry [".carry/gb40e", ".carry/gb40a"]).
+# c67f6aa, session 39's stop, as the base; carry [".carry/gb40f", ".carry/gb40a"]).
 # The GPU tests (all of cuda_e2e; cuda_kernels' gemv, rope and silu tests
 # and the new mma test), `stream-floor --model llama-2-7b` (its
 # boundary stamps' first run, the ring with its loads, the mma dots), then decode A/B: base,
@@ -9,7 +9,7 @@
 set -u
 mkdir -p /tmp/gb /tmp/base "$OUT/o1" || exit 1
 for b in gpu-bench cuda_kernels cuda_e2e; do
-  xz -dc .carry/gb40e/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
+  xz -dc .carry/gb40f/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
 done
 xz -dc .carry/gb40a/gpu-bench.xz > /tmp/base/gpu-bench && chmod +x /tmp/base/gpu-bench || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn

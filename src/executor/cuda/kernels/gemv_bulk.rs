@@ -21,8 +21,6 @@ pub struct GemvBulkParams {
     pub m: i32,
     pub n: i32,
     pub k: i32,
-    /// 1: the dots on tensor cores (`gemv_mma_takes`).
-    pub mma: i32,
 }
 
 /// The bulk kernel's parameters for a `gemv` launch (bf16 weights: no scale, no split).
@@ -36,7 +34,6 @@ impl From<&GemvParams> for GemvBulkParams {
             m: p.m,
             n: p.n,
             k: p.k,
-            mma: 0,
         }
     }
 }
@@ -94,12 +91,12 @@ pub unsafe fn gemv_bulk_with(
     let Some(ctas) = gemv_bulk_grid(gpu, m, n, k) else {
         return Ok(false);
     };
-    let name = format!("gemv_bulk_m{m}");
-    let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
-    let params = GemvBulkParams {
-        mma: (mma && gemv_mma_takes(m, k)) as i32,
-        ..GemvBulkParams::from(p)
+    let name = match mma && gemv_mma_takes(m, k) {
+        true => format!("gemv_bulk_mma_m{m}"),
+        false => format!("gemv_bulk_m{m}"),
     };
+    let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
+    let params = GemvBulkParams::from(p);
     match mode {
         GemvSmem::Roomy => gpu.launch_pdl(&name, grid, block, &params)?,
         GemvSmem::Tight => {
