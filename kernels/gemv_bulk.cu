@@ -63,6 +63,11 @@ struct GemvBulkParams {
 #define GB_MIN_CTAS 1
 #endif
 #define GB_STEPS (GB_STAGE_BYTES / 512)  // 16-byte loads a lane a stage
+// 16-byte loads of x a consumer thread issues before storing them (1: the loop that stored
+// each load before the next load, as before session 40).
+#ifndef GB_X_LOADS
+#define GB_X_LOADS 4
+#endif
 #define GB_ACC_FLOATS 4096
 #define GB_X_BYTES 81920
 #if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
@@ -343,7 +348,19 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   gb_stamp(p, 1);
   // x into shared memory past the ring: read from L1 it kept the consumers ~4 us a launch
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
-  for (int i = tid; i < M * p.k / 8; i += consumers) ((uint4*)x)[i] = ((const uint4*)p.x)[i];
+  // GB_X_LOADS loads a thread before any store, so x of up to GB_X_LOADS * 8 KB lands in one
+  // L2 round trip: storing each load before the next load took a round trip a pass, 2.0-2.3 us
+  // of the down projection's 22 KB x after its pdl_wait (stream-floor's stamps, session 40).
+  const int x16 = M * p.k / 8;
+  for (int i0 = tid; i0 < x16; i0 += GB_X_LOADS * consumers) {
+    uint4 v[GB_X_LOADS];
+#pragma unroll
+    for (int u = 0; u < GB_X_LOADS; u++)
+      if (i0 + u * consumers < x16) v[u] = ((const uint4*)p.x)[i0 + u * consumers];
+#pragma unroll
+    for (int u = 0; u < GB_X_LOADS; u++)
+      if (i0 + u * consumers < x16) ((uint4*)x)[i0 + u * consumers] = v[u];
+  }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 2);
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
