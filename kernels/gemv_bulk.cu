@@ -202,101 +202,6 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
 #endif
 }
 
-// The tensor-core dot (`p.mma`): a warp's stage as 256-byte pieces of one row each (k % 128 == 0,
-// so rows are whole pieces), each piece one mma.m16n8k16. Why: the scalar dot spends ~24
-// instructions a lane on 16 bytes of weights (unpacking w and x, 8 FMAs); here a stage of
-// 16 pieces is 16 mma, 16 ldmatrix of x and the 8 ldmatrix.x4 that replace the 8 16-byte loads.
-// A piece's 128 elements are cut into 8 chunks of 16 (chunk j: elements 8j..8j+7 and
-// 64+8j..64+8j+7, so every ldmatrix row is 16 contiguous bytes at a 16-byte stride, conflict
-// free): B's column j is w's chunk j, A's row i x's chunk i (rows 8-15: x's second row, or the
-// first again when m is 1), and D[i][j] = x chunk i . w chunk j. The piece's dot is the diagonal
-// D[j][j] (row 2: D[j + 8][j]); D accumulates a row's pieces, fp32 as the scalar dot.
-__device__ __forceinline__ void gb_ldm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-#endif
-}
-__device__ __forceinline__ void gb_ldm_x2(u32 addr, u32& r0, u32& r1) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-               : "=r"(r0), "=r"(r1)
-               : "r"(addr));
-#endif
-}
-__device__ __forceinline__ void gb_mma(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
-// The dot of x row `m` (0 or 1) in accumulator fragment d, summed over the warp: lane l holds
-// D[l / 4][2 (l % 4) + {0, 1}] in d[0..1] and D[l / 4 + 8][...] in d[2..3]; D[j][j] is lane
-// 4j + j / 2's.
-template <int M>
-__device__ __forceinline__ void gb_mma_flush(const float d[4], float* acc_row) {
-  const int lane = threadIdx.x & 31, j = lane >> 2;
-  const bool diag = (lane & 3) == (j >> 1);
-#pragma unroll
-  for (int m = 0; m < M; m++) {
-    float v = diag ? ((j & 1) ? d[2 * m + 1] : d[2 * m]) : 0.f;
-    v = warp_sum(v);
-    if (lane == 0) atomicAdd(&acc_row[m], v);
-  }
-}
-
-// gb_consume on tensor cores (M <= 2): the stage [b, e) at shared address `st`, x [M, k] at
-// shared address `xs`.
-template <int M>
-__device__ __forceinline__ void gb_consume_mma(u32 st, int b, int e, int row_bytes, u32 xs, int k,
-                                               float* acc, u32 empty_bar) {
-  static_assert(M <= 2, "the tensor-core dot takes one or two rows of x");
-  const int lane = threadIdx.x & 31;
-  constexpr int PIECES = GB_STAGE_BYTES / 256;
-  // w's B fragments: ldmatrix.x4 q reads bytes [512 q, 512 q + 512), 16 a lane, as the scalar
-  // path's loads: matrices 0, 1 are piece 2q's chunk halves, 2, 3 piece 2q + 1's. Bytes past e
-  // (the slab's last stage) are stale and their pieces unused.
-  u32 wf[PIECES][2];
-#pragma unroll
-  for (int q = 0; q < PIECES / 2; q++)
-    gb_ldm_x4(st + q * 512 + lane * 16, wf[2 * q][0], wf[2 * q][1], wf[2 * q + 1][0],
-              wf[2 * q + 1][1]);
-  __syncwarp();
-  if (lane == 0) mbar_arrive(empty_bar);
-  const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes, a_start = a_end - row_bytes;
-  float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
-  // x's A fragment lanes: lane l reads matrix l / 8, row l % 8. M == 1: matrices 0, 1 are the
-  // chunk halves (rows 8-15 repeat rows 0-7); M == 2: 0, 2 row 0's halves, 1, 3 row 1's.
-  const int mi = lane >> 3, r = lane & 7;
-  const u32 xl = M == 1 ? xs + (mi & 1) * 128 + r * 16
-                        : xs + (mi & 1) * 2 * k + (mi >> 1) * 128 + r * 16;
-#pragma unroll
-  for (int pc = 0; pc < PIECES; pc++) {
-    const int off = b + pc * 256;
-    if (off < e) {
-      const bool in_a = off < a_end;
-      const u32 xa = xl + (off - (in_a ? a_start : a_end));  // x bytes: the piece's column * 2
-      u32 a0, a1, a2, a3;
-      if (M == 1) {
-        gb_ldm_x2(xa, a0, a2);
-        a1 = a0;
-        a3 = a2;
-      } else {
-        gb_ldm_x4(xa, a0, a1, a2, a3);
-      }
-      if (in_a) gb_mma(da, a0, a1, a2, a3, wf[pc][0], wf[pc][1]);
-      else gb_mma(db, a0, a1, a2, a3, wf[pc][0], wf[pc][1]);
-    }
-  }
-  gb_mma_flush<M>(da, acc + ra * M);
-  if (e > a_end) gb_mma_flush<M>(db, acc + (ra + 1) * M);
-}
-
 // GB_DIAG 2: thread 0 stamps point `i` of its CTA (consumer warp 0's lane 0, so every point is
 // on one thread's path).
 __device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
@@ -309,8 +214,7 @@ __device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
 #endif
 }
 
-// MMA: the dots on tensor cores (gb_consume_mma; M <= 2, k % 128 == 0), else on CUDA cores.
-template <int M, bool MMA>
+template <int M>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   gb_stamp(p, 0);
@@ -371,11 +275,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
     mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
     if (i == 0) gb_stamp(p, 3);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-    if constexpr (MMA)
-      gb_consume_mma<M>(smem_addr(gb_ring + s * GB_STAGE_BYTES), b, e, row_bytes, smem_addr(x),
-                        p.k, acc, empty + 8 * s);
-    else
-      gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
+    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 4);
@@ -397,10 +297,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 // dynamic shared memory: at least GB_STAGES * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
 // CTA's rows * m * 4 (roomy launches: GB_X_BYTES and GB_ACC_FLOATS * 4 for the last two). Empty below sm_90 (the host never launches
 // them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1, false>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2, false>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3, false>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4, false>(p); }
-// The tensor-core dots (Gpu::gemv_mma): one or two rows of x, k % 128 == 0 (the host checks).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_mma_m1(GemvBulkParams p) { gemv_bulk_impl<1, true>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_mma_m2(GemvBulkParams p) { gemv_bulk_impl<2, true>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }

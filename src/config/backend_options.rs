@@ -53,7 +53,6 @@ impl CudaBackendOptions {
             // Measured on an H100 (session 39, BENCHMARKS issue 18): batch 2-4 at 4k 0.5-1.0 %
             // faster (Llama-3-8B batch 4 tied), batch 1 tied.
             gemv_smem: GemvSmem::Tight,
-            gemv_mma: false,
             fuse_decode: false,
             pdl: true,
             // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off

@@ -85,42 +85,6 @@ fn gemv_bulk_matches_reference() {
     }
 }
 
-/// The bulk gemv with its dots on tensor cores (`Gpu::gemv_mma`): rows of whole 128-element
-/// pieces that end inside a stage (k 2,176: 4,352-byte rows), go round the ring several times
-/// (n 12,000), are exactly a stage (k 2,048), and Llama-2-7B's down projection (k 11,008); one
-/// and two rows of x. Launches it does not take (three rows; k 2,056, not whole pieces) keep the
-/// CUDA-core dot and are checked the same.
-#[test]
-fn gemv_bulk_mma_matches_reference() {
-    let Some((mut g, mut r)) = setup(59) else {
-        return;
-    };
-    g.gemv_mma = true;
-    let shapes = [
-        (1003, 2176, 1..=3),
-        (12000, 2048, 1..=2),
-        (5, 2048, 1..=1),
-        (4096, 11008, 1..=2),
-        (1003, 2056, 1..=1),
-    ];
-    for (n, k, ms) in shapes {
-        let w = rand_bf16(&mut r, n * k, 1.0);
-        let wb = dev(&g, &w);
-        let wf = to_f32(&w);
-        for m in ms {
-            let x = rand_bf16(&mut r, m * k, 1.0);
-            let want = matmul_ref(&to_f32(&x), &wf, m, n, k);
-            let xb = dev(&g, &x);
-            let p = gemv_params(xb.ptr(), wb.ptr(), (m, n, k), 1);
-            let what = format!(
-                "gemv_bulk mma m={m} n={n} k={k} (tensor cores: {})",
-                kernels::gemv_mma_takes(m, k)
-            );
-            check_both_outputs(&g, kernels::gemv, p, &want, &what);
-        }
-    }
-}
-
 /// Rows shorter than a stage, m past `GEMV_MAX_M`, and x past the shared memory kept for it are
 /// not the bulk kernel's; a GPU without it (before sm_90) takes no shape.
 #[test]

@@ -13,8 +13,6 @@
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
 //!   kernels between them; then launched `GemvSmem::Tight` (brook's default).
-//! - `gemv mma, one launch` and `per matrix (PDL), tight`: the shipped kernel with its dots
-//!   on tensor cores (`Gpu::gemv_mma`). Outputs checked against the CUDA-core dots'.
 //! - `gemv r16 x2 tight, per matrix (PDL)`: the kernel built with a 16-stage ring and launch
 //!   bounds for 2 CTAs an SM, asking only for the shared memory a launch uses, so that a
 //!   launch's CTAs fit beside the previous launch's and fill their rings while it drains (a
@@ -288,17 +286,10 @@ impl Floor {
     }
 
     /// The bulk gemv over [n, k] at `w` launched as `mode` says (`GemvSmem`).
-    fn gemv_mode(
-        &self,
-        w: u64,
-        n: usize,
-        k: usize,
-        mode: GemvSmem,
-        mma: bool,
-    ) -> anyhow::Result<()> {
+    fn gemv_mode(&self, w: u64, n: usize, k: usize, mode: GemvSmem) -> anyhow::Result<()> {
         let p = self.params(w, n, k);
         // SAFETY: as `ring`.
-        let took = unsafe { kernels::gemv_bulk_with(&self.gpu, &p, mode, mma)? };
+        let took = unsafe { kernels::gemv_bulk_with(&self.gpu, &p, mode)? };
         anyhow::ensure!(took, "the bulk gemv does not take [{n}, {k}]");
         Ok(())
     }
@@ -365,10 +356,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let chain = Chain::new(&f.gpu, &mats, base, f.x.ptr())?;
     check_chain(&f, &chain, &mats)?;
     check_bulk(&f, &f.pair, &mats)?;
-    // A wrong tensor-core build skips its variants rather than the floor's other figures.
-    let mma_ok = check_mma(&f, &mats)
-        .inspect_err(|e| eprintln!("stream floor: the tensor-core dots FAILED their check: {e:#}"))
-        .is_ok();
     // Alternated twice, so a drift of clocks shows as a difference between rounds.
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
@@ -391,7 +378,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         );
         let ms = time(&|| per_matrix(&|w, n, k| f.gemv(w, n, k)))?;
         report(model, "gemv, per matrix (PDL)", total, mats.len(), ms);
-        let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Tight, false)))?;
+        let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Tight)))?;
         report(
             model,
             "gemv, per matrix (PDL), tight",
@@ -399,18 +386,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
             mats.len(),
             ms,
         );
-        if mma_ok {
-            let ms = time(&|| f.gemv_mode(base, flat_n, FLAT_K, GemvSmem::Tight, true))?;
-            report(model, "gemv mma, one launch", flat_bytes, 1, ms);
-            let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Tight, true)))?;
-            report(
-                model,
-                "gemv mma, per matrix (PDL), tight",
-                total,
-                mats.len(),
-                ms,
-            );
-        }
         let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.pair, w, n, k)))?;
         report(
             model,
@@ -482,44 +457,28 @@ fn check_chain(f: &Floor, chain: &Chain, mats: &[(usize, usize)]) -> anyhow::Res
 /// Build `b`'s outputs (launched tight) against the shipped gemv's for the first layer's four
 /// matrices and the LM head, `y` poisoned before each.
 fn check_bulk(f: &Floor, b: &Bulk, mats: &[(usize, usize)]) -> anyhow::Result<()> {
-    let worst = check_against_gemv(f, mats, &|w, n, k| f.tight(b, w, n, k))?;
-    eprintln!(
-        "stream floor: the {}-stage tight build matches the shipped gemv (worst relative error \
-         {worst:.2e})",
-        b.stages
-    );
-    Ok(())
-}
-
-/// The tensor-core dots' outputs against the CUDA cores'.
-fn check_mma(f: &Floor, mats: &[(usize, usize)]) -> anyhow::Result<()> {
-    let worst = check_against_gemv(f, mats, &|w, n, k| {
-        f.gemv_mode(w, n, k, GemvSmem::Tight, true)
-    })?;
-    eprintln!("stream floor: the tensor-core dots match the shipped gemv's (worst relative error {worst:.2e})");
-    Ok(())
-}
-
-/// `launch`'s outputs against the shipped gemv's, over the first layer's four matrices and the
-/// LM head (the output poisoned between them); returns the worst relative error.
-fn check_against_gemv(
-    f: &Floor,
-    mats: &[(usize, usize)],
-    launch: &dyn Fn(u64, usize, usize) -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
     let (mut w, mut worst) = (f.w.ptr(), 0f64);
     for (j, &(n, k)) in mats.iter().enumerate() {
         if j < 4 || j + 1 == mats.len() {
             f.gemv(w, n, k)?;
             let want = read_bf16(&f.gpu, &f.y, n)?;
             f.gpu.memset(f.y.ptr(), 0xff, n * 2)?; // NaN poison
-            launch(w, n, k)?;
+            f.tight(b, w, n, k)?;
             let got = read_bf16(&f.gpu, &f.y, n)?;
             let err = rel_err(&got, &want);
-            anyhow::ensure!(err < 1e-2, "matrix {j} ({n} x {k}): relative error {err}");
+            anyhow::ensure!(
+                err < 1e-2,
+                "{} stages: matrix {j} ({n} x {k}): relative error {err}",
+                b.stages
+            );
             worst = worst.max(err);
         }
         w += (n * k * 2) as u64;
     }
-    Ok(worst)
+    eprintln!(
+        "stream floor: the {}-stage tight build matches the shipped gemv (worst relative error \
+         {worst:.2e})",
+        b.stages
+    );
+    Ok(())
 }

@@ -96,12 +96,9 @@ pub fn gemv_chain_source() -> String {
     format!("{bulk}\n{GEMV_CHAIN}")
 }
 
-/// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory): the CUDA-core
-/// dots for 1..=GEMV_MAX_M rows, the tensor-core dots for 1 and 2.
+/// The kernels of gemv_bulk.cu, by name (`Gpu::open` gives each its shared memory).
 pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
-    (1..=GEMV_MAX_M)
-        .map(|m| format!("gemv_bulk_m{m}"))
-        .chain((1..=2).map(|m| format!("gemv_bulk_mma_m{m}")))
+    (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
 }
 
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and

@@ -87,10 +87,6 @@ pub struct Gpu {
     /// The shared memory each bulk gemv launch asks for (`options::GemvSmem`). Roomy on a
     /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
     pub gemv_smem: GemvSmem,
-    /// The bulk gemv's dots on tensor cores where the launch takes them (`p.mma` in
-    /// kernels/gemv_bulk.cu: m <= 2, k % 128 == 0). Off on a fresh handle; the backend sets its
-    /// options' (`CudaBackendOptions::gemv_mma`).
-    pub gemv_mma: bool,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -154,7 +150,6 @@ impl Gpu {
             gemv_split: 0,
             gemv_bulk: false,
             gemv_smem: GemvSmem::Roomy,
-            gemv_mma: false,
             pdl: compute_capability.0 >= 9,
             pdl_small: 0,
             prefill_wgmma: true,

@@ -35,9 +35,6 @@ pub struct CudaBackendOptions {
     pub gemv_bulk: bool,
     /// The shared memory each bulk gemv launch asks for (`GemvSmem`, `Gpu::gemv_smem`).
     pub gemv_smem: GemvSmem,
-    /// The bulk gemv's dot products on tensor cores (`Gpu::gemv_mma`; one or two rows of x,
-    /// rows of a multiple of 128 elements), else on the CUDA cores.
-    pub gemv_mma: bool,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

@@ -38,12 +38,6 @@ impl From<&GemvParams> for GemvBulkParams {
     }
 }
 
-/// Whether a bulk launch of `m` rows over rows of `k` elements takes the tensor-core dot when
-/// `Gpu::gemv_mma` is on: one or two rows of x, rows of whole 128-element pieces.
-pub fn gemv_mma_takes(m: usize, k: usize) -> bool {
-    m <= 2 && k % 128 == 0
-}
-
 /// CTAs of a bulk gemv over bf16 weights [n, k] for `m` decode rows, or None where the kernel
 /// does not apply: off (`Gpu::gemv_bulk`, sm_90+ only), more than `GEMV_MAX_M` rows, rows
 /// shorter than a stage (one would hold more than one row end; short rows are small models',
@@ -72,29 +66,20 @@ pub fn gemv_bulk_grid(gpu: &Gpu, m: usize, n: usize, k: usize) -> Option<u32> {
 /// # Safety
 /// As `kernels::gemv`.
 pub(super) unsafe fn try_gemv_bulk(gpu: &Gpu, p: &GemvParams) -> anyhow::Result<bool> {
-    gemv_bulk_with(gpu, p, gpu.gemv_smem, gpu.gemv_mma)
+    gemv_bulk_with(gpu, p, gpu.gemv_smem)
 }
 
-/// `try_gemv_bulk` with the launch's shared memory as `mode` says and the tensor-core dot as
-/// `mma` says, rather than as `gpu.gemv_smem` and `gpu.gemv_mma` do (gpu-bench stream-floor
-/// compares them).
+/// `try_gemv_bulk` with the launch's shared memory as `mode` says rather than `gpu.gemv_smem`
+/// (gpu-bench stream-floor compares them).
 ///
 /// # Safety
 /// As `kernels::gemv`.
-pub unsafe fn gemv_bulk_with(
-    gpu: &Gpu,
-    p: &GemvParams,
-    mode: GemvSmem,
-    mma: bool,
-) -> anyhow::Result<bool> {
+pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyhow::Result<bool> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let Some(ctas) = gemv_bulk_grid(gpu, m, n, k) else {
         return Ok(false);
     };
-    let name = match mma && gemv_mma_takes(m, k) {
-        true => format!("gemv_bulk_mma_m{m}"),
-        false => format!("gemv_bulk_m{m}"),
-    };
+    let name = format!("gemv_bulk_m{m}");
     let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
     let params = GemvBulkParams::from(p);
     match mode {
