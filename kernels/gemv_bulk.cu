@@ -254,7 +254,9 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   // behind the ring (gpu-bench gemv-sweep, session 21; L1 is what the ring leaves of it).
   // GB_X_LOADS loads a thread before any store, so x of up to GB_X_LOADS * 8 KB lands in one
   // L2 round trip: storing each load before the next load took a round trip a pass, 2.0-2.3 us
-  // of the down projection's 22 KB x after its pdl_wait (stream-floor's stamps, session 40).
+  // of the down projection's 22 KB x after its pdl_wait, now 1.0 (stream-floor's stamps; the
+  // ring, full by then, hides most of it: decode steps moved within 0.2 %, BENCHMARKS.md
+  // session 40).
   const int x16 = M * p.k / 8;
   for (int i0 = tid; i0 < x16; i0 += GB_X_LOADS * consumers) {
     uint4 v[GB_X_LOADS];

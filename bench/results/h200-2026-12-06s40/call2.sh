@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 40, call 2 (binaries: scripts/gpu-pack.sh .carry/gb40g = main with gemv_bulk's x staged
+# Session 40, call 2 (binaries: scripts/gpu-pack.sh .carry/gb40h = 7af147b, main with gemv_bulk's x staged
 # GB_X_LOADS (4) loads a thread before its stores; .carry/gb40f = call 1's build, the base;
-# carry [".carry/gb40g", ".carry/gb40f"]). Tests of the new build (cuda_kernels gemv, all of
+# carry [".carry/gb40h", ".carry/gb40f"]). Tests of the new build (cuda_kernels gemv, all of
 # cuda_e2e), stream-floor's stamps (x), then decode A/B base against new, alternated twice.
 set -u
 mkdir -p /tmp/gb /tmp/base "$OUT/o2" || exit 1
 for b in gpu-bench cuda_kernels cuda_e2e; do
-  xz -dc .carry/gb40g/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
+  xz -dc .carry/gb40h/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
 done
 xz -dc .carry/gb40f/gpu-bench.xz > /tmp/base/gpu-bench && chmod +x /tmp/base/gpu-bench || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
