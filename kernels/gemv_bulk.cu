@@ -44,10 +44,11 @@ struct GemvBulkParams {
 #define GB_EVICT_FIRST 1
 #endif
 // gpu-bench only: 1 consumers read each stage into registers and drop it (the ring's streaming
-// rate alone; the compiler keeps only a stage's first step of loads), 3 the same keeping every
-// load (the ring and the shared-memory reads, no arithmetic); the output is then garbage. 2 the full kernel, and thread 0 stamps %globaltimer
-// (ns) at GB_STAMPS points of its CTA into y32, read as u64 [grid][GB_STAMPS] (y is written as
-// bf16): where a kernel boundary's time goes (gpu-bench stream-floor --stamps).
+// rate alone; only a stage's first step of loads is live), 3 the same with every load live (the
+// ring and the shared-memory reads, no arithmetic); the output is then garbage. 2 the full
+// kernel, and thread 0 stamps %globaltimer (ns) at GB_STAMPS points of its CTA into y32, read as
+// u64 [grid][GB_STAMPS] (y is written as bf16): where a kernel boundary's time goes (gpu-bench
+// stream-floor's boundary stamps).
 #ifndef GB_DIAG
 #define GB_DIAG 0
 #endif
@@ -189,8 +190,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
       for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
   }
 #else
-  // Keep the loads: GB_DIAG 1 keeps only the first step's (the compiler drops the rest, so the
-  // ring is measured with 1/GB_STEPS of the shared-memory reads), GB_DIAG 3 every step's.
+  // Keep loads live: GB_DIAG 1 the first step's, GB_DIAG 3 every step's.
 #if GB_DIAG == 3
   u32 all = 0;
 #pragma unroll
