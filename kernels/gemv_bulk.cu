@@ -38,6 +38,13 @@ struct GemvBulkParams {
 #ifndef GB_STAGES
 #define GB_STAGES 32
 #endif
+// Stages of the deep ring (`gemv_bulk_deep_m*`, 192 KB): for launches whose x and accumulator
+// fit beside it (one or two rows of Llama-sized k). The ring is full before x is staged and no
+// CTA consumes for 4-7 us at a kernel boundary (BENCHMARKS.md, session 40's stamps), so a
+// deeper ring keeps the weights streaming through more of that gap.
+#ifndef GB_DEEP_STAGES
+#define GB_DEEP_STAGES 48
+#endif
 // L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
 // activations and the KV cache), 0 the default.
 #ifndef GB_EVICT_FIRST
@@ -71,8 +78,8 @@ struct GemvBulkParams {
 #endif
 #define GB_ACC_FLOATS 4096
 #define GB_X_BYTES 81920
-#if GB_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
-#error "GB_STAGES must be a multiple of GB_WARPS, GB_STAGE_BYTES of 512"
+#if GB_STAGES % GB_WARPS != 0 || GB_DEEP_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
+#error "GB_STAGES and GB_DEEP_STAGES must be multiples of GB_WARPS, GB_STAGE_BYTES of 512"
 #endif
 
 // One 512-byte step of a warp: this lane's 16 bytes of w (`wv`, at byte `col` of its row) dotted
@@ -126,15 +133,17 @@ __device__ __forceinline__ u64 gb_policy() {
   return policy;
 }
 
-// Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into the ring, stage i into
-// buffer i % GB_STAGES once the consumers have handed that buffer back (its empty barrier).
+// Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into a ring of STAGES
+// buffers, stage i into buffer i % STAGES once the consumers have handed that buffer back (its
+// empty barrier).
+template <int STAGES = GB_STAGES>
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
                                            u32 empty) {
   const u64 policy = gb_policy();
   const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
-    const int s = i % GB_STAGES;
-    if (i >= GB_STAGES) mbar_wait(empty + 8 * s, (i / GB_STAGES - 1) & 1);
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
     gb_copy(ring + s * GB_STAGE_BYTES, src + (size_t)i * GB_STAGE_BYTES, n, full + 8 * s, policy);
   }
@@ -214,24 +223,24 @@ __device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
 #endif
 }
 
-template <int M>
+template <int M, int STAGES>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   gb_stamp(p, 0);
   // [ring][GB_STAGE_BYTES], then x [M, k] (16-byte aligned), then acc [this CTA's rows][M]
   extern __shared__ __align__(128) unsigned char gb_ring[];
-  __shared__ __align__(8) u64 bars[2 * GB_STAGES];  // full[GB_STAGES], empty[GB_STAGES]
+  __shared__ __align__(8) u64 bars[2 * STAGES];  // full[STAGES], empty[STAGES]
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
   const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
   const int row_bytes = 2 * p.k;
-  bf16* x = (bf16*)(gb_ring + GB_STAGES * GB_STAGE_BYTES);
+  bf16* x = (bf16*)(gb_ring + STAGES * GB_STAGE_BYTES);
   float* acc = (float*)((unsigned char*)x + ((M * row_bytes + 15) & ~15));
   const int slab = rows * row_bytes;
-  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[GB_STAGES]);
+  const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[STAGES]);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < GB_STAGES; s++) {
+    for (int s = 0; s < STAGES; s++) {
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, 1);
     }
@@ -241,7 +250,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   if (warp == GB_WARPS) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
-      gb_produce((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
+      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
                  full, empty);
     return;
   }
@@ -270,11 +279,11 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 2);
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
-  // Stage i is warp i % GB_WARPS's, and so is its buffer (GB_STAGES is a multiple of GB_WARPS):
+  // Stage i is warp i % GB_WARPS's, and so is its buffer (STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
-    const int s = i % GB_STAGES;
-    mbar_wait(full + 8 * s, (i / GB_STAGES) & 1);
+    const int s = i % STAGES;
+    mbar_wait(full + 8 * s, (i / STAGES) & 1);
     if (i == 0) gb_stamp(p, 3);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
     gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
@@ -299,7 +308,11 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 // dynamic shared memory: at least GB_STAGES * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
 // CTA's rows * m * 4 (roomy launches: GB_X_BYTES and GB_ACC_FLOATS * 4 for the last two). Empty below sm_90 (the host never launches
 // them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4, GB_STAGES>(p); }
+// The deep ring (GB_DEEP_STAGES): dynamic shared memory GB_DEEP_STAGES * GB_STAGE_BYTES + x + acc
+// as above (always asked for tight: the ring leaves ~34 KB of an SM's 227).
+extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_DEEP_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m2(GemvBulkParams p) { gemv_bulk_impl<2, GB_DEEP_STAGES>(p); }

@@ -12,7 +12,8 @@
 //!   shipped kernel less its arithmetic.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
-//!   kernels between them; then launched `GemvSmem::Tight` (brook's default).
+//!   kernels between them; then launched `GemvSmem::Tight` (brook's default) and `Deep` (a
+//!   48-stage ring where x fits beside it).
 //! - `gemv r16 x2 tight, per matrix (PDL)`: the kernel built with a 16-stage ring and launch
 //!   bounds for 2 CTAs an SM, asking only for the shared memory a launch uses, so that a
 //!   launch's CTAs fit beside the previous launch's and fill their rings while it drains (a
@@ -382,6 +383,14 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(
             model,
             "gemv, per matrix (PDL), tight",
+            total,
+            mats.len(),
+            ms,
+        );
+        let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Deep)))?;
+        report(
+            model,
+            "gemv, per matrix (PDL), deep ring",
             total,
             mats.len(),
             ms,

@@ -101,6 +101,20 @@ pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
     (1..=GEMV_MAX_M).map(|m| format!("gemv_bulk_m{m}"))
 }
 
+/// Stages of gemv_bulk.cu's deep ring (`GB_DEEP_STAGES`, `gemv_bulk_deep_m*`; `GemvSmem::Deep`).
+pub const GEMV_BULK_DEEP_STAGES: usize = 48;
+/// Most rows the deep kernels take (`gemv_bulk_deep_m1..2`): x of more rows of Llama-sized k
+/// does not fit beside the deep ring.
+pub const GEMV_BULK_DEEP_MAX_M: usize = 2;
+/// Dynamic shared memory the deep kernels are allowed: sm_90's 227 KB a CTA less their static
+/// mbarriers (full and empty, 8 bytes each a stage).
+pub const GEMV_BULK_DEEP_SMEM: usize = 232_448 - 2 * 8 * GEMV_BULK_DEEP_STAGES;
+
+/// The deep-ring kernels of gemv_bulk.cu, by name.
+pub fn gemv_bulk_deep_kernels() -> impl Iterator<Item = String> {
+    (1..=GEMV_BULK_DEEP_MAX_M).map(|m| format!("gemv_bulk_deep_m{m}"))
+}
+
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and
 /// `-DGROUP=<query heads per kv head>` (decode) by `Gpu::load_attention`: compile-time loop
 /// bounds for any head size and group, without a list of instantiations.

@@ -84,6 +84,9 @@ pub struct Gpu {
     /// Decode GEMVs on the bulk-copy kernel (`kernels::gemv_bulk_grid`, kernels/gemv_bulk.cu)
     /// where it takes the shape; on by default on sm_90+, where it is built.
     pub gemv_bulk: bool,
+    /// The bulk gemv's deep-ring kernels (`gemv_bulk_deep_m*`) were given their shared memory
+    /// (`GemvSmem::Deep` launches fall back to tight where not).
+    pub gemv_deep: bool,
     /// The shared memory each bulk gemv launch asks for (`options::GemvSmem`). Roomy on a
     /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
     pub gemv_smem: GemvSmem,
@@ -149,6 +152,7 @@ impl Gpu {
             gemv_max_m: compile::GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: false,
+            gemv_deep: false,
             gemv_smem: GemvSmem::Roomy,
             pdl: compute_capability.0 >= 9,
             pdl_small: 0,
@@ -166,6 +170,9 @@ impl Gpu {
         if compute_capability.0 >= 9 {
             gpu.gemv_bulk = compile::gemv_bulk_kernels()
                 .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
+            gpu.gemv_deep = gpu.gemv_bulk
+                && compile::gemv_bulk_deep_kernels()
+                    .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_DEEP_SMEM).is_ok());
         }
         Ok(gpu)
     }

@@ -186,13 +186,17 @@ impl DecodeKernel {
 /// CTA's accumulator (~140-150 KB for Llama-sized rows): the O projection's CTAs start beside
 /// decode attention's as those leave room, not once the last has left. Measured on an H100
 /// (BENCHMARKS.md, session 39): batch 2-4 at 4k 0.5-1.0 % faster (Llama-3-8B batch 4 tied),
-/// batch 1 tied.
+/// batch 1 tied. `Deep`: a ring of 48 stages (192 KB) with this launch's x and accumulator
+/// where they fit beside it (one or two rows of Llama-sized k), else as `Tight`: at a kernel
+/// boundary the ring is full before x is staged and no CTA consumes for 4-7 µs (session 40's
+/// stamps), so a deeper ring keeps the weights streaming through more of that gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemvSmem {
     Roomy,
     #[default]
     Tight,
+    Deep,
 }
 
 impl GemvSmem {
@@ -200,6 +204,7 @@ impl GemvSmem {
         match self {
             GemvSmem::Roomy => "roomy",
             GemvSmem::Tight => "tight",
+            GemvSmem::Deep => "deep",
         }
     }
 }

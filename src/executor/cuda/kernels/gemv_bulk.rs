@@ -4,7 +4,8 @@
 
 use super::{GemvParams, Gpu, GEMV_MAX_M};
 pub use crate::executor::cuda::compile::{
-    gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_SMEM, GEMV_BULK_STAGES,
+    gemv_bulk_deep_kernels, gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_DEEP_MAX_M,
+    GEMV_BULK_DEEP_SMEM, GEMV_BULK_DEEP_STAGES, GEMV_BULK_SMEM, GEMV_BULK_STAGES,
     GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
 };
 use crate::executor::cuda::options::GemvSmem;
@@ -82,20 +83,33 @@ pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyho
     let name = format!("gemv_bulk_m{m}");
     let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
     let params = GemvBulkParams::from(p);
+    let rows = n.div_ceil(ctas as usize);
     match mode {
         GemvSmem::Roomy => gpu.launch_pdl(&name, grid, block, &params)?,
-        GemvSmem::Tight => {
-            let smem = gemv_bulk_smem(m, n.div_ceil(ctas as usize), k);
+        GemvSmem::Deep if gemv_bulk_deep_fits(gpu, m, rows, k) => {
+            let smem = gemv_bulk_smem(GEMV_BULK_DEEP_STAGES, m, rows, k);
+            let name = format!("gemv_bulk_deep_m{m}");
+            gpu.launch_pdl_smem(&name, grid, block, smem, &params)?
+        }
+        GemvSmem::Tight | GemvSmem::Deep => {
+            let smem = gemv_bulk_smem(GEMV_BULK_STAGES, m, rows, k);
             gpu.launch_pdl_smem(&name, grid, block, smem, &params)?
         }
     }
     Ok(true)
 }
 
-/// Dynamic shared memory of a bulk launch that asks for only what it uses (`GemvSmem::Tight`):
-/// the ring, x [m, k] (rounded up to 16 bytes), then the accumulator of a CTA's `rows` rows
-/// [rows][m] fp32.
-pub fn gemv_bulk_smem(m: usize, rows: usize, k: usize) -> u32 {
-    (GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16) + 4 * rows * m)
-        as u32
+/// Whether a bulk launch of `m` rows over k, a CTA owning `rows` rows, takes the deep ring:
+/// its kernels are loaded and x and the accumulator fit beside the ring.
+pub fn gemv_bulk_deep_fits(gpu: &Gpu, m: usize, rows: usize, k: usize) -> bool {
+    gpu.gemv_deep
+        && m <= GEMV_BULK_DEEP_MAX_M
+        && gemv_bulk_smem(GEMV_BULK_DEEP_STAGES, m, rows, k) as usize <= GEMV_BULK_DEEP_SMEM
+}
+
+/// Dynamic shared memory of a bulk launch that asks for only what it uses (`GemvSmem::Tight`
+/// and `Deep`): a ring of `stages`, x [m, k] (rounded up to 16 bytes), then the accumulator of
+/// a CTA's `rows` rows [rows][m] fp32.
+pub fn gemv_bulk_smem(stages: usize, m: usize, rows: usize, k: usize) -> u32 {
+    (stages * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16) + 4 * rows * m) as u32
 }
