@@ -38,8 +38,8 @@ struct GemvBulkParams {
 #ifndef GB_STAGES
 #define GB_STAGES 32
 #endif
-// Stages of the deep ring (`gemv_bulk_deep_m*`, 192 KB): for launches whose x and accumulator
-// fit beside it (one or two rows of Llama-sized k). The ring is full before x is staged and no
+// Stages of the deep ring (`gemv_bulk_deep_m1`, 192 KB): for one-row launches whose x and
+// accumulator fit beside it (Llama-sized k). The ring is full before x is staged and no
 // CTA consumes for 4-7 us at a kernel boundary (BENCHMARKS.md, session 40's stamps), so a
 // deeper ring keeps the weights streaming through more of that gap.
 #ifndef GB_DEEP_STAGES
@@ -315,4 +315,3 @@ extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_
 // The deep ring (GB_DEEP_STAGES): dynamic shared memory GB_DEEP_STAGES * GB_STAGE_BYTES + x + acc
 // as above (always asked for tight: the ring leaves ~34 KB of an SM's 227).
 extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_DEEP_STAGES>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m2(GemvBulkParams p) { gemv_bulk_impl<2, GB_DEEP_STAGES>(p); }

@@ -50,9 +50,10 @@ impl CudaBackendOptions {
             gemv_max_rows: GEMV_MAX_M,
             gemv_split: 0,
             gemv_bulk: true,
-            // Measured on an H100 (session 39, BENCHMARKS issue 18): batch 2-4 at 4k 0.5-1.0 %
-            // faster (Llama-3-8B batch 4 tied), batch 1 tied.
-            gemv_smem: GemvSmem::Tight,
+            // Measured on an H100 (BENCHMARKS issue 18): tight against roomy, batch 2-4 at 4k
+            // 0.5-1.0 % faster (session 39); deep against tight, batch 1 0.8-1.6 % faster
+            // (session 41).
+            gemv_smem: GemvSmem::Deep,
             fuse_decode: false,
             pdl: true,
             // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off

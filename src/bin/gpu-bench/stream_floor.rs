@@ -12,7 +12,7 @@
 //!   shipped kernel less its arithmetic.
 //! - `gemv, per matrix (PDL)`: the shipped kernel, one launch per matrix, as a decode step
 //!   launches them (`kernels::gemv`, as `Gpu::open` leaves it: `GemvSmem::Roomy`), without the
-//!   kernels between them; then launched `GemvSmem::Tight` (brook's default) and `Deep` (a
+//!   kernels between them; then launched `GemvSmem::Tight` and `Deep` (brook's default: a
 //!   48-stage ring where x fits beside it).
 //! - `gemv r16 x2 tight, per matrix (PDL)`: the kernel built with a 16-stage ring and launch
 //!   bounds for 2 CTAs an SM, asking only for the shared memory a launch uses, so that a

@@ -103,9 +103,10 @@ pub fn gemv_bulk_kernels() -> impl Iterator<Item = String> {
 
 /// Stages of gemv_bulk.cu's deep ring (`GB_DEEP_STAGES`, `gemv_bulk_deep_m*`; `GemvSmem::Deep`).
 pub const GEMV_BULK_DEEP_STAGES: usize = 48;
-/// Most rows the deep kernels take (`gemv_bulk_deep_m1..2`): x of more rows of Llama-sized k
-/// does not fit beside the deep ring.
-pub const GEMV_BULK_DEEP_MAX_M: usize = 2;
+/// Most rows the deep kernels take (`gemv_bulk_deep_m1`): at two rows (x of the down
+/// projection no longer fits beside the ring, the others' does) decode lost ~0.5 % on an H100
+/// (BENCHMARKS.md, session 41).
+pub const GEMV_BULK_DEEP_MAX_M: usize = 1;
 /// Dynamic shared memory the deep kernels are allowed: sm_90's 227 KB a CTA less their static
 /// mbarriers (full and empty, 8 bytes each a stage).
 pub const GEMV_BULK_DEEP_SMEM: usize = 232_448 - 2 * 8 * GEMV_BULK_DEEP_STAGES;

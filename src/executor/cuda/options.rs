@@ -182,20 +182,22 @@ impl DecodeKernel {
 /// The shared memory each bulk gemv launch asks for (kernels/gemv_bulk.cu). A CTA can only start
 /// on an SM once the CTAs there leave it room, and a launch's weights start streaming only when
 /// its CTAs are on the SMs. `Roomy`: room for the largest x and accumulator (~224 KB: a CTA has
-/// its SM to itself). `Tight` (default): the ring (32 stages, 128 KB), this launch's x and its
+/// its SM to itself). `Tight`: the ring (32 stages, 128 KB), this launch's x and its
 /// CTA's accumulator (~140-150 KB for Llama-sized rows): the O projection's CTAs start beside
 /// decode attention's as those leave room, not once the last has left. Measured on an H100
 /// (BENCHMARKS.md, session 39): batch 2-4 at 4k 0.5-1.0 % faster (Llama-3-8B batch 4 tied),
-/// batch 1 tied. `Deep`: a ring of 48 stages (192 KB) with this launch's x and accumulator
-/// where they fit beside it (one or two rows of Llama-sized k), else as `Tight`: at a kernel
+/// batch 1 tied. `Deep` (default): at one row, a ring of 48 stages (192 KB) with the launch's x
+/// and accumulator where they fit beside it (Llama-sized k), else as `Tight`. At a kernel
 /// boundary the ring is full before x is staged and no CTA consumes for 4-7 µs (session 40's
-/// stamps), so a deeper ring keeps the weights streaming through more of that gap.
+/// stamps), so a deeper ring keeps the weights streaming through more of that gap. Measured on
+/// an H100 (session 41): batch-1 decode 0.8-1.6 % faster; at two rows it lost ~0.5 %, so two
+/// rows and more stay tight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemvSmem {
     Roomy,
-    #[default]
     Tight,
+    #[default]
     Deep,
 }
 
