@@ -171,8 +171,10 @@ impl Gpu {
             gpu.gemv_bulk = compile::gemv_bulk_kernels()
                 .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_SMEM).is_ok());
             gpu.gemv_deep = gpu.gemv_bulk
-                && compile::gemv_bulk_deep_kernels()
-                    .all(|name| gpu.set_dyn_smem(&name, compile::GEMV_BULK_DEEP_SMEM).is_ok());
+                && compile::gemv_bulk_deep_kernels().all(|name| {
+                    gpu.set_dyn_smem(&name, compile::GEMV_BULK_DEEP_SMEM)
+                        .is_ok()
+                });
         }
         Ok(gpu)
     }
