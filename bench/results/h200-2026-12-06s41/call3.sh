@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Session 41, call 3 (binaries: scripts/gpu-pack.sh .carry/gb41b = 385f954, the deep ring by default at one row;
-# .carry/gb40f = session 40's build with the tensor-core dots, BROOK_GEMV_MMA;
-# carry [".carry/gb41b", ".carry/gb40f"]). The stop's build on a GPU: cuda_kernels gemv, all of
-# cuda_e2e; then decode A/B tight against deep (the default), alternated twice; on an H200 also
-# the tensor-core dots off/on.
+# Session 41, call 3 (binaries: scripts/gpu-pack.sh .carry/gb41c = 34b9dd3, the deep ring by default
+# at one row, and the optional L2 prefetch past the ring, BROOK_GEMV_L2_AHEAD_KB; .carry/gb40f =
+# session 40's build with the tensor-core dots, BROOK_GEMV_MMA; carry [".carry/gb41c",
+# ".carry/gb40f"]). The build on a GPU: cuda_kernels gemv, all of cuda_e2e; then decode A/B
+# tight, deep (the default), deep + 64 KB and + 128 KB asked into L2 past the ring, alternated
+# twice; on an H200 also the tensor-core dots off/on.
 set -u
 mkdir -p /tmp/gb /tmp/mma "$OUT/o3" || exit 1
 for b in gpu-bench cuda_kernels cuda_e2e; do
-  xz -dc .carry/gb41b/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
+  xz -dc .carry/gb41c/$b.xz > /tmp/gb/$b && chmod +x /tmp/gb/$b || exit 1
 done
 xz -dc .carry/gb40f/gpu-bench.xz > /tmp/mma/gpu-bench && chmod +x /tmp/mma/gpu-bench || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
@@ -18,15 +19,16 @@ timeout 90 /tmp/gb/cuda_kernels gemv > $O/kernels.log 2>&1; echo "cuda_kernels r
 grep -h "test result\|FAILED\|panicked" $O/kernels.log | head -8
 timeout 150 /tmp/gb/cuda_e2e --test-threads 1 > $O/e2e.log 2>&1; echo "cuda_e2e rc $?"
 grep -h "test result\|FAILED\|panicked" $O/e2e.log | head -6
-run() { # variant (tight | deep | mma0 | mma1), then gpu-bench args
-  local t=$1 b=/tmp/gb/gpu-bench smem=tight mma=0; shift
-  [ $t = deep ] && smem=deep
-  case $t in mma*) b=/tmp/mma/gpu-bench; mma=${t#mma} ;; esac
-  BROOK_GEMV_SMEM=$smem BROOK_GEMV_MMA=$mma timeout 60 $b "$@" > $O/d.json 2>> $O/bench.log
+run() { # variant (tight | deep | ahead64 | ahead128 | mma0 | mma1), then gpu-bench args
+  local t=$1 b=/tmp/gb/gpu-bench smem=deep mma=0 kb=0; shift
+  [ $t = tight ] && smem=tight
+  case $t in ahead*) kb=${t#ahead} ;; esac
+  case $t in mma*) b=/tmp/mma/gpu-bench; mma=${t#mma}; smem=tight ;; esac
+  BROOK_GEMV_SMEM=$smem BROOK_GEMV_MMA=$mma BROOK_GEMV_L2_AHEAD_KB=$kb timeout 60 $b "$@" > $O/d.json 2>> $O/bench.log
   echo "$t | $* rc $?: $(grep -o '"median_ms":[0-9.]*' $O/d.json | head -1)" | tee -a $O/ab.txt
 }
 for r in 1 2; do
-  for t in tight deep; do
+  for t in tight deep ahead64 ahead128; do
     run $t decode --quick --model llama-2-7b --output-len 256
     run $t decode --quick --model llama-3-8b --output-len 256
     run $t decode --quick --model llama-2-7b --input-len 3800 --output-len 256
