@@ -30,8 +30,6 @@ struct GemvBulkParams {
   int m;
   int n;                 // rows; CTA b owns rows [b n / grid, (b + 1) n / grid): at most
   int k;                 // GB_ACC_FLOATS / m of them (the host sizes the grid)
-  int ahead;             // bytes of the slab past the ring asked into L2 once the ring is first
-                         // full (a multiple of 16; 0: none): gpu-bench's BROOK_GEMV_L2_AHEAD_KB
 };
 
 #ifndef GB_STAGE_BYTES
@@ -137,12 +135,10 @@ __device__ __forceinline__ u64 gb_policy() {
 
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into a ring of STAGES
 // buffers, stage i into buffer i % STAGES once the consumers have handed that buffer back (its
-// empty barrier). Once the ring is first full, the `ahead` bytes after it are asked into L2
-// (`cp.async.bulk.prefetch`), a stage at a time, so the weights keep streaming while the ring
-// waits on the consumers.
+// empty barrier).
 template <int STAGES = GB_STAGES>
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
-                                           u32 empty, int ahead = 0) {
+                                           u32 empty) {
   const u64 policy = gb_policy();
   const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
@@ -150,14 +146,6 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
     if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
     const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
     gb_copy(ring + s * GB_STAGE_BYTES, src + (size_t)i * GB_STAGE_BYTES, n, full + 8 * s, policy);
-#if __CUDA_ARCH__ >= 900
-    if (i == STAGES - 1)
-      for (int b = STAGES * GB_STAGE_BYTES; b < min(bytes, STAGES * GB_STAGE_BYTES + ahead);
-           b += GB_STAGE_BYTES)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + b),
-                     "r"((u32)min(GB_STAGE_BYTES, bytes - b))
-                     : "memory");
-#endif
   }
 }
 
@@ -263,7 +251,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
       gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
-                 full, empty, p.ahead);
+                 full, empty);
     return;
   }
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;

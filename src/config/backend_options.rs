@@ -54,7 +54,6 @@ impl CudaBackendOptions {
             // 0.5-1.0 % faster (session 39); deep against tight, batch 1 0.8-1.6 % faster
             // (session 41).
             gemv_smem: GemvSmem::Deep,
-            gemv_l2_ahead_kb: 0,
             fuse_decode: false,
             pdl: true,
             // Measured (session 37, BENCHMARKS issue 18): SiLU with PDL takes 1.3-1.6 % off

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 12] = [
+        let tags: [(&str, serde_json::Value); 11] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -33,7 +33,6 @@ pub fn emit(mut v: serde_json::Value) {
             ("gate_up_bf16", gate_up_bf16().into()),
             ("gemv_bulk", gemv_bulk().into()),
             ("gemv_smem", gemv_smem().as_str().into()),
-            ("gemv_l2_ahead_kb", gemv_l2_ahead_kb().into()),
             ("residual_gemm", residual_gemm().into()),
             ("decode_cluster", decode_cluster().into()),
             ("pdl_small", pdl_small().into()),
@@ -153,15 +152,6 @@ pub fn gemv_bulk() -> bool {
 /// `BROOK_GEMV_SMEM` (roomy or tight; `GemvSmem`; brook's default when unset), for A/B runs.
 pub fn gemv_smem() -> GemvSmem {
     env_choice("BROOK_GEMV_SMEM")
-}
-
-/// KB of each bulk gemv CTA's slab past its ring asked into L2 in every backend and `Gpu`
-/// gpu-bench makes: `BROOK_GEMV_L2_AHEAD_KB` (0, 16, 32, 64 or 128; brook's default when
-/// unset), for A/B runs.
-pub fn gemv_l2_ahead_kb() -> u32 {
-    let all = [0usize, 16, 32, 64, 128];
-    let default = CudaBackendOptions::default().gemv_l2_ahead_kb as usize;
-    env_count("BROOK_GEMV_L2_AHEAD_KB", &all, default) as u32
 }
 
 /// Which of `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
@@ -509,7 +499,6 @@ pub fn bench_options() -> CudaBackendOptions {
         gate_up_bf16: gate_up_bf16(),
         gemv_bulk: gemv_bulk(),
         gemv_smem: gemv_smem(),
-        gemv_l2_ahead_kb: gemv_l2_ahead_kb(),
         decode_cluster: decode_cluster(),
         pdl_small: pdl_small(),
         decode_min_split_keys: env_count("BROOK_DECODE_MIN_KEYS", &[0, 32, 64, 128, 256], 0),
@@ -532,7 +521,6 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.prefill_tma = prefill_tma();
     gpu.gemv_bulk &= gemv_bulk();
     gpu.gemv_smem = gemv_smem();
-    gpu.gemv_l2_ahead = gemv_l2_ahead_kb() * 1024;
     gpu.pdl_small = pdl_small();
     Ok(gpu)
 }

@@ -227,7 +227,6 @@ fn bulk_builds(b: &Bench, shapes: &[Shape]) -> anyhow::Result<()> {
                     m: 1,
                     n: n as i32,
                     k: k as i32,
-                    ahead: 0,
                 };
                 let grid = ((b.gpu.num_sms as usize).min(n) as u32, 1, 1);
                 let shape = (grid, (32 * (warps + 1), 1, 1), smem as u32);

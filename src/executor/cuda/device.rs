@@ -87,9 +87,6 @@ pub struct Gpu {
     /// The bulk gemv's deep-ring kernels (`gemv_bulk_deep_m*`) were given their shared memory
     /// (`GemvSmem::Deep` launches fall back to tight where not).
     pub gemv_deep: bool,
-    /// Bytes of each bulk gemv CTA's slab past its ring asked into L2 once the ring is first
-    /// full (`CudaBackendOptions::gemv_l2_ahead_kb`; 0: none).
-    pub gemv_l2_ahead: u32,
     /// The shared memory each bulk gemv launch asks for (`options::GemvSmem`). Roomy on a
     /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
     pub gemv_smem: GemvSmem,
@@ -156,7 +153,6 @@ impl Gpu {
             gemv_split: 0,
             gemv_bulk: false,
             gemv_deep: false,
-            gemv_l2_ahead: 0,
             gemv_smem: GemvSmem::Roomy,
             pdl: compute_capability.0 >= 9,
             pdl_small: 0,

@@ -273,7 +273,6 @@ impl Forward {
         gpu.gemv_split = opts.gemv_split;
         gpu.gemv_bulk &= opts.gemv_bulk;
         gpu.gemv_smem = opts.gemv_smem;
-        gpu.gemv_l2_ahead = opts.gemv_l2_ahead_kb * 1024;
         gpu.pdl &= opts.pdl;
         gpu.pdl_small = opts.pdl_small;
         let decode_wave = match opts.decode_cluster && kernels::decode_cluster_supported(&gpu) {

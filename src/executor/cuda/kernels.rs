@@ -1265,7 +1265,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<AddRmsNormParams>(), 5 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<KvGatherParams>(), 8 * 8 + 6 * 4);
         assert_eq!(std::mem::size_of::<GemvParams>(), 4 * 8 + 4 * 4 + 8);
-        assert_eq!(std::mem::size_of::<GemvBulkParams>(), 4 * 8 + 4 * 4);
+        assert_eq!(std::mem::size_of::<GemvBulkParams>(), 4 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<AmaxScaleParams>(), 5 * 8);
         assert_eq!(std::mem::size_of::<QuantScaledParams>(), 4 * 8);
         assert_eq!(

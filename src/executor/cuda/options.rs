@@ -35,10 +35,6 @@ pub struct CudaBackendOptions {
     pub gemv_bulk: bool,
     /// The shared memory each bulk gemv launch asks for (`GemvSmem`, `Gpu::gemv_smem`).
     pub gemv_smem: GemvSmem,
-    /// KB of each bulk gemv CTA's slab past its ring asked into L2 (`cp.async.bulk.prefetch`)
-    /// once the ring is first full, so the weights keep streaming while a kernel boundary holds
-    /// the consumers; 0 (default): none.
-    pub gemv_l2_ahead_kb: u32,
     /// On the gemv path, fuse RoPE + the K/V write into the QKV projection and SiLU × up into
     /// the gate|up projection (two launches fewer per layer). Off by default: on the H200 the
     /// fused kernels measured 0.17 ms/token slower at batch 1 (BENCHMARKS.md, call f).

@@ -22,9 +22,6 @@ pub struct GemvBulkParams {
     pub m: i32,
     pub n: i32,
     pub k: i32,
-    /// Bytes of each CTA's slab past the ring asked into L2 once the ring is first full
-    /// (`Gpu::gemv_l2_ahead`; 0: none).
-    pub ahead: i32,
 }
 
 /// The bulk kernel's parameters for a `gemv` launch (bf16 weights: no scale, no split).
@@ -38,7 +35,6 @@ impl From<&GemvParams> for GemvBulkParams {
             m: p.m,
             n: p.n,
             k: p.k,
-            ahead: 0,
         }
     }
 }
@@ -86,10 +82,7 @@ pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyho
     };
     let name = format!("gemv_bulk_m{m}");
     let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
-    let params = GemvBulkParams {
-        ahead: gpu.gemv_l2_ahead as i32,
-        ..GemvBulkParams::from(p)
-    };
+    let params = GemvBulkParams::from(p);
     let rows = n.div_ceil(ctas as usize);
     match mode {
         GemvSmem::Roomy => gpu.launch_pdl(&name, grid, block, &params)?,
