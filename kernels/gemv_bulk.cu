@@ -45,10 +45,6 @@ struct GemvBulkParams {
 #ifndef GB_DEEP_STAGES
 #define GB_DEEP_STAGES 48
 #endif
-// Stage bytes of the deeper ring (`gemv_bulk_deeper_m1`): 9 steps of 512 bytes, 216 KB in all.
-#ifndef GB_DEEPER_STAGE_BYTES
-#define GB_DEEPER_STAGE_BYTES 4608
-#endif
 // L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
 // activations and the KV cache), 0 the default.
 #ifndef GB_EVICT_FIRST
@@ -74,6 +70,7 @@ struct GemvBulkParams {
 #ifndef GB_MIN_CTAS
 #define GB_MIN_CTAS 1
 #endif
+#define GB_STEPS (GB_STAGE_BYTES / 512)  // 16-byte loads a lane a stage
 // 16-byte loads of x a consumer thread issues before storing them (1: the loop that stored
 // each load before the next load, as before session 40).
 #ifndef GB_X_LOADS
@@ -81,8 +78,7 @@ struct GemvBulkParams {
 #endif
 #define GB_ACC_FLOATS 4096
 #define GB_X_BYTES 81920
-#if GB_STAGES % GB_WARPS != 0 || GB_DEEP_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0 || \
-    GB_DEEPER_STAGE_BYTES % 512 != 0
+#if GB_STAGES % GB_WARPS != 0 || GB_DEEP_STAGES % GB_WARPS != 0 || GB_STAGE_BYTES % 512 != 0
 #error "GB_STAGES and GB_DEEP_STAGES must be multiples of GB_WARPS, GB_STAGE_BYTES of 512"
 #endif
 
@@ -140,16 +136,16 @@ __device__ __forceinline__ u64 gb_policy() {
 // Lane 0 of the producer warp: the CTA's slab (`bytes` from `src`) into a ring of STAGES
 // buffers, stage i into buffer i % STAGES once the consumers have handed that buffer back (its
 // empty barrier).
-template <int STAGES = GB_STAGES, int SB = GB_STAGE_BYTES>
+template <int STAGES = GB_STAGES>
 __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, u32 ring, u32 full,
                                            u32 empty) {
   const u64 policy = gb_policy();
-  const int stages = (bytes + SB - 1) / SB;
+  const int stages = (bytes + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   for (int i = 0; i < stages; i++) {
     const int s = i % STAGES;
     if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
-    const u32 n = (u32)min(SB, bytes - i * SB);
-    gb_copy(ring + s * SB, src + (size_t)i * SB, n, full + 8 * s, policy);
+    const u32 n = (u32)min(GB_STAGE_BYTES, bytes - i * GB_STAGE_BYTES);
+    gb_copy(ring + s * GB_STAGE_BYTES, src + (size_t)i * GB_STAGE_BYTES, n, full + 8 * s, policy);
   }
 }
 
@@ -157,14 +153,14 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
 // pointer), copied to registers, the buffer handed back (`empty_bar`), then dotted with x [M, k]
 // and summed into the CTA's accumulator acc [rows][M]. The stage starts in (local) row ra,
 // which ends at a_end; rows are at least a stage long, so at most one row ends inside it.
-template <int M, int SB = GB_STAGE_BYTES>
+template <int M>
 __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, int e, int row_bytes,
                                            const bf16* x, int k, float* acc, u32 empty_bar) {
   const int lane = threadIdx.x & 31;
   const unsigned char* buf = stage - b;
-  uint4 wv[SB / 512];
+  uint4 wv[GB_STEPS];
 #pragma unroll
-  for (int j = 0; j < SB / 512; j++) {
+  for (int j = 0; j < GB_STEPS; j++) {
     const int off = b + j * 512 + lane * 16;
     wv[j] = off < e ? *(const uint4*)(buf + off) : make_uint4(0, 0, 0, 0);
   }
@@ -177,7 +173,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
 #pragma unroll
   for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
 #pragma unroll
-  for (int j = 0; j < SB / 512; j++) {
+  for (int j = 0; j < GB_STEPS; j++) {
     const int off = b + j * 512 + lane * 16;
     if (off < e) {
       const bool in_a = off < a_end;
@@ -207,7 +203,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
 #if GB_DIAG == 3
   u32 all = 0;
 #pragma unroll
-  for (int j = 0; j < SB / 512; j++) all ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
+  for (int j = 0; j < GB_STEPS; j++) all ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
   if (lane == 0 && all == 0x7fffffffu) acc[0] = 1.f;
 #else
   if (lane == 0 && wv[0].x == 0x7fffffffu) acc[0] = 1.f;
@@ -227,11 +223,11 @@ __device__ __forceinline__ void gb_stamp(const GemvBulkParams& p, int i) {
 #endif
 }
 
-template <int M, int STAGES, int SB>
+template <int M, int STAGES>
 __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 #if __CUDA_ARCH__ >= 900
   gb_stamp(p, 0);
-  // [ring][SB], then x [M, k] (16-byte aligned), then acc [this CTA's rows][M]
+  // [ring][GB_STAGE_BYTES], then x [M, k] (16-byte aligned), then acc [this CTA's rows][M]
   extern __shared__ __align__(128) unsigned char gb_ring[];
   __shared__ __align__(8) u64 bars[2 * STAGES];  // full[STAGES], empty[STAGES]
   pdl_trigger();
@@ -239,7 +235,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   const int r0 = (int)((long long)blockIdx.x * p.n / gridDim.x);
   const int rows = (int)((long long)(blockIdx.x + 1) * p.n / gridDim.x) - r0;
   const int row_bytes = 2 * p.k;
-  bf16* x = (bf16*)(gb_ring + STAGES * SB);
+  bf16* x = (bf16*)(gb_ring + STAGES * GB_STAGE_BYTES);
   float* acc = (float*)((unsigned char*)x + ((M * row_bytes + 15) & ~15));
   const int slab = rows * row_bytes;
   const u32 full = smem_addr(&bars[0]), empty = smem_addr(&bars[STAGES]);
@@ -254,7 +250,7 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   if (warp == GB_WARPS) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
-      gb_produce<STAGES, SB>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
+      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
                  full, empty);
     return;
   }
@@ -282,15 +278,15 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 2);
-  const int stages = (slab + SB - 1) / SB;
+  const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   // Stage i is warp i % GB_WARPS's, and so is its buffer (STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
   for (int i = warp; i < stages; i += GB_WARPS) {
     const int s = i % STAGES;
     mbar_wait(full + 8 * s, (i / STAGES) & 1);
     if (i == 0) gb_stamp(p, 3);
-    const int b = i * SB, e = min(b + SB, slab);
-    gb_consume<M, SB>(gb_ring + s * SB, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
+    const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
+    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 4);
@@ -312,13 +308,10 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
 // dynamic shared memory: at least GB_STAGES * GB_STAGE_BYTES + m * k * 2 (rounded up to 16) + a
 // CTA's rows * m * 4 (roomy launches: GB_X_BYTES and GB_ACC_FLOATS * 4 for the last two). Empty below sm_90 (the host never launches
 // them there).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_STAGES, GB_STAGE_BYTES>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2, GB_STAGES, GB_STAGE_BYTES>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3, GB_STAGES, GB_STAGE_BYTES>(p); }
-extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4, GB_STAGES, GB_STAGE_BYTES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m2(GemvBulkParams p) { gemv_bulk_impl<2, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m3(GemvBulkParams p) { gemv_bulk_impl<3, GB_STAGES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, GB_MIN_CTAS) gemv_bulk_m4(GemvBulkParams p) { gemv_bulk_impl<4, GB_STAGES>(p); }
 // The deep ring (GB_DEEP_STAGES): dynamic shared memory GB_DEEP_STAGES * GB_STAGE_BYTES + x + acc
 // as above (always asked for tight: the ring leaves ~34 KB of an SM's 227).
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_DEEP_STAGES, GB_STAGE_BYTES>(p); }
-// The deeper ring: GB_DEEP_STAGES stages of GB_DEEPER_STAGE_BYTES (216 KB), for one-row launches
-// of short x (k of 4,096: everything but the down projection); rows >= GB_DEEPER_STAGE_BYTES.
-extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deeper_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_DEEP_STAGES, GB_DEEPER_STAGE_BYTES>(p); }
+extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) gemv_bulk_deep_m1(GemvBulkParams p) { gemv_bulk_impl<1, GB_DEEP_STAGES>(p); }

@@ -395,14 +395,6 @@ pub fn run(model: &str) -> anyhow::Result<()> {
             mats.len(),
             ms,
         );
-        let ms = time(&|| per_matrix(&|w, n, k| f.gemv_mode(w, n, k, GemvSmem::Deeper)))?;
-        report(
-            model,
-            "gemv, per matrix (PDL), deeper ring",
-            total,
-            mats.len(),
-            ms,
-        );
         let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.pair, w, n, k)))?;
         report(
             model,

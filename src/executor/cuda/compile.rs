@@ -111,15 +111,9 @@ pub const GEMV_BULK_DEEP_MAX_M: usize = 1;
 /// mbarriers (full and empty, 8 bytes each a stage).
 pub const GEMV_BULK_DEEP_SMEM: usize = 232_448 - 2 * 8 * GEMV_BULK_DEEP_STAGES;
 
-/// Stage bytes of the deeper ring (`GB_DEEPER_STAGE_BYTES`, `gemv_bulk_deeper_m1`,
-/// `GemvSmem::Deeper`): `GEMV_BULK_DEEP_STAGES` of them, 216 KB.
-pub const GEMV_BULK_DEEPER_STAGE_BYTES: usize = 4608;
-
 /// The deep-ring kernels of gemv_bulk.cu, by name.
 pub fn gemv_bulk_deep_kernels() -> impl Iterator<Item = String> {
-    (1..=GEMV_BULK_DEEP_MAX_M)
-        .map(|m| format!("gemv_bulk_deep_m{m}"))
-        .chain(["gemv_bulk_deeper_m1".to_string()])
+    (1..=GEMV_BULK_DEEP_MAX_M).map(|m| format!("gemv_bulk_deep_m{m}"))
 }
 
 /// The attention kernels, compiled per model shape with `-DHD=<head dim>` (both) and

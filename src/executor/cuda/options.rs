@@ -199,9 +199,6 @@ pub enum GemvSmem {
     Tight,
     #[default]
     Deep,
-    /// As `Deep`, but one-row launches of short x (k of 4,096: all but the down projection)
-    /// take a ring of 48 stages of 4.5 KB (216 KB), the most an SM's shared memory leaves.
-    Deeper,
 }
 
 impl GemvSmem {
@@ -210,7 +207,6 @@ impl GemvSmem {
             GemvSmem::Roomy => "roomy",
             GemvSmem::Tight => "tight",
             GemvSmem::Deep => "deep",
-            GemvSmem::Deeper => "deeper",
         }
     }
 }

@@ -4,9 +4,9 @@
 
 use super::{GemvParams, Gpu, GEMV_MAX_M};
 pub use crate::executor::cuda::compile::{
-    gemv_bulk_deep_kernels, gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_DEEPER_STAGE_BYTES,
-    GEMV_BULK_DEEP_MAX_M, GEMV_BULK_DEEP_SMEM, GEMV_BULK_DEEP_STAGES, GEMV_BULK_SMEM,
-    GEMV_BULK_STAGES, GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
+    gemv_bulk_deep_kernels, gemv_bulk_kernels, GEMV_BULK_ACC_FLOATS, GEMV_BULK_DEEP_MAX_M,
+    GEMV_BULK_DEEP_SMEM, GEMV_BULK_DEEP_STAGES, GEMV_BULK_SMEM, GEMV_BULK_STAGES,
+    GEMV_BULK_STAGE_BYTES, GEMV_BULK_THREADS, GEMV_BULK_X_BYTES,
 };
 use crate::executor::cuda::options::GemvSmem;
 
@@ -84,23 +84,15 @@ pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyho
     let (grid, block) = ((ctas, 1, 1), (GEMV_BULK_THREADS, 1, 1));
     let params = GemvBulkParams::from(p);
     let rows = n.div_ceil(ctas as usize);
-    let deeper = mode == GemvSmem::Deeper && gemv_bulk_deeper_fits(gpu, m, rows, k);
-    let deep =
-        matches!(mode, GemvSmem::Deep | GemvSmem::Deeper) && gemv_bulk_deep_fits(gpu, m, rows, k);
-    let ring = |stage: usize| GEMV_BULK_DEEP_STAGES * stage;
     match mode {
         GemvSmem::Roomy => gpu.launch_pdl(&name, grid, block, &params)?,
-        _ if deeper => {
-            let smem = gemv_bulk_smem(ring(GEMV_BULK_DEEPER_STAGE_BYTES), m, rows, k);
-            gpu.launch_pdl_smem("gemv_bulk_deeper_m1", grid, block, smem, &params)?
-        }
-        _ if deep => {
-            let smem = gemv_bulk_smem(ring(GEMV_BULK_STAGE_BYTES), m, rows, k);
+        GemvSmem::Deep if gemv_bulk_deep_fits(gpu, m, rows, k) => {
+            let smem = gemv_bulk_smem(GEMV_BULK_DEEP_STAGES, m, rows, k);
             let name = format!("gemv_bulk_deep_m{m}");
             gpu.launch_pdl_smem(&name, grid, block, smem, &params)?
         }
-        GemvSmem::Tight | GemvSmem::Deep | GemvSmem::Deeper => {
-            let smem = gemv_bulk_smem(GEMV_BULK_STAGES * GEMV_BULK_STAGE_BYTES, m, rows, k);
+        GemvSmem::Tight | GemvSmem::Deep => {
+            let smem = gemv_bulk_smem(GEMV_BULK_STAGES, m, rows, k);
             gpu.launch_pdl_smem(&name, grid, block, smem, &params)?
         }
     }
@@ -110,25 +102,14 @@ pub unsafe fn gemv_bulk_with(gpu: &Gpu, p: &GemvParams, mode: GemvSmem) -> anyho
 /// Whether a bulk launch of `m` rows over k, a CTA owning `rows` rows, takes the deep ring:
 /// its kernels are loaded and x and the accumulator fit beside the ring.
 pub fn gemv_bulk_deep_fits(gpu: &Gpu, m: usize, rows: usize, k: usize) -> bool {
-    let ring = GEMV_BULK_DEEP_STAGES * GEMV_BULK_STAGE_BYTES;
     gpu.gemv_deep
         && m <= GEMV_BULK_DEEP_MAX_M
-        && gemv_bulk_smem(ring, m, rows, k) as usize <= GEMV_BULK_DEEP_SMEM
-}
-
-/// Whether such a launch takes the deeper ring (`GemvSmem::Deeper`): one row, rows of at least
-/// its stage, x and the accumulator beside its 216 KB.
-pub fn gemv_bulk_deeper_fits(gpu: &Gpu, m: usize, rows: usize, k: usize) -> bool {
-    let ring = GEMV_BULK_DEEP_STAGES * GEMV_BULK_DEEPER_STAGE_BYTES;
-    gpu.gemv_deep
-        && m == 1
-        && 2 * k >= GEMV_BULK_DEEPER_STAGE_BYTES
-        && gemv_bulk_smem(ring, m, rows, k) as usize <= GEMV_BULK_DEEP_SMEM
+        && gemv_bulk_smem(GEMV_BULK_DEEP_STAGES, m, rows, k) as usize <= GEMV_BULK_DEEP_SMEM
 }
 
 /// Dynamic shared memory of a bulk launch that asks for only what it uses (`GemvSmem::Tight`
-/// and the deep rings): a ring of `ring` bytes, x [m, k] (rounded up to 16 bytes), then the
-/// accumulator of a CTA's `rows` rows [rows][m] fp32.
-pub fn gemv_bulk_smem(ring: usize, m: usize, rows: usize, k: usize) -> u32 {
-    (ring + (2 * m * k).next_multiple_of(16) + 4 * rows * m) as u32
+/// and `Deep`): a ring of `stages`, x [m, k] (rounded up to 16 bytes), then the accumulator of
+/// a CTA's `rows` rows [rows][m] fp32.
+pub fn gemv_bulk_smem(stages: usize, m: usize, rows: usize, k: usize) -> u32 {
+    (stages * GEMV_BULK_STAGE_BYTES + (2 * m * k).next_multiple_of(16) + 4 * rows * m) as u32
 }
