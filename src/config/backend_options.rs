@@ -51,7 +51,7 @@ impl CudaBackendOptions {
             gemv_split: 0,
             gemv_bulk: true,
             // Measured on an H100 (BENCHMARKS issue 18): tight against roomy, batch 2-4 at 4k
-            // 0.5-1.0 % faster (session 39); deep against tight, batch 1 0.8-1.6 % faster
+            // 0.5-1.0 % faster (session 39); deep against tight, batch 1 0.6-1.7 % faster
             // (session 41).
             gemv_smem: GemvSmem::Deep,
             fuse_decode: false,

@@ -190,8 +190,8 @@ impl DecodeKernel {
 /// and accumulator where they fit beside it (Llama-sized k), else as `Tight`. At a kernel
 /// boundary the ring is full before x is staged and no CTA consumes for 4-7 µs (session 40's
 /// stamps), so a deeper ring keeps the weights streaming through more of that gap. Measured on
-/// an H100 (session 41): batch-1 decode 0.8-1.6 % faster; at two rows it lost ~0.5 %, so two
-/// rows and more stay tight.
+/// three H100s (session 41): batch-1 decode 0.6-1.7 % faster; at two rows it lost ~0.5 %, so
+/// two rows and more stay tight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemvSmem {
