@@ -9,9 +9,10 @@
 // ring of GB_STAGES shared-memory stages with 1-D bulk copies (`cp.async.bulk`, the copy engine
 // of TMA), issued by one producer warp. Every CTA streams the same bytes (± one row), so there
 // is no last wave; the ring alone streams at 4.0-4.5 TB/s on the H200 (gpu-bench gemv-sweep,
-// GB_DIAG 1). The producer fills the ring (128 KB an SM) before the kernel waits on the
-// previous one (weights are read-only); that alone gained nothing inside the decode graph
-// (BENCHMARKS.md, session 21, call 5). x [m, k] sits in shared memory after the ring (at most
+// GB_DIAG 1). The producer fills the ring (128 KB an SM; 192 KB in the one-row deep build,
+// `gemv_bulk_deep_m1`) before the kernel waits on the previous one (weights are read-only);
+// that alone gained nothing inside the decode graph (BENCHMARKS.md, session 21, call 5), the
+// deeper ring 0.6-1.7 % (session 41). x [m, k] sits in shared memory after the ring (at most
 // GB_X_BYTES), then the accumulator [rows][m]: the dynamic shared memory is those three, so a
 // launch may ask for only what it uses (`GemvSmem::Tight`, ~140 KB for Llama-sized rows) and
 // start on an SM beside the decode attention CTAs before it (BENCHMARKS.md, session 39).
@@ -250,8 +251,8 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   if (warp == GB_WARPS) {
     // Weights only: no pdl_wait, so the ring fills while the kernel before this one runs.
     if (lane == 0)
-      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab, smem_addr(gb_ring),
-                 full, empty);
+      gb_produce<STAGES>((const unsigned char*)p.w + (size_t)r0 * row_bytes, slab,
+                         smem_addr(gb_ring), full, empty);
     return;
   }
   const int tid = threadIdx.x, consumers = 32 * GB_WARPS;
