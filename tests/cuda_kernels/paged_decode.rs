@@ -21,8 +21,8 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::harness::{
-    assert_close, attention_gpu_kv, dev, inv_freqs, poisoned, rand_bf16, rand_f32, read,
-    read_bf16, rng, to_f32,
+    assert_close, attention_gpu_kv, dev, inv_freqs, poisoned, rand_bf16, rand_f32, read, read_bf16,
+    rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 

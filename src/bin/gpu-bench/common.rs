@@ -146,7 +146,10 @@ pub fn decode_cluster() -> bool {
 /// `BROOK_DECODE_ROPE` (0 or 1; brook's default when unset): RoPE folded into decode attention
 /// in every backend gpu-bench makes (`CudaBackendOptions::decode_rope`), for A/B runs.
 pub fn decode_rope() -> bool {
-    env_flag("BROOK_DECODE_ROPE", CudaBackendOptions::default().decode_rope)
+    env_flag(
+        "BROOK_DECODE_ROPE",
+        CudaBackendOptions::default().decode_rope,
+    )
 }
 
 /// Whether decode GEMVs run on the bulk-copy kernel in every backend and `Gpu` gpu-bench makes:

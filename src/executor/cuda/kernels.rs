@@ -1291,7 +1291,10 @@ mod tests {
             std::mem::size_of::<PagedDecodeParams>(),
             11 * 8 + 8 * 4 + 4 * 8 + 2 * 4
         );
-        assert_eq!(std::mem::offset_of!(PagedDecodeParams, rope), 11 * 8 + 8 * 4);
+        assert_eq!(
+            std::mem::offset_of!(PagedDecodeParams, rope),
+            11 * 8 + 8 * 4
+        );
         assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
         assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 14 * 8 + 7 * 4 + 4);
