@@ -169,21 +169,6 @@ __device__ __forceinline__ size_t kv_offset(int block, int kh, int off, int num_
   return (((size_t)block * num_kv_heads + kh) * block_size + off) * head_dim;
 }
 
-// RoPE's rotation (rotate-half layout) of the pair (x1, x2) = dims (i, i + head_dim / 2) at
-// `pos` * `inv_freq` (dim i's inverse frequency), cos and sin scaled by `scale` (longrope's
-// attention factor, else 1). rope_kv and the decode kernels' fold of it (paged_decode.cu's
-// decode_rope) both call this, with the products rounded explicitly, so the two round alike and
-// an attention with RoPE folded in matches rope_kv + attention bit for bit.
-__device__ __forceinline__ void rope_rotate(float x1, float x2, float pos, float inv_freq,
-                                            float scale, float* y1, float* y2) {
-  float sn, cs;
-  sincosf(pos * inv_freq, &sn, &cs);
-  sn = __fmul_rn(sn, scale);
-  cs = __fmul_rn(cs, scale);
-  *y1 = __fmaf_rn(x1, cs, -__fmul_rn(x2, sn));
-  *y2 = __fmaf_rn(x2, cs, __fmul_rn(x1, sn));
-}
-
 // 16-byte loads of what other CTAs of this launch may have written: from L2 (.cg), never from
 // this SM's L1, which is not coherent with their stores.
 __device__ __forceinline__ uint4 ld_cg16(const void* p) {

@@ -25,21 +25,6 @@
 // launch shape serves any context (what CUDA-graph replay needs). With a sliding window the keys
 // are the last `window` positions; blocks before them may be freed (block id -1) and are never
 // read.
-//
-// RoPE may be folded in (`rope.qkv` set; forward's decode-only steps of models without a q/k/v
-// bias or head norm): each CTA then rotates its query heads from the QKV projection's fp32 row,
-// and the CTA whose split holds the item's newest key rotates that key and writes it and its
-// value into the cache, as rope_kv would have (decode_rope). One launch fewer a layer.
-struct DecodeRopeParams {
-  const float* qkv;       // [num_tokens, (num_heads + 2 * num_kv_heads) * HD]  fp32, or null:
-                          // q is already rotated (PagedDecodeParams::q) and the cache written
-  const u32* positions;   // [num_tokens]
-  const u32* slots;       // [num_tokens]  block_id * block_size + offset; 0xffffffff: don't write
-  const float* inv_freq;  // [HD / 2]
-  float scale;            // on cos and sin: longrope's attention factor, else 1
-  int pad;
-};
-
 struct PagedDecodeParams {
   const bf16* q;            // [num_tokens, num_heads, HD]
   const kv_t* k_cache;      // [num_blocks, num_kv_heads, block_size, HD]  bf16, or e4m3 (KV_FP8)
@@ -61,7 +46,6 @@ struct PagedDecodeParams {
   int num_splits;
   int window;               // sliding window in keys; 0: the whole context
   float scale;              // softmax scale, 1/sqrt(HD)
-  DecodeRopeParams rope;    // RoPE folded in, or rope.qkv null
 };
 
 #ifndef HD
@@ -284,7 +268,7 @@ __device__ __forceinline__ void cluster_merge(const PagedDecodeParams& p, int ro
 // launch shape serves any context (graph replay); under a sliding window the keys are the last
 // `window` positions.
 struct DecodeCta {
-  int split, item, kh, h0, gn, row, begin, end, ctx;
+  int split, item, kh, h0, gn, row, begin, end;
   const int* bt;  // the sequence's block table row
   // block_size is a power of two (config.rs): a key's block and offset are a shift and a mask,
   // not two integer divisions (about 20 instructions each, per key).
@@ -309,7 +293,6 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
   const int per = (ctx - first + p.num_splits - 1) / p.num_splits;
   c.begin = first + c.split * per;
   c.end = min(ctx, c.begin + per);
-  c.ctx = ctx;
   c.bt = p.block_tables + (size_t)seq * p.max_blocks;
   c.bshift = __ffs(p.block_size) - 1;
   c.bmask = p.block_size - 1;
@@ -333,54 +316,6 @@ __device__ __forceinline__ DecodeCta decode_cta(const PagedDecodeParams& p, int 
   }
   pdl_wait();
   return c;
-}
-
-// The q rows a decode CTA reads (both kernels): head h0 + g's is the returned pointer + g * HD.
-// Without RoPE folded in, p.q's rows. With it (p.rope.qkv set), this CTA rotates its heads of
-// the QKV projection's fp32 row into s_q (rounded to bf16, as rope_kv rounds q) and, where its
-// split holds the item's newest key, rotates that key and writes it and its value into the cache
-// at the slot rope_kv would write. No CTA of another split reads that key; CTAs of other slices
-// of the same kv head whose split holds it write the same bytes. The barrier makes the writes
-// visible to this CTA's loads of the cache (plain loads, not the non-coherent path). rope_rotate
-// is rope_kv's own arithmetic, so the output matches rope_kv + attention bit for bit. What it
-// saves: rope_kv's launch, its round trips and attention's wait on it, a layer.
-template <int G>
-__device__ __forceinline__ const bf16* decode_rope(const PagedDecodeParams& p, const DecodeCta& c,
-                                                   bf16 (*s_q)[HD]) {
-  if (p.rope.qkv == nullptr) return p.q + ((size_t)c.row * p.num_heads + c.h0) * HD;
-  constexpr int HALF = HD / 2;
-  const float* src = p.rope.qkv + (size_t)c.row * (p.num_heads + 2 * p.num_kv_heads) * HD;
-  const float pos = (float)p.rope.positions[c.row];
-  const u32 slot = p.rope.slots[c.row];
-  const bool kv = c.begin < c.end && c.end == c.ctx && slot != 0xffffffffu;
-  const size_t o = kv ? kv_offset((int)(slot / p.block_size), c.kh, (int)(slot % p.block_size),
-                                  p.num_kv_heads, p.block_size, HD)
-                      : 0;
-  kv_t* kc = (kv_t*)p.k_cache;
-  kv_t* vc = (kv_t*)p.v_cache;
-  // Rows of HALF pairs: the gn query heads, then (kv) the key, then the value.
-  const int rows = c.gn + (kv ? 2 : 0);
-  for (int i = threadIdx.x; i < rows * HALF; i += blockDim.x) {
-    const int r = i / HALF, e = i % HALF;
-    if (r == c.gn + 1) {
-      const float* v = src + (p.num_heads + p.num_kv_heads + c.kh) * HD;
-      vc[o + e] = f2kv(v[e]);
-      vc[o + e + HALF] = f2kv(v[e + HALF]);
-      continue;
-    }
-    const float* x = src + (r < c.gn ? c.h0 + r : p.num_heads + c.kh) * HD;
-    float y1, y2;
-    rope_rotate(x[e], x[e + HALF], pos, p.rope.inv_freq[e], p.rope.scale, &y1, &y2);
-    if (r < c.gn) {
-      s_q[r][e] = f2bf(y1);
-      s_q[r][e + HALF] = f2bf(y2);
-    } else {
-      kc[o + e] = f2kv(y1);
-      kc[o + e + HALF] = f2kv(y2);
-    }
-  }
-  __syncthreads();
-  return &s_q[0][0];
 }
 
 // The end of a decode CTA (both kernels; its NS online-softmax states of heads h0 .. h0 + gn - 1
@@ -469,11 +404,9 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   __shared__ float s_acc[NS][G][HD];
   __shared__ float s_m[NS][G];
   __shared__ float s_l[NS][G];
-  __shared__ __align__(16) bf16 s_q[G][HD];
 
   pdl_trigger();  // the O projection may start streaming its weights
   const DecodeCta cta = decode_cta<G>(p, DECODE_GROUP_CTAS, true);
-  const bf16* qbase = decode_rope<G>(p, cta, s_q);
   const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
   const int row = cta.row, begin = cta.begin, end = cta.end;
   const int bshift = cta.bshift, bmask = cta.bmask;
@@ -488,7 +421,7 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
   for (int g = 0; g < G; g++) {
 #if KV_FP8
     // q is bf16: this lane's 16 dims are two 16-byte loads.
-    const bf16* qrow = qbase + g * HD + dl * KV_VEC;
+    const bf16* qrow = p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * KV_VEC;
     const bool load = active && g < gn;
     const uint4 v0 = load ? *(const uint4*)qrow : make_uint4(0, 0, 0, 0);
     const uint4 v1 = load ? *(const uint4*)(qrow + 8) : make_uint4(0, 0, 0, 0);
@@ -499,8 +432,9 @@ __device__ __forceinline__ void paged_decode_impl(const PagedDecodeParams& p) {
       q[g][2 * e + 1] = bf_hi(w[e]) * qs;
     }
 #else
-    const uint4 v =
-        active && g < gn ? *(const uint4*)(qbase + g * HD + dl * 8) : make_uint4(0, 0, 0, 0);
+    const uint4 v = active && g < gn
+                        ? *(const uint4*)(p.q + ((size_t)row * p.num_heads + h0 + g) * HD + dl * 8)
+                        : make_uint4(0, 0, 0, 0);
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 4; e++) {

@@ -157,10 +157,8 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
   constexpr int KK = HD / 16;  // k-steps of S^T = K Q^T
   constexpr int MT = HD / 16;  // m-tiles of O^T = V^T P^T
 
-  __shared__ __align__(16) bf16 s_q[G][HD];
   pdl_trigger();  // the O projection may start streaming its weights
   const DecodeCta cta = decode_cta<G>(p, DMMA_GROUP_CTAS);
-  const bf16* qbase = decode_rope<G>(p, cta, s_q);
   const int split = cta.split, item = cta.item, kh = cta.kh, h0 = cta.h0, gn = cta.gn;
   const int row = cta.row, begin = cta.begin, end = cta.end;
   const int bshift = cta.bshift, bmask = cta.bmask;
@@ -174,7 +172,7 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
   {
     u32 qw[HD / 8];
     if (qh < gn) {
-      dmma_load<HD / 8>(qw, qbase + qh * HD + c * (HD / 4));
+      dmma_load<HD / 8>(qw, p.q + ((size_t)row * p.num_heads + h0 + qh) * HD + c * (HD / 4));
     } else {
 #pragma unroll
       for (int i = 0; i < HD / 8; i++) qw[i] = 0u;

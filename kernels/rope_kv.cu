@@ -105,9 +105,14 @@ extern "C" __global__ void rope_kv(RopeKvParams p) {
   if (!live) return;
   float y1[4], y2[4];
 #pragma unroll
-  for (int e = 0; e < 4; e++)
-    rope_rotate(x1[e], x2[e], (float)p.positions[t], p.inv_freq[i + e], p.rope_scale, &y1[e],
-                &y2[e]);
+  for (int e = 0; e < 4; e++) {
+    float sn, cs;
+    sincosf((float)p.positions[t] * p.inv_freq[i + e], &sn, &cs);
+    sn *= p.rope_scale;
+    cs *= p.rope_scale;
+    y1[e] = x1[e] * cs - x2[e] * sn;
+    y2[e] = x2[e] * cs + x1[e] * sn;
+  }
   if (is_q) {
     // q stays bf16 whatever the cache's dtype.
     bf16* dst = p.q_out + ((size_t)t * p.num_heads + h) * p.head_dim;

@@ -524,54 +524,6 @@ fn cuda_matches_cpu_on_the_bulk_gemv() {
     }
 }
 
-/// RoPE and the newest key's cache write folded into decode attention (`decode_rope`), against
-/// the CPU, eager and from CUDA graphs: an MHA model with llama3 RoPE at 3 sequences (the gemv
-/// path, the lane kernel), a GQA one at 12 (cuBLAS, the tensor-core kernel), Mistral's sliding
-/// window, 16 query heads per kv head (two CTAs of a kv head write its key), and Qwen2's biases
-/// (which keep `rope_kv`).
-#[test]
-fn cuda_matches_cpu_with_rope_in_decode_attention() {
-    let mha = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(4, 4)
-        .head_dim(128)
-        .intermediate_size(384)
-        .llama3_rope(true)
-        .seed(33);
-    let group16 = TestModelSpec::default()
-        .hidden_size(256)
-        .heads(16, 1)
-        .head_dim(64)
-        .intermediate_size(512)
-        .layers(1)
-        .seed(34);
-    let qwen2 = TestModelSpec::default()
-        .architecture(Architecture::Qwen2)
-        .hidden_size(256)
-        .heads(14, 2)
-        .head_dim(64)
-        .intermediate_size(512)
-        .seed(35);
-    for (spec, num_prompts) in [
-        (mha, 3),
-        (gqa_hd64().layers(3).seed(36), 12),
-        (
-            gqa_hd64()
-                .architecture(Architecture::Mistral)
-                .sliding_window(Some(37))
-                .seed(37),
-            3,
-        ),
-        (group16, 3),
-        (qwen2, 3),
-    ] {
-        check_model_opts(spec, 40, num_prompts, |graphs| CudaBackendOptions {
-            decode_rope: true,
-            ..cuda_opts(graphs, default_gemm_max_len())
-        });
-    }
-}
-
 /// `warm_up` (a dummy prefill and decode step at start) succeeds on its own, again on a warm
 /// backend, and leaves nothing behind: backends built with it still match the CPU.
 #[test]

@@ -8,21 +8,17 @@
 //! (paged_decode_mma.cu: head dims up to 128, the group's heads as the mma's columns, 8 a CTA;
 //! 16-key steps sharing one block-table entry from blocks of 16 keys up).
 
-use brook::executor::cuda::device::{DevBuf, Gpu};
 use brook::executor::cuda::kernels::{
     self, decode_cluster_supported, decode_group_ctas_for, decode_min_split_keys,
-    decode_mma_supported, decode_splits, decode_splits_filled, DecodeRope, PagedDecodeParams,
-    RopeKvParams, DECODE_CLUSTER_MAX,
+    decode_mma_supported, decode_splits, decode_splits_filled, PagedDecodeParams,
+    DECODE_CLUSTER_MAX,
 };
 use brook::executor::cuda::DecodeKernel;
-use brook::model::config::RopeScaling;
 use half::bf16;
 use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
 
 use crate::harness::{
-    assert_close, attention_gpu_kv, dev, inv_freqs, poisoned, rand_bf16, rand_f32, read, read_bf16,
-    rng, to_f32,
+    assert_close, attention_gpu_kv, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 
@@ -51,10 +47,6 @@ struct Decode {
     /// Each (item, kv head slice)'s splits as one thread-block cluster, merged in distributed
     /// shared memory (sm_90; the case is skipped elsewhere); launched twice, as graph replay does.
     cluster: bool,
-    /// RoPE folded in (`PagedDecodeParams::rope`): q rotated from random fp32 QKV rows and each
-    /// item's newest key written by the kernel (the first item's slot is "don't write", as a
-    /// padding item's); checked bit for bit, output and cache, against `rope_kv` + the kernel.
-    rope: bool,
 }
 
 impl Default for Decode {
@@ -72,7 +64,6 @@ impl Default for Decode {
             fp8: false,
             block_size: 16,
             cluster: false,
-            rope: false,
         }
     }
 }
@@ -164,14 +155,8 @@ impl Decode {
             num_splits: num_splits as i32,
             window: self.window as i32,
             scale,
-            rope: Default::default(),
         };
         let cluster = self.cluster;
-        if self.rope {
-            let folded = FoldedRope::random(&g, &mut r, &paged, heads, &item_seq, &item_row);
-            folded.check(&g, &paged, p, kernel, cluster, self.fp8);
-            return;
-        }
         unsafe { kernels::paged_decode(&g, &p, hd, kernel, cluster).unwrap() };
         if self.inline || cluster {
             // A second launch on the same counters (graph replay): it must find them at zero.
@@ -220,139 +205,6 @@ impl Decode {
             got[..heads * hd].iter().all(|x| x.is_nan()),
             "row 0 was written"
         );
-    }
-}
-
-/// `Decode::rope`'s inputs: fp32 QKV rows, each item's position (its newest key) and slot.
-struct FoldedRope {
-    qkv: DevBuf,
-    positions: DevBuf,
-    slots: DevBuf,
-    inv_freq: DevBuf,
-    rows: usize,
-}
-
-impl FoldedRope {
-    fn random(
-        g: &Gpu,
-        r: &mut ChaCha8Rng,
-        paged: &Paged,
-        heads: usize,
-        item_seq: &[i32],
-        item_row: &[i32],
-    ) -> FoldedRope {
-        let (hd, kvh) = (paged.cache.layout.head_dim, paged.cache.layout.kv_heads);
-        let rows = 2 * item_seq.len() + 1;
-        let qkv = rand_f32(r, rows * (heads + 2 * kvh) * hd, 1.0);
-        // Rows that are no item's: position 0, never written.
-        let (mut positions, mut slots) = (vec![0u32; rows], vec![u32::MAX; rows]);
-        for (i, (&s, &row)) in item_seq.iter().zip(item_row).enumerate() {
-            let (s, row) = (s as usize, row as usize);
-            let newest = paged.ctx[s] - 1;
-            positions[row] = newest as u32;
-            if i > 0 {
-                slots[row] = paged.slot(s, newest) as u32;
-            }
-        }
-        let inv_freq = inv_freqs(10000.0, RopeScaling::None, hd);
-        FoldedRope {
-            qkv: dev(g, &qkv),
-            positions: dev(g, &positions),
-            slots: dev(g, &slots),
-            inv_freq: dev(g, &inv_freq),
-            rows,
-        }
-    }
-
-    /// `p` (q unused) with RoPE folded in against `rope_kv` then `p` on its q, each on its own
-    /// upload of `paged`: outputs and caches equal bit for bit. Folded launches run twice, as
-    /// graph replay does (the second rewrites the same keys).
-    fn check(
-        &self,
-        g: &Gpu,
-        paged: &Paged,
-        p: PagedDecodeParams,
-        kernel: DecodeKernel,
-        cluster: bool,
-        fp8: bool,
-    ) {
-        let (hd, heads) = (paged.cache.layout.head_dim, p.num_heads as usize);
-        let out_elems = self.rows * heads * hd;
-        let cache_bytes = paged.cache.k.len() * if fp8 { 1 } else { 2 };
-        let reference = paged.upload(g);
-        let q = poisoned::<bf16>(g, out_elems);
-        let rope = RopeKvParams {
-            qkv: self.qkv.ptr(),
-            positions: self.positions.ptr(),
-            slots: self.slots.ptr(),
-            inv_freq: self.inv_freq.ptr(),
-            qkv_bias: 0,
-            q_norm: 0,
-            k_norm: 0,
-            q_out: q.ptr(),
-            k_cache: reference.k_cache.ptr(),
-            v_cache: reference.v_cache.ptr(),
-            num_tokens: self.rows as i32,
-            num_heads: heads as i32,
-            num_kv_heads: p.num_kv_heads,
-            head_dim: hd as i32,
-            block_size: p.block_size,
-            eps: 1e-6,
-            rope_scale: 1.0,
-        };
-        let out_ref = poisoned::<bf16>(g, out_elems);
-        let unfolded = PagedDecodeParams {
-            q: q.ptr(),
-            k_cache: reference.k_cache.ptr(),
-            v_cache: reference.v_cache.ptr(),
-            out: out_ref.ptr(),
-            ..p
-        };
-        unsafe {
-            kernels::rope_kv(g, &rope).unwrap();
-            kernels::paged_decode(g, &unfolded, hd, kernel, cluster).unwrap();
-        }
-        let poison = poisoned::<bf16>(g, out_elems);
-        let folded = PagedDecodeParams {
-            q: poison.ptr(),
-            rope: DecodeRope {
-                qkv: self.qkv.ptr(),
-                positions: self.positions.ptr(),
-                slots: self.slots.ptr(),
-                inv_freq: self.inv_freq.ptr(),
-                scale: 1.0,
-                pad: 0,
-            },
-            ..p
-        };
-        for launch in 0..2 {
-            g.memset(p.out, 0xff, out_elems * 2).unwrap();
-            unsafe { kernels::paged_decode(g, &folded, hd, kernel, cluster).unwrap() };
-            let what = format!(
-                "{kernel:?} hd{hd} heads {heads}/{} fp8 {fp8} splits {} inline {} cluster {cluster}, launch {launch}",
-                p.num_kv_heads,
-                p.num_splits,
-                p.counters != 0
-            );
-            let bits = |b: u64, n: usize| -> Vec<u8> {
-                let mut v = vec![0u8; n];
-                g.download(&mut v, b).unwrap();
-                v
-            };
-            assert!(
-                bits(p.out, out_elems * 2) == bits(out_ref.ptr(), out_elems * 2),
-                "{what}: output differs from rope_kv + attention"
-            );
-            for (name, got, want) in [
-                ("K", p.k_cache, reference.k_cache.ptr()),
-                ("V", p.v_cache, reference.v_cache.ptr()),
-            ] {
-                assert!(
-                    bits(got, cache_bytes) == bits(want, cache_bytes),
-                    "{what}: {name} cache differs from rope_kv's"
-                );
-            }
-        }
     }
 }
 
@@ -616,46 +468,4 @@ fn paged_decode_cluster_merge() {
         }
         .run();
     }
-}
-
-/// RoPE folded in (`Decode::rope`): every head size against groups 1 to 16 (past 8, two CTAs of
-/// a kv head whose splits hold the newest key both write it) with the in-kernel merge; an e4m3
-/// cache, a sliding window and cluster merges at the batch-1 fill; Llama-2-7B's heads at 4k as
-/// serving splits them. Bit for bit against `rope_kv` + attention, output and cache.
-#[test]
-fn paged_decode_rope_folded() {
-    let rope = Decode {
-        seed: 800,
-        inline: true,
-        rope: true,
-        ..Decode::default()
-    };
-    merged_head_dims_and_groups(&rope, |i, group| 1 + (i + group) % 4);
-    for (seed, fp8, window, cluster) in [
-        (820, true, 0, false),
-        (821, false, 100, false),
-        (822, false, 0, true),
-        (823, true, 0, true),
-    ] {
-        Decode {
-            seed,
-            ctx: vec![1, 17, 300, 1000, 4100],
-            splits: None,
-            ctas_per_sm: 8,
-            fp8,
-            window,
-            cluster,
-            ..rope.clone()
-        }
-        .run();
-    }
-    Decode {
-        seed: 830,
-        heads: 32,
-        kv_heads: 32,
-        ctx: vec![4096],
-        ctas_per_sm: 8,
-        ..rope.clone()
-    }
-    .run();
 }

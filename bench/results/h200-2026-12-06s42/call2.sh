@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 42, call 2 (only on an H200, right after call 1 on the warm machine; binaries as call 1,
-# carry [".carry/gb42a"]): stream-floor (the ring + loads row answers whether the bulk gemv's
-# arithmetic costs the H200 its one-launch rate, session 40) and decode tight vs deep (the
-# deep ring, session 41, was measured on H100s only), alternated twice.
+# Session 42, call 2 (only on an H200; not run in session 42, none was lent; any pack of main's
+# gpu-bench works: scripts/gpu-pack.sh .carry/gb42a, carry [".carry/gb42a"]): stream-floor (its
+# "ring + loads" row answers whether the bulk gemv's arithmetic costs the H200 its one-launch
+# rate, session 40) and decode tight vs deep (the deep ring, session 41, was measured on H100s
+# only), alternated twice.
 set -u
 mkdir -p /tmp/gb "$OUT/o2" || exit 1
 for b in gpu-bench; do

@@ -331,7 +331,6 @@ fn paged_decode(
                     num_splits: splits as i32,
                     window: 0,
                     scale: shape.scale(),
-                    rope: Default::default(),
                 };
                 // SAFETY: every buffer above matches the shapes in the params.
                 let ms = time_ms(gpu, 3, 20, |i| unsafe {

@@ -663,30 +663,13 @@ impl Gpu {
         cluster: u32,
         params: &P,
     ) -> anyhow::Result<()> {
-        self.launch_cluster(name, grid, block, cluster, self.pdl, params)
-    }
-
-    /// `launch_pdl_cluster`, with programmatic dependent launch only where `pdl` (and the GPU
-    /// has it).
-    ///
-    /// # Safety
-    /// As `launch`.
-    pub unsafe fn launch_cluster<P: Copy>(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        cluster: u32,
-        pdl: bool,
-        params: &P,
-    ) -> anyhow::Result<()> {
         let k = self.kernel(name);
         let mut dims = launch_attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
         dims.value.clusterDim.x = cluster;
         dims.value.clusterDim.y = 1;
         dims.value.clusterDim.z = 1;
         let mut attrs = [dims, pdl_attr()];
-        let n = if pdl && self.pdl { 2 } else { 1 };
+        let n = if self.pdl { 2 } else { 1 };
         launch_ex(
             &k.f,
             &self.stream,

@@ -108,29 +108,6 @@ pub struct PagedDecodeParams {
     /// Sliding window in keys; 0: the whole context.
     pub window: i32,
     pub scale: f32,
-    /// RoPE folded into the kernel (`rope.qkv` set): `q` is then unused.
-    pub rope: DecodeRope,
-}
-
-/// RoPE folded into decode attention (`PagedDecodeParams::rope`, paged_decode.cu's
-/// `decode_rope`): each CTA rotates its query heads from the QKV projection's fp32 rows, and the
-/// one whose split holds an item's newest key writes that key (rotated) and its value into the
-/// cache, as `rope_kv` would; the output matches `rope_kv` + attention bit for bit. For
-/// decode-only steps of models without a q/k/v bias or head norm (`forward`'s `decode_rope`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DecodeRope {
-    /// `[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]` fp32; 0: not folded in.
-    pub qkv: u64,
-    /// `[num_tokens]` u32.
-    pub positions: u64,
-    /// `[num_tokens]` u32 cache slots; `u32::MAX`: don't write.
-    pub slots: u64,
-    /// `[head_dim / 2]` f32.
-    pub inv_freq: u64,
-    /// On cos and sin: longrope's attention factor, else 1.
-    pub scale: f32,
-    pub pad: i32,
 }
 
 #[repr(C)]
@@ -717,23 +694,16 @@ pub unsafe fn paged_decode(
     );
     let (name, slices) = decode_kernel_of(gpu, kernel, head_dim, group)?;
     // With PDL its CTAs are resident by the time the kernel before (rope_kv) ends: both kernels
-    // wait (`decode_cta`) before reading what that kernel writes. With RoPE folded in, the
-    // kernel before is the QKV projection, whose CTAs hold the SMs until it ends: launched with
-    // PDL, attention's CTAs would pack onto the first SMs it frees (as rope_kv's PDL launch made
-    // them, BENCHMARKS.md session 37), so it launches as rope_kv does (`pdl_small::ROPE`).
-    let pdl = gpu.pdl && (p.rope.qkv == 0 || gpu.pdl_small & pdl_small::ROPE != 0);
+    // wait (`decode_cta`) before reading what that kernel writes.
     let grid = (
         p.num_splits as u32,
         (p.num_kv_heads as usize * slices) as u32,
         p.num_items as u32,
     );
     if cluster {
-        return gpu.launch_cluster(&name, grid, (DECODE_THREADS, 1, 1), grid.0, pdl, p);
+        return gpu.launch_pdl_cluster(&name, grid, (DECODE_THREADS, 1, 1), grid.0, p);
     }
-    match pdl {
-        true => gpu.launch_pdl(&name, grid, (DECODE_THREADS, 1, 1), p)?,
-        false => gpu.launch(&name, grid, (DECODE_THREADS, 1, 1), p)?,
-    }
+    gpu.launch_pdl(&name, grid, (DECODE_THREADS, 1, 1), p)?;
     if p.num_splits > 1 && p.counters == 0 {
         gpu.launch(
             &gpu.kv_kernel(&format!("paged_decode_reduce_hd{head_dim}_g{group}")),
@@ -1287,14 +1257,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<SampleCountsUpdateParams>(), 2 * 8 + 8);
         assert_eq!(std::mem::size_of::<SampleCountsMoveParams>(), 8 + 3 * 4 + 4);
-        assert_eq!(
-            std::mem::size_of::<PagedDecodeParams>(),
-            11 * 8 + 8 * 4 + 4 * 8 + 2 * 4
-        );
-        assert_eq!(
-            std::mem::offset_of!(PagedDecodeParams, rope),
-            11 * 8 + 8 * 4
-        );
+        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
         assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 14 * 8 + 7 * 4 + 4);

@@ -86,10 +86,6 @@ pub struct CudaBackendOptions {
     /// of the kernel (`Limits::decode_splits`); elsewhere the other merges. On by default
     /// (measured).
     pub decode_cluster: bool,
-    /// Fold RoPE and the newest key's cache write into decode attention in decode-only steps
-    /// (`kernels::DecodeRope`; models without a q/k/v bias or head norm): one launch fewer a
-    /// layer, `rope_kv`'s.
-    pub decode_rope: bool,
     /// The fewest keys a decode split takes under the filled split rule (at least
     /// `kernels::MIN_SPLIT_KEYS`, which sizes the split scratch); 0: the rule's own
     /// (`kernels::decode_min_split_keys`). For benchmarks.

@@ -68,17 +68,6 @@ impl Forward {
             && !c.qk_norm
             && rope_scale == 1.0;
         let on = |kind: u32| self.opts.skip & kind == 0;
-        // RoPE and the K/V write folded into decode attention (`kernels::DecodeRope`): every
-        // token is a decode item, and rope_kv has no per-model extra the fold lacks.
-        let decode_rope = self.opts.decode_rope
-            && !fused
-            && step.nt == 0
-            && self.host.gemm.is_empty()
-            && step.nd == t
-            && !c.qkv_bias
-            && !c.qk_norm
-            && on(skip::ROPE)
-            && on(skip::ATTENTION);
         // The o and down projections add into the residual (cuBLAS rows, bf16 weights): the
         // norms then read the residual alone. Else they write `delta`, which the next norm adds.
         // Not under tensor parallelism: a rank's product is a partial sum, reduced first.
@@ -163,7 +152,7 @@ impl Forward {
                     true,
                 )?;
             }
-            if !fused && !decode_rope && on(skip::ROPE) {
+            if !fused && on(skip::ROPE) {
                 kernels::rope_kv(
                     g,
                     &RopeKvParams {
@@ -212,17 +201,6 @@ impl Forward {
                     num_splits: step.splits as i32,
                     window,
                     scale,
-                    rope: match decode_rope {
-                        true => DecodeRope {
-                            qkv: a.qkv.ptr(),
-                            positions: m(lay.positions),
-                            slots: m(lay.slots),
-                            inv_freq: self.inv_freq.ptr(),
-                            scale: rope_scale,
-                            pad: 0,
-                        },
-                        false => DecodeRope::default(),
-                    },
                 };
                 kernels::paged_decode(g, &p, hd, self.opts.decode_kernel, step.decode_cluster)?;
             }
