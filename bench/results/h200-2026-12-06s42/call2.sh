@@ -13,6 +13,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RU
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=$OUT/o2
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
+grep -q H200 $O/gpu.txt || { echo 'not an H200: nothing to run'; cd $OUT && tar czf o2.tgz o2; exit 0; }
 run() { # variant (tight | deep), then gpu-bench args
   local t=$1; shift
   BROOK_GEMV_SMEM=$t timeout 60 /tmp/gb/gpu-bench "$@" > $O/d.json 2>> $O/bench.log
