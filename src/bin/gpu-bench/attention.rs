@@ -95,8 +95,16 @@ impl DecodeFilter {
         self.variants.is_empty() || self.variants.iter().any(|v| v == name)
     }
 
-    fn case(&self, ctx: usize, batch: usize) -> bool {
-        self.cases.is_empty() || self.cases.contains(&(ctx, batch))
+    /// The (ctx, batch) cases asked for, any shape; by default the grid of 1k/4k/16k keys by
+    /// batch 1/16/64/256.
+    fn cases(&self) -> Vec<(usize, usize)> {
+        match self.cases.is_empty() {
+            false => self.cases.clone(),
+            true => [1024usize, 4096, 16384]
+                .iter()
+                .flat_map(|&ctx| [1usize, 16, 64, 256].map(|batch| (ctx, batch)))
+                .collect(),
+        }
     }
 }
 
@@ -127,6 +135,8 @@ struct DecodeVariant {
     /// Splits merged in a thread-block cluster (`CudaBackendOptions::decode_cluster`; at most
     /// `DECODE_CLUSTER_MAX` splits).
     cluster: bool,
+    /// Each pass's next keys prefetched into L2 (`CudaBackendOptions::decode_ahead`).
+    ahead: bool,
 }
 
 const DECODE_VARIANTS: &[DecodeVariant] = &[
@@ -137,6 +147,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "inline",
@@ -145,6 +156,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill4",
@@ -153,6 +165,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill4-inline",
@@ -161,6 +174,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill8-inline",
@@ -169,6 +183,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
     // the fills the backend uses for it (`forward::decode_fill`: 4 with a bf16 cache, 6 with
@@ -180,6 +195,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill4-inline-mma",
@@ -188,6 +204,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill6-inline-mma",
@@ -196,6 +213,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
+        ahead: false,
     },
     // At least 128 keys a split: the serving rule on tensor cores from 1k keys of context
     // (`kernels::decode_min_split_keys`, session 18).
@@ -206,6 +224,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: false,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill6-k128-inline-mma",
@@ -214,6 +233,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: false,
+        ahead: false,
     },
     // Splits merged in a cluster (the serving rules above, capped at 16 splits).
     DecodeVariant {
@@ -223,6 +243,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: true,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill4-cluster-mma",
@@ -231,6 +252,7 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: true,
+        ahead: false,
     },
     DecodeVariant {
         name: "fill4-k128-cluster-mma",
@@ -239,6 +261,44 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: true,
+        ahead: false,
+    },
+    // The serving rules on tensor cores with each pass's next keys prefetched into L2.
+    DecodeVariant {
+        name: "fill4-inline-mma-ahead",
+        ctas_per_sm: 4,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+        min_keys: 32,
+        cluster: false,
+        ahead: true,
+    },
+    DecodeVariant {
+        name: "fill6-inline-mma-ahead",
+        ctas_per_sm: 6,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+        min_keys: 32,
+        cluster: false,
+        ahead: true,
+    },
+    DecodeVariant {
+        name: "fill4-k128-inline-mma-ahead",
+        ctas_per_sm: 4,
+        inline: true,
+        kernel: DecodeKernel::Mma,
+        min_keys: 128,
+        cluster: false,
+        ahead: true,
+    },
+    DecodeVariant {
+        name: "fill4-k128-cluster-mma-ahead",
+        ctas_per_sm: 4,
+        inline: false,
+        kernel: DecodeKernel::Mma,
+        min_keys: 128,
+        cluster: true,
+        ahead: true,
     },
 ];
 
@@ -257,118 +317,115 @@ fn paged_decode(
     );
     let kv = dtype.as_str();
     let mut rows = Vec::new();
-    for &ctx in &[1024usize, 4096, 16384] {
-        for &batch in &[1usize, 16, 64, 256] {
-            let blocks_per_seq = ctx.div_ceil(bs);
-            let kv_bytes = batch * ctx * kvh * hd * 2 * kv_elem_bytes(gpu);
-            // Batch 256 only where one copy of its cache stays under 16 GiB.
-            if kv_bytes > 16 << 30 || !filter.case(ctx, batch) {
-                continue;
-            }
-            let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
-            let num_blocks = sets * batch * blocks_per_seq;
-            let cache_elems = num_blocks * kvh * bs * hd;
-            let (k, v) = (
-                random_kv(gpu, cache_elems, 11)?,
-                random_kv(gpu, cache_elems, 12)?,
-            );
-            let q = random_bf16(gpu, batch * h * hd, 13)?;
-            let out = gpu.alloc(batch * h * hd * 2)?;
-            let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
-            perm.shuffle(rng);
-            let tables: Vec<DevBuf> = perm
-                .chunks(batch * blocks_per_seq)
-                .map(|c| upload(gpu, c))
-                .collect::<anyhow::Result<_>>()?;
-            let rows_idx: Vec<i32> = (0..batch as i32).collect();
-            let (item_row, ctx_lens) = (
-                upload(gpu, &rows_idx)?,
-                upload(gpu, &vec![ctx as i32; batch])?,
-            );
-            let group = h / kvh;
-            let splits_of = |v: &DecodeVariant| {
-                let s = match v.ctas_per_sm {
-                    0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
-                    c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx, v.min_keys),
-                };
-                match v.cluster {
-                    true => s.min(DECODE_CLUSTER_MAX),
-                    false => s,
-                }
+    for (ctx, batch) in filter.cases() {
+        let blocks_per_seq = ctx.div_ceil(bs);
+        let kv_bytes = batch * ctx * kvh * hd * 2 * kv_elem_bytes(gpu);
+        // Large batches only where one copy of their cache stays under 16 GiB.
+        if kv_bytes > 16 << 30 {
+            continue;
+        }
+        let sets = (512usize << 20).div_ceil(kv_bytes).clamp(1, 8);
+        let num_blocks = sets * batch * blocks_per_seq;
+        let cache_elems = num_blocks * kvh * bs * hd;
+        let (k, v) = (
+            random_kv(gpu, cache_elems, 11)?,
+            random_kv(gpu, cache_elems, 12)?,
+        );
+        let q = random_bf16(gpu, batch * h * hd, 13)?;
+        let out = gpu.alloc(batch * h * hd * 2)?;
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        perm.shuffle(rng);
+        let tables: Vec<DevBuf> = perm
+            .chunks(batch * blocks_per_seq)
+            .map(|c| upload(gpu, c))
+            .collect::<anyhow::Result<_>>()?;
+        let rows_idx: Vec<i32> = (0..batch as i32).collect();
+        let (item_row, ctx_lens) = (
+            upload(gpu, &rows_idx)?,
+            upload(gpu, &vec![ctx as i32; batch])?,
+        );
+        let group = h / kvh;
+        let splits_of = |v: &DecodeVariant| {
+            let s = match v.ctas_per_sm {
+                0 => kernels::decode_splits(gpu.num_sms, batch, kvh, ctx),
+                c => decode_splits_filled(gpu.num_sms, c, batch, kvh, group, ctx, v.min_keys),
             };
-            let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
-            let (part_acc, part_ml) = (
-                gpu.alloc(batch * h * most * hd * 4)?,
-                gpu.alloc(batch * h * most * 2 * 4)?,
-            );
-            let num_counters = batch * kvh * decode_group_ctas_for(group, gpu.kv_fp8());
-            let counters = gpu.alloc(num_counters * 4)?;
-            gpu.memset(counters.ptr(), 0, num_counters * 4)?;
-            // Each variant's output against the default's on the same inputs (the last set).
-            let mut reference: Option<Vec<f32>> = None;
-            let variants = DECODE_VARIANTS.iter().filter(|v| {
-                filter.variant(v.name) && (!v.cluster || decode_cluster_supported(gpu))
-            });
-            for var in variants {
-                let splits = splits_of(var);
-                let params = |set: usize| PagedDecodeParams {
-                    q: q.ptr(),
-                    k_cache: k.ptr(),
-                    v_cache: v.ptr(),
-                    item_row: item_row.ptr(),
-                    item_seq: item_row.ptr(),
-                    block_tables: tables[set].ptr(),
-                    context_lens: ctx_lens.ptr(),
-                    out: out.ptr(),
-                    part_acc: part_acc.ptr(),
-                    part_ml: part_ml.ptr(),
-                    counters: if var.inline { counters.ptr() } else { 0 },
-                    num_items: batch as i32,
-                    num_heads: h as i32,
-                    num_kv_heads: kvh as i32,
-                    block_size: bs as i32,
-                    max_blocks: blocks_per_seq as i32,
-                    num_splits: splits as i32,
-                    window: 0,
-                    scale: shape.scale(),
-                };
-                // SAFETY: every buffer above matches the shapes in the params.
-                let ms = time_ms(gpu, 3, 20, |i| unsafe {
-                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
-                })?;
-                // The same launches 8 at a time (each on the next set of K/V): the kernel's own
-                // time, without a lone launch's latency on an idle GPU.
-                // SAFETY: as above.
-                let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, |i| unsafe {
-                    kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
-                })?;
-                gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
-                // SAFETY: as above.
-                unsafe {
-                    kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel, var.cluster)?
-                };
-                let got = read_bf16(gpu, &out, batch * h * hd)?;
-                let err = match &reference {
-                    None => 0.0,
-                    Some(r) => rel_err(&got, r),
-                };
-                reference.get_or_insert(got);
-                let bytes = kv_bytes + 2 * batch * h * hd * 2;
-                let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
-                let gbps_b2b = bytes as f64 / (ms_b2b * 1e-3) / 1e9;
-                eprintln!(
-                "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); {splits} splits, rel. err. vs default {err:.1e}",
-                var.name,
-                gbps / 43.0,
-                gbps_b2b / 43.0
-            );
-                anyhow::ensure!(
-                    err < 1e-2,
-                    "{}: output differs from the default's by {err:.3e}",
-                    var.name
-                );
-                rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "splits": splits, "rel_err_vs_default": err}));
+            match v.cluster {
+                true => s.min(DECODE_CLUSTER_MAX),
+                false => s,
             }
+        };
+        let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
+        let (part_acc, part_ml) = (
+            gpu.alloc(batch * h * most * hd * 4)?,
+            gpu.alloc(batch * h * most * 2 * 4)?,
+        );
+        let num_counters = batch * kvh * decode_group_ctas_for(group, gpu.kv_fp8());
+        let counters = gpu.alloc(num_counters * 4)?;
+        gpu.memset(counters.ptr(), 0, num_counters * 4)?;
+        // Each variant's output against the default's on the same inputs (the last set).
+        let mut reference: Option<Vec<f32>> = None;
+        let variants = DECODE_VARIANTS
+            .iter()
+            .filter(|v| filter.variant(v.name) && (!v.cluster || decode_cluster_supported(gpu)));
+        for var in variants {
+            let splits = splits_of(var);
+            let params = |set: usize| PagedDecodeParams {
+                q: q.ptr(),
+                k_cache: k.ptr(),
+                v_cache: v.ptr(),
+                item_row: item_row.ptr(),
+                item_seq: item_row.ptr(),
+                block_tables: tables[set].ptr(),
+                context_lens: ctx_lens.ptr(),
+                out: out.ptr(),
+                part_acc: part_acc.ptr(),
+                part_ml: part_ml.ptr(),
+                counters: if var.inline { counters.ptr() } else { 0 },
+                num_items: batch as i32,
+                num_heads: h as i32,
+                num_kv_heads: kvh as i32,
+                block_size: bs as i32,
+                max_blocks: blocks_per_seq as i32,
+                num_splits: splits as i32,
+                window: 0,
+                scale: shape.scale(),
+                ahead: var.ahead as i32,
+            };
+            // SAFETY: every buffer above matches the shapes in the params.
+            let ms = time_ms(gpu, 3, 20, |i| unsafe {
+                kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
+            })?;
+            // The same launches 8 at a time (each on the next set of K/V): the kernel's own
+            // time, without a lone launch's latency on an idle GPU.
+            // SAFETY: as above.
+            let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, |i| unsafe {
+                kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
+            })?;
+            gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
+            // SAFETY: as above.
+            unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel, var.cluster)? };
+            let got = read_bf16(gpu, &out, batch * h * hd)?;
+            let err = match &reference {
+                None => 0.0,
+                Some(r) => rel_err(&got, r),
+            };
+            reference.get_or_insert(got);
+            let bytes = kv_bytes + 2 * batch * h * hd * 2;
+            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+            let gbps_b2b = bytes as f64 / (ms_b2b * 1e-3) / 1e9;
+            eprintln!(
+            "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); {splits} splits, rel. err. vs default {err:.1e}",
+            var.name,
+            gbps / 43.0,
+            gbps_b2b / 43.0
+        );
+            anyhow::ensure!(
+                err < 1e-2,
+                "{}: output differs from the default's by {err:.3e}",
+                var.name
+            );
+            rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "splits": splits, "rel_err_vs_default": err}));
         }
     }
     emit(

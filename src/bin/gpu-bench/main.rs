@@ -102,7 +102,8 @@ enum Cmd {
         /// Only these decode variants (comma-separated names; default: all), e.g. for a profiler.
         #[arg(long, value_delimiter = ',')]
         variants: Vec<String>,
-        /// Only these decode cases, each ctx/batch (comma-separated; default: all).
+        /// Decode cases, each ctx/batch, any shape (comma-separated; default: 1k/4k/16k keys by
+        /// batch 1/16/64/256).
         #[arg(long, value_delimiter = ',')]
         cases: Vec<String>,
     },

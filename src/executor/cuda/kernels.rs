@@ -108,6 +108,9 @@ pub struct PagedDecodeParams {
     /// Sliding window in keys; 0: the whole context.
     pub window: i32,
     pub scale: f32,
+    /// 1: the tensor-core kernel prefetches each pass's next keys into L2
+    /// (`CudaBackendOptions::decode_ahead`); 0: not. The lane kernel ignores it.
+    pub ahead: i32,
 }
 
 #[repr(C)]
