@@ -173,27 +173,6 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
   float da[M], db[M];
 #pragma unroll
   for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
-  if (e - b == GB_STAGE_BYTES && e <= a_end) {
-    // A whole stage inside row ra (every stage of a Llama row of 4096 or 14336 columns, ~4 in
-    // 5 at 11008): the same sums in the same order as below, without a bounds test and a row
-    // choice a step. The steps' branches kept the compiler from interleaving them: ~466
-    // instructions a stage, about half the SM's issue slots at the ring's rate (SASS of
-    // gemv_bulk_deep_m1; the ring streams ~8 % faster without the arithmetic, stream-floor).
-    const int col = b - (a_end - row_bytes) + lane * 16;
-#pragma unroll
-    for (int j = 0; j < GB_STEPS; j++) {
-      float d[M];
-      gb_dot<M>(wv[j], x, k, col + j * 512, d);
-#pragma unroll
-      for (int m = 0; m < M; m++) da[m] += d[m];
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) da[m] = warp_sum(da[m]);
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; m++) atomicAdd(&acc[ra * M + m], da[m]);
-    return;
-  }
 #pragma unroll
   for (int j = 0; j < GB_STEPS; j++) {
     const int off = b + j * 512 + lane * 16;
