@@ -27,8 +27,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "target/cuda-tools/nvidia/cu13")
 SASS_TOOLS = os.path.join(ROOT, "target/cuda-sass")
-# Files the engine compiles together (compile.rs: PAGED_DECODE, PREFILL_ATTN_WG).
+# Files the engine compiles together (compile.rs: PAGED_DECODE, PREFILL_ATTN_WG, gemv_chain).
 APPENDED = {
+    "gemv_chain": ["gemv_bulk", "gemv_chain"],
     "paged_decode": ["paged_decode", "paged_decode_mma"],
     "prefill_attn_wgmma": ["prefill_attn", "prefill_attn_wgmma"],
 }
