@@ -46,7 +46,6 @@ struct PagedDecodeParams {
   int num_splits;
   int window;               // sliding window in keys; 0: the whole context
   float scale;              // softmax scale, 1/sqrt(HD)
-  int ahead;                // 1: the tensor-core kernel prefetches each loop's next keys into L2
 };
 
 #ifndef HD

@@ -84,9 +84,6 @@
 #define DMMA_DUP (DMMA_GC <= 4)  // P's lo half in columns 4..7
 #define DMMA_TWO (DMMA_GC > 4)   // P's lo half in a second product
 #endif
-// 128-byte lines of one step's 16 rows of K (as many of V), and cache elements a line.
-#define DMMA_LINE_ELEMS (128 / DMMA_ES)
-#define DMMA_STEP_LINES (DMMA_KEYS * HD * DMMA_ES / 128)
 #define DMMA_SLACK 8.f  // log2 of how far a score may pass the running max before a rescale
 
 // W words from `src` with the widest vector loads W allows (each slice starts at a multiple of
@@ -207,10 +204,8 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
        base += STRIDE * DMMA_U) {
     u32 kw[DMMA_U][2][DMMA_KW];  // keys base + 8t + r
     u32 vw[DMMA_U][4][DMMA_VW];  // keys base + 2c + (i & 1) + 8 (i >> 1)
-    // The block-table reads of every step first: one round trip for all of them (with
-    // `ahead`, also those of the next pass's steps).
+    // The block-table reads of every step first: one round trip for all of them.
     size_t row0[DMMA_U];
-    int next[DMMA_U];
     if constexpr (ONE_BLOCK) {
 #pragma unroll
       for (int u = 0; u < DMMA_U; u++) {
@@ -218,8 +213,6 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
         row0[u] = b < end ? kv_offset(bt[b >> bshift], kh, b & bmask, p.num_kv_heads,
                                       p.block_size, HD)
                           : 0;
-        const int b2 = b + DMMA_U * STRIDE;
-        next[u] = p.ahead && b2 < end ? bt[b2 >> bshift] : -1;
       }
     }
 #pragma unroll
@@ -274,24 +267,6 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
           } else {
 #pragma unroll
             for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
-          }
-        }
-      }
-    }
-    // `ahead`: the next pass's steps of this warp go to L2 while this pass's loads are in
-    // flight, so a CTA streams more bytes than its registers hold (a short split, e.g. 192
-    // keys at batch 512, is otherwise two dependent DRAM round trips with a gap between them).
-    // A step's rows are DMMA_STEP_LINES contiguous 128-byte lines of K and as many of V.
-    if constexpr (ONE_BLOCK) {
-#pragma unroll
-      for (int u = 0; u < DMMA_U; u++) {
-        if (next[u] >= 0) {
-          const int b2 = base + (u + DMMA_U) * STRIDE;
-          const size_t o =
-              kv_offset(next[u], kh, b2 & bmask, p.num_kv_heads, p.block_size, HD);
-          for (int i = lane; i < DMMA_STEP_LINES; i += 32) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.k_cache + o + i * DMMA_LINE_ELEMS));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.v_cache + o + i * DMMA_LINE_ELEMS));
           }
         }
       }

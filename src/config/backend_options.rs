@@ -74,7 +74,6 @@ impl CudaBackendOptions {
             // 0.2-1.4 % faster (Llama-2-7B, Llama-3-8B, 128 to 7.9k tokens); taken only where the
             // grid fills at most half a wave (`Limits::decode_splits`).
             decode_cluster: true,
-            decode_ahead: false,
             decode_min_split_keys: 0,
             decode_kernel: cfg.model.decode_attention,
             prefill_wgmma: true,

@@ -47,9 +47,6 @@ struct Decode {
     /// Each (item, kv head slice)'s splits as one thread-block cluster, merged in distributed
     /// shared memory (sm_90; the case is skipped elsewhere); launched twice, as graph replay does.
     cluster: bool,
-    /// The tensor-core kernel prefetches each pass's next keys into L2 (`ahead`): a hint that
-    /// must leave every output as it is.
-    ahead: bool,
 }
 
 impl Default for Decode {
@@ -67,7 +64,6 @@ impl Default for Decode {
             fp8: false,
             block_size: 16,
             cluster: false,
-            ahead: false,
         }
     }
 }
@@ -159,7 +155,6 @@ impl Decode {
             num_splits: num_splits as i32,
             window: self.window as i32,
             scale,
-            ahead: self.ahead as i32,
         };
         let cluster = self.cluster;
         unsafe { kernels::paged_decode(&g, &p, hd, kernel, cluster).unwrap() };
@@ -196,8 +191,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} cluster {cluster} ahead {} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.fp8, self.inline, self.ahead, self.window, ctx[s]
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.fp8, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -428,53 +423,6 @@ fn paged_decode_fp8_batches_contexts_merges_and_window() {
             ..Decode::default()
         }
         .run();
-    }
-}
-
-/// With `ahead` (each pass's next keys prefetched into L2): both caches, every head size the
-/// tensor-core kernel takes against groups 1 to 8, contexts shorter than one pass (nothing to
-/// prefetch), one pass and a bit (the batch-512 offline shape: 192 keys), and long ones, split
-/// and merged both ways, under a sliding window, with blocks of 16, 32 and 8 keys (8: the
-/// per-key path, which takes no prefetch).
-#[test]
-fn paged_decode_ahead() {
-    let mut seed = 760;
-    for fp8 in [false, true] {
-        for head_dim in [64, 96, 128] {
-            for group in [1, 4, 8] {
-                seed += 1;
-                Decode {
-                    seed,
-                    head_dim,
-                    heads: 2 * group,
-                    kv_heads: 2,
-                    ctx: vec![1, 63, 129, 192, 300, 1000, 4097],
-                    fp8,
-                    ahead: true,
-                    ..Decode::default()
-                }
-                .run();
-            }
-        }
-        for (ctas, inline, window, block_size) in
-            [(8, true, 0, 32), (4, false, 300, 16), (0, false, 0, 8)]
-        {
-            seed += 1;
-            Decode {
-                seed,
-                heads: 32,
-                kv_heads: 32,
-                ctx: (0..24).map(|i| 100 + i * 37).collect(),
-                ctas_per_sm: ctas,
-                inline,
-                window,
-                block_size,
-                fp8,
-                ahead: true,
-                ..Decode::default()
-            }
-            .run();
-        }
     }
 }
 

@@ -135,8 +135,6 @@ struct DecodeVariant {
     /// Splits merged in a thread-block cluster (`CudaBackendOptions::decode_cluster`; at most
     /// `DECODE_CLUSTER_MAX` splits).
     cluster: bool,
-    /// Each pass's next keys prefetched into L2 (`CudaBackendOptions::decode_ahead`).
-    ahead: bool,
 }
 
 const DECODE_VARIANTS: &[DecodeVariant] = &[
@@ -147,7 +145,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "inline",
@@ -156,7 +153,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill4",
@@ -165,7 +161,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill4-inline",
@@ -174,7 +169,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill8-inline",
@@ -183,7 +177,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     // The tensor-core kernel (paged_decode_mma.cu) at the lane kernel's serving fill (8) and at
     // the fills the backend uses for it (`forward::decode_fill`: 4 with a bf16 cache, 6 with
@@ -195,7 +188,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill4-inline-mma",
@@ -204,7 +196,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill6-inline-mma",
@@ -213,7 +204,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: false,
-        ahead: false,
     },
     // At least 128 keys a split: the serving rule on tensor cores from 1k keys of context
     // (`kernels::decode_min_split_keys`, session 18).
@@ -224,7 +214,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: false,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill6-k128-inline-mma",
@@ -233,7 +222,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: false,
-        ahead: false,
     },
     // Splits merged in a cluster (the serving rules above, capped at 16 splits).
     DecodeVariant {
@@ -243,7 +231,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Lanes,
         min_keys: 32,
         cluster: true,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill4-cluster-mma",
@@ -252,7 +239,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 32,
         cluster: true,
-        ahead: false,
     },
     DecodeVariant {
         name: "fill4-k128-cluster-mma",
@@ -261,44 +247,6 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
         kernel: DecodeKernel::Mma,
         min_keys: 128,
         cluster: true,
-        ahead: false,
-    },
-    // The serving rules on tensor cores with each pass's next keys prefetched into L2.
-    DecodeVariant {
-        name: "fill4-inline-mma-ahead",
-        ctas_per_sm: 4,
-        inline: true,
-        kernel: DecodeKernel::Mma,
-        min_keys: 32,
-        cluster: false,
-        ahead: true,
-    },
-    DecodeVariant {
-        name: "fill6-inline-mma-ahead",
-        ctas_per_sm: 6,
-        inline: true,
-        kernel: DecodeKernel::Mma,
-        min_keys: 32,
-        cluster: false,
-        ahead: true,
-    },
-    DecodeVariant {
-        name: "fill4-k128-inline-mma-ahead",
-        ctas_per_sm: 4,
-        inline: true,
-        kernel: DecodeKernel::Mma,
-        min_keys: 128,
-        cluster: false,
-        ahead: true,
-    },
-    DecodeVariant {
-        name: "fill4-k128-cluster-mma-ahead",
-        ctas_per_sm: 4,
-        inline: false,
-        kernel: DecodeKernel::Mma,
-        min_keys: 128,
-        cluster: true,
-        ahead: true,
     },
 ];
 
@@ -390,7 +338,6 @@ fn paged_decode(
                 num_splits: splits as i32,
                 window: 0,
                 scale: shape.scale(),
-                ahead: var.ahead as i32,
             };
             // SAFETY: every buffer above matches the shapes in the params.
             let ms = time_ms(gpu, 3, 20, |i| unsafe {

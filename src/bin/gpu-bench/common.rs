@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 12] = [
+        let tags: [(&str, serde_json::Value); 11] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -35,7 +35,6 @@ pub fn emit(mut v: serde_json::Value) {
             ("gemv_smem", gemv_smem().as_str().into()),
             ("residual_gemm", residual_gemm().into()),
             ("decode_cluster", decode_cluster().into()),
-            ("decode_ahead", decode_ahead().into()),
             ("pdl_small", pdl_small().into()),
         ];
         for (key, value) in tags {
@@ -140,15 +139,6 @@ pub fn decode_cluster() -> bool {
     env_flag(
         "BROOK_DECODE_CLUSTER",
         CudaBackendOptions::default().decode_cluster,
-    )
-}
-
-/// `BROOK_DECODE_AHEAD` (0 or 1; brook's default when unset): the tensor-core decode kernel
-/// prefetches each pass's next keys into L2 in every backend gpu-bench makes, for A/B runs.
-pub fn decode_ahead() -> bool {
-    env_flag(
-        "BROOK_DECODE_AHEAD",
-        CudaBackendOptions::default().decode_ahead,
     )
 }
 
@@ -510,7 +500,6 @@ pub fn bench_options() -> CudaBackendOptions {
         gemv_bulk: gemv_bulk(),
         gemv_smem: gemv_smem(),
         decode_cluster: decode_cluster(),
-        decode_ahead: decode_ahead(),
         pdl_small: pdl_small(),
         decode_min_split_keys: env_count("BROOK_DECODE_MIN_KEYS", &[0, 32, 64, 128, 256], 0),
         // The base step without lookahead, as every figure before session 34 ran it (serving's

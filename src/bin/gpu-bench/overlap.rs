@@ -355,7 +355,6 @@ impl<'g> Lane<'g> {
             num_splits: self.splits as i32,
             window: 0,
             scale: dims.attn.scale(),
-            ahead: 0,
         };
         // SAFETY: the lane's rows index `rows` sequences of `blocks_per_seq` blocks from
         // `first` on, inside the set's table; q and out are [rows, heads, head_dim]; the split

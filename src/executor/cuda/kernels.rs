@@ -108,9 +108,6 @@ pub struct PagedDecodeParams {
     /// Sliding window in keys; 0: the whole context.
     pub window: i32,
     pub scale: f32,
-    /// 1: the tensor-core kernel prefetches each pass's next keys into L2
-    /// (`CudaBackendOptions::decode_ahead`); 0: not. The lane kernel ignores it.
-    pub ahead: i32,
 }
 
 #[repr(C)]
@@ -1260,7 +1257,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<SampleParams>(), 9 * 8 + 3 * 4 + 4);
         assert_eq!(std::mem::size_of::<SampleCountsUpdateParams>(), 2 * 8 + 8);
         assert_eq!(std::mem::size_of::<SampleCountsMoveParams>(), 8 + 3 * 4 + 4);
-        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 9 * 4 + 4);
+        assert_eq!(std::mem::size_of::<PagedDecodeParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<StampParams>(), 8 + 4 + 4);
         assert_eq!(std::mem::size_of::<FeedTokensParams>(), 2 * 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<PrefillAttnParams>(), 14 * 8 + 7 * 4 + 4);

@@ -86,9 +86,6 @@ pub struct CudaBackendOptions {
     /// of the kernel (`Limits::decode_splits`); elsewhere the other merges. On by default
     /// (measured).
     pub decode_cluster: bool,
-    /// The tensor-core decode kernel prefetches each pass's next keys into L2 while the
-    /// pass's own loads are in flight (`PagedDecodeParams::ahead`).
-    pub decode_ahead: bool,
     /// The fewest keys a decode split takes under the filled split rule (at least
     /// `kernels::MIN_SPLIT_KEYS`, which sizes the split scratch); 0: the rule's own
     /// (`kernels::decode_min_split_keys`). For benchmarks.

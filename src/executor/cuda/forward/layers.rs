@@ -201,7 +201,6 @@ impl Forward {
                     num_splits: step.splits as i32,
                     window,
                     scale,
-                    ahead: self.opts.decode_ahead as i32,
                 };
                 kernels::paged_decode(g, &p, hd, self.opts.decode_kernel, step.decode_cluster)?;
             }
