@@ -48,6 +48,10 @@ struct GemvBulkParams {
 #endif
 // L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
 // activations and the KV cache), 0 the default.
+// 1: the dots on tensor cores (gb_mma_stage), 0: scalar FMAs (gb_dot), as before session 44.
+#ifndef GB_MMA
+#define GB_MMA 1
+#endif
 #ifndef GB_EVICT_FIRST
 #define GB_EVICT_FIRST 1
 #endif
@@ -150,13 +154,96 @@ __device__ __forceinline__ void gb_produce(const unsigned char* src, int bytes, 
   }
 }
 
+// d += A · B on one m16n8k16 bf16 tile, fp32 accumulation.
+__device__ __forceinline__ void gb_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                       u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The dots of one stage on tensor cores (GB_MMA 1): slab bytes [b, e), in registers (`wv`, 16
+// bytes a lane a step), dotted with x [M, k] and summed into acc [rows from ra][M]; row ra is
+// slab bytes [a0, a1). Why: the scalar dot spent 16 bf16 unpacks and 8 FMAs on a lane's 16
+// bytes, ~466 instructions a stage, about half the SM's issue slots at the ring's rate (SASS of
+// gemv_bulk_deep_m1), and the gemv streamed ~8 % slower than the ring alone (stream-floor,
+// session 43). A tile takes a step's 16 bytes a lane as they lie: lane 4g + t holds B's
+// column g (4 weights: rows 2t, 2t + 1, 2t + 8, 2t + 9 of k) and the same four columns of A's
+// rows g (x row 2p at the weights' columns) and g + 8 (x row 2p + 1), so the diagonal D[g][g]
+// is x row 2p's dot with group g's weights and D[g + 8][g] row 2p + 1's; the rest of D is
+// unused. The bf16 pairs go in without an unpack, 2 tiles a step for every 2 rows of x. SPLIT:
+// the stage runs past row ra or the slab (each lane's 16 bytes lie in one row: rows are whole
+// 16 bytes), lanes past e weigh 0 against x's first columns (finite), and row ra + 1's weights
+// go to a second accumulator.
+template <int M, bool SPLIT>
+__device__ __forceinline__ void gb_mma_stage(const uint4 (&wv)[GB_STEPS], int b, int e, int a0,
+                                             int a1, const bf16* __restrict__ x, int k,
+                                             float* acc) {
+  constexpr int P = (M + 1) / 2;
+  const int lane = threadIdx.x & 31;
+  float da[P][4], db[P][4];
+#pragma unroll
+  for (int p = 0; p < P; p++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) da[p][i] = db[p][i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < GB_STEPS; j++) {
+    const int off = b + j * 512 + lane * 16;
+    const bool in_a = !SPLIT || off < a1, valid = !SPLIT || off < e;
+    const int col = !valid ? 0 : in_a ? off - a0 : off - a1;  // bytes into the row
+    const u32 w[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+    u32 xs[2 * P][4];
+#pragma unroll
+    for (int m = 0; m < 2 * P; m++) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (m < M) v = *(const uint4*)((const unsigned char*)x + (size_t)m * 2 * k + col);
+      xs[m][0] = v.x, xs[m][1] = v.y, xs[m][2] = v.z, xs[m][3] = v.w;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const u32 w0 = w[2 * h], w1 = w[2 * h + 1];
+#pragma unroll
+      for (int p = 0; p < P; p++) {
+        const u32 x0 = xs[2 * p][2 * h], x1 = xs[2 * p + 1][2 * h];
+        const u32 y0 = xs[2 * p][2 * h + 1], y1 = xs[2 * p + 1][2 * h + 1];
+        if (!SPLIT) {
+          gb_mma(da[p], x0, x1, y0, y1, w0, w1);
+        } else {
+          const bool wa = valid && in_a, wb = valid && !in_a;
+          gb_mma(da[p], x0, x1, y0, y1, wa ? w0 : 0u, wa ? w1 : 0u);
+          gb_mma(db[p], x0, x1, y0, y1, wb ? w0 : 0u, wb ? w1 : 0u);
+        }
+      }
+    }
+  }
+  // D[g][g] is lane 4g + g / 2's register g % 2 (rows g + 8: 2 + g % 2).
+  const int g = lane >> 2;
+  const bool diag = (lane & 3) == (g >> 1);
+  const bool odd = g & 1;
+  float sa[M], sb[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    const int p = m / 2, i = 2 * (m % 2);  // constant indices: registers, not a stack frame
+    sa[m] = warp_sum(diag ? (odd ? da[p][i + 1] : da[p][i]) : 0.f);
+    sb[m] = SPLIT && e > a1 ? warp_sum(diag ? (odd ? db[p][i + 1] : db[p][i]) : 0.f) : 0.f;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      atomicAdd(&acc[m], sa[m]);
+      if (SPLIT && e > a1) atomicAdd(&acc[M + m], sb[m]);
+    }
+}
+
 // A consumer warp's work on one full stage: slab bytes [b, e) in ring buffer `stage` (a generic
 // pointer), copied to registers, the buffer handed back (`empty_bar`), then dotted with x [M, k]
 // and summed into the CTA's accumulator acc [rows][M]. The stage starts in (local) row ra,
 // which ends at a_end; rows are at least a stage long, so at most one row ends inside it.
 template <int M>
-__device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, int e, int row_bytes,
-                                           const bf16* x, int k, float* acc, u32 empty_bar) {
+__device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, int e, int ra,
+                                           int row_bytes, const bf16* x, int k, float* acc,
+                                           u32 empty_bar) {
   const int lane = threadIdx.x & 31;
   const unsigned char* buf = stage - b;
   uint4 wv[GB_STEPS];
@@ -169,7 +256,13 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
   __syncwarp();
   if (lane == 0) mbar_arrive(empty_bar);
 #if GB_DIAG != 1 && GB_DIAG != 3
-  const int ra = b / row_bytes, a_end = (ra + 1) * row_bytes;
+  const int a_end = (ra + 1) * row_bytes;
+#if GB_MMA
+  if (e - b == GB_STAGE_BYTES && e <= a_end)  // the whole stage inside row ra
+    gb_mma_stage<M, false>(wv, b, e, a_end - row_bytes, a_end, x, k, acc + ra * M);
+  else
+    gb_mma_stage<M, true>(wv, b, e, a_end - row_bytes, a_end, x, k, acc + ra * M);
+#else
   float da[M], db[M];
 #pragma unroll
   for (int m = 0; m < M; m++) da[m] = db[m] = 0.f;
@@ -199,6 +292,7 @@ __device__ __forceinline__ void gb_consume(const unsigned char* stage, int b, in
 #pragma unroll
       for (int m = 0; m < M; m++) atomicAdd(&acc[(ra + 1) * M + m], db[m]);
   }
+#endif
 #else
   // Keep loads live: GB_DIAG 1 the first step's, GB_DIAG 3 every step's.
 #if GB_DIAG == 3
@@ -282,12 +376,19 @@ __device__ __forceinline__ void gemv_bulk_impl(const GemvBulkParams& p) {
   const int stages = (slab + GB_STAGE_BYTES - 1) / GB_STAGE_BYTES;
   // Stage i is warp i % GB_WARPS's, and so is its buffer (STAGES is a multiple of GB_WARPS):
   // a warp never waits on a buffer another warp has not handed back.
+  // The row a stage starts in, carried from stage to stage: a division a stage was ~20 of the
+  // ~190 instructions the tensor-core dots leave (SASS of gemv_bulk_deep_m1).
+  constexpr int lap = GB_WARPS * GB_STAGE_BYTES;  // bytes between a warp's stages
+  const int lap_rows = lap / row_bytes, lap_rest = lap % row_bytes;
+  int ra = warp * GB_STAGE_BYTES / row_bytes, into = warp * GB_STAGE_BYTES - ra * row_bytes;
   for (int i = warp; i < stages; i += GB_WARPS) {
     const int s = i % STAGES;
     mbar_wait(full + 8 * s, (i / STAGES) & 1);
     if (i == 0) gb_stamp(p, 3);
     const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, p.k, acc, empty + 8 * s);
+    gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, ra, row_bytes, x, p.k, acc, empty + 8 * s);
+    ra += lap_rows, into += lap_rest;
+    if (into >= row_bytes) ra++, into -= row_bytes;
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   gb_stamp(p, 4);

@@ -235,7 +235,8 @@ __device__ __forceinline__ void gemv_chain_impl(const GemvChainParams& p) {
       const int s = g % GB_STAGES;
       mbar_wait(full + 8 * s, (g / GB_STAGES) & 1);
       const int b = i * GB_STAGE_BYTES, e = min(b + GB_STAGE_BYTES, slab);
-      gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, row_bytes, x, op.k, acc, empty + 8 * s);
+      gb_consume<M>(gb_ring + s * GB_STAGE_BYTES, b, e, b / row_bytes, row_bytes, x, op.k, acc,
+                    empty + 8 * s);
     }
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
     for (int i = tid; i < rows * M; i += consumers) {

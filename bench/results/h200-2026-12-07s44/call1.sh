@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# RAN in session 45 (2026-12-07 04:26 UTC) on an H100 80GB HBM3: bench/results/h100-2026-12-07s45.
 # NOT RUN in session 44: every start was refused or held off (BENCHMARKS.md, session 44). The
 # code it measures is 923fcf5, reverted by the commit after it. To run it: `git checkout 923fcf5
 # -- kernels src tests`, `scripts/gpu-pack.sh .carry/gb44d`; for .carry/gb44c the same with

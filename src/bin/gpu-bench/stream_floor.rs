@@ -74,6 +74,17 @@ struct Bulk {
 
 impl Bulk {
     fn build(gpu: &Gpu, stages: usize, min_ctas: usize, diag: u8) -> anyhow::Result<Bulk> {
+        Self::build_dots(gpu, stages, min_ctas, diag, true)
+    }
+
+    /// `build` with the dots on tensor cores (`mma`, `GB_MMA 1`, as shipped) or scalar FMAs.
+    fn build_dots(
+        gpu: &Gpu,
+        stages: usize,
+        min_ctas: usize,
+        diag: u8,
+        mma: bool,
+    ) -> anyhow::Result<Bulk> {
         let (major, minor) = gpu.compute_capability;
         let src = compile::SOURCES
             .iter()
@@ -82,12 +93,16 @@ impl Bulk {
             .ok_or_else(|| anyhow::anyhow!("gemv_bulk.cu is not embedded"))?;
         let defines = format!(
             "#define GB_STAGE_BYTES {}\n#define GB_STAGES {stages}\n#define GB_MIN_CTAS \
-             {min_ctas}\n#define GB_DIAG {}\n",
+             {min_ctas}\n#define GB_DIAG {}\n#define GB_MMA {}\n",
             compile::GEMV_BULK_STAGE_BYTES,
-            diag
+            diag,
+            mma as u8
         );
         let arch = compile::arch_for(major, minor);
-        let name = format!("gemv_bulk_floor_s{stages}_c{min_ctas}_d{diag}");
+        let name = format!(
+            "gemv_bulk_floor_s{stages}_c{min_ctas}_d{diag}_m{}",
+            mma as u8
+        );
         let (ptx, _) = compile::ptx_for(&name, &format!("{defines}{src}"), &arch)?;
         let f = gpu.ctx.load_module(ptx)?.load_function("gemv_bulk_m1")?;
         let b = Bulk { f, stages };
@@ -198,6 +213,8 @@ struct Floor {
     /// The ring with every stage read into registers, no arithmetic (`GB_DIAG 3`), launched
     /// tight.
     loads: Bulk,
+    /// The full kernel with scalar dots (`GB_MMA 0`, before session 44), launched tight.
+    scalar: Bulk,
 }
 
 impl Floor {
@@ -332,6 +349,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let pair = Bulk::build(&gpu, PAIR_STAGES, 2, 0)?;
     let stamped = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 2)?;
     let loads = Bulk::build(&gpu, compile::GEMV_BULK_STAGES, 1, 3)?;
+    let scalar = Bulk::build_dots(&gpu, compile::GEMV_BULK_STAGES, 1, 0, false)?;
     gpu.load_gemv_chain(CHAIN_STAGE_BYTES)?;
     let f = Floor {
         w: random_bf16(&gpu, total / 2, 1)?,
@@ -341,6 +359,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         pair,
         stamped,
         loads,
+        scalar,
         gpu,
     };
     let base = f.w.ptr();
@@ -357,6 +376,7 @@ pub fn run(model: &str) -> anyhow::Result<()> {
     let chain = Chain::new(&f.gpu, &mats, base, f.x.ptr())?;
     check_chain(&f, &chain, &mats)?;
     check_bulk(&f, &f.pair, &mats)?;
+    check_bulk(&f, &f.scalar, &mats)?;
     // Alternated twice, so a drift of clocks shows as a difference between rounds.
     for _ in 0..2 {
         let ms = time(&|| f.ring(base, flat_n, FLAT_K, false))?;
@@ -365,6 +385,8 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(model, "ring + loads, one launch", flat_bytes, 1, ms);
         let ms = time(&|| f.gemv(base, flat_n, FLAT_K))?;
         report(model, "gemv, one launch", flat_bytes, 1, ms);
+        let ms = time(&|| f.tight(&f.scalar, base, flat_n, FLAT_K))?;
+        report(model, "gemv scalar dots, one launch", flat_bytes, 1, ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, true)))?;
         report(model, "ring, per matrix (PDL)", total, mats.len(), ms);
         let ms = time(&|| per_matrix(&|w, n, k| f.ring(w, n, k, false)))?;
@@ -391,6 +413,14 @@ pub fn run(model: &str) -> anyhow::Result<()> {
         report(
             model,
             "gemv, per matrix (PDL), deep ring",
+            total,
+            mats.len(),
+            ms,
+        );
+        let ms = time(&|| per_matrix(&|w, n, k| f.tight(&f.scalar, w, n, k)))?;
+        report(
+            model,
+            "gemv scalar dots, per matrix (PDL), tight",
             total,
             mats.len(),
             ms,
