@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN in session 45 (every start after the H100 call was refused).
+# RAN in session 45 at 06:26 UTC on an H100 80GB HBM3, not the H200 (bench/results/h100-2026-12-07s45/o2).
 # Session 45, the H200 call for the bulk gemv's tensor-core dots (restored on main after the
 # H100 call, bench/results/h100-2026-12-07s45). Packs (scripts/gpu-pack.sh): .carry/gb45 = the
 # tree that lands (tensor-core dots, GB_MMA 1); .carry/gb44a = gpu-bench at 580b9d3 (scalar dots).
