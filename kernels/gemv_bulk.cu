@@ -46,12 +46,12 @@ struct GemvBulkParams {
 #ifndef GB_DEEP_STAGES
 #define GB_DEEP_STAGES 48
 #endif
-// L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
-// activations and the KV cache), 0 the default.
 // 1: the dots on tensor cores (gb_mma_stage), 0: scalar FMAs (gb_dot), as before session 44.
 #ifndef GB_MMA
 #define GB_MMA 1
 #endif
+// L2 policy of the weight copies: 1 evict-first (weights are read once a step; keep L2 for the
+// activations and the KV cache), 0 the default.
 #ifndef GB_EVICT_FIRST
 #define GB_EVICT_FIRST 1
 #endif
