@@ -18,7 +18,7 @@
 // token against 3.71. So the chain is gpu-bench's (stream-floor), not the executor's: the
 // measure a persistent decode step's synchronisation has to beat.
 //
-// Compiled after gemv_bulk.cu (its ring constants, gb_dot, the bf16 helpers), with
+// Compiled after gemv_bulk.cu (its ring constants, gb_consume, the bf16 helpers), with
 // GB_STAGE_BYTES 4096 (rows of >= 2048 elements) or 512 (small models: rows >= 256). One CTA an
 // SM, launched cooperatively (every CTA resident: the barrier spins).
 //
