@@ -17,6 +17,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RU
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=$OUT/o1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
+# H200_ONLY=1 (call2.sh): stop here on any other card.
+[ "${H200_ONLY:-0}" = 1 ] && ! grep -q H200 $O/gpu.txt && { echo "not an H200: stopping"; exit 0; }
 timeout 150 /tmp/gb/cuda_kernels gemv > $O/kgemv.log 2>&1; echo "cuda_kernels gemv rc $?"
 grep -h "test result\|FAILED\|panicked" $O/kgemv.log | head -6
 timeout 60 /tmp/gb/gpu-bench stream-floor --model llama-2-7b > $O/floor.json 2> $O/floor.log; echo "stream-floor rc $?"
