@@ -18,7 +18,13 @@ export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=$OUT/o1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
 # H200_ONLY=1 (call2.sh): stop here on any other card.
-[ "${H200_ONLY:-0}" = 1 ] && ! grep -q H200 $O/gpu.txt && { echo "not an H200: stopping"; exit 0; }
+# On another card it only times the deep ring against the tight one under the tensor-core dots
+# (the deep ring won with scalar dots, session 41), then stops.
+smem() { for r in 1 2; do for s in tight deep; do
+  BROOK_GEMV_SMEM=$s timeout 40 /tmp/gb/gpu-bench decode --quick --model llama-2-7b --output-len 256 > $O/d.json 2>> $O/bench.log
+  echo "B $s | decode b1 L2-7B rc $?: $(grep -o '"median_ms":[0-9.]*' $O/d.json | head -1)" | tee -a $O/smem.txt
+done; done; }
+[ "${H200_ONLY:-0}" = 1 ] && ! grep -q H200 $O/gpu.txt && { echo "not an H200"; smem; exit 0; }
 timeout 150 /tmp/gb/cuda_kernels gemv > $O/kgemv.log 2>&1; echo "cuda_kernels gemv rc $?"
 grep -h "test result\|FAILED\|panicked" $O/kgemv.log | head -6
 timeout 60 /tmp/gb/gpu-bench stream-floor --model llama-2-7b > $O/floor.json 2> $O/floor.log; echo "stream-floor rc $?"
@@ -40,6 +46,7 @@ done
 for v in A B; do d=/tmp/ga; [ $v = B ] && d=/tmp/gb
   timeout 90 $d/gpu-bench offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 --kv-cache-dtype bf16,fp8 > $O/off$v.json 2>> $O/off.log; echo "offline $v rc $?: $(grep -o "\"output_tok_s\":[0-9.]*" $O/off$v.json | tr "\n" " ")" | tee -a $O/ab.txt
 done
+[ "${H200_ONLY:-0}" = 1 ] && smem
 timeout 200 /tmp/gb/cuda_e2e --test-threads 1 > $O/e2e.log 2>&1; echo "cuda_e2e rc $?"
 grep -h "test result\|FAILED\|panicked" $O/e2e.log | head -6
 true
