@@ -17,9 +17,9 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RU
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 O=$OUT/o1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
-# H200_ONLY=1 (call2.sh): stop here on any other card.
-# On another card it only times the deep ring against the tight one under the tensor-core dots
-# (the deep ring won with scalar dots, session 41), then stops.
+# With H200_ONLY=1 (call2.sh; added after call 1, which ran without it): on any card but an H200
+# only the deep ring against the tight one under the tensor-core dots (the deep ring won with
+# scalar dots, session 41), then stop; on an H200 that timing runs after the A/B.
 smem() { for r in 1 2; do for s in tight deep; do
   BROOK_GEMV_SMEM=$s timeout 40 /tmp/gb/gpu-bench decode --quick --model llama-2-7b --output-len 256 > $O/d.json 2>> $O/bench.log
   echo "B $s | decode b1 L2-7B rc $?: $(grep -o '"median_ms":[0-9.]*' $O/d.json | head -1)" | tee -a $O/smem.txt
