@@ -77,6 +77,22 @@
 #define DMMA_U (HD <= 64 ? 3 : 2)
 #define DMMA_MIN_CTAS 2
 #endif
+// Each pass reads the next pass's block-table entries while its own K/V loads are in flight (0:
+// at the pass's start, a round trip before its loads). On an H100 (session 47) 2-3 % faster at
+// 192 keys x 512 sequences, either cache, level at 4k x 1; BENCHMARKS.md issue 18.
+#ifndef DMMA_BT_AHEAD
+#define DMMA_BT_AHEAD 1
+#endif
+// Benchmark overrides (`Gpu::decode_defines`, BROOK_DECODE_DEFINES in gpu-bench): steps a pass
+// and the launch bound's CTAs an SM.
+#ifdef DMMA_U_SET
+#undef DMMA_U
+#define DMMA_U DMMA_U_SET
+#endif
+#ifdef DMMA_CTAS_SET
+#undef DMMA_MIN_CTAS
+#define DMMA_MIN_CTAS DMMA_CTAS_SET
+#endif
 #if KV_FP8
 #define DMMA_DUP 0  // P in f16: one product
 #define DMMA_TWO 0
@@ -199,20 +215,38 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
   const kv_t* vc = p.v_cache + r * (HD / 8);
 
   constexpr int STRIDE = DMMA_WARPS * DMMA_KEYS;
+  const int base0 = (begin & ~(DMMA_KEYS - 1)) + warp * DMMA_KEYS;
+#if DMMA_BT_AHEAD
+  // The block of each step of the next pass, read while this pass's K/V loads are in flight:
+  // a pass then costs one round trip, not two (block table, then rows).
+  int blk[DMMA_U];
+  if constexpr (ONE_BLOCK) {
+#pragma unroll
+    for (int u = 0; u < DMMA_U; u++) {
+      const int b = base0 + u * STRIDE;
+      blk[u] = b < end ? bt[b >> bshift] : 0;
+    }
+  }
+#endif
   // The loop bound is uniform across the warp (the mma, movmatrix and votes need every lane).
-  for (int base = (begin & ~(DMMA_KEYS - 1)) + warp * DMMA_KEYS; base < end;
-       base += STRIDE * DMMA_U) {
+  for (int base = base0; base < end; base += STRIDE * DMMA_U) {
     u32 kw[DMMA_U][2][DMMA_KW];  // keys base + 8t + r
     u32 vw[DMMA_U][4][DMMA_VW];  // keys base + 2c + (i & 1) + 8 (i >> 1)
-    // The block-table reads of every step first: one round trip for all of them.
+    // Every step's row first (block-table reads, unless DMMA_BT_AHEAD read them during the pass
+    // before): one round trip for all of them.
     size_t row0[DMMA_U];
     if constexpr (ONE_BLOCK) {
 #pragma unroll
       for (int u = 0; u < DMMA_U; u++) {
         const int b = base + u * STRIDE;
+#if DMMA_BT_AHEAD
+        row0[u] = b < end ? kv_offset(blk[u], kh, b & bmask, p.num_kv_heads, p.block_size, HD)
+                          : 0;
+#else
         row0[u] = b < end ? kv_offset(bt[b >> bshift], kh, b & bmask, p.num_kv_heads,
                                       p.block_size, HD)
                           : 0;
+#endif
       }
     }
 #pragma unroll
@@ -271,6 +305,15 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
         }
       }
     }
+#if DMMA_BT_AHEAD
+    if constexpr (ONE_BLOCK) {
+#pragma unroll
+      for (int u = 0; u < DMMA_U; u++) {
+        const int b = base + (DMMA_U + u) * STRIDE;
+        blk[u] = b < end ? bt[b >> bshift] : 0;
+      }
+    }
+#endif
 #pragma unroll
     for (int u = 0; u < DMMA_U; u++) {
       const int b = base + u * STRIDE;

@@ -75,6 +75,7 @@ impl CudaBackendOptions {
             // grid fills at most half a wave (`Limits::decode_splits`).
             decode_cluster: true,
             decode_min_split_keys: 0,
+            decode_defines: Vec::new(),
             decode_kernel: cfg.model.decode_attention,
             prefill_wgmma: true,
             prefill_wg_stages: PREFILL_WG_STAGES,

@@ -24,7 +24,11 @@ use rand_chacha::ChaCha8Rng;
 /// (quantization, kernels, switches) where the figure does not name them itself.
 pub fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
-        let tags: [(&str, serde_json::Value); 11] = [
+        let defines: Vec<String> = decode_defines()
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        let tags: [(&str, serde_json::Value); 12] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -36,6 +40,7 @@ pub fn emit(mut v: serde_json::Value) {
             ("residual_gemm", residual_gemm().into()),
             ("decode_cluster", decode_cluster().into()),
             ("pdl_small", pdl_small().into()),
+            ("decode_defines", defines.join(",").into()),
         ];
         for (key, value) in tags {
             o.entry(key).or_insert(value);
@@ -152,6 +157,30 @@ pub fn gemv_bulk() -> bool {
 /// `BROOK_GEMV_SMEM` (roomy or tight; `GemvSmem`; brook's default when unset), for A/B runs.
 pub fn gemv_smem() -> GemvSmem {
     env_choice("BROOK_GEMV_SMEM")
+}
+
+/// Extra defines for the decode attention builds of every backend and `Gpu` gpu-bench makes
+/// (`CudaBackendOptions::decode_defines`): `BROOK_DECODE_DEFINES`, comma-separated `NAME=N`
+/// where NAME is one of the `DMMA_*` overrides kernels/paged_decode_mma.cu reads; none when
+/// unset. For A/B runs of the decode kernel's tuning in one binary.
+pub fn decode_defines() -> Vec<(String, usize)> {
+    const NAMES: [&str; 3] = ["DMMA_U_SET", "DMMA_CTAS_SET", "DMMA_BT_AHEAD"];
+    let Ok(v) = std::env::var("BROOK_DECODE_DEFINES") else {
+        return Vec::new();
+    };
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let parsed = item
+                .split_once('=')
+                .filter(|(n, _)| NAMES.contains(n))
+                .and_then(|(n, x)| Some((n.to_string(), x.parse().ok()?)));
+            parsed.unwrap_or_else(|| {
+                eprintln!("BROOK_DECODE_DEFINES: {item:?} is not NAME=N with NAME in {NAMES:?}");
+                std::process::exit(2)
+            })
+        })
+        .collect()
 }
 
 /// Which of `rope_kv`, `silu_mul` and `sample` are launched with PDL in every backend and `Gpu`
@@ -502,6 +531,7 @@ pub fn bench_options() -> CudaBackendOptions {
         decode_cluster: decode_cluster(),
         pdl_small: pdl_small(),
         decode_min_split_keys: env_count("BROOK_DECODE_MIN_KEYS", &[0, 32, 64, 128, 256], 0),
+        decode_defines: decode_defines(),
         // The base step without lookahead, as every figure before session 34 ran it (serving's
         // default is "auto": the `lookahead-auto` variant of decode-variants; `brook bench`).
         lookahead: false,
@@ -522,6 +552,7 @@ pub fn open_gpu() -> anyhow::Result<Gpu> {
     gpu.gemv_bulk &= gemv_bulk();
     gpu.gemv_smem = gemv_smem();
     gpu.pdl_small = pdl_small();
+    gpu.decode_defines = decode_defines();
     Ok(gpu)
 }
 

@@ -429,6 +429,18 @@ mod tests {
                 assert!(ptx.contains(".entry paged_decode"), "hd {hd} g {group} fp8");
             }
         }
+        // The tensor-core decode kernel's tuning overrides (`Gpu::decode_defines`), both caches.
+        for tuning in [
+            &[("DMMA_BT_AHEAD", 0)][..],
+            &[("DMMA_U_SET", 3), ("DMMA_CTAS_SET", 2)],
+        ] {
+            for fp8 in [0, 1] {
+                let (name, src) = PAGED_DECODE;
+                let defines = [&[("HD", 128), ("GROUP", 4), ("KV_FP8", fp8)][..], tuning].concat();
+                let ptx = compiled(name, src, "compute_90", &defines);
+                assert!(ptx.contains(".entry paged_decode_mma"), "{defines:?}");
+            }
+        }
         for stage in [512, 4096] {
             let defines = [("GB_STAGE_BYTES", stage)];
             let ptx = compiled("gemv_chain", &gemv_chain_source(), "compute_90", &defines);

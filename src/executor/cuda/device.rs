@@ -90,6 +90,10 @@ pub struct Gpu {
     /// The shared memory each bulk gemv launch asks for (`options::GemvSmem`). Roomy on a
     /// fresh handle; the backend sets its options' (`CudaBackendOptions::gemv_smem`).
     pub gemv_smem: GemvSmem,
+    /// Extra `-D` defines for the decode attention builds (`load_attention`): tuning overrides
+    /// that kernels/paged_decode_mma.cu documents (`DMMA_*`), for benchmarks to compare. Empty
+    /// on a fresh handle; the backend sets its options' (`CudaBackendOptions::decode_defines`).
+    pub decode_defines: Vec<(String, usize)>,
     /// Launch the kernels that support it with programmatic dependent launch (sm_90+): their
     /// start overlaps the previous kernel's tail (`pdl_wait` in kernels/common.cuh).
     pub pdl: bool,
@@ -154,6 +158,7 @@ impl Gpu {
             gemv_bulk: false,
             gemv_deep: false,
             gemv_smem: GemvSmem::Roomy,
+            decode_defines: Vec::new(),
             pdl: compute_capability.0 >= 9,
             pdl_small: 0,
             prefill_wgmma: true,
@@ -201,6 +206,7 @@ impl Gpu {
             blas,
             name: self.name.clone(),
             functions: self.functions.clone(),
+            decode_defines: self.decode_defines.clone(),
             _blas_workspace: ws,
             trace: Mutex::default(),
             tracing: AtomicBool::new(false),
@@ -305,10 +311,16 @@ impl Gpu {
             ),
             false => (compile::PREFILL_ATTN, arch.clone(), vec![]),
         };
+        let tuning = self.decode_defines.clone();
+        let tuning = tuning.iter().map(|(n, v)| (n.as_str(), *v));
         let shaped = [
             (
                 compile::PAGED_DECODE,
-                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()].concat(),
+                [vec![("HD", head_dim), ("GROUP", group)], fp8.clone()]
+                    .concat()
+                    .into_iter()
+                    .chain(tuning)
+                    .collect(),
                 format!("_hd{head_dim}_g{group}{tail}"),
                 arch,
             ),

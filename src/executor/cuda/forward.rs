@@ -265,6 +265,7 @@ impl Forward {
         );
         gpu.prefill_wg_stages = opts.prefill_wg_stages;
         gpu.prefill_tma = opts.prefill_tma;
+        gpu.decode_defines = opts.decode_defines.clone();
         gpu.load_attention(
             cfg.head_dim,
             cfg.num_attention_heads / cfg.num_key_value_heads,

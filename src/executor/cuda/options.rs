@@ -90,6 +90,10 @@ pub struct CudaBackendOptions {
     /// `kernels::MIN_SPLIT_KEYS`, which sizes the split scratch); 0: the rule's own
     /// (`kernels::decode_min_split_keys`). For benchmarks.
     pub decode_min_split_keys: usize,
+    /// Extra `-D` defines for the decode attention builds (`Gpu::decode_defines`): the
+    /// `DMMA_*` overrides kernels/paged_decode_mma.cu documents. Empty by default. For
+    /// benchmarks.
+    pub decode_defines: Vec<(String, usize)>,
     /// Prefill attention on the wgmma kernel where it is built (Hopper, head dim 64 or 128;
     /// kernels/prefill_attn_wgmma.cu); false: the mma.sync kernel. On by default.
     pub prefill_wgmma: bool,
