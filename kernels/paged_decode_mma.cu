@@ -78,8 +78,9 @@
 #define DMMA_MIN_CTAS 2
 #endif
 // Each pass reads the next pass's block-table entries while its own K/V loads are in flight (0:
-// at the pass's start, a round trip before its loads). On an H100 (session 47) 2-3 % faster at
-// 192 keys x 512 sequences, either cache, level at 4k x 1; BENCHMARKS.md issue 18.
+// at the pass's start, a round trip before its loads). On an H100 (session 47, two calls) alone
+// 1-2.5 % faster at 192 keys x 512 sequences, either cache, level where a split is one pass
+// (4k x 1); BENCHMARKS.md issue 18.
 #ifndef DMMA_BT_AHEAD
 #define DMMA_BT_AHEAD 1
 #endif
