@@ -23,7 +23,9 @@ done 2>&1 | tee $O/att.txt
 step() { BROOK_DECODE_DEFINES=$(def $1) timeout 60 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 24 --kv-cache-dtype fp8 > $O/d.json 2>> $O/step.log
   echo "$1 | decode-batch llama-2-7b 512 x 192 fp8 rc $?: $(grep -o '"median_ms":[0-9.]*\|"gpu_span_ms":[0-9.]*' $O/d.json | tr '\n' ' ')"; }
 for r in 1 2; do for v in A B C; do step $v; done; done 2>&1 | tee $O/step.txt
-for v in A B A B; do
+# SHORT=1 (call5.sh, for a shorter device budget): one offline run each, none past 300 s.
+runs="A B A B"; [ "${SHORT:-0}" = 1 ] && { runs="A B"; [ $SECONDS -ge 300 ] && runs=; }
+for v in $runs; do
   BROOK_DECODE_DEFINES=$(def $v) timeout 90 $G offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 --kv-cache-dtype fp8 > $O/off.json 2>> $O/off.log
   echo "offline $v e4m3 rc $?: $(grep -o '"output_tok_s":[0-9.]*' $O/off.json)"
 done 2>&1 | tee $O/off.txt
