@@ -94,6 +94,16 @@
 #undef DMMA_MIN_CTAS
 #define DMMA_MIN_CTAS DMMA_CTAS_SET
 #endif
+// Warp steps each warp keeps in flight in a ring of shared memory (cp.async, per thread: each
+// reads back only what it copied, so no barrier), refilled as each step is consumed; 0: the
+// steps of a pass are loaded into registers, waited on and consumed before the next pass's
+// loads go out. Blocks of 16 keys or more only. Shared memory (dynamic, `decode_ring_smem` in
+// compile.rs): DMMA_WARPS * DMMA_RING steps of HD * DMMA_ES bytes a lane. Off by default; a
+// benchmark override (BROOK_DECODE_DEFINES=DMMA_RING=N) until measured.
+#ifndef DMMA_RING
+#define DMMA_RING 0
+#endif
+#define DMMA_TW (2 * DMMA_KW + 4 * DMMA_VW)  // 32-bit words of a thread's step: K, then V
 #if KV_FP8
 #define DMMA_DUP 0  // P in f16: one product
 #define DMMA_TWO 0
@@ -126,6 +136,61 @@ __device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
   } else {
 #pragma unroll
     for (int i = 0; i < W; i++) dst[i] = ((const u32*)src)[i];
+  }
+}
+
+// Word w of a thread's step within its ring slot, counted from the lane's first word: 16-byte
+// chunks interleaved across the lanes, so a quarter warp's 16-byte reads hit distinct banks.
+__device__ __forceinline__ int dmma_rw(int w) { return (w >> 2) * 128 + (w & 3); }
+
+// W words from `src` into the lane's slot (shared address `lane_s`) from its word w0, with the
+// widest copies W allows; the source is aligned as dmma_load's.
+template <int W>
+__device__ __forceinline__ void dmma_cp(u32 lane_s, int w0, const void* src) {
+  const char* g = (const char*)src;
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 4; i++) {
+      const u32 d = lane_s + 4 * dmma_rw(w0 + 4 * i);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(g + 16 * i) : "memory");
+    }
+  } else if constexpr (W % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 2; i++) {
+      const u32 d = lane_s + 4 * dmma_rw(w0 + 2 * i);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(g + 8 * i) : "memory");
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+      const u32 d = lane_s + 4 * dmma_rw(w0 + i);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(g + 4 * i) : "memory");
+    }
+  }
+}
+
+// dmma_cp's W words back from the lane's slot (`lane`: its first word) into registers.
+template <int W>
+__device__ __forceinline__ void dmma_lds(u32* dst, const u32* lane, int w0) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 4; i++) {
+      const uint4 v = *(const uint4*)(lane + dmma_rw(w0 + 4 * i));
+      dst[4 * i] = v.x;
+      dst[4 * i + 1] = v.y;
+      dst[4 * i + 2] = v.z;
+      dst[4 * i + 3] = v.w;
+    }
+  } else if constexpr (W % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 2; i++) {
+      const uint2 v = *(const uint2*)(lane + dmma_rw(w0 + 2 * i));
+      dst[2 * i] = v.x;
+      dst[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; i++) dst[i] = lane[dmma_rw(w0 + i)];
   }
 }
 
@@ -215,208 +280,285 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
   const kv_t* kc = p.k_cache + c * (HD / 4);
   const kv_t* vc = p.v_cache + r * (HD / 8);
 
+  // One warp step of 16 keys from b: S^T = K Q^T, the lazy softmax, O^T += V^T P^T. kwu, vwu:
+  // its K and V slices (fragment layouts above), V zeroed outside the split.
+  const auto step = [&](const u32(&kwu)[2][DMMA_KW], const u32(&vwu)[4][DMMA_VW], int b) {
+    // S^T, two accumulators (even and odd k-steps) to halve the dependent chain.
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++) {
+#if KV_FP8
+      const u32 w0 = kwu[0][kk], w1 = kwu[1][kk];
+      const u32 a[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)),
+                        e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)),
+                        e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
+                        e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
+#else
+      const u32 a[4] = {kwu[0][2 * kk], kwu[1][2 * kk], kwu[0][2 * kk + 1],
+                        kwu[1][2 * kk + 1]};
+#endif
+      dmma4(kk & 1 ? s2 : s, a, qb[kk][0], qb[kk][1]);
+    }
+    // x[h][k]: head 2c + h, key b + r + 8k; masked outside the split.
+    float x[2][2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const int j = b + r + 8 * k;
+      const bool in = j >= begin && j < end;
+#pragma unroll
+      for (int h = 0; h < 2; h++) x[h][k] = in ? (s[2 * k + h] + s2[2 * k + h]) * qs : NEG_INF;
+    }
+    const bool past = x[0][0] > m_h[0] + DMMA_SLACK || x[0][1] > m_h[0] + DMMA_SLACK ||
+                      x[1][0] > m_h[1] + DMMA_SLACK || x[1][1] > m_h[1] + DMMA_SLACK;
+    if (__any_sync(0xffffffffu, past)) {
+      // Every step has a key in the split, so each head's max over the step is finite.
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = fmaxf(x[h][0], x[h][1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mn = fmaxf(m_h[h], mx);
+        const float corr = exp2f(m_h[h] - mn);
+        l_h[h] *= corr;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          o[mt][h] *= corr;
+          o[mt][h + 2] *= corr;
+        }
+        m_h[h] = mn;
+      }
+    }
+    float pr[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      pr[h][0] = exp2f(x[h][0] - m_h[h]);
+      pr[h][1] = exp2f(x[h][1] - m_h[h]);
+      l_h[h] += pr[h][0] + pr[h][1];
+    }
+    // P[key r + 8k][heads 2c, 2c+1] packed, then transposed into B's [keys][head r].
+    u32 pb[2];
+#if DMMA_TWO
+    u32 pl[2];
+#endif
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const u32 hi = dmma_pack(pr[0][k], pr[1][k]);
+#if DMMA_DUP || DMMA_TWO
+      // bf16 keeps 8 bits of P; hi + lo keeps 16 (paged_decode_mma.cu says why it matters).
+      const u32 lo = pack_bf16x2(pr[0][k] - bf_lo(hi), pr[1][k] - bf_hi(hi));
+#endif
+#if DMMA_DUP
+      pb[k] = dmma_trans(c < 2 ? hi : lo);
+#else
+      pb[k] = dmma_trans(hi);
+#endif
+#if DMMA_TWO
+      pl[k] = dmma_trans(lo);
+#endif
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      u32 a[4];
+#if KV_FP8
+      // Bytes 2mt, 2mt+1 of each key's slice: keys (2c, 2c+1) paired, then (2c+8, 2c+9).
+      const int w = mt >> 1;
+      const u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
+      const u32 k01 = __byte_perm(vwu[0][w], vwu[1][w], sel);
+      const u32 k89 = __byte_perm(vwu[2][w], vwu[3][w], sel);
+      a[0] = e4m3x2_to_f16x2((unsigned short)(k01 & 0xffffu));
+      a[1] = e4m3x2_to_f16x2((unsigned short)(k01 >> 16));
+      a[2] = e4m3x2_to_f16x2((unsigned short)(k89 & 0xffffu));
+      a[3] = e4m3x2_to_f16x2((unsigned short)(k89 >> 16));
+#else
+      // Word mt of each key's slice (dims 2mt, 2mt+1): keys (2c, 2c+1) paired per dim.
+      a[0] = __byte_perm(vwu[0][mt], vwu[1][mt], 0x5410u);
+      a[1] = __byte_perm(vwu[0][mt], vwu[1][mt], 0x7632u);
+      a[2] = __byte_perm(vwu[2][mt], vwu[3][mt], 0x5410u);
+      a[3] = __byte_perm(vwu[2][mt], vwu[3][mt], 0x7632u);
+#endif
+      dmma4(o[mt], a, pb[0], pb[1]);
+#if DMMA_TWO
+      dmma4(o[mt], a, pl[0], pl[1]);
+#endif
+    }
+  };
+
   constexpr int STRIDE = DMMA_WARPS * DMMA_KEYS;
   const int base0 = (begin & ~(DMMA_KEYS - 1)) + warp * DMMA_KEYS;
-#if DMMA_BT_AHEAD
-  // The block of each step of the next pass, read while this pass's K/V loads are in flight:
-  // a pass then costs one round trip, not two (block table, then rows).
-  int blk[DMMA_U];
+#if DMMA_RING
   if constexpr (ONE_BLOCK) {
+    // The warp's steps j = 0, 1, ... (keys base0 + j * STRIDE on) through a ring of DMMA_RING
+    // slots: step j + DMMA_RING is copied into step j's slot as soon as step j is read out, so
+    // DMMA_RING steps stay in flight however long the split (the register passes drain to
+    // nothing between passes). One commit group a step, empty past the split, so that
+    // wait_group's count is the same every step.
+    extern __shared__ __align__(16) u32 dmma_ring[];  // [DMMA_WARPS][DMMA_RING][DMMA_TW/4][32][4]
+    constexpr int SLOT = DMMA_TW * 32;                 // words a slot
+    const u32* mine = dmma_ring + warp * DMMA_RING * SLOT + lane * 4;
+    const u32 mine_s = smem_addr(mine);
+    const auto entry = [&](int j) {  // step j's block, or 0 past the split
+      const int b = base0 + j * STRIDE;
+      return b < end ? bt[b >> bshift] : 0;
+    };
+    const auto issue = [&](int j, int blk, int slot) {
+      const int b = base0 + j * STRIDE;
+      if (b < end) {
+        const size_t row0 = kv_offset(blk, kh, b & bmask, p.num_kv_heads, p.block_size, HD);
+        const u32 at = mine_s + slot * SLOT * 4;
 #pragma unroll
-    for (int u = 0; u < DMMA_U; u++) {
-      const int b = base0 + u * STRIDE;
-      blk[u] = b < end ? bt[b >> bshift] : 0;
-    }
-  }
-#endif
-  // The loop bound is uniform across the warp (the mma, movmatrix and votes need every lane).
-  for (int base = base0; base < end; base += STRIDE * DMMA_U) {
-    u32 kw[DMMA_U][2][DMMA_KW];  // keys base + 8t + r
-    u32 vw[DMMA_U][4][DMMA_VW];  // keys base + 2c + (i & 1) + 8 (i >> 1)
-    // Every step's row first (block-table reads, unless DMMA_BT_AHEAD read them during the pass
-    // before): one round trip for all of them.
-    size_t row0[DMMA_U];
-    if constexpr (ONE_BLOCK) {
-#pragma unroll
-      for (int u = 0; u < DMMA_U; u++) {
-        const int b = base + u * STRIDE;
-#if DMMA_BT_AHEAD
-        row0[u] = b < end ? kv_offset(blk[u], kh, b & bmask, p.num_kv_heads, p.block_size, HD)
-                          : 0;
-#else
-        row0[u] = b < end ? kv_offset(bt[b >> bshift], kh, b & bmask, p.num_kv_heads,
-                                      p.block_size, HD)
-                          : 0;
-#endif
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < DMMA_U; u++) {
-      const int b = base + u * STRIDE;
-      if constexpr (ONE_BLOCK) {
-        // The step's 16 keys are consecutive rows of one block (b's block holds begin or a key
-        // before end: a valid entry, and its rows past the context are allocated): one
-        // block-table read and one address a step, every load unconditional, so no load
-        // waits on another's registers. Keys outside the split are zeroed after (V must be:
-        // P = 0 times a stale row could be NaN; K's scores are masked anyway).
-        if (b < end) {
-#pragma unroll
-          for (int t = 0; t < 2; t++) {
-            dmma_load<DMMA_KW>(kw[u][t], kc + row0[u] + (8 * t + r) * HD);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            dmma_load<DMMA_VW>(vw[u][i], vc + row0[u] + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
-          }
-          if (b < begin || b + DMMA_KEYS > end) {  // uniform: a step at a split's edge
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-              const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
-              if (j < begin || j >= end) {
-#pragma unroll
-                for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
-              }
-            }
-          }
-        }
-      } else {
-        // Blocks of fewer than 16 keys: each key looked up alone.
-        const auto at = [&](int j) {
-          return kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads, p.block_size, HD);
-        };
-#pragma unroll
-        for (int t = 0; t < 2; t++) {
-          const int j = b + 8 * t + r;
-          if (j >= begin && j < end) {
-            dmma_load<DMMA_KW>(kw[u][t], kc + at(j));
-          } else {
-#pragma unroll
-            for (int i = 0; i < DMMA_KW; i++) kw[u][t][i] = 0u;
-          }
-        }
+        for (int t = 0; t < 2; t++) dmma_cp<DMMA_KW>(at, t * DMMA_KW, kc + row0 + (8 * t + r) * HD);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-          const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
-          if (j >= begin && j < end) {
-            dmma_load<DMMA_VW>(vw[u][i], vc + at(j));
-          } else {
+          dmma_cp<DMMA_VW>(at, 2 * DMMA_KW + i * DMMA_VW,
+                           vc + row0 + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    {
+      int first[DMMA_RING];  // one round trip for every first step's block
 #pragma unroll
-            for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+      for (int j = 0; j < DMMA_RING; j++) first[j] = entry(j);
+#pragma unroll
+      for (int j = 0; j < DMMA_RING; j++) issue(j, first[j], j);
+    }
+    int next = entry(DMMA_RING);  // read while the ring's steps are in flight
+    int slot = 0;
+    for (int j = 0; base0 + j * STRIDE < end; j++) {  // uniform across the warp
+      asm volatile("cp.async.wait_group %0;" ::"n"(DMMA_RING - 1) : "memory");
+      const u32* at = mine + slot * SLOT;
+      u32 kw[2][DMMA_KW], vw[4][DMMA_VW];
+#pragma unroll
+      for (int t = 0; t < 2; t++) dmma_lds<DMMA_KW>(kw[t], at, t * DMMA_KW);
+#pragma unroll
+      for (int i = 0; i < 4; i++) dmma_lds<DMMA_VW>(vw[i], at, 2 * DMMA_KW + i * DMMA_VW);
+      const int b = base0 + j * STRIDE;
+      if (b < begin || b + DMMA_KEYS > end) {  // as the register path: V zeroed outside the split
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int k = b + 2 * c + (i & 1) + 8 * (i >> 1);
+          if (k < begin || k >= end) {
+#pragma unroll
+            for (int w = 0; w < DMMA_VW; w++) vw[i][w] = 0u;
           }
         }
       }
+      step(kw, vw, b);
+      // The slot's registers are consumed (the products above read them), so it can be refilled.
+      issue(j + DMMA_RING, next, slot);
+      next = entry(j + DMMA_RING + 1);
+      slot = slot + 1 == DMMA_RING ? 0 : slot + 1;
     }
+  } else
+#endif
+  {
+    // Steps a pass: with the ring this path serves only blocks of fewer than 16 keys, at one step
+    // a pass, so that it does not set the kernel's register count.
+    constexpr int U = DMMA_RING ? 1 : DMMA_U;
 #if DMMA_BT_AHEAD
+    // The block of each step of the next pass, read while this pass's K/V loads are in flight:
+    // a pass then costs one round trip, not two (block table, then rows).
+    int blk[U];
     if constexpr (ONE_BLOCK) {
 #pragma unroll
-      for (int u = 0; u < DMMA_U; u++) {
-        const int b = base + (DMMA_U + u) * STRIDE;
+      for (int u = 0; u < U; u++) {
+        const int b = base0 + u * STRIDE;
         blk[u] = b < end ? bt[b >> bshift] : 0;
       }
     }
 #endif
+    // The loop bound is uniform across the warp (the mma, movmatrix and votes need every lane).
+    for (int base = base0; base < end; base += STRIDE * U) {
+      u32 kw[U][2][DMMA_KW];  // keys base + 8t + r
+      u32 vw[U][4][DMMA_VW];  // keys base + 2c + (i & 1) + 8 (i >> 1)
+      // Every step's row first (block-table reads, unless DMMA_BT_AHEAD read them during the pass
+      // before): one round trip for all of them.
+      size_t row0[U];
+      if constexpr (ONE_BLOCK) {
 #pragma unroll
-    for (int u = 0; u < DMMA_U; u++) {
-      const int b = base + u * STRIDE;
-      if (b >= end) break;  // uniform: b depends on the warp only
-      // S^T, two accumulators (even and odd k-steps) to halve the dependent chain.
-      float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int kk = 0; kk < KK; kk++) {
-#if KV_FP8
-        const u32 w0 = kw[u][0][kk], w1 = kw[u][1][kk];
-        const u32 a[4] = {e4m3x2_to_f16x2((unsigned short)(w0 & 0xffffu)),
-                          e4m3x2_to_f16x2((unsigned short)(w1 & 0xffffu)),
-                          e4m3x2_to_f16x2((unsigned short)(w0 >> 16)),
-                          e4m3x2_to_f16x2((unsigned short)(w1 >> 16))};
+        for (int u = 0; u < U; u++) {
+          const int b = base + u * STRIDE;
+#if DMMA_BT_AHEAD
+          row0[u] = b < end ? kv_offset(blk[u], kh, b & bmask, p.num_kv_heads, p.block_size, HD)
+                            : 0;
 #else
-        const u32 a[4] = {kw[u][0][2 * kk], kw[u][1][2 * kk], kw[u][0][2 * kk + 1],
-                          kw[u][1][2 * kk + 1]};
+          row0[u] = b < end ? kv_offset(bt[b >> bshift], kh, b & bmask, p.num_kv_heads,
+                                        p.block_size, HD)
+                            : 0;
 #endif
-        dmma4(kk & 1 ? s2 : s, a, qb[kk][0], qb[kk][1]);
-      }
-      // x[h][k]: head 2c + h, key b + r + 8k; masked outside the split.
-      float x[2][2];
-#pragma unroll
-      for (int k = 0; k < 2; k++) {
-        const int j = b + r + 8 * k;
-        const bool in = j >= begin && j < end;
-#pragma unroll
-        for (int h = 0; h < 2; h++) x[h][k] = in ? (s[2 * k + h] + s2[2 * k + h]) * qs : NEG_INF;
-      }
-      const bool past = x[0][0] > m_h[0] + DMMA_SLACK || x[0][1] > m_h[0] + DMMA_SLACK ||
-                        x[1][0] > m_h[1] + DMMA_SLACK || x[1][1] > m_h[1] + DMMA_SLACK;
-      if (__any_sync(0xffffffffu, past)) {
-        // Every step has a key in the split, so each head's max over the step is finite.
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          float mx = fmaxf(x[h][0], x[h][1]);
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          const float mn = fmaxf(m_h[h], mx);
-          const float corr = exp2f(m_h[h] - mn);
-          l_h[h] *= corr;
-#pragma unroll
-          for (int mt = 0; mt < MT; mt++) {
-            o[mt][h] *= corr;
-            o[mt][h + 2] *= corr;
-          }
-          m_h[h] = mn;
         }
       }
-      float pr[2][2];
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        pr[h][0] = exp2f(x[h][0] - m_h[h]);
-        pr[h][1] = exp2f(x[h][1] - m_h[h]);
-        l_h[h] += pr[h][0] + pr[h][1];
+      for (int u = 0; u < U; u++) {
+        const int b = base + u * STRIDE;
+        if constexpr (ONE_BLOCK) {
+          // The step's 16 keys are consecutive rows of one block (b's block holds begin or a key
+          // before end: a valid entry, and its rows past the context are allocated): one
+          // block-table read and one address a step, every load unconditional, so no load
+          // waits on another's registers. Keys outside the split are zeroed after (V must be:
+          // P = 0 times a stale row could be NaN; K's scores are masked anyway).
+          if (b < end) {
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+              dmma_load<DMMA_KW>(kw[u][t], kc + row0[u] + (8 * t + r) * HD);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              dmma_load<DMMA_VW>(vw[u][i], vc + row0[u] + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
+            }
+            if (b < begin || b + DMMA_KEYS > end) {  // uniform: a step at a split's edge
+#pragma unroll
+              for (int i = 0; i < 4; i++) {
+                const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
+                if (j < begin || j >= end) {
+#pragma unroll
+                  for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+                }
+              }
+            }
+          }
+        } else {
+          // Blocks of fewer than 16 keys: each key looked up alone.
+          const auto at = [&](int j) {
+            return kv_offset(bt[j >> bshift], kh, j & bmask, p.num_kv_heads, p.block_size, HD);
+          };
+#pragma unroll
+          for (int t = 0; t < 2; t++) {
+            const int j = b + 8 * t + r;
+            if (j >= begin && j < end) {
+              dmma_load<DMMA_KW>(kw[u][t], kc + at(j));
+            } else {
+#pragma unroll
+              for (int i = 0; i < DMMA_KW; i++) kw[u][t][i] = 0u;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
+            if (j >= begin && j < end) {
+              dmma_load<DMMA_VW>(vw[u][i], vc + at(j));
+            } else {
+#pragma unroll
+              for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
+            }
+          }
+        }
       }
-      // P[key r + 8k][heads 2c, 2c+1] packed, then transposed into B's [keys][head r].
-      u32 pb[2];
-#if DMMA_TWO
-      u32 pl[2];
-#endif
+#if DMMA_BT_AHEAD
+      if constexpr (ONE_BLOCK) {
 #pragma unroll
-      for (int k = 0; k < 2; k++) {
-        const u32 hi = dmma_pack(pr[0][k], pr[1][k]);
-#if DMMA_DUP || DMMA_TWO
-        // bf16 keeps 8 bits of P; hi + lo keeps 16 (paged_decode_mma.cu says why it matters).
-        const u32 lo = pack_bf16x2(pr[0][k] - bf_lo(hi), pr[1][k] - bf_hi(hi));
-#endif
-#if DMMA_DUP
-        pb[k] = dmma_trans(c < 2 ? hi : lo);
-#else
-        pb[k] = dmma_trans(hi);
-#endif
-#if DMMA_TWO
-        pl[k] = dmma_trans(lo);
-#endif
+        for (int u = 0; u < U; u++) {
+          const int b = base + (U + u) * STRIDE;
+          blk[u] = b < end ? bt[b >> bshift] : 0;
+        }
       }
+#endif
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        u32 a[4];
-#if KV_FP8
-        // Bytes 2mt, 2mt+1 of each key's slice: keys (2c, 2c+1) paired, then (2c+8, 2c+9).
-        const int w = mt >> 1;
-        const u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
-        const u32 k01 = __byte_perm(vw[u][0][w], vw[u][1][w], sel);
-        const u32 k89 = __byte_perm(vw[u][2][w], vw[u][3][w], sel);
-        a[0] = e4m3x2_to_f16x2((unsigned short)(k01 & 0xffffu));
-        a[1] = e4m3x2_to_f16x2((unsigned short)(k01 >> 16));
-        a[2] = e4m3x2_to_f16x2((unsigned short)(k89 & 0xffffu));
-        a[3] = e4m3x2_to_f16x2((unsigned short)(k89 >> 16));
-#else
-        // Word mt of each key's slice (dims 2mt, 2mt+1): keys (2c, 2c+1) paired per dim.
-        a[0] = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x5410u);
-        a[1] = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x7632u);
-        a[2] = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x5410u);
-        a[3] = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x7632u);
-#endif
-        dmma4(o[mt], a, pb[0], pb[1]);
-#if DMMA_TWO
-        dmma4(o[mt], a, pl[0], pl[1]);
-#endif
+      for (int u = 0; u < U; u++) {
+        const int b = base + u * STRIDE;
+        if (b >= end) break;  // uniform: b depends on the warp only
+        step(kw[u], vw[u], b);
       }
     }
   }

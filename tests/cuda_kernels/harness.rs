@@ -33,7 +33,18 @@ pub fn kv_gpu(fp8: bool) -> Option<Gpu> {
 /// `gpu()` with the attention kernels of one shape loaded (`Gpu::load_attention`), for a cache
 /// of either dtype (`fp8`: e4m3).
 pub fn attention_gpu_kv(head_dim: usize, group: usize, fp8: bool) -> Option<Gpu> {
+    attention_gpu_tuned(head_dim, group, fp8, &[])
+}
+
+/// `attention_gpu_kv` with the decode kernels built with `defines` (`Gpu::decode_defines`).
+pub fn attention_gpu_tuned(
+    head_dim: usize,
+    group: usize,
+    fp8: bool,
+    defines: &[(&str, usize)],
+) -> Option<Gpu> {
     let mut g = kv_gpu(fp8)?;
+    g.decode_defines = defines.iter().map(|(n, v)| (n.to_string(), *v)).collect();
     g.load_attention(head_dim, group)
         .unwrap_or_else(|e| panic!("attention kernels hd{head_dim} g{group} fp8 {fp8}: {e:#}"));
     Some(g)

@@ -18,7 +18,7 @@ use half::bf16;
 use rand::seq::SliceRandom;
 
 use crate::harness::{
-    assert_close, attention_gpu_kv, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
+    assert_close, attention_gpu_tuned, dev, poisoned, rand_bf16, read, read_bf16, rng, to_f32,
 };
 use crate::paged::{KvLayout, Paged};
 
@@ -47,6 +47,9 @@ struct Decode {
     /// Each (item, kv head slice)'s splits as one thread-block cluster, merged in distributed
     /// shared memory (sm_90; the case is skipped elsewhere); launched twice, as graph replay does.
     cluster: bool,
+    /// The tensor-core kernel built with a ring of this many warp steps in shared memory
+    /// (`DMMA_RING`); 0: its register passes. The lane kernel is not run when set.
+    ring: usize,
 }
 
 impl Default for Decode {
@@ -64,6 +67,7 @@ impl Default for Decode {
             fp8: false,
             block_size: 16,
             cluster: false,
+            ring: 0,
         }
     }
 }
@@ -71,7 +75,9 @@ impl Default for Decode {
 impl Decode {
     /// The case on the lane kernel, then on the tensor-core kernel where the shape has one.
     fn run(&self) {
-        self.run_on(DecodeKernel::Lanes);
+        if self.ring == 0 {
+            self.run_on(DecodeKernel::Lanes);
+        }
         if decode_mma_supported(self.head_dim, self.fp8) {
             self.run_on(DecodeKernel::Mma);
         }
@@ -79,7 +85,9 @@ impl Decode {
 
     fn run_on(&self, kernel: DecodeKernel) {
         let group = self.heads / self.kv_heads;
-        let Some(g) = attention_gpu_kv(self.head_dim, group, self.fp8) else {
+        let ring = [("DMMA_RING", self.ring)];
+        let defines = if self.ring > 0 { &ring[..] } else { &[] };
+        let Some(g) = attention_gpu_tuned(self.head_dim, group, self.fp8, defines) else {
             return;
         };
         if self.cluster && !decode_cluster_supported(&g) {
@@ -191,8 +199,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} hd{hd} g{group} fp8 {} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.fp8, self.inline, self.window, ctx[s]
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} ring {} bs {bs} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.fp8, self.ring, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -467,5 +475,75 @@ fn paged_decode_cluster_merge() {
             ..Decode::default()
         }
         .run();
+    }
+}
+
+/// The tensor-core kernel with its warp steps through a ring in shared memory (`DMMA_RING`):
+/// rings of 2 to 4 steps, both caches, head dims 64/96/128 against groups 1/4/8 (bf16 also 80),
+/// contexts from 1 to 4,097 (192: a CTA's split of one and a half register passes) at batch 1
+/// to 40, split by the serving rules and merged both ways and in a cluster, a sliding window,
+/// and blocks of 8 keys (the fallback that reads each key's block alone), 16 and 32.
+#[test]
+fn paged_decode_ring() {
+    let batch40: Vec<usize> = (0..40).map(|i| 1 + i * 97 % 2100).collect();
+    let mut seed = 900;
+    for fp8 in [true, false] {
+        for (head_dim, group) in [(128, 1), (128, 4), (64, 8), (96, 1), (80, 4)] {
+            if !decode_mma_supported(head_dim, fp8) {
+                continue;
+            }
+            for ring in [2, 3, 4] {
+                seed += 1;
+                Decode {
+                    seed,
+                    head_dim,
+                    heads: 2 * group,
+                    kv_heads: 2,
+                    ctx: vec![1, 17, 192, 300, 1000, 4097],
+                    ctas_per_sm: 6,
+                    inline: ring == 3,
+                    fp8,
+                    ring,
+                    ..Decode::default()
+                }
+                .run();
+            }
+        }
+        for (heads, kv_heads, ctx, ctas, inline, cluster) in [
+            (32, 32, vec![192; 24], 0, false, false),
+            (32, 8, batch40.clone(), 8, true, false),
+            (32, 32, vec![4100], 6, false, true),
+            (32, 8, vec![4100], 4, true, false),
+        ] {
+            seed += 1;
+            Decode {
+                seed,
+                heads,
+                kv_heads,
+                ctx,
+                ctas_per_sm: ctas,
+                inline,
+                cluster,
+                fp8,
+                ring: 3,
+                ..Decode::default()
+            }
+            .run();
+        }
+        for (window, block_size, splits) in [(100, 16, None), (0, 8, None), (0, 32, Some(3))] {
+            seed += 1;
+            Decode {
+                seed,
+                window,
+                block_size,
+                splits,
+                ctx: vec![1, 99, 100, 101, 192, 517, 2050],
+                inline: true,
+                fp8,
+                ring: 3,
+                ..Decode::default()
+            }
+            .run();
+        }
     }
 }

@@ -162,6 +162,13 @@ pub fn prefill_wgmma_smem(head_dim: usize, stages: usize, kv_fp8: bool) -> usize
     64 * row + stages * 2 * 64 * row + staging + 1024
 }
 
+/// Dynamic shared memory of the tensor-core decode kernel with a ring of `ring` warp steps
+/// (`DMMA_RING` in paged_decode_mma.cu; 0: none, and none taken): 4 warps × `ring` slots × 32
+/// lanes × `head_dim` cache elements (a lane's quarter of two K rows and eighth of four V rows).
+pub fn decode_ring_smem(head_dim: usize, kv_fp8: bool, ring: usize) -> usize {
+    4 * ring * 32 * head_dim * if kv_fp8 { 1 } else { 2 }
+}
+
 /// Whether the wgmma prefill kernel (kernels/prefill_attn_wgmma.cu) is built for this GPU and
 /// shape: Hopper (9.0), head dim 64 or 128 (whole 128-byte swizzle rows); bf16 or e4m3 cache.
 pub fn prefill_wgmma_supported(cc: (i32, i32), head_dim: usize) -> bool {
@@ -433,6 +440,7 @@ mod tests {
         for tuning in [
             &[("DMMA_BT_AHEAD", 0)][..],
             &[("DMMA_U_SET", 3), ("DMMA_CTAS_SET", 2)],
+            &[("DMMA_RING", 3), ("DMMA_CTAS_SET", 4)],
         ] {
             for fp8 in [0, 1] {
                 let (name, src) = PAGED_DECODE;

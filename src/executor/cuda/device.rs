@@ -224,6 +224,20 @@ impl Gpu {
             .unwrap_or_else(|| panic!("kernel {name} is not in kernels/*.cu"))
     }
 
+    /// Dynamic shared memory every launch of the loaded kernel `name` takes (`set_dyn_smem`).
+    pub fn dyn_smem(&self, name: &str) -> u32 {
+        self.kernel(name).smem
+    }
+
+    /// Warp steps the tensor-core decode kernel keeps in flight in shared memory: `DMMA_RING`
+    /// of `decode_defines`, 0 (the register passes) when it is not there.
+    pub fn decode_ring(&self) -> usize {
+        self.decode_defines
+            .iter()
+            .find(|(n, _)| n == "DMMA_RING")
+            .map_or(0, |(_, v)| *v)
+    }
+
     pub fn has_function(&self, name: &str) -> bool {
         self.functions.contains_key(name)
     }
@@ -348,6 +362,11 @@ impl Gpu {
                     )
                     .with_context(|| format!("{name}: clusters of 16"))?;
             }
+        }
+        let ring = self.decode_ring();
+        let mma = format!("paged_decode_mma_hd{head_dim}_g{group}{tail}");
+        if ring > 0 && self.kernel(&mma).smem == 0 {
+            self.set_dyn_smem(&mma, compile::decode_ring_smem(head_dim, self.kv_fp8, ring))?;
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
         if wgmma && self.kernel(&wg).smem == 0 {

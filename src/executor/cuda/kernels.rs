@@ -659,7 +659,11 @@ pub fn decode_wave(
     let (name, slices) = decode_kernel_of(gpu, kernel, head_dim, group)?;
     let resident = gpu
         .function(&name)
-        .occupancy_max_active_blocks_per_multiprocessor(DECODE_THREADS, 0, None)
+        .occupancy_max_active_blocks_per_multiprocessor(
+            DECODE_THREADS,
+            gpu.dyn_smem(&name) as usize,
+            None,
+        )
         .with_context(|| format!("{name}: resident CTAs"))?;
     Ok((resident as usize * gpu.num_sms as usize, slices))
 }
