@@ -3,7 +3,7 @@
 # this session had taken the rest). Any card. carry [".carry/gb48"] (+ ".carry/gb44a": on an
 # H200, decode batch 1 with scalar against tensor-core gemv dots, one round). Variants as
 # call1.sh: B (register passes) against R3c4 and R4 (the ring); e4m3 cache only; the serving
-# rule (`default`). Then the ring's kernel test. Everything to stdout.
+# rule (`default`); the ring's kernel test; a batch-512 step. Everything to stdout.
 set -u
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee /tmp/gpu.txt
 mkdir -p /tmp/gb
@@ -17,12 +17,12 @@ for v in B R3c4 R4 B R3c4; do
     --cases 192/512,1000/512,4096/1 --kv-cache-dtype fp8 --variants default > /dev/null 2> /tmp/a.log
   echo "attention $v rc $?"; grep -h "paged decode" /tmp/a.log | sed "s/^.*paged decode /$v /; s/ GB\/s.*back to back/ b2b/"
 done
-for v in B R3c4 B R3c4; do
+timeout 90 /tmp/gb/cuda_kernels paged_decode_ring > /tmp/k.log 2>&1; echo "cuda_kernels paged_decode_ring rc $?"
+grep -h "test result\|FAILED\|panicked" /tmp/k.log | head -6; grep -h "panicked" -A3 /tmp/k.log | head -12
+for v in B R3c4; do
   BROOK_DECODE_DEFINES=$(def $v) timeout 40 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 24 --kv-cache-dtype fp8 > /tmp/d.json 2>> /tmp/step.log
   echo "$v | decode-batch llama-2-7b 512 x 192 fp8 rc $?: $(grep -o '"median_ms":[0-9.]*\|"gpu_span_ms":[0-9.]*' /tmp/d.json | tr '\n' ' ')"
 done
-timeout 120 /tmp/gb/cuda_kernels paged_decode_ring > /tmp/k.log 2>&1; echo "cuda_kernels paged_decode_ring rc $?"
-grep -h "test result\|FAILED\|panicked" /tmp/k.log | head -6; grep -h "panicked" -A3 /tmp/k.log | head -12
 if grep -q H200 /tmp/gpu.txt && [ -d .carry/gb44a ] && [ $SECONDS -lt 200 ]; then
   xz -dc .carry/gb44a/gpu-bench.xz > /tmp/gb/gb44a && chmod +x /tmp/gb/gb44a
   for g in /tmp/gb/gb44a $G; do
