@@ -12,12 +12,12 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RU
 export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 G=/tmp/gb/gpu-bench
 def() { case $1 in B) echo;; R3c4) echo DMMA_RING=3,DMMA_CTAS_SET=4;; R4) echo DMMA_RING=4;; esac; }
-for v in B R3c4 R4 B R3c4; do
+for v in B R3c4 R4 B; do
   BROOK_DECODE_DEFINES=$(def $v) timeout 40 $G attention --decode-only --shapes 32/32/128,32/8/128 \
     --cases 192/512,1000/512,4096/1 --kv-cache-dtype fp8 --variants default > /dev/null 2> /tmp/a.log
   echo "attention $v rc $?"; grep -h "paged decode" /tmp/a.log | sed "s/^.*paged decode /$v /; s/ GB\/s.*back to back/ b2b/"
 done
-timeout 90 /tmp/gb/cuda_kernels paged_decode_ring > /tmp/k.log 2>&1; echo "cuda_kernels paged_decode_ring rc $?"
+timeout 75 /tmp/gb/cuda_kernels paged_decode_ring > /tmp/k.log 2>&1; echo "cuda_kernels paged_decode_ring rc $?"
 grep -h "test result\|FAILED\|panicked" /tmp/k.log | head -6; grep -h "panicked" -A3 /tmp/k.log | head -12
 for v in B R3c4; do
   BROOK_DECODE_DEFINES=$(def $v) timeout 40 $G decode-batch --model llama-2-7b --batch 512 --context 192 --steps 24 --kv-cache-dtype fp8 > /tmp/d.json 2>> /tmp/step.log
