@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RAN in session 47 at 10:34, 10:41 and 11:00 UTC: each time an H100 80GB HBM3, so it stopped at nvidia-smi; refused or held off at 10:17, 11:20, 11:31, 11:35 and 11:43.
+# Asked for five more times in session 48, refused each time. RAN in session 47 at 10:34, 10:41 and 11:00 UTC: each time an H100 80GB HBM3, so it stopped at nvidia-smi; refused or held off at 10:17, 11:20, 11:31, 11:35 and 11:43.
 # Session 47, call 3 and later: the H200 measurements still missing. On any card but an H200 it
 # stops after nvidia-smi. On an H200: session 46's call1.sh (the bulk gemv's tensor-core dots
 # against the scalar dots, outputs under $OUT/o1), then call 2's decode-attention A/B/C
