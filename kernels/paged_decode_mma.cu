@@ -113,14 +113,14 @@
 #endif
 #define DMMA_SLACK 8.f  // log2 of how far a score may pass the running max before a rescale
 
-// W words from `src` with the widest vector loads W allows (each slice starts at a multiple of
-// its own size, so the vectors are aligned).
-template <int W>
-__device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
+// W words into registers with the widest vector loads W allows, word w read at `at(w)` (each
+// vector's words contiguous there and aligned to its size).
+template <int W, typename At>
+__device__ __forceinline__ void dmma_gather(u32* dst, At at) {
   if constexpr (W % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < W / 4; i++) {
-      const uint4 v = ((const uint4*)src)[i];
+      const uint4 v = *(const uint4*)at(4 * i);
       dst[4 * i] = v.x;
       dst[4 * i + 1] = v.y;
       dst[4 * i + 2] = v.z;
@@ -129,14 +129,21 @@ __device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
   } else if constexpr (W % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < W / 2; i++) {
-      const uint2 v = ((const uint2*)src)[i];
+      const uint2 v = *(const uint2*)at(2 * i);
       dst[2 * i] = v.x;
       dst[2 * i + 1] = v.y;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < W; i++) dst[i] = ((const u32*)src)[i];
+    for (int i = 0; i < W; i++) dst[i] = *at(i);
   }
+}
+
+// W words from `src` (each slice starts at a multiple of its own size, so the vectors are
+// aligned).
+template <int W>
+__device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
+  dmma_gather<W>(dst, [&](int w) { return (const u32*)src + w; });
 }
 
 // Word w of a thread's step within its ring slot, counted from the lane's first word: 16-byte
@@ -172,26 +179,7 @@ __device__ __forceinline__ void dmma_cp(u32 lane_s, int w0, const void* src) {
 // dmma_cp's W words back from the lane's slot (`lane`: its first word) into registers.
 template <int W>
 __device__ __forceinline__ void dmma_lds(u32* dst, const u32* lane, int w0) {
-  if constexpr (W % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < W / 4; i++) {
-      const uint4 v = *(const uint4*)(lane + dmma_rw(w0 + 4 * i));
-      dst[4 * i] = v.x;
-      dst[4 * i + 1] = v.y;
-      dst[4 * i + 2] = v.z;
-      dst[4 * i + 3] = v.w;
-    }
-  } else if constexpr (W % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < W / 2; i++) {
-      const uint2 v = *(const uint2*)(lane + dmma_rw(w0 + 2 * i));
-      dst[2 * i] = v.x;
-      dst[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < W; i++) dst[i] = lane[dmma_rw(w0 + i)];
-  }
+  dmma_gather<W>(dst, [&](int w) { return lane + dmma_rw(w0 + w); });
 }
 
 // Two floats to the products' input type (f16 with an e4m3 cache, else bf16), `lo` low.
