@@ -56,9 +56,12 @@ async fn an_error_in_a_step_fails_its_requests_and_the_engine_serves_on() {
     let plan = FaultPlan::new();
     let server = start(test_config(), &plan).await;
     let mut c = Client::connect(&server).await;
-    // Both requests are in the third step from now, whichever steps their prefills took.
-    plan.arm(3, Fault::Error);
-    c.send(generate("a", "Hello there, how are you?", 40)).await;
+    // The first step that computes both requests fails. (A fixed step count raced: on a loaded
+    // machine "b" came after the third step from now, which "a" alone had run.) "a" asks for
+    // more tokens so that it is still running when "b" comes.
+    plan.arm_batch(2, Fault::Error);
+    c.send(generate("a", "Hello there, how are you?", 100))
+        .await;
     c.send(generate("b", "Where is my order?", 40)).await;
     let frames = c.collect(&["a", "b"]).await;
     for id in ["a", "b"] {

@@ -29,6 +29,8 @@ pub struct FaultPlan {
     steps: AtomicU64,
     /// (step number, counted from 1 over every backend built, fault): fires once.
     armed: Mutex<Option<(u64, Fault)>>,
+    /// (requests a step must compute, fault): fires once, in the first step with that many.
+    armed_batch: Mutex<Option<(usize, Fault)>>,
     /// Backends built after the first report half the KV pool (and use only that part).
     shrink_rebuilt: AtomicBool,
     /// Building a backend after the first panics: a rebuild fails.
@@ -49,6 +51,12 @@ impl FaultPlan {
     pub fn arm(&self, n: u64, fault: Fault) {
         let at = self.steps.load(Ordering::SeqCst) + n;
         *self.armed.lock() = Some((at, fault));
+    }
+
+    /// Injects `fault` into the first step from now that computes at least `requests` requests
+    /// (so a test of a shared step does not hang on when each request's prefill ran).
+    pub fn arm_batch(&self, requests: usize, fault: Fault) {
+        *self.armed_batch.lock() = Some((requests, fault));
     }
 
     pub fn shrink_rebuilt(&self) {
@@ -94,17 +102,27 @@ impl FaultPlan {
         })
     }
 
-    fn next_step(&self) -> Option<Fault> {
+    /// The fault for a step computing `requests` requests, if one is due.
+    fn next_step(&self, requests: usize) -> Option<Fault> {
         let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut armed = self.armed.lock();
-        match *armed {
-            Some((at, fault)) if at == n => {
-                *armed = None;
-                self.fired.fetch_add(1, Ordering::SeqCst);
-                Some(fault)
+        let due = {
+            let mut armed = self.armed.lock();
+            match *armed {
+                Some((at, fault)) if at == n => armed.take().map(|_| fault),
+                _ => None,
             }
-            _ => None,
+        };
+        let due = due.or_else(|| {
+            let mut armed = self.armed_batch.lock();
+            match *armed {
+                Some((min, fault)) if requests >= min => armed.take().map(|_| fault),
+                _ => None,
+            }
+        });
+        if due.is_some() {
+            self.fired.fetch_add(1, Ordering::SeqCst);
         }
+        due
     }
 }
 
@@ -131,7 +149,7 @@ impl Backend for FaultyBackend {
     }
 
     fn execute(&mut self, step: &SchedulerOutput) -> anyhow::Result<StepOutput> {
-        match self.plan.next_step() {
+        match self.plan.next_step(step.scheduled.len()) {
             None => self.inner.execute(step),
             Some(Fault::Error) => {
                 self.inner.execute(step)?;
