@@ -268,6 +268,20 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
   const kv_t* kc = p.k_cache + c * (HD / 4);
   const kv_t* vc = p.v_cache + r * (HD / 8);
 
+  // A step's V slices of keys outside the split zeroed (P = 0 times a stale row could be NaN;
+  // K's scores are masked in `step`). The test is uniform: only a step at a split's edge.
+  const auto zero_v_outside = [&](u32(&vwu)[4][DMMA_VW], int b) {
+    if (b < begin || b + DMMA_KEYS > end) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
+        if (j < begin || j >= end) {
+#pragma unroll
+          for (int w = 0; w < DMMA_VW; w++) vwu[i][w] = 0u;
+        }
+      }
+    }
+  };
   // One warp step of 16 keys from b: S^T = K Q^T, the lazy softmax, O^T += V^T P^T. kwu, vwu:
   // its K and V slices (fragment layouts above), V zeroed outside the split.
   const auto step = [&](const u32(&kwu)[2][DMMA_KW], const u32(&vwu)[4][DMMA_VW], int b) {
@@ -422,16 +436,7 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
 #pragma unroll
       for (int i = 0; i < 4; i++) dmma_lds<DMMA_VW>(vw[i], at, 2 * DMMA_KW + i * DMMA_VW);
       const int b = base0 + j * STRIDE;
-      if (b < begin || b + DMMA_KEYS > end) {  // as the register path: V zeroed outside the split
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int k = b + 2 * c + (i & 1) + 8 * (i >> 1);
-          if (k < begin || k >= end) {
-#pragma unroll
-            for (int w = 0; w < DMMA_VW; w++) vw[i][w] = 0u;
-          }
-        }
-      }
+      zero_v_outside(vw, b);
       step(kw, vw, b);
       // The slot's registers are consumed (the products above read them), so it can be refilled.
       issue(j + DMMA_RING, next, slot);
@@ -484,8 +489,8 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
           // The step's 16 keys are consecutive rows of one block (b's block holds begin or a key
           // before end: a valid entry, and its rows past the context are allocated): one
           // block-table read and one address a step, every load unconditional, so no load
-          // waits on another's registers. Keys outside the split are zeroed after (V must be:
-          // P = 0 times a stale row could be NaN; K's scores are masked anyway).
+          // waits on another's registers. V of keys outside the split is zeroed after
+          // (`zero_v_outside`).
           if (b < end) {
 #pragma unroll
             for (int t = 0; t < 2; t++) {
@@ -495,16 +500,7 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
             for (int i = 0; i < 4; i++) {
               dmma_load<DMMA_VW>(vw[u][i], vc + row0[u] + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
             }
-            if (b < begin || b + DMMA_KEYS > end) {  // uniform: a step at a split's edge
-#pragma unroll
-              for (int i = 0; i < 4; i++) {
-                const int j = b + 2 * c + (i & 1) + 8 * (i >> 1);
-                if (j < begin || j >= end) {
-#pragma unroll
-                  for (int w = 0; w < DMMA_VW; w++) vw[u][i][w] = 0u;
-                }
-              }
-            }
+            zero_v_outside(vw[u], b);
           }
         } else {
           // Blocks of fewer than 16 keys: each key looked up alone.

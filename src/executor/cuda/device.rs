@@ -231,7 +231,7 @@ impl Gpu {
 
     /// Warp steps the tensor-core decode kernel keeps in flight in shared memory: `DMMA_RING`
     /// of `decode_defines`, 0 (the register passes) when it is not there.
-    pub fn decode_ring(&self) -> usize {
+    fn decode_ring(&self) -> usize {
         self.decode_defines
             .iter()
             .find(|(n, _)| n == "DMMA_RING")
