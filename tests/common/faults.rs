@@ -23,14 +23,21 @@ pub enum Fault {
     Hang(Duration),
 }
 
+/// Which step an armed fault fires in.
+#[derive(Debug, Clone, Copy)]
+enum Trigger {
+    /// This step number, counted from 1 over every backend built.
+    Step(u64),
+    /// The first step that computes at least this many requests.
+    Batch(usize),
+}
+
 /// What the wrapped backends share: the steps run so far and the fault to inject.
 #[derive(Debug, Default)]
 pub struct FaultPlan {
     steps: AtomicU64,
-    /// (step number, counted from 1 over every backend built, fault): fires once.
-    armed: Mutex<Option<(u64, Fault)>>,
-    /// (requests a step must compute, fault): fires once, in the first step with that many.
-    armed_batch: Mutex<Option<(usize, Fault)>>,
+    /// When the fault fires, once.
+    armed: Mutex<Option<(Trigger, Fault)>>,
     /// Backends built after the first report half the KV pool (and use only that part).
     shrink_rebuilt: AtomicBool,
     /// Building a backend after the first panics: a rebuild fails.
@@ -50,13 +57,13 @@ impl FaultPlan {
     /// Injects `fault` into the `n`-th step from now (1 = the next one).
     pub fn arm(&self, n: u64, fault: Fault) {
         let at = self.steps.load(Ordering::SeqCst) + n;
-        *self.armed.lock() = Some((at, fault));
+        *self.armed.lock() = Some((Trigger::Step(at), fault));
     }
 
     /// Injects `fault` into the first step from now that computes at least `requests` requests
     /// (so a test of a shared step does not hang on when each request's prefill ran).
     pub fn arm_batch(&self, requests: usize, fault: Fault) {
-        *self.armed_batch.lock() = Some((requests, fault));
+        *self.armed.lock() = Some((Trigger::Batch(requests), fault));
     }
 
     pub fn shrink_rebuilt(&self) {
@@ -105,24 +112,15 @@ impl FaultPlan {
     /// The fault for a step computing `requests` requests, if one is due.
     fn next_step(&self, requests: usize) -> Option<Fault> {
         let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
-        let due = {
-            let mut armed = self.armed.lock();
-            match *armed {
-                Some((at, fault)) if at == n => armed.take().map(|_| fault),
-                _ => None,
-            }
+        let mut armed = self.armed.lock();
+        let due = match *armed {
+            Some((Trigger::Step(at), fault)) if at == n => fault,
+            Some((Trigger::Batch(min), fault)) if requests >= min => fault,
+            _ => return None,
         };
-        let due = due.or_else(|| {
-            let mut armed = self.armed_batch.lock();
-            match *armed {
-                Some((min, fault)) if requests >= min => armed.take().map(|_| fault),
-                _ => None,
-            }
-        });
-        if due.is_some() {
-            self.fired.fetch_add(1, Ordering::SeqCst);
-        }
-        due
+        *armed = None;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        Some(due)
     }
 }
 
