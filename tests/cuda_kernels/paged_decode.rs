@@ -50,6 +50,9 @@ struct Decode {
     /// The tensor-core kernel built with a ring of this many warp steps in shared memory
     /// (`DMMA_RING`); 0: its register passes. The lane kernel is not run when set.
     ring: usize,
+    /// With `ring`: the warp's lanes copy whole rows into one another's slots
+    /// (`DMMA_RING_COAL`), not each lane its own slice.
+    coal: bool,
 }
 
 impl Default for Decode {
@@ -68,6 +71,7 @@ impl Default for Decode {
             block_size: 16,
             cluster: false,
             ring: 0,
+            coal: false,
         }
     }
 }
@@ -85,7 +89,10 @@ impl Decode {
 
     fn run_on(&self, kernel: DecodeKernel) {
         let group = self.heads / self.kv_heads;
-        let ring = [("DMMA_RING", self.ring)];
+        let ring = [
+            ("DMMA_RING", self.ring),
+            ("DMMA_RING_COAL", self.coal as usize),
+        ];
         let defines = if self.ring > 0 { &ring[..] } else { &[] };
         let Some(g) = attention_gpu_tuned(self.head_dim, group, self.fp8, defines) else {
             return;
@@ -199,8 +206,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} hd{hd} g{group} fp8 {} ring {} bs {bs} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.fp8, self.ring, self.inline, self.window, ctx[s]
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} ring {} coal {} bs {bs} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.fp8, self.ring, self.coal, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -482,7 +489,8 @@ fn paged_decode_cluster_merge() {
 /// rings of 2 to 4 steps, both caches, head dims 64/96/128 against groups 1/4/8 (bf16 also 80),
 /// contexts from 1 to 4,097 (192: a CTA's split of one and a half register passes) at batch 1
 /// to 40, split by the serving rules and merged both ways and in a cluster, a sliding window,
-/// and blocks of 8 keys (the fallback that reads each key's block alone), 16 and 32.
+/// and blocks of 8 keys (the fallback that reads each key's block alone), 16 and 32; each lane
+/// copying its own slices and (`DMMA_RING_COAL`) the lanes copying whole rows for one another.
 #[test]
 fn paged_decode_ring() {
     let batch40: Vec<usize> = (0..40).map(|i| 1 + i * 97 % 2100).collect();
@@ -492,7 +500,7 @@ fn paged_decode_ring() {
             if !decode_mma_supported(head_dim, fp8) {
                 continue;
             }
-            for ring in [2, 3, 4] {
+            for (ring, coal) in [(2, false), (3, false), (4, false), (2, true), (3, true)] {
                 seed += 1;
                 Decode {
                     seed,
@@ -504,17 +512,22 @@ fn paged_decode_ring() {
                     inline: ring == 3,
                     fp8,
                     ring,
+                    coal,
                     ..Decode::default()
                 }
                 .run();
             }
         }
-        for (heads, kv_heads, ctx, ctas, inline, cluster) in [
+        let big = [
             (32, 32, vec![192; 24], 0, false, false),
             (32, 8, batch40.clone(), 8, true, false),
             (32, 32, vec![4100], 6, false, true),
             (32, 8, vec![4100], 4, true, false),
-        ] {
+        ];
+        for ((heads, kv_heads, ctx, ctas, inline, cluster), coal) in big
+            .into_iter()
+            .flat_map(|case| [(case.clone(), false), (case, true)])
+        {
             seed += 1;
             Decode {
                 seed,
@@ -526,11 +539,16 @@ fn paged_decode_ring() {
                 cluster,
                 fp8,
                 ring: 3,
+                coal,
                 ..Decode::default()
             }
             .run();
         }
-        for (window, block_size, splits) in [(100, 16, None), (0, 8, None), (0, 32, Some(3))] {
+        for ((window, block_size, splits), coal) in
+            [(100, 16, None), (0, 8, None), (0, 32, Some(3))]
+                .into_iter()
+                .flat_map(|case| [(case, false), (case, true)])
+        {
             seed += 1;
             Decode {
                 seed,
@@ -541,6 +559,7 @@ fn paged_decode_ring() {
                 inline: true,
                 fp8,
                 ring: 3,
+                coal,
                 ..Decode::default()
             }
             .run();

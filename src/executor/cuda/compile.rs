@@ -441,6 +441,8 @@ mod tests {
             &[("DMMA_BT_AHEAD", 0)][..],
             &[("DMMA_U_SET", 3), ("DMMA_CTAS_SET", 2)],
             &[("DMMA_RING", 3), ("DMMA_CTAS_SET", 4)],
+            &[("DMMA_RING", 3), ("DMMA_RING_CA", 1)],
+            &[("DMMA_RING", 2), ("DMMA_RING_COAL", 1)],
         ] {
             for fp8 in [0, 1] {
                 let (name, src) = PAGED_DECODE;
