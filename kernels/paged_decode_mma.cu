@@ -69,10 +69,11 @@
 // split rule at twice this many). Measured on the H200 (session 18, Llama-3-8B and Qwen2.5-7B
 // heads): bf16 at HD 128 ran best with 2 steps in flight at 2 CTAs an SM (~215 registers), e4m3
 // with 2 steps at 3 CTAs (~150 registers; 3 steps at 2 CTAs: 2 % slower summed over the
-// attention cases, 7 % in a batch-1000 decode step).
+// attention cases, 7 % in a batch-1000 decode step). With the e4m3 ring (DMMA_RING below) 4 CTAs
+// (119 registers, 32 KB of ring each).
 #if KV_FP8
 #define DMMA_U 2
-#define DMMA_MIN_CTAS 3
+#define DMMA_MIN_CTAS (DMMA_RING ? 4 : 3)
 #else
 #define DMMA_U (HD <= 64 ? 3 : 2)
 #define DMMA_MIN_CTAS 2
@@ -98,23 +99,13 @@
 // reads back only what it copied, so no barrier), refilled as each step is consumed; 0: the
 // steps of a pass are loaded into registers, waited on and consumed before the next pass's
 // loads go out. Blocks of 16 keys or more only. Shared memory (dynamic, `decode_ring_smem` in
-// compile.rs): DMMA_WARPS * DMMA_RING steps of HD * DMMA_ES bytes a lane. Off by default; a
-// benchmark override (BROOK_DECODE_DEFINES=DMMA_RING=N) until measured.
+// compile.rs, default `compile::decode_ring`): DMMA_WARPS * DMMA_RING steps of HD * DMMA_ES
+// bytes a lane. On an H100 (session 49, BENCHMARKS.md) with the e4m3 cache, against the register
+// passes at 3 CTAs: 2 slots at 4 CTAs 6 % faster at 192 keys x 512 sequences, 11-14 % at 4k x 1
+// back to back, 12 % at GQA 4k x 16, level at 1000 x 512; 3 slots level, 4 slots (3 CTAs)
+// slower. With bf16, 2 slots at 3 CTAs were 2-10 % slower: off.
 #ifndef DMMA_RING
-#define DMMA_RING 0
-#endif
-// How the ring's 16-byte copies go out (benchmark overrides; session 49 on an H100: with each
-// lane copying its own slice the ring read at ~1.8 TB/s whatever its depth or cache dtype).
-// DMMA_RING_CA: through L1 (cp.async.ca) instead of around it (.cg): a lane's slice spans
-// several 16-byte chunks of one 32-byte sector, each copy instruction asks for half of each
-// sector it touches, and only L1 can merge the two halves. DMMA_RING_COAL: the warp's lanes
-// copy consecutive chunks of the step's rows (whole sectors every instruction) into the slots
-// of the lanes that read them, with a warp barrier between the copies and the reads.
-#ifndef DMMA_RING_CA
-#define DMMA_RING_CA 0
-#endif
-#ifndef DMMA_RING_COAL
-#define DMMA_RING_COAL 0
+#define DMMA_RING (KV_FP8 ? 2 : 0)
 #endif
 #define DMMA_TW (2 * DMMA_KW + 4 * DMMA_VW)  // 32-bit words of a thread's step: K, then V
 #if KV_FP8
@@ -163,15 +154,6 @@ __device__ __forceinline__ void dmma_load(u32* dst, const void* src) {
 // chunks interleaved across the lanes, so a quarter warp's 16-byte reads hit distinct banks.
 __device__ __forceinline__ int dmma_rw(int w) { return (w >> 2) * 128 + (w & 3); }
 
-// 16 bytes from global `g` to shared address `d`, in flight until a cp.async.wait_group.
-__device__ __forceinline__ void dmma_cp16(u32 d, const void* g) {
-#if DMMA_RING_CA
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(g) : "memory");
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(g) : "memory");
-#endif
-}
-
 // W words from `src` into the lane's slot (shared address `lane_s`) from its word w0, with the
 // widest copies W allows; the source is aligned as dmma_load's.
 template <int W>
@@ -181,7 +163,11 @@ __device__ __forceinline__ void dmma_cp(u32 lane_s, int w0, const void* src) {
 #pragma unroll
     for (int i = 0; i < W / 4; i++) {
       const u32 d = lane_s + 4 * dmma_rw(w0 + 4 * i);
-      dmma_cp16(d, g + 16 * i);
+      // Through L1 (.ca): a lane's slice spans several 16-byte chunks of one 32-byte sector, so
+      // each copy asks for half of every sector it touches, and only L1 merges the halves.
+      // Around it (.cg) the ring saturated L2 at 54 % of DRAM on an H100 (ncu, session 49),
+      // 1.5x slower than the register passes; copying whole rows for one another did not help.
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(g + 16 * i) : "memory");
     }
   } else if constexpr (W % 2 == 0) {
 #pragma unroll
@@ -425,48 +411,17 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
       const int b = base0 + j * STRIDE;
       return b < end ? bt[b >> bshift] : 0;
     };
-    // DMMA_RING_COAL where both slices are whole 16-byte chunks and a row's chunks divide the
-    // warp: instruction n's lanes copy rows n * RI + lane / CR, chunk lane % CR, of K (first
-    // CR / 2 instructions) or V, each into the slot word of the lane whose fragment holds it
-    // (chunk k of lane o at 16 (32 k + o) bytes: dmma_rw's layout).
-    constexpr int CR = HD * DMMA_ES / 16;  // 16-byte chunks a K or V row
-    constexpr bool COAL = DMMA_RING_COAL && DMMA_KW % 4 == 0 && DMMA_VW % 4 == 0 && 32 % CR == 0;
-    constexpr int RI = COAL ? 32 / CR : 1;  // rows an instruction
-    const u32 warp_s = smem_addr(dmma_ring + warp * DMMA_RING * SLOT);
-    const int cx = lane % CR, crow = lane / CR;  // the lane's chunk in a row, and row offset
     const auto issue = [&](int j, int blk, int slot) {
       const int b = base0 + j * STRIDE;
       if (b < end) {
         const size_t row0 = kv_offset(blk, kh, b & bmask, p.num_kv_heads, p.block_size, HD);
-        if constexpr (COAL) {
-          const u32 at = warp_s + slot * SLOT * 4;
-          const size_t src = row0 + cx * (16 / DMMA_ES);
+        const u32 at = mine_s + slot * SLOT * 4;
 #pragma unroll
-          for (int n = 0; n < CR / 2; n++) {
-            const int key = n * RI + crow;  // K: thread (key % 8, cx / (KW/4)), its t = key / 8
-            const int ok = 4 * (key & 7) + cx / (DMMA_KW / 4);
-            const int kk = (key >> 3) * (DMMA_KW / 4) + cx % (DMMA_KW / 4);
-            dmma_cp16(at + 16 * (32 * kk + ok), p.k_cache + src + (size_t)key * HD);
-          }
+        for (int t = 0; t < 2; t++) dmma_cp<DMMA_KW>(at, t * DMMA_KW, kc + row0 + (8 * t + r) * HD);
 #pragma unroll
-          for (int n = 0; n < CR / 2; n++) {
-            const int key = n * RI + crow;  // V: thread (cx / (VW/4), (key % 8) / 2), its slice
-            const int i = (key & 1) + 2 * (key >> 3);  // i of keys 2c + (i & 1) + 8 (i >> 1)
-            const int ov = 4 * (cx / (DMMA_VW / 4)) + ((key & 7) >> 1);
-            const int kv = 2 * DMMA_KW / 4 + i * (DMMA_VW / 4) + cx % (DMMA_VW / 4);
-            dmma_cp16(at + 16 * (32 * kv + ov), p.v_cache + src + (size_t)key * HD);
-          }
-        } else {
-          const u32 at = mine_s + slot * SLOT * 4;
-#pragma unroll
-          for (int t = 0; t < 2; t++) {
-            dmma_cp<DMMA_KW>(at, t * DMMA_KW, kc + row0 + (8 * t + r) * HD);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            dmma_cp<DMMA_VW>(at, 2 * DMMA_KW + i * DMMA_VW,
-                             vc + row0 + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
-          }
+        for (int i = 0; i < 4; i++) {
+          dmma_cp<DMMA_VW>(at, 2 * DMMA_KW + i * DMMA_VW,
+                           vc + row0 + (2 * c + (i & 1) + 8 * (i >> 1)) * HD);
         }
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
@@ -482,7 +437,6 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
     int slot = 0;
     for (int j = 0; base0 + j * STRIDE < end; j++) {  // uniform across the warp
       asm volatile("cp.async.wait_group %0;" ::"n"(DMMA_RING - 1) : "memory");
-      if constexpr (COAL) __syncwarp();  // other lanes' copies of this lane's words have landed
       const u32* at = mine + slot * SLOT;
       u32 kw[2][DMMA_KW], vw[4][DMMA_VW];
 #pragma unroll
@@ -492,9 +446,7 @@ __device__ __forceinline__ void dmma_body(const PagedDecodeParams& p,
       const int b = base0 + j * STRIDE;
       zero_v_outside(vw, b);
       step(kw, vw, b);
-      // The slot's registers are consumed (the products above read them), so it can be refilled
-      // (with COAL by other lanes too: every lane's reads of it first).
-      if constexpr (COAL) __syncwarp();
+      // The slot's registers are consumed (the products above read them), so it can be refilled.
       issue(j + DMMA_RING, next, slot);
       next = entry(j + DMMA_RING + 1);
       slot = slot + 1 == DMMA_RING ? 0 : slot + 1;

@@ -48,11 +48,9 @@ struct Decode {
     /// shared memory (sm_90; the case is skipped elsewhere); launched twice, as graph replay does.
     cluster: bool,
     /// The tensor-core kernel built with a ring of this many warp steps in shared memory
-    /// (`DMMA_RING`); 0: its register passes. The lane kernel is not run when set.
-    ring: usize,
-    /// With `ring`: the warp's lanes copy whole rows into one another's slots
-    /// (`DMMA_RING_COAL`), not each lane its own slice.
-    coal: bool,
+    /// (`DMMA_RING`; 0: its register passes; None: the build's default, 2 with e4m3). The lane
+    /// kernel is not run when set.
+    ring: Option<usize>,
 }
 
 impl Default for Decode {
@@ -70,8 +68,7 @@ impl Default for Decode {
             fp8: false,
             block_size: 16,
             cluster: false,
-            ring: 0,
-            coal: false,
+            ring: None,
         }
     }
 }
@@ -79,7 +76,7 @@ impl Default for Decode {
 impl Decode {
     /// The case on the lane kernel, then on the tensor-core kernel where the shape has one.
     fn run(&self) {
-        if self.ring == 0 {
+        if self.ring.is_none() {
             self.run_on(DecodeKernel::Lanes);
         }
         if decode_mma_supported(self.head_dim, self.fp8) {
@@ -89,11 +86,8 @@ impl Decode {
 
     fn run_on(&self, kernel: DecodeKernel) {
         let group = self.heads / self.kv_heads;
-        let ring = [
-            ("DMMA_RING", self.ring),
-            ("DMMA_RING_COAL", self.coal as usize),
-        ];
-        let defines = if self.ring > 0 { &ring[..] } else { &[] };
+        let ring = self.ring.map(|n| [("DMMA_RING", n)]);
+        let defines = ring.as_ref().map_or(&[][..], |r| &r[..]);
         let Some(g) = attention_gpu_tuned(self.head_dim, group, self.fp8, defines) else {
             return;
         };
@@ -206,8 +200,8 @@ impl Decode {
                 );
                 assert_close(
                     &format!(
-                        "decode {kernel:?} hd{hd} g{group} fp8 {} ring {} coal {} bs {bs} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
-                        self.fp8, self.ring, self.coal, self.inline, self.window, ctx[s]
+                        "decode {kernel:?} hd{hd} g{group} fp8 {} ring {:?} bs {bs} splits {num_splits} inline {} cluster {cluster} window {} ({freed} blocks freed) item {i} ctx {} head {h}",
+                        self.fp8, self.ring, self.inline, self.window, ctx[s]
                     ),
                     &got[o..o + hd],
                     &want,
@@ -486,11 +480,11 @@ fn paged_decode_cluster_merge() {
 }
 
 /// The tensor-core kernel with its warp steps through a ring in shared memory (`DMMA_RING`):
-/// rings of 2 to 4 steps, both caches, head dims 64/96/128 against groups 1/4/8 (bf16 also 80),
+/// rings of 2 to 4 steps and (e4m3, whose default is the ring) the register passes, both
+/// caches, head dims 64/96/128 against groups 1/4/8 (bf16 also 80),
 /// contexts from 1 to 4,097 (192: a CTA's split of one and a half register passes) at batch 1
 /// to 40, split by the serving rules and merged both ways and in a cluster, a sliding window,
-/// and blocks of 8 keys (the fallback that reads each key's block alone), 16 and 32; each lane
-/// copying its own slices and (`DMMA_RING_COAL`) the lanes copying whole rows for one another.
+/// and blocks of 8 keys (the fallback that reads each key's block alone), 16 and 32.
 #[test]
 fn paged_decode_ring() {
     let batch40: Vec<usize> = (0..40).map(|i| 1 + i * 97 % 2100).collect();
@@ -500,7 +494,7 @@ fn paged_decode_ring() {
             if !decode_mma_supported(head_dim, fp8) {
                 continue;
             }
-            for (ring, coal) in [(2, false), (3, false), (4, false), (2, true), (3, true)] {
+            for ring in [0, 2, 3, 4].into_iter().filter(|&n| n > 0 || fp8) {
                 seed += 1;
                 Decode {
                     seed,
@@ -511,23 +505,18 @@ fn paged_decode_ring() {
                     ctas_per_sm: 6,
                     inline: ring == 3,
                     fp8,
-                    ring,
-                    coal,
+                    ring: Some(ring),
                     ..Decode::default()
                 }
                 .run();
             }
         }
-        let big = [
+        for (heads, kv_heads, ctx, ctas, inline, cluster) in [
             (32, 32, vec![192; 24], 0, false, false),
             (32, 8, batch40.clone(), 8, true, false),
             (32, 32, vec![4100], 6, false, true),
             (32, 8, vec![4100], 4, true, false),
-        ];
-        for ((heads, kv_heads, ctx, ctas, inline, cluster), coal) in big
-            .into_iter()
-            .flat_map(|case| [(case.clone(), false), (case, true)])
-        {
+        ] {
             seed += 1;
             Decode {
                 seed,
@@ -538,17 +527,12 @@ fn paged_decode_ring() {
                 inline,
                 cluster,
                 fp8,
-                ring: 3,
-                coal,
+                ring: Some(3),
                 ..Decode::default()
             }
             .run();
         }
-        for ((window, block_size, splits), coal) in
-            [(100, 16, None), (0, 8, None), (0, 32, Some(3))]
-                .into_iter()
-                .flat_map(|case| [(case, false), (case, true)])
-        {
+        for (window, block_size, splits) in [(100, 16, None), (0, 8, None), (0, 32, Some(3))] {
             seed += 1;
             Decode {
                 seed,
@@ -558,8 +542,7 @@ fn paged_decode_ring() {
                 ctx: vec![1, 99, 100, 101, 192, 517, 2050],
                 inline: true,
                 fp8,
-                ring: 3,
-                coal,
+                ring: Some(3),
                 ..Decode::default()
             }
             .run();

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Run in session 49 (2026-12-07 ~16:37 UTC, on an H100) with the overrides as built at 8834298 (DMMA_RING_CA and DMMA_RING_COAL, since replaced: the ring now always copies through L1). Outputs in call2/, BENCHMARKS.md session 49.
 # Session 49, call 2: why the tensor-core decode kernel's shared-memory ring (DMMA_RING) read at
 # ~1.8 TB/s on an H100 in call 1 whatever its depth or cache dtype, and two ways of issuing its
 # copies: DMMA_RING_CA (cp.async.ca: a lane's slice spans several 16-byte chunks of a sector;

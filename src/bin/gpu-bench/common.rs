@@ -164,14 +164,7 @@ pub fn gemv_smem() -> GemvSmem {
 /// where NAME is one of the `DMMA_*` overrides kernels/paged_decode_mma.cu reads; none when
 /// unset. For A/B runs of the decode kernel's tuning in one binary.
 pub fn decode_defines() -> Vec<(String, usize)> {
-    const NAMES: [&str; 6] = [
-        "DMMA_U_SET",
-        "DMMA_CTAS_SET",
-        "DMMA_BT_AHEAD",
-        "DMMA_RING",
-        "DMMA_RING_CA",
-        "DMMA_RING_COAL",
-    ];
+    const NAMES: [&str; 4] = ["DMMA_U_SET", "DMMA_CTAS_SET", "DMMA_BT_AHEAD", "DMMA_RING"];
     let Ok(v) = std::env::var("BROOK_DECODE_DEFINES") else {
         return Vec::new();
     };

@@ -230,12 +230,12 @@ impl Gpu {
     }
 
     /// Warp steps the tensor-core decode kernel keeps in flight in shared memory: `DMMA_RING`
-    /// of `decode_defines`, 0 (the register passes) when it is not there.
+    /// of `decode_defines`, else the kernel's default for this cache (`compile::decode_ring`).
     fn decode_ring(&self) -> usize {
         self.decode_defines
             .iter()
             .find(|(n, _)| n == "DMMA_RING")
-            .map_or(0, |(_, v)| *v)
+            .map_or(compile::decode_ring(self.kv_fp8), |(_, v)| *v)
     }
 
     pub fn has_function(&self, name: &str) -> bool {
@@ -365,7 +365,7 @@ impl Gpu {
         }
         let ring = self.decode_ring();
         let mma = format!("paged_decode_mma_hd{head_dim}_g{group}{tail}");
-        if ring > 0 && self.kernel(&mma).smem == 0 {
+        if ring > 0 && self.has_function(&mma) && self.kernel(&mma).smem == 0 {
             self.set_dyn_smem(&mma, compile::decode_ring_smem(head_dim, self.kv_fp8, ring))?;
         }
         let wg = format!("prefill_attn_wg_hd{head_dim}{tail}");
