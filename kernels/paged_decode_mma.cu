@@ -32,7 +32,8 @@
 //    r * HD/8 + 2mt and + 1, k columns = keys 2c, 2c+1, 2c+8, 2c+9: the thread reads an eighth
 //    of four keys' V rows, contiguous, and pairs two keys' values in a register with one byte
 //    permute. Accumulator: dims (r * HD/8 + 2mt, + 1) x heads (2c, 2c+1).
-// Every load is a whole 16-byte vector straight from the paged cache, no shared-memory staging.
+// Every load is a whole 16-byte vector from the paged cache: straight into registers with a bf16
+// cache; with e4m3 through a small per-warp ring in shared memory (DMMA_RING below).
 // Steps start at multiples of 16 keys, so with blocks of 16 keys or more (the default) a step's
 // keys are consecutive rows of one block: one block-table read and one address a step, and the
 // loads of a warp's U steps all go out before any is waited on. (The first version computed each

@@ -216,8 +216,8 @@ pub(super) enum KvSizing {
 
 /// The decode split rule's CTAs per SM (`Limits::decode_ctas_per_sm`, and the split scratch's
 /// size): the option's, at most twice the tensor-core kernel's resident CTAs (`DMMA_MIN_CTAS`
-/// in paged_decode_mma.cu: 2 an SM with a bf16 cache, 3 with e4m3) on that kernel. (The e4m3
-/// ring, 4 CTAs, was measured at 6 too: session 49.) Aiming at
+/// in paged_decode_mma.cu: 2 an SM with a bf16 cache, 3 with e4m3 when this was measured; the
+/// e4m3 ring since has 4, and was measured at 6 too, session 49) on that kernel. Aiming at
 /// the lane kernel's 8 cut GQA batches into more splits than the SMs hold: on the H200
 /// (`gpu-bench attention`, session 17 calls 3 and 5, Llama-3-8B and Qwen2.5-7B heads) fill 4
 /// was never more than 3 % slower than fill 8 at 2 resident CTAs and up to 30 % faster
