@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Run in session 49 (2026-12-07 16:12 UTC, on an H100): results in bench/results/h200-2026-12-07s49/call1/ and BENCHMARKS.md, session 49. Session 48 could not start it.
+# Re-running it at a later main measures the ring with its copies through L1 (session 49), not the .cg ring it was written for.
 # Session 48, call 1: the tensor-core decode kernel with its warp steps through a ring in shared
 # memory (DMMA_RING, cp.async), against its register passes, where those read the e4m3 cache at
 # 64 % of copy on the H200 (session 43: 192 keys x 512). Any card; on an H200 it first times

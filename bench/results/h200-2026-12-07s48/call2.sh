@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # NOT RUN in session 48: every start refused or held off (BENCHMARKS.md, session 48).
+# Superseded (session 49): call1.sh ran instead; the ring now always copies through L1 (cp.async.ca), so these DMMA_RING variants no longer measure the .cg ring described here.
 # Session 48, call 2: call1.sh cut to what ~250 s of device time holds (after the starts refused
 # this session had taken the rest). Any card. carry [".carry/gb48"] (+ ".carry/gb44a": on an
 # H200, decode batch 1 with scalar against tensor-core gemv dots, one round). Variants as
