@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 50, call 1: session 49's e4m3 decode default (2-slot ring, 4 CTAs an SM, copies through
-# L1) against the register passes (BROOK_DECODE_DEFINES=DMMA_RING=0) in one binary, on whatever
-# card comes (an H200 is wanted: session 49 had only H100s). Decode batch 1 first: gemv scalar dots
+# L1) against the register passes (BROOK_DECODE_DEFINES=DMMA_RING=0) in one binary, on an H200
+# only (it stops at once on any other card: session 49 had only H100s). Decode batch 1 first: gemv scalar dots
 # (.carry/gb44a) against tensor-core dots (main) and stream-floor of each; then attention, a decode step of 512 x 192,
 # offline 512 x 128/128 (e4m3 cache) alternated twice; offline bf16 once; cuda_e2e on one thread.
 # carry [".carry/gb49b", ".carry/gb44a"] (gb49b = main's code at 10cf4f3; repack with
