@@ -374,11 +374,44 @@ fn paged_decode(
             );
             rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "splits": splits, "rel_err_vs_default": err}));
         }
+        rows.push(copy_floor(gpu, &k, &v, kv_bytes, (h, kvh, kv, ctx, batch))?);
     }
     emit(
         json!({"figure": "paged_decode_attention", "kv_cache_dtype": kv, "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
     );
     Ok(())
+}
+
+/// The copy floor of one case: a device-to-device memcpy moving the case's K/V bytes (its K bytes
+/// read from `k`, written to `v`), lone and 8 back to back, each on the next slice of the
+/// buffers so L2 does not serve it. What the goal's "% of copy bandwidth" can reach in a launch
+/// of that size, ramp and tail included. Runs after the variants: it overwrites `v`.
+fn copy_floor(
+    gpu: &Gpu,
+    k: &DevBuf,
+    v: &DevBuf,
+    kv_bytes: usize,
+    (h, kvh, kv, ctx, batch): (usize, usize, &str, usize, usize),
+) -> anyhow::Result<serde_json::Value> {
+    let half = kv_bytes / 2;
+    let slices = (k.bytes() / half).max(1);
+    // SAFETY: both slices lie inside their buffers (each at least `slices * half` bytes), and
+    // `k` and `v` are separate allocations.
+    let copy = |i: usize| unsafe {
+        let (from, to) = ((i % slices) * half, ((i + 1) % slices) * half);
+        gpu.copy_dtod(v.ptr() + to as u64, k.ptr() + from as u64, half)
+    };
+    let ms = time_ms(gpu, 3, 20, copy)?;
+    let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, copy)?;
+    let pct = |ms: f64| kv_bytes as f64 / (ms * 1e-3) / 1e9 / 43.0;
+    eprintln!(
+        "copy floor (memcpy, same bytes) h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%)",
+        pct(ms),
+        pct(ms_b2b)
+    );
+    Ok(
+        json!({"variant": "copy-floor", "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "pct_of_4300": pct(ms), "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": pct(ms_b2b)}),
+    )
 }
 
 /// The engine's prefill kernel (`kernels::prefill_attn_kernel`: wgmma on Hopper) on 16k tokens of

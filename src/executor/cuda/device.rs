@@ -502,6 +502,15 @@ impl Gpu {
         Ok(())
     }
 
+    /// Copies `bytes` from `src` to `dst` on the stream (gpu-bench's copy floor).
+    ///
+    /// # Safety
+    /// Both device buffers hold `bytes` bytes and do not overlap.
+    pub unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> anyhow::Result<()> {
+        result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())?;
+        Ok(())
+    }
+
     pub fn memset(&self, dst: u64, byte: u8, bytes: usize) -> anyhow::Result<()> {
         // SAFETY: the caller's buffer at `dst` holds `bytes` bytes.
         unsafe { result::memset_d8_async(dst, byte, bytes, self.stream.cu_stream()) }?;
