@@ -2,7 +2,7 @@
 # Session 51, call 1: session 50's call1.sh (never run: no machine started) with a gpu-bench that
 # prints a copy floor beside each decode attention case (a device-to-device memcpy moving the
 # case's K/V bytes, lone and back to back: what "% of copy bandwidth" a launch of that size can
-# reach). First, on any card: decode attention bf16 and e4m3 with the copy floor. Then, on an
+# reach; each timed lone, back to back and queued behind a spin). First, on any card: decode attention bf16 and e4m3 with the copy floor. Then, on an
 # H200 only (session 49 measured the rest on an H100): decode batch 1, gemv scalar dots
 # (.carry/gb44a) against tensor-core dots and stream-floor of each; the e4m3 ring against the
 # register passes (BROOK_DECODE_DEFINES=DMMA_RING=0): attention, a 512 x 192 step, offline

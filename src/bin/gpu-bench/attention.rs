@@ -16,10 +16,13 @@ use crate::common::{
     emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16, rel_err, time_ms,
     time_ms_back_to_back, upload, AttnShape, CausalPrefill,
 };
+use crate::spin::Spin;
 
 /// Paged decode attention at each of `shapes` (heads/kv_heads/head_dim; `default_shapes`), one
 /// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint
-/// caches are rotated so small cases are not served from L2. Then the flash prefill kernel's
+/// caches are rotated so small cases are not served from L2. Each launch is timed lone (host
+/// latency in it), 8 back to back, and queued behind a spin (alone, without the host's
+/// latency), beside a memcpy of the same bytes timed the same three ways (`copy_floor`). Then the flash prefill kernel's
 /// rate on causal prompts (unless `decode_only`).
 pub fn run(
     decode_only: bool,
@@ -264,6 +267,7 @@ fn paged_decode(
         shape.block_size,
     );
     let kv = dtype.as_str();
+    let spin = Spin::new(gpu)?;
     let mut rows = Vec::new();
     for (ctx, batch) in filter.cases() {
         let blocks_per_seq = ctx.div_ceil(bs);
@@ -349,6 +353,11 @@ fn paged_decode(
             let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, |i| unsafe {
                 kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
             })?;
+            // One launch queued behind a spin: alone on the GPU, without the host's latency.
+            // SAFETY: as above.
+            let ms_q = spin.time_queued_ms(gpu, 1, 20, |i| unsafe {
+                kernels::paged_decode(gpu, &params(i % sets), hd, var.kernel, var.cluster)
+            })?;
             gpu.memset(out.ptr(), 0xff, batch * h * hd * 2)?;
             // SAFETY: as above.
             unsafe { kernels::paged_decode(gpu, &params(sets - 1), hd, var.kernel, var.cluster)? };
@@ -361,20 +370,29 @@ fn paged_decode(
             let bytes = kv_bytes + 2 * batch * h * hd * 2;
             let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
             let gbps_b2b = bytes as f64 / (ms_b2b * 1e-3) / 1e9;
+            let pct = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9 / 43.0;
             eprintln!(
-            "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); {splits} splits, rel. err. vs default {err:.1e}",
+            "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); queued {ms_q:.4} ms ({:.0}%); {splits} splits, rel. err. vs default {err:.1e}",
             var.name,
             gbps / 43.0,
-            gbps_b2b / 43.0
+            gbps_b2b / 43.0,
+            pct(ms_q)
         );
             anyhow::ensure!(
                 err < 1e-2,
                 "{}: output differs from the default's by {err:.3e}",
                 var.name
             );
-            rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "splits": splits, "rel_err_vs_default": err}));
+            rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "ms_queued": ms_q, "pct_of_4300_queued": pct(ms_q), "splits": splits, "rel_err_vs_default": err}));
         }
-        rows.push(copy_floor(gpu, &k, &v, kv_bytes, (h, kvh, kv, ctx, batch))?);
+        rows.push(copy_floor(
+            gpu,
+            &spin,
+            &k,
+            &v,
+            kv_bytes,
+            (h, kvh, kv, ctx, batch),
+        )?);
     }
     emit(
         json!({"figure": "paged_decode_attention", "kv_cache_dtype": kv, "heads": h, "kv_heads": kvh, "head_dim": hd, "block_size": bs, "rows": rows}),
@@ -388,6 +406,7 @@ fn paged_decode(
 /// of that size, ramp and tail included. Runs after the variants: it overwrites `v`.
 fn copy_floor(
     gpu: &Gpu,
+    spin: &Spin,
     k: &DevBuf,
     v: &DevBuf,
     kv_bytes: usize,
@@ -403,14 +422,16 @@ fn copy_floor(
     };
     let ms = time_ms(gpu, 3, 20, copy)?;
     let ms_b2b = time_ms_back_to_back(gpu, 1, 10, 8, copy)?;
+    let ms_q = spin.time_queued_ms(gpu, 1, 20, copy)?;
     let pct = |ms: f64| kv_bytes as f64 / (ms * 1e-3) / 1e9 / 43.0;
     eprintln!(
-        "copy floor (memcpy, same bytes) h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%)",
+        "copy floor (memcpy, same bytes) h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); queued {ms_q:.4} ms ({:.0}%)",
         pct(ms),
-        pct(ms_b2b)
+        pct(ms_b2b),
+        pct(ms_q)
     );
     Ok(
-        json!({"variant": "copy-floor", "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "pct_of_4300": pct(ms), "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": pct(ms_b2b)}),
+        json!({"variant": "copy-floor", "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "pct_of_4300": pct(ms), "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": pct(ms_b2b), "ms_queued": ms_q, "pct_of_4300_queued": pct(ms_q)}),
     )
 }
 

@@ -1,7 +1,8 @@
 //! `gpu-bench`: measurements of the CUDA executor on synthetic (random, GPU-generated) weights.
 //!
 //!   gpu-bench attention                 paged decode attention GB/s (ctx x batch), prefill TFLOP/s
-//!                                       (decode: per lone launch and 8 launches back to back)
+//!                                       (decode: lone, 8 back to back, queued behind a spin;
+//!                                       a memcpy of the same bytes beside each case)
 //!
 //! Every backend is made with the linear weights `BROOK_QUANTIZATION` names (none, the default,
 //! or fp8: e4m3 weights, `--quantization fp8`); every figure carries it as `quantization`.

@@ -3,7 +3,11 @@
 
 use brook::executor::cuda::compile;
 use brook::executor::cuda::device::Gpu;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaFunction;
+use std::time::Instant;
+
+use crate::common::median;
 
 /// How long the spin kernel holds the GPU (longer than any run takes to queue: the runs check
 /// their queueing time against it).
@@ -59,8 +63,48 @@ impl Spin {
 
     /// Queues `SPIN_NS` of spinning on `gpu`'s stream.
     pub fn hold(&self, gpu: &Gpu) -> anyhow::Result<()> {
+        self.hold_ns(gpu, SPIN_NS)
+    }
+
+    /// Queues `ns` of spinning on `gpu`'s stream.
+    pub fn hold_ns(&self, gpu: &Gpu, ns: u64) -> anyhow::Result<()> {
         // SAFETY: spin_ns takes one u64.
-        unsafe { gpu.launch_fn(&self.0, "spin_ns", ((1, 1, 1), (1, 1, 1), 0), &SPIN_NS) }
+        unsafe { gpu.launch_fn(&self.0, "spin_ns", ((1, 1, 1), (1, 1, 1), 0), &ns) }
+    }
+
+    /// Median ms of one call of `f` (call r of rep r) on an otherwise idle GPU, queued behind a
+    /// short spin with its two events: the launch's own ramp and tail are in it, the host's
+    /// launch latency is not (`common::time_ms` pays it on an idle GPU). Fails if the host took
+    /// longer to queue than the spin held the GPU.
+    pub fn time_queued_ms(
+        &self,
+        gpu: &Gpu,
+        warmup: usize,
+        reps: usize,
+        mut f: impl FnMut(usize) -> anyhow::Result<()>,
+    ) -> anyhow::Result<f64> {
+        const HOLD_NS: u64 = 2_000_000;
+        for i in 0..warmup {
+            f(i)?;
+        }
+        let new_event = || gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let (start, end) = (new_event()?, new_event()?);
+        let mut times = Vec::with_capacity(reps);
+        for r in 0..reps {
+            self.hold_ns(gpu, HOLD_NS)?;
+            let queued = Instant::now();
+            start.record(&gpu.stream)?;
+            f(warmup + r)?;
+            end.record(&gpu.stream)?;
+            let queue_ns = queued.elapsed().as_nanos();
+            anyhow::ensure!(
+                queue_ns < HOLD_NS as u128,
+                "queueing one launch took {queue_ns} ns, longer than the spin"
+            );
+            end.synchronize()?;
+            times.push(start.elapsed_ms(&end)? as f64);
+        }
+        Ok(median(times))
     }
 
     /// Whether a run that took `queue_ms` to queue outlasted the spin (the GPU then waited for
