@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Session 51, call 1: session 50's call1.sh (never run: no machine started) with a gpu-bench that
 # prints a copy floor beside each decode attention case (a device-to-device memcpy moving the
-# case's K/V bytes, lone and back to back: what "% of copy bandwidth" a launch of that size can
-# reach; each timed lone, back to back and queued behind a spin). First, on any card: decode attention bf16 and e4m3 with the copy floor. Then, on an
-# H200 only (session 49 measured the rest on an H100): decode batch 1, gemv scalar dots
-# (.carry/gb44a) against tensor-core dots and stream-floor of each; the e4m3 ring against the
-# register passes (BROOK_DECODE_DEFINES=DMMA_RING=0): attention, a 512 x 192 step, offline
-# 512 x 128/128 (e4m3 cache) alternated twice; offline bf16 once; cuda_e2e on one thread.
-# carry [".carry/gb51", ".carry/gb44a"] (gb51: main's engine code at 10cf4f3 plus the copy floor;
-# scripts/gpu-pack.sh). About 330 s on an H200; SKIP_E2E=1 drops the tests, QUICK=1 runs one
-# round and no tests (~180 s).
+# case's K/V bytes: what "% of copy bandwidth" a launch of that size can reach), and times each
+# launch lone, 8 back to back and queued behind a spin (alone, without the host's latency).
+# First, on any card: decode attention bf16 and e4m3 with the copy floor. Then, on an H200 only
+# (session 49 measured the rest on an H100): decode batch 1, gemv scalar dots (.carry/gb44a)
+# against tensor-core dots and stream-floor of each; the e4m3 ring against the register passes
+# (BROOK_DECODE_DEFINES=DMMA_RING=0): attention, a 512 x 192 step, offline 512 x 128/128 (e4m3
+# cache) alternated twice; offline bf16 once; cuda_e2e on one thread.
+# carry [".carry/gb51", ".carry/gb44a"] (gb51: main's engine code at 10cf4f3 plus the gpu-bench
+# changes; scripts/gpu-pack.sh). About 330 s on an H200; SKIP_E2E=1 drops the tests, QUICK=1
+# runs one round and no tests (~180 s).
 set -u
 O=$OUT/o1; mkdir -p /tmp/gb "$O" || exit 1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
