@@ -3,14 +3,15 @@
 # prints a copy floor beside each decode attention case (a device-to-device memcpy moving the
 # case's K/V bytes: what "% of copy bandwidth" a launch of that size can reach), and times each
 # launch lone, 8 back to back and queued behind a spin (alone, without the host's latency).
-# First, on any card: decode attention bf16 and e4m3 with the copy floor. Then, on an H200 only
+# First, on any card: decode attention bf16 and e4m3 (the old default and the serving rule) with
+# the copy floor (elsewhere then cuda_e2e, unless SKIP_E2E). Then, on an H200 only
 # (session 49 measured the rest on an H100): decode batch 1, gemv scalar dots (.carry/gb44a)
 # against tensor-core dots and stream-floor of each; the e4m3 ring against the register passes
 # (BROOK_DECODE_DEFINES=DMMA_RING=0): attention, a 512 x 192 step, offline 512 x 128/128 (e4m3
 # cache) alternated twice; offline bf16 once; cuda_e2e on one thread.
-# carry [".carry/gb51", ".carry/gb44a"] (gb51: main's engine code at 10cf4f3 plus the gpu-bench
-# changes; scripts/gpu-pack.sh). About 330 s on an H200; SKIP_E2E=1 drops the tests, QUICK=1
-# runs one round and no tests (~180 s).
+# carry [".carry/gb51", ".carry/gb44a"] (gb51: main's code with the serving split rule shared
+# with gpu-bench, DecodeSplitRule; scripts/gpu-pack.sh). About 330 s on an H200; SKIP_E2E=1
+# drops the tests, QUICK=1 runs one round and no tests (~180 s).
 set -u
 O=$OUT/o1; mkdir -p /tmp/gb "$O" || exit 1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
@@ -23,11 +24,18 @@ export BROOK_REPO_DIR=$PWD BROOK_REQUIRE_GPU=1
 G=/tmp/gb/gpu-bench
 for kv in bf16 fp8; do
   timeout 90 $G attention --decode-only --shapes 32/32/128,32/8/128 --cases 1024/1,4096/1,16384/1,4096/16 \
-    --kv-cache-dtype $kv --variants default > $O/floor_$kv.json 2> $O/floor_$kv.log
+    --kv-cache-dtype $kv --variants default,serving > $O/floor_$kv.json 2> $O/floor_$kv.log
   echo "attention + copy floor $kv rc $?"; grep -h "paged decode\|copy floor" $O/floor_$kv.log | sed 's/, rel. err.*//'
 done 2>&1 | tee $O/floor.txt
 # The rest was measured on an H100 in session 49: on any other card, stop here.
-grep -q H200 $O/gpu.txt || { echo "not an H200: the rest not run"; tar czf $OUT/call1.tgz -C $OUT o1; exit 0; }
+if ! grep -q H200 $O/gpu.txt; then
+  echo "not an H200: the rest not run"
+  if [ -z "${SKIP_E2E:-}" ]; then
+    timeout 200 /tmp/gb/cuda_e2e --test-threads=1 > $O/e2e.log 2>&1; echo "cuda_e2e (1 thread) rc $?" | tee $O/tests.txt
+    grep -h "test result\|FAILED\|panicked" $O/e2e.log | head -6 | tee -a $O/tests.txt
+  fi
+  tar czf $OUT/call1.tgz -C $OUT o1; exit 0
+fi
 ROUNDS="1 2"; [ -n "${QUICK:-}" ] && ROUNDS=1 && SKIP_E2E=1  # QUICK=1: one round, no tests
 for r in $ROUNDS; do for g in gb44a gpu-bench; do
   timeout 40 /tmp/gb/$g decode --quick --model llama-2-7b --output-len 256 > $O/d.json 2>> $O/b1.log

@@ -6,15 +6,15 @@ use brook::executor::cuda::kernels::{
     self, decode_cluster_supported, decode_group_ctas_for, decode_splits_filled, PagedDecodeParams,
     DECODE_CLUSTER_MAX,
 };
-use brook::executor::cuda::{DecodeKernel, KvCacheDtype};
+use brook::executor::cuda::{decode_split_rule, DecodeKernel, KvCacheDtype};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{
-    emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16, rel_err, time_ms,
-    time_ms_back_to_back, upload, AttnShape, CausalPrefill,
+    bench_options, emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16, rel_err,
+    time_ms, time_ms_back_to_back, upload, AttnShape, CausalPrefill,
 };
 use crate::spin::Spin;
 
@@ -253,6 +253,15 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
     },
 ];
 
+/// A decode variant resolved at one case: the kernel, merge and splits its launches run.
+struct Plan {
+    name: &'static str,
+    kernel: DecodeKernel,
+    inline: bool,
+    splits: usize,
+    cluster: bool,
+}
+
 fn paged_decode(
     gpu: &Gpu,
     shape: &AttnShape,
@@ -268,6 +277,9 @@ fn paged_decode(
     );
     let kv = dtype.as_str();
     let spin = Spin::new(gpu)?;
+    let opts = bench_options();
+    let serving = decode_split_rule(gpu, &opts, hd, h, kvh)?;
+    let serving_inline = opts.decode_merge_inline;
     let mut rows = Vec::new();
     for (ctx, batch) in filter.cases() {
         let blocks_per_seq = ctx.div_ceil(bs);
@@ -307,7 +319,30 @@ fn paged_decode(
                 false => s,
             }
         };
-        let most = DECODE_VARIANTS.iter().map(splits_of).max().unwrap_or(1);
+        // What each variant asked for runs at this case, then what serving runs ("serving":
+        // the backend's own rule and merge under the bench's options).
+        let mut plans: Vec<Plan> = DECODE_VARIANTS
+            .iter()
+            .filter(|v| filter.variant(v.name) && (!v.cluster || decode_cluster_supported(gpu)))
+            .map(|v| Plan {
+                name: v.name,
+                kernel: v.kernel,
+                inline: v.inline,
+                splits: splits_of(v),
+                cluster: v.cluster,
+            })
+            .collect();
+        if filter.variant("serving") {
+            let (splits, cluster) = serving.splits(batch, ctx);
+            plans.push(Plan {
+                name: "serving",
+                kernel: serving.kernel,
+                inline: serving_inline,
+                splits,
+                cluster,
+            });
+        }
+        let most = plans.iter().map(|p| p.splits).max().unwrap_or(1);
         let (part_acc, part_ml) = (
             gpu.alloc(batch * h * most * hd * 4)?,
             gpu.alloc(batch * h * most * 2 * 4)?,
@@ -317,11 +352,8 @@ fn paged_decode(
         gpu.memset(counters.ptr(), 0, num_counters * 4)?;
         // Each variant's output against the default's on the same inputs (the last set).
         let mut reference: Option<Vec<f32>> = None;
-        let variants = DECODE_VARIANTS
-            .iter()
-            .filter(|v| filter.variant(v.name) && (!v.cluster || decode_cluster_supported(gpu)));
-        for var in variants {
-            let splits = splits_of(var);
+        for var in &plans {
+            let splits = var.splits;
             let params = |set: usize| PagedDecodeParams {
                 q: q.ptr(),
                 k_cache: k.ptr(),
@@ -372,18 +404,19 @@ fn paged_decode(
             let gbps_b2b = bytes as f64 / (ms_b2b * 1e-3) / 1e9;
             let pct = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9 / 43.0;
             eprintln!(
-            "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); queued {ms_q:.4} ms ({:.0}%); {splits} splits, rel. err. vs default {err:.1e}",
+            "paged decode {:<16} h{h}/{kvh} kv {kv} ctx {ctx:>5} batch {batch:>3}: {ms:.4} ms, {gbps:.0} GB/s ({:.0}% of 4300); back to back {ms_b2b:.4} ms ({:.0}%); queued {ms_q:.4} ms ({:.0}%); {splits} splits{}, rel. err. vs default {err:.1e}",
             var.name,
             gbps / 43.0,
             gbps_b2b / 43.0,
-            pct(ms_q)
+            pct(ms_q),
+            if var.cluster { " in a cluster" } else { "" }
         );
             anyhow::ensure!(
                 err < 1e-2,
                 "{}: output differs from the default's by {err:.3e}",
                 var.name
             );
-            rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "ms_queued": ms_q, "pct_of_4300_queued": pct(ms_q), "splits": splits, "rel_err_vs_default": err}));
+            rows.push(json!({"variant": var.name, "kernel": kernels::decode_kernel(var.kernel, hd, group, gpu.kv_fp8()).as_str(), "kv_cache_dtype": kv, "ctx": ctx, "batch": batch, "ms": ms, "gbps": gbps, "pct_of_4300": gbps / 43.0, "ms_back_to_back": ms_b2b, "pct_of_4300_back_to_back": gbps_b2b / 43.0, "ms_queued": ms_q, "pct_of_4300_queued": pct(ms_q), "splits": splits, "cluster": var.cluster, "rel_err_vs_default": err}));
         }
         rows.push(copy_floor(
             gpu,

@@ -100,7 +100,8 @@ enum Cmd {
         /// Llama-3-8B, Qwen2.5-7B and Phi-3-mini.
         #[arg(long, value_delimiter = ',', default_values_t = attention::default_shapes())]
         shapes: Vec<String>,
-        /// Only these decode variants (comma-separated names; default: all), e.g. for a profiler.
+        /// Only these decode variants (comma-separated names; default: all), e.g. for a profiler;
+        /// "serving" is the backend's own split rule, merge and kernel at each case.
         #[arg(long, value_delimiter = ',')]
         variants: Vec<String>,
         /// Decode cases, each ctx/batch, any shape (comma-separated; default: 1k/4k/16k keys by

@@ -160,9 +160,8 @@ pub(super) struct Forward {
     gemm_scratch: Option<GemmScratch>,
     gemm_keys: usize,
     gemm_scores: usize,
-    /// The decode kernel's wave (CTAs) where its splits may merge in a cluster
-    /// (`decode_cluster`; 0: never) and its CTAs an item a split: `Limits::decode_splits`.
-    decode_wave: (usize, usize),
+    /// How decode attention splits its keys (`Limits::decode_splits`).
+    decode_rule: kernels::DecodeSplitRule,
     /// Keyed by shape and split counts: the grids are baked into the launches.
     graphs: HashMap<GraphKey, DecodeGraph>,
     // Host buffers reused across steps.
@@ -240,6 +239,34 @@ pub fn decode_fill(
     }
 }
 
+/// The decode split rule the backend serves with on `gpu` (its cache dtype set) for this head
+/// shape under `opts`: `decode_fill`'s CTAs an SM, the kernel `kernels::decode_kernel` picks,
+/// and the kernel's wave where its splits may merge in a cluster (`opts.decode_cluster`, sm_90).
+pub fn decode_split_rule(
+    gpu: &Gpu,
+    opts: &CudaBackendOptions,
+    head_dim: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+) -> anyhow::Result<kernels::DecodeSplitRule> {
+    let group = num_heads / num_kv_heads;
+    let (cluster_wave, per_head) =
+        match opts.decode_cluster && kernels::decode_cluster_supported(gpu) {
+            true => kernels::decode_wave(gpu, opts.decode_kernel, head_dim, group)?,
+            false => (0, 0),
+        };
+    Ok(kernels::DecodeSplitRule {
+        num_sms: gpu.num_sms,
+        num_heads,
+        num_kv_heads,
+        ctas_per_sm: decode_fill(opts, head_dim, group, gpu.kv_fp8()),
+        kernel: kernels::decode_kernel(opts.decode_kernel, head_dim, group, gpu.kv_fp8()),
+        min_keys: opts.decode_min_split_keys,
+        cluster_wave,
+        item_ctas: num_kv_heads * per_head,
+    })
+}
+
 impl Forward {
     pub fn new(
         mut gpu: Gpu,
@@ -277,15 +304,13 @@ impl Forward {
         gpu.gemv_smem = opts.gemv_smem;
         gpu.pdl &= opts.pdl;
         gpu.pdl_small = opts.pdl_small;
-        let decode_wave = match opts.decode_cluster && kernels::decode_cluster_supported(&gpu) {
-            true => {
-                let group = cfg.num_attention_heads / cfg.num_key_value_heads;
-                let (wave, per_head) =
-                    kernels::decode_wave(&gpu, opts.decode_kernel, cfg.head_dim, group)?;
-                (wave, cfg.num_key_value_heads * per_head)
-            }
-            false => (0, 0),
-        };
+        let decode_rule = decode_split_rule(
+            &gpu,
+            &opts,
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+        )?;
         gpu.prefill_wgmma &= opts.prefill_wgmma;
         anyhow::ensure!(
             opts.block_size > 0
@@ -475,7 +500,7 @@ impl Forward {
             gemm_scratch,
             gemm_keys,
             gemm_scores,
-            decode_wave,
+            decode_rule,
             graphs: HashMap::new(),
             host: HostMeta::default(),
             tokens_host: Vec::new(),
@@ -540,22 +565,7 @@ impl Forward {
             max_blocks: self.max_blocks,
             num_sms: self.gpu.num_sms,
             num_heads: self.cfg.num_attention_heads,
-            num_kv_heads: self.cfg.num_key_value_heads,
-            decode_ctas_per_sm: decode_fill(
-                &self.opts,
-                self.cfg.head_dim,
-                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
-                self.gpu.kv_fp8(),
-            ),
-            decode_kernel: kernels::decode_kernel(
-                self.opts.decode_kernel,
-                self.cfg.head_dim,
-                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
-                self.gpu.kv_fp8(),
-            ),
-            decode_min_keys: self.opts.decode_min_split_keys,
-            decode_cluster_wave: self.decode_wave.0,
-            decode_item_ctas: self.decode_wave.1,
+            decode: self.decode_rule,
             prefill_split_kv: self.opts.prefill_split_kv,
             gemm_max_len: self.gemm_max_len,
             gemm_keys: self.gemm_keys,

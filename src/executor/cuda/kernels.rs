@@ -729,6 +729,62 @@ fn attention_kernel(gpu: &Gpu, name: String) -> anyhow::Result<String> {
     Ok(name)
 }
 
+/// How a backend splits decode attention's keys: the split rule, the kernel and whether splits
+/// may merge in a thread-block cluster (`forward::decode_split_rule` builds the serving one;
+/// `Limits::decode_splits` and `gpu-bench attention`'s "serving" row apply it).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeSplitRule {
+    pub num_sms: u32,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    /// 0: `decode_splits`; else `decode_splits_filled` with this many CTAs per SM and the fewest
+    /// keys a split `decode_min_split_keys` gives `kernel` (or `min_keys`, when set).
+    pub ctas_per_sm: usize,
+    pub kernel: DecodeKernel,
+    /// `CudaBackendOptions::decode_min_split_keys` (0: `decode_min_split_keys`).
+    pub min_keys: usize,
+    /// Decode CTAs one wave of the decode kernel holds (resident CTAs an SM × SMs) when its
+    /// splits may merge in a thread-block cluster (`CudaBackendOptions::decode_cluster` on a GPU
+    /// that has them); 0: never.
+    pub cluster_wave: usize,
+    /// Decode CTAs an item takes per split: kv heads × CTAs a kv head.
+    pub item_ctas: usize,
+}
+
+impl DecodeSplitRule {
+    /// Decode splits for `nd` items whose longest context is `max_context` keys, and whether
+    /// they merge in a thread-block cluster. A cluster merge caps the splits at
+    /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fills at most half a wave of
+    /// the kernel. Clusters are placed whole, within a GPC, and a fuller grid left CTAs for a
+    /// second round: measured (BENCHMARKS.md, session 35), batch-1 decode steps at 48 % of a wave
+    /// were 0.2-1.4 % faster with the cluster merge (Llama-2-7B and Llama-3-8B, 128 to 7.9k
+    /// tokens, H100 and H200), while Llama-2-7B at batch 4 and 8 (4k tokens, 97 % of a wave)
+    /// was 5-11 % slower, and Llama-3-8B at batch 4 and 16 (two waves) 4-5 % slower.
+    pub fn splits(&self, nd: usize, max_context: usize) -> (usize, bool) {
+        let splits = match self.ctas_per_sm {
+            0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
+            c => decode_splits_filled(
+                self.num_sms,
+                c,
+                nd,
+                self.num_kv_heads,
+                self.num_heads / self.num_kv_heads.max(1),
+                max_context,
+                match self.min_keys {
+                    0 => decode_min_split_keys(self.kernel, max_context),
+                    k => k.max(MIN_SPLIT_KEYS),
+                },
+            ),
+        };
+        let capped = splits.min(DECODE_CLUSTER_MAX);
+        let ctas = nd * self.item_ctas * capped;
+        match self.cluster_wave > 0 && capped > 1 && 2 * ctas <= self.cluster_wave {
+            true => (capped, true),
+            false => (splits, false),
+        }
+    }
+}
+
 /// Splits per (item, kv head) so that the grid covers the GPU about twice, with at least
 /// `min_tokens` keys per split (shorter splits cost more in merging than they gain).
 pub fn decode_splits(

@@ -46,6 +46,6 @@ pub use backend::{
     pdl_small, skip, CudaBackend, CudaBackendOptions, LookaheadStats, StepTiming, WarmUp,
 };
 pub use device::{probe, Gpu};
-pub use forward::decode_fill;
+pub use forward::{decode_fill, decode_split_rule};
 pub use options::{DecodeKernel, GemvSmem, KvCacheDtype, LookaheadMode, Quantization};
 pub use tp::CudaTpBackend;

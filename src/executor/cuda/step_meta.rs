@@ -24,10 +24,8 @@
 use anyhow::ensure;
 
 use super::kernels::{
-    decode_min_split_keys, decode_splits, decode_splits_filled, prefill_splits, SampleArgs,
-    SampleEdit, DECODE_CLUSTER_MAX, MIN_SPLIT_KEYS, PREFILL_TILE, SAMPLE_MAX_TOP,
+    prefill_splits, DecodeSplitRule, SampleArgs, SampleEdit, PREFILL_TILE, SAMPLE_MAX_TOP,
 };
-use super::options::DecodeKernel;
 use super::prefill_gemm::{GemmPlanner, GemmSeq};
 use crate::sampling::params::SamplingParams;
 use crate::step::BatchInput;
@@ -160,20 +158,8 @@ pub(super) struct Limits {
     pub max_blocks: usize,
     pub num_sms: u32,
     pub num_heads: usize,
-    pub num_kv_heads: usize,
-    /// Decode split rule: 0, `decode_splits`; else `decode_splits_filled` with this many CTAs
-    /// per SM (`CudaBackendOptions::decode_ctas_per_sm`) and the fewest keys a split
-    /// `kernels::decode_min_split_keys` gives this decode kernel.
-    pub decode_ctas_per_sm: usize,
-    pub decode_kernel: DecodeKernel,
-    /// `CudaBackendOptions::decode_min_split_keys` (0: `kernels::decode_min_split_keys`).
-    pub decode_min_keys: usize,
-    /// Decode CTAs one wave of the decode kernel holds (resident CTAs an SM × SMs) when its
-    /// splits may merge in a thread-block cluster (`CudaBackendOptions::decode_cluster` on a GPU
-    /// that has them); 0: never.
-    pub decode_cluster_wave: usize,
-    /// Decode CTAs an item takes per split: kv heads × CTAs a kv head.
-    pub decode_item_ctas: usize,
+    /// How decode attention splits its keys (`Limits::decode_splits`).
+    pub decode: DecodeSplitRule,
     /// `CudaBackendOptions::prefill_split_kv`.
     pub prefill_split_kv: bool,
     pub gemm_max_len: usize,
@@ -185,35 +171,9 @@ pub(super) struct Limits {
 
 impl Limits {
     /// Decode splits for `nd` items whose longest context is `max_context` keys, and whether
-    /// they merge in a thread-block cluster. A cluster merge caps the splits at
-    /// `DECODE_CLUSTER_MAX` and is taken only where the capped grid fills at most half a wave of
-    /// the kernel. Clusters are placed whole, within a GPC, and a fuller grid left CTAs for a
-    /// second round: measured (BENCHMARKS.md, session 35), batch-1 decode steps at 48 % of a wave
-    /// were 0.2-1.4 % faster with the cluster merge (Llama-2-7B and Llama-3-8B, 128 to 7.9k
-    /// tokens, H100 and H200), while Llama-2-7B at batch 4 and 8 (4k tokens, 97 % of a wave)
-    /// was 5-11 % slower, and Llama-3-8B at batch 4 and 16 (two waves) 4-5 % slower.
+    /// they merge in a thread-block cluster (`DecodeSplitRule::splits`).
     pub fn decode_splits(&self, nd: usize, max_context: usize) -> (usize, bool) {
-        let splits = match self.decode_ctas_per_sm {
-            0 => decode_splits(self.num_sms, nd, self.num_kv_heads, max_context),
-            c => decode_splits_filled(
-                self.num_sms,
-                c,
-                nd,
-                self.num_kv_heads,
-                self.num_heads / self.num_kv_heads.max(1),
-                max_context,
-                match self.decode_min_keys {
-                    0 => decode_min_split_keys(self.decode_kernel, max_context),
-                    k => k.max(MIN_SPLIT_KEYS),
-                },
-            ),
-        };
-        let capped = splits.min(DECODE_CLUSTER_MAX);
-        let ctas = nd * self.decode_item_ctas * capped;
-        match self.decode_cluster_wave > 0 && capped > 1 && 2 * ctas <= self.decode_cluster_wave {
-            true => (capped, true),
-            false => (splits, false),
-        }
+        self.decode.splits(nd, max_context)
     }
 }
 

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::executor::cuda::kernels::DECODE_CLUSTER_MAX;
+use crate::executor::cuda::options::DecodeKernel;
 use crate::executor::cuda::prefill_gemm::scratch_capacity;
 use crate::executor::input_batch::InputBatch;
 use crate::request::RequestId;
@@ -23,12 +25,16 @@ pub(super) fn limits() -> Limits {
         max_blocks: 12,
         num_sms: 132,
         num_heads: 4,
-        num_kv_heads: 2,
-        decode_ctas_per_sm: 0,
-        decode_kernel: DecodeKernel::Lanes,
-        decode_min_keys: 0,
-        decode_cluster_wave: 0,
-        decode_item_ctas: 0,
+        decode: DecodeSplitRule {
+            num_sms: 132,
+            num_heads: 4,
+            num_kv_heads: 2,
+            ctas_per_sm: 0,
+            kernel: DecodeKernel::Lanes,
+            min_keys: 0,
+            cluster_wave: 0,
+            item_ctas: 0,
+        },
         prefill_split_kv: true,
         gemm_max_len: 64,
         gemm_keys,
@@ -591,50 +597,52 @@ fn a_sequence_with_drafts_samples_its_last_k_plus_1_rows() {
 #[test]
 fn cluster_merged_decode_splits_are_capped_and_fill_half_a_wave() {
     // Llama-2-7B's 32 heads on the lane kernel, 8 CTAs an SM of 132.
-    let filled = Limits {
-        num_sms: 132,
+    let filled = DecodeSplitRule {
         num_heads: 32,
         num_kv_heads: 32,
-        decode_ctas_per_sm: 8,
-        ..limits()
+        ctas_per_sm: 8,
+        ..limits().decode
     };
-    let cluster = Limits {
-        decode_cluster_wave: 8 * 132,
-        decode_item_ctas: 32,
+    let cluster = DecodeSplitRule {
+        cluster_wave: 8 * 132,
+        item_ctas: 32,
         ..filled
     };
-    assert_eq!(filled.decode_splits(1, 4096), (32, false));
+    assert_eq!(filled.splits(1, 4096), (32, false));
     // 32 x 16 = 512 CTAs, under half of 1,056.
-    assert_eq!(cluster.decode_splits(1, 4096), (DECODE_CLUSTER_MAX, true));
-    assert_eq!(cluster.decode_splits(1, 128), (4, true));
+    assert_eq!(cluster.splits(1, 4096), (DECODE_CLUSTER_MAX, true));
+    assert_eq!(cluster.splits(1, 128), (4, true));
     // Two items at 16 splits, four at 8: 1,024 CTAs, a full wave.
-    assert_eq!(cluster.decode_splits(2, 4096), (16, false));
-    assert_eq!(cluster.decode_splits(4, 4096), (8, false));
+    assert_eq!(cluster.splits(2, 4096), (16, false));
+    assert_eq!(cluster.splits(4, 4096), (8, false));
     // Short contexts leave room: 2 x 32 x 4 = 256 CTAs.
-    assert_eq!(cluster.decode_splits(2, 128), (4, true));
+    assert_eq!(cluster.splits(2, 128), (4, true));
     // One split: nothing to merge.
-    assert_eq!(cluster.decode_splits(64, 4096), (1, false));
+    assert_eq!(cluster.splits(64, 4096), (1, false));
     // Llama-3-8B on the tensor-core kernel (2 resident an SM, fill 4, 128 keys a split): batch 1
     // at 4k takes 16 in a cluster instead of 32 (128 CTAs of 264); batch 2 (256) and 4 (512) do
     // not.
-    let gqa = Limits {
+    let gqa = DecodeSplitRule {
         num_kv_heads: 8,
-        decode_ctas_per_sm: 4,
-        decode_kernel: DecodeKernel::Mma,
-        decode_cluster_wave: 2 * 132,
-        decode_item_ctas: 8,
+        ctas_per_sm: 4,
+        kernel: DecodeKernel::Mma,
+        cluster_wave: 2 * 132,
+        item_ctas: 8,
         ..filled
     };
-    assert_eq!(gqa.decode_splits(1, 4000), (16, true));
-    assert_eq!(gqa.decode_splits(2, 4000), (32, false));
-    assert_eq!(gqa.decode_splits(4, 4000), (16, false));
-    assert_eq!(gqa.decode_splits(16, 4000), (4, false));
-    assert_eq!(
-        Limits {
-            decode_cluster_wave: 0,
-            ..gqa
-        }
-        .decode_splits(1, 4000),
-        (32, false)
-    );
+    assert_eq!(gqa.splits(1, 4000), (16, true));
+    assert_eq!(gqa.splits(2, 4000), (32, false));
+    assert_eq!(gqa.splits(4, 4000), (16, false));
+    assert_eq!(gqa.splits(16, 4000), (4, false));
+    let no_cluster = DecodeSplitRule {
+        cluster_wave: 0,
+        ..gqa
+    };
+    assert_eq!(no_cluster.splits(1, 4000), (32, false));
+    // Limits applies its rule.
+    let lim = Limits {
+        decode: gqa,
+        ..limits()
+    };
+    assert_eq!(lim.decode_splits(1, 4000), (16, true));
 }
