@@ -649,7 +649,7 @@ fn decode_kernel_of(
 }
 
 /// One wave of decode kernel `kernel` at this shape (its resident CTAs an SM × the SMs) and its
-/// CTAs per kv head: what `Limits::decode_splits` weighs a cluster merge by.
+/// CTAs per kv head: what `DecodeSplitRule::splits` weighs a cluster merge by.
 pub fn decode_wave(
     gpu: &Gpu,
     kernel: DecodeKernel,
