@@ -65,6 +65,7 @@ pub fn default_shapes() -> Vec<String> {
 }
 
 /// Which decode variants and (ctx, batch) cases run; empty: all.
+#[derive(Debug)]
 pub struct DecodeFilter {
     variants: Vec<String>,
     cases: Vec<(usize, usize)>,
@@ -75,7 +76,7 @@ impl DecodeFilter {
     pub fn parse(variants: &[String], cases: &[String]) -> anyhow::Result<DecodeFilter> {
         for v in variants {
             anyhow::ensure!(
-                DECODE_VARIANTS.iter().any(|d| d.name == v),
+                v == SERVING || DECODE_VARIANTS.iter().any(|d| d.name == v),
                 "no decode variant {v:?}"
             );
         }
@@ -253,6 +254,10 @@ const DECODE_VARIANTS: &[DecodeVariant] = &[
     },
 ];
 
+/// The variant that runs what serving runs at each case (`decode_split_rule` under the bench's
+/// options, and its merge).
+const SERVING: &str = "serving";
+
 /// A decode variant resolved at one case: the kernel, merge and splits its launches run.
 struct Plan {
     name: &'static str,
@@ -332,10 +337,10 @@ fn paged_decode(
                 cluster: v.cluster,
             })
             .collect();
-        if filter.variant("serving") {
+        if filter.variant(SERVING) {
             let (splits, cluster) = serving.splits(batch, ctx);
             plans.push(Plan {
-                name: "serving",
+                name: SERVING,
                 kernel: serving.kernel,
                 inline: serving_inline,
                 splits,
@@ -524,4 +529,21 @@ fn prefill(
         json!({"figure": "prefill_attention", "kv_cache_dtype": dtype.as_str(), "heads": h, "head_dim": hd, "rows": prefill_rows}),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--variants` takes the table's names and "serving"; anything else is refused up front
+    /// (a typo must not cost a device call an empty run).
+    #[test]
+    fn variant_names_are_checked() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let f = DecodeFilter::parse(&names(&["default", SERVING]), &[]).unwrap();
+        assert!(f.variant("default") && f.variant(SERVING) && !f.variant("fill8-inline"));
+        let e = DecodeFilter::parse(&names(&["servng"]), &[]).unwrap_err();
+        assert!(e.to_string().contains("servng"), "{e}");
+        assert!(DecodeFilter::parse(&[], &[]).unwrap().variant(SERVING));
+    }
 }
