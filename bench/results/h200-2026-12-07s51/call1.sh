@@ -11,7 +11,9 @@
 # cache) alternated twice; offline bf16 once; cuda_e2e on one thread.
 # carry [".carry/gb51", ".carry/gb44a"] (gb51: main's code with the serving split rule shared
 # with gpu-bench, DecodeSplitRule; scripts/gpu-pack.sh). About 330 s on an H200; SKIP_E2E=1
-# drops the tests, QUICK=1 runs one round and no tests (~180 s).
+# drops the tests, QUICK=1 runs one round and no tests (~180 s). In session 51 it ran twice, both
+# times on an H100 (call1-h100/: the first part at f6ff0c6, before the serving row; call2-h100/:
+# cuda_e2e at 886e8b6). The H200 part has not run yet (BENCHMARKS.md, session 51).
 set -u
 O=$OUT/o1; mkdir -p /tmp/gb "$O" || exit 1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $O/gpu.txt
