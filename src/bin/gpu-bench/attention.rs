@@ -22,8 +22,8 @@ use crate::spin::Spin;
 /// layer, on both decode kernels; bytes = K and V read once + Q + output. Several disjoint
 /// caches are rotated so small cases are not served from L2. Each launch is timed lone (host
 /// latency in it), 8 back to back, and queued behind a spin (alone, without the host's
-/// latency), beside a memcpy of the same bytes timed the same three ways (`copy_floor`). Then the flash prefill kernel's
-/// rate on causal prompts (unless `decode_only`).
+/// latency), beside a memcpy of the same bytes timed the same three ways (`copy_floor`). Then
+/// the flash prefill kernel's rate on causal prompts (unless `decode_only`).
 pub fn run(
     decode_only: bool,
     dtypes: &[KvCacheDtype],
@@ -439,8 +439,8 @@ fn paged_decode(
 }
 
 /// The copy floor of one case: a device-to-device memcpy moving the case's K/V bytes (its K bytes
-/// read from `k`, written to `v`), lone and 8 back to back, each on the next slice of the
-/// buffers so L2 does not serve it. What the goal's "% of copy bandwidth" can reach in a launch
+/// read from `k`, written to `v`), lone, 8 back to back and queued behind the spin, each on the
+/// next slice of the buffers so L2 does not serve it. What the goal's "% of copy bandwidth" can reach in a launch
 /// of that size, ramp and tail included. Runs after the variants: it overwrites `v`.
 fn copy_floor(
     gpu: &Gpu,
