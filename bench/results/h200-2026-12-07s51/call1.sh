@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 51, call 1: session 50's call1.sh (never run: no machine started; folded in here) with a gpu-bench that
-# prints a copy floor beside each decode attention case (a device-to-device memcpy moving the
+# Session 51, call 1: session 50's call1.sh (never run: no machine started; folded in here) with
+# a gpu-bench that prints a copy floor beside each decode attention case (a device-to-device memcpy moving the
 # case's K/V bytes: what "% of copy bandwidth" a launch of that size can reach), and times each
 # launch lone, 8 back to back and queued behind a spin (alone, without the host's latency).
 # First, on any card: decode attention bf16 and e4m3 (the old default and the serving rule) with
