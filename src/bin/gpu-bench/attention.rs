@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::common::{
-    bench_options, emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16, rel_err,
-    time_ms, time_ms_back_to_back, upload, AttnShape, CausalPrefill,
+    bench_options, block_size, emit, kv_elem_bytes, open_gpu, random_bf16, random_kv, read_bf16,
+    rel_err, time_ms, time_ms_back_to_back, upload, AttnShape, CausalPrefill,
 };
 use crate::spin::Spin;
 
@@ -43,7 +43,7 @@ pub fn run(
                 heads,
                 kv_heads,
                 head_dim,
-                block_size: 16,
+                block_size: block_size(),
             };
             gpu.load_attention(head_dim, heads / kv_heads)?;
             let mut rng = ChaCha8Rng::seed_from_u64(1);

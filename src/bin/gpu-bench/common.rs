@@ -120,6 +120,13 @@ fn env_count(var: &str, allowed: &[usize], default: usize) -> usize {
     }
 }
 
+/// Tokens per KV block in every backend and attention case gpu-bench makes: `BROOK_BLOCK_SIZE`
+/// (16, brook's default, when unset), for A/B runs: a block of one kv head is `block_size` rows
+/// of contiguous cache (2 KB at 16 keys of 128 e4m3 dims).
+pub fn block_size() -> usize {
+    env_count("BROOK_BLOCK_SIZE", &[8, 16, 32, 64], 16)
+}
+
 /// Whether the gate|up projection writes bf16 (and `silu_mul` reads it) in every backend
 /// gpu-bench makes: `BROOK_GATE_UP_BF16` (0 or 1; brook's default when unset), for A/B runs.
 pub fn gate_up_bf16() -> bool {
@@ -384,14 +391,14 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    /// The head shape of the synthetic model `name`, with 16-token blocks.
+    /// The head shape of the synthetic model `name`, with `block_size()`-token blocks.
     pub fn of_model(name: &str) -> anyhow::Result<AttnShape> {
         let cfg = synthetic_config(name)?;
         Ok(AttnShape {
             heads: cfg.num_attention_heads,
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
-            block_size: 16,
+            block_size: block_size(),
         })
     }
 
@@ -537,6 +544,7 @@ pub fn bench_options() -> CudaBackendOptions {
         lookahead: false,
         lookahead_gate_us: None,
         residual_gemm: residual_gemm(),
+        block_size: block_size(),
         ..Default::default()
     }
 }

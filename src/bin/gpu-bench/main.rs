@@ -7,6 +7,9 @@
 //! Every backend is made with the linear weights `BROOK_QUANTIZATION` names (none, the default,
 //! or fp8: e4m3 weights, `--quantization fp8`); every figure carries it as `quantization`.
 //!
+//! `BROOK_BLOCK_SIZE` (8, 16, 32 or 64; 16 when unset, brook's default) sets the tokens a KV block
+//! holds in every backend and attention case.
+//!
 //! attention, decode, ttft and offline take `--kv-cache-dtype bf16,fp8` (comma-separated: each
 //! dtype in turn in one process, each figure tagged with its `kv_cache_dtype`) for A/B runs.
 //!
