@@ -8,20 +8,22 @@
 # kernel at 5 CTAs an SM (DMMA_CTAS_SET=5: 96 registers, 44 bytes spilled outside the loop)
 # against 4 (119): more of the cache in flight at short contexts.
 # carry [".carry/gb52", ".carry/gb44a"] (gb52: scripts/gpu-pack.sh at this session's build).
-# About 450 s on an H200 (SKIP_E2E=1: ~390), ~250 s elsewhere.
+# About 450 s on an H200 (SKIP_E2E=1: ~390), ~250 s elsewhere. QUICK=1 (one round of session
+# 51's call, no tests, the e4m3 block-size runs only, no offline): ~240 s.
 set -u
 sed 's#\.carry/gb51/#.carry/gb52/#' bench/results/h200-2026-12-07s51/call1.sh > /tmp/s51.sh
 bash /tmp/s51.sh
 O=$OUT/bs; mkdir -p $O
 G=/tmp/gb/gpu-bench
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 BROOK_CACHE_DIR=/tmp/brook-cache RUST_LOG=warn
-for run in fp8:16: fp8:32: fp8:16:DMMA_CTAS_SET=5 bf16:16: bf16:32:; do
+RUNS="fp8:16: fp8:32: fp8:16:DMMA_CTAS_SET=5"; [ -z "${QUICK:-}" ] && RUNS="$RUNS bf16:16: bf16:32:"
+for run in $RUNS; do
   IFS=: read kv bs def <<< "$run"
   BROOK_DECODE_DEFINES=$def BROOK_BLOCK_SIZE=$bs timeout 90 $G attention --decode-only --shapes 32/32/128,32/8/128 \
     --cases 192/512,1000/512,4096/1,4096/16 --kv-cache-dtype $kv --variants serving > $O/att_${kv}_$bs$def.json 2> $O/att_${kv}_$bs$def.log
   echo "attention $kv blocks of $bs $def rc $?"; grep -h "paged decode\|copy floor" $O/att_${kv}_$bs$def.log | sed 's/, rel. err.*//'
 done 2>&1 | tee $O/att.txt
-if grep -q H200 $OUT/o1/gpu.txt 2>/dev/null || tar xzf $OUT/call1.tgz -O o1/gpu.txt 2>/dev/null | grep -q H200; then
+if [ -z "${QUICK:-}" ] && grep -q H200 $OUT/o1/gpu.txt 2>/dev/null || tar xzf $OUT/call1.tgz -O o1/gpu.txt 2>/dev/null | grep -q H200; then
   for bs in 16 32; do
     BROOK_BLOCK_SIZE=$bs timeout 90 $G offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 --kv-cache-dtype fp8 > $O/off.json 2>> $O/off.log
     echo "offline e4m3 blocks of $bs rc $?: $(grep -o '"output_tok_s":[0-9.]*' $O/off.json)"
