@@ -121,10 +121,14 @@ fn env_count(var: &str, allowed: &[usize], default: usize) -> usize {
 }
 
 /// Tokens per KV block in every backend and attention case gpu-bench makes: `BROOK_BLOCK_SIZE`
-/// (16, brook's default, when unset), for A/B runs: a block of one kv head is `block_size` rows
+/// (brook's default, 16, when unset), for A/B runs: a block of one kv head is `block_size` rows
 /// of contiguous cache (2 KB at 16 keys of 128 e4m3 dims).
 pub fn block_size() -> usize {
-    env_count("BROOK_BLOCK_SIZE", &[8, 16, 32, 64], 16)
+    env_count(
+        "BROOK_BLOCK_SIZE",
+        &[8, 16, 32, 64],
+        CudaBackendOptions::default().block_size,
+    )
 }
 
 /// Whether the gate|up projection writes bf16 (and `silu_mul` reads it) in every backend
