@@ -28,7 +28,7 @@ pub fn emit(mut v: serde_json::Value) {
             .iter()
             .map(|(n, v)| format!("{n}={v}"))
             .collect();
-        let tags: [(&str, serde_json::Value); 12] = [
+        let tags: [(&str, serde_json::Value); 13] = [
             ("quantization", quantization().as_str().into()),
             ("decode_kernel", decode_kernel().as_str().into()),
             ("prefill_wgmma", prefill_wgmma().into()),
@@ -41,6 +41,7 @@ pub fn emit(mut v: serde_json::Value) {
             ("decode_cluster", decode_cluster().into()),
             ("pdl_small", pdl_small().into()),
             ("decode_defines", defines.join(",").into()),
+            ("block_size", block_size().into()),
         ];
         for (key, value) in tags {
             o.entry(key).or_insert(value);
