@@ -7,7 +7,7 @@
 # an H200 offline 512 x 128/128 with the e4m3 cache, blocks of 16 against 32. Also the e4m3
 # kernel at 5 CTAs an SM (DMMA_CTAS_SET=5: 96 registers, 44 bytes spilled outside the loop)
 # against 4 (119): more of the cache in flight at short contexts.
-# carry [".carry/gb52", ".carry/gb44a"] (gb52: scripts/gpu-pack.sh at 9f00ffd).
+# carry [".carry/gb52", ".carry/gb44a"] (gb52: scripts/gpu-pack.sh at 0f4819f).
 # About 450 s on an H200 (SKIP_E2E=1: ~390), ~250 s elsewhere. QUICK=1 (one round of session
 # 51's call, no tests, the e4m3 block-size runs only, no offline): ~240 s.
 set -u
