@@ -23,7 +23,9 @@ for run in $RUNS; do
     --cases 192/512,1000/512,4096/1,4096/16 --kv-cache-dtype $kv --variants serving > $O/att_${kv}_$bs$def.json 2> $O/att_${kv}_$bs$def.log
   echo "attention $kv blocks of $bs $def rc $?"; grep -h "paged decode\|copy floor" $O/att_${kv}_$bs$def.log | sed 's/, rel. err.*//'
 done 2>&1 | tee $O/att.txt
-if [ -z "${QUICK:-}" ] && grep -q H200 $OUT/o1/gpu.txt 2>/dev/null || tar xzf $OUT/call1.tgz -O o1/gpu.txt 2>/dev/null | grep -q H200; then
+# Session 51's script leaves gpu.txt in o1/ on other cards and only in call1.tgz on an H200.
+h200() { grep -q H200 $OUT/o1/gpu.txt 2>/dev/null || tar xzf $OUT/call1.tgz -O o1/gpu.txt 2>/dev/null | grep -q H200; }
+if [ -z "${QUICK:-}" ] && h200; then
   for bs in 16 32; do
     BROOK_BLOCK_SIZE=$bs timeout 90 $G offline --model llama-2-7b --num-prompts 512 --input-len 128 --output-len 128 --kv-cache-dtype fp8 > $O/off.json 2>> $O/off.log
     echo "offline e4m3 blocks of $bs rc $?: $(grep -o '"output_tok_s":[0-9.]*' $O/off.json)"

@@ -440,8 +440,9 @@ fn paged_decode(
 
 /// The copy floor of one case: a device-to-device memcpy moving the case's K/V bytes (its K bytes
 /// read from `k`, written to `v`), lone, 8 back to back and queued behind the spin, each on the
-/// next slice of the buffers so L2 does not serve it. What the goal's "% of copy bandwidth" can reach in a launch
-/// of that size, ramp and tail included. Runs after the variants: it overwrites `v`.
+/// next slice of the buffers so L2 does not serve it. What the goal's "% of copy bandwidth" can
+/// reach in a launch of that size, ramp and tail included. Runs after the variants: it
+/// overwrites `v`.
 fn copy_floor(
     gpu: &Gpu,
     spin: &Spin,
